@@ -1,0 +1,1 @@
+"""Stage 4: rewrite a module by a plan and build one module per device."""

@@ -1,0 +1,207 @@
+"""Apply a plan to a Relax module: outline per-device segments and mark device crossings.
+
+The result is an ordinary IRModule. Each segment is a Relax function with attributes
+``pesto.device`` (device index) and ``pesto.position`` (its slot in that device's order);
+``main`` calls the segments in a valid order and moves every value that crosses devices
+with ``R.to_vdevice``. The module carries one ``vdevice`` per cluster device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import tvm
+from tvm import relax
+
+from ..errors import PlanError
+from ..graph.relax_import import RelaxGraph
+from .subgraph import cut_function
+
+
+@dataclass
+class SegmentSpec:
+    """A run of groups on one device that only waits for other devices at its start and
+    only hands values to other devices at its end."""
+
+    device: int
+    position: int
+    groups: list[int]
+    nodes: list[int]
+
+
+def plan_segments(rg: RelaxGraph, groups, plan) -> list[SegmentSpec]:
+    """Cut each device's order of groups into segments.
+
+    A segment ends before a group that needs a value from another device and after a group
+    whose value another device needs, so no device waits inside a compiled function.
+    """
+    g = rg.graph
+    group_of = {}
+    for gi, grp in enumerate(groups):
+        for v in grp:
+            group_of[v] = gi
+    gdev = plan.assignment
+    if len(gdev) != len(groups):
+        raise PlanError(f"the plan places {len(gdev)} units but the module has {len(groups)} fused groups")
+    needs_remote = [False] * len(groups)
+    feeds_remote = [False] * len(groups)
+    for u, v in g.dag.edges():
+        gu, gv = group_of[u], group_of[v]
+        if gu != gv and gdev[gu] != gdev[gv]:
+            needs_remote[gv] = True
+            feeds_remote[gu] = True
+    segs: list[SegmentSpec] = []
+    for d, seq in enumerate(plan.order):
+        cur: list[int] = []
+        pos = 0
+        for gi in seq:
+            if cur and needs_remote[gi]:
+                segs.append(SegmentSpec(d, pos, cur, []))
+                pos, cur = pos + 1, []
+            cur.append(gi)
+            if feeds_remote[gi]:
+                segs.append(SegmentSpec(d, pos, cur, []))
+                pos, cur = pos + 1, []
+        if cur:
+            segs.append(SegmentSpec(d, pos, cur, []))
+    order = {v: k for k, v in enumerate(g.topo_order())}
+    for s in segs:
+        s.nodes = sorted((v for gi in s.groups for v in groups[gi]), key=order.__getitem__)
+    return segs
+
+
+def _vdevices(cluster):
+    return [relax.VDevice(tvm.target.Target(dev.target), i, "global") for i, dev in enumerate(cluster.devices)]
+
+
+def apply_plan(rg: RelaxGraph, groups, plan, cluster) -> tvm.IRModule:
+    """Rewrite ``rg``'s module so that every op runs inside a per-device segment function."""
+    segs = plan_segments(rg, groups, plan)
+    bindings = rg.bindings
+    var_binding = {b.var: k for k, b in enumerate(bindings)}
+    seg_of_binding = {}
+    for si, s in enumerate(segs):
+        for v in s.nodes:
+            seg_of_binding[rg.node_binding[v]] = si
+    # Which variables each segment must return: call results used by another segment or
+    # by the function's result.
+    used_outside: dict[int, list] = {si: [] for si in range(len(segs))}
+    final_free = set(relax.analysis.free_vars(rg.output)) if not isinstance(rg.output, relax.Var) else {rg.output}
+
+    def call_sources(var, acc):
+        k = var_binding.get(var)
+        if k is None:
+            return
+        if k in seg_of_binding:
+            acc.add(var)
+            return
+        for u in relax.analysis.free_vars(bindings[k].value):
+            call_sources(u, acc)
+
+    seg_inputs: list[set] = [set() for _ in segs]
+    for si, s in enumerate(segs):
+        for v in s.nodes:
+            val = bindings[rg.node_binding[v]].value
+            for u in relax.analysis.free_vars(val):
+                acc: set = set()
+                call_sources(u, acc)
+                for w in acc:
+                    sj = seg_of_binding[var_binding[w]]
+                    if sj != si:
+                        seg_inputs[si].add(w)
+                        if w not in used_outside[sj]:
+                            used_outside[sj].append(w)
+    acc = set()
+    for u in final_free:
+        call_sources(u, acc)
+    for w in sorted(acc, key=lambda x: var_binding[x]):
+        sj = seg_of_binding[var_binding[w]]
+        if w not in used_outside[sj]:
+            used_outside[sj].append(w)
+    # Segment dependency DAG, to call segments in a valid order.
+    sdag = nx.DiGraph()
+    sdag.add_nodes_from(range(len(segs)))
+    for si in range(len(segs)):
+        for w in seg_inputs[si]:
+            sdag.add_edge(seg_of_binding[var_binding[w]], si)
+    by_dev: dict[int, list[int]] = {}
+    for si, s in enumerate(segs):
+        by_dev.setdefault(s.device, []).append(si)
+    for d, lst in by_dev.items():
+        for a, b in zip(lst, lst[1:]):
+            sdag.add_edge(a, b)
+    if not nx.is_directed_acyclic_graph(sdag):
+        raise PlanError("the plan's per-device orders contradict the data dependencies (segments deadlock); "
+                        "simulate the plan to find the blocked ops")
+    call_order = list(nx.lexicographical_topological_sort(sdag, key=lambda si: (segs[si].position, segs[si].device)))
+
+    seg_funcs = []
+    for si, s in enumerate(segs):
+        outs = sorted(used_outside[si], key=lambda x: var_binding[x])
+        if not outs:  # a segment nobody reads: keep its last value so it still runs
+            outs = [bindings[rg.node_binding[s.nodes[-1]]].var]
+        cut = cut_function(rg, [rg.node_binding[v] for v in s.nodes], outs, lift_constants=False,
+                           name=f"dev{s.device}_seg{s.position}")
+        fn = cut.func.with_attr("global_symbol", f"dev{s.device}_seg{s.position}")
+        fn = fn.with_attr("pesto.device", s.device).with_attr("pesto.position", s.position)
+        seg_funcs.append((fn, cut))
+    bb = relax.BlockBuilder()
+    gvs = {si: bb.add_func(fn, f"dev{segs[si].device}_seg{segs[si].position}") for si, (fn, _) in enumerate(seg_funcs)}
+    vdevs = _vdevices(cluster)
+    # New main: the original inputs, then segment calls in call_order.
+    params = [relax.Var(p.name, p.ty) for p in rg.func.params]
+    pmap = dict(zip(rg.func.params, params))
+    with bb.function("main", params, attrs={"pesto.placed": True, "num_input": len(rg.inputs)}
+                     if rg.weight_params else {"pesto.placed": True}):
+        with bb.dataflow():
+            on_dev: dict = {}  # (original var, device) -> new var on that device
+            home: dict = {}  # original var -> (new var, device)
+            for p_old, p_new in pmap.items():
+                home[p_old] = (p_new, 0)
+            for si in call_order:
+                s = segs[si]
+                fn, cut = seg_funcs[si]
+                args = []
+                for v in cut.inputs:
+                    nv, dv = home[v]
+                    if dv != s.device:
+                        key = (v, s.device)
+                        if key not in on_dev:
+                            on_dev[key] = bb.emit(relax.op.to_vdevice(nv, vdevs[s.device]), name_hint=f"{v.name}_d{s.device}")
+                        nv = on_dev[key]
+                    args.append(nv)
+                res = bb.emit(relax.Call(gvs[si], args), name_hint=f"s{si}")
+                if len(cut.outputs) == 1:
+                    home[cut.outputs[0]] = (res, s.device)
+                else:
+                    for k, v in enumerate(cut.outputs):
+                        home[v] = (bb.emit(relax.TupleGetItem(res, k), name_hint=v.name), s.device)
+            # Rebuild the result from the original output expression, on device 0.
+            final_map = {}
+            for v in relax.analysis.free_vars(rg.output) if not isinstance(rg.output, relax.Var) else [rg.output]:
+                final_map[v] = _materialize(bb, v, home, bindings, var_binding, vdevs)
+            from .subgraph import _Remap
+
+            out = bb.emit_output(_Remap(final_map).visit_expr(rg.output))
+        bb.emit_func_output(out)
+    out_mod = bb.get()
+    out_mod.update_global_info("vdevice", vdevs)
+    return out_mod
+
+
+def _materialize(bb, v, home, bindings, var_binding, vdevs):
+    """The new variable for original ``v`` on device 0 (recomputing aliases as needed)."""
+    if v in home:
+        nv, dv = home[v]
+        if dv != 0:
+            nv = bb.emit(relax.op.to_vdevice(nv, vdevs[0]), name_hint=f"{v.name}_d0")
+            home[v] = (nv, 0)
+        return nv
+    k = var_binding[v]
+    val = bindings[k].value
+    from .subgraph import _Remap
+
+    sub = {u: _materialize(bb, u, home, bindings, var_binding, vdevs) for u in relax.analysis.free_vars(val)}
+    nv = bb.emit(_Remap(sub).visit_expr(val), name_hint=v.name)
+    home[v] = (nv, 0)
+    return nv

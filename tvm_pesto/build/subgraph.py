@@ -1,0 +1,139 @@
+"""Cut a set of bindings out of a Relax function into a function of its own.
+
+Used to measure one fused group (costs) and to build one per-device segment (build).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ..graph.relax_import import RelaxGraph
+
+
+@mutator
+class _Remap(PyExprMutator):
+    """Replace variables by new ones; optionally turn constants into parameters."""
+
+    def __init__(self, var_map, lift_constants=False):
+        super().__init__()
+        self.var_map = var_map
+        self.lift_constants = lift_constants
+        self.lifted: list = []
+
+    def visit_var_(self, op):
+        return self.var_map.get(op, op)
+
+    def visit_dataflow_var_(self, op):
+        return self.var_map.get(op, op)
+
+    def visit_generic_const_(self, op):
+        if not self.lift_constants or not isinstance(op.ty, relax.TensorType):
+            return op
+        p = relax.Var(f"c{len(self.lifted)}", op.ty)
+        self.lifted.append((p, op))
+        return p
+
+
+@dataclass
+class Segment:
+    """A function cut from ``main``: its inputs and outputs as the original variables."""
+
+    func: relax.Function
+    inputs: list  # original Vars (free variables of the cut), in parameter order
+    outputs: list  # original Vars it returns, in order
+    lifted_constants: list  # tvm.ir.Constant values for trailing params (lift_constants=True)
+
+
+def _used_vars(expr) -> list:
+    return list(relax.analysis.free_vars(expr))
+
+
+def cut_function(rg: RelaxGraph, binding_ids, outputs, lift_constants: bool = False,
+                 name: str = "main") -> Segment:
+    """Make a Relax function that computes ``outputs`` from the bindings ``binding_ids``.
+
+    Bindings that only alias values (tuples, ``TupleGetItem``, variable copies, constants,
+    shapes) that the cut needs are pulled in too. Free variables become parameters.
+    """
+    bindings = rg.bindings
+    var_idx = {b.var: k for k, b in enumerate(bindings)}
+    include = set(int(i) for i in binding_ids)
+    stack = list(include)
+    while stack:
+        k = stack.pop()
+        for v in _used_vars(bindings[k].value):
+            j = var_idx.get(v)
+            if j is not None and j not in include and not isinstance(bindings[j].value, relax.Call):
+                include.add(j)
+                stack.append(j)
+    for v in outputs:
+        j = var_idx.get(v)
+        if j is not None and j not in include and not isinstance(bindings[j].value, relax.Call):
+            include.add(j)
+            stack = [j]
+            while stack:
+                k = stack.pop()
+                for u in _used_vars(bindings[k].value):
+                    jj = var_idx.get(u)
+                    if jj is not None and jj not in include and not isinstance(bindings[jj].value, relax.Call):
+                        include.add(jj)
+                        stack.append(jj)
+    order = sorted(include)
+    defined = {bindings[k].var for k in order}
+    free: list = []
+    seen = set()
+    for k in order:
+        for v in _used_vars(bindings[k].value):
+            if v not in defined and v not in seen:
+                seen.add(v)
+                free.append(v)
+    for v in outputs:
+        if v not in defined and v not in seen:
+            seen.add(v)
+            free.append(v)
+    var_map = {}
+    params = []
+    for v in free:
+        p = relax.Var(v.name, v.ty)
+        var_map[v] = p
+        params.append(p)
+    # Constants are lifted first (in binding order) so the parameter list is known before
+    # the function scope opens; the lifted parameters are reused when the body is emitted.
+    lifter = _Remap({}, lift_constants=lift_constants)
+    lifted_values = [lifter.visit_expr(bindings[k].value) for k in order]
+    bb = relax.BlockBuilder()
+    all_params = params + [p for p, _ in lifter.lifted]
+    with bb.function(name, all_params):
+        with bb.dataflow():
+            for k, val in zip(order, lifted_values):
+                old = bindings[k].var
+                var_map[old] = bb.emit(_Remap(var_map).visit_expr(val), name_hint=old.name)
+            outs = [var_map[v] for v in outputs]
+            ret = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
+        bb.emit_func_output(ret)
+    func = bb.get()[name]
+    return Segment(func, free, list(outputs), [c for _, c in lifter.lifted])
+
+
+def group_function(rg: RelaxGraph, node_ids, lift_constants: bool = True, name: str = "main") -> Segment:
+    """The function of one group of nodes, returning the values the rest of the graph uses
+    (or the last node's value when nothing outside uses them)."""
+    members = set(int(i) for i in node_ids)
+    g = rg.graph
+    outs = []
+    for v in sorted(members):
+        if any(s not in members for s in g.dag.successors(v)) or g.dag.out_degree(v) == 0:
+            outs.append(rg.bindings[rg.node_binding[v]].var)
+    if not outs:
+        outs = [rg.bindings[rg.node_binding[max(members)]].var]
+    return cut_function(rg, [rg.node_binding[v] for v in sorted(members)], outs, lift_constants, name)
+
+
+def structural_key(func: relax.Function) -> str:
+    """A hex key of the function's structure (shapes, ops, attributes), not its names."""
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(func, map_free_vars=True) & 0xFFFFFFFFFFFFFFFF:016x}"

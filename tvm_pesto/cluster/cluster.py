@@ -1,0 +1,167 @@
+"""Devices, links and clusters.
+
+A :class:`Cluster` is a list of :class:`Device` plus a directed link model between every
+ordered pair: moving ``n`` bytes from device ``i`` to ``j`` takes ``latency[i, j] +
+n / bandwidth[i, j]`` seconds (the a + b·bytes fit Pesto and Baechi use).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import ClusterError
+
+
+@dataclass
+class Device:
+    """One device that runs operators.
+
+    ``present`` is true when the device exists on this machine and can run code; devices
+    from GPU presets on a machine without GPUs are simulated (costs from a model only).
+    ``cpu_ids`` pins a CPU device to those cores.
+    """
+
+    name: str
+    kind: str  # "cpu" or "gpu"
+    target: dict
+    memory_bytes: float
+    peak_flops: float
+    mem_bandwidth: float
+    cores: int = 1
+    index: int = 0
+    present: bool = False
+    cpu_ids: tuple[int, ...] = ()
+    model: str = ""
+
+    @property
+    def tvm_device_type(self) -> str:
+        return "cpu" if self.kind == "cpu" else "cuda"
+
+    def tvm_device(self):
+        """The ``tvm.runtime.Device`` this device runs on."""
+        import tvm
+
+        return tvm.cpu(self.index) if self.kind == "cpu" else tvm.cuda(self.index)
+
+    def tvm_target(self):
+        import tvm
+
+        return tvm.target.Target(self.target)
+
+    def roofline_s(self, flops: float, nbytes: float) -> float:
+        """Time bound max(FLOPs / peak, bytes / bandwidth) in seconds."""
+        return max(flops / self.peak_flops, nbytes / self.mem_bandwidth)
+
+
+@dataclass
+class Cluster:
+    """Devices and the links between them.
+
+    Examples
+    --------
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> c = parse_cluster("2xV100-nvlink")
+    >>> c.num_devices, round(c.transfer_s(0, 1, 0) * 1e6, 1)
+    (2, 5.0)
+    """
+
+    name: str
+    devices: list[Device]
+    latency: np.ndarray  # [d, d] seconds
+    bandwidth: np.ndarray  # [d, d] bytes / second
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        d = len(self.devices)
+        if d == 0:
+            raise ClusterError(f"cluster {self.name!r} has no devices; give at least one (e.g. 'cpu:1')")
+        self.latency = np.asarray(self.latency, dtype=np.float64).reshape(d, d)
+        self.bandwidth = np.asarray(self.bandwidth, dtype=np.float64).reshape(d, d)
+        off = ~np.eye(d, dtype=bool)
+        if (self.latency[off] < 0).any() or (self.bandwidth[off] <= 0).any():
+            raise ClusterError(f"cluster {self.name!r}: link latency must be >= 0 and bandwidth > 0")
+        np.fill_diagonal(self.latency, 0.0)
+        np.fill_diagonal(self.bandwidth, np.inf)
+        for dev in self.devices:
+            if dev.memory_bytes <= 0 or dev.peak_flops <= 0 or dev.mem_bandwidth <= 0:
+                raise ClusterError(f"device {dev.name!r}: memory, peak FLOP/s and bandwidth must be > 0")
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def transfer_s(self, src: int, dst: int, nbytes: float) -> float:
+        if src == dst:
+            return 0.0
+        return float(self.latency[src, dst] + nbytes / self.bandwidth[src, dst])
+
+    def capacities(self) -> np.ndarray:
+        return np.array([dev.memory_bytes for dev in self.devices], dtype=np.float64)
+
+    def inv_bandwidth(self) -> np.ndarray:
+        """Seconds per byte, zero on the diagonal."""
+        inv = 1.0 / self.bandwidth
+        np.fill_diagonal(inv, 0.0)
+        return inv
+
+    @property
+    def all_present(self) -> bool:
+        return all(dev.present for dev in self.devices)
+
+    def with_memory(self, memory_bytes: float) -> "Cluster":
+        """A copy whose every device has ``memory_bytes`` of memory."""
+        devs = [Device(**{**asdict(dv), "memory_bytes": float(memory_bytes)}) for dv in self.devices]
+        return Cluster(self.name, devs, self.latency.copy(), self.bandwidth.copy(), dict(self.meta))
+
+    # -- JSON -----------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = self.num_devices
+        links = [
+            {"src": i, "dst": j, "latency_s": float(self.latency[i, j]), "bandwidth_Bps": float(self.bandwidth[i, j])}
+            for i in range(d) for j in range(d) if i != j
+        ]
+        devs = []
+        for dev in self.devices:
+            dd = asdict(dev)
+            dd["cpu_ids"] = list(dev.cpu_ids)
+            devs.append(dd)
+        return {"name": self.name, "devices": devs, "links": links, "meta": self.meta}
+
+    def to_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict, name: str = "cluster") -> "Cluster":
+        try:
+            raw_devs = data["devices"]
+        except (KeyError, TypeError):
+            raise ClusterError("cluster JSON needs a 'devices' list; see docs/cluster.md for the format") from None
+        devs = []
+        for k, dd in enumerate(raw_devs):
+            try:
+                devs.append(Device(
+                    name=str(dd.get("name", f"dev{k}")), kind=str(dd["kind"]), target=dict(dd["target"]),
+                    memory_bytes=float(dd["memory_bytes"]), peak_flops=float(dd["peak_flops"]),
+                    mem_bandwidth=float(dd["mem_bandwidth"]), cores=int(dd.get("cores", 1)),
+                    index=int(dd.get("index", k)), present=bool(dd.get("present", False)),
+                    cpu_ids=tuple(dd.get("cpu_ids", ())), model=str(dd.get("model", "")),
+                ))
+            except KeyError as e:
+                raise ClusterError(f"cluster JSON device {k} lacks field {e.args[0]!r} "
+                                   "(needs kind, target, memory_bytes, peak_flops, mem_bandwidth)") from None
+            if devs[-1].kind not in ("cpu", "gpu"):
+                raise ClusterError(f"device {k}: kind must be 'cpu' or 'gpu', not {devs[-1].kind!r}")
+        d = len(devs)
+        dl = data.get("default_link", {"latency_s": 20e-6, "bandwidth_Bps": 10e9})
+        lat = np.full((d, d), float(dl["latency_s"]))
+        bw = np.full((d, d), float(dl["bandwidth_Bps"]))
+        for ln in data.get("links", []):
+            i, j = int(ln["src"]), int(ln["dst"])
+            if not (0 <= i < d and 0 <= j < d):
+                raise ClusterError(f"link {i}->{j} names a device outside 0..{d - 1}")
+            lat[i, j] = float(ln["latency_s"])
+            bw[i, j] = float(ln["bandwidth_Bps"])
+        return cls(str(data.get("name", name)), devs, lat, bw, dict(data.get("meta", {})))

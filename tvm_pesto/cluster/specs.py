@@ -1,0 +1,128 @@
+"""Cluster specifications: presets by name, ``cpu:N`` for this machine, or a JSON file."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+
+from ..errors import ClusterError
+from .cluster import Cluster, Device
+
+GiB = float(1 << 30)
+
+# name -> (peak fp32 FLOP/s, memory bandwidth B/s, memory bytes, SMs, CUDA arch)
+GPU_MODELS = {
+    "V100": (15.7e12, 900e9, 32 * GiB, 80, "sm_70"),
+    "A100": (19.5e12, 1555e9, 40 * GiB, 108, "sm_80"),
+    "H100": (67e12, 3350e9, 80 * GiB, 132, "sm_90"),
+    "H200": (67e12, 4800e9, 141 * GiB, 132, "sm_90"),
+}
+# interconnect -> (latency s, bandwidth B/s per direction, as effective measured figures)
+LINKS = {
+    "nvlink": (5e-6, 40e9),  # V100 NVLink2 pair; A100 uses NVSwitch below
+    "nvswitch": (5e-6, 200e9),
+    "pcie": (10e-6, 12e9),
+}
+PRESET_NAMES = ["cpu:N", "NxV100-nvlink", "NxV100-pcie", "NxA100-nvlink", "NxA100-pcie", "h200", "h100"]
+
+
+def _gpu_cluster(model: str, count: int, link: str) -> Cluster:
+    peak, bw, mem, sms, arch = GPU_MODELS[model]
+    devs = [
+        Device(name=f"gpu{i}", kind="gpu", target={"kind": "cuda", "arch": arch}, memory_bytes=mem,
+               peak_flops=peak, mem_bandwidth=bw, cores=sms, index=i, present=False, model=model)
+        for i in range(count)
+    ]
+    if link == "nvlink" and model in ("A100", "H100", "H200"):
+        link = "nvswitch"
+    lat, lbw = LINKS[link]
+    name = f"{count}x{model}-{link}" if count > 1 else model.lower()
+    return Cluster(name, devs, np.full((count, count), lat), np.full((count, count), lbw),
+                   {"preset": name, "link": link})
+
+
+def _cpu_info() -> tuple[int, float, float]:
+    """(usable cores, peak FLOP/s per core, memory bytes) of this machine."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    ghz, lanes = 2.5, 16
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        mhz = re.findall(r"cpu MHz\s*:\s*([\d.]+)", text)
+        if mhz:
+            ghz = float(mhz[0]) / 1000.0
+        lanes = 64 if " avx512f" in text else (32 if " avx2" in text else 8)
+    except OSError:
+        pass
+    mem = 8 * GiB
+    try:
+        mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    return len(cores), ghz * 1e9 * lanes, mem
+
+
+def cpu_cluster(n: int) -> Cluster:
+    """Split this machine's cores into ``n`` CPU devices, each pinned to its own cores."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if n < 1:
+        raise ClusterError(f"cpu:{n} asks for {n} devices; the device count must be at least 1")
+    if n > len(cores):
+        raise ClusterError(f"cpu:{n} asks for {n} devices but this machine has {len(cores)} usable cores; "
+                           f"use cpu:1 .. cpu:{len(cores)}")
+    _, per_core, mem = _cpu_info()
+    per = len(cores) // n
+    devs = []
+    for i in range(n):
+        ids = tuple(cores[i * per:(i + 1) * per]) if i < n - 1 else tuple(cores[i * per:])
+        devs.append(Device(
+            name=f"cpu{i}", kind="cpu", target={"kind": "llvm", "num-cores": len(ids)},
+            memory_bytes=mem / n, peak_flops=per_core * len(ids), mem_bandwidth=8e9 * len(ids),
+            cores=len(ids), index=i, present=True, cpu_ids=ids, model="host-cpu",
+        ))
+    # Shared memory: a copy is a memcpy plus a hand-off between worker threads. These are
+    # defaults; `tvm-pesto cluster bench` measures them on this machine.
+    return Cluster(f"cpu:{n}", devs, np.full((n, n), 30e-6), np.full((n, n), 5e9),
+                   {"preset": f"cpu:{n}", "link": "shared-memory"})
+
+
+def parse_cluster(spec: str) -> Cluster:
+    """Build a cluster from a spec string or a JSON file path.
+
+    Accepted: ``cpu:N``, ``NxMODEL-LINK`` (MODEL in V100, A100, H100, H200; LINK in nvlink,
+    pcie), a single GPU name (``h200``), or a path to a JSON file written by
+    :meth:`Cluster.to_json`.
+
+    Examples
+    --------
+    >>> parse_cluster("4xV100-pcie").num_devices
+    4
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ClusterError("empty cluster spec; use e.g. 'cpu:2', '2xV100-nvlink' or a JSON file")
+    s = spec.strip()
+    if s.endswith(".json") or os.path.isfile(s):
+        if not os.path.isfile(s):
+            raise ClusterError(f"cluster file {s!r} does not exist")
+        try:
+            with open(s) as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ClusterError(f"cluster file {s!r} is not valid JSON: {e}") from None
+        return Cluster.from_dict(data, name=os.path.basename(s))
+    m = re.fullmatch(r"cpu:(-?\d+)", s, flags=re.I)
+    if m:
+        return cpu_cluster(int(m.group(1)))
+    m = re.fullmatch(r"(-?\d+)x([A-Za-z0-9]+)-(nvlink|pcie)", s, flags=re.I)
+    if m:
+        count, model, link = int(m.group(1)), m.group(2).upper(), m.group(3).lower()
+        if count < 1:
+            raise ClusterError(f"{s!r}: the device count must be at least 1")
+        if model not in GPU_MODELS:
+            raise ClusterError(f"{s!r}: unknown GPU model {model!r}; known: {', '.join(GPU_MODELS)}")
+        return _gpu_cluster(model, count, link)
+    if s.upper() in GPU_MODELS:
+        return _gpu_cluster(s.upper(), 1, "nvlink")
+    raise ClusterError(f"unknown cluster spec {spec!r}; use one of {', '.join(PRESET_NAMES)} or a JSON file")

@@ -1,0 +1,133 @@
+"""Measure each fused group of a Relax graph on a real CPU device.
+
+Every group becomes a small function (weights lifted to parameters, so equal shapes share
+one measurement); all groups not yet in the cache are compiled in ONE module with the
+default pipeline of the device's target, then each is timed with TVM's C++
+``time_evaluator`` (median of repeats) in a thread pinned to the device's cores.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..build.subgraph import group_function, structural_key
+from ..errors import CostError
+from .cache import MeasureCache, target_key
+from .device_thread import enter_device_thread
+
+BACKEND = "tvm"
+
+
+def random_args(params, dev, rng):
+    """Random tensors matching the parameter types (floats ~ N(0,1), ints small)."""
+    out = []
+    for p in params:
+        ty = p.ty
+        if isinstance(ty, relax.TensorType):
+            shape = tuple(int(s) for s in ty.shape.values)
+            dt = str(ty.dtype)
+            if dt.startswith("float"):
+                arr = rng.standard_normal(shape).astype(dt)
+            elif dt == "bool":
+                arr = rng.integers(0, 2, shape).astype(bool)
+            else:
+                arr = rng.integers(0, 2, shape).astype(dt)
+            out.append(tvm.runtime.tensor(arr, device=dev))
+        elif isinstance(ty, tvm.ir.TupleType) or isinstance(ty, relax.TupleType):
+            out.append(tuple(random_args([relax.Var("f", f) for f in ty.fields], dev, rng)))
+        else:
+            raise CostError(f"cannot make a random value for parameter {p.name!r} of type {ty}")
+    return out
+
+
+def _compile(mod, target):
+    tgt = tvm.target.Target(target)
+    try:
+        return tvm.compile(mod, target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+    except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
+        raise CostError(f"TVM could not compile the measurement module for {target}: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+
+def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat: int = 5,
+                   min_repeat_ms: int = 5, progress=None) -> np.ndarray:
+    """Seconds each group takes on ``device`` (median of ``repeat`` timings).
+
+    Parameters
+    ----------
+    rg : RelaxGraph
+    groups : list of list of int
+        Node ids of each group (e.g. from :func:`tvm_pesto.graph.fusion.fusion_groups`).
+    device : Device
+        A present CPU device.
+    cache : MeasureCache, optional
+        Where measurements are looked up and appended.
+    progress : callable(done, total), optional
+
+    Returns
+    -------
+    ndarray of float64, one entry per group.
+    """
+    if not device.present:
+        raise CostError(f"device {device.name} is not on this machine; use the roofline or xgb cost source")
+    cache = cache if cache is not None else MeasureCache()
+    tkey = target_key(device.target)
+    segs = [group_function(rg, grp, lift_constants=True) for grp in groups]
+    keys = [structural_key(s.func) for s in segs]
+    times = np.full(len(groups), np.nan)
+    todo: dict[str, int] = {}
+    for gi, k in enumerate(keys):
+        rec = cache.get(k, BACKEND, tkey)
+        if rec is not None:
+            times[gi] = rec["median_s"]
+        elif k not in todo:
+            todo[k] = gi
+    if todo:
+        funcs = {f"g{n}": segs[gi].func.with_attr("global_symbol", f"g{n}") for n, gi in enumerate(todo.values())}
+        mod = tvm.IRModule(funcs)
+        result: dict = {}
+
+        def work():
+            try:
+                enter_device_thread(device)
+                ex = _compile(mod, device.target)
+                dev = device.tvm_device()
+                vm = relax.VirtualMachine(ex, dev)
+                rng = np.random.default_rng(0)
+                for n, (k, gi) in enumerate(todo.items()):
+                    seg = segs[gi]
+                    args = random_args(seg.func.params, dev, rng)
+                    fname = f"g{n}"
+                    vm[fname](*args)  # warm-up
+                    t = vm.time_evaluator(fname, dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
+                    reps = [float(x) for x in t.results]
+                    nodes = [rg.graph.nodes[v] for v in groups[gi]]
+                    cache.put({
+                        "key": k, "backend": BACKEND, "target": tkey, "median_s": float(np.median(reps)),
+                        "repeats": reps, "op": "+".join(nd.op for nd in nodes),
+                        "flops": float(sum(nd.flops for nd in nodes)),
+                        "bytes": float(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
+                        "device": device.model or device.name, "time": time.time(),
+                    })
+                    result[k] = float(np.median(reps))
+                    if progress:
+                        progress(n + 1, len(todo))
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                result["__error__"] = e
+
+        th = threading.Thread(target=work, name=f"measure-{device.name}")
+        th.start()
+        th.join()
+        if "__error__" in result:
+            err = result["__error__"]
+            if isinstance(err, CostError):
+                raise err
+            raise CostError(f"measuring on {device.name} failed: {type(err).__name__}: {err}") from err
+        for gi, k in enumerate(keys):
+            if np.isnan(times[gi]):
+                times[gi] = result[k]
+    return times

@@ -1,0 +1,227 @@
+"""The operator graph every stage of tvm-pesto works on.
+
+An :class:`OpGraph` is a DAG whose nodes are operator calls (or fused groups of them) and
+whose edges are tensors, weighted by their size in bytes. Node ids are the integers
+``0 .. n-1``; for graphs taken from Relax they follow program order, which is a valid
+topological order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import networkx as nx
+import numpy as np
+
+from ..errors import CycleError, GraphError
+
+_DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "uint32": 4, "uint64": 8,
+}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Size in bytes of one element of ``dtype`` (``"float32"`` -> 4)."""
+    try:
+        return _DTYPE_BYTES[dtype]
+    except KeyError:
+        raise GraphError(f"unsupported dtype {dtype!r}; supported: {sorted(_DTYPE_BYTES)}") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Static shape and dtype of one tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * dtype_bytes(self.dtype)
+
+
+@dataclass
+class OpNode:
+    """One operator call, or a group of them (``members`` then lists the original node ids).
+
+    ``flops`` counts multiply and add separately (a multiply-accumulate is 2 FLOPs).
+    ``bytes_read`` includes weights; ``param_bytes`` is the part of it that is weights
+    (constants or bound parameters), which must stay resident on the node's device.
+    """
+
+    name: str
+    op: str
+    attrs: dict = field(default_factory=dict)
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+    flops: float = 0.0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    param_bytes: int = 0
+    members: tuple[int, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def output_bytes(self) -> int:
+        return int(sum(t.nbytes for t in self.outputs)) if self.outputs else int(self.bytes_written)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the node keeps on its device: weights plus its outputs."""
+        return int(self.param_bytes + self.output_bytes)
+
+
+class OpGraph:
+    """A DAG of :class:`OpNode` with byte-weighted edges.
+
+    Parameters
+    ----------
+    nodes : sequence of OpNode
+        Node ``i`` of the graph is ``nodes[i]``.
+    edges : iterable of (src, dst, nbytes)
+        One edge per producer/consumer pair; ``nbytes`` is what must move if the two ends
+        sit on different devices. Repeated pairs are merged (their bytes are not added,
+        the tensor moves once).
+    name : str
+        A label used in reports.
+
+    Raises
+    ------
+    GraphError
+        If an edge names an unknown node or has negative bytes.
+    CycleError
+        If the edges form a cycle; the message lists one.
+
+    Examples
+    --------
+    >>> g = OpGraph([OpNode("a", "x"), OpNode("b", "y")], [(0, 1, 1024)])
+    >>> g.num_nodes, g.edge_bytes(0, 1)
+    (2, 1024)
+    """
+
+    def __init__(self, nodes: Sequence[OpNode], edges: Iterable[tuple[int, int, int]], name: str = "graph"):
+        self.nodes: list[OpNode] = list(nodes)
+        self.name = name
+        n = len(self.nodes)
+        dag = nx.DiGraph()
+        dag.add_nodes_from(range(n))
+        for src, dst, nbytes in edges:
+            if not (0 <= src < n) or not (0 <= dst < n):
+                bad = src if not (0 <= src < n) else dst
+                raise GraphError(f"graph {name!r}: edge ({src} -> {dst}) names unknown node {bad}; "
+                                 f"nodes are 0..{n - 1}")
+            if src == dst:
+                raise CycleError(f"graph {name!r}: node {src} ({self.nodes[src].name}) feeds itself")
+            if nbytes < 0:
+                raise GraphError(f"graph {name!r}: edge ({src} -> {dst}) has negative size {nbytes}")
+            if dag.has_edge(src, dst):
+                dag[src][dst]["bytes"] = max(dag[src][dst]["bytes"], int(nbytes))
+            else:
+                dag.add_edge(src, dst, bytes=int(nbytes))
+        if not nx.is_directed_acyclic_graph(dag):
+            cycle = nx.find_cycle(dag)
+            names = " -> ".join(self.nodes[u].name for u, _ in cycle) + f" -> {self.nodes[cycle[0][0]].name}"
+            raise CycleError(f"graph {name!r} has a cycle ({names}); a placement needs a DAG")
+        self.dag = dag
+        self._topo: list[int] | None = None
+
+    # -- basic queries -------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_edges(self) -> int:
+        return self.dag.number_of_edges()
+
+    def edges(self) -> list[tuple[int, int, int]]:
+        """All edges as ``(src, dst, nbytes)``, sorted."""
+        return sorted((u, v, d["bytes"]) for u, v, d in self.dag.edges(data=True))
+
+    def edge_bytes(self, src: int, dst: int) -> int:
+        return self.dag[src][dst]["bytes"]
+
+    def preds(self, i: int) -> list[int]:
+        return sorted(self.dag.predecessors(i))
+
+    def succs(self, i: int) -> list[int]:
+        return sorted(self.dag.successors(i))
+
+    def topo_order(self) -> list[int]:
+        """A deterministic topological order (smallest id first among ready nodes)."""
+        if self._topo is None:
+            self._topo = list(nx.lexicographical_topological_sort(self.dag))
+        return list(self._topo)
+
+    def edge_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Edges as three arrays ``(src int32, dst int32, bytes float64)``."""
+        e = self.edges()
+        if not e:
+            return (np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float64))
+        arr = np.asarray(e, dtype=np.float64)
+        return arr[:, 0].astype(np.int32), arr[:, 1].astype(np.int32), arr[:, 2].copy()
+
+    def memory_array(self) -> np.ndarray:
+        """Per-node resident bytes (weights + outputs) as float64."""
+        return np.array([nd.memory_bytes for nd in self.nodes], dtype=np.float64)
+
+    def total_flops(self) -> float:
+        return float(sum(nd.flops for nd in self.nodes))
+
+    def contract(self, groups: Sequence[Sequence[int]], name: str | None = None) -> "OpGraph":
+        """Merge each group of nodes into one node.
+
+        Every node must be in exactly one group, and contracting must leave a DAG.
+        The merged node sums FLOPs, bytes and weights, and lists its ``members``
+        (ids in this graph, in topological order). Edges inside a group disappear;
+        parallel edges between two groups keep the largest tensor size per source node
+        and add up across distinct source nodes.
+        """
+        owner = np.full(self.num_nodes, -1, dtype=np.int64)
+        for gi, grp in enumerate(groups):
+            for v in grp:
+                if owner[v] != -1:
+                    raise GraphError(f"node {v} is in two groups ({owner[v]} and {gi})")
+                owner[v] = gi
+        if (owner < 0).any():
+            missing = np.flatnonzero(owner < 0)[:5].tolist()
+            raise GraphError(f"nodes {missing} are in no group; every node needs one")
+        order = {v: k for k, v in enumerate(self.topo_order())}
+        new_nodes = []
+        for gi, grp in enumerate(groups):
+            members = tuple(sorted(grp, key=order.__getitem__))
+            ms = [self.nodes[v] for v in members]
+            internal = {e for e in (self.dag.edges(members)) if owner[e[1]] == gi}
+            read = sum(m.bytes_read for m in ms) - sum(self.dag.edges[e]["bytes"] for e in internal)
+            last = ms[-1]
+            outs = tuple(t for v in members for t in self.nodes[v].outputs
+                         if any(owner[s] != gi for s in self.dag.successors(v)) or not any(True for _ in self.dag.successors(v)))
+            new_nodes.append(OpNode(
+                name=ms[0].name if len(ms) == 1 else f"{ms[0].name}..{last.name}",
+                op="+".join(m.op for m in ms),
+                attrs=dict(ms[0].attrs) if len(ms) == 1 else {},
+                inputs=ms[0].inputs,
+                outputs=outs if outs else last.outputs,
+                flops=float(sum(m.flops for m in ms)),
+                bytes_read=int(max(read, 0)),
+                bytes_written=int(sum(t.nbytes for t in outs)) if outs else last.bytes_written,
+                param_bytes=int(sum(m.param_bytes for m in ms)),
+                members=members,
+                extra={"member_extra": [m.extra for m in ms]} if any(m.extra for m in ms) else {},
+            ))
+        agg: dict[tuple[int, int], dict[int, int]] = {}
+        for u, v, d in self.dag.edges(data=True):
+            gu, gv = int(owner[u]), int(owner[v])
+            if gu != gv:
+                per_src = agg.setdefault((gu, gv), {})
+                per_src[u] = max(per_src.get(u, 0), d["bytes"])
+        edges = [(gu, gv, sum(ps.values())) for (gu, gv), ps in agg.items()]
+        return OpGraph(new_nodes, edges, name=name or self.name)
+
+    def __repr__(self) -> str:
+        return f"OpGraph({self.name!r}, nodes={self.num_nodes}, edges={self.num_edges})"

@@ -1,0 +1,91 @@
+"""A placement problem: graph + cluster + cost table, flattened to arrays for solvers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import CostError, GraphError, InfeasibleError
+from ..graph.opgraph import OpGraph
+
+
+@dataclass
+class Problem:
+    """What every solver takes.
+
+    Parameters
+    ----------
+    graph : OpGraph
+    cluster : Cluster
+    costs : ndarray, shape (num_nodes, num_devices)
+        Seconds node ``i`` takes on device ``j``; ``inf`` where it cannot run there.
+    colocate : list of list of int
+        Groups of nodes that must share a device (e.g. a forward op and its backward twin).
+    cost_source : str
+        Where the costs came from (``measured``, ``xgb``, ``roofline``, ``file``).
+    """
+
+    graph: OpGraph
+    cluster: Cluster
+    costs: np.ndarray
+    colocate: list[list[int]] = field(default_factory=list)
+    cost_source: str = "unknown"
+
+    def __post_init__(self):
+        n, d = self.graph.num_nodes, self.cluster.num_devices
+        self.costs = np.asarray(self.costs, dtype=np.float64)
+        if self.costs.shape != (n, d):
+            raise CostError(f"cost table has shape {self.costs.shape}; expected ({n}, {d}) for "
+                            f"{n} nodes on {d} devices")
+        if np.isnan(self.costs).any() or (self.costs < 0).any():
+            bad = int(np.flatnonzero(np.isnan(self.costs).any(1) | (self.costs < 0).any(1))[0])
+            raise CostError(f"node {bad} ({self.graph.nodes[bad].name}) has a negative or NaN cost "
+                            f"{self.costs[bad].tolist()}; costs are seconds >= 0 (inf = cannot run)")
+        runnable = np.isfinite(self.costs).any(axis=1)
+        if not runnable.all():
+            bad = int(np.flatnonzero(~runnable)[0])
+            raise InfeasibleError(f"node {bad} ({self.graph.nodes[bad].name}) cannot run on any device of "
+                                  f"{self.cluster.name}; give it a finite cost somewhere")
+        for grp in self.colocate:
+            for v in grp:
+                if not 0 <= v < n:
+                    raise GraphError(f"co-location group {grp} names unknown node {v}")
+        self.src, self.dst, self.ebytes = self.graph.edge_arrays()
+        self.mem = self.graph.memory_array()
+        self.capacity = self.cluster.capacities()
+        self.latency = self.cluster.latency.copy()
+        self.inv_bw = self.cluster.inv_bandwidth()
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    @property
+    def num_devices(self) -> int:
+        return self.cluster.num_devices
+
+    def comm_s(self, u: int, v: int, du: int, dv: int) -> float:
+        """Seconds to move edge u->v's tensor from device du to dv (0 when equal)."""
+        if du == dv:
+            return 0.0
+        return float(self.latency[du, dv] + self.graph.edge_bytes(u, v) * self.inv_bw[du, dv])
+
+    def min_cost(self) -> np.ndarray:
+        return self.costs.min(axis=1)
+
+    def check_memory_feasible(self) -> None:
+        """Raise :class:`InfeasibleError` if the weights and outputs cannot fit even when
+        spread perfectly, naming how much memory is needed."""
+        need = float(self.mem.sum())
+        have = float(self.capacity.sum())
+        biggest = float(self.mem.max()) if len(self.mem) else 0.0
+        if need > have:
+            raise InfeasibleError(
+                f"{self.graph.name}: weights and activations need {need / 2**20:.1f} MiB but the "
+                f"{self.num_devices} devices of {self.cluster.name} hold {have / 2**20:.1f} MiB in all; "
+                f"use devices with at least {need / self.num_devices / 2**20:.1f} MiB each, or more devices")
+        if biggest > self.capacity.max():
+            raise InfeasibleError(
+                f"{self.graph.name}: one node needs {biggest / 2**20:.1f} MiB but the largest device holds "
+                f"{self.capacity.max() / 2**20:.1f} MiB; use a device with at least {biggest / 2**20:.1f} MiB")

@@ -1,0 +1,117 @@
+"""Pure-Python discrete-event simulator: the specification the C++ core must match.
+
+Semantics (shared with ``src/simulator.cc``):
+
+* Each device runs the nodes of its order one at a time, in that order.
+* A node starts when its device is free and every input is on its device. An input from
+  the same device is there when its producer finishes. An input from another device
+  arrives by a transfer on the directed link (producer device -> consumer device).
+* One transfer per (producer, destination device), of the largest edge size from that
+  producer to that device, queued when the producer finishes. A directed link carries one
+  transfer at a time, first come first served (ties broken by producer id, then device).
+  A transfer takes ``latency + bytes / bandwidth``.
+* Memory is static: a device holds the weights and outputs of its nodes and every tensor it
+  received, from the moment each appears until the end. The peak is the final total.
+* If devices still have work but nothing can start and no transfer is in flight, the plan
+  deadlocks (its orders contradict the graph) and :class:`PlanError` names the blocked nodes.
+"""
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from ..errors import PlanError
+
+
+def simulate_reference(n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices):
+    """Returns (start, finish, busy, peak_mem, transfers) with transfers as rows
+    ``(producer, src_dev, dst_dev, start, end, bytes)``."""
+    preds = [[] for _ in range(n)]
+    for u, v in zip(src.tolist(), dst.tolist()):
+        preds[v].append(u)
+    need: dict[tuple[int, int], float] = {}
+    for u, v, b in zip(src.tolist(), dst.tolist(), ebytes.tolist()):
+        du, dv = int(assignment[u]), int(assignment[v])
+        if du != dv:
+            need[(u, dv)] = max(need.get((u, dv), 0.0), b)
+    start = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    arrive: dict[tuple[int, int], float] = {}
+    link_free = np.zeros((num_devices, num_devices))
+    dev_free = np.zeros(num_devices)
+    pos = [0] * num_devices
+    busy = np.zeros(num_devices)
+    peak = np.zeros(num_devices)
+    for v in range(n):
+        peak[assignment[v]] += mem[v]
+    transfers = []
+    dests = {}
+    for (u, dv) in sorted(need):
+        dests.setdefault(u, []).append(dv)
+
+    def ready_time(v):
+        d = int(assignment[v])
+        t = dev_free[d]
+        for u in preds[v]:
+            if int(assignment[u]) == d:
+                if np.isnan(finish[u]):
+                    return None
+                t = max(t, finish[u])
+            else:
+                a = arrive.get((u, d))
+                if a is None:
+                    return None
+                t = max(t, a)
+        return t
+
+    # Events: (time, kind, id). kind 0 = node finish. Transfers are queued on finish.
+    events: list = []
+    pending_tx: list = []  # (ready, producer, dst_dev)
+    done = 0
+
+    def try_start():
+        started = True
+        while started:
+            started = False
+            for d in range(num_devices):
+                if pos[d] >= len(order[d]):
+                    continue
+                v = order[d][pos[d]]
+                if not np.isnan(start[v]):
+                    continue
+                t = ready_time(v)
+                if t is None:
+                    continue
+                start[v] = t
+                finish[v] = t + cost[v]
+                dev_free[d] = finish[v]
+                busy[d] += cost[v]
+                heapq.heappush(events, (finish[v], 0, v))
+                started = True
+
+    try_start()
+    while events:
+        t, _, v = heapq.heappop(events)
+        pos[int(assignment[v])] += 1
+        done += 1
+        for dv in dests.get(v, []):
+            pending_tx.append((t, v, dv))
+        pending_tx.sort()
+        for ready, u, dv in pending_tx:
+            du = int(assignment[u])
+            b = need[(u, dv)]
+            s = max(ready, link_free[du, dv])
+            e = s + latency[du, dv] + b * inv_bw[du, dv]
+            link_free[du, dv] = e
+            arrive[(u, dv)] = e
+            peak[dv] += b
+            transfers.append((u, du, dv, s, e, b))
+        pending_tx.clear()
+        try_start()
+        # Arrivals may unblock nodes whose start was computed lazily; starting is idempotent.
+    if done != n:
+        blocked = [order[d][pos[d]] for d in range(num_devices) if pos[d] < len(order[d])]
+        raise PlanError(f"the plan deadlocks: devices wait forever at nodes {blocked}; "
+                        "each device's order must agree with the graph's dependencies")
+    return start, finish, busy, peak, np.array(transfers, dtype=np.float64).reshape(-1, 6)
