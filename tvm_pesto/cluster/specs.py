@@ -84,7 +84,7 @@ def cpu_cluster(n: int) -> Cluster:
         ))
     # Shared memory: a copy is a memcpy plus a hand-off between worker threads. These are
     # defaults; `tvm-pesto cluster bench` measures them on this machine.
-    return Cluster(f"cpu:{n}", devs, np.full((n, n), 30e-6), np.full((n, n), 5e9),
+    return Cluster(f"cpu:{n}", devs, np.full((n, n), 30e-6), np.full((n, n), 15e9),
                    {"preset": f"cpu:{n}", "link": "shared-memory"})
 
 

@@ -4,7 +4,7 @@ Rules (a subset of TVM's ``FuseOps``, chosen to be cycle-safe by construction):
 
 * an elementwise or broadcast op joins its producer's group when that producer is the
   group's tail and has no other consumer (conv2d + bias add + relu becomes one group);
-* an op whose inputs are all weights or constants (``reshape`` of a bias, ``permute_dims``
+* an op whose inputs are all weights or constants (no graph input, no other op) (``reshape`` of a bias, ``permute_dims``
   of a weight) joins its consumer's group when it has exactly one consumer.
 
 Every non-tail member of a group has all its consumers inside the group, so the only
@@ -32,7 +32,8 @@ def fusion_groups(graph: OpGraph) -> list[list[int]]:
     const_only = []
     for v in graph.topo_order():
         preds = list(dag.predecessors(v))
-        if not preds and dag.out_degree(v) == 1 and graph.nodes[v].inputs:
+        nd = graph.nodes[v]
+        if not preds and dag.out_degree(v) == 1 and nd.inputs and nd.param_bytes >= nd.bytes_read:
             const_only.append(v)
             continue
         joined = False

@@ -1,0 +1,126 @@
+"""Op graph extraction from Relax: nodes, edges, FLOPs and bytes against hand counts."""
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from tvm_pesto.errors import CycleError, GraphError, UnsupportedModuleError
+from tvm_pesto.graph import OpGraph, OpNode
+from tvm_pesto.graph.fusion import fusion_groups
+from tvm_pesto.graph.relax_import import from_relax
+
+
+@I.ir_module
+class ConvMatmulSoftmax:
+    @R.function
+    def main(x: R.Tensor((1, 3, 16, 16), "float32"), w: R.Tensor((8, 3, 3, 3), "float32"),
+             m: R.Tensor((512, 10), "float32")):
+        R.func_attr({"num_input": 1})
+        with R.dataflow():
+            c = R.nn.conv2d(x, w, strides=2, padding=1)  # -> (1, 8, 8, 8)
+            r = R.reshape(c, (1, 512))
+            y = R.matmul(r, m)  # (1, 512) x (512, 10)
+            s = R.nn.softmax(y, axis=-1)
+            R.output(s)
+        return s
+
+
+def test_conv_matmul_softmax_flops_and_bytes():
+    rg = from_relax(ConvMatmulSoftmax)
+    g = rg.graph
+    assert [n.op for n in g.nodes] == ["relax.nn.conv2d", "relax.reshape", "relax.matmul", "relax.nn.softmax"]
+    conv, reshape, mm, sm = g.nodes
+    # conv: 8x8x8 outputs, each 3*3*3 MACs -> 2 * 512 * 27
+    assert conv.flops == 2 * 512 * 27
+    assert conv.bytes_read == 4 * (3 * 16 * 16 + 8 * 3 * 3 * 3)
+    assert conv.bytes_written == 4 * 512
+    assert conv.param_bytes == 4 * 8 * 27  # w is a bound parameter (beyond num_input)
+    # matmul: 10 outputs, each 512 MACs
+    assert mm.flops == 2 * 10 * 512
+    assert mm.param_bytes == 4 * 512 * 10
+    # softmax: 5 FLOPs per element
+    assert sm.flops == 5 * 10
+    assert reshape.flops == 0
+    assert g.edges() == [(0, 1, 2048), (1, 2, 2048), (2, 3, 40)]
+    assert [p.name for p in rg.inputs] == ["x"]
+
+
+@I.ir_module
+class TuplesAndConstants:
+    @R.function
+    def main(x: R.Tensor((4, 6), "float32")):
+        with R.dataflow():
+            parts = R.split(x, 2, axis=1)  # one op, two outputs (4, 3) each
+            a = parts[0]
+            b = parts[1]
+            c = R.add(a, R.const(np.ones((4, 3), "float32")))
+            d = R.multiply(b, c)
+            t = (c, d)
+            R.output(t)
+        return t
+
+
+def test_tuples_multiple_outputs_and_constants():
+    g = from_relax(TuplesAndConstants).graph
+    assert [n.op for n in g.nodes] == ["relax.split", "relax.add", "relax.multiply"]
+    split, add, mul = g.nodes
+    assert split.bytes_written == 2 * 4 * 3 * 4
+    assert len(split.outputs) == 2
+    assert add.param_bytes == 4 * 3 * 4  # the constant
+    # Edges go through TupleGetItem to the producing op, sized by the item used.
+    assert g.edges() == [(0, 1, 48), (0, 2, 48), (1, 2, 48)]
+
+
+def test_dynamic_shapes_are_rejected_with_a_clear_message():
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(y)
+    with pytest.raises(UnsupportedModuleError, match="dynamic dimension"):
+        from_relax(bb.get())
+
+
+def test_not_a_module_and_missing_function():
+    with pytest.raises(GraphError, match="tvm.IRModule"):
+        from_relax("not a module")
+    with pytest.raises(GraphError, match="no function 'forward'"):
+        from_relax(ConvMatmulSoftmax, "forward")
+
+
+def test_opgraph_rejects_cycles_and_unknown_nodes():
+    nodes = [OpNode("a", "x"), OpNode("b", "y")]
+    with pytest.raises(CycleError, match="cycle"):
+        OpGraph(nodes, [(0, 1, 1), (1, 0, 1)])
+    with pytest.raises(GraphError, match="unknown node 5"):
+        OpGraph(nodes, [(0, 5, 1)])
+    with pytest.raises(GraphError, match="negative"):
+        OpGraph(nodes, [(0, 1, -3)])
+
+
+@I.ir_module
+class ConvBiasRelu:
+    @R.function
+    def main(x: R.Tensor((1, 3, 8, 8), "float32")):
+        with R.dataflow():
+            c = R.nn.conv2d(x, R.const(np.ones((4, 3, 3, 3), "float32")), padding=1)
+            bias = R.reshape(R.const(np.ones((4,), "float32")), (1, 4, 1, 1))
+            a = R.add(c, bias)
+            r = R.nn.relu(a)
+            p = R.nn.max_pool2d(r, pool_size=(2, 2), strides=(2, 2))
+            q = R.nn.relu(p)
+            R.output(q)
+        return q
+
+
+def test_fusion_groups_conv_bias_relu_like_tvm():
+    g = from_relax(ConvBiasRelu).graph
+    groups = fusion_groups(g)
+    assert groups == [[0, 1, 2, 3], [4, 5]]
+    cg = g.contract(groups)
+    assert cg.num_nodes == 2 and cg.edges() == [(0, 1, 4 * 4 * 8 * 8)]
+    assert cg.nodes[0].flops == sum(g.nodes[i].flops for i in range(4))

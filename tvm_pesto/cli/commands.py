@@ -1,0 +1,167 @@
+"""What the CLI verbs do, as plain functions returning JSON-ready dicts."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .. import api
+from ..cluster import parse_cluster
+from ..errors import PestoError
+from ..plan.trace import chrome_trace, gantt_png, sim_events, trace_events
+from .progress import console, step
+
+
+def load_model(name: str, size: str):
+    from .. import zoo
+
+    with step(f"import {name} ({size}) from PyTorch"):
+        return zoo.load(name, size)
+
+
+def reference_output(mod, inputs, target=None):
+    """Output of ``mod`` compiled whole for one CPU device (the numerical reference)."""
+    from ..build.placed import compile_for
+
+    target = target or {"kind": "llvm", "num-cores": 1}
+    ex = compile_for(mod, target, "the whole model (reference)")
+    vm = relax.VirtualMachine(ex, tvm.cpu(0))
+    out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs])
+    from ..run.executor import to_numpy
+
+    return to_numpy(out), vm, ex
+
+
+def max_abs_err(a, b) -> float:
+    if isinstance(a, tuple):
+        return max(max_abs_err(x, y) for x, y in zip(a, b))
+    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+
+
+def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", costs: str = "auto",
+              repeat: int = 20, measure_links: bool = True, out_dir: str | None = None) -> dict:
+    """Place, build and run a zoo model; compare with the single-device build."""
+    zm = load_model(model, size)
+    cluster = parse_cluster(cluster_spec)
+    if measure_links and cluster.all_present and cluster.num_devices > 1:
+        from ..cluster.linkbench import measure_links as bench
+
+        with step("measure links between devices"):
+            bench(cluster)
+    with step("measure operator costs") as cb:
+        analysis = api.analyze(zm.mod)
+        pl = api.place(analysis, cluster, solver=solver, costs=costs, progress=cb)
+    with step(f"build {cluster.num_devices} per-device modules") as cb:
+        from ..build.placed import PlacedModule
+        from ..build.rewrite import apply_plan
+
+        placed_mod = apply_plan(analysis.rg, analysis.groups, pl.plan, cluster)
+        pm = PlacedModule(placed_mod, cluster, pl.plan, pl.problem, pl.sim, analysis, progress=cb)
+    with step("reference: whole model on one device"):
+        ref, ref_vm, _ = reference_output(zm.mod, zm.example_inputs, cluster.devices[0].target
+                                          if cluster.devices[0].kind == "cpu" else None)
+    with step(f"run placed model ({repeat} timed runs)"):
+        out = pm(*zm.example_inputs)
+        err = max_abs_err(out, ref)
+        bench_res = pm.benchmark(*zm.example_inputs, repeat=repeat)
+        _, trace = pm.run_traced(*zm.example_inputs)
+    res = {
+        "model": model, "size": size, "cluster": cluster.name, "solver": pl.plan.solver,
+        "cost_source": pl.problem.cost_source, "num_ops": analysis.op_graph.num_nodes,
+        "num_groups": analysis.graph.num_nodes, "devices_used": pm.devices_used,
+        "num_segments": len(pm.program.steps and [s for s in pm.program.steps if s.kind == "call"]),
+        "measured_s": bench_res["median_s"], "measured_min_s": bench_res["min_s"],
+        "simulated_s": pl.sim.makespan, "max_abs_err": err, "solve_s": pl.plan.solve_s,
+        "measured_over_simulated": bench_res["median_s"] / pl.sim.makespan if pl.sim.makespan else None,
+        "links": {"latency_s": cluster.latency.tolist(), "bandwidth_Bps": cluster.bandwidth.tolist()},
+    }
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        names = [d.name for d in cluster.devices]
+        srows = sim_events(pl.problem, pl.plan, pl.sim)
+        chrome_trace(srows, os.path.join(out_dir, "plan_trace.json"), names)
+        chrome_trace(trace_events(trace), os.path.join(out_dir, "run_trace.json"), names)
+        gantt_png(srows, os.path.join(out_dir, "gantt.png"), title=f"{model} simulated ({pl.plan.solver})",
+                  device_names=names, compare=trace_events(trace))
+        res["artifacts"] = sorted(os.listdir(out_dir))
+    pm.close()
+    return res
+
+
+def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "small", costs: str = "auto",
+              expert: str | None = None, time_limit_s: float = 30.0) -> dict:
+    """Place a zoo model or a dnn-partitioning LayerGraph file with one or more solvers."""
+    from ..plan import Problem, simulate
+    from ..solve import SOLVERS, solve
+    from ..solve.bounds import lower_bound
+
+    t_load = time.perf_counter()
+    colocate: list = []
+    if target.endswith(".json"):
+        from ..graph import dnn_partitioning as dp
+
+        graph, meta = dp.load_layer_graph(target)
+        if cluster_spec != "from-graph":
+            raise PestoError("LayerGraph files carry their own devices and costs: use --cluster from-graph")
+        cluster = dp.cluster_from_graph(meta)
+        problem = Problem(graph, cluster, dp.costs_from_graph(graph, cluster),
+                          colocate=dp.colocation_groups(graph), cost_source="file")
+    else:
+        if cluster_spec == "from-graph":
+            raise PestoError("--cluster from-graph only applies to LayerGraph JSON files; give a spec like cpu:2")
+        zm = load_model(target, size)
+        cluster = parse_cluster(cluster_spec)
+        analysis = api.analyze(zm.mod)
+        with step("costs") as cb:
+            table, src = api.estimate_costs(analysis, cluster, costs, progress=cb)
+        problem = Problem(analysis.graph, cluster, table, cost_source=src)
+    problem.check_memory_feasible()
+    load_s = time.perf_counter() - t_load
+    if solvers == ["all"]:
+        solvers = list(SOLVERS)
+    lb = lower_bound(problem)
+    results = {}
+    for name in solvers:
+        opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}
+        with step(f"solve with {name}"):
+            plan = solve(problem, name, **opts)
+            sim = simulate(problem, plan)
+        results[name] = _result(problem, plan, sim, lb)
+    if expert:
+        from ..graph import dnn_partitioning as dp
+
+        plan = dp.load_expert_split(expert, problem.graph, cluster)
+        sim = simulate(problem, plan, check_memory=False)
+        results["expert"] = _result(problem, plan, sim, lb)
+    best = min(results, key=lambda k: results[k]["makespan_s"])
+    return {"graph": problem.graph.name, "num_nodes": problem.num_nodes, "num_edges": problem.graph.num_edges,
+            "cluster": cluster.name, "devices": [d.name for d in cluster.devices], "cost_source": problem.cost_source,
+            "lower_bound_s": lb["best"], "load_s": load_s, "best": best, "results": results,
+            # top level: the best plan, as `place --json` promises
+            "makespan_s": results[best]["makespan_s"], "solver": best, "solve_s": results[best]["solve_s"],
+            "assignment": results[best]["assignment"]}
+
+
+def _result(problem, plan, sim, lb) -> dict:
+    g = problem.graph
+    ids = [str(nd.extra.get("id", nd.name)) for nd in g.nodes]
+    return {"makespan_s": sim.makespan, "lower_bound_s": lb["best"],
+            "ratio_to_lower_bound": sim.makespan / lb["best"] if lb["best"] > 0 else None,
+            "solve_s": plan.solve_s, "peak_memory_bytes": sim.peak_memory.tolist(),
+            "devices_used": plan.devices_used(), "info": _jsonable(plan.info),
+            "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)}}
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
