@@ -7,8 +7,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from tvm_pesto.api import PlacementPass, analyze
-from tvm_pesto.build.placed import PlacedModule
-from tvm_pesto.build.rewrite import apply_plan, plan_segments
+from tvm_pesto.builder.placed import PlacedModule
+from tvm_pesto.builder.rewrite import apply_plan, plan_segments
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import PlanError
 from tvm_pesto.plan import Plan

@@ -66,8 +66,8 @@ print(f"simulated makespan: {placement.sim.makespan * 1e3:.2f} ms")
 ######################################################################
 # Build one module per device and run
 # -----------------------------------
-from tvm_pesto.build.placed import PlacedModule
-from tvm_pesto.build.rewrite import apply_plan
+from tvm_pesto.builder.placed import PlacedModule
+from tvm_pesto.builder.rewrite import apply_plan
 
 placed_mod = apply_plan(analysis.rg, analysis.groups, placement.plan, cluster)
 placed = PlacedModule(placed_mod, cluster, placement.plan, placement.problem, placement.sim, analysis)

@@ -127,8 +127,8 @@ def build(mod, cluster, solver: str = "heft", costs="auto", plan: Plan | None = 
     -------
     PlacedModule
     """
-    from .build.placed import PlacedModule
-    from .build.rewrite import apply_plan
+    from .builder.placed import PlacedModule
+    from .builder.rewrite import apply_plan
 
     cluster = as_cluster(cluster)
     if plan is None:
@@ -164,7 +164,7 @@ class PlacementPass:
         self.last_placement: Placement | None = None
 
     def transform_module(self, mod, ctx):
-        from .build.rewrite import apply_plan
+        from .builder.rewrite import apply_plan
 
         pl = place(mod, self.cluster, solver=self.solver, costs=self.costs, **self.solver_options)
         self.last_placement = pl

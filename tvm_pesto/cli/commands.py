@@ -24,7 +24,7 @@ def load_model(name: str, size: str):
 
 def reference_output(mod, inputs, target=None):
     """Output of ``mod`` compiled whole for one CPU device (the numerical reference)."""
-    from ..build.placed import compile_for
+    from ..builder.placed import compile_for
 
     target = target or {"kind": "llvm", "num-cores": 1}
     ex = compile_for(mod, target, "the whole model (reference)")
@@ -55,8 +55,8 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
         analysis = api.analyze(zm.mod)
         pl = api.place(analysis, cluster, solver=solver, costs=costs, progress=cb)
     with step(f"build {cluster.num_devices} per-device modules") as cb:
-        from ..build.placed import PlacedModule
-        from ..build.rewrite import apply_plan
+        from ..builder.placed import PlacedModule
+        from ..builder.rewrite import apply_plan
 
         placed_mod = apply_plan(analysis.rg, analysis.groups, pl.plan, cluster)
         pm = PlacedModule(placed_mod, cluster, pl.plan, pl.problem, pl.sim, analysis, progress=cb)

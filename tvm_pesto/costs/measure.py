@@ -14,12 +14,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..build.subgraph import group_function, structural_key
+from ..builder.subgraph import group_function, structural_key
 from ..errors import CostError
 from .cache import MeasureCache, target_key
 from .device_thread import enter_device_thread
 
 BACKEND = "tvm"
+OVERHEAD_KEY = "__vm_call_overhead__"
+MIN_COST_S = 2e-7
 
 
 def random_args(params, dev, rng):
@@ -86,8 +88,10 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
             times[gi] = rec["median_s"]
         elif k not in todo:
             todo[k] = gi
-    if todo:
+    overhead_rec = cache.get(OVERHEAD_KEY, BACKEND, tkey)
+    if todo or overhead_rec is None:
         funcs = {f"g{n}": segs[gi].func.with_attr("global_symbol", f"g{n}") for n, gi in enumerate(todo.values())}
+        funcs["pesto_call_overhead"] = _overhead_func()
         mod = tvm.IRModule(funcs)
         result: dict = {}
 
@@ -98,6 +102,15 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
                 dev = device.tvm_device()
                 vm = relax.VirtualMachine(ex, dev)
                 rng = np.random.default_rng(0)
+                if overhead_rec is None:
+                    x = tvm.runtime.tensor(np.ones(1, "float32"), device=dev)
+                    vm["pesto_call_overhead"](x)
+                    t = vm.time_evaluator("pesto_call_overhead", dev, number=200, repeat=repeat)(x)
+                    reps = [float(r) for r in t.results]
+                    cache.put({"key": OVERHEAD_KEY, "backend": BACKEND, "target": tkey,
+                               "median_s": float(np.median(reps)), "repeats": reps, "op": "call-overhead",
+                               "flops": 0.0, "bytes": 8.0, "device": device.model or device.name,
+                               "time": time.time()})
                 for n, (k, gi) in enumerate(todo.items()):
                     seg = segs[gi]
                     args = random_args(seg.func.params, dev, rng)
@@ -130,4 +143,21 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
         for gi, k in enumerate(keys):
             if np.isnan(times[gi]):
                 times[gi] = result[k]
-    return times
+    overhead = call_overhead_s(device, cache)
+    return np.maximum(times - overhead, MIN_COST_S)
+
+
+def call_overhead_s(device, cache: MeasureCache) -> float:
+    """The measured fixed cost of one VM function call on ``device`` (0 if never measured)."""
+    rec = cache.get(OVERHEAD_KEY, BACKEND, target_key(device.target))
+    return float(rec["median_s"]) if rec is not None else 0.0
+
+
+def _overhead_func():
+    x = relax.Var("x", relax.TensorType((1,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("pesto_call_overhead", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(y)
+    return bb.get()["pesto_call_overhead"].with_attr("global_symbol", "pesto_call_overhead")

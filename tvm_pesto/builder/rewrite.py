@@ -167,7 +167,7 @@ def apply_plan(rg: RelaxGraph, groups, plan, cluster) -> tvm.IRModule:
                     if dv != s.device:
                         key = (v, s.device)
                         if key not in on_dev:
-                            on_dev[key] = bb.emit(relax.op.to_vdevice(nv, vdevs[s.device]), name_hint=f"{v.name}_d{s.device}")
+                            on_dev[key] = _move(bb, nv, vdevs[s.device], f"{v.name}_d{s.device}")
                         nv = on_dev[key]
                     args.append(nv)
                 res = bb.emit(relax.Call(gvs[si], args), name_hint=f"s{si}")
@@ -194,7 +194,7 @@ def _materialize(bb, v, home, bindings, var_binding, vdevs):
     if v in home:
         nv, dv = home[v]
         if dv != 0:
-            nv = bb.emit(relax.op.to_vdevice(nv, vdevs[0]), name_hint=f"{v.name}_d0")
+            nv = _move(bb, nv, vdevs[0], f"{v.name}_d0")
             home[v] = (nv, 0)
         return nv
     k = var_binding[v]
@@ -205,3 +205,15 @@ def _materialize(bb, v, home, bindings, var_binding, vdevs):
     nv = bb.emit(_Remap(sub).visit_expr(val), name_hint=v.name)
     home[v] = (nv, 0)
     return nv
+
+
+def _move(bb, value, vdev, name):
+    """``R.to_vdevice`` for a tensor; field by field for a tuple."""
+    ty = value.ty
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+        fields = []
+        for k in range(len(ty.fields)):
+            item = bb.emit(relax.TupleGetItem(value, k), name_hint=f"{name}_{k}")
+            fields.append(_move(bb, item, vdev, f"{name}_{k}"))
+        return bb.emit(relax.Tuple(fields), name_hint=name)
+    return bb.emit(relax.op.to_vdevice(value, vdev), name_hint=name)

@@ -1,0 +1,330 @@
+"""Placement heuristics: known optima on small DAGs, memory, co-location, registry, speed."""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tvm_pesto.cluster import Cluster, Device
+from tvm_pesto.errors import InfeasibleError, SolverError
+from tvm_pesto.graph.opgraph import OpGraph, OpNode
+from tvm_pesto.plan import Problem, simulate
+from tvm_pesto.solve import HEURISTICS, SOLVERS, get_solver, solve
+from tvm_pesto.solve.heft import Timeline
+
+warnings.filterwarnings("ignore", message=".*_core is not built.*")
+
+MiB = 1 << 20
+SCHEDULERS = ("heft", "m-etf", "m-sct")
+
+
+def make_cluster(d: int, memory: float = 1e12, latency: float = 1e-5, bandwidth: float = 1e9) -> Cluster:
+    devs = [Device(name=f"g{i}", kind="gpu", target={"kind": "cuda"}, memory_bytes=memory, peak_flops=1e12,
+                   mem_bandwidth=1e11, index=i) for i in range(d)]
+    return Cluster("test", devs, np.full((d, d), latency), np.full((d, d), bandwidth))
+
+
+def make_problem(n, edges, costs, d=2, mem=None, memory=1e12, colocate=(), latency=1e-5, bandwidth=1e9):
+    mem = [0] * n if mem is None else mem
+    nodes = [OpNode(f"v{i}", "op", param_bytes=int(mem[i])) for i in range(n)]
+    g = OpGraph(nodes, edges, name="t")
+    costs = np.asarray(costs, dtype=float)
+    if costs.ndim == 1:
+        costs = np.repeat(costs[:, None], d, axis=1)
+    return Problem(g, make_cluster(d, memory, latency, bandwidth), costs, colocate=[list(c) for c in colocate])
+
+
+def random_problem(seed, n, d, p_inf=0.0, mem_factor=None, groups=0, comm_scale=1.0):
+    rng = np.random.default_rng(seed)
+    mem = rng.integers(0, 1000, n)
+    edges = []
+    for v in range(1, n):
+        for u in rng.choice(v, size=min(v, int(rng.integers(0, 4))), replace=False):
+            edges.append((int(u), v, int(rng.integers(0, 2000 * comm_scale + 1))))
+    costs = rng.uniform(1e-4, 1e-3, (n, d)) * rng.choice([1.0, 1.0, 3.0], d)
+    costs[rng.random((n, d)) < 0.05] = 0.0
+    if p_inf:
+        bad = rng.random((n, d)) < p_inf
+        bad[np.arange(n), rng.integers(0, d, n)] = False
+        costs[bad] = np.inf
+    colocate = []
+    free = list(rng.permutation(n))
+    for _ in range(groups):
+        if len(free) < 2:
+            break
+        k = int(rng.integers(2, 4))
+        colocate.append([int(x) for x in free[:k]])
+        free = free[k:]
+    memory = 1e12
+    if mem_factor is not None:
+        memory = max(1.0, mem_factor * (mem.sum() / d + mem.max()))
+    return make_problem(n, edges, costs, d=d, mem=mem, memory=memory, colocate=colocate,
+                        latency=1e-5, bandwidth=1e7)
+
+
+def check_plan(problem, plan, name):
+    """Everything a plan must satisfy; returns the simulated makespan."""
+    assert plan.solver == name
+    assert plan.solve_s > 0 and isinstance(plan.info, dict)
+    plan.validate(problem.num_nodes, problem.num_devices)
+    a = plan.assignment
+    assert np.isfinite(problem.costs[np.arange(problem.num_nodes), a]).all()
+    for grp in problem.colocate:
+        assert len(set(a[grp].tolist())) == 1, f"{name} split co-location group {grp}"
+    res = simulate(problem, plan)  # raises on deadlock, inf cost or memory overflow
+    assert (res.peak_memory <= problem.capacity * (1 + 1e-9)).all()
+    if "peak_memory_bytes" in plan.info:
+        np.testing.assert_allclose(plan.info["peak_memory_bytes"], res.peak_memory, rtol=1e-9)
+    return res.makespan
+
+
+# -- known optima ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ("single",) + SCHEDULERS)
+def test_chain_on_two_identical_devices_takes_the_sum(name):
+    costs = [1e-3, 2e-3, 3e-3, 4e-3]
+    p = make_problem(4, [(0, 1, 10**6), (1, 2, 10**6), (2, 3, 10**6)], costs)
+    plan = solve(p, name)
+    assert check_plan(p, plan, name) == pytest.approx(sum(costs))
+    assert len(set(plan.assignment.tolist())) == 1
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_two_independent_chains_run_in_parallel(name):
+    edges = [(0, 1, 100), (1, 2, 100), (3, 4, 100), (4, 5, 100)]
+    p = make_problem(6, edges, [1e-3] * 6)
+    plan = solve(p, name)
+    assert check_plan(p, plan, name) == pytest.approx(3e-3)
+    assert plan.assignment[0] == plan.assignment[2] != plan.assignment[3] == plan.assignment[5]
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_fork_join_with_expensive_transfers_stays_on_one_device(name):
+    # 0 -> {1,2,3} -> 4, each transfer 100 ms, each node 1 ms: splitting never pays
+    edges = [(0, k, 10**8) for k in (1, 2, 3)] + [(k, 4, 10**8) for k in (1, 2, 3)]
+    p = make_problem(5, edges, [1e-3] * 5, d=3)
+    plan = solve(p, name)
+    assert check_plan(p, plan, name) == pytest.approx(5e-3)
+    assert len(set(plan.assignment.tolist())) == 1
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_fork_join_with_cheap_transfers_spreads(name):
+    edges = [(0, k, 1) for k in (1, 2, 3)] + [(k, 4, 1) for k in (1, 2, 3)]
+    p = make_problem(5, edges, [1e-3, 1e-2, 1e-2, 1e-2, 1e-3], d=3, latency=0.0, bandwidth=1e12)
+    plan = solve(p, name)
+    assert check_plan(p, plan, name) < 1.3e-2
+    assert len(set(plan.assignment[[1, 2, 3]].tolist())) == 3
+
+
+def test_single_picks_the_fastest_device_that_fits():
+    costs = np.array([[3e-3, 1e-3, 2e-3]] * 3)
+    p = make_problem(3, [(0, 1, 1), (1, 2, 1)], costs, d=3, mem=[10, 10, 10])
+    plan = solve(p, "single")
+    assert set(plan.assignment.tolist()) == {1}
+    assert plan.order[1] == [0, 1, 2]
+
+
+def test_mtopo_fills_devices_in_topological_turns():
+    p = make_problem(8, [(i, i + 1, 1) for i in range(7)], [1e-3] * 8, d=2, mem=[100] * 8)
+    plan = solve(p, "m-topo", share="memory")
+    check_plan(p, plan, "m-topo")
+    a = plan.assignment.tolist()
+    assert a == sorted(a) and a[0] == 0 and a[-1] == 1  # a prefix on device 0, the rest on 1
+
+
+def test_mtopo_compute_share_favours_the_fast_device():
+    costs = np.array([[1e-3, 1e-2]] * 20)  # device 1 is ten times slower
+    p = make_problem(20, [], costs, d=2)
+    plan = solve(p, "m-topo", share="compute")
+    check_plan(p, plan, "m-topo")
+    assert (plan.assignment == 0).sum() >= 17
+
+
+def test_nodes_only_go_where_they_can_run():
+    costs = np.array([[1e-3, np.inf], [np.inf, 1e-3], [1e-3, 1e-3]])
+    p = make_problem(3, [(0, 2, 10), (1, 2, 10)], costs)
+    for name in SCHEDULERS + ("m-topo",):
+        plan = solve(p, name)
+        check_plan(p, plan, name)
+        assert plan.assignment[0] == 0 and plan.assignment[1] == 1
+    with pytest.raises(InfeasibleError, match="no single device"):
+        solve(p, "single")
+
+
+# -- memory ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SCHEDULERS + ("m-topo",))
+def test_memory_forces_a_split(name):
+    # 4 x 100 MiB on devices of 250 MiB: two per device
+    p = make_problem(4, [(0, 1, 0), (1, 2, 0), (2, 3, 0)], [1e-3] * 4, mem=[100 * MiB] * 4, memory=250 * MiB)
+    plan = solve(p, name)
+    check_plan(p, plan, name)
+    assert np.bincount(plan.assignment, minlength=2).tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("name", HEURISTICS)
+def test_infeasible_error_names_a_capacity_that_works(name):
+    # a -> b, 100 MiB each, a 100 MiB tensor between them, devices of 150 MiB: whatever the
+    # split, some device needs 200 MiB
+    p = make_problem(2, [(0, 1, 100 * MiB)], [1e-3, 1e-3], mem=[100 * MiB] * 2, memory=150 * MiB)
+    with pytest.raises(InfeasibleError) as info:
+        solve(p, name)
+    msg = str(info.value)
+    assert name in msg and "150.0 MiB" in msg and "per device" in msg
+    assert "succeeds with" in msg
+    works = float(msg.split("succeeds with ")[1].split(" MiB")[0])
+    assert 200 <= works <= 210
+    p2 = make_problem(2, [(0, 1, 100 * MiB)], [1e-3, 1e-3], mem=[100 * MiB] * 2, memory=works * MiB)
+    check_plan(p2, solve(p2, name), name)
+
+
+def test_memory_check_comes_first():
+    p = make_problem(3, [], [1e-3] * 3, mem=[100 * MiB] * 3, memory=120 * MiB)
+    with pytest.raises(InfeasibleError, match="weights and activations need"):
+        solve(p, "heft")
+
+
+# -- co-location ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", HEURISTICS)
+def test_colocated_nodes_share_a_device(name):
+    edges = [(0, 1, 10), (1, 2, 10), (0, 3, 10), (3, 4, 10), (2, 5, 10), (4, 5, 10)]
+    p = make_problem(6, edges, [1e-3] * 6, d=3, colocate=[[1, 4], [0, 5]], latency=0.0, bandwidth=1e12)
+    plan = solve(p, name)
+    check_plan(p, plan, name)
+
+
+def test_colocated_group_with_no_common_device_is_infeasible():
+    costs = np.array([[1e-3, np.inf], [np.inf, 1e-3]])
+    p = make_problem(2, [], costs, colocate=[[0, 1]])
+    with pytest.raises(InfeasibleError, match="co-location group"):
+        solve(p, "heft")
+
+
+def test_group_reserves_room_for_its_later_members():
+    # forward f (on whatever device) and its backward twin b must share a device; b also
+    # needs a 100 MiB tensor from x. Filling f's device with other nodes must not starve b.
+    mem = [10 * MiB, 60 * MiB, 60 * MiB, 10 * MiB, 10 * MiB]
+    edges = [(0, 1, 0), (0, 2, 0), (1, 4, 0), (2, 4, 0), (3, 4, 100 * MiB)]
+    p = make_problem(5, edges, [1e-3] * 5, mem=mem, memory=180 * MiB, colocate=[[0, 4]])
+    for name in HEURISTICS:
+        plan = solve(p, name)
+        check_plan(p, plan, name)
+
+
+# -- random DAGs (hypothesis) ----------------------------------------------------------------
+random_case = st.tuples(
+    st.integers(0, 2**31 - 1),                   # seed
+    st.integers(1, 18),                          # nodes
+    st.integers(1, 4),                           # devices
+    st.sampled_from([0.0, 0.0, 0.3]),            # share of (node, device) pairs that cannot run
+    st.sampled_from([None, None, 0.8, 1.2, 2.0]),  # memory per device, relative to a fair share
+    st.integers(0, 3),                           # co-location groups
+)
+
+
+@settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case)
+def test_every_heuristic_gives_a_valid_plan(case):
+    seed, n, d, p_inf, mem_factor, groups = case
+    p = random_problem(seed, n, d, p_inf, mem_factor, groups)
+    for name in ("single", "heft", "m-topo", "m-etf"):
+        try:
+            plan = solve(p, name)
+        except InfeasibleError as err:
+            assert mem_factor is not None or name == "single" or p_inf > 0, str(err)
+            continue
+        check_plan(p, plan, name)
+    try:
+        plan = solve(p, "m-sct", favorite="greedy")
+    except InfeasibleError:
+        assert mem_factor is not None or p_inf > 0
+    else:
+        check_plan(p, plan, "m-sct")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case, st.sampled_from([0.2, 0.5, 0.8]))
+def test_msct_with_lp_gives_a_valid_plan(case, threshold):
+    seed, n, d, p_inf, mem_factor, groups = case
+    p = random_problem(seed, n, d, p_inf, mem_factor, groups, comm_scale=50.0)
+    try:
+        plan = solve(p, "m-sct", threshold=threshold)
+    except InfeasibleError:
+        assert mem_factor is not None or p_inf > 0
+        return
+    check_plan(p, plan, "m-sct")
+    assert plan.info["threshold"] == threshold
+    assert plan.info["favorite"] in ("lp", "none")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 4))
+def test_memory_for_everything_always_succeeds(seed, d):
+    # with room for every weight, output and copied tensor on each device, nothing can fail
+    p = random_problem(seed, 15, d, 0.0, None, 2)
+    room = p.mem.sum() + p.ebytes.sum()
+    p = make_problem(p.num_nodes, p.graph.edges(), p.costs, d=d, mem=p.mem, memory=room,
+                     colocate=p.colocate, bandwidth=1e7)
+    for name in HEURISTICS:
+        check_plan(p, solve(p, name), name)
+
+
+def test_heft_is_no_worse_than_single_on_identical_devices():
+    worse = 0
+    for seed in range(20):
+        p = random_problem(seed, 30, 3)
+        single = simulate(p, solve(p, "single")).makespan
+        heft = simulate(p, solve(p, "heft")).makespan
+        worse += heft > single * 1.001
+    assert worse <= 2
+
+
+# -- pieces ------------------------------------------------------------------------------------
+def test_timeline_finds_the_first_gap_that_is_long_enough():
+    tl = Timeline(capacity=1)
+    for i, (s, e) in enumerate([(0.0, 1.0), (2.0, 3.0), (6.0, 7.0)]):
+        tl.insert(i, s, e)
+    assert tl.earliest(0.0, 1.0) == (1.0, 1)
+    assert tl.earliest(0.0, 2.5) == (3.0, 2)
+    assert tl.earliest(0.0, 3.5) == (7.0, 3)
+    assert tl.earliest(2.5, 0.5) == (3.0, 2)
+    assert tl.earliest(0.0, 1.0, insertion=False) == (7.0, 3)
+    tl.insert(1, 1.0, 2.0)
+    assert tl.starts[:4].tolist() == [0.0, 1.0, 2.0, 6.0]
+
+
+def test_registry_lists_names_and_rejects_unknown():
+    assert set(SOLVERS) == {"single", "heft", "m-topo", "m-etf", "m-sct", "ilp"}
+    assert get_solver("HEFT") is SOLVERS["heft"] and get_solver("metf") is SOLVERS["m-etf"]
+    with pytest.raises(SolverError, match="known solvers: single, heft, m-topo, m-etf, m-sct, ilp"):
+        get_solver("magic")
+
+
+def test_ilp_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tvm_pesto.solve.ilp", None)  # import now fails
+    p = make_problem(2, [(0, 1, 1)], [1e-3, 1e-3])
+    with pytest.raises(SolverError, match="ilp solver not available"):
+        solve(p, "ilp")
+
+
+def test_bad_options_are_solver_errors():
+    p = make_problem(2, [(0, 1, 1)], [1e-3, 1e-3])
+    with pytest.raises(SolverError, match="share"):
+        solve(p, "m-topo", share="half")
+    with pytest.raises(SolverError, match="favorite"):
+        solve(p, "m-sct", favorite="random")
+
+
+def test_large_graph_is_fast():
+    n = 5000
+    p = random_problem(7, n, 8)
+    for name in ("heft", "m-topo", "m-etf"):
+        t0 = time.perf_counter()
+        plan = solve(p, name)
+        took = time.perf_counter() - t0
+        plan.validate(n, 8)
+        assert took < 15.0, f"{name} took {took:.1f} s for {n} nodes"

@@ -1,0 +1,398 @@
+"""The interface every backend implements.
+
+A backend runs some subgraphs of a Relax ``main`` function. It says which ones through
+Relax dataflow patterns (``tvm.relax.dpl``) with optional ``_check_*`` predicates (as in
+TVM's ``relax/backend/cuda/cudnn.py``), and builds a subgraph function into a tvm-ffi
+global function that the lowered module calls with ``R.call_dps_packed``.
+
+Calling convention of a built global function ``pesto.<backend>.<key>``::
+
+    f(*inputs, *outputs) -> None
+
+``inputs`` are the subgraph function's parameters in order (``tvm.runtime.Tensor``);
+``outputs`` are preallocated tensors, one per tensor the function returns (a tuple result
+is flattened), and ``f`` writes into them (DLPack, zero copy). Constants inside the
+subgraph are captured by the built callable (weights, ONNX initializers), so equal-shaped
+subgraphs with different weights get different global names.
+"""
+from __future__ import annotations
+
+import abc
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import BuildError, PestoError
+
+#: Prefix of every global function a backend registers.
+GLOBAL_PREFIX = "pesto"
+
+
+class BackendUnavailableError(PestoError):
+    """A backend's library is missing or unusable on this machine."""
+
+
+@dataclass
+class MatchContext:
+    """What a pattern's check function sees (a small analogue of TVM's PatternCheckContext).
+
+    Attributes
+    ----------
+    root : relax.Call
+        The matched root call (the last op of the matched chain).
+    calls : list of relax.Call
+        Every matched operator call, producers before consumers.
+    annotated_expr : dict
+        Short op name (``"conv2d"``, ``"matmul"``, ``"add"``...) -> the first matched call
+        of that op, so predicates read ``ctx.annotated_expr["conv2d"].attrs``.
+    matched : dict
+        The raw ``DFPattern -> Expr`` map from :func:`tvm.relax.dpl.DFPattern.extract_matched_expr`.
+    """
+
+    root: relax.Call
+    calls: list
+    annotated_expr: dict
+    matched: dict = field(default_factory=dict)
+
+
+CheckFn = Callable[[MatchContext], bool]
+PatternEntry = tuple  # (pattern_name: str, pattern: DFPattern, check: CheckFn | None)
+
+
+class Backend(abc.ABC):
+    """A library that can run subgraphs of a Relax function.
+
+    Subclasses set ``name`` and ``device_kinds`` and implement :meth:`patterns`,
+    :meth:`available` and :meth:`build`. ``graph_level`` backends (ONNX Runtime) take any
+    connected subgraph whose ops they all support (:meth:`supports_op`), up to
+    ``max_ops`` operators, in addition to their patterns.
+
+    Examples
+    --------
+    >>> from tvm_pesto.backends import get_backend       # doctest: +SKIP
+    >>> bk = get_backend("torch")                         # doctest: +SKIP
+    >>> ok, why = bk.available()                          # doctest: +SKIP
+    >>> gname = bk.build(func, device)                    # doctest: +SKIP
+    >>> # then: relax.call_dps_packed(gname, args, out_ty)
+    """
+
+    name: str = ""
+    device_kinds: tuple[str, ...] = ("cpu",)
+    graph_level: bool = False
+    max_ops: int = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._built: dict[str, str] = {}
+
+    # -- what it accepts -------------------------------------------------------------
+    @abc.abstractmethod
+    def patterns(self) -> list[PatternEntry]:
+        """``[(pattern_name, dpl pattern, check fn or None), ...]``, longest first."""
+
+    def supports_op(self, call: relax.Call) -> bool:
+        """Whether a single call can be part of a graph-level subgraph (graph_level only)."""
+        return False
+
+    def supports_device(self, device) -> bool:
+        return getattr(device, "kind", "cpu") in self.device_kinds
+
+    # -- can it run here --------------------------------------------------------------
+    @abc.abstractmethod
+    def available(self) -> tuple[bool, str]:
+        """``(True, "")`` or ``(False, reason)``; never raises."""
+
+    def require(self) -> None:
+        ok, why = self.available()
+        if not ok:
+            raise BackendUnavailableError(f"backend {self.name!r} is unavailable: {why}")
+
+    # -- build ------------------------------------------------------------------------
+    def global_name(self, key: str, device) -> str:
+        """The registered name for instance ``key``. CPU callables are not tied to one CPU
+        device (they size their threads from the calling thread's affinity), so the
+        default name has no device part; GPU backends should add the device index."""
+        return f"{GLOBAL_PREFIX}.{self.name}.{key}"
+
+    @abc.abstractmethod
+    def make_callable(self, func: relax.Function, device) -> Callable:
+        """A Python callable ``f(*inputs, *outputs)`` that computes ``func`` into ``outputs``."""
+
+    def build(self, func: relax.Function, device, key: str | None = None) -> str:
+        """Register ``func`` as a tvm-ffi global function and return its name.
+
+        ``key`` names the instance (default: a hash of the function including constant
+        values). Building the same key twice returns the existing name.
+
+        Raises
+        ------
+        BuildError
+            When the backend cannot build this subgraph (the search marks it infeasible).
+        """
+        self.require()
+        if not self.supports_device(device):
+            raise BuildError(f"backend {self.name!r} runs on {', '.join(self.device_kinds)} devices, not on "
+                             f"{getattr(device, 'name', device)!r}; choose another backend for it")
+        if key is None:
+            key = instance_key(func)
+        gname = self.global_name(key, device)
+        with self._lock:
+            if gname in self._built:
+                return gname
+        try:
+            fn = self.make_callable(func, device)
+        except PestoError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any library error means "cannot build this one"
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BuildError(f"backend {self.name!r} cannot build this subgraph: {type(e).__name__}: "
+                             f"{msg[:300]}; it stays on another backend") from e
+        tvm.register_global_func(gname, fn, override=True)
+        with self._lock:
+            self._built[gname] = gname
+        return gname
+
+
+def instance_key(func: relax.Function) -> str:
+    """A hex key of ``func`` including its constants' values (so weights are told apart)."""
+    import tvm_ffi
+
+    h = tvm_ffi.structural_hash(func, map_free_vars=True) & 0xFFFFFFFFFFFFFFFF
+    consts = []
+
+    def visit(e):
+        if isinstance(e, tvm.ir.Constant):
+            consts.append(e)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    if consts:  # structural hashing does not look at tensor contents: fold them in
+        import hashlib
+
+        m = hashlib.blake2b(digest_size=8)
+        m.update(h.to_bytes(8, "little"))
+        for c in consts:
+            v = c.value
+            m.update(np.ascontiguousarray(v.numpy()).tobytes() if hasattr(v, "numpy") else repr(v).encode())
+        return m.hexdigest()
+    return f"{h:016x}"
+
+
+def calling_thread_cores() -> int:
+    """How many cores the calling thread may run on (its affinity), at least 1."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def function_bindings(func: relax.Function) -> list:
+    """The bindings of a function's body, in order (all blocks)."""
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return []
+    return [b for blk in body.blocks for b in blk.bindings]
+
+
+def output_types(func: relax.Function) -> list:
+    """The tensor types a function returns, flattened."""
+    ty = func.body.ty if hasattr(func.body, "ty") else func.ret_ty
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+        return list(ty.fields)
+    return [ty]
+
+
+# -- reading Relax calls ------------------------------------------------------------------
+def op_short_name(call) -> str:
+    """``"nn.conv2d"`` for a call of ``relax.nn.conv2d``; ``""`` for anything else."""
+    if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op):
+        name = call.op.name
+        return name[len("relax."):] if name.startswith("relax.") else name
+    return ""
+
+
+def call_attrs(call) -> dict:
+    """The call's attributes as plain Python values."""
+    from ..graph.relax_import import attrs_dict
+
+    return attrs_dict(call.attrs) if isinstance(call.op, tvm.ir.Op) else {}
+
+
+def static_shape(ty) -> tuple[int, ...]:
+    """Static shape of a tensor type (raises BuildError when dynamic)."""
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        raise BuildError(f"type {ty} is not a tensor of known shape")
+    try:
+        return tuple(int(s) for s in ty.shape.values)
+    except TypeError as e:
+        raise BuildError(f"type {ty} has a dynamic shape; backends take static shapes only") from e
+
+
+def dtype_of(ty) -> str:
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else ""
+
+
+def prim_value(expr):
+    """The Python number of a ``R.prim_value`` argument (or ``None``)."""
+    if isinstance(expr, relax.PrimValue):
+        v = expr.value
+        return v.value if hasattr(v, "value") else v
+    return None
+
+
+def shape_value(expr) -> tuple[int, ...] | None:
+    if isinstance(expr, relax.ShapeExpr):
+        return tuple(int(v) for v in expr.values)
+    return None
+
+
+def pads4(padding) -> tuple[int, int, int, int]:
+    """Relax 2-d padding (1, 2 or 4 values) as (top, left, bottom, right)."""
+    p = tuple(int(v) for v in padding)
+    if len(p) == 1:
+        return (p[0],) * 4
+    if len(p) == 2:
+        return (p[0], p[1], p[0], p[1])
+    return p  # type: ignore[return-value]
+
+
+# -- patterns shared by op-level backends --------------------------------------------------
+ACTIVATIONS = ("nn.relu", "nn.gelu", "nn.gelu_tanh", "sigmoid", "tanh", "nn.silu", "clip")
+ELEMENTWISE_BINARY = ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
+ELEMENTWISE_UNARY = ("nn.relu", "nn.gelu", "nn.gelu_tanh", "sigmoid", "tanh", "nn.silu", "clip", "exp", "sqrt",
+                     "rsqrt", "erf", "negative", "abs", "log")
+
+
+def _check_float32(ctx: MatchContext) -> bool:
+    """Every matched call computes float32 tensors."""
+    for c in ctx.calls:
+        ty = c.ty
+        tys = list(ty.fields) if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)) else [ty]
+        if any(dtype_of(t) != "float32" for t in tys):
+            return False
+    return True
+
+
+def _check_conv2d(ctx: MatchContext) -> bool:
+    """NCHW/OIHW 2-d convolution with float32 output."""
+    c = ctx.annotated_expr.get("nn.conv2d")
+    if c is None:
+        return True
+    a = call_attrs(c)
+    return (a.get("data_layout") == "NCHW" and a.get("kernel_layout") == "OIHW"
+            and a.get("out_layout") in ("NCHW", "", None) and len(static_shape(c.args[0].ty)) == 4)
+
+
+def _check_pool(ctx: MatchContext) -> bool:
+    for name in ("nn.max_pool2d", "nn.avg_pool2d", "nn.adaptive_avg_pool2d"):
+        c = ctx.annotated_expr.get(name)
+        if c is not None:
+            a = call_attrs(c)
+            if a.get("layout", "NCHW") != "NCHW" or a.get("out_layout", "NCHW") not in ("NCHW", "", None):
+                return False
+    return True
+
+
+def _check_layer_norm(ctx: MatchContext) -> bool:
+    """Normalised axes are the trailing ones (what torch/ONNX layer norm computes)."""
+    c = ctx.annotated_expr.get("nn.layer_norm")
+    if c is None:
+        return True
+    rank = len(static_shape(c.args[0].ty))
+    axes = sorted(int(a) % rank for a in call_attrs(c).get("axes", ()))
+    return bool(axes) and axes == list(range(rank - len(axes), rank))
+
+
+def _check_batch_norm(ctx: MatchContext) -> bool:
+    c = ctx.annotated_expr.get("nn.batch_norm")
+    return c is None or (int(call_attrs(c).get("axis", 1)) == 1 and not call_attrs(c).get("training", False))
+
+
+def default_check(ctx: MatchContext) -> bool:
+    """All standard predicates together."""
+    return (_check_float32(ctx) and _check_conv2d(ctx) and _check_pool(ctx) and _check_layer_norm(ctx)
+            and _check_batch_norm(ctx))
+
+
+def op_level_patterns(prefix: str, ops: set[str], max_depth: int = 4) -> list[PatternEntry]:
+    """Op-level fused chains (conv2d/matmul with bias, batch norm, residual add and an
+    activation, up to ``max_depth`` ops) and one single-op pattern per supported op.
+
+    Longest patterns first. Only ops in ``ops`` (short names) are used.
+    """
+    from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
+
+    def op(name, *args, varg=False):
+        return is_op(f"relax.{name}")(*args, varg_default_wildcard=varg)
+
+    def const_like():
+        return is_const() | op("reshape", is_const(), wildcard()) | op("permute_dims", is_const())
+
+    def add_either(x, other):
+        return op("add", x, other) | op("add", other, x)
+
+    acts = [a for a in ACTIVATIONS if a in ops]
+    out: list[tuple[int, str, object]] = []
+
+    def act_of(name, x):
+        if name == "clip":
+            return op("clip", x, wildcard(), wildcard())
+        return op(name, x)
+
+    def chains(anchor_name, anchor):
+        # stages: bias add (const), batch norm, residual add (any tensor), activation
+        res = [(1, anchor_name, anchor)]
+        frontier = [(1, anchor_name, anchor, 0)]
+        for stage in range(4):
+            new = []
+            for depth, name, pat, last in frontier:
+                if depth >= max_depth:
+                    continue
+                if stage == 0 and "add" in ops:
+                    new.append((depth + 1, name + "_bias", add_either(pat, const_like()), 0))
+                if stage == 1 and "nn.batch_norm" in ops and anchor_name == "conv2d":
+                    bn = op("nn.batch_norm", pat, is_const(), is_const(), is_const(), is_const())
+                    new.append((depth + 1, name + "_bn", is_tuple_get_item(bn, 0), 1))
+                if stage == 2 and "add" in ops and anchor_name == "conv2d":
+                    new.append((depth + 1, name + "_add", add_either(pat, wildcard()), 2))
+                if stage == 3:
+                    for a in acts:
+                        new.append((depth + 1, f"{name}_{a.split('.')[-1]}", act_of(a, pat), 3))
+            res.extend((d, n, p) for d, n, p, _ in new)
+            frontier = frontier + new
+        return res
+
+    if "nn.conv2d" in ops:
+        out.extend(chains("conv2d", op("nn.conv2d", wildcard(), wildcard())))
+    if "matmul" in ops:
+        out.extend(chains("matmul", op("matmul", wildcard(), wildcard())))
+    singles = sorted(o for o in ops if o not in ("nn.conv2d", "matmul"))
+    for name in singles:
+        if name == "nn.batch_norm":
+            bn = op("nn.batch_norm", wildcard(), is_const(), is_const(), is_const(), is_const())
+            out.append((2, "batch_norm", is_tuple_get_item(bn, 0)))
+            for a in acts:
+                out.append((3, f"batch_norm_{a.split('.')[-1]}", act_of(a, is_tuple_get_item(bn, 0))))
+            continue
+        if name in ELEMENTWISE_BINARY:
+            out.append((1, name, op(name, wildcard(), wildcard())))
+            if name == "add":
+                for a in acts:
+                    out.append((2, f"add_{a.split('.')[-1]}", act_of(a, op("add", wildcard(), wildcard()))))
+            continue
+        out.append((1, name.split(".")[-1], op(name, wildcard(), varg=True)))
+    out = [o for o in out if o[0] <= max_depth]
+    out.sort(key=lambda t: -t[0])
+    seen = set()
+    entries = []
+    for _, name, pat in out:
+        if name in seen:
+            continue
+        seen.add(name)
+        entries.append((f"{prefix}.{name}", pat, default_check))
+    return entries

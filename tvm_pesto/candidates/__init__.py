@@ -1,0 +1,9 @@
+"""Candidate subgraphs per backend (Collage-style), their validity and their measured costs."""
+from .generate import (  # noqa: F401
+    Candidate, CandidateSet, Reach, candidate_function, candidate_outputs, combined_acyclic, convex_regions,
+    generate_candidates, is_valid, pattern_candidates, region_windows, tvm_candidates,
+)
+
+__all__ = ["Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_outputs", "combined_acyclic",
+           "convex_regions", "generate_candidates", "is_valid", "pattern_candidates", "region_windows",
+           "tvm_candidates"]

@@ -1,0 +1,459 @@
+"""Collage-style candidates: for each backend, every valid subgraph it could run.
+
+* Pattern backends (``torch``, and ``onnxruntime`` for op-level chains): every match of
+  every pattern at every node (overlaps allowed; fused chains up to the backend's depth).
+* Graph-level backends (``onnxruntime``): every maximal convex region of supported ops,
+  plus windows of it between single-tensor cut points (up to ``max_region`` ops).
+* TVM (native): its fusion groups, their contiguous sub-chains and every single op, so
+  every node can always be covered.
+
+A candidate is valid when outlining it cannot create a cycle (it is convex: no path leaves
+it and comes back), it is weakly connected, and (for non-native backends) every operator in it is
+supported and passes the pattern's check.
+
+Examples
+--------
+>>> from tvm_pesto.candidates import generate_candidates   # doctest: +SKIP
+>>> cs = generate_candidates(rg, backends)                  # doctest: +SKIP
+>>> len(cs), cs.by_backend()                                # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+from tvm import relax
+
+from ..backends.base import MatchContext, op_short_name
+from ..graph.fusion import fusion_groups
+from ..graph.relax_import import RelaxGraph
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A subgraph (node ids of the op graph) that one backend would run as one call."""
+
+    backend: str
+    nodes: tuple[int, ...]
+    pattern: str = ""
+
+    @property
+    def size(self) -> int:
+        return len(self.nodes)
+
+    def label(self) -> str:
+        return f"{self.backend}:{self.pattern}[{','.join(map(str, self.nodes))}]"
+
+
+@dataclass
+class CandidateSet:
+    """All candidates of a graph, with lookup by node, and what was rejected and why."""
+
+    rg: RelaxGraph
+    candidates: list[Candidate]
+    rejected: dict[str, int] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def __iter__(self):
+        return iter(self.candidates)
+
+    def __getitem__(self, i) -> Candidate:
+        return self.candidates[i]
+
+    def covering(self, v: int) -> list[int]:
+        """Indices of the candidates that contain node ``v``."""
+        if not hasattr(self, "_cover"):
+            cov: dict[int, list[int]] = {}
+            for i, c in enumerate(self.candidates):
+                for u in c.nodes:
+                    cov.setdefault(u, []).append(i)
+            self._cover = cov
+        return self._cover.get(v, [])
+
+    def by_backend(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.candidates:
+            out[c.backend] = out.get(c.backend, 0) + 1
+        return out
+
+    def subset(self, keep) -> "CandidateSet":
+        """A new set with the candidates for which ``keep(candidate)`` is true."""
+        return CandidateSet(self.rg, [c for c in self.candidates if keep(c)], dict(self.rejected),
+                            dict(self.unavailable))
+
+
+# -- reachability -----------------------------------------------------------------------------
+class Reach:
+    """Ancestor/descendant bitmasks of a DAG (Python ints), for convexity tests."""
+
+    def __init__(self, dag: nx.DiGraph, n: int):
+        order = list(nx.topological_sort(dag))
+        self.n = n
+        self.desc = [0] * n
+        self.anc = [0] * n
+        for v in reversed(order):
+            m = 0
+            for w in dag.successors(v):
+                m |= (1 << w) | self.desc[w]
+            self.desc[v] = m
+        for v in order:
+            m = 0
+            for u in dag.predecessors(v):
+                m |= (1 << u) | self.anc[u]
+            self.anc[v] = m
+
+    def convex(self, nodes) -> bool:
+        """No node outside ``nodes`` lies on a path between two nodes of it."""
+        mask = 0
+        for v in nodes:
+            mask |= 1 << v
+        d = a = 0
+        for v in nodes:
+            d |= self.desc[v]
+            a |= self.anc[v]
+        return (d & a & ~mask) == 0
+
+
+def is_valid(graph, nodes, reach: Reach | None = None) -> bool:
+    """Whether ``nodes`` can be outlined without a cycle: convex and weakly connected.
+
+    Examples
+    --------
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> g = OpGraph([OpNode(str(i), "relax.add") for i in range(3)], [(0, 1, 4), (1, 2, 4), (0, 2, 4)])
+    >>> is_valid(g, [0, 2]), is_valid(g, [0, 1, 2])
+    (False, True)
+    """
+    nodes = list(nodes)
+    if not nodes:
+        return False
+    reach = reach or Reach(graph.dag, graph.num_nodes)
+    if not reach.convex(nodes):
+        return False
+    return len(nodes) == 1 or nx.is_weakly_connected(graph.dag.subgraph(nodes))
+
+
+def combined_acyclic(graph, groups) -> bool:
+    """Whether contracting the disjoint ``groups`` (other nodes stay single) leaves a DAG."""
+    owner = {}
+    for gi, grp in enumerate(groups):
+        for v in grp:
+            owner[v] = ("g", gi)
+    q = nx.DiGraph()
+    for v in range(graph.num_nodes):
+        q.add_node(owner.get(v, ("n", v)))
+    for u, v in graph.dag.edges():
+        a, b = owner.get(u, ("n", u)), owner.get(v, ("n", v))
+        if a != b:
+            q.add_edge(a, b)
+    return nx.is_directed_acyclic_graph(q)
+
+
+# -- generation -------------------------------------------------------------------------------
+def _single_exit(graph, nodes) -> bool:
+    """Only the last node (in topological order) has consumers outside the set."""
+    s = set(nodes)
+    last = max(nodes)
+    return all(v == last or all(w in s for w in graph.dag.successors(v)) for v in nodes)
+
+
+def _call_bindings(rg: RelaxGraph) -> dict:
+    """relax.Call object -> node id (the call bound by that node's binding)."""
+    out = {}
+    for v, k in enumerate(rg.node_binding):
+        out[rg.bindings[k].value] = v
+    return out
+
+
+def pattern_candidates(rg: RelaxGraph, backend, reach: Reach, rejected: dict) -> list[Candidate]:
+    """Every match of every pattern of ``backend`` rooted at every node."""
+    from tvm.relax.dpl.pattern import CallPattern
+
+    graph = rg.graph
+    var2val = relax.analysis.get_var2val(rg.func)
+    call_node = _call_bindings(rg)
+    pats = backend.patterns()
+    out, seen = [], set()
+    for root in range(graph.num_nodes):
+        call = rg.bindings[rg.node_binding[root]].value
+        if not isinstance(call, relax.Call) or not op_short_name(call):
+            continue
+        for name, pat, check in pats:
+            if not pat.match(call, var2val):
+                continue
+            matched = pat.extract_matched_expr(call, var2val)
+            calls, nodes = [], set()
+            for p, e in matched.items():
+                if isinstance(p, CallPattern) and isinstance(e, relax.Call) and e in call_node:
+                    nodes.add(call_node[e])
+                    calls.append(e)
+            if root not in nodes:
+                continue
+            key = tuple(sorted(nodes))
+            if key in seen:
+                continue
+            calls.sort(key=lambda c: call_node[c])
+            ann = {}
+            for c in calls:
+                ann.setdefault(op_short_name(c), c)
+            ctx = MatchContext(root=call, calls=calls, annotated_expr=ann, matched=dict(matched))
+            try:
+                ok = (check is None or bool(check(ctx))) and all(backend.supports_op(c) for c in calls)
+            except Exception:  # noqa: BLE001 - a predicate that cannot read the call says no
+                ok = False
+            if not ok:
+                rejected["check"] = rejected.get("check", 0) + 1
+                continue
+            if not _single_exit(graph, key) or not is_valid(graph, key, reach):
+                rejected["invalid"] = rejected.get("invalid", 0) + 1
+                continue
+            seen.add(key)
+            out.append(Candidate(backend.name, key, name))
+    return out
+
+
+def _supported_nodes(rg: RelaxGraph, backend) -> set[int]:
+    from ..backends.base import default_check
+
+    ok = set()
+    for v in range(rg.graph.num_nodes):
+        call = rg.bindings[rg.node_binding[v]].value
+        if not isinstance(call, relax.Call) or not op_short_name(call):
+            continue
+        try:
+            ctx = MatchContext(root=call, calls=[call], annotated_expr={op_short_name(call): call})
+            if backend.supports_op(call) and default_check(ctx):
+                ok.add(v)
+        except Exception:  # noqa: BLE001
+            continue
+    return ok
+
+
+def convex_regions(graph, supported: set[int]) -> list[list[int]]:
+    """Split the supported nodes into maximal convex, weakly connected regions.
+
+    A node's rank is the largest number of unsupported nodes on a path from a source to it;
+    nodes of one rank that are connected through supported nodes of that rank form a region.
+    Any path between two nodes of a region through an unsupported node would raise the rank,
+    so regions are convex.
+    """
+    rank = {}
+    for v in graph.topo_order():
+        r = 0
+        for u in graph.dag.predecessors(v):
+            r = max(r, rank[u] + (0 if u in supported else 1))
+        rank[v] = r
+    h = nx.Graph()
+    h.add_nodes_from(supported)
+    for u, v in graph.dag.edges():
+        if u in supported and v in supported and rank[u] == rank[v]:
+            h.add_edge(u, v)
+    regions = [sorted(c) for c in nx.connected_components(h)]
+    regions.sort(key=lambda r: r[0])
+    return regions
+
+
+WINDOW_UNITS = (2, 3, 4, 6, 8, 12, 16)
+
+
+def region_windows(graph, region: list[int], reach: Reach, max_region: int = 40,
+                   groups: list[list[int]] | None = None) -> list[list[int]]:
+    """The whole region and its windows between cut points.
+
+    A cut point is a position in the region's topological order where at most one tensor of
+    the region crosses from the prefix to the suffix and (when ``groups`` are given) no
+    fusion group is split. Windows span 2, 3, 4, 6, 8, 12 or 16 consecutive cut intervals and
+    at most ``max_region`` ops (single intervals are the op-level patterns' job).
+    """
+    order = sorted(region)
+    rs = set(order)
+    group_of = {}
+    for gi, grp in enumerate(groups or []):
+        for v in grp:
+            group_of[v] = gi
+    cuts = [0]
+    for k in range(1, len(order)):
+        prefix = set(order[:k])
+        live = {u for u in prefix if any(w in rs and w not in prefix for w in graph.dag.successors(u))}
+        if len(live) > 1:
+            continue
+        if group_of and any(group_of.get(u) == group_of.get(w) for u in prefix for w in graph.dag.successors(u)
+                            if w in rs and w not in prefix and u in group_of):
+            continue
+        cuts.append(k)
+    cuts.append(len(order))
+    out, seen = [order], {tuple(order)}
+    for i, a in enumerate(cuts):
+        for units in WINDOW_UNITS:
+            if i + units >= len(cuts):
+                break
+            b = cuts[i + units]
+            if b - a > max_region:
+                break
+            w = order[a:b]
+            t = tuple(w)
+            if t in seen:
+                continue
+            if reach.convex(w) and nx.is_weakly_connected(graph.dag.subgraph(w)):
+                seen.add(t)
+                out.append(w)
+    return out
+
+
+def tvm_candidates(graph, reach: Reach, name: str = "tvm", max_chain: int = 8) -> list[Candidate]:
+    """TVM fusion groups, their contiguous sub-chains (up to ``max_chain`` ops), single ops."""
+    out, seen = [], set()
+
+    def add(nodes, pat):
+        key = tuple(sorted(nodes))
+        if key in seen or not is_valid(graph, key, reach):
+            return
+        seen.add(key)
+        out.append(Candidate(name, key, pat))
+
+    for grp in fusion_groups(graph):
+        add(grp, "fusion_group")
+        if len(grp) > 1:
+            for i in range(len(grp)):
+                for j in range(i + 2, min(len(grp), i + max_chain) + 1):
+                    if j - i < len(grp):
+                        add(grp[i:j], "fusion_chain")
+    for v in range(graph.num_nodes):
+        add([v], "single")
+    return out
+
+
+def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "CandidateSet":
+    """All candidates of ``rg`` for the given backends (instances of :class:`Backend`).
+
+    ``tvm`` candidates are always included (as the native fallback), whether or not the
+    ``tvm`` backend is in ``backends``.
+
+    Examples
+    --------
+    >>> from tvm_pesto.backends import available_backends   # doctest: +SKIP
+    >>> bks, why = available_backends()                      # doctest: +SKIP
+    >>> cs = generate_candidates(rg, bks)                    # doctest: +SKIP
+    """
+    graph = rg.graph
+    reach = Reach(graph.dag, graph.num_nodes)
+    rejected: dict[str, int] = {}
+    cands = tvm_candidates(graph, reach)
+    for bk in backends:
+        if getattr(bk, "native", False):
+            continue
+        if getattr(bk, "tvm_groups", False) or bk.name.startswith("tvm"):
+            cands.extend(Candidate(bk.name, c.nodes, c.pattern) for c in tvm_candidates(graph, reach, bk.name))
+            continue
+        own = pattern_candidates(rg, bk, reach, rejected)
+        if bk.graph_level:
+            seen = {c.nodes for c in own}
+            sup = _supported_nodes(rg, bk)
+            groups = fusion_groups(graph)
+            for region in convex_regions(graph, sup):
+                for w in region_windows(graph, region, reach, max_region, groups):
+                    t = tuple(w)
+                    if t not in seen:
+                        seen.add(t)
+                        own.append(Candidate(bk.name, t, "region" if len(w) == len(region) else "window"))
+        cands.extend(own)
+    return CandidateSet(rg, cands, rejected)
+
+
+# -- outputs of a candidate --------------------------------------------------------------------
+class GraphIndex:
+    """Per-graph lookups that candidate outputs need (built once per RelaxGraph)."""
+
+    def __init__(self, rg: RelaxGraph):
+        self.var_binding = {b.var: k for k, b in enumerate(rg.bindings)}
+        self.uses = {k: list(relax.analysis.free_vars(rg.bindings[k].value)) for k in rg.node_binding}
+        self.final = [rg.output] if isinstance(rg.output, relax.Var) else list(relax.analysis.free_vars(rg.output))
+
+
+_INDEX: dict[int, tuple] = {}
+
+
+def graph_index(rg: RelaxGraph) -> GraphIndex:
+    hit = _INDEX.get(id(rg))
+    if hit is not None and hit[0] is rg:
+        return hit[1]
+    if len(_INDEX) > 16:
+        _INDEX.clear()
+    idx = GraphIndex(rg)
+    _INDEX[id(rg)] = (rg, idx)
+    return idx
+
+
+def candidate_outputs(rg: RelaxGraph, nodes) -> list:
+    """The variables a candidate must return: values of its nodes used outside it.
+
+    Uses through ``TupleGetItem``/tuple aliases are followed: when the rest of the graph
+    reads ``t[0]`` of a tuple the candidate computes, the output is the alias ``t[0]``.
+    A candidate nobody reads returns its last node's value.
+    """
+    gi = graph_index(rg)
+    members = {rg.node_binding[v] for v in nodes}
+    bindings = rg.bindings
+    var_binding = gi.var_binding
+    inside = {bindings[k].var for k in members}
+    outs: list = []
+
+    def add(v):
+        if v not in outs:
+            outs.append(v)
+
+    def resolve(var):
+        if var in inside:
+            add(var)
+            return
+        k = var_binding.get(var)
+        if k is None:
+            return
+        val = bindings[k].value
+        if isinstance(val, relax.Call):
+            return
+        if isinstance(val, relax.Var):
+            resolve(val)
+        elif isinstance(val, relax.TupleGetItem):
+            t = val.tuple_value
+            if isinstance(t, relax.Var) and t in inside:
+                add(var)  # output the alias t[i], not the whole tuple
+            elif isinstance(t, relax.Var) and var_binding.get(t) is not None and \
+                    isinstance(bindings[var_binding[t]].value, relax.Tuple):
+                f = bindings[var_binding[t]].value.fields[int(val.index)]
+                if isinstance(f, relax.Var):
+                    resolve(f)
+            elif isinstance(t, relax.Var):
+                resolve(t)
+        elif isinstance(val, relax.Tuple):
+            for f in val.fields:
+                if isinstance(f, relax.Var):
+                    resolve(f)
+
+    for k, used in gi.uses.items():
+        if k in members:
+            continue
+        for u in used:
+            resolve(u)
+    for u in gi.final:
+        resolve(u)
+    if not outs:
+        outs = [bindings[max(members)].var]
+    outs.sort(key=lambda x: var_binding.get(x, -1))
+    return outs
+
+
+def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name: str = "main"):
+    """The candidate as a function (a :class:`~tvm_pesto.builder.subgraph.Segment`)."""
+    from ..builder.subgraph import cut_function
+
+    return cut_function(rg, sorted(rg.node_binding[v] for v in nodes), candidate_outputs(rg, nodes),
+                        lift_constants, name)
+
+
+__all__ = ["Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_outputs", "combined_acyclic",
+           "convex_regions", "generate_candidates", "is_valid", "pattern_candidates", "region_windows",
+           "tvm_candidates"]
