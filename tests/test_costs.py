@@ -1,0 +1,79 @@
+"""Measured costs: cache hits, corrupted logs, overhead subtraction, roofline."""
+import json
+
+import numpy as np
+import pytest
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import tvm_pesto
+from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.costs import MeasureCache, roofline_costs
+from tvm_pesto.costs import measure as measure_mod
+from tvm_pesto.errors import CostError
+
+
+@I.ir_module
+class Two:
+    @R.function
+    def main(x: R.Tensor((64, 64), "float32")):
+        with R.dataflow():
+            a = R.matmul(x, x)
+            b = R.nn.relu(a)
+            c = R.matmul(b, x)
+            d = R.nn.softmax(c)
+            R.output(d)
+        return d
+
+
+def test_second_run_measures_nothing(tmp_path, monkeypatch):
+    cache = MeasureCache(tmp_path / "m.jsonl")
+    an = tvm_pesto.analyze(Two)
+    dev = parse_cluster("cpu:1").devices[0]
+    first = measure_mod.measure_groups(an.rg, an.groups, dev, cache, repeat=3)
+    assert first.shape == (an.graph.num_nodes,) and (first > 0).all()
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    assert len(lines) == an.graph.num_nodes + 1  # every group + the call overhead record
+
+    def boom(*a, **k):
+        raise AssertionError("compiled although everything was cached")
+
+    monkeypatch.setattr(measure_mod, "_compile", boom)
+    again = measure_mod.measure_groups(an.rg, an.groups, dev, MeasureCache(tmp_path / "m.jsonl"))
+    np.testing.assert_allclose(again, first)
+
+
+def test_matmul_costs_more_than_softmax(tmp_path):
+    an = tvm_pesto.analyze(Two)
+    dev = parse_cluster("cpu:1").devices[0]
+    t = measure_mod.measure_groups(an.rg, an.groups, dev, MeasureCache(tmp_path / "m.jsonl"), repeat=3)
+    ops = [n.op for n in an.graph.nodes]
+    mm = ops.index("relax.matmul+relax.nn.relu")
+    sm = ops.index("relax.nn.softmax")
+    assert t[mm] > t[sm]  # 2*64^3 FLOPs vs 5*64^2
+
+
+def test_corrupted_line_is_skipped_and_reported(tmp_path):
+    p = tmp_path / "m.jsonl"
+    good = {"key": "k", "backend": "tvm", "target": "t", "median_s": 1e-3}
+    p.write_text(json.dumps(good) + "\n{not json\n" + json.dumps({"key": "x"}) + "\n")
+    with pytest.warns(RuntimeWarning, match=r"skipped 2 corrupted line\(s\) \(line 2, 3\)"):
+        c = MeasureCache(p)
+    assert c.get("k", "tvm", "t")["median_s"] == 1e-3
+    assert [n for n, _ in c.skipped] == [2, 3]
+
+
+def test_roofline_orders_devices_by_speed():
+    an = tvm_pesto.analyze(Two)
+    v100 = roofline_costs(an.graph, parse_cluster("2xV100-nvlink"))
+    h200 = roofline_costs(an.graph, parse_cluster("h200"))
+    assert v100.shape == (an.graph.num_nodes, 2)
+    assert (h200[:, 0] <= v100[:, 0]).all()
+
+
+def test_unknown_cost_source_and_absent_device():
+    an = tvm_pesto.analyze(Two)
+    with pytest.raises(CostError, match="unknown cost source"):
+        tvm_pesto.estimate_costs(an, parse_cluster("cpu:1"), "guess")
+    with pytest.raises(CostError, match="not on this machine"):
+        tvm_pesto.estimate_costs(an, parse_cluster("2xV100-nvlink"), "measured")
