@@ -25,7 +25,10 @@ def random_problem(n, d, seed, p=0.15, inf_frac=0.0, n_coloc=0, mem=1e12, skip=T
     edges = []
     for j in range(1, n):
         # a near predecessor keeps the graph mostly connected; skips make long paths
-        for i in {int(rng.integers(max(0, j - 3), j))} | ({int(rng.integers(0, j))} if skip and rng.random() < p else set()):
+        preds = {int(rng.integers(max(0, j - 3), j))}
+        if skip and rng.random() < p:
+            preds.add(int(rng.integers(0, j)))
+        for i in preds:
             edges.append((i, j, int(rng.integers(1, 1000)) * 1000))
     nodes = [OpNode(f"n{i}", "op", bytes_written=int(rng.integers(1, 100)) * 1000,
                     param_bytes=int(rng.integers(0, 100)) * 1000) for i in range(n)]

@@ -168,7 +168,7 @@ def test_no_incumbent_falls_back_to_warm_start(monkeypatch):
 
 
 def test_missing_solver_names_the_install(monkeypatch):
-    monkeypatch.setattr(ilp_mod.shutil, "which", lambda name: None)
+    monkeypatch.setattr(ilp_mod, "_system_cbc", lambda: None)
     monkeypatch.setattr(pulp.PULP_CBC_CMD, "available", lambda self: False)
     problem = make_problem(n=4, d=2, seed=1)
     with pytest.raises(SolverError, match="pip install"):
@@ -186,7 +186,7 @@ def test_constraints_are_named_and_pairs_only_for_unordered_nodes():
                       np.full((4, 2), 1e-3))
     prob, v = build_ilp(problem)
     assert sorted(v.y) == [(0, 3), (1, 3), (2, 3)]
-    names = list(prob.constraints)
+    names = [c.name for c in prob.constraints()]
     assert not any(nm.startswith("_C") for nm in names)  # pulp's default names
     for prefix in ("assign_", "finish_", "prec_", "arrive_", "txready_", "dur_", "order_", "fifo_",
                    "mem_", "span_", "load_"):
@@ -210,3 +210,22 @@ def test_registry_entry_point_solves_small_graphs_directly():
     assert plan.solver == "ilp"
     assert "coarse_nodes" not in plan.info
     assert plan.info["makespan_s"] == pytest.approx(brute_force(problem), rel=1e-6)
+
+
+def test_solver_crash_falls_back_to_the_other_solver_then_warm_start(monkeypatch):
+    problem = make_problem(n=5, d=2, seed=3)
+
+    def crash(self, lp, **kw):
+        raise pulp.PulpSolverError("Pulp: Error while trying to execute cbc")
+
+    monkeypatch.setattr(ilp_mod, "_system_cbc", lambda: None)  # use PuLP's bundled CBC
+    monkeypatch.setattr(pulp.PULP_CBC_CMD, "actualSolve", crash)
+    plan = solve_ilp(problem, time_limit_s=10, gap=0)
+    assert plan.info["solver_backend"] == "highs"
+    assert "cbc" in plan.info["solver_failures"][0]
+    assert plan.info["makespan_s"] == pytest.approx(brute_force(problem), rel=1e-6)
+
+    monkeypatch.setattr(pulp.HiGHS, "actualSolve", crash)
+    warm = Plan.from_assignment(np.zeros(5, dtype=int), np.arange(5), 2, solver="mine")
+    plan = solve_ilp(problem, time_limit_s=10, warm_start=warm)
+    assert plan.info["status"] == "solver_failed" and plan.info["source"] == "warm_start"

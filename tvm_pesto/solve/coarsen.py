@@ -428,9 +428,9 @@ def expand_plan(plan: Plan, groups: list[list[int]], fine_problem: Problem) -> P
     return Plan(assignment, order, solver=plan.solver, solve_s=plan.solve_s, info=dict(plan.info))
 
 
-def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 10.0, solver: str = "cbc",
+def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3.0, solver: str = "cbc",
                      warm_start: Plan | None = None, gap: float | None = 1e-4, pairs: int | None = None,
-                     fine_heuristics: bool = True, **coarsen_opts) -> Plan:
+                     fine_heuristics: bool = True, msg: bool = False, threads: int | None = None, **coarsen_opts) -> Plan:
     """Coarsen, solve the ILP on the supernodes, expand, and re-simulate on the fine graph.
 
     The returned plan is the best (simulated on the fine graph) of: the expanded ILP plan,
@@ -444,12 +444,14 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 1
         Supernodes for the ILP.
     time_limit_s : float
         Limit for the MIP solver.
-    solver, gap, pairs
+    solver, gap, pairs, msg, threads
         Passed to :func:`tvm_pesto.solve.ilp.solve_ilp`.
     warm_start : Plan, optional
         A plan of the fine problem to compare against.
     fine_heuristics : bool
-        Also run the registered heuristics on the fine graph.
+        Also run the registered heuristics on the fine graph (about 20 s for 100k nodes).
+    **coarsen_opts
+        ``weight_cap``, ``mem_frac``, ``max_passes`` of :func:`coarsen`.
 
     Examples
     --------
@@ -463,7 +465,8 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 1
     coarse, groups = coarsen(problem, target, **coarsen_opts)
     t_coarsen = time.perf_counter() - t0
     cwarm, _ = best_heuristic_plan(coarse)
-    cplan = solve_ilp(coarse, time_limit_s=time_limit_s, solver=solver, warm_start=cwarm, gap=gap, pairs=pairs)
+    cplan = solve_ilp(coarse, time_limit_s=time_limit_s, solver=solver, warm_start=cwarm, gap=gap, pairs=pairs,
+                      msg=msg, threads=threads)
     t_ilp = time.perf_counter() - t0 - t_coarsen
     info = {f"coarse_{k}": v for k, v in cplan.info.items()}
     info.update(coarse_nodes=coarse.num_nodes, fine_nodes=problem.num_nodes, coarsen_s=t_coarsen, ilp_s=t_ilp)

@@ -421,11 +421,16 @@ def extract_plan(problem: Problem, V: IlpVars) -> Plan:
 
 
 # -- solvers ------------------------------------------------------------------------------
+def _system_cbc() -> str | None:
+    """Path of a ``cbc`` executable on PATH (preferred over PuLP's bundled build), if any."""
+    return shutil.which("cbc")
+
+
 def _make_backend(solver: str, time_limit_s: float, gap: float | None, msg: bool, log_path: str | None,
                   threads: int | None):
     if solver == "cbc":
         opts = dict(timeLimit=time_limit_s, msg=msg, warmStart=True, gapRel=gap, logPath=log_path, threads=threads)
-        system_cbc = shutil.which("cbc")
+        system_cbc = _system_cbc()
         if system_cbc:
             backend = pulp.COIN_CMD(path=system_cbc, **opts)
         else:
@@ -469,7 +474,8 @@ def _warm_highs_class():
 def _cbc_log_facts(path: str) -> dict:
     facts: dict = {}
     try:
-        text = open(path).read()
+        with open(path) as f:
+            text = f.read()
     except OSError:
         return facts
     m = re.search(r"Result - (.*)", text)
@@ -510,7 +516,7 @@ def best_heuristic_plan(problem: Problem, exclude: tuple[str, ...] = ("ilp",)) -
     for name, fn in _registry_heuristics(exclude):
         try:
             candidates.append((name, fn(problem)))
-        except PestoError:
+        except Exception:  # noqa: BLE001 - one failing heuristic must not stop the ILP
             continue
     candidates.append(("single_device", _single_device_plan(problem)))
     best, spans = None, {}
@@ -611,22 +617,42 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         heur_spans = {}
         if warm_start is None:
             warm_start, heur_spans = best_heuristic_plan(problem)
-        warm_sim = None
+        warm_sim, warm_rejected = None, None
         if warm_start is not None:
             try:
                 warm_sim = simulate(problem, warm_start)
-            except (InfeasibleError, PlanError):
-                warm_start = None
+            except (InfeasibleError, PlanError) as e:
+                warm_start, warm_rejected = None, str(e)
         if problem.num_nodes == 0:
             return Plan(np.zeros(0), [[] for _ in range(problem.num_devices)], solver="ilp",
                         info={"status": "empty", "timed_out": False})
         prob, V = build_ilp(problem, warm_start, pairs=pairs)
         t_build = time.perf_counter() - t0
-        try:
-            prob.solve(backend)
-        except pulp.PulpSolverError as e:
-            raise SolverError(f"the {solver} solver failed: {e}; try solver='highs' or solver='cbc'") from e
-        facts = _cbc_log_facts(log_path) if solver == "cbc" else _highs_facts(backend)
+        failures = []
+        used = solver
+        for attempt in (solver, "highs" if solver == "cbc" else "cbc"):
+            try:
+                if attempt != solver:
+                    backend = _make_backend(attempt, time_limit_s, gap, msg, log_path if attempt == "cbc" else None,
+                                            threads)
+                prob.solve(backend)
+                used = attempt
+                break
+            except (pulp.PulpSolverError, SolverError) as e:  # e.g. a CBC crash: try the other solver
+                failures.append(f"{attempt}: {e}")
+        else:
+            if warm_start is None:
+                raise SolverError(f"the ILP solvers failed ({'; '.join(failures)}); use a heuristic "
+                                  "solver or pass warm_start") from None
+            plan = Plan(warm_start.assignment.copy(), [list(o) for o in warm_start.order], solver="ilp",
+                        solve_s=time.perf_counter() - t0,
+                        info={"status": "solver_failed", "timed_out": False, "source": "warm_start",
+                              "note": f"the ILP solvers failed ({'; '.join(failures)}); returning the warm start",
+                              "makespan_s": warm_sim.makespan, "warm_start_makespan_s": warm_sim.makespan,
+                              "warm_start_solver": warm_start.solver, "num_vars": len(prob.variables()),
+                              "num_constraints": prob.numConstraints(), "mip_gap": None})
+            return plan
+        facts = _cbc_log_facts(log_path) if used == "cbc" else _highs_facts(backend)
     finally:
         try:
             os.remove(log_path)
@@ -635,10 +661,13 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     status = pulp.LpStatus.get(prob.status, str(prob.status))
     has_solution = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     ts = V.time_scale
+    if failures:
+        facts.setdefault("status", status)
     info = {
+        "solver_failures": failures,
         "status": facts.get("status", status), "pulp_status": status, "timed_out": bool(facts.get("timed_out", False)),
         "mip_gap": facts.get("mip_gap"), "num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(),
-        "num_order_binaries": len(V.y), "fixed_pairs": V.fixed_pairs, "solver_backend": solver,
+        "num_order_binaries": len(V.y), "fixed_pairs": V.fixed_pairs, "solver_backend": used,
         "build_s": t_build, "time_limit_s": time_limit_s, "upper_bound_s": V.ub_s,
     }
     if facts.get("objective") is not None:
@@ -647,6 +676,8 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         info["bound"] = facts["bound"] / ts
     if heur_spans:
         info["heuristic_makespans_s"] = heur_spans
+    if warm_rejected:
+        info["warm_start_rejected"] = warm_rejected
     if prob.status == pulp.LpStatusInfeasible and not has_solution:
         if warm_start is None:
             raise InfeasibleError(f"{problem.graph.name}: the ILP has no feasible placement; most likely the "
@@ -687,7 +718,7 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     return plan
 
 
-def solve(problem: Problem, target: int = 40, time_limit_s: float = 10.0, **opts) -> Plan:
+def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, **opts) -> Plan:
     """Registry entry point for ``"ilp"``: solve directly when the graph has at most
     ``target`` nodes, else coarsen to ``target`` supernodes, solve and expand.
 
