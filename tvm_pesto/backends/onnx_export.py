@@ -530,7 +530,8 @@ def supports_call(call) -> bool:
     --------
     >>> from tvm import relax
     >>> x = relax.Var("x", relax.TensorType((2, 3), "float32"))
-    >>> supports_call(relax.op.nn.relu(x)), supports_call(relax.op.cumsum(x, axis=0))
+    >>> bb = relax.BlockBuilder()
+    >>> supports_call(bb.normalize(relax.op.nn.relu(x))), supports_call(bb.normalize(relax.op.cumsum(x, axis=0)))
     (True, False)
     """
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
@@ -554,6 +555,23 @@ def supports_call(call) -> bool:
     return True
 
 
+def flatten_args(args) -> list:
+    """Function arguments flattened the way :func:`relax_to_onnx` flattens tuple parameters.
+
+    Examples
+    --------
+    >>> flatten_args([1, (2, (3, 4)), 5])
+    [1, 2, 3, 4, 5]
+    """
+    out = []
+    for a in args:
+        if isinstance(a, (tuple, list)) or type(a).__name__ == "Array":
+            out.extend(flatten_args(list(a)))
+        else:
+            out.append(a)
+    return out
+
+
 def _value_info(h, name: str, ty, what: str):
     return h.make_tensor_value_info(name, _elem(_dtype(ty), what), list(_shape(ty, what)))
 
@@ -574,8 +592,9 @@ def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int
     Returns
     -------
     onnx.ModelProto
-        Graph inputs follow the parameters (named after them, made unique); graph
-        outputs follow the flattened result, in order.
+        Graph inputs follow the parameters (named after them, made unique; a tuple
+        parameter gives one input per field, see :func:`flatten_args`); graph outputs
+        follow the flattened result, in order.
 
     Raises
     ------
@@ -593,7 +612,7 @@ def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int
     ...     with bb.dataflow():
     ...         y = bb.emit(relax.op.nn.relu(relax.op.add(x, relax.const(np.ones((3,), "float32")))))
     ...         out = bb.emit_output(y)
-    ...     bb.emit_func_output(out)
+    ...     _ = bb.emit_func_output(out)
     >>> model = relax_to_onnx(bb.get()["main"])
     >>> onnx.checker.check_model(model)
     >>> [n.op_type for n in model.graph.node], len(model.graph.initializer)
@@ -604,12 +623,19 @@ def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int
     e = _Exporter(name)
     h = e.h
     inputs = []
+
+    def add_input(base: str, ty, what: str):
+        if isinstance(ty, relax.TensorType):
+            nm = e.fresh(base)
+            inputs.append(_value_info(h, nm, ty, what))
+            return nm
+        if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+            # a tuple parameter becomes one graph input per field (flattened, in order)
+            return [add_input(f"{base}_{k}", f, f"{what}[{k}]") for k, f in enumerate(ty.fields)]
+        raise OnnxExportError(f"{what} is not a tensor or tuple of tensors ({ty})")
+
     for p in func.params:
-        if not isinstance(p.ty, relax.TensorType):
-            raise OnnxExportError(f"parameter {p.name!r} is not a tensor ({p.ty}); only tensor parameters export")
-        nm = e.fresh(p.name)
-        e.names[p] = nm
-        inputs.append(_value_info(h, nm, p.ty, f"parameter {p.name!r}"))
+        e.names[p] = add_input(p.name, p.ty, f"parameter {p.name!r}")
     body = func.body
     blocks = body.blocks if isinstance(body, relax.SeqExpr) else []
     for block in blocks:

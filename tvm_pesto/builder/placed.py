@@ -12,8 +12,16 @@ from ..run.executor import Executor, to_numpy
 from ..run.program import read_program, split_by_device
 
 
-def compile_for(mod: tvm.IRModule, target: dict, what: str):
-    """``tvm.compile`` with the target's default pipeline (so ops fuse); errors explained."""
+def compile_for(mod: tvm.IRModule, target: dict, what: str, database=None):
+    """``tvm.compile`` with the target's default pipeline (so ops fuse); errors explained.
+
+    CUDA targets go through :func:`tvm_pesto.backends.gpu.tvm_cuda.compile_cuda` (dlight
+    GPU schedules, a MetaSchedule database when given).
+    """
+    if target.get("kind") == "cuda":
+        from ..backends.gpu import tvm_cuda
+
+        return tvm_cuda.compile_cuda(mod, target, database=database, what=what)
     tgt = tvm.target.Target(target)
     try:
         return tvm.compile(mod, target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
@@ -45,6 +53,10 @@ class PlacedModule:
             dev = cluster.devices[d]
             self.executables[d] = compile_for(m, dev.target, f"the module of device {d} ({dev.name})")
             if dev.present:
+                if dev.kind == "gpu":
+                    from ..backends.gpu import tvm_cuda
+
+                    tvm_cuda.use_available_jit()
                 self.vms[d] = relax.VirtualMachine(self.executables[d], dev.tvm_device())
             if progress:
                 progress(k + 1, len(self.device_mods))

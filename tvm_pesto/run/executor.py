@@ -38,13 +38,16 @@ class TraceEvent:
 
 
 class _Worker(threading.Thread):
-    def __init__(self, device):
+    def __init__(self, device, streams=None):
         super().__init__(name=f"pesto-{device.name}", daemon=True)
         self.device = device
+        self.streams = streams
         self.jobs: queue.Queue = queue.Queue()
 
     def run(self):
         enter_device_thread(self.device)
+        if self.streams is not None and self.device.kind == "gpu":
+            self.streams.bind(self.device.index)  # this thread's kernels go to the device's stream
         while True:
             job = self.jobs.get()
             if job is None:
@@ -105,7 +108,13 @@ class Executor:
                 ordered.insert(at + 1, s)
             per_dev[d] = ordered
         self.per_dev = {d: lst for d, lst in per_dev.items() if lst}
-        self.workers = {d: _Worker(cluster.devices[d]) for d in self.per_dev}
+        # GPUs: one stream per device, cross-device copies ordered by stream events.
+        self.streams = None
+        if any(cluster.devices[d].kind == "gpu" for d in self.per_dev):
+            from ..backends.gpu.streams import StreamSet
+
+            self.streams = StreamSet(self.tvm_devs)
+        self.workers = {d: _Worker(cluster.devices[d], self.streams) for d in self.per_dev}
         for w in self.workers.values():
             w.start()
         self.single = len(self.per_dev) == 1 and not any(s.kind == "copy" for s in steps)
@@ -113,6 +122,8 @@ class Executor:
     def close(self):
         for w in self.workers.values():
             w.jobs.put(None)
+        if self.streams is not None:
+            self.streams.close()
 
     def _exec(self, s, env, events, trace, t0):
         if s.kind == "call":
@@ -133,7 +144,10 @@ class Executor:
                 if ev is not None:
                     ev.wait()
             ts = time.perf_counter()
-            if s.kind == "copy":
+            if s.kind == "copy" and self.streams is not None:
+                src = self.owner.get(s.args[0])
+                env[s.out] = self.streams.copy(env[s.args[0]], 0 if src is None else src, s.device)
+            elif s.kind == "copy":
                 env[s.out] = _copy(env[s.args[0]], self.tvm_devs[s.device])
             elif s.kind == "item":
                 env[s.out] = env[s.args[0]][s.index]
@@ -182,6 +196,8 @@ class Executor:
             if errors:
                 raise ExecutionError(f"a device failed while running the placed module: "
                                      f"{type(errors[0]).__name__}: {errors[0]}") from errors[0]
+        if self.streams is not None:
+            self.streams.synchronize()
         return _assemble(self.program.output, env)
 
 
