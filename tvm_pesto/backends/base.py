@@ -145,6 +145,9 @@ class Backend(abc.ABC):
                 return gname
         try:
             fn = self.make_callable(func, device)
+        except BuildError as e:
+            raise BuildError(f"backend {self.name!r} cannot build this subgraph: {e}; it stays on another "
+                             "backend") from e
         except PestoError:
             raise
         except Exception as e:  # noqa: BLE001 - any library error means "cannot build this one"

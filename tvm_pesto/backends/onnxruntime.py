@@ -134,6 +134,8 @@ class _Exporter:
                          dilations=list(a["dilation"]), group=int(a["groups"]), kernel_shape=list(w[2:]))
 
     def op_nn_batch_norm(self, c, a):
+        if a.get("training", False) or int(a.get("axis", 1)) != 1:
+            raise BuildError("batch_norm in training mode or over an axis other than 1 is not exported to ONNX")
         x, g, bt, m, v = (self.arg(c, k) for k in range(5))
         y = self.node("BatchNormalization", [x, g, bt, m, v], epsilon=float(a.get("epsilon", 1e-5)))
         return [y, m, v]
@@ -285,7 +287,8 @@ class OnnxRuntimeBackend(Backend):
 
     One session per thread count; ``intra_op_num_threads`` is the number of cores the
     calling thread may use (its device's cores), created lazily from that thread so ORT's
-    workers inherit the device's CPU affinity.
+    workers inherit the device's CPU affinity. Worker spinning is off, so idle sessions do
+    not take cores from other devices.
     """
 
     name = "onnxruntime"
@@ -341,8 +344,10 @@ class OnnxRuntimeBackend(Backend):
                         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
                         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                         so.log_severity_level = 3
-                        if cores == 1:
-                            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                        # No busy-waiting workers: they would steal cores from the other
+                        # device (or the next call) while this session is idle.
+                        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
                         s = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
                         sessions[cores] = s
             return s

@@ -53,6 +53,9 @@ def _batch_norm(call, a):
 
     eps = float(a.get("epsilon", 1e-5))
     center, scale = a.get("center", True), a.get("scale", True)
+    if a.get("training", False) or int(a.get("axis", 1)) != 1:
+        raise BuildError("batch_norm in training mode or over an axis other than 1 is not supported by the torch "
+                         "backend (inference-mode NCHW only)")
 
     def fn(x, g, bta, mean, var):
         y = F.batch_norm(x, mean, var, g if scale else None, bta if center else None, False, 0.0, eps)

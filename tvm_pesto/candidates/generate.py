@@ -447,11 +447,78 @@ def candidate_outputs(rg: RelaxGraph, nodes) -> list:
 
 
 def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name: str = "main"):
-    """The candidate as a function (a :class:`~tvm_pesto.builder.subgraph.Segment`)."""
-    from ..builder.subgraph import cut_function
+    """The candidate as a function (a :class:`~tvm_pesto.builder.subgraph.Segment`).
 
-    return cut_function(rg, sorted(rg.node_binding[v] for v in nodes), candidate_outputs(rg, nodes),
-                        lift_constants, name)
+    Unlike :func:`~tvm_pesto.builder.subgraph.cut_function`, a ``t[i]`` read of a tuple
+    computed outside the candidate becomes a tensor parameter (not a tuple parameter), so
+    every parameter is a tensor that a library can take through DLPack. Alias bindings
+    are pulled in only when they build tuples/aliases or read tuples computed inside.
+    """
+    from ..builder.subgraph import Segment, _Remap
+
+    gi = graph_index(rg)
+    bindings = rg.bindings
+    var_binding = gi.var_binding
+    outputs = candidate_outputs(rg, nodes)
+    include = {rg.node_binding[v] for v in nodes}
+    produced = {bindings[k].var for k in include}
+
+    def pull(var) -> bool:
+        """Include the alias binding of ``var`` when it must be computed inside."""
+        k = var_binding.get(var)
+        if k is None or k in include:
+            return k is not None and k in include
+        val = bindings[k].value
+        if isinstance(val, relax.Call):
+            return False
+        if isinstance(val, relax.TupleGetItem):
+            t = val.tuple_value
+            if isinstance(t, relax.Var) and (t in produced or pull(t)):
+                include.add(k)
+                produced.add(var)
+                return True
+            return False  # a tensor read from an outside tuple: a parameter
+        if isinstance(val, (relax.Tuple, relax.Var)):
+            for u in relax.analysis.free_vars(val):
+                pull(u)
+            include.add(k)
+            produced.add(var)
+            return True
+        include.add(k)  # constants, shapes bound to vars
+        produced.add(var)
+        return True
+
+    for k in sorted(include):
+        for u in relax.analysis.free_vars(bindings[k].value):
+            pull(u)
+    for v in outputs:
+        pull(v)
+    order = sorted(include)
+    free: list = []
+    seen = set()
+    for k in order:
+        for u in relax.analysis.free_vars(bindings[k].value):
+            if u not in produced and u not in seen:
+                seen.add(u)
+                free.append(u)
+    var_map = {}
+    params = []
+    for u in free:
+        p = relax.Var(u.name, u.ty)
+        var_map[u] = p
+        params.append(p)
+    lifter = _Remap({}, lift_constants=lift_constants)
+    values = [lifter.visit_expr(bindings[k].value) for k in order]
+    bb = relax.BlockBuilder()
+    with bb.function(name, params + [p for p, _ in lifter.lifted]):
+        with bb.dataflow():
+            for k, val in zip(order, values):
+                old = bindings[k].var
+                var_map[old] = bb.emit(_Remap(var_map).visit_expr(val), name_hint=old.name)
+            outs = [var_map[v] for v in outputs]
+            ret = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
+        bb.emit_func_output(ret)
+    return Segment(bb.get()[name], free, list(outputs), [c for _, c in lifter.lifted])
 
 
 __all__ = ["Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_outputs", "combined_acyclic",

@@ -69,6 +69,7 @@ def gantt_png(rows: list[dict], path: str, title: str = "", device_names=None, c
         ax.set_yticklabels(labels)
         ax.invert_yaxis()
         ax.set_xlabel("time (ms)")
+        ax.set_xlim(left=0)
         end = max((r["end"] for r in rs), default=0.0)
         ax.set_title(f"{name}: {end * 1e3:.2f} ms")
     fig.tight_layout()

@@ -125,7 +125,7 @@ class Executor:
         if self.streams is not None:
             self.streams.close()
 
-    def _exec(self, s, env, events, trace, t0):
+    def _exec(self, s, env, events, trace, t0, on=0):
         if s.kind == "call":
             args = []
             for a in s.args:
@@ -156,7 +156,7 @@ class Executor:
             else:
                 env[s.out] = env[s.args[0]]
             if trace is not None and s.kind == "copy":
-                trace.append(TraceEvent(s.device, f"copy->{s.device}", "copy", ts - t0, time.perf_counter() - t0))
+                trace.append(TraceEvent(on, f"copy->{s.device}", "copy", ts - t0, time.perf_counter() - t0))
         ev = events.get(s.out)
         if ev is not None:
             ev.set()
@@ -170,17 +170,17 @@ class Executor:
         if self.single:
             (d, lst), = self.per_dev.items()
             for s in lst:
-                self._exec(s, env, {}, trace, t0)
+                self._exec(s, env, {}, trace, t0, d)
         else:
             events = {s.out: threading.Event() for lst in self.per_dev.values() for s in lst}
             errors: list = []
             done = threading.Semaphore(0)
 
-            def job_for(lst):
+            def job_for(d, lst):
                 def job():
                     try:
                         for s in lst:
-                            self._exec(s, env, events, trace, t0)
+                            self._exec(s, env, events, trace, t0, d)
                     except BaseException as e:  # noqa: BLE001
                         errors.append(e)
                         for ev in events.values():
@@ -190,7 +190,7 @@ class Executor:
                 return job
 
             for d, lst in self.per_dev.items():
-                self.workers[d].jobs.put(job_for(lst))
+                self.workers[d].jobs.put(job_for(d, lst))
             for _ in self.per_dev:
                 done.acquire()
             if errors:

@@ -31,17 +31,48 @@ from .metf import ETFEngine
 NAME = "m-sct"
 
 
+def _lp_backend(time_limit_s: float):
+    """An explicit PuLP solver for the LP: a system ``cbc`` if on PATH, else the CBC binary
+    PuLP bundles (called through ``COIN_CMD``, which PuLP does not deprecate), else HiGHS."""
+    import shutil
+
+    import pulp
+
+    path = shutil.which("cbc") or getattr(pulp.PULP_CBC_CMD, "pulp_cbc_path", None)
+    if path:
+        backend = pulp.COIN_CMD(path=path, msg=False, timeLimit=time_limit_s)
+        if backend.available():
+            return backend
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        raise SolverError("m-sct: no LP solver found for the favourite-child LP; install CBC "
+                          "(`pip install pulp` bundles it, or `apt-get install coinor-cbc`) or highspy, "
+                          "or use favorite='greedy'") from None
+    return pulp.HiGHS(msg=False, timeLimit=time_limit_s)
+
+
 def favorite_lp(problem: Problem, time_limit_s: float = 60.0) -> tuple[np.ndarray, dict]:
-    """Solve the favourite-child LP; returns ``(x per edge, info)`` (``x`` near 0 = favourite)."""
+    """Solve the favourite-child LP; returns ``(x per edge, info)`` (``x`` near 0 = favourite).
+
+    Raises
+    ------
+    SolverError
+        If the LP solver is missing, crashes, or does not reach an optimum in time.
+
+    Examples
+    --------
+    >>> # xs, info = favorite_lp(problem); info["lp_status"]  -> 'Optimal'
+    """
     import pulp
 
     n, m = problem.num_nodes, len(problem.src)
     p = mean_costs(problem)
     c = mean_comm(problem)
     lp = pulp.LpProblem("sct_favorite_child", pulp.LpMinimize)
-    x = [pulp.LpVariable(f"x{e}", 0, 1) for e in range(m)]
-    s = [pulp.LpVariable(f"s{v}", 0) for v in range(n)]
-    w = pulp.LpVariable("w", 0)
+    x = [lp.add_variable(f"x{e}", 0, 1) for e in range(m)]
+    s = [lp.add_variable(f"s{v}", 0) for v in range(n)]
+    w = lp.add_variable("w", 0)
     lp += w
     out_edges: list[list[int]] = [[] for _ in range(n)]
     in_edges: list[list[int]] = [[] for _ in range(n)]
@@ -55,12 +86,18 @@ def favorite_lp(problem: Problem, time_limit_s: float = 60.0) -> tuple[np.ndarra
         if len(in_edges[v]) > 1:
             lp += pulp.lpSum(x[e] for e in in_edges[v]) >= len(in_edges[v]) - 1
         lp += s[v] - w <= -float(p[v])
-    status = lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+    backend = _lp_backend(time_limit_s)
+    try:
+        status = lp.solve(backend)
+    except pulp.PulpSolverError as err:
+        raise SolverError(f"m-sct: the LP solver failed on the favourite-child LP ({err}); "
+                          "use favorite='greedy'") from None
     if pulp.LpStatus[status] != "Optimal":
         raise SolverError(f"m-sct: the favourite-child LP ended {pulp.LpStatus[status]!r}; "
                           "use favorite='greedy' or raise time_limit_s")
     xs = np.array([xe.value() or 0.0 for xe in x], dtype=np.float64)
-    return xs, {"lp_makespan_s": float(w.value() or 0.0), "lp_status": pulp.LpStatus[status]}
+    return xs, {"lp_makespan_s": float(w.value() or 0.0), "lp_status": pulp.LpStatus[status],
+                "lp_solver": type(backend).__name__}
 
 
 def favorite_greedy(problem: Problem) -> np.ndarray:
