@@ -58,6 +58,16 @@ def library_path() -> Path:
         path = Path(folder) / LIB_NAME
         if path.is_file():
             return path
+    # Running from a source checkout (e.g. `python -c` in the repository root) imports the
+    # source tree, which holds no library; the installed distribution may have one.
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        path = Path(distribution("tvm-pesto").locate_file(f"tvm_pesto/{LIB_NAME}"))
+        if path.is_file():
+            return path
+    except (PackageNotFoundError, ImportError, OSError):
+        pass
     raise ImportError(f"tvm_pesto's C++ core ({LIB_NAME}) is not built (looked in {folders}); "
                       "run `pip install .` or `pip install -e .` in the tvm-pesto source tree")
 
