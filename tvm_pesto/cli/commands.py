@@ -93,42 +93,107 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
 
 def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "small", costs: str = "auto",
               expert: str | None = None, time_limit_s: float = 30.0) -> dict:
-    """Place a zoo model or a dnn-partitioning LayerGraph file with one or more solvers."""
+    """Place a zoo model or a dnn-partitioning LayerGraph file with one or more solvers.
+
+    Every input problem raises a :class:`PestoError` before any solver runs where it can
+    (unknown solver, bad graph file, cluster mismatch); when the devices lack memory, the
+    error names the smallest per-device memory with which a plan was found.
+
+    Examples
+    --------
+    >>> # res = place_any("resnet50", "2xV100-nvlink", ["heft", "ilp"])
+    """
+    from ..errors import InfeasibleError
     from ..plan import Problem, simulate
-    from ..solve import SOLVERS, solve
+    from ..solve import SOLVERS, get_solver, solve
     from ..solve.bounds import lower_bound
+    from ..solve.common import memory_lower_bound_factor
+
+    if solvers == ["all"]:
+        solvers = list(SOLVERS)
+    if not solvers:
+        raise PestoError(f"no solver given; use one of {', '.join(SOLVERS)}, several comma-separated, or all")
+    for name in solvers:
+        get_solver(name)  # an unknown name fails before the (slow) loading
+
+    def memory_error(problem, err: InfeasibleError, reason: str) -> InfeasibleError:
+        """The error for a problem that does not fit: a bound, and the smallest uniform scale
+        of every device's memory (bisection) with which a heuristic finds a plan. ``err`` is
+        returned unchanged when even ample memory does not help (e.g. co-location)."""
+        import copy
+        import math
+
+        cap = problem.capacity
+
+        def works(f: float) -> bool:
+            p = copy.copy(problem)
+            p.capacity = cap * f
+            for name in ("heft", "m-etf", "m-topo", "single", "m-sct"):
+                try:
+                    simulate(p, solve(p, name))
+                    return True
+                except PestoError:
+                    continue
+            return False
+
+        lo = max(1.0, memory_lower_bound_factor(problem))
+        hi = max(lo, float(problem.mem.sum() + problem.ebytes.sum()) / float(cap.min())) * 1.01
+        if not works(hi):
+            return err
+        deadline = time.perf_counter() + 60.0
+        while hi - lo > 1e-3 * hi and time.perf_counter() < deadline:
+            mid = math.sqrt(lo * hi) if hi > 2 * lo else 0.5 * (lo + hi)
+            if works(mid):
+                hi = mid
+            else:
+                lo = mid
+        need = memory_lower_bound_factor(problem)  # necessary for any plan
+        mib = lambda x: math.ceil(x / 2**20 * 10) / 10  # noqa: E731 - round up, so the figure works
+        if np.allclose(cap, cap[0]):
+            return InfeasibleError(
+                f"{reason}. The smallest memory per device with which a plan fits is {mib(hi * cap[0]):.1f} MiB "
+                f"(devices of {problem.cluster.name} hold {mib(cap[0]):.1f} MiB; no plan can use less than "
+                f"{mib(need * cap[0]):.1f} MiB each). Fix: use devices with at least {mib(hi * cap[0]):.1f} MiB "
+                f"each, or more devices")
+        return InfeasibleError(
+            f"{reason}. A plan fits when every device's memory is scaled by x{math.ceil(hi * 1000) / 1000:.3f} "
+            f"(smallest device then {mib(hi * cap.min()):.1f} MiB). Fix: use larger or more devices")
 
     t_load = time.perf_counter()
-    colocate: list = []
     if target.endswith(".json"):
         from ..graph import dnn_partitioning as dp
 
-        graph, meta = dp.load_layer_graph(target)
         if cluster_spec != "from-graph":
             raise PestoError("LayerGraph files carry their own devices and costs: use --cluster from-graph")
+        graph, meta = dp.load_layer_graph(target)
         cluster = dp.cluster_from_graph(meta)
         problem = Problem(graph, cluster, dp.costs_from_graph(graph, cluster),
                           colocate=dp.colocation_groups(graph), cost_source="file")
     else:
         if cluster_spec == "from-graph":
             raise PestoError("--cluster from-graph only applies to LayerGraph JSON files; give a spec like cpu:2")
-        zm = load_model(target, size)
         cluster = parse_cluster(cluster_spec)
+        zm = load_model(target, size)
         analysis = api.analyze(zm.mod)
         with step("costs") as cb:
             table, src = api.estimate_costs(analysis, cluster, costs, progress=cb)
         problem = Problem(analysis.graph, cluster, table, cost_source=src)
-    problem.check_memory_feasible()
+    try:
+        problem.check_memory_feasible()
+    except InfeasibleError as err:
+        raise memory_error(problem, err, str(err).split("; use ")[0]) from None
     load_s = time.perf_counter() - t_load
-    if solvers == ["all"]:
-        solvers = list(SOLVERS)
     lb = lower_bound(problem)
     results = {}
     for name in solvers:
         opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}
         with step(f"solve with {name}"):
-            plan = solve(problem, name, **opts)
-            sim = simulate(problem, plan)
+            try:
+                plan = solve(problem, name, **opts)
+                sim = simulate(problem, plan)
+            except InfeasibleError as err:
+                raise memory_error(problem, err, f"{problem.graph.name}: {name} found no plan within the memory "
+                                                 f"of {cluster.name}") from None
         results[name] = _result(problem, plan, sim, lb)
     if expert:
         from ..graph import dnn_partitioning as dp

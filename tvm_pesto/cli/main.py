@@ -152,6 +152,11 @@ def cluster_bench(cluster_spec, output):
     write_json(output, d)
 
 
+from .bench import bench  # noqa: E402  (bench placement | scale | backends)
+
+cli.add_command(bench)
+
+
 def main(argv=None):
     cli.main(args=argv, prog_name="tvm-pesto")
 

@@ -181,26 +181,74 @@ class OpGraph:
         (ids in this graph, in topological order). Edges inside a group disappear;
         parallel edges between two groups keep the largest tensor size per source node
         and add up across distinct source nodes.
+
+        Raises
+        ------
+        GraphError
+            If a node is in two groups, in none, or a group names an unknown node.
+        CycleError
+            If the contracted graph has a cycle.
+
+        Examples
+        --------
+        >>> g = OpGraph([OpNode("a", "x"), OpNode("b", "y"), OpNode("c", "z")], [(0, 1, 8), (1, 2, 4)])
+        >>> c = g.contract([[0, 1], [2]])
+        >>> c.num_nodes, c.nodes[0].members, c.edges()
+        (2, (0, 1), [(0, 1, 4)])
         """
-        owner = np.full(self.num_nodes, -1, dtype=np.int64)
-        for gi, grp in enumerate(groups):
-            for v in grp:
-                if owner[v] != -1:
-                    raise GraphError(f"node {v} is in two groups ({owner[v]} and {gi})")
-                owner[v] = gi
+        n = self.num_nodes
+        k = len(groups)
+        lens = np.fromiter((len(g) for g in groups), dtype=np.int64, count=k)
+        flat = np.fromiter((int(v) for g in groups for v in g), dtype=np.int64, count=int(lens.sum()))
+        gid = np.repeat(np.arange(k, dtype=np.int64), lens)
+        bad = (flat < 0) | (flat >= n)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise GraphError(f"group {int(gid[i])} names unknown node {int(flat[i])}; nodes are 0..{n - 1}")
+        _, first_idx = np.unique(flat, return_index=True)
+        if len(first_idx) != len(flat):  # the first repeat, reported as a sequential scan would
+            first_of = np.full(n, -1, dtype=np.int64)
+            first_of[flat[first_idx]] = first_idx
+            dup = np.flatnonzero(first_of[flat] != np.arange(len(flat)))
+            i = int(dup[0])
+            v = int(flat[i])
+            raise GraphError(f"node {v} is in two groups ({int(gid[first_of[v]])} and {int(gid[i])})")
+        owner = np.full(n, -1, dtype=np.int64)
+        owner[flat] = gid
         if (owner < 0).any():
             missing = np.flatnonzero(owner < 0)[:5].tolist()
             raise GraphError(f"nodes {missing} are in no group; every node needs one")
-        order = {v: k for k, v in enumerate(self.topo_order())}
+        topo_pos = np.empty(n, dtype=np.int64)
+        topo_pos[self.topo_order()] = np.arange(n)
+        srt = np.lexsort((topo_pos, owner))  # by group, then topological position
+        bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
+        members_flat = srt.tolist()
+
+        # edges in networkx's iteration order, as arrays
+        m = self.dag.number_of_edges()
+        earr = np.fromiter((x for e in self.dag.edges(data="bytes") for x in e), dtype=np.int64,
+                           count=3 * m).reshape(m, 3)
+        esrc, edst, ebytes = earr[:, 0], earr[:, 1], earr[:, 2]
+        osrc, odst = owner[esrc], owner[edst]
+        inside = osrc == odst
+        internal = np.zeros(k, dtype=np.int64)
+        np.add.at(internal, osrc[inside], ebytes[inside])
+        # a member's outputs leave the group when it feeds another group or nothing at all
+        feeds_out = np.zeros(n, dtype=bool)
+        feeds_out[esrc[~inside]] = True
+        has_succ = np.zeros(n, dtype=bool)
+        has_succ[esrc] = True
+        exported = (feeds_out | ~has_succ).tolist()
+        internal = internal.tolist()
+
+        nodes = self.nodes
         new_nodes = []
-        for gi, grp in enumerate(groups):
-            members = tuple(sorted(grp, key=order.__getitem__))
-            ms = [self.nodes[v] for v in members]
-            internal = {e for e in (self.dag.edges(members)) if owner[e[1]] == gi}
-            read = sum(m.bytes_read for m in ms) - sum(self.dag.edges[e]["bytes"] for e in internal)
+        for gi in range(k):
+            members = tuple(members_flat[bounds[gi]:bounds[gi + 1]])
+            ms = [nodes[v] for v in members]
+            read = sum(m.bytes_read for m in ms) - internal[gi]
             last = ms[-1]
-            outs = tuple(t for v in members for t in self.nodes[v].outputs
-                         if any(owner[s] != gi for s in self.dag.successors(v)) or not any(True for _ in self.dag.successors(v)))
+            outs = tuple(t for v in members if exported[v] for t in nodes[v].outputs)
             new_nodes.append(OpNode(
                 name=ms[0].name if len(ms) == 1 else f"{ms[0].name}..{last.name}",
                 op="+".join(m.op for m in ms),
@@ -214,13 +262,26 @@ class OpGraph:
                 members=members,
                 extra={"member_extra": [m.extra for m in ms]} if any(m.extra for m in ms) else {},
             ))
-        agg: dict[tuple[int, int], dict[int, int]] = {}
-        for u, v, d in self.dag.edges(data=True):
-            gu, gv = int(owner[u]), int(owner[v])
-            if gu != gv:
-                per_src = agg.setdefault((gu, gv), {})
-                per_src[u] = max(per_src.get(u, 0), d["bytes"])
-        edges = [(gu, gv, sum(ps.values())) for (gu, gv), ps in agg.items()]
+
+        # between groups: the largest tensor per (source node, destination group), summed over
+        # source nodes per (source group, destination group); edges in order of first appearance
+        cross = np.flatnonzero(~inside)
+        edges: list[tuple[int, int, int]] = []
+        if len(cross):
+            key = esrc[cross] * k + odst[cross]
+            ukey, inv = np.unique(key, return_inverse=True)
+            big = np.zeros(len(ukey), dtype=np.int64)
+            np.maximum.at(big, inv, ebytes[cross])
+            first = np.full(len(ukey), m, dtype=np.int64)
+            np.minimum.at(first, inv, cross)
+            pair = owner[ukey // k] * k + ukey % k
+            upair, pinv = np.unique(pair, return_inverse=True)
+            total = np.zeros(len(upair), dtype=np.int64)
+            np.add.at(total, pinv, big)
+            pfirst = np.full(len(upair), m, dtype=np.int64)
+            np.minimum.at(pfirst, pinv, first)
+            order = np.argsort(pfirst, kind="stable")
+            edges = list(zip((upair[order] // k).tolist(), (upair[order] % k).tolist(), total[order].tolist()))
         return OpGraph(new_nodes, edges, name=name or self.name)
 
     def __repr__(self) -> str:

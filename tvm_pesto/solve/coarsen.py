@@ -22,7 +22,7 @@ cap (``mem_frac`` of the largest device they may use), so the ILP keeps room to 
 Co-location groups map to groups of supernodes that the ILP keeps on one device.
 
 Everything runs in plain Python loops over adjacency sets plus NumPy; see the module's
-benchmark (``scripts/bench_scale.py``) for timings.
+benchmark (``tvm-pesto bench scale``, or ``scripts/bench_scale.py``) for timings.
 """
 from __future__ import annotations
 

@@ -231,8 +231,15 @@ class ETFEngine:
                 continue
             (_, _, _, v), k = best
             stack = [(v, k)]
+            first = True
             while stack:
                 v, k = stack.pop()
+                # A favourite child was chosen before later commits; its device may no
+                # longer be allowed (co-location pinned elsewhere) or have room.
+                if not first and not (k in self.candidates(v) and self.fits(v, k)):
+                    self.push_ready(v)
+                    continue
+                first = False
                 new = self.commit(v, k)
                 scheduled += 1
                 for w in new:

@@ -1,0 +1,1 @@
+"""Benchmarks (``tvm-pesto bench ...``)."""

@@ -1,0 +1,178 @@
+"""Shared helpers of the benchmarks: machine facts, atomic output files, markdown tables."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import tempfile
+
+import numpy as np
+
+
+def machine_info() -> dict:
+    """Facts about this machine that a benchmark table should carry.
+
+    Returns
+    -------
+    dict
+        ``nproc`` (CPUs this process may use), ``cpu_model`` (from ``/proc/cpuinfo``, or
+        :func:`platform.processor`), ``load_average`` (1, 5, 15 minutes, or None),
+        ``python``, ``platform``.
+
+    Examples
+    --------
+    >>> from tvm_pesto.bench.report import machine_info
+    >>> machine_info()["nproc"] >= 1
+    True
+    """
+    try:
+        nproc = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        nproc = os.cpu_count() or 1
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        load = None
+    return {"nproc": nproc, "cpu_model": model or platform.processor() or "unknown", "load_average": load,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def jsonable(x):
+    """``x`` with NumPy scalars/arrays, tuples and non-finite floats made JSON-safe
+    (``inf``/``nan`` become None).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> jsonable({"a": np.float64(1.5), "b": (np.int64(2), float("inf"))})
+    {'a': 1.5, 'b': [2, None]}
+    """
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, (np.floating, np.integer, np.bool_)):
+        return jsonable(x.item())
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, (str, int, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def _atomic_write(path: str, write) -> str:
+    path = os.path.abspath(path)
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
+    try:
+        with os.fdopen(fd, "w") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_json(path: str, data) -> str:
+    """Write ``jsonable(data)`` to ``path`` through a temporary file (no half-written file).
+
+    Examples
+    --------
+    >>> import tempfile, os, json
+    >>> p = write_json(os.path.join(tempfile.mkdtemp(), "r.json"), {"x": 1})
+    >>> json.load(open(p))
+    {'x': 1}
+    """
+    return _atomic_write(path, lambda f: json.dump(jsonable(data), f, indent=1))
+
+
+def write_text(path: str, text: str) -> str:
+    """Write ``text`` to ``path`` through a temporary file.
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> p = write_text(os.path.join(tempfile.mkdtemp(), "t.md"), "# hi\\n")
+    >>> open(p).read()
+    '# hi\\n'
+    """
+    return _atomic_write(path, lambda f: f.write(text))
+
+
+def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    """A GitHub markdown table; ``align`` is one character per column (``l``/``r``).
+
+    Examples
+    --------
+    >>> print(markdown_table(["a", "b"], [[1, "x"]], align="rl"))
+    | a | b |
+    |--:|:--|
+    | 1 | x |
+    """
+    align = align or "l" + "r" * (len(headers) - 1)
+    sep = ["--:" if a == "r" else ":--" for a in align]
+    lines = ["| " + " | ".join(map(str, headers)) + " |", "|" + "|".join(sep) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join("" if c is None else str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def fmt(x, spec: str = ".3f", missing: str = "–") -> str:
+    """Format a number, or ``missing`` for None/non-finite.
+
+    Examples
+    --------
+    >>> fmt(1.23456), fmt(None), fmt(float("inf"))
+    ('1.235', '–', '–')
+    """
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return missing
+    return format(x, spec)
+
+
+def pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend.
+
+    Examples
+    --------
+    >>> plt = pyplot()
+    >>> plt.get_backend().lower()
+    'agg'
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str) -> str:
+    """Save a matplotlib figure as PNG through a temporary file and close it."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        pyplot().close(fig)
+    return path

@@ -1,0 +1,194 @@
+"""``tvm-pesto bench scale``: solver wall time on random DNN-like DAGs of 1k-100k ops.
+
+For each size, a random layered DAG (:mod:`tvm_pesto.bench.random_dag`) on a
+``4xV100-pcie`` cluster is placed by every heuristic and by coarsen + ILP + expand (the
+ILP row runs without re-running the heuristics on the fine graph, so it times only the
+coarsening, the warm start on the coarse graph, the MIP and the expansion). Each row has
+the wall time, the simulated makespan and its ratio to the cheap lower bound (critical
+path / total work; the LP bound is skipped at these sizes).
+
+Examples
+--------
+>>> from tvm_pesto.bench.scale import run_scale
+>>> res = run_scale([100], algorithms=["heft", "ilp"], ilp_time_limit_s=1)  # doctest: +SKIP
+>>> sorted(res["rows"][0])  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Callable
+
+from ..errors import PestoError
+from .random_dag import dnn_like_problem
+from .report import fmt, machine_info, markdown_table, pyplot, save_figure
+
+DEFAULT_SIZES = (1000, 10000, 100000)
+QUICK_SIZES = (300, 1000)
+ALGORITHMS = ("single", "m-topo", "m-etf", "m-sct", "heft", "ilp")
+
+
+def _ilp_row(problem, target: int, time_limit_s: float, solver: str) -> dict:
+    from ..plan import simulate
+    from ..solve.coarsen import coarsen
+    from ..solve.ilp import solve
+
+    t = time.perf_counter()
+    coarse, _ = coarsen(problem, target)
+    t_coarsen = time.perf_counter() - t
+    t = time.perf_counter()
+    plan = solve(problem, target=target, time_limit_s=time_limit_s, solver=solver, fine_heuristics=False)
+    wall = time.perf_counter() - t
+    span = simulate(problem, plan).makespan
+    info = plan.info
+    return {"wall_s": wall, "makespan_s": span, "coarsen_s": t_coarsen, "coarse_nodes": coarse.num_nodes,
+            "ilp_s": info.get("ilp_s"), "ilp_timed_out": info.get("coarse_timed_out"),
+            "source": info.get("source", "ilp"), "coarse_mip_gap": info.get("coarse_mip_gap"),
+            "coarse_vars": info.get("coarse_num_vars"), "coarse_constraints": info.get("coarse_num_constraints"),
+            "coarse_backend": info.get("coarse_solver_backend")}
+
+
+def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: float = 2.0, target: int = 40,
+              solver: str = "cbc", seed: int = 0, cluster: str = "4xV100-pcie",
+              progress: Callable[[str], None] | None = None) -> dict:
+    """Time every algorithm on random DNN-like DAGs of each size.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Numbers of ops.
+    algorithms : sequence of str
+        Registered solver names; ``"ilp"`` means coarsen + ILP + expand.
+    ilp_time_limit_s : float
+        MIP solver time limit on the coarse graph.
+    target : int
+        Supernodes after coarsening.
+    solver : {"cbc", "highs"}
+        MIP backend.
+    seed, cluster
+        Passed to :func:`tvm_pesto.bench.random_dag.dnn_like_problem`.
+    progress : callable, optional
+        Called with one line of text per finished row.
+
+    Returns
+    -------
+    dict
+        ``machine``, ``settings``, ``graphs`` (per size: nodes, edges, build seconds, lower
+        bound) and ``rows``: one per (size, algorithm) with ``n``, ``algorithm``, ``wall_s``,
+        ``makespan_s``, ``ratio_to_lower_bound`` and, for ``ilp``, ``coarsen_s``,
+        ``coarse_nodes``, ``ilp_timed_out`` and the coarse model's size; a failed algorithm
+        has ``error`` instead.
+
+    Examples
+    --------
+    >>> res = run_scale([200], algorithms=["heft"])  # doctest: +SKIP
+    >>> res["rows"][0]["algorithm"]  # doctest: +SKIP
+    'heft'
+    """
+    from ..plan import simulate
+    from ..solve import get_solver, lower_bound
+
+    say = progress or (lambda _m: None)
+    for name in algorithms:
+        get_solver(name)  # unknown names fail before any work
+    t_all = time.perf_counter()
+    graphs, rows = [], []
+    for n in sizes:
+        t = time.perf_counter()
+        problem = dnn_like_problem(int(n), seed=seed, cluster=cluster)
+        problem.graph.topo_order()  # cached, as any caller of the solvers would have it
+        build_s = time.perf_counter() - t
+        lb = lower_bound(problem, lp=False)["best"]
+        graphs.append({"n": int(n), "edges": problem.graph.num_edges, "build_s": build_s, "lower_bound_s": lb,
+                       "devices": problem.num_devices, "cluster": problem.cluster.name})
+        say(f"n={n}: {problem.graph.num_edges} edges, built in {build_s:.1f} s")
+        for name in algorithms:
+            row = {"n": int(n), "algorithm": name}
+            t = time.perf_counter()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    if name == "ilp":
+                        row.update(_ilp_row(problem, target, ilp_time_limit_s, solver))
+                    else:
+                        plan = get_solver(name)(problem)
+                        row["wall_s"] = time.perf_counter() - t
+                        row["makespan_s"] = simulate(problem, plan).makespan
+            except PestoError as e:
+                row.update(wall_s=time.perf_counter() - t, error=str(e))
+            if "makespan_s" in row:
+                row["ratio_to_lower_bound"] = row["makespan_s"] / lb if lb > 0 else None
+            rows.append(row)
+            say(f"  {name}: {row['wall_s']:.2f} s" + (f", makespan {row['makespan_s'] * 1e3:.3f} ms"
+                                                       if "makespan_s" in row else f", failed: {row['error']}"))
+    return {"benchmark": "scale", "machine": machine_info(),
+            "settings": {"sizes": [int(n) for n in sizes], "algorithms": list(algorithms),
+                         "ilp_time_limit_s": ilp_time_limit_s, "ilp_target": target, "ilp_solver": solver,
+                         "seed": seed, "cluster": cluster},
+            "graphs": graphs, "rows": rows, "total_s": time.perf_counter() - t_all}
+
+
+def scale_markdown(res: dict) -> str:
+    """Markdown: one row per size, wall seconds of each algorithm (makespan / bound below).
+
+    Examples
+    --------
+    >>> print(scale_markdown(res))  # doctest: +SKIP
+    """
+    algs = res["settings"]["algorithms"]
+    by = {(r["n"], r["algorithm"]): r for r in res["rows"]}
+    heads = ["ops", "edges"] + [f"{a} (s)" for a in algs]
+    rows, rrows = [], []
+    for g in res["graphs"]:
+        n = g["n"]
+        cells = []
+        rcells = []
+        for a in algs:
+            r = by.get((n, a), {})
+            cells.append("failed" if "error" in r else fmt(r.get("wall_s"), ".2f"))
+            rcells.append("failed" if "error" in r else fmt(r.get("ratio_to_lower_bound"), ".3f"))
+        rows.append([n, g["edges"]] + cells)
+        rrows.append([n] + rcells)
+    m = res["machine"]
+    out = [f"Wall time per algorithm ({res['settings']['cluster']}; ILP = coarsen to "
+           f"{res['settings']['ilp_target']} supernodes + {res['settings']['ilp_solver']} with a "
+           f"{res['settings']['ilp_time_limit_s']:g} s limit + expand). Machine: {m['nproc']} CPUs, "
+           f"{m['cpu_model']}, load average {m['load_average']}.", "",
+           markdown_table(heads, rows), "", "Simulated makespan / lower bound (critical path or total work):", "",
+           markdown_table(["ops"] + algs, rrows)]
+    ilp = [r for r in res["rows"] if r["algorithm"] == "ilp" and "error" not in r]
+    if ilp:
+        out += ["", "ILP breakdown:", "",
+                markdown_table(["ops", "coarsen (s)", "supernodes", "coarse vars", "coarse constraints",
+                                "MIP timed out", "total (s)"],
+                               [[r["n"], fmt(r.get("coarsen_s"), ".2f"), r.get("coarse_nodes"), r.get("coarse_vars"),
+                                 r.get("coarse_constraints"), r.get("ilp_timed_out"), fmt(r["wall_s"], ".2f")]
+                                for r in ilp])]
+    return "\n".join(out) + "\n"
+
+
+def scale_plots(res: dict, out_dir: str) -> list[str]:
+    """``scale_wall_time.png``: wall seconds against ops, one line per algorithm (log-log).
+
+    Examples
+    --------
+    >>> scale_plots(res, "plots")  # doctest: +SKIP
+    ['.../scale_wall_time.png']
+    """
+    import os
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for a in res["settings"]["algorithms"]:
+        pts = [(r["n"], r["wall_s"]) for r in res["rows"] if r["algorithm"] == a and "error" not in r]
+        if pts:
+            xs, ys = zip(*sorted(pts))
+            ax.plot(xs, ys, marker="o", label="coarsen+ILP" if a == "ilp" else a)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ops in the graph")
+    ax.set_ylabel("wall time (s)")
+    ax.set_title(f"Placement wall time, {res['settings']['cluster']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return [save_figure(fig, os.path.join(out_dir, "scale_wall_time.png"))]

@@ -1,0 +1,182 @@
+"""``tvm-pesto bench``: benchmark verbs (a click group).
+
+Subcommands: ``placement`` (every solver on the dnn-partitioning LayerGraphs and the zoo
+models, against a lower bound) and ``scale`` (solver wall time on random DAGs of 1k-100k
+ops). Each writes ``--json``, ``--md`` (a markdown table) and ``--plots`` (PNG files).
+
+Register the group in ``tvm_pesto/cli/main.py`` with::
+
+    from .bench import bench; cli.add_command(bench)
+
+Add another benchmark with ``@bench.command("name")`` in this module, or from another
+module with ``bench.add_command(command)``; ``tvm_pesto.cli.bench_backends.backends`` is
+added here when that module exists.
+
+Examples
+--------
+>>> from click.testing import CliRunner
+>>> from tvm_pesto.cli.bench import bench
+>>> "placement" in bench.commands and "scale" in bench.commands
+True
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+from ..errors import PestoError
+from .progress import console
+
+
+class _BenchGroup(click.Group):
+    """A group whose commands turn a :class:`PestoError` into a message and exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except PestoError as e:
+            console.print(f"[bold red]error:[/] {e}")
+            sys.exit(2)
+
+
+@click.group("bench", cls=_BenchGroup)
+def bench():
+    """Benchmarks: placement quality and solver scaling."""
+
+
+def _command_line(ctx: click.Context) -> str:
+    """``tvm-pesto bench <verb>`` plus the options given on the command line."""
+    parts = ["tvm-pesto", "bench", ctx.info_name or ctx.command.name]
+    for p in ctx.command.params:
+        if ctx.get_parameter_source(p.name) != click.core.ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[p.name]
+        opt = max(p.opts, key=len)
+        if getattr(p, "is_flag", False):
+            parts.append(opt if value else (p.secondary_opts[0] if p.secondary_opts else opt))
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                parts += [opt, str(v)]
+        else:
+            parts += [opt, str(value)]
+    return " ".join(shlex.quote(x) for x in parts)
+
+
+def _write_outputs(res: dict, json_path, md_path, plots_dir, markdown, plots) -> None:
+    from ..bench.report import write_json, write_text
+
+    if json_path:
+        write_json(json_path, res)
+        console.print(f"JSON: {json_path}")
+    if md_path:
+        write_text(md_path, markdown())
+        console.print(f"markdown: {md_path}")
+    if plots_dir:
+        for path in plots(plots_dir):
+            console.print(f"plot: {path}")
+
+
+def _split(values) -> list[str]:
+    return [x.strip() for v in values for x in v.split(",") if x.strip()]
+
+
+@bench.command("placement")
+@click.option("--json", "json_path", default=None, help="write the full results as JSON here")
+@click.option("--md", "md_path", default=None, help="write the markdown tables here")
+@click.option("--plots", "plots_dir", default=None, help="write PNG plots into this folder")
+@click.option("--quick", is_flag=True, help="a small subset (two LayerGraphs, one small zoo model) for tests")
+@click.option("--ilp-time-limit", default=None, type=float,
+              help="MIP time limit per case in seconds  [default: 15, 2 with --quick]")
+@click.option("--ilp-target", default=None, type=int, help="coarsen graphs above this many nodes (default: the "
+              "ILP solver's own default)")
+@click.option("--algorithms", default=None, help="comma-separated solver names (default: all)")
+@click.option("--root", default=None, help="the dnn-partitioning folder (default $TVM_PESTO_DNN_PARTITIONING or "
+              "/work/shared/benchmarks/dnn-partitioning)")
+@click.option("--model", "models", multiple=True, help="zoo model(s) to include (default: all)")
+@click.option("--cluster", "clusters", multiple=True, help="cluster(s) for the zoo models (default: 2xV100-nvlink, "
+              "4xV100-pcie, 8xA100-nvlink)")
+@click.option("--size", default=None, type=click.Choice(["small", "full"]), help="zoo size [default: full, small "
+              "with --quick]")
+@click.option("--layergraphs/--no-layergraphs", default=True, help="include the dnn-partitioning LayerGraphs")
+@click.option("--zoo/--no-zoo", default=True, help="include the zoo models")
+def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, algorithms, root, models, clusters,
+              size, layergraphs, zoo):
+    """Every solver on every LayerGraph and zoo model: makespan / lower bound, solve time, memory."""
+    from ..bench import placement as bp
+    from ..solve import get_solver
+
+    ctx = click.get_current_context()
+    algs = _split([algorithms]) if algorithms else list(bp.ALGORITHMS)
+    for a in algs:
+        get_solver(a)  # unknown names fail before the (slow) imports
+    limit = ilp_time_limit if ilp_time_limit is not None else (2.0 if quick else 15.0)
+    models = _split(models) or (bp.QUICK["models"] if quick else None)
+    clusters = _split(clusters) or (bp.QUICK["clusters"] if quick else list(bp.ZOO_CLUSTERS))
+    size = size or (bp.QUICK["size"] if quick else "full")
+    say = lambda m: console.print(f"  {m}")  # noqa: E731
+    cases = []
+    if layergraphs:
+        kw = {"names": bp.QUICK["layergraphs"], "settings": bp.QUICK["settings"]} if quick else {}
+        cases += bp.layergraph_cases(root or bp.DNN_PARTITIONING, **kw)
+    if zoo:
+        cases += bp.zoo_cases(models, size=size, clusters=clusters, progress=say)
+    if not cases:
+        raise PestoError("nothing to benchmark: --no-layergraphs and --no-zoo leave no cases")
+    console.print(f"[bold]bench placement[/]: {len(cases)} cases x {len(algs)} algorithms, ILP limit {limit:g} s")
+    res = bp.run_placement(cases, algs, ilp_time_limit_s=limit, ilp_target=ilp_target, progress=say)
+    res["command"] = _command_line(ctx)
+    s = res["summary"]
+    console.print(f"ILP never worse than the best heuristic: {s['ilp_never_worse']} ({s['checked']} cases); "
+                  f"within 5% of the bound on {s['ilp_within_5pct_where_applicable']} of the "
+                  f"{s['heuristics_within_10pct']} cases where a heuristic is within 10%"
+                  + (f"; missed: {', '.join(s['goal_missed'])}" if s["goal_missed"] else ""))
+    _write_outputs(res, json_path, md_path, plots_dir, lambda: bp.placement_markdown(res, res["command"]),
+                   lambda d: bp.placement_plots(res, d))
+
+
+@bench.command("scale")
+@click.option("--json", "json_path", default=None, help="write the rows as JSON here")
+@click.option("--md", "md_path", default=None, help="write the markdown tables here")
+@click.option("--plots", "plots_dir", default=None, help="write PNG plots into this folder")
+@click.option("--quick", is_flag=True, help="small graphs (300 and 1000 ops) for tests")
+@click.option("--ilp-time-limit", default=2.0, show_default=True, type=float, help="MIP time limit (s) on the "
+              "coarse graph")
+@click.option("--sizes", default=None, help="comma-separated op counts [default: 1000,10000,100000]")
+@click.option("--algorithms", default=None, help="comma-separated solver names (default: all)")
+@click.option("--target", default=40, show_default=True, help="supernodes after coarsening")
+@click.option("--solver", default="cbc", show_default=True, type=click.Choice(["cbc", "highs"]), help="MIP backend")
+@click.option("--seed", default=0, show_default=True)
+def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithms, target, solver, seed):
+    """Wall time of every solver and of coarsen+ILP on random DNN-like DAGs of 1k, 10k, 100k ops."""
+    from ..bench import scale as bs
+
+    ctx = click.get_current_context()
+    try:
+        ns = [int(x) for x in _split([sizes])] if sizes else list(bs.QUICK_SIZES if quick else bs.DEFAULT_SIZES)
+    except ValueError:
+        raise PestoError(f"--sizes must be comma-separated integers, not {sizes!r}") from None
+    algs = _split([algorithms]) if algorithms else list(bs.ALGORITHMS)
+    console.print(f"[bold]bench scale[/]: sizes {ns}, algorithms {', '.join(algs)}")
+    res = bs.run_scale(ns, algs, ilp_time_limit_s=ilp_time_limit, target=target, solver=solver, seed=seed,
+                       progress=lambda m: console.print(f"  {m}"))
+    res["command"] = _command_line(ctx)
+    _write_outputs(res, json_path, md_path, plots_dir, lambda: bs.scale_markdown(res),
+                   lambda d: bs.scale_plots(res, d))
+
+
+def _add_optional_commands() -> None:
+    """Add benchmark verbs that live in their own modules, when present."""
+    try:
+        from .bench_backends import backends
+    except ImportError:
+        return
+    bench.add_command(backends)
+
+
+_add_optional_commands()
+__all__ = ["bench"]
+
+if __name__ == "__main__":  # python -m tvm_pesto.cli.bench placement ...
+    bench(prog_name="tvm-pesto bench")
