@@ -53,12 +53,14 @@ def cli():
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True)
 @click.option("--solver", default="heft", show_default=True)
+@click.option("--costs", default="xgb", show_default=True, type=click.Choice(["auto", "measured", "roofline", "xgb"]),
+              help="xgb: the bundled cost model predicts every group (nothing is measured)")
 @click.option("--out", "out_dir", default="pesto-demo", show_default=True, help="folder for the Gantt chart and traces")
-def demo(model, size, cluster_spec, solver, out_dir):
+def demo(model, size, cluster_spec, solver, costs, out_dir):
     """Place a zoo model over this machine's CPU devices, run it, and compare with the plan."""
     from .commands import run_model
 
-    res = run_model(model, size, cluster_spec, solver=solver, out_dir=out_dir)
+    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, out_dir=out_dir)
     _print_run(res)
     write_json(os.path.join(out_dir, "result.json"), res)
     console.print(f"Gantt chart (simulated vs measured): {os.path.join(out_dir, 'gantt.png')}")
@@ -153,8 +155,11 @@ def cluster_bench(cluster_spec, output):
 
 
 from .bench import bench  # noqa: E402  (bench placement | scale | backends)
+from .cost_model import cost_model, profile  # noqa: E402
 
 cli.add_command(bench)
+cli.add_command(profile)
+cli.add_command(cost_model)
 
 
 def main(argv=None):

@@ -1,0 +1,214 @@
+"""CLI verbs of the learned cost model: ``profile`` and ``cost-model train|eval``.
+
+Registered in :mod:`tvm_pesto.cli.main` with ``cli.add_command(profile)`` and
+``cli.add_command(cost_model)``.
+"""
+from __future__ import annotations
+
+import os
+
+import click
+
+from ..errors import PestoError
+from .progress import console, step
+
+
+def _write_json(path: str, data: dict) -> None:
+    from .main import write_json
+
+    write_json(path, data)
+
+
+def _report_skipped(skipped) -> None:
+    """Malformed lines are never dropped silently: print each with its line number."""
+    if not skipped:
+        return
+    console.print(f"[yellow]skipped {len(skipped)} malformed line(s):[/]")
+    for f, n, why in skipped[:50]:
+        console.print(f"  {f}:{n}: {why}")
+    if len(skipped) > 50:
+        console.print(f"  ... and {len(skipped) - 50} more")
+
+
+def _pct(x) -> str:
+    return "   n/a" if x is None else f"{x:6.1f}"
+
+
+def _frac(x) -> str:
+    return "  n/a" if x is None else f"{100 * x:5.1f}%"
+
+
+def _corr(x) -> str:
+    return "  n/a" if x is None else f"{x:5.3f}"
+
+
+def print_metrics(name: str, m: dict) -> None:
+    if not m or not m.get("n"):
+        console.print(f"  {name:10s} (no rows)")
+        return
+    console.print(f"  {name:10s} n={m['n']:5d}  MAPE {_pct(m['mape'])}%  median {_pct(m['median_ape'])}%  "
+                  f"p90 {_pct(m['p90_ape'])}%  within10% {_frac(m['within_10pct'])}  "
+                  f"Spearman {_corr(m['spearman'])}  Kendall {_corr(m['kendall'])}  "
+                  f"top-1 backend {_frac(m.get('top1_backend_accuracy'))} "
+                  f"(of {m.get('n_choices', 0)})  regret {_frac(m.get('mean_regret'))}")
+
+
+@click.command("profile")
+@click.argument("models", nargs=-1, required=True)
+@click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
+@click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True,
+              help="local devices to measure on (equal devices are measured once)")
+@click.option("--backends", default="tvm,onnxruntime,torch", show_default=True,
+              help="comma-separated; 'tvm' alone measures the fusion groups only")
+@click.option("--log", "log_path", default=None,
+              help="JSON-lines log to append to [default: $TVM_PESTO_PROFILE_LOG or ~/.cache/tvm-pesto/profile.jsonl]")
+@click.option("--repeat", default=5, show_default=True, help="timed repeats per candidate (the median is logged)")
+@click.option("--min-repeat-ms", default=5, show_default=True, help="least milliseconds per repeat")
+@click.option("--run", "run_label", default="", help="label of a repeated pass: measures again what another "
+              "pass measured (training takes the fastest pass)")
+@click.option("--json", "json_path", default=None, help="write a summary as JSON here")
+def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_ms, run_label, json_path):
+    """Measure every candidate of MODELS and append the records a cost model trains on.
+
+    MODELS are zoo names, ``zoo`` (all of them), ``sweep`` (all shape-sweep families) or
+    ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
+    """
+    from ..costs.profile import default_log_path, profile_zoo
+    from .main import ZOO
+
+    names = []
+    for m in models:
+        names.extend(ZOO if m == "zoo" else [m])
+    for m in names:
+        if m not in ZOO and m != "sweep" and not m.startswith("sweep-"):
+            raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(ZOO)}), zoo, sweep or sweep-FAMILY")
+    log_path = log_path or str(default_log_path())
+    bks = [b.strip() for b in backends.split(",") if b.strip()]
+    results = []
+    for name in names:
+        with step(f"profile {name}") as cb:
+            results.extend(profile_zoo([name], size=size, cluster=cluster_spec, log_path=log_path, backends=bks,
+                                       progress=cb, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                                       run=run_label))
+    total_s = 0.0
+    for r in results:
+        total_s += r.seconds
+        err = f"  [yellow]{'; '.join(f'{k}: {v}' for k, v in r.errors.items())}[/]" if r.errors else ""
+        console.print(f"  {r.model}: {r.candidates} candidates {r.backends}, measured {r.measured}, "
+                      f"infeasible {r.infeasible}, {r.seconds:.1f} s{err}")
+    console.print(f"log: {log_path}  ({total_s:.1f} s measuring)")
+    if json_path:
+        _write_json(json_path, {"log": log_path, "seconds": total_s,
+                                "models": [r.__dict__ for r in results]})
+
+
+@click.group("cost-model")
+def cost_model():
+    """Train and evaluate the XGBoost cost model (cost source ``xgb``)."""
+
+
+@cost_model.command("merge")
+@click.argument("logs", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, help="merged JSON-lines log to write")
+def merge_cmd(logs, output):
+    """Merge profiler LOGS (and repeated passes) into one compact log, one record per subgraph."""
+    from ..costs.profile import merge_logs
+
+    res = merge_logs(logs, output)
+    _report_skipped(res["skipped"])
+    console.print(f"{output}: {res['records']} records from {res['lines']} lines "
+                  f"({os.path.getsize(output) / 1e6:.2f} MB)")
+
+
+@cost_model.command("train")
+@click.argument("logs", nargs=-1)
+@click.option("-o", "--output", required=True, help="model file to write (XGBoost JSON), e.g. cost_models/NAME.json")
+@click.option("--tuning-db", "tuning_dbs", multiple=True,
+              help="a MetaSchedule work directory (database_workload.json + database_tuning_record.json); repeatable")
+@click.option("--target", default="log_time", show_default=True, type=click.Choice(["log_time", "log_ratio"]),
+              help="predict log(time) or log(time / roofline)")
+@click.option("--heldout", default="", help="comma-separated model names kept out of training (eval reports them)")
+@click.option("--rounds", default=None, type=int, help="boosting rounds [default: 300]")
+@click.option("--json", "json_path", default=None, help="write the training summary as JSON here")
+def train_cmd(logs, output, tuning_dbs, target, heldout, rounds, json_path):
+    """Train a cost model on profiler LOGS (and MetaSchedule databases) and save it."""
+    from ..costs.evaluate import metrics, split_by_model
+    from ..costs.xgb import DEFAULT_ROUNDS, load_dataset, train
+
+    if not logs and not tuning_dbs:
+        raise PestoError("no training data: give profiler logs (tvm-pesto profile ...) and/or --tuning-db DIR")
+    with step("read logs"):
+        ds = load_dataset(logs, tuning_dbs)
+    _report_skipped(ds.skipped)
+    held = [h.strip() for h in heldout.split(",") if h.strip()]
+    train_rows, test_rows = split_by_model(ds.rows, held)
+    missing = [h for h in held if not any(r["model"] == h for r in test_rows)]
+    if missing:
+        raise PestoError(f"held-out model(s) {', '.join(missing)} have no rows in the logs; "
+                         f"models present: {', '.join(sorted({r['model'] for r in ds.rows}))}")
+    out_dir = os.path.dirname(os.path.abspath(output))
+    meta = {"logs": [os.path.relpath(os.path.abspath(p), out_dir) for p in logs],
+            "tuning_dbs": [os.path.relpath(os.path.abspath(p), out_dir) for p in tuning_dbs],
+            "heldout_models": held}
+    with step(f"train ({len(train_rows)} rows, target {target})"):
+        model = train(train_rows, target=target, rounds=rounds or DEFAULT_ROUNDS, meta=meta, overheads=ds.overheads)
+        model.save(output)
+    console.print(f"model: {output}  ({os.path.getsize(output) / 1e6:.2f} MB; {len(train_rows)} training rows, "
+                  f"{ds.no_desc} records without description, {ds.infeasible} infeasible)")
+    summary = {"model": output, "rows": len(ds.rows), "train_rows": len(train_rows), "heldout_rows": len(test_rows),
+               "skipped_lines": [list(s) for s in ds.skipped], "meta": model.meta}
+    summary["seen"] = metrics(train_rows, model.predict_rows(train_rows))
+    print_metrics("seen", summary["seen"])
+    if test_rows:
+        summary["heldout"] = metrics(test_rows, model.predict_rows(test_rows))
+        print_metrics("held-out", summary["heldout"])
+    if json_path:
+        _write_json(json_path, summary)
+
+
+@cost_model.command("eval")
+@click.option("--model", "model_path", default=None, help="model file [default: the bundled cost_models/default.json]")
+@click.option("--logs", multiple=True, help="evaluate on these logs instead of the model's own (repeatable)")
+@click.option("--tuning-db", "tuning_dbs", multiple=True, help="MetaSchedule work directory to evaluate on too")
+@click.option("--cv", is_flag=True, help="also leave-one-model-out (both targets) and leave-one-op-kind-out CV")
+@click.option("--plot", default=None, help="write a log-log predicted-vs-measured PNG here")
+@click.option("--label", default="min", show_default=True, type=click.Choice(["min", "median"]),
+              help="measured time of a subgraph profiled in several passes: the fastest pass or the median")
+@click.option("--json", "json_path", default=None, help="write all metrics as JSON here")
+def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path):
+    """Evaluate a cost model on its held-out models and on the models it saw."""
+    from ..costs.evaluate import evaluate_model
+    from ..costs.xgb import load_model
+
+    model = load_model(model_path)
+    with step("evaluate" + (" with cross-validation" if cv else "")):
+        res = evaluate_model(model, cv=cv, plot=plot, logs=list(logs) or None, tuning_dbs=tuning_dbs,
+                             label=label)
+    _report_skipped([tuple(s) for s in res["skipped_lines"]])
+    console.print(f"[bold]{res['model']}[/] (target {res['target']}; label {label}; held-out models: "
+                  f"{', '.join(res['heldout_models']) or 'none'})")
+    print_metrics("held-out", res["heldout"])
+    print_metrics("seen", res["seen"])
+    nf = res["noise_floor"]
+    if nf.get("n_records"):
+        console.print(f"  noise floor: CV of repeats median {100 * nf['cv_median']:.1f}% "
+                      f"(p90 {100 * nf['cv_p90']:.1f}%)"
+                      + (f"; re-run MAPE {nf['rerun_mape']:.1f}% over {nf['n_rerun_pairs']} pairs"
+                         if nf.get("n_rerun_pairs") else "")
+                      + (f"; load median {nf['load_median']:.1f}" if "load_median" in nf else ""))
+    if cv:
+        for t, r in res["cv"].items():
+            console.print(f"  leave-one-model-out ({t}):")
+            print_metrics("pooled", r["pooled"])
+            for name, m in r["folds"].items():
+                print_metrics(name[:10], m)
+        console.print(f"  leave-one-op-kind-out ({res['cv_op_kind']['target']}):")
+        for name, m in res["cv_op_kind"]["folds"].items():
+            print_metrics(name[:10], m)
+    if plot:
+        console.print(f"plot: {plot}")
+    if json_path:
+        _write_json(json_path, res)
+
+
+__all__ = ["cost_model", "profile"]

@@ -1,0 +1,399 @@
+"""The profiler: measure every candidate of a model and log what a cost model needs.
+
+``tvm-pesto profile MODEL`` measures each candidate subgraph of a model on the local
+CPU devices, through the same code the ``measured`` cost source uses
+(:func:`tvm_pesto.costs.measure.measure_groups` for TVM, and
+:func:`tvm_pesto.candidates.measure.measure_candidates` for the other backends when that
+module is present), and appends one JSON line per measurement to a log.
+
+The log is a :class:`~tvm_pesto.costs.cache.MeasureCache` file (``key``, ``backend``,
+``target``, ``median_s``, ``repeats``, ``op``, ``flops``, ``bytes``) with extra fields
+that let a model be trained without the IR:
+
+``desc``
+    :func:`tvm_pesto.costs.features.describe_group` of the subgraph (op list, dominant op
+    shapes and attributes, FLOPs, bytes, weight bytes, bytes saved by fusion).
+``device_desc``
+    peak FLOP/s, bandwidth, memory, cores, kind and model of the device.
+``model``, ``nodes``, ``load``, ``host``, ``call_overhead_s``
+    where it came from, which op-graph nodes, ``os.getloadavg()`` when it was written
+    (to judge noise), the host name, the VM call overhead measured in the same run.
+
+Records are deduplicated per (key, backend, target, model, run): profiling a model twice
+measures nothing the second time, but a shape shared by two models is measured in both
+runs, and a pass with another ``run`` label measures everything again (training takes
+the fastest pass; the spread between passes is the run-to-run noise).
+
+Examples
+--------
+>>> from tvm_pesto.costs.profile import profile_module            # doctest: +SKIP
+>>> res = profile_module(mod, "my-net", "cpu:1", "prof.jsonl")      # doctest: +SKIP
+>>> res.measured, res.candidates                                   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CostError, PestoError
+from .cache import MeasureCache, target_key
+from .features import describe_group, device_descriptor
+
+#: Backends profiled when none are named.
+DEFAULT_BACKENDS = ("tvm", "onnxruntime", "torch")
+
+
+class ProfileLog(MeasureCache):
+    """A measurement log that adds the feature description to every record it writes.
+
+    It behaves like :class:`MeasureCache` for the measuring code, except that lookups
+    only see records of the current ``model`` (so each model's log is complete).
+
+    Parameters
+    ----------
+    path : path-like
+        The JSON-lines file (appended to).
+    model : str
+        Name written into each record (used to split data by model).
+    run : str
+        A label for a repeated profiling pass: records are deduplicated per run, so a second
+        pass with another label measures everything again (training takes the fastest pass).
+    """
+
+    def __init__(self, path, model: str = "", run: str = ""):
+        self.model = model
+        self.run = run
+        self.descs: dict[str, dict] = {}  # structural key -> description
+        self.nodes: dict[str, list[int]] = {}  # structural key -> op-graph node ids
+        self.devices: dict[str, dict] = {}  # target key -> device descriptor
+        self.written = 0
+        self._mine: dict[tuple, dict] = {}
+        super().__init__(path)
+
+    def _load(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path) as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                    k = (rec["key"], rec["backend"], rec["target"])
+                    float(rec["median_s"])
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                    self.skipped.append((lineno, str(e)))
+                    continue
+                self.entries[k] = rec
+                self._mine[k + (rec.get("model", ""), rec.get("run", ""))] = rec
+        if self.skipped:
+            lines = ", ".join(str(n) for n, _ in self.skipped[:10])
+            warnings.warn(f"measurement log {self.path}: skipped {len(self.skipped)} corrupted line(s) "
+                          f"(line {lines})", RuntimeWarning, stacklevel=3)
+
+    def get(self, key: str, backend: str, target: str) -> dict | None:
+        return self._mine.get((key, backend, target, self.model, self.run))
+
+    def put(self, rec: dict) -> None:
+        rec = dict(rec)
+        rec["model"] = self.model
+        if self.run:
+            rec["run"] = self.run
+        desc = self.descs.get(rec["key"])
+        if desc is not None:
+            rec["desc"] = desc
+            rec["nodes"] = self.nodes.get(rec["key"], [])
+        dev = self.devices.get(rec["target"])
+        if dev is not None:
+            rec["device_desc"] = dev
+        if isinstance(rec.get("repeats"), list):  # 5 significant digits keep the log small
+            rec["repeats"] = [float(f"{x:.5g}") for x in rec["repeats"]]
+        rec["load"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+        rec["host"] = socket.gethostname()
+        with self._lock:
+            self._mine[(rec["key"], rec["backend"], rec["target"], self.model, self.run)] = rec
+            self.written += 1
+        super().put(rec)
+
+
+@dataclass
+class ProfileResult:
+    """What one profile run did."""
+
+    model: str
+    candidates: int = 0
+    measured: int = 0
+    cached: int = 0
+    infeasible: int = 0
+    seconds: float = 0.0
+    backends: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict)
+
+
+def _units(rg, groups, backends):
+    """Candidates to measure: ``(CandidateSet or None, [(backend, nodes)])``."""
+    from ..backends import available_backends
+    from ..candidates import generate_candidates
+
+    usable, why = available_backends(list(backends))
+    cs = generate_candidates(rg, usable)
+    return cs, why
+
+
+def _register_descs(log: ProfileLog, rg, units) -> None:
+    """Compute structural keys of every unit (both cut styles) and map them to descriptions."""
+    from ..builder.subgraph import group_function, structural_key
+
+    try:
+        from ..candidates import candidate_function
+    except ImportError:  # pragma: no cover - the candidates package ships with tvm-pesto
+        candidate_function = None
+    seen: set = set()
+    for backend, nodes in units:
+        nodes = tuple(sorted(nodes))
+        native = backend == "tvm"
+        if (nodes, native) in seen:
+            continue
+        seen.add((nodes, native))
+        desc = describe_group(rg.graph, nodes)
+        keys = []
+        try:
+            if native or candidate_function is None:
+                keys.append(structural_key(group_function(rg, list(nodes), lift_constants=True).func))
+            else:
+                keys.append(structural_key(candidate_function(rg, list(nodes), lift_constants=True).func))
+        except Exception:  # noqa: BLE001 - a unit that cannot be cut is reported by the measuring code
+            continue
+        for k in keys:
+            log.descs.setdefault(k, desc)
+            log.nodes.setdefault(k, list(nodes))
+
+
+def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profile.jsonl",
+                   backends=DEFAULT_BACKENDS, progress=None, repeat: int = 5,
+                   min_repeat_ms: int = 5, run: str = "") -> ProfileResult:
+    """Measure every candidate of ``mod`` on the local devices of ``cluster`` and log it.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+    name : str
+        Model name recorded in each log line (the held-out split is by this name).
+    cluster : str or Cluster
+        Only present devices are measured; devices with the same target share a run.
+    log_path : path-like
+        JSON-lines log to append to.
+    backends : sequence of str
+        ``"tvm"`` alone measures the fusion groups; with other backends every candidate of
+        :func:`tvm_pesto.candidates.generate_candidates` is measured.
+    progress : callable(done, total), optional
+    repeat, min_repeat_ms : int
+        Timed repeats per candidate (the median is logged) and the least milliseconds each
+        repeat runs; more repeats give less noisy training data.
+    run : str
+        Label of a repeated pass (see :class:`ProfileLog`).
+
+    Returns
+    -------
+    ProfileResult
+
+    Examples
+    --------
+    >>> from tvm_pesto.costs.sweep import sweep_module                            # doctest: +SKIP
+    >>> profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", "p.jsonl")  # doctest: +SKIP
+    """
+    from ..api import analyze, as_cluster
+    from .measure import measure_groups
+
+    t0 = time.perf_counter()
+    cl = as_cluster(cluster)
+    devs = [d for d in cl.devices if d.present]
+    if not devs:
+        raise CostError(f"cluster {cl.name} has no device on this machine, so nothing can be profiled; "
+                        "use cpu:N (train a GPU model from logs written on a GPU machine)")
+    analysis = analyze(mod)
+    rg = analysis.rg
+    log = ProfileLog(log_path, model=name, run=run)
+    res = ProfileResult(model=name)
+    backends = list(backends)
+    cs = None
+    if backends != ["tvm"]:
+        try:
+            cs, why = _units(rg, analysis.groups, backends)
+            res.errors.update({k: f"unavailable: {v}" for k, v in why.items()})
+        except ImportError as e:
+            res.errors["candidates"] = f"candidate generation is unavailable ({e}); measuring TVM fusion groups"
+            cs = None
+    if cs is not None:
+        units = [(c.backend, c.nodes) for c in cs]
+        res.backends = cs.by_backend()
+    else:
+        units = [("tvm", tuple(g)) for g in analysis.groups]
+        res.backends = {"tvm": len(units)}
+    res.candidates = len(units)
+    _register_descs(log, rg, units)
+    done: set = set()
+    for dev in devs:
+        tk = target_key(dev.target)
+        if (tk, dev.cores, dev.kind) in done:
+            continue
+        done.add((tk, dev.cores, dev.kind))
+        log.devices[tk] = device_descriptor(dev)
+        before = log.written
+        if cs is not None:
+            from ..candidates.measure import MeasureReport, measure_candidates
+
+            rep = MeasureReport()
+            costs = measure_candidates(cs, dev, log, repeat=repeat, min_repeat_ms=min_repeat_ms, report=rep,
+                                       progress=progress)
+            res.infeasible += int(np.sum(~np.isfinite(costs)))
+        else:
+            measure_groups(rg, analysis.groups, dev, log, repeat=repeat, min_repeat_ms=min_repeat_ms, progress=progress)
+        res.measured += log.written - before
+    res.cached = max(res.candidates * len(done) - res.measured, 0)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_models/profile.jsonl",
+                backends=DEFAULT_BACKENDS, progress=None, on_model=None, repeat: int = 5,
+                min_repeat_ms: int = 5, run: str = "") -> list[ProfileResult]:
+    """Profile zoo models (``"sweep"`` or ``"sweep-<family>"`` names profile the shape sweeps).
+
+    A model that fails is reported in its result's ``errors`` and the others go on.
+
+    Examples
+    --------
+    >>> profile_zoo(["mlp_mixer"], log_path="p.jsonl")        # doctest: +SKIP
+    """
+    from .sweep import FAMILIES, sweep_module
+
+    out = []
+    for name in names:
+        try:
+            if name == "sweep" or name.startswith("sweep-"):
+                fams = list(FAMILIES) if name == "sweep" else [name[len("sweep-"):]]
+                for fam in fams:
+                    r = profile_module(sweep_module(fam), f"sweep-{fam}", cluster, log_path, backends, progress,
+                                       repeat, min_repeat_ms, run)
+                    out.append(r)
+                    if on_model:
+                        on_model(r)
+                continue
+            from .. import zoo
+
+            zm = zoo.load(name, size)
+            label = name if size == "small" else f"{name}:{size}"
+            r = profile_module(zm.mod, label, cluster, log_path, backends, progress, repeat, min_repeat_ms, run)
+        except PestoError as e:
+            r = ProfileResult(model=name, errors={"profile": str(e)})
+        out.append(r)
+        if on_model:
+            on_model(r)
+    return out
+
+
+#: Fields a merged log keeps (what training, evaluation and MeasureCache read).
+MERGED_FIELDS = ("key", "backend", "target", "median_s", "repeats", "runs", "model", "nodes", "desc", "device_desc",
+                 "load", "infeasible")
+
+
+def merge_logs(paths, out, reduce: str = "min") -> dict:
+    """Write one compact record per (key, backend, target, model) from profiler logs.
+
+    Repeated passes (``run`` labels) are merged: ``median_s`` becomes the smallest
+    (``reduce="min"``, default) or the median (``"median"``) of the passes' medians,
+    ``runs`` lists them all, ``repeats`` and ``load`` are the first pass's. On a shared
+    machine interference only ever adds time, so the fastest pass is the most
+    reproducible estimate of a subgraph's own cost.
+    Fields training does not read (``host``, ``time``, the MeasureCache summary fields
+    ``op``/``flops``/``bytes``, which ``desc`` holds) are dropped, so a bundled log stays small.
+    Malformed lines are skipped and reported with their line numbers.
+
+    Returns
+    -------
+    dict
+        ``records`` written, ``lines`` read, ``skipped`` [(file, line, reason)].
+
+    Examples
+    --------
+    >>> merge_logs(["pass1.jsonl", "pass2.jsonl"], "cost_models/profile-cpu.jsonl")  # doctest: +SKIP
+    """
+    if reduce not in ("min", "median"):
+        raise CostError(f"unknown reduction {reduce!r}; use min or median")
+    groups: dict = {}
+    skipped: list = []
+    lines = 0
+    for p in paths:
+        with open(p) as f:
+            for lineno, line in enumerate(f, 1):
+                s = line.strip()
+                if not s:
+                    continue
+                lines += 1
+                try:
+                    rec = json.loads(s)
+                    k = (rec["key"], rec["backend"], rec["target"], rec.get("model", ""))
+                    float(rec["median_s"])
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                    skipped.append((str(p), lineno, f"{type(e).__name__}: {e}"))
+                    continue
+                groups.setdefault(k, {})[rec.get("run", "")] = rec
+    if skipped:
+        head = ", ".join(f"{os.path.basename(f)}:{n}" for f, n, _ in skipped[:10])
+        warnings.warn(f"merge_logs: skipped {len(skipped)} malformed line(s) ({head})", RuntimeWarning, stacklevel=2)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        for per_run in groups.values():
+            recs = list(per_run.values())
+            first = dict(recs[0])
+            meds = [float(r["median_s"]) for r in recs]
+            if all(m >= 0 for m in meds):
+                first["median_s"] = float(np.min(meds) if reduce == "min" else np.median(meds))
+            first["runs"] = [float(f"{m:.5g}") for m in meds]
+            rec = _compact({k: first[k] for k in MERGED_FIELDS if k in first})
+            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+    os.replace(tmp, out)
+    return {"records": len(groups), "lines": lines, "skipped": skipped}
+
+
+def _compact(x):
+    """Shorter JSON with the same features: integral floats as ints, other floats to 6
+    significant digits, and no string-valued op attributes (layouts; no feature reads them)."""
+    if isinstance(x, float):
+        if x.is_integer() and abs(x) < 2 ** 53:
+            return int(x)
+        return float(f"{x:.6g}")
+    if isinstance(x, list):
+        return [_compact(v) for v in x]
+    if isinstance(x, dict):
+        out = {}
+        for k, v in x.items():
+            if k == "attrs" and isinstance(v, dict):
+                v = {a: b for a, b in v.items() if not isinstance(b, str)}
+            out[k] = _compact(v)
+        return out
+    return x
+
+
+def default_log_path() -> Path:
+    """``$TVM_PESTO_PROFILE_LOG`` or ``~/.cache/tvm-pesto/profile.jsonl``."""
+    env = os.environ.get("TVM_PESTO_PROFILE_LOG")
+    if env:
+        return Path(env)
+    root = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+    return Path(root) / "tvm-pesto" / "profile.jsonl"
+
+
+__all__ = ["DEFAULT_BACKENDS", "MERGED_FIELDS", "ProfileLog", "ProfileResult", "default_log_path", "merge_logs",
+           "profile_module", "profile_zoo"]

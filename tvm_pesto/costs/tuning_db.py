@@ -1,0 +1,349 @@
+"""Read MetaSchedule tuning databases as cost-model training data.
+
+A MetaSchedule work directory (``tvm.s_tir.meta_schedule.tune_tir`` / ``tune_relax``)
+holds two JSON-lines files:
+
+``database_workload.json``
+    one line per tuned TIR function: ``[structural_hash, base64(IRModule JSON)]``;
+``database_tuning_record.json``
+    one line per measured schedule: ``[workload_index, [trace, run_secs, target, args_info]]``,
+    where ``run_secs`` is a list of seconds and ``1e10`` marks a failed build or run.
+
+:func:`read_tuning_db` turns each workload into one training row: the best (smallest
+mean) valid time over its records, backend ``tvm-ms``, ``tuned = True``, and a
+description in the profiler's schema, made from the PrimFunc (block names give the op
+kinds, ``estimate_tir_flops`` the FLOPs, ``args_info`` the shapes and bytes). A
+malformed or truncated line is skipped and reported with its file and line number.
+
+:func:`tune_in_process` runs a small tuning job with an in-process builder and runner
+(no worker processes), which is what the test suite uses to make a database quickly.
+
+Examples
+--------
+>>> from tvm_pesto.costs.tuning_db import read_tuning_db    # doctest: +SKIP
+>>> rows, skipped = read_tuning_db("my_work_dir")           # doctest: +SKIP
+>>> rows[0]["backend"], rows[0]["tuned"]                    # doctest: +SKIP
+('tvm-ms', True)
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CostError
+from .features import DESC_VERSION
+
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+#: MetaSchedule writes this many seconds for a schedule that failed to build or run.
+FAILED_S = 1e9
+
+# block-name keyword -> Relax op name (first match wins)
+_BLOCK_OPS = [
+    ("conv2d", "relax.nn.conv2d"), ("conv", "relax.nn.conv2d"), ("NT_matmul", "relax.matmul"),
+    ("matmul", "relax.matmul"), ("dense", "relax.matmul"), ("softmax", "relax.nn.softmax"),
+    ("layer_norm", "relax.nn.layer_norm"), ("batch_norm", "relax.nn.batch_norm"), ("max_pool", "relax.nn.max_pool2d"),
+    ("pool_max", "relax.nn.max_pool2d"), ("avg_pool", "relax.nn.avg_pool2d"), ("pool_sum", "relax.nn.avg_pool2d"),
+    ("adaptive", "relax.nn.adaptive_avg_pool2d"), ("T_add", "relax.add"), ("T_multiply", "relax.multiply"),
+    ("T_subtract", "relax.subtract"), ("T_divide", "relax.divide"), ("T_relu", "relax.nn.relu"),
+    ("T_transpose", "relax.permute_dims"), ("T_reshape", "relax.reshape"), ("T_concat", "relax.concat"),
+    ("T_strided_slice", "relax.strided_slice"), ("T_take", "relax.take"), ("T_tanh", "relax.tanh"),
+    ("T_sigmoid", "relax.sigmoid"), ("T_exp", "relax.exp"), ("red", "relax.sum"), ("T_sum", "relax.sum"),
+    ("T_mean", "relax.mean"), ("compute", "relax.nn.relu"),
+]
+_SKIP_BLOCKS = {"root", "pad_temp", "data_pad", "PadInput", "T_pad"}
+
+
+def _block_op(name: str) -> str | None:
+    if name in _SKIP_BLOCKS or name.startswith("pad"):
+        return None
+    for kw, op in _BLOCK_OPS:
+        if kw in name:
+            return op
+    return f"tir.{name}"
+
+
+def describe_primfunc(func, args_info) -> dict:
+    """A profiler-style description of a tuned PrimFunc.
+
+    ``args_info`` is the record's list of ``["TENSOR", dtype, shape]``; by the
+    destination-passing convention the last argument is the output.
+    """
+    import tvm
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    from ..graph.opgraph import dtype_bytes
+
+    script = func.script()
+    blocks = [b for b in re.findall(r'T\.sblock\("([^"]+)"\)', script)]
+    ops = [op for op in (_block_op(b) for b in blocks) if op is not None] or ["tir.unknown"]
+    tensors = [(str(a[1]), [int(x) for x in a[2]]) for a in args_info if isinstance(a, (list, tuple)) and a
+               and a[0] == "TENSOR"]
+    if not tensors:
+        raise CostError("tuning record has no tensor arguments")
+    ins, out = tensors[:-1], tensors[-1]
+
+    def nbytes(t):
+        return int(np.prod(t[1], dtype=np.int64)) * dtype_bytes(t[0]) if t[1] else dtype_bytes(t[0])
+
+    try:
+        flops = float(estimate_tir_flops(tvm.IRModule({"main": func})))
+    except Exception:  # noqa: BLE001 - estimator gaps: fall back to zero
+        flops = 0.0
+    anchors = [o for o in ops if o in ("relax.nn.conv2d", "relax.matmul")]
+    dom = anchors[0] if anchors else ops[0]
+    attrs: dict = {}
+    if dom == "relax.nn.conv2d" and len(ins) >= 2 and len(ins[0][1]) == 4 and len(ins[1][1]) == 4:
+        cin, cin_g = ins[0][1][1], ins[1][1][1]
+        attrs["groups"] = max(1, cin // max(cin_g, 1))
+        if len(out[1]) == 4 and out[1][2]:
+            attrs["strides"] = [max(1, round(ins[0][1][2] / out[1][2]))] * 2
+    return {
+        "v": DESC_VERSION, "ops": ops,
+        "dominant": {"op": dom, "attrs": attrs, "inputs": [t[1] for t in ins][:6], "outputs": [out[1]]},
+        "out_shapes": [out[1]], "dtype": out[0], "flops": flops,
+        "bytes_read": int(sum(nbytes(t) for t in ins)), "bytes_written": int(nbytes(out)),
+        "param_bytes": 0, "member_bytes": int(sum(nbytes(t) for t in tensors)),
+    }
+
+
+def device_for_target(target: dict, device: dict | None = None) -> dict:
+    """Device descriptor for a record's target: ``device`` if given, else this machine's
+    CPU (for ``llvm``) or the GPU preset with the target's ``arch`` (for ``cuda``)."""
+    if device is not None:
+        return dict(device)
+    kind = str(target.get("kind", "llvm"))
+    if kind == "llvm":
+        from ..cluster.specs import _cpu_info
+
+        _, per_core, mem = _cpu_info()
+        cores = int(target.get("num-cores", 1) or 1)
+        return {"kind": "cpu", "model": "host-cpu", "peak_flops": per_core * cores, "mem_bandwidth": 8e9 * cores,
+                "memory_bytes": mem, "cores": cores}
+    if kind == "cuda":
+        from ..cluster.specs import GPU_MODELS
+
+        arch = str(target.get("arch", ""))
+        for name, (peak, bw, mem, sms, a) in GPU_MODELS.items():
+            if a == arch:
+                return {"kind": "gpu", "model": name, "peak_flops": peak, "mem_bandwidth": bw, "memory_bytes": mem,
+                        "cores": sms}
+    raise CostError(f"no device description for target {target}; pass one with --device-json")
+
+
+def _read_lines(path: Path, skipped: list) -> list[tuple[int, object]]:
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            s = line.strip()
+            if not s:
+                continue
+            try:
+                out.append((lineno, json.loads(s)))
+            except json.JSONDecodeError as e:
+                skipped.append((str(path), lineno, f"not JSON ({e.msg})"))
+    return out
+
+
+def read_tuning_db(work_dir, model: str | None = None, device: dict | None = None):
+    """Training rows from a MetaSchedule work directory, and the lines it skipped.
+
+    Parameters
+    ----------
+    work_dir : path-like
+        Folder holding ``database_workload.json`` and ``database_tuning_record.json``.
+    model : str, optional
+        Name for the held-out split (default ``tuning-db:<folder name>``).
+    device : dict, optional
+        Device descriptor (see :func:`tvm_pesto.costs.features.device_descriptor`); by
+        default derived from each record's target.
+
+    Returns
+    -------
+    rows : list of dict
+        ``desc``, ``device``, ``backend`` (``tvm-ms``), ``tuned`` (True), ``time_s`` (best
+        mean), ``model``, ``key``, ``repeats`` and ``n_records``.
+    skipped : list of (file, line number, reason)
+
+    Raises
+    ------
+    CostError
+        When the folder lacks one of the two files.
+    """
+    wd = Path(work_dir)
+    missing = [f for f in (WORKLOAD_FILE, RECORD_FILE) if not (wd / f).is_file()]
+    if missing:
+        raise CostError(f"{wd} is not a MetaSchedule database: it lacks {', '.join(missing)} "
+                        "(point --tuning-db at the work_dir given to tune_tir/tune_relax)")
+    from tvm.s_tir import meta_schedule as ms
+
+    model = model or f"tuning-db:{wd.resolve().name}"
+    skipped: list = []
+    workloads: dict[int, object] = {}
+    hashes: dict[int, str] = {}
+    for k, (lineno, obj) in enumerate(_read_lines(wd / WORKLOAD_FILE, skipped)):
+        try:
+            if not (isinstance(obj, list) and len(obj) == 2):
+                raise ValueError("expected [hash, base64 module]")
+            workloads[k] = ms.database.Workload.from_json(obj)
+            hashes[k] = str(obj[0])
+        except Exception as e:  # noqa: BLE001 - any decoding failure skips the line
+            skipped.append((str(wd / WORKLOAD_FILE), lineno, f"bad workload ({type(e).__name__}: {str(e)[:120]})"))
+            workloads[k] = None
+    best: dict[tuple, dict] = {}
+    for lineno, obj in _read_lines(wd / RECORD_FILE, skipped):
+        try:
+            if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[1], list) and len(obj[1]) >= 4):
+                raise ValueError("expected [workload_index, [trace, run_secs, target, args_info]]")
+            widx = int(obj[0])
+            _, run_secs, target, args_info = obj[1][:4]
+            if widx not in workloads:
+                raise ValueError(f"workload index {widx} is not in {WORKLOAD_FILE}")
+            if workloads[widx] is None:
+                raise ValueError(f"its workload (index {widx}) was skipped")
+            secs = [float(s) for s in (run_secs or [])]
+            if not isinstance(target, dict):
+                raise ValueError("target is not a JSON object")
+        except (ValueError, TypeError) as e:
+            skipped.append((str(wd / RECORD_FILE), lineno, str(e)))
+            continue
+        valid = [s for s in secs if 0 < s < FAILED_S]
+        if not valid or len(valid) < len(secs):
+            continue  # a failed build/run (1e10): not an error in the file, just no time
+        tkey = json.dumps({k: target[k] for k in sorted(target) if k in ("kind", "num-cores", "arch", "mcpu")},
+                          sort_keys=True)
+        k = (widx, tkey)
+        mean = float(np.mean(valid))
+        if k not in best or mean < best[k]["time_s"]:
+            best[k] = {"time_s": mean, "repeats": valid, "target": target, "args_info": args_info, "lineno": lineno,
+                       "n_records": best.get(k, {}).get("n_records", 0) + 1}
+        else:
+            best[k]["n_records"] += 1
+    rows = []
+    for (widx, tkey), b in sorted(best.items()):
+        try:
+            desc = describe_primfunc(workloads[widx].mod["main"], b["args_info"])
+            dev = device_for_target(b["target"], device)
+        except Exception as e:  # noqa: BLE001
+            skipped.append((str(wd / RECORD_FILE), b["lineno"], f"cannot describe workload {widx}: {e}"))
+            continue
+        rows.append({"desc": desc, "device": dev, "backend": "tvm-ms", "tuned": True, "time_s": b["time_s"],
+                     "model": model, "key": f"ms:{hashes[widx]}", "repeats": b["repeats"],
+                     "n_records": b["n_records"], "source": str(wd)})
+    if skipped:
+        head = "; ".join(f"{os.path.basename(f)} line {n}: {why}" for f, n, why in skipped[:5])
+        warnings.warn(f"tuning database {wd}: skipped {len(skipped)} line(s): {head}", RuntimeWarning, stacklevel=2)
+    return rows, skipped
+
+
+def tune_in_process(mod, target: dict, work_dir, max_trials: int = 8, num_trials_per_iter: int = 4,
+                    seed: int = 0):
+    """A short MetaSchedule run with an in-process builder and runner; returns the database.
+
+    LocalBuilder/LocalRunner start worker processes that each import TVM, which takes tens
+    of seconds on a loaded machine; this compiles and times in the calling process.
+
+    Parameters
+    ----------
+    mod : tvm.IRModule
+        TIR functions to tune (e.g. a legalised and fused Relax module's PrimFuncs).
+    target : dict
+        A target JSON dict, e.g. ``{"kind": "llvm", "num-cores": 1}``.
+
+    Examples
+    --------
+    >>> tune_in_process(tir_mod, {"kind": "llvm", "num-cores": 1}, "ms_work", max_trials=4)  # doctest: +SKIP
+    """
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
+    from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerResult
+    from tvm.ir.utils import derived_object
+
+    built: dict[str, object] = {}
+
+    @derived_object
+    class _Builder(PyBuilder):
+        def build(self, build_inputs):
+            from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+
+            out = []
+            for inp in build_inputs:
+                try:
+                    # a real folder: MetaSchedule's RemoveBuildArtifact deletes dirname(path)
+                    name = os.path.join(tempfile.mkdtemp(prefix="pesto-ms-"), "artifact")
+                    built[name] = default_build(inp.mod, inp.target, None)
+                    out.append(BuilderResult(name, None))
+                except Exception as e:  # noqa: BLE001 - reported to MetaSchedule as a failed build
+                    out.append(BuilderResult(None, f"{type(e).__name__}: {e}"))
+            return out
+
+    @derived_object
+    class _Runner(PyRunner):
+        def run(self, runner_inputs):
+            from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
+
+            dev = tvm.cpu(0)
+            futures = []
+            for inp in runner_inputs:
+                try:
+                    rt = built.pop(inp.artifact_path)
+                    args = default_alloc_argument(dev, [a.as_json() for a in inp.args_info], 1)[0]
+                    f = rt.time_evaluator(rt.entry_name, dev, number=3, repeat=1)
+                    res = RunnerResult([float(x) for x in f(*args).results], None)
+                except Exception as e:  # noqa: BLE001 - reported as a failed run
+                    res = RunnerResult(None, f"{type(e).__name__}: {e}")
+                futures.append(RunnerFuture(f_done=lambda: True, f_result=lambda r=res: r))
+            return futures
+
+    os.makedirs(work_dir, exist_ok=True)
+    with _cpu_intrinsics_only(str(target.get("kind", "llvm")) == "llvm"):
+        return ms.tir_integration.tune_tir(
+            mod, tvm.target.Target(target), str(work_dir), max_trials_global=max_trials,
+            num_trials_per_iter=num_trials_per_iter, builder=_Builder(), runner=_Runner(), cost_model="random",
+            strategy=ms.search_strategy.ReplayTrace(), task_scheduler="round-robin", num_tuning_cores=1, seed=seed)
+
+
+@contextlib.contextmanager
+def _cpu_intrinsics_only(enabled: bool):
+    """Register only the x86 tensor intrinsics while tuning for a CPU.
+
+    MetaSchedule's TuneContext imports ``tvm.s_tir.tensor_intrin``, whose CUDA part parses
+    hundreds of TVMScript functions (a minute or more on a loaded machine) that an
+    ``llvm`` target never uses. While tuning, the package is stood in by a module that
+    shares its ``__path__`` (so ``tensor_intrin.x86`` imports normally); it is removed
+    afterwards, so a later full import still registers everything.
+    """
+    import sys
+    import types
+
+    name = "tvm.s_tir.tensor_intrin"
+    if not enabled or name in sys.modules:
+        yield
+        return
+    import tvm.s_tir
+
+    pkg_dir = os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")
+    stub = types.ModuleType(name)
+    stub.__path__ = [pkg_dir]
+    sys.modules[name] = stub
+    try:
+        try:
+            import tvm.s_tir.tensor_intrin.x86  # noqa: F401
+        except Exception:  # noqa: BLE001 - without x86 intrinsics tuning still works for fp32
+            pass
+        yield
+    finally:
+        if sys.modules.get(name) is stub:
+            del sys.modules[name]
+
+
+__all__ = ["FAILED_S", "RECORD_FILE", "WORKLOAD_FILE", "describe_primfunc", "device_for_target", "read_tuning_db",
+           "tune_in_process"]

@@ -1,0 +1,475 @@
+"""The learned cost model: XGBoost on subgraph/backend/device features.
+
+Training data are rows ``{desc, device, backend, tuned, time_s, model, ...}`` read from
+profiler logs (:mod:`tvm_pesto.costs.profile`) and MetaSchedule databases
+(:mod:`tvm_pesto.costs.tuning_db`). The model predicts either ``log(time)`` or
+``log(time / roofline)`` (the ``target`` option) with a fixed seed and one thread, so the
+same data give the same model file.
+
+A model is one XGBoost JSON file (``Booster.save_model``) whose ``pesto_meta`` attribute
+holds the target, the feature names, the devices and backends it was trained on, the
+measured VM call overhead per device, the logs and the held-out split.
+
+The cost source ``xgb`` (:func:`predict_costs`) predicts every fused group on every device
+the model covers (same device kind and model name as in training) and falls back to the
+roofline estimate, column by column, for the others (GPU presets on this CPU machine).
+
+Examples
+--------
+>>> from tvm_pesto.costs.xgb import load_model, predict_costs   # doctest: +SKIP
+>>> table = predict_costs(tvm_pesto.analyze(mod), parse_cluster("cpu:2"))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CostError
+from .features import FEATURE_NAMES, describe_group, device_descriptor, device_key, feature_matrix, roofline_s
+
+MODEL_FORMAT = 1
+TARGETS = ("log_time", "log_ratio")
+DEFAULT_MODEL_NAME = "default.json"
+#: Smallest cost a group gets (as in :mod:`tvm_pesto.costs.measure`).
+MIN_COST_S = 2e-7
+#: XGBoost parameters of the bundled model (fixed seed, one thread: deterministic).
+DEFAULT_PARAMS = {
+    "objective": "reg:squarederror", "eta": 0.08, "max_depth": 6, "min_child_weight": 1.0, "subsample": 0.85,
+    "colsample_bytree": 0.85, "lambda": 1.0, "seed": 0, "nthread": 1, "tree_method": "hist",
+}
+DEFAULT_ROUNDS = 300
+
+
+# -- data ------------------------------------------------------------------------------------
+@dataclass
+class Dataset:
+    """Rows read from logs, and what was skipped while reading them."""
+
+    rows: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)  # (file, line number, reason) for malformed lines
+    no_desc: int = 0  # well-formed records without a feature description (not profiler records)
+    infeasible: int = 0  # records of candidates a backend could not build (median_s < 0)
+    overheads: dict = field(default_factory=dict)  # device key -> [VM call overhead seconds]
+    sources: list = field(default_factory=list)
+
+
+def _is_tuning_db(p: Path) -> bool:
+    from .tuning_db import RECORD_FILE, WORKLOAD_FILE
+
+    return p.is_dir() and (p / WORKLOAD_FILE).is_file() and (p / RECORD_FILE).is_file()
+
+
+def read_log(path, ds: Dataset | None = None) -> Dataset:
+    """Add the rows of one JSON-lines profiler log to ``ds``.
+
+    A line that is not JSON, or lacks ``key``/``backend``/``target``/``median_s``, is skipped
+    and recorded in ``ds.skipped`` with its line number (a warning lists them).
+
+    Examples
+    --------
+    >>> ds = read_log("cost_models/profile-cpu.jsonl")    # doctest: +SKIP
+    >>> len(ds.rows), ds.skipped                          # doctest: +SKIP
+    """
+    from .measure import OVERHEAD_KEY
+
+    ds = ds if ds is not None else Dataset()
+    p = Path(path)
+    if not p.is_file():
+        raise CostError(f"log {p} does not exist; give JSON-lines files written by `tvm-pesto profile` "
+                        "or MetaSchedule work directories")
+    ds.sources.append(str(p))
+    before = len(ds.skipped)
+    with open(p) as f:
+        for lineno, line in enumerate(f, 1):
+            s = line.strip()
+            if not s:
+                continue
+            try:
+                rec = json.loads(s)
+                if not isinstance(rec, dict):
+                    raise ValueError("not a JSON object")
+                key, backend = str(rec["key"]), str(rec["backend"])
+                t = float(rec["median_s"])
+                str(rec["target"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                ds.skipped.append((str(p), lineno, f"{type(e).__name__}: {str(e)[:100]}"))
+                continue
+            dev = rec.get("device_desc")
+            if key == OVERHEAD_KEY:
+                if dev is not None and t > 0:
+                    ds.overheads.setdefault(device_key(dev), []).append(t)
+                continue
+            if t < 0:
+                ds.infeasible += 1
+                continue
+            desc = rec.get("desc")
+            if desc is None or dev is None:
+                ds.no_desc += 1
+                continue
+            try:
+                row = {"desc": desc, "device": dev, "backend": backend,
+                       "tuned": bool(rec.get("tuned", backend == "tvm-ms")), "time_s": max(t, 1e-9),
+                       "model": str(rec.get("model", "")), "key": key, "repeats": rec.get("repeats") or [],
+                       "load": rec.get("load"), "nodes": rec.get("nodes"), "run": str(rec.get("run", "")),
+                       "logged_runs": rec.get("runs")}
+                feature_matrix([row])  # validates the description
+            except Exception as e:  # noqa: BLE001 - a description we cannot read is a malformed line
+                ds.skipped.append((str(p), lineno, f"bad description ({type(e).__name__}: {str(e)[:80]})"))
+                continue
+            ds.rows.append(row)
+    new = ds.skipped[before:]
+    if new:
+        head = ", ".join(str(n) for _, n, _ in new[:10])
+        warnings.warn(f"log {p}: skipped {len(new)} malformed line(s) (line {head}{', ...' if len(new) > 10 else ''})",
+                      RuntimeWarning, stacklevel=2)
+    return ds
+
+
+def load_dataset(paths, tuning_dbs=()) -> Dataset:
+    """Rows from logs and MetaSchedule work directories (a directory in ``paths`` counts as one).
+
+    Examples
+    --------
+    >>> ds = load_dataset(["cost_models/profile-cpu.jsonl"])    # doctest: +SKIP
+    """
+    from .tuning_db import read_tuning_db
+
+    ds = Dataset()
+    for p in list(paths) + list(tuning_dbs):
+        pp = Path(p)
+        if _is_tuning_db(pp):
+            rows, skipped = read_tuning_db(pp)
+            ds.rows.extend(rows)
+            ds.skipped.extend(skipped)
+            ds.sources.append(str(pp))
+        elif pp.is_dir():
+            raise CostError(f"{pp} is a folder but not a MetaSchedule database (no database_workload.json and "
+                            "database_tuning_record.json)")
+        else:
+            read_log(pp, ds)
+    ds.rows = merge_runs(ds.rows)
+    return ds
+
+
+def merge_runs(rows, reduce: str = "min") -> list:
+    """One row per (key, backend, device, model): repeated profiling passes (``run``) of the
+    same subgraph are merged, ``time_s`` becoming the smallest (``reduce="min"``) or the
+    median of the passes' medians and ``runs`` listing them (a later record of the same
+    pass replaces an earlier one). Interference on a shared machine only adds time, so
+    the fastest pass is the most reproducible label (see docs/cost_model.md)."""
+    groups: dict = {}
+    for r in rows:
+        k = (r["key"], r["backend"], device_key(r["device"]), r["model"])
+        groups.setdefault(k, {})[r.get("run", "")] = r
+    out = []
+    for per_run in groups.values():
+        rs = list(per_run.values())
+        row = dict(rs[-1])
+        if len(rs) == 1 and rs[0].get("logged_runs"):  # a merged log (merge_logs) already holds the passes
+            row["runs"] = [float(x) for x in rs[0]["logged_runs"]]
+        else:
+            row["runs"] = [x["time_s"] for x in rs]
+            row["time_s"] = float(np.min(row["runs"]) if reduce == "min" else np.median(row["runs"]))
+        row.pop("logged_runs", None)
+        out.append(row)
+    return out
+
+
+# -- model -----------------------------------------------------------------------------------
+def _target_values(rows, target: str) -> np.ndarray:
+    t = np.array([r["time_s"] for r in rows], dtype=np.float64)
+    if target == "log_time":
+        return np.log(t)
+    base = np.array([roofline_s(r["desc"], r["device"]) for r in rows])
+    return np.log(t / base)
+
+
+def _from_target(rows, y: np.ndarray, target: str) -> np.ndarray:
+    if target == "log_time":
+        return np.exp(y)
+    base = np.array([roofline_s(r["desc"], r["device"]) for r in rows])
+    return np.exp(y) * base
+
+
+class CostModel:
+    """A trained XGBoost cost model with its metadata.
+
+    Examples
+    --------
+    >>> m = CostModel.load("cost_models/default.json")           # doctest: +SKIP
+    >>> m.predict_rows([{"desc": d, "device": dev, "backend": "tvm"}])  # doctest: +SKIP
+    """
+
+    def __init__(self, booster, meta: dict, path: str | None = None):
+        self.booster = booster
+        self.meta = meta
+        self.path = path
+
+    @property
+    def target(self) -> str:
+        return self.meta["target"]
+
+    def covers(self, dev: dict) -> bool:
+        """Whether the model was trained on this kind and model of device."""
+        return [dev["kind"], dev["model"]] in [list(x) for x in self.meta.get("device_models", [])]
+
+    def overhead_s(self, dev: dict) -> float:
+        """VM call overhead measured on this device in the training runs (0 if unknown)."""
+        ov = self.meta.get("overhead_s", {})
+        if device_key(dev) in ov:
+            return float(ov[device_key(dev)])
+        same = [v for k, v in ov.items() if k.rsplit("/", 1)[0] == f"{dev['kind']}/{dev['model']}"]
+        return float(np.median(same)) if same else 0.0
+
+    def predict_rows(self, rows) -> np.ndarray:
+        """Predicted seconds (as measured: including the VM call overhead) for each row."""
+        import xgboost as xgb
+
+        if not rows:
+            return np.zeros(0)
+        X = feature_matrix(rows)
+        y = self.booster.predict(xgb.DMatrix(X, feature_names=list(FEATURE_NAMES)))
+        return _from_target(rows, y.astype(np.float64), self.target)
+
+    def save(self, path) -> None:
+        """Write the model (XGBoost JSON with a ``pesto_meta`` attribute)."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        self.booster.set_attr(pesto_meta=json.dumps(self.meta, sort_keys=True))
+        self.booster.save_model(str(p))
+        self.path = str(p)
+
+    @classmethod
+    def load(cls, path) -> "CostModel":
+        """Read a model written by :meth:`save`.
+
+        Raises
+        ------
+        CostError
+            If the file is missing or not a tvm-pesto cost model.
+        """
+        import xgboost as xgb
+
+        p = Path(path)
+        if not p.is_file():
+            raise CostError(f"cost model {p} does not exist; train one with `tvm-pesto cost-model train LOGS -o {p}`")
+        b = xgb.Booster()
+        try:
+            b.load_model(str(p))
+            meta = json.loads(b.attr("pesto_meta") or "null")
+        except Exception as e:  # noqa: BLE001
+            raise CostError(f"{p} is not a readable XGBoost model ({type(e).__name__}: {e}); retrain it") from e
+        if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
+            raise CostError(f"{p} is not a tvm-pesto cost model (format {MODEL_FORMAT}); retrain it with "
+                            "`tvm-pesto cost-model train`")
+        if list(meta.get("feature_names", [])) != list(FEATURE_NAMES):
+            raise CostError(f"{p} was trained on different features than this tvm-pesto computes; retrain it")
+        b.set_param({"nthread": 1})
+        return cls(b, meta, str(p))
+
+
+def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: dict | None = None,
+          meta: dict | None = None, overheads: dict | None = None) -> CostModel:
+    """Fit a model on ``rows`` (deterministic: fixed seed, one thread).
+
+    Parameters
+    ----------
+    rows : list of dict
+        Training rows (see :class:`Dataset`).
+    target : {"log_time", "log_ratio"}
+        What the trees predict: ``log(time)`` or ``log(time / roofline)``.
+    overheads : dict, optional
+        Device key -> list of measured VM call overheads (seconds).
+
+    Examples
+    --------
+    >>> model = train(load_dataset(["prof.jsonl"]).rows)   # doctest: +SKIP
+    """
+    import xgboost as xgb
+
+    if target not in TARGETS:
+        raise CostError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    if len(rows) < 2:
+        raise CostError(f"only {len(rows)} usable training row(s); profile more models with `tvm-pesto profile`")
+    X = feature_matrix(rows)
+    y = _target_values(rows, target)
+    p = dict(DEFAULT_PARAMS)
+    p.update(params or {})
+    booster = xgb.train(p, xgb.DMatrix(X, label=y, feature_names=list(FEATURE_NAMES)), num_boost_round=int(rounds))
+    devs = sorted({(r["device"]["kind"], r["device"]["model"]) for r in rows})
+    m = {
+        "format": MODEL_FORMAT, "target": target, "feature_names": list(FEATURE_NAMES), "rounds": int(rounds),
+        "params": p, "n_rows": len(rows), "device_models": [list(d) for d in devs],
+        "devices": sorted({device_key(r["device"]) for r in rows}),
+        "backends": sorted({r["backend"] for r in rows}),
+        "train_models": sorted({r["model"] for r in rows}),
+        "overhead_s": {k: float(np.median(v)) for k, v in sorted((overheads or {}).items()) if v},
+    }
+    m.update(meta or {})
+    return CostModel(booster, m)
+
+
+# -- finding the bundled model ---------------------------------------------------------------
+def model_dirs() -> list[Path]:
+    """Folders searched for bundled models: the installed package's ``cost_models`` first,
+    then the source checkout's top-level ``cost_models``."""
+    import tvm_pesto
+
+    pkg = Path(tvm_pesto.__file__).resolve().parent
+    dirs = [pkg / "cost_models", pkg.parent / "cost_models"]
+    for extra in getattr(tvm_pesto, "__path__", []):
+        dirs.append(Path(extra) / "cost_models")
+    out = []
+    for d in dirs:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+def default_model_path() -> Path:
+    """``$TVM_PESTO_COST_MODEL`` or the bundled ``cost_models/default.json``.
+
+    Raises
+    ------
+    CostError
+        When no bundled model is found.
+    """
+    env = os.environ.get("TVM_PESTO_COST_MODEL")
+    if env:
+        return Path(env)
+    for d in model_dirs():
+        if (d / DEFAULT_MODEL_NAME).is_file():
+            return d / DEFAULT_MODEL_NAME
+    raise CostError("no bundled cost model (cost_models/default.json) was found; train one with "
+                    "`tvm-pesto cost-model train LOGS -o cost_models/default.json` or set TVM_PESTO_COST_MODEL")
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: str, mtime: float) -> CostModel:
+    return CostModel.load(path)
+
+
+def load_model(path=None) -> CostModel:
+    """The model at ``path`` (default: :func:`default_model_path`), cached per file version."""
+    p = Path(path) if path is not None else default_model_path()
+    if not p.is_file():
+        raise CostError(f"cost model {p} does not exist; train one with `tvm-pesto cost-model train`")
+    return _load_cached(str(p.resolve()), p.stat().st_mtime)
+
+
+# -- cost sources ----------------------------------------------------------------------------
+def _roofline_one(desc: dict, device) -> float:
+    """The roofline cost source's estimate for one subgraph (as in costs/roofline.py)."""
+    from ..graph.flops import op_category
+    from .roofline import EFFICIENCY, LAUNCH_S
+
+    cat = op_category(desc["ops"][0])
+    eff = EFFICIENCY.get(cat, EFFICIENCY["default"])
+    nbytes = float(desc["bytes_read"]) + float(desc["bytes_written"])
+    return max(float(desc["flops"]) / (eff * device.peak_flops), nbytes / (eff * device.mem_bandwidth)) \
+        + LAUNCH_S.get(device.kind, 2e-6)
+
+
+def predict_costs(analysis, cluster, model=None) -> np.ndarray:
+    """``[groups, devices]`` predicted seconds for the fused groups of ``analysis`` (TVM backend).
+
+    Devices the model does not cover (another kind or model of device than it was trained
+    on) get the roofline estimate of :func:`tvm_pesto.costs.roofline.roofline_costs`.
+    Predictions have the training runs' VM call overhead subtracted, as measured costs do.
+
+    Parameters
+    ----------
+    analysis : tvm_pesto.api.Analysis
+    cluster : Cluster
+    model : CostModel or path, optional
+        Default: the bundled model (:func:`default_model_path`).
+
+    Examples
+    --------
+    >>> import tvm_pesto
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.costs.sweep import sweep_module
+    >>> a = tvm_pesto.analyze(sweep_module("pool", limit=2))
+    >>> predict_costs(a, parse_cluster("2xV100-nvlink")).shape   # GPU preset: roofline columns
+    (2, 2)
+    """
+    from .roofline import roofline_costs
+
+    n, d = analysis.graph.num_nodes, cluster.num_devices
+    out = np.zeros((n, d))
+    descs = None
+    roof = None
+    cm = model if isinstance(model, CostModel) else _maybe_load(model, cluster)
+    for j, dev in enumerate(cluster.devices):
+        dd = device_descriptor(dev)
+        if cm is not None and cm.covers(dd):
+            if descs is None:
+                descs = [describe_group(analysis.op_graph, grp) for grp in analysis.groups]
+            rows = [{"desc": ds, "device": dd, "backend": "tvm", "tuned": False} for ds in descs]
+            out[:, j] = np.maximum(cm.predict_rows(rows) - cm.overhead_s(dd), MIN_COST_S)
+        else:
+            if roof is None:
+                roof = roofline_costs(analysis.graph, cluster)
+            out[:, j] = roof[:, j]
+    return out
+
+
+def _maybe_load(model, cluster):
+    """Load the model; with no model found, None when no device could use it anyway."""
+    try:
+        return load_model(model)
+    except CostError:
+        if model is not None or any(dev.kind == "cpu" for dev in cluster.devices):
+            raise
+        return None
+
+
+def predict_candidate_costs(cs, cluster, model=None) -> np.ndarray:
+    """``[candidates, devices]`` predicted seconds for a Collage-style candidate set.
+
+    ``inf`` where the candidate's backend does not run on the device; the roofline estimate
+    where the model does not cover the device or the backend.
+
+    Examples
+    --------
+    >>> table = predict_candidate_costs(cs, parse_cluster("cpu:2"))   # doctest: +SKIP
+    """
+    cm = model if isinstance(model, CostModel) else load_model(model)
+    try:
+        from ..backends import get_backend
+    except ImportError:  # pragma: no cover
+        get_backend = None
+    out = np.zeros((len(cs), cluster.num_devices))
+    descs = [describe_group(cs.rg.graph, c.nodes) for c in cs]
+    trained = set(cm.meta.get("backends", []))
+    for j, dev in enumerate(cluster.devices):
+        dd = device_descriptor(dev)
+        idx, rows = [], []
+        for i, c in enumerate(cs):
+            runs = True
+            if get_backend is not None:
+                try:
+                    runs = get_backend(c.backend).supports_device(dev)
+                except Exception:  # noqa: BLE001 - an unknown backend cannot run here
+                    runs = False
+            if not runs:
+                out[i, j] = math.inf
+            elif cm.covers(dd) and c.backend in trained:
+                idx.append(i)
+                rows.append({"desc": descs[i], "device": dd, "backend": c.backend, "tuned": c.backend == "tvm-ms"})
+            else:
+                out[i, j] = _roofline_one(descs[i], dev)
+        if rows:
+            out[idx, j] = np.maximum(cm.predict_rows(rows) - cm.overhead_s(dd), MIN_COST_S)
+    return out
+
+
+__all__ = ["CostModel", "Dataset", "DEFAULT_PARAMS", "TARGETS", "default_model_path", "load_dataset", "load_model",
+           "model_dirs", "predict_candidate_costs", "predict_costs", "read_log", "train"]
