@@ -49,11 +49,14 @@ def as_cluster(cluster) -> Cluster:
 
 
 def estimate_costs(analysis: Analysis, cluster: Cluster, source: str = "auto", cache=None,
-                   progress=None) -> tuple[np.ndarray, str]:
+                   progress=None, calibrate: bool = True) -> tuple[np.ndarray, str]:
     """[groups, devices] seconds and the source actually used.
 
     ``auto`` measures when every device is on this machine, and otherwise uses the
     bundled XGBoost model where it covers the device, falling back to the roofline.
+    Measured costs are calibrated (``calibrate=True``): the isolated group times of a
+    device are scaled to add up to the whole model's measured time on that device (see
+    :func:`tvm_pesto.costs.measure.calibrate`).
     """
     if source not in COST_SOURCES:
         raise CostError(f"unknown cost source {source!r}; use one of {', '.join(COST_SOURCES)}")
@@ -78,7 +81,8 @@ def estimate_costs(analysis: Analysis, cluster: Cluster, source: str = "auto", c
                             "use --costs measured or roofline") from e
         return predict_costs(analysis, cluster), "xgb"
     from .costs.cache import MeasureCache, target_key
-    from .costs.measure import measure_groups
+    from .costs.measure import calibrate as scale_to_whole
+    from .costs.measure import measure_groups, measure_whole
 
     cache = cache if cache is not None else MeasureCache()
     out = np.zeros((analysis.graph.num_nodes, cluster.num_devices))
@@ -89,7 +93,10 @@ def estimate_costs(analysis: Analysis, cluster: Cluster, source: str = "auto", c
                             "use --costs roofline or xgb")
         k = (target_key(dev.target), dev.cores, dev.kind)
         if k not in done:
-            done[k] = measure_groups(analysis.rg, analysis.groups, dev, cache, progress=progress)
+            t = measure_groups(analysis.rg, analysis.groups, dev, cache, progress=progress)
+            if calibrate:
+                t, _ = scale_to_whole(t, measure_whole(analysis.rg, dev, cache))
+            done[k] = t
         out[:, j] = done[k]
     return out, "measured"
 

@@ -89,6 +89,12 @@ def available_backends(names=None, device_kind: str = "cpu") -> tuple[list[Backe
     return usable, why
 
 
+def release_all() -> int:
+    """Unregister the global functions every backend instance built so far (frees library
+    sessions and their threads); later builds register them again."""
+    return sum(b.release() for b in list(_INSTANCES.values()))
+
+
 _BUILTIN_DONE = False
 
 
@@ -111,4 +117,4 @@ def _ensure_builtin() -> None:
 
 
 __all__ = ["Backend", "BackendUnavailableError", "MatchContext", "available_backends", "backend_status",
-           "get_backend", "list_backends", "register_backend"]
+           "get_backend", "list_backends", "register_backend", "release_all"]

@@ -67,9 +67,10 @@ class Backend(abc.ABC):
     """A library that can run subgraphs of a Relax function.
 
     Subclasses set ``name`` and ``device_kinds`` and implement :meth:`patterns`,
-    :meth:`available` and :meth:`build`. ``graph_level`` backends (ONNX Runtime) take any
-    connected subgraph whose ops they all support (:meth:`supports_op`), up to
-    ``max_ops`` operators, in addition to their patterns.
+    :meth:`available` and :meth:`make_callable` (:meth:`build` registers it).
+    ``graph_level`` backends (ONNX Runtime) are also offered every convex region of ops
+    they support (:meth:`supports_op`) and windows of it; ``tvm_groups`` backends are
+    offered TVM's fusion groups; ``max_ops`` bounds the depth of fused pattern chains.
 
     Examples
     --------
@@ -84,6 +85,13 @@ class Backend(abc.ABC):
     device_kinds: tuple[str, ...] = ("cpu",)
     graph_level: bool = False
     max_ops: int = 4
+    #: candidates stay as Relax ops in the placed module (only the ``tvm`` backend)
+    native: bool = False
+    #: candidates are TVM's fusion groups, their sub-chains and single ops (TVM variants)
+    tvm_groups: bool = False
+    #: bump when the backend's converters change: cached "cannot build" marks of another
+    #: version are retried
+    version: str = "2"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -113,10 +121,10 @@ class Backend(abc.ABC):
 
     # -- build ------------------------------------------------------------------------
     def global_name(self, key: str, device) -> str:
-        """The registered name for instance ``key``. CPU callables are not tied to one CPU
-        device (they size their threads from the calling thread's affinity), so the
-        default name has no device part; GPU backends should add the device index."""
-        return f"{GLOBAL_PREFIX}.{self.name}.{key}"
+        """The registered name for instance ``key`` built for ``device``. CPU callables use
+        the device's core count (not its core ids), so the name carries ``c<cores>`` and CPU
+        devices of one size share a build; GPU backends should add the device index."""
+        return f"{GLOBAL_PREFIX}.{self.name}.{key}.c{device_cores(device)}"
 
     @abc.abstractmethod
     def make_callable(self, func: relax.Function, device) -> Callable:
@@ -159,6 +167,21 @@ class Backend(abc.ABC):
             self._built[gname] = gname
         return gname
 
+    def release(self) -> int:
+        """Unregister every global function this backend built (their sessions, weights and
+        worker threads are freed with them). Returns how many were removed."""
+        import tvm_ffi
+
+        with self._lock:
+            names = list(self._built)
+            self._built.clear()
+        for n in names:
+            try:
+                tvm_ffi.remove_global_func(n)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        return len(names)
+
 
 def instance_key(func: relax.Function) -> str:
     """A hex key of ``func`` including its constants' values (so weights are told apart)."""
@@ -182,6 +205,13 @@ def instance_key(func: relax.Function) -> str:
             m.update(np.ascontiguousarray(v.numpy()).tobytes() if hasattr(v, "numpy") else repr(v).encode())
         return m.hexdigest()
     return f"{h:016x}"
+
+
+def device_cores(device) -> int:
+    """Threads a CPU library call should use on ``device``: its core count (at least 1);
+    the calling thread's affinity when the device does not say."""
+    cores = getattr(device, "cores", None)
+    return max(1, int(cores)) if cores else calling_thread_cores()
 
 
 def calling_thread_cores() -> int:
@@ -241,10 +271,15 @@ def dtype_of(ty) -> str:
 
 
 def prim_value(expr):
-    """The Python number of a ``R.prim_value`` argument (or ``None``)."""
-    if isinstance(expr, relax.PrimValue):
+    """The Python number of a scalar argument (``FloatImm``/``IntImm`` in TVM 0.27, a
+    ``PrimValue`` in older releases), or ``None``."""
+    prim_cls = getattr(relax, "PrimValue", None)
+    if prim_cls is not None and isinstance(expr, prim_cls):
         v = expr.value
         return v.value if hasattr(v, "value") else v
+    v = getattr(expr, "value", None)
+    if isinstance(v, (int, float, bool)) and not isinstance(expr, relax.Var):
+        return v
     return None
 
 

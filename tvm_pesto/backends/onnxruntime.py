@@ -13,15 +13,13 @@ Examples
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import tvm
 from tvm import relax
 
 from ..errors import BuildError
 from .base import (
-    Backend, calling_thread_cores, call_attrs, dtype_of, function_bindings, op_level_patterns, op_short_name,
+    Backend, call_attrs, device_cores, dtype_of, function_bindings, op_level_patterns, op_short_name,
     pads4, prim_value, static_shape,
 )
 
@@ -285,10 +283,8 @@ def export(func: relax.Function):
 class OnnxRuntimeBackend(Backend):
     """ONNX Runtime (CPU execution provider), whole subgraphs at a time (graph-level).
 
-    One session per thread count; ``intra_op_num_threads`` is the number of cores the
-    calling thread may use (its device's cores), created lazily from that thread so ORT's
-    workers inherit the device's CPU affinity. Worker spinning is off, so idle sessions do
-    not take cores from other devices.
+    One session with ``intra_op_num_threads`` = the device's core count, created at build
+    time. Worker spinning is off, so idle sessions do not take cores from other devices.
     """
 
     name = "onnxruntime"
@@ -329,33 +325,19 @@ class OnnxRuntimeBackend(Backend):
         body_ty = func.body.body.ty
         out_tys = list(body_ty.fields) if isinstance(body_ty, (relax.TupleType, tvm.ir.TupleType)) else [body_ty]
         out_dt = [_NP_DTYPE[dtype_of(t)] for t in out_tys]
-        sessions: dict[int, object] = {}
-        lock = threading.Lock()
-
-        def session(cores: int):
-            s = sessions.get(cores)
-            if s is None:
-                with lock:
-                    s = sessions.get(cores)
-                    if s is None:
-                        so = ort.SessionOptions()
-                        so.intra_op_num_threads = cores
-                        so.inter_op_num_threads = 1
-                        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-                        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                        so.log_severity_level = 3
-                        # No busy-waiting workers: they would steal cores from the other
-                        # device (or the next call) while this session is idle.
-                        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-                        s = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
-                        sessions[cores] = s
-            return s
-
-        session(max(1, int(getattr(device, "cores", 1))))  # fail at build time, not at run time
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = device_cores(device)
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        # No busy-waiting workers: they would steal cores from the other device (or the
+        # next call) while this session is idle.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        sess = ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"])
 
         def run(*args):
-            sess = session(calling_thread_cores())
             io = sess.io_binding()
             n_in = len(in_names)
             for nm, a, dt in zip(in_names, args[:n_in], in_dt):

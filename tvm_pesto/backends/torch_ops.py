@@ -20,7 +20,7 @@ from tvm import relax
 
 from ..errors import BuildError
 from .base import (
-    Backend, calling_thread_cores, call_attrs, function_bindings, op_level_patterns, op_short_name, pads4,
+    Backend, call_attrs, device_cores, function_bindings, op_level_patterns, op_short_name, pads4,
     prim_value, shape_value, static_shape,
 )
 
@@ -312,8 +312,8 @@ def _flatten(vals: list) -> list:
 class TorchBackend(Backend):
     """PyTorch library calls, one subgraph at a time (op-level backend, CPU).
 
-    Thread count: the number of cores the calling thread may use (the placed module's
-    device threads are pinned to their device's cores), set before each call if it changed.
+    Thread count: the core count of the device the subgraph was built for (the placed
+    module's device threads are pinned to those cores), set before each call if it changed.
     """
 
     name = "torch"
@@ -339,9 +339,9 @@ class TorchBackend(Backend):
 
         prog = TorchProgram(func)
         n_in = len(func.params)
+        cores = device_cores(device)
 
         def run(*args):
-            cores = calling_thread_cores()
             if torch.get_num_threads() != cores:
                 torch.set_num_threads(cores)
             ins = [torch.from_dlpack(a) for a in args[:n_in]]

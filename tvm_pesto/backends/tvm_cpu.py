@@ -91,6 +91,7 @@ class TvmMetaScheduleBackend(TvmBackend):
 
     name = "tvm-ms"
     native = False
+    tvm_groups = True  # candidates: TVM fusion groups, sub-chains and single ops
 
     def __init__(self, database: str | None = None):
         super().__init__()

@@ -177,14 +177,21 @@ def pattern_candidates(rg: RelaxGraph, backend, reach: Reach, rejected: dict) ->
     call_node = _call_bindings(rg)
     pats = backend.patterns()
     out, seen = [], set()
-    for root in range(graph.num_nodes):
+    node_of_var = {rg.bindings[k].var: v for v, k in enumerate(rg.node_binding)}
+    roots = []  # (root node, expression to match): op calls, and t[i] of an op's tuple result
+    for k, b in enumerate(rg.bindings):
+        val = b.value
+        if isinstance(val, relax.Call) and b.var in node_of_var and op_short_name(val):
+            roots.append((node_of_var[b.var], val))
+        elif isinstance(val, relax.TupleGetItem) and isinstance(val.tuple_value, relax.Var) \
+                and val.tuple_value in node_of_var:
+            roots.append((node_of_var[val.tuple_value], val))
+    for root, expr in roots:
         call = rg.bindings[rg.node_binding[root]].value
-        if not isinstance(call, relax.Call) or not op_short_name(call):
-            continue
         for name, pat, check in pats:
-            if not pat.match(call, var2val):
+            if not pat.match(expr, var2val):
                 continue
-            matched = pat.extract_matched_expr(call, var2val)
+            matched = pat.extract_matched_expr(expr, var2val)
             calls, nodes = [], set()
             for p, e in matched.items():
                 if isinstance(p, CallPattern) and isinstance(e, relax.Call) and e in call_node:
@@ -345,7 +352,7 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
     for bk in backends:
         if getattr(bk, "native", False):
             continue
-        if getattr(bk, "tvm_groups", False) or bk.name.startswith("tvm"):
+        if getattr(bk, "tvm_groups", False):
             cands.extend(Candidate(bk.name, c.nodes, c.pattern) for c in tvm_candidates(graph, reach, bk.name))
             continue
         own = pattern_candidates(rg, bk, reach, rejected)

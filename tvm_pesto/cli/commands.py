@@ -77,6 +77,8 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
         "simulated_s": pl.sim.makespan, "max_abs_err": err, "solve_s": pl.plan.solve_s,
         "measured_over_simulated": bench_res["median_s"] / pl.sim.makespan if pl.sim.makespan else None,
         "links": {"latency_s": cluster.latency.tolist(), "bandwidth_Bps": cluster.bandwidth.tolist()},
+        # Other processes on these cores make both costs and runs noisy: judge the numbers with it.
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

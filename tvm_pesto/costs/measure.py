@@ -161,3 +161,53 @@ def _overhead_func():
             y = bb.emit_output(relax.op.add(x, x))
         bb.emit_func_output(y)
     return bb.get()["pesto_call_overhead"].with_attr("global_symbol", "pesto_call_overhead")
+
+
+def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5) -> float:
+    """Seconds the whole function takes on ``device`` as one compiled module (cached)."""
+    cache = cache if cache is not None else MeasureCache()
+    tkey = target_key(device.target)
+    key = "whole:" + structural_key(rg.func)
+    rec = cache.get(key, BACKEND, tkey)
+    if rec is not None:
+        return float(rec["median_s"])
+    mod = tvm.IRModule({"main": rg.func})
+    box: dict = {}
+
+    def work():
+        try:
+            enter_device_thread(device)
+            ex = _compile(mod, device.target)
+            dev = device.tvm_device()
+            vm = relax.VirtualMachine(ex, dev)
+            args = random_args(rg.func.params, dev, np.random.default_rng(0))
+            vm["main"](*args)
+            t = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=20)(*args)
+            box["reps"] = [float(x) for x in t.results]
+        except BaseException as e:  # noqa: BLE001
+            box["err"] = e
+
+    th = threading.Thread(target=work, name=f"measure-whole-{device.name}")
+    th.start()
+    th.join()
+    if "err" in box:
+        raise CostError(f"measuring the whole model on {device.name} failed: {box['err']}") from box["err"]
+    med = float(np.median(box["reps"]))
+    cache.put({"key": key, "backend": BACKEND, "target": tkey, "median_s": med, "repeats": box["reps"],
+               "op": "whole-model", "flops": float(rg.graph.total_flops()), "bytes": 0.0,
+               "device": device.model or device.name, "time": time.time()})
+    return med
+
+
+def calibrate(group_costs: np.ndarray, whole_s: float) -> tuple[np.ndarray, float]:
+    """Scale isolated group costs so they add up to the measured whole-model time.
+
+    A group timed alone runs with its inputs and weights hot in cache and pays its own
+    call; inside the model it does neither. One factor per device corrects both on
+    average: the single-device plan's simulated time then equals the real one.
+    """
+    total = float(np.sum(group_costs))
+    if total <= 0 or whole_s <= 0:
+        return group_costs, 1.0
+    factor = whole_s / total
+    return group_costs * factor, factor
