@@ -74,9 +74,9 @@ def lp_bound(problem: Problem, time_limit_s: float = 30.0) -> tuple[float | None
     for members in groups:
         allowed[members] = allowed[members].all(axis=0)
     lp = pulp.LpProblem("makespan_lower_bound", pulp.LpMinimize)
-    T = pulp.LpVariable("T", 0)
-    x = {(v, k): pulp.LpVariable(f"x_{v}_{k}", 0, 1) for v in range(n) for k in range(d) if allowed[v, k]}
-    s = [pulp.LpVariable(f"s_{v}", 0) for v in range(n)]
+    T = lp.add_variable("T", 0)
+    x = {(v, k): lp.add_variable(f"x_{v}_{k}", 0, 1) for v in range(n) for k in range(d) if allowed[v, k]}
+    s = [lp.add_variable(f"s_{v}", 0) for v in range(n)]
     lp += T
     dur = []
     for v in range(n):
@@ -100,7 +100,9 @@ def lp_bound(problem: Problem, time_limit_s: float = 30.0) -> tuple[float | None
         if problem.mem[on_k].sum() > problem.capacity[k]:
             cap = float(problem.capacity[k])
             lp += pulp.lpSum(float(problem.mem[v] / cap) * x[v, k] for v in on_k) <= 1.0
-    status = pulp.LpStatus[lp.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))]
+    from .msct import _lp_backend
+
+    status = pulp.LpStatus[lp.solve(_lp_backend(time_limit_s))]
     if status == "Infeasible":
         return float("inf"), status
     if status != "Optimal" or T.value() is None:
