@@ -1,0 +1,192 @@
+"""Backends: registry, availability with reasons, numerics of each CPU backend against TVM,
+DLPack zero copy, build failures as BuildError, thread counts from the device's affinity."""
+import builtins
+import threading
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+from tvm_pesto.backends import available_backends, backend_status, get_backend, list_backends, register_backend
+from tvm_pesto.backends.base import Backend, BackendUnavailableError, calling_thread_cores
+from tvm_pesto.backends.onnxruntime import relax_to_onnx_local
+from tvm_pesto.backends.torch_ops import TorchBackend
+from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
+from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.costs.device_thread import enter_device_thread
+from tvm_pesto.errors import BuildError, PestoError
+
+CPU = parse_cluster("cpu:1").devices[0]
+
+
+def _run_tvm(func, args):
+    tgt = tvm.target.Target({"kind": "llvm"})
+    ex = tvm.compile(tvm.IRModule({"main": func}), target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def _run_backend(name, func, args):
+    gname = get_backend(name).build(func, CPU)
+    out_ty = func.body.body.ty
+    out = tvm.runtime.empty([int(s) for s in out_ty.shape.values], str(out_ty.dtype), tvm.cpu())
+    tvm.get_global_func(gname)(*[tvm.runtime.tensor(a) for a in args], out)
+    return out.numpy()
+
+
+def test_registry_lists_cpu_backends_and_reasons():
+    names = list_backends()
+    assert {"tvm", "torch", "onnxruntime", "tvm-ms"} <= set(names)
+    st_ = backend_status()
+    for n in ("tvm", "torch", "onnxruntime"):
+        assert st_[n] == (True, "")
+    ok, why = get_backend("tvm-ms").available()
+    assert not ok and "TVM_PESTO_MS_DB" in why
+    with pytest.raises(PestoError, match="known backends"):
+        get_backend("no-such-backend")
+
+
+@pytest.mark.parametrize("model", [tiny_cnn, tiny_mlp])
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime", "tvm"])
+def test_whole_model_matches_tvm(model, backend):
+    mod, inputs = model()
+    func = mod["main"]
+    ref = _run_tvm(func, inputs)
+    got = _run_backend(backend, func, inputs)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 9), k=st.integers(1, 9), n=st.integers(1, 9), act=st.sampled_from(["relu", "tanh", "sigmoid"]),
+       batch=st.booleans())
+def test_matmul_bias_activation_property(m, k, n, act, batch):
+    rng = np.random.default_rng(m * 100 + k * 10 + n)
+    shape_a = (2, m, k) if batch else (m, k)
+    x = relax.Var("x", relax.TensorType(shape_a, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(rng.standard_normal((k, n)).astype("float32"))))
+            y = bb.emit(relax.op.add(y, relax.const(rng.standard_normal(n).astype("float32"))))
+            fn = {"relu": relax.op.nn.relu, "tanh": relax.op.tanh, "sigmoid": relax.op.sigmoid}[act]
+            out = bb.emit_output(fn(y))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    a = rng.standard_normal(shape_a).astype("float32")
+    ref = _run_tvm(func, [a])
+    for b in ("torch", "onnxruntime"):
+        np.testing.assert_allclose(_run_backend(b, func, [a]), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_torch_writes_into_the_dps_output_zero_copy():
+    mod, inputs = tiny_mlp()
+    fn = TorchBackend().make_callable(mod["main"], CPU)
+    x = tvm.runtime.tensor(inputs[0])
+    out = tvm.runtime.empty((8, 16), "float32", tvm.cpu())
+    import torch
+
+    view = torch.from_dlpack(out)  # shares memory with `out`
+    before = view.data_ptr()
+    fn(x, out)
+    assert view.data_ptr() == before
+    np.testing.assert_allclose(view.numpy(), out.numpy())
+    assert np.abs(out.numpy()).sum() > 0
+
+
+def test_unsupported_op_is_a_build_error():
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.cumsum(x, axis=0))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    for b in ("torch", "onnxruntime"):
+        with pytest.raises(BuildError, match="cannot build"):
+            get_backend(b).build(func, CPU)
+    with pytest.raises(BuildError, match="no converter"):
+        relax_to_onnx_local(func)
+
+
+def test_missing_library_is_reported_unavailable(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("No module named 'torch' (simulated)")
+        return real_import(name, *a, **k)
+
+    class Fresh(TorchBackend):
+        pass
+
+    register_backend("torch-missing", Fresh)
+    try:
+        monkeypatch.setattr(builtins, "__import__", no_torch)
+        ok, why = get_backend("torch-missing").available()
+        assert not ok and "pip install torch" in why
+        with pytest.raises(BackendUnavailableError, match="unavailable"):
+            get_backend("torch-missing").require()
+        usable, reasons = available_backends(["tvm", "torch-missing"])
+        assert [b.name for b in usable] == ["tvm"] and "pip install torch" in reasons["torch-missing"]
+    finally:
+        monkeypatch.setattr(builtins, "__import__", real_import)
+        from tvm_pesto import backends as reg
+
+        reg._FACTORIES.pop("torch-missing", None)
+        reg._INSTANCES.pop("torch-missing", None)
+
+
+def test_cpu_builds_are_per_core_count():
+    mod, _ = tiny_mlp()
+    c1, c2 = parse_cluster("cpu:1").devices[0], parse_cluster("cpu:2").devices[0]
+    n1 = get_backend("torch").build(mod["main"], c1)
+    n2 = get_backend("torch").build(mod["main"], c2)
+    assert n1.endswith(f".c{c1.cores}") and n2.endswith(f".c{c2.cores}")
+    assert (n1 == n2) == (c1.cores == c2.cores)
+
+
+def test_thread_count_follows_the_device_threads_affinity():
+    c2 = parse_cluster("cpu:2")
+    seen = {}
+
+    def work(dev):
+        enter_device_thread(dev)
+        seen[dev.index] = calling_thread_cores()
+
+    ths = [threading.Thread(target=work, args=(d,)) for d in c2.devices]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    assert seen == {d.index: d.cores for d in c2.devices}
+
+
+def test_backend_interface_is_abstract():
+    class Half(Backend):
+        name = "half"
+
+    with pytest.raises(TypeError):
+        Half()
+
+
+def test_metaschedule_variant_reads_a_database(tmp_path, monkeypatch):
+    from tvm_pesto.backends.tvm_cpu import TvmMetaScheduleBackend
+
+    monkeypatch.delenv("TVM_PESTO_MS_DB", raising=False)
+    ok, why = TvmMetaScheduleBackend(str(tmp_path)).available()
+    assert not ok and "database_workload.json" in why
+    (tmp_path / "database_workload.json").write_text("")
+    (tmp_path / "database_tuning_record.json").write_text("")
+    bk = TvmMetaScheduleBackend(str(tmp_path))
+    assert bk.available() == (True, "") and bk.tvm_groups and not bk.native
+    mod, inputs = tiny_mlp()
+    gname = bk.build(mod["main"], CPU)
+    out = tvm.runtime.empty((8, 16), "float32", tvm.cpu())
+    tvm.get_global_func(gname)(tvm.runtime.tensor(inputs[0]), out)
+    np.testing.assert_allclose(out.numpy(), _run_tvm(mod["main"], inputs), atol=1e-5)
+    assert bk.release() == 1
+    with pytest.raises(Exception):
+        tvm.get_global_func(gname)

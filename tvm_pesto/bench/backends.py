@@ -1,0 +1,276 @@
+"""``tvm-pesto bench backends``: single backends vs Collage-DP vs the joint ILP, measured.
+
+For every zoo model: each backend alone (TVM for the ops it has no candidate for) on one
+CPU device, Collage's DP on one device, and the joint backend/placement ILP on one and on
+two CPU devices. All variants are built in this process and timed with interleaved
+repeats (variant order rotated every round), median per variant. ``joint_s`` is the joint
+ILP on the device count whose *predicted* makespan is lower (chosen before measuring).
+Every variant's output is compared with the TVM-only single-device build.
+
+Examples
+--------
+>>> from tvm_pesto.bench.backends import bench_backends          # doctest: +SKIP
+>>> res = bench_backends(["mlp_mixer"], size="small")             # doctest: +SKIP
+>>> res["geomean_speedup_vs_best_single"]                          # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+
+import numpy as np
+
+from ..errors import PestoError
+
+
+def quiet_openmp() -> None:
+    """Ask the thread pools of PyTorch (OpenMP) and TVM to sleep instead of spinning when idle.
+
+    Only effective before torch is first imported and before TVM first runs a parallel
+    kernel in a thread; spinning workers of one variant would take cores from the variant
+    timed next and from the other device.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+
+
+def _reference(zm) -> np.ndarray:
+    """Output of the plain TVM build of the whole module on one CPU device."""
+    import tvm
+    from tvm import relax
+
+    tgt = tvm.target.Target({"kind": "llvm"})
+    ex = tvm.compile(zm.mod, target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+    vm = relax.VirtualMachine(ex, tvm.cpu(0))
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in zm.example_inputs])
+    return _flat_numpy(out)
+
+
+def _flat_numpy(out) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    if isinstance(out, np.ndarray):
+        return [out]
+    res = []
+    for o in out:
+        res.extend(_flat_numpy(o))
+    return res
+
+
+def _max_err(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return float(max(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))) if x.size else 0.0
+                     for x, y in zip(a, b)))
+
+
+def interleaved_times(fns: dict, repeat: int = 40, warmup: int = 3, min_sample_s: float = 2e-3,
+                      max_inner: int = 10) -> dict[str, list[float]]:
+    """Seconds per call of each zero-argument callable, interleaved, in a fresh random order
+    every round (seeded), so no variant always runs right after the same other one.
+
+    Each sample averages ``inner`` back-to-back calls, with ``inner`` chosen per callable
+    from the warm-up so a sample lasts at least ``min_sample_s`` (at most ``max_inner`` calls).
+
+    Examples
+    --------
+    >>> t = interleaved_times({"a": lambda: None, "b": lambda: None}, repeat=3, warmup=1)
+    >>> sorted(t), len(t["a"])
+    (['a', 'b'], 3)
+    """
+    names = list(fns)
+    inner = {}
+    for n in names:
+        t0 = time.perf_counter()
+        for _ in range(max(warmup, 1)):
+            fns[n]()
+        per = (time.perf_counter() - t0) / max(warmup, 1)
+        inner[n] = int(min(max_inner, max(1, math.ceil(min_sample_s / max(per, 1e-9)))))
+    out: dict[str, list[float]] = {n: [] for n in names}
+    rng = np.random.default_rng(0)
+    for _ in range(repeat):
+        for k in rng.permutation(len(names)):
+            n = names[int(k)]
+            f, m = fns[n], inner[n]
+            t0 = time.perf_counter()
+            for _ in range(m):
+                f()
+            out[n].append((time.perf_counter() - t0) / m)
+    return out
+
+
+def bench_clusters(measure_links: bool = True):
+    """``cpu:1`` and ``cpu:2`` of this machine; ``cpu:2``'s links measured with the
+    executor's own hand-off (so the 2-device predictions include real synchronisation costs)."""
+    from ..api import as_cluster
+
+    c1, c2 = as_cluster("cpu:1"), as_cluster("cpu:2")
+    if measure_links and c2.num_devices > 1:
+        from ..cluster.linkbench import measure_links as _measure
+
+        _measure(c2)
+    return c1, c2
+
+
+def bench_model(name: str, size: str = "small", backends=None, cache=None, repeat: int = 40,
+                time_limit_s: float = 30.0, progress=None, clusters=None, select_by: str = "measured",
+                select_repeat: int = 15) -> dict:
+    """Benchmark one zoo model; see the module docstring for what is measured.
+
+    ``select_by``: how ``joint_s`` picks between the 1- and 2-device joint results:
+    ``"measured"`` (the lower minimum over a separate short interleaved timing of the two,
+    not reused for the reported numbers) or ``"predicted"`` (lower simulated makespan).
+    """
+    import gc
+
+    import tvm
+
+    from ..backends import release_all
+    from ..search.pipeline import build_placed, prepare, search
+    from .. import zoo
+
+    def say(msg):
+        if progress:
+            progress(msg)
+
+    zm = zoo.load(name, size)
+    ref = _reference(zm)
+    c1, c2 = clusters if clusters is not None else bench_clusters()
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    t0 = time.perf_counter()
+    say(f"{name}: candidates + measurements on cpu:1")
+    p1 = prepare(zm.mod, c1, backends=backends, cache=cache)
+    say(f"{name}: measurements on cpu:2")
+    p2 = prepare(zm.mod, c2, backends=backends, cache=cache)
+    measure_s = time.perf_counter() - t0
+    singles = sorted({c.backend for c in p1.cs})
+    variants: dict[str, object] = {}
+    for b in singles:
+        variants[f"single:{b}"] = search(p1, f"single:{b}")
+    variants["collage_dp"] = search(p1, "dp")
+    say(f"{name}: joint ILP on 1 and 2 devices")
+    variants["joint_1dev"] = search(p1, "joint", time_limit_s=time_limit_s)
+    variants["joint_2dev"] = search(p2, "joint", time_limit_s=time_limit_s)
+    placed, errs, failed = {}, {}, {}
+    dev_inputs = {}
+    for key, bp in variants.items():
+        try:
+            pm, low = build_placed(bp)
+        except PestoError as e:
+            failed[key] = str(e)
+            continue
+        placed[key] = pm
+        out = pm(*zm.example_inputs)
+        errs[key] = _max_err(_flat_numpy(out), ref)
+        d0 = pm.cluster.devices[0].tvm_device()
+        dev_inputs[key] = [tvm.runtime.tensor(a, device=d0) for a in zm.example_inputs]
+    fns = {k: (lambda pm=pm, args=dev_inputs[k]: pm(*args)) for k, pm in placed.items()}
+    # Choose between the 1- and 2-device joint results before the timed run, with samples
+    # of their own (the predicted choice is reported too).
+    j1, j2 = variants["joint_1dev"], variants["joint_2dev"]
+    predicted_key = "joint_2dev" if j2.predicted_s < j1.predicted_s else "joint_1dev"
+    select = {}
+    if select_by == "measured" and "joint_1dev" in fns and "joint_2dev" in fns:
+        select = interleaved_times({k: fns[k] for k in ("joint_1dev", "joint_2dev")}, repeat=select_repeat)
+        joint_key = min(select, key=lambda k: float(np.min(select[k])))  # robust to load spikes
+    else:
+        joint_key = predicted_key
+    say(f"{name}: timing {len(placed)} variants x {repeat} interleaved repeats")
+    times = interleaved_times(fns, repeat=repeat)
+    for pm in placed.values():
+        pm.close()
+    placed.clear()
+    release_all()
+    gc.collect()
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    single_s = {k.split(":", 1)[1]: med[k] for k in med if k.startswith("single:")}
+    best_b = min(single_s, key=single_s.get) if single_s else None
+    res = {
+        "num_ops": p1.rg.graph.num_nodes,
+        "single_s": single_s,
+        **{f"{b}_s": s for b, s in single_s.items()},
+        "best_single_backend": best_b,
+        "best_single_s": single_s.get(best_b) if best_b else None,
+        "collage_dp_s": med.get("collage_dp"),
+        "joint_1dev_s": med.get("joint_1dev"),
+        "joint_2dev_s": med.get("joint_2dev"),
+        "joint_choice": joint_key,
+        "joint_choice_by": select_by,
+        "joint_choice_predicted": predicted_key,
+        "joint_s": med.get(joint_key),
+        "joint_predicted_choice_s": med.get(predicted_key),
+        "selection_times_s": select,
+        "predicted_s": {k: bp.predicted_s for k, bp in variants.items()},
+        "search_s": {k: bp.search_s for k, bp in variants.items()},
+        "backend_mix": {k: bp.backend_mix() for k, bp in variants.items()},
+        "joint_path": {k: variants[k].info.get("path") for k in ("joint_1dev", "joint_2dev")},
+        "ilp_status": {k: variants[k].info.get("ilp_status") for k in ("joint_1dev", "joint_2dev")},
+        "max_abs_err_per_variant": errs,
+        "max_abs_err": max(errs.values()) if errs else None,
+        "candidates": len(p1.cs),
+        "candidates_by_backend": p1.cs.by_backend(),
+        "measured_this_run": p1.report.measured + p2.report.measured,
+        "cached": p1.report.cached + p2.report.cached,
+        "infeasible": len(p1.report.infeasible) + len(p2.report.infeasible),
+        "measure_s": measure_s,
+        "unavailable": p1.unavailable,
+        "failed_builds": failed,
+        "same_cover_as_best_single": {k: sorted(variants[k].cover) == sorted(variants[f"single:{best_b}"].cover)
+                                      for k in ("collage_dp", "joint_1dev", "joint_2dev")} if best_b else {},
+        "devices_used": {k: sorted({int(d) for d in variants[k].plan.assignment}) for k in variants},
+        "load_avg_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "times_s": times,
+    }
+    if best_b and res["joint_s"]:
+        res["speedup_vs_best_single"] = res["best_single_s"] / res["joint_s"]
+        res["ratio_vs_best_single"] = res["joint_s"] / res["best_single_s"]
+        res["speedup_predicted_choice"] = res["best_single_s"] / res["joint_predicted_choice_s"]
+        mins = {k: float(np.min(v)) for k, v in times.items()}
+        best_min = min(v for k, v in mins.items() if k.startswith("single:"))
+        res["speedup_vs_best_single_min"] = best_min / mins[joint_key]
+    return res
+
+
+def bench_backends(models=None, size: str = "small", backends=None, cache=None, repeat: int = 40,
+                   time_limit_s: float = 30.0, progress=None, select_by: str = "measured") -> dict:
+    """Run :func:`bench_model` for every model; add geomean speedup and worst ratio.
+
+    Returns
+    -------
+    dict
+        ``models`` (per model: each single backend's seconds, ``collage_dp_s``, ``joint_s``,
+        ``max_abs_err``, ...), ``geomean_speedup_vs_best_single``, ``worst_ratio_vs_best_single``.
+    """
+    quiet_openmp()
+    from .. import zoo
+
+    names = list(models) if models else zoo.list_models()
+    c1, c2 = bench_clusters()
+    out = {"size": size, "machine": platform.node(), "clusters": {"cpu:1": c1.to_dict(), "cpu:2": c2.to_dict()},
+           "repeat": repeat, "models": {}, "errors": {}}
+    for n in names:
+        try:
+            out["models"][n] = bench_model(n, size, backends, cache, repeat, time_limit_s, progress, (c1, c2),
+                                           select_by=select_by)
+        except PestoError as e:
+            out["errors"][n] = str(e)
+    ms = list(out["models"].values())
+    for key, name in (("speedup_predicted_choice", "geomean_speedup_predicted_choice"),
+                      ("speedup_vs_best_single_min", "geomean_speedup_vs_best_single_min")):
+        v = [m[key] for m in ms if key in m]
+        out[name] = float(math.exp(np.mean(np.log(v)))) if v else None
+    sp = [m["speedup_vs_best_single"] for m in out["models"].values() if "speedup_vs_best_single" in m]
+    rt = [m["ratio_vs_best_single"] for m in out["models"].values() if "ratio_vs_best_single" in m]
+    dp = [m["best_single_s"] / m["collage_dp_s"] for m in out["models"].values()
+          if m.get("best_single_s") and m.get("collage_dp_s")]
+    out["geomean_speedup_vs_best_single"] = float(math.exp(np.mean(np.log(sp)))) if sp else None
+    out["worst_ratio_vs_best_single"] = float(max(rt)) if rt else None
+    out["geomean_speedup_collage_dp_vs_best_single"] = float(math.exp(np.mean(np.log(dp)))) if dp else None
+    out["max_abs_err"] = max((m["max_abs_err"] for m in out["models"].values() if m.get("max_abs_err") is not None),
+                             default=None)
+    return out
+
+
+__all__ = ["bench_backends", "bench_model", "interleaved_times"]

@@ -1,0 +1,249 @@
+"""Measure every candidate on a real device, through the same path the placed module uses.
+
+* TVM-native candidates are timed by :func:`tvm_pesto.costs.measure.measure_groups` (one
+  module with every group, default pipeline, C++ ``time_evaluator``).
+* Other backends' candidates are built (constants captured), registered as global
+  functions, and timed as ``R.call_dps_packed`` calls from a VM in a thread pinned to the
+  device, so the cost includes the dispatch into the library, the DLPack views, any layout
+  change the library makes and the copy into the output tensor. The VM's fixed per-call
+  overhead is subtracted, as for TVM groups (inside a placed segment, a candidate is one
+  call among many, not a VM function call of its own).
+
+Results go to the :class:`~tvm_pesto.costs.cache.MeasureCache` keyed by (structural key of
+the weight-lifted candidate function, backend, target), so equal shapes are measured once
+and a second run measures nothing. A candidate its backend cannot build gets the record
+``median_s = -1`` with the reason (infeasible; the search skips it).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..backends import get_backend
+from ..builder.subgraph import structural_key
+from ..costs.cache import MeasureCache, target_key
+from ..costs.device_thread import enter_device_thread
+from ..costs.measure import OVERHEAD_KEY, call_overhead_s, measure_groups, random_args
+from ..errors import CostError, PestoError
+from .generate import CandidateSet, candidate_function
+
+MIN_COST_S = 2e-7
+INFEASIBLE = -1.0
+
+
+@dataclass
+class MeasureReport:
+    """What a measurement pass did."""
+
+    measured: int = 0
+    cached: int = 0
+    infeasible: dict = field(default_factory=dict)  # candidate index -> reason
+    seconds: float = 0.0
+
+
+def _device_key(device) -> tuple:
+    return (target_key(device.target), device.cores, device.kind)
+
+
+def _wrapper(gname: str, params, out_ty, name: str) -> relax.Function:
+    ps = [relax.Var(f"a{k}", p.ty) for k, p in enumerate(params)]
+    bb = relax.BlockBuilder()
+    with bb.function(name, ps):
+        with bb.dataflow():
+            y = bb.emit(relax.call_dps_packed(gname, ps, out_ty))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()[name].with_attr("global_symbol", name)
+
+
+def out_ty_of(func: relax.Function):
+    """The ``out_ty`` for ``call_dps_packed`` of ``func``: its tensor type, or a list of them."""
+    ty = func.body.body.ty
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+        return [relax.TensorType(f.shape, f.dtype) for f in ty.fields]
+    return ty
+
+
+def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = None, repeat: int = 5,
+                       min_repeat_ms: int = 5, report: MeasureReport | None = None, progress=None) -> np.ndarray:
+    """Seconds of every candidate on ``device``; ``inf`` where its backend cannot build it.
+
+    Parameters
+    ----------
+    cs : CandidateSet
+    device : Device
+        A present CPU device.
+    cache : MeasureCache, optional
+    report : MeasureReport, optional
+        Filled with counts of measured / cached / infeasible candidates.
+
+    Returns
+    -------
+    ndarray of float64, one entry per candidate.
+
+    Examples
+    --------
+    >>> costs = measure_candidates(cs, parse_cluster("cpu:1").devices[0])   # doctest: +SKIP
+    """
+    t0 = time.perf_counter()
+    if not device.present:
+        raise CostError(f"device {device.name} is not on this machine; candidates can only be measured on "
+                        "present devices")
+    cache = cache if cache is not None else MeasureCache()
+    report = report if report is not None else MeasureReport()
+    tkey = target_key(device.target)
+    rg = cs.rg
+    costs = np.full(len(cs), np.nan)
+
+    # TVM-native candidates: the spine's group measurement (it caches and subtracts overhead).
+    native = [i for i, c in enumerate(cs) if getattr(get_backend(c.backend), "native", False)]
+    native_set: set = set()
+    if native:
+        before = len(cache)
+        had_overhead = cache.get(OVERHEAD_KEY, "tvm", tkey) is not None
+        costs[native] = measure_groups(rg, [list(cs[i].nodes) for i in native], device, cache,
+                                       repeat=repeat, min_repeat_ms=min_repeat_ms)
+        new = len(cache) - before - (0 if had_overhead else 1)
+        report.measured += new
+        report.cached += len(native) - new
+    native_set = set(native)
+
+    # Other backends: lifted function for the key, real one (with weights) for the build.
+    todo: dict[tuple, list] = {}  # (key, backend) -> [candidate indices]
+    funcs: dict[int, object] = {}
+    for i, c in enumerate(cs):
+        if i in native_set:
+            continue
+        if not get_backend(c.backend).supports_device(device):
+            costs[i] = np.inf
+            continue
+        lifted = candidate_function(rg, c.nodes, lift_constants=True)
+        k = structural_key(lifted.func)
+        rec = cache.get(k, c.backend, tkey)
+        if rec is not None and float(rec["median_s"]) < 0 and \
+                str(rec.get("backend_version")) != str(get_backend(c.backend).version):
+            rec = None  # an infeasible mark from other converter code: try again
+        if rec is not None:
+            ms = float(rec["median_s"])
+            costs[i] = np.inf if ms < 0 else ms
+            if ms < 0:
+                report.infeasible[i] = rec.get("infeasible", "cached as infeasible")
+            report.cached += 1
+            continue
+        todo.setdefault((k, c.backend), []).append(i)
+        funcs[i] = lifted
+    if todo:
+        jobs = []  # (name, key, backend, idx list, wrapper params)
+        wrappers = {}
+        for n, ((k, bname), idxs) in enumerate(todo.items()):
+            i0 = idxs[0]
+            c = cs[i0]
+            bk = get_backend(bname)
+            real = candidate_function(rg, c.nodes, lift_constants=False)
+            try:
+                gname = bk.build(real.func, device)
+            except PestoError as e:
+                _record_infeasible(cache, k, bname, tkey, c, device, str(e))
+                for i in idxs:
+                    costs[i] = np.inf
+                    report.infeasible[i] = str(e)
+                continue
+            fname = f"c{n}"
+            wrappers[fname] = _wrapper(gname, real.func.params, out_ty_of(real.func), fname)
+            jobs.append((fname, k, bname, idxs, real.func.params))
+        if jobs:
+            results = _time_wrappers(wrappers, jobs, device, repeat, min_repeat_ms)
+            for fname, k, bname, idxs, _ in jobs:
+                res = results.get(fname)
+                c = cs[idxs[0]]
+                if isinstance(res, str):
+                    _record_infeasible(cache, k, bname, tkey, c, device, res)
+                    for i in idxs:
+                        costs[i] = np.inf
+                        report.infeasible[i] = res
+                    continue
+                reps = res
+                nodes = [rg.graph.nodes[v] for v in c.nodes]
+                cache.put({
+                    "key": k, "backend": bname, "target": tkey, "median_s": float(np.median(reps)),
+                    "repeats": reps, "op": "+".join(nd.op for nd in nodes),
+                    "flops": float(sum(nd.flops for nd in nodes)),
+                    "bytes": float(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
+                    "device": device.model or device.name, "time": time.time(),
+                })
+                report.measured += 1
+                for i in idxs:
+                    costs[i] = float(np.median(reps))
+                if progress:
+                    progress(report.measured, len(jobs))
+    overhead = call_overhead_s(device, cache)
+    ext = np.array([i not in native_set for i in range(len(cs))], dtype=bool)
+    fin = np.isfinite(costs) & ext
+    costs[fin] = np.maximum(costs[fin] - overhead, MIN_COST_S)
+    report.seconds += time.perf_counter() - t0
+    return costs
+
+
+def _record_infeasible(cache, key, backend, tkey, cand, device, reason: str) -> None:
+    cache.put({"key": key, "backend": backend, "target": tkey, "median_s": INFEASIBLE, "infeasible": reason[:500],
+               "backend_version": str(get_backend(backend).version), "op": cand.pattern,
+               "device": device.model or device.name, "time": time.time()})
+
+
+def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_ms: int) -> dict:
+    """Compile all wrappers in one module and time each in a thread pinned to ``device``.
+
+    Returns ``{name: [seconds per repeat]}`` or ``{name: "error text"}`` for a failed call.
+    """
+    result: dict = {}
+
+    def work():
+        try:
+            enter_device_thread(device)
+            tgt = tvm.target.Target(device.target)
+            ex = tvm.compile(tvm.IRModule(wrappers), target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+            dev = device.tvm_device()
+            vm = relax.VirtualMachine(ex, dev)
+            rng = np.random.default_rng(0)
+            for fname, _k, _b, _idxs, params in jobs:
+                try:
+                    args = random_args(params, dev, rng)
+                    vm[fname](*args)  # warm-up (also creates ORT sessions for this thread's cores)
+                    vm[fname](*args)
+                    t = vm.time_evaluator(fname, dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
+                    result[fname] = [float(x) for x in t.results]
+                except Exception as e:  # noqa: BLE001 - a failing library call makes it infeasible
+                    msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                    result[fname] = f"the backend failed when run: {msg[:300]}"
+        except BaseException as e:  # noqa: BLE001 - reported in the caller's thread
+            result["__error__"] = e
+
+    th = threading.Thread(target=work, name=f"measure-cands-{device.name}")
+    th.start()
+    th.join()
+    if "__error__" in result:
+        err = result["__error__"]
+        raise CostError(f"measuring backend candidates on {device.name} failed: {type(err).__name__}: {err}") from err
+    return result
+
+
+def measure_cost_table(cs: CandidateSet, cluster, cache: MeasureCache | None = None,
+                       report: MeasureReport | None = None, progress=None) -> np.ndarray:
+    """``[candidates, devices]`` seconds; devices with the same target/cores share one measurement."""
+    cache = cache if cache is not None else MeasureCache()
+    out = np.zeros((len(cs), cluster.num_devices))
+    done: dict[tuple, np.ndarray] = {}
+    for j, dev in enumerate(cluster.devices):
+        k = _device_key(dev)
+        if k not in done:
+            done[k] = measure_candidates(cs, dev, cache, report=report, progress=progress)
+        out[:, j] = done[k]
+    return out
+
+
+__all__ = ["MeasureReport", "measure_candidates", "measure_cost_table", "out_ty_of"]

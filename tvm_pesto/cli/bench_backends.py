@@ -1,0 +1,72 @@
+"""``tvm-pesto bench backends``: Collage-style multi-backend choice, measured on this machine.
+
+``tvm_pesto/cli/bench.py`` adds this command to the ``bench`` group
+(``bench.add_command(backends)``), so no change to ``main.py`` is needed.
+"""
+from __future__ import annotations
+
+import click
+
+from .progress import console
+
+ZOO = ["inception_v3", "resnet50", "bert", "mobilenet_v2", "vgg11", "gpt2", "mlp_mixer"]
+
+
+@click.command("backends")
+@click.option("--model", "models", multiple=True, type=click.Choice(ZOO), help="zoo model (repeatable; default all)")
+@click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
+@click.option("--backends", default=None, help="comma-separated backend names (default: every registered one)")
+@click.option("--repeat", default=40, show_default=True, help="interleaved timed runs per variant")
+@click.option("--time-limit", default=30.0, show_default=True, help="joint ILP time limit (s)")
+@click.option("--select", "select_by", default="measured", show_default=True,
+              type=click.Choice(["measured", "predicted"]),
+              help="how joint_s picks between the 1- and 2-device joint results")
+@click.option("--cache", "cache_path", default=None, help="measurement log (JSON lines); default ~/.cache/tvm-pesto")
+@click.option("--json", "json_path", default=None, help="write the result as JSON here")
+def backends(models, size, backends, repeat, time_limit, select_by, cache_path, json_path):
+    """Each backend alone vs Collage's DP vs the joint backend/placement ILP, for every zoo model."""
+    from ..bench.backends import bench_backends, quiet_openmp
+
+    quiet_openmp()  # before anything imports torch
+    from ..costs.cache import MeasureCache
+    from .main import write_json
+
+    names = [b.strip() for b in backends.split(",")] if backends else None
+    cache = MeasureCache(cache_path) if cache_path else MeasureCache()
+    if cache.skipped:
+        console.print(f"[yellow]measurement log {cache.path}: skipped {len(cache.skipped)} corrupted line(s)[/]")
+    res = bench_backends(list(models) or None, size=size, backends=names, cache=cache, repeat=repeat,
+                         time_limit_s=time_limit, progress=lambda m: console.print(f"  {m}"), select_by=select_by)
+    res["cache_skipped_lines"] = [n for n, _ in cache.skipped]
+    _print(res)
+    if json_path:
+        write_json(json_path, res)
+
+
+def _print(res: dict) -> None:
+    ms = lambda s: f"{s * 1e3:9.3f}" if s is not None else "      n/a"  # noqa: E731
+    models = res["models"]
+    singles = sorted({b for m in models.values() for b in m["single_s"]})
+    head = "".join(f"{b[:11]:>11s}" for b in singles)
+    console.print(f"[bold]{'model':14s}{head}{'dp':>11s}{'joint':>11s}{'speedup':>9s}{'err':>10s}{'cands':>7s}"
+                  f"{'meas':>6s}{'search s':>9s}[/]  (ms)")
+    for n, m in models.items():
+        cols = "".join(f"{ms(m['single_s'].get(b)):>11s}" for b in singles)
+        sp = m.get("speedup_vs_best_single")
+        srch = m["search_s"].get(m["joint_choice"], 0.0)
+        console.print(f"{n:14s}{cols}{ms(m['collage_dp_s']):>11s}{ms(m['joint_s']):>11s}"
+                      f"{(f'{sp:.3f}x' if sp else 'n/a'):>9s}{m['max_abs_err']:10.2g}{m['candidates']:7d}"
+                      f"{m['measured_this_run']:6d}{srch:9.2f}  ({m['joint_choice']})")
+    for n, e in res.get("errors", {}).items():
+        console.print(f"[red]{n}: {e}[/]")
+    g, w = res.get("geomean_speedup_vs_best_single"), res.get("worst_ratio_vs_best_single")
+    if g is not None:
+        console.print(f"geomean speedup of joint over the best single backend: {g:.3f}x; "
+                      f"worst joint/best-single ratio: {w:.3f}")
+        console.print(f"  (with the simulator's 1-vs-2-device choice: "
+                      f"{res.get('geomean_speedup_predicted_choice') or float('nan'):.3f}x; on minimum times: "
+                      f"{res.get('geomean_speedup_vs_best_single_min') or float('nan'):.3f}x; Collage-DP alone: "
+                      f"{res.get('geomean_speedup_collage_dp_vs_best_single') or float('nan'):.3f}x)")
+    un = {k: v for m in models.values() for k, v in m.get("unavailable", {}).items()}
+    for k, v in un.items():
+        console.print(f"  backend {k} unavailable: {v}")

@@ -1,0 +1,351 @@
+"""Backend choice inside the placement ILP: candidates, devices and order, jointly.
+
+Variables (PuLP; times scaled so the upper bound ``UB`` is 1000):
+
+* ``x[c,d]`` binary: candidate ``c`` is chosen and runs on device ``d`` (only where its
+  measured cost is finite). Node ``v``'s device indicator is ``X[v,d] = sum_{c ∋ v} x[c,d]``.
+* ``S[v]``, ``F[v]``: start and finish of the candidate that covers node ``v``; ``M`` the makespan.
+* ``o[u,w]`` binary for node pairs with no path between them (two or more devices only):
+  ``u`` before ``w`` when they share a device and are in different candidates.
+
+Constraints (named): ``cover_v`` every node is covered by exactly one chosen candidate on
+one device; ``dur_v`` ``F[v] >= S[v] + cost`` of the candidate covering ``v`` on its device;
+``sync_c_k`` nodes of a chosen candidate start together (so chosen candidates cannot form a
+cycle); ``prec_u_v`` a consumer starts after its producer's candidate finishes unless both
+are in one candidate; ``comm_u_v_a_e`` plus the transfer ``latency + bytes / bandwidth``
+when they are on devices ``a != e``; ``ord_u_w_a``/``ordr_u_w_a`` two candidates on one device
+do not overlap; ``load_d`` ``M >=`` the busy time of each device; ``span_v`` ``M >= F[v]``;
+``mem_d`` weights and outputs fit each device.
+
+With one device the model is exactly "cheapest acyclic exact cover", the problem
+:func:`~tvm_pesto.search.collage_dp.collage_dp` solves, and the DP's cover is given as the
+warm start, so the ILP is never worse. With more devices the transfers are modelled without
+link contention; the chosen cover and placement are then checked with the simulator.
+
+Examples
+--------
+>>> from tvm_pesto.search.joint_ilp import joint_ilp       # doctest: +SKIP
+>>> res = joint_ilp(graph, node_sets, costs, cluster)        # doctest: +SKIP
+>>> res.chosen, res.device                                   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pulp
+
+from ..candidates.generate import Reach
+from ..errors import InfeasibleError, PestoError, SolverError
+from .collage_dp import CoverResult
+
+_SCALE = 1000.0
+
+
+@dataclass
+class JointResult:
+    """Chosen candidates with their device and start time (seconds, model time)."""
+
+    chosen: list[int]
+    device: dict[int, int]
+    start: dict[int, float]
+    objective_s: float
+    seconds: float
+    info: dict = field(default_factory=dict)
+
+
+def _var(prob, name, lo=None, hi=None, cat=pulp.LpContinuous):
+    """A variable attached to ``prob`` (PuLP 3.3+ API when present)."""
+    add = getattr(prob, "add_variable", None)
+    if add is not None:
+        return add(name, lo, hi, cat=cat)
+    return pulp.LpVariable(name, lo, hi, cat=cat)
+
+
+def _lin(terms, const=0.0):
+    return pulp.LpAffineExpression(terms, constant=const)
+
+
+def concurrent_pairs(graph) -> list[tuple[int, int]]:
+    """Node pairs ``u < w`` with no path between them."""
+    reach = Reach(graph.dag, graph.num_nodes)
+    out = []
+    for u in range(graph.num_nodes):
+        rel = reach.desc[u] | reach.anc[u]
+        for w in range(u + 1, graph.num_nodes):
+            if not (rel >> w) & 1:
+                out.append((u, w))
+    return out
+
+
+def prune_dominated(graph, node_sets, costs) -> list[int]:
+    """Candidates worth keeping for the joint ILP.
+
+    Dropped: a candidate another candidate with the same nodes beats (or ties, later index)
+    on every device, and a candidate whose nodes smaller kept candidates cover at no more
+    cost on every device (splitting it then never delays anything: the pieces can run back
+    to back on its device). Both keep the optimum.
+
+    Examples
+    --------
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> g = OpGraph([OpNode("a", "relax.add"), OpNode("b", "relax.nn.relu")], [(0, 1, 4)])
+    >>> prune_dominated(g, [[0], [1], [0, 1]], np.array([[1.0], [1.0], [3.0]]))
+    [0, 1]
+    """
+    from .collage_dp import collage_dp
+
+    costs = np.asarray(costs, dtype=np.float64)
+    K = len(node_sets)
+    sets = [tuple(sorted(x)) for x in node_sets]
+    alive = [c for c in range(K) if np.isfinite(costs[c]).any() and sets[c]]
+    by_set: dict[tuple, list[int]] = {}
+    for c in alive:
+        by_set.setdefault(sets[c], []).append(c)
+    kept = []
+    for grp in by_set.values():
+        for c in grp:
+            if not any(o != c and (costs[o] <= costs[c]).all() and ((costs[o] < costs[c]).any() or o < c)
+                       for o in grp):
+                kept.append(c)
+    kept.sort(key=lambda c: (len(sets[c]), c))
+    final: list[int] = []
+    for c in kept:
+        if len(sets[c]) > 1:
+            inside = set(sets[c])
+            subs = [o for o in final if set(sets[o]) < inside]
+            if subs:
+                dominated = True
+                for d in range(costs.shape[1]):
+                    if not np.isfinite(costs[c, d]):
+                        continue
+                    try:
+                        best = collage_dp(graph, [sets[o] for o in subs], costs[subs, d], nodes=inside).cost
+                    except PestoError:
+                        best = np.inf
+                    if best > costs[c, d]:
+                        dominated = False
+                        break
+                if dominated:
+                    continue
+        final.append(c)
+    return sorted(final)
+
+
+def warm_schedule(graph, node_sets, costs, cover: list[int], device: int = 0) -> tuple[dict, dict, float]:
+    """Start times of ``cover`` run back to back on one device, in the given order."""
+    start, t = {}, 0.0
+    for c in cover:
+        start[c] = t
+        t += float(costs[c, device])
+    return start, {c: device for c in cover}, t
+
+
+def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None, warm_device: int | None = None,
+              time_limit_s: float = 30.0, gap: float = 1e-4, solver: str = "highs", msg: bool = False,
+              memory: bool = True, prune: bool = True) -> JointResult:
+    """Choose candidates (hence backends), devices and order together.
+
+    Parameters
+    ----------
+    graph : OpGraph
+        The original op graph.
+    node_sets : list of sequences of int
+        Node ids of each candidate.
+    costs : ndarray, shape (candidates, devices)
+        Measured seconds (``inf`` = cannot run there).
+    cluster : Cluster
+        Devices and links.
+    warm : CoverResult, optional
+        A cover (e.g. from :func:`collage_dp`) used as the warm start, run on ``warm_device``
+        (default: the device where it is cheapest). It also sets the upper bound, so the
+        result is never worse than it.
+    time_limit_s, gap, solver
+        Passed to the MIP solver (``highs`` or ``cbc``).
+    prune : bool
+        Drop dominated candidates first (:func:`prune_dominated`); keeps the optimum.
+
+    Returns
+    -------
+    JointResult
+
+    Raises
+    ------
+    InfeasibleError
+        When the candidates cannot cover the graph.
+    SolverError
+        When the solver fails and there is no warm start.
+
+    Examples
+    --------
+    >>> res = joint_ilp(graph, node_sets, costs, parse_cluster("cpu:2"))   # doctest: +SKIP
+    """
+    from ..solve.ilp import _make_backend
+
+    t0 = time.perf_counter()
+    n, D = graph.num_nodes, cluster.num_devices
+    costs = np.asarray(costs, dtype=np.float64).reshape(len(node_sets), D)
+    K = len(node_sets)
+    sets = [tuple(sorted(s)) for s in node_sets]
+    cov: list[list[int]] = [[] for _ in range(n)]
+    for c in range(K):
+        if np.isfinite(costs[c]).any():
+            for v in sets[c]:
+                cov[v].append(c)
+    if any(not cv for cv in cov):
+        bad = [v for v in range(n) if not cov[v]]
+        raise InfeasibleError(f"nodes {bad[:8]} have no candidate with a finite cost; keep the tvm backend")
+    keep = set(range(K))
+    if prune:
+        keep = set(prune_dominated(graph, sets, costs))
+        if warm is not None:
+            keep |= set(warm.chosen)
+        cov = [[c for c in cv if c in keep] for cv in cov]
+    feas = {(c, d) for c in sorted(keep) for d in range(D) if np.isfinite(costs[c, d]) and sets[c]}
+
+    # warm start and upper bound
+    wstart = wdev = None
+    ub = None
+    if warm is not None:
+        if warm_device is None:
+            warm_device = int(np.argmin([sum(costs[c, d] for c in warm.chosen) for d in range(D)]))
+        wstart, wdev, ub = warm_schedule(graph, sets, costs, warm.chosen, warm_device)
+    if ub is None or not np.isfinite(ub):
+        ub = float(sum(min(costs[c, d] for c in cov[v] for d in range(D) if (c, d) in feas) for v in range(n)))
+        ub = max(ub, float(sum(np.min(np.where(np.isfinite(costs[c]), costs[c], np.inf)) for c in range(K)
+                               if np.isfinite(costs[c]).any())))
+    ub_s = ub * (1 + 1e-6) + 1e-12
+    ts = _SCALE / ub_s
+    UB = ub_s * ts
+
+    prob = pulp.LpProblem(f"joint_{re.sub(r'[^A-Za-z0-9_]', '_', graph.name)}", pulp.LpMinimize)
+    x = {(c, d): _var(prob, f"x_{c}_{d}", 0, 1, pulp.LpBinary) for (c, d) in sorted(feas)}
+    S = [_var(prob, f"S_{v}", 0, UB) for v in range(n)]
+    F = [_var(prob, f"F_{v}", 0, UB) for v in range(n)]
+    M = _var(prob, "M", 0, UB)
+    prob += _lin([(M, 1.0)]), "makespan"
+
+    def X(v, d):
+        return [(x[c, d], 1.0) for c in cov[v] if (c, d) in x]
+
+    def same(u, w):
+        common = set(cov[u]) & set(cov[w])
+        return [(x[c, d], 1.0) for c in sorted(common) for d in range(D) if (c, d) in x]
+
+    for v in range(n):
+        prob += pulp.LpConstraint(_lin([(x[c, d], 1.0) for c in cov[v] for d in range(D) if (c, d) in x]),
+                                  pulp.LpConstraintEQ, rhs=1.0), f"cover_{v}"
+        terms = [(F[v], 1.0), (S[v], -1.0)] + [(x[c, d], -costs[c, d] * ts) for c in cov[v]
+                                               for d in range(D) if (c, d) in x]
+        prob += pulp.LpConstraint(_lin(terms), pulp.LpConstraintGE, rhs=0.0), f"dur_{v}"
+        prob += pulp.LpConstraint(_lin([(M, 1.0), (F[v], -1.0)]), pulp.LpConstraintGE, rhs=0.0), f"span_{v}"
+    for c in sorted(keep):
+        ys = [(x[c, d], 1.0) for d in range(D) if (c, d) in x]
+        if not ys or len(sets[c]) < 2:
+            continue
+        for k, (a, b) in enumerate(zip(sets[c], sets[c][1:])):
+            yterm = [(var, UB) for var, _ in ys]
+            prob += pulp.LpConstraint(_lin([(S[a], 1.0), (S[b], -1.0)] + yterm), pulp.LpConstraintLE,
+                                      rhs=UB), f"sync_{c}_{k}"
+            prob += pulp.LpConstraint(_lin([(S[b], 1.0), (S[a], -1.0)] + yterm), pulp.LpConstraintLE,
+                                      rhs=UB), f"syncr_{c}_{k}"
+    edges = [(int(u), int(v), int(b)) for u, v, b in graph.edges()]
+    for u, v, b in edges:
+        sm = [(var, UB) for var, _ in same(u, v)]
+        prob += pulp.LpConstraint(_lin([(S[v], 1.0), (F[u], -1.0)] + sm), pulp.LpConstraintGE, rhs=0.0), \
+            f"prec_{u}_{v}"
+        if D > 1:
+            for a in range(D):
+                for e in range(D):
+                    if a == e:
+                        continue
+                    tr = cluster.transfer_s(a, e, b) * ts
+                    big = UB + tr  # relaxes S[v] - F[u] >= tr down to -UB (always true)
+                    terms = [(S[v], 1.0), (F[u], -1.0)] + [(var, -big) for var, _ in X(u, a)] + \
+                        [(var, -big) for var, _ in X(v, e)]
+                    prob += pulp.LpConstraint(_lin(terms), pulp.LpConstraintGE, rhs=tr - 2 * big), \
+                        f"comm_{u}_{v}_{a}_{e}"
+    o = {}
+    if D > 1:
+        for u, w in concurrent_pairs(graph):
+            o[u, w] = var = _var(prob, f"o_{u}_{w}", 0, 1, pulp.LpBinary)
+            sm = [(s_, UB) for s_, _ in same(u, w)]
+            for a in range(D):
+                xs = [(t, -UB) for t, _ in X(u, a)] + [(t, -UB) for t, _ in X(w, a)]
+                if not X(u, a) or not X(w, a):
+                    continue
+                # o = 1: u before w; o = 0: w before u (relaxed unless both on device a, different candidates)
+                prob += pulp.LpConstraint(_lin([(S[w], 1.0), (F[u], -1.0), (var, -UB)] + xs + sm),
+                                          pulp.LpConstraintGE, rhs=-3 * UB), f"ord_{u}_{w}_{a}"
+                prob += pulp.LpConstraint(_lin([(S[u], 1.0), (F[w], -1.0), (var, UB)] + xs + sm),
+                                          pulp.LpConstraintGE, rhs=-2 * UB), f"ordr_{u}_{w}_{a}"
+    for d in range(D):
+        terms = [(x[c, d], -costs[c, d] * ts) for c in sorted(keep) if (c, d) in x]
+        prob += pulp.LpConstraint(_lin([(M, 1.0)] + terms), pulp.LpConstraintGE, rhs=0.0), f"load_{d}"
+    if memory:
+        mem = graph.memory_array()
+        caps = cluster.capacities()
+        bs = 1.0 / max(float(mem.max()), 1.0)
+        for d in range(D):
+            terms = [(x[c, d], float(sum(mem[v] for v in sets[c])) * bs) for c in sorted(keep) if (c, d) in x]
+            prob += pulp.LpConstraint(_lin(terms), pulp.LpConstraintLE, rhs=float(caps[d]) * bs), f"mem_{d}"
+
+    if wstart is not None:
+        chosen_of = {}
+        for c in warm.chosen:
+            for v in sets[c]:
+                chosen_of[v] = c
+        for (c, d), var in x.items():
+            var.setInitialValue(1.0 if (c in wdev and wdev[c] == d) else 0.0)
+        for v in range(n):
+            c = chosen_of[v]
+            S[v].setInitialValue(min(wstart[c] * ts, UB))
+            F[v].setInitialValue(min((wstart[c] + costs[c, wdev[c]]) * ts, UB))
+        M.setInitialValue(min(ub * ts, UB))
+        for (u, w), var in o.items():
+            var.setInitialValue(1.0 if wstart[chosen_of[u]] <= wstart[chosen_of[w]] else 0.0)
+
+    build_s = time.perf_counter() - t0
+    backend = _make_backend(solver, time_limit_s, gap, msg, None, None)
+    try:
+        prob.solve(backend)
+    except pulp.PulpSolverError as e:
+        if wstart is None:
+            raise SolverError(f"the {solver} solver failed on the joint model: {e}") from e
+    has = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    info = {"candidates_kept": len(keep), "num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(), "build_s": build_s,
+            "order_binaries": len(o), "status": pulp.LpStatus.get(prob.status, str(prob.status)),
+            "time_limit_s": time_limit_s}
+    if has:
+        xv = {(c, d): (var.value() or 0.0) for (c, d), var in x.items()}
+        chosen, device = [], {}
+        for (c, d), val in xv.items():
+            if val > 0.5:
+                chosen.append(c)
+                device[c] = d
+        start = {c: float((S[sets[c][0]].value() or 0.0) / ts) for c in chosen}
+        obj = float((M.value() or 0.0) / ts)
+        ok = _is_cover(n, sets, chosen)
+        if ok and (wstart is None or obj <= ub * (1 + 1e-6)):
+            chosen.sort(key=lambda c: (round(start[c], 12), sets[c][0]))
+            info["source"] = "ilp"
+            return JointResult(chosen, device, start, obj, time.perf_counter() - t0, info)
+        info["note"] = "the ILP's answer was not a valid cover; returning the warm start"
+    if wstart is None:
+        raise SolverError(f"the joint ILP found no solution in {time_limit_s} s and there is no warm start; "
+                          "raise time_limit_s or pass the Collage-DP cover as warm start")
+    info["source"] = "warm_start"
+    return JointResult(list(warm.chosen), dict(wdev), dict(wstart), float(ub), time.perf_counter() - t0, info)
+
+
+def _is_cover(n: int, sets, chosen) -> bool:
+    seen = np.zeros(n, dtype=np.int64)
+    for c in chosen:
+        for v in sets[c]:
+            seen[v] += 1
+    return bool((seen == 1).all())
+
+
+__all__ = ["JointResult", "concurrent_pairs", "joint_ilp", "prune_dominated", "warm_schedule"]
