@@ -51,11 +51,15 @@ class MeasureCache:
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                     self.skipped.append((lineno, str(e)))
                     continue
-                self.entries[k] = rec
+                self._index(k, rec)
         if self.skipped:
             lines = ", ".join(str(n) for n, _ in self.skipped[:10])
             warnings.warn(f"measurement log {self.path}: skipped {len(self.skipped)} corrupted line(s) "
                           f"(line {lines})", RuntimeWarning, stacklevel=3)
+
+    def _index(self, k: tuple[str, str, str], rec: dict) -> None:
+        """Remember one loaded record (subclasses may index it further)."""
+        self.entries[k] = rec
 
     def get(self, key: str, backend: str, target: str) -> dict | None:
         return self.entries.get((key, backend, target))

@@ -77,27 +77,9 @@ class ProfileLog(MeasureCache):
         self._mine: dict[tuple, dict] = {}
         super().__init__(path)
 
-    def _load(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path) as f:
-            for lineno, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                    k = (rec["key"], rec["backend"], rec["target"])
-                    float(rec["median_s"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                    self.skipped.append((lineno, str(e)))
-                    continue
-                self.entries[k] = rec
-                self._mine[k + (rec.get("model", ""), rec.get("run", ""))] = rec
-        if self.skipped:
-            lines = ", ".join(str(n) for n, _ in self.skipped[:10])
-            warnings.warn(f"measurement log {self.path}: skipped {len(self.skipped)} corrupted line(s) "
-                          f"(line {lines})", RuntimeWarning, stacklevel=3)
+    def _index(self, k: tuple[str, str, str], rec: dict) -> None:
+        self.entries[k] = rec
+        self._mine[k + (rec.get("model", ""), rec.get("run", ""))] = rec
 
     def get(self, key: str, backend: str, target: str) -> dict | None:
         return self._mine.get((key, backend, target, self.model, self.run))
