@@ -61,26 +61,18 @@ def cut_function(rg: RelaxGraph, binding_ids, outputs, lift_constants: bool = Fa
     bindings = rg.bindings
     var_idx = {b.var: k for k, b in enumerate(bindings)}
     include = set(int(i) for i in binding_ids)
-    stack = list(include)
-    while stack:
-        k = stack.pop()
-        for v in _used_vars(bindings[k].value):
-            j = var_idx.get(v)
+
+    def pull(variables) -> None:
+        """Include the non-call bindings (aliases, tuples, constants) these variables need."""
+        stack = list(variables)
+        while stack:
+            j = var_idx.get(stack.pop())
             if j is not None and j not in include and not isinstance(bindings[j].value, relax.Call):
                 include.add(j)
-                stack.append(j)
-    for v in outputs:
-        j = var_idx.get(v)
-        if j is not None and j not in include and not isinstance(bindings[j].value, relax.Call):
-            include.add(j)
-            stack = [j]
-            while stack:
-                k = stack.pop()
-                for u in _used_vars(bindings[k].value):
-                    jj = var_idx.get(u)
-                    if jj is not None and jj not in include and not isinstance(bindings[jj].value, relax.Call):
-                        include.add(jj)
-                        stack.append(jj)
+                stack.extend(_used_vars(bindings[j].value))
+
+    pull([v for k in sorted(include) for v in _used_vars(bindings[k].value)])
+    pull(outputs)
     order = sorted(include)
     defined = {bindings[k].var for k in order}
     free: list = []
@@ -94,19 +86,26 @@ def cut_function(rg: RelaxGraph, binding_ids, outputs, lift_constants: bool = Fa
         if v not in defined and v not in seen:
             seen.add(v)
             free.append(v)
+    return emit_function(bindings, order, free, outputs, lift_constants, name)
+
+
+def emit_function(bindings, order, free, outputs, lift_constants: bool = False, name: str = "main") -> Segment:
+    """Build the function whose parameters are ``free``, whose body re-emits
+    ``bindings[k]`` for ``k`` in ``order``, and which returns ``outputs``.
+
+    Constants are lifted first (in binding order) so the parameter list is known before
+    the function scope opens.
+    """
     var_map = {}
     params = []
     for v in free:
         p = relax.Var(v.name, v.ty)
         var_map[v] = p
         params.append(p)
-    # Constants are lifted first (in binding order) so the parameter list is known before
-    # the function scope opens; the lifted parameters are reused when the body is emitted.
     lifter = _Remap({}, lift_constants=lift_constants)
     lifted_values = [lifter.visit_expr(bindings[k].value) for k in order]
     bb = relax.BlockBuilder()
-    all_params = params + [p for p, _ in lifter.lifted]
-    with bb.function(name, all_params):
+    with bb.function(name, params + [p for p, _ in lifter.lifted]):
         with bb.dataflow():
             for k, val in zip(order, lifted_values):
                 old = bindings[k].var
@@ -114,8 +113,7 @@ def cut_function(rg: RelaxGraph, binding_ids, outputs, lift_constants: bool = Fa
             outs = [var_map[v] for v in outputs]
             ret = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
         bb.emit_func_output(ret)
-    func = bb.get()[name]
-    return Segment(func, free, list(outputs), [c for _, c in lifter.lifted])
+    return Segment(bb.get()[name], list(free), list(outputs), [c for _, c in lifter.lifted])
 
 
 def group_function(rg: RelaxGraph, node_ids, lift_constants: bool = True, name: str = "main") -> Segment:

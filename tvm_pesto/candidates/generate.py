@@ -461,7 +461,7 @@ def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name
     every parameter is a tensor that a library can take through DLPack. Alias bindings
     are pulled in only when they build tuples/aliases or read tuples computed inside.
     """
-    from ..builder.subgraph import Segment, _Remap
+    from ..builder.subgraph import emit_function
 
     gi = graph_index(rg)
     bindings = rg.bindings
@@ -508,24 +508,7 @@ def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name
             if u not in produced and u not in seen:
                 seen.add(u)
                 free.append(u)
-    var_map = {}
-    params = []
-    for u in free:
-        p = relax.Var(u.name, u.ty)
-        var_map[u] = p
-        params.append(p)
-    lifter = _Remap({}, lift_constants=lift_constants)
-    values = [lifter.visit_expr(bindings[k].value) for k in order]
-    bb = relax.BlockBuilder()
-    with bb.function(name, params + [p for p, _ in lifter.lifted]):
-        with bb.dataflow():
-            for k, val in zip(order, values):
-                old = bindings[k].var
-                var_map[old] = bb.emit(_Remap(var_map).visit_expr(val), name_hint=old.name)
-            outs = [var_map[v] for v in outputs]
-            ret = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
-        bb.emit_func_output(ret)
-    return Segment(bb.get()[name], free, list(outputs), [c for _, c in lifter.lifted])
+    return emit_function(bindings, order, free, outputs, lift_constants, name)
 
 
 __all__ = ["Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_outputs", "combined_acyclic",
