@@ -61,3 +61,15 @@ def calibrate_batchnorm(model: nn.Module, input_shape: tuple[int, ...], batch: i
     for m in bns:
         m.momentum = 0.1
     return model.eval()
+
+
+def build_bn_image_model(presets: dict[str, dict], name: str, size: str, make) -> tuple[nn.Module, tuple[np.ndarray, ...]]:
+    """Seeded ``make(**preset)`` for a BatchNorm image model, its statistics calibrated,
+    and one ``(1, 3, image, image)`` input (the preset's ``image`` entry)."""
+    p = preset(presets, name, size)
+    image = p.pop("image")
+    torch.manual_seed(0)
+    model = make(**p)
+    shape = (1, 3, image, image)
+    calibrate_batchnorm(model, shape)
+    return model, seeded_inputs([shape])

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._common import calibrate_batchnorm, preset, scale, seeded_inputs
+from ._common import build_bn_image_model, scale
 
 PRESETS = {
     "small": dict(image=147, width=1 / 8, a_pool=(32, 64), c7=(128, 192), e_blocks=1, classes=10),
@@ -190,10 +190,4 @@ def build(size: str = "small") -> tuple[nn.Module, tuple[np.ndarray, ...]]:
     >>> x.shape
     (1, 3, 147, 147)
     """
-    p = preset(PRESETS, "inception_v3", size)
-    image = p.pop("image")
-    torch.manual_seed(0)
-    model = InceptionV3(**p)
-    shape = (1, 3, image, image)
-    calibrate_batchnorm(model, shape)
-    return model, seeded_inputs([shape])
+    return build_bn_image_model(PRESETS, "inception_v3", size, InceptionV3)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._common import calibrate_batchnorm, preset, seeded_inputs
+from ._common import build_bn_image_model
 
 # expansion t, output channels c, repeats n, first stride s (the paper's Table 2)
 STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
@@ -107,10 +107,4 @@ def build(size: str = "small") -> tuple[nn.Module, tuple[np.ndarray, ...]]:
     >>> x.shape
     (1, 3, 96, 96)
     """
-    p = preset(PRESETS, "mobilenet_v2", size)
-    image = p.pop("image")
-    torch.manual_seed(0)
-    model = MobileNetV2(**p)
-    shape = (1, 3, image, image)
-    calibrate_batchnorm(model, shape)
-    return model, seeded_inputs([shape])
+    return build_bn_image_model(PRESETS, "mobilenet_v2", size, MobileNetV2)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._common import calibrate_batchnorm, preset, seeded_inputs
+from ._common import build_bn_image_model
 
 PRESETS = {
     "small": dict(image=128, base=8, layers=(1, 1, 1, 1), classes=10),
@@ -100,10 +100,4 @@ def build(size: str = "small") -> tuple[nn.Module, tuple[np.ndarray, ...]]:
     >>> x.shape
     (1, 3, 128, 128)
     """
-    p = preset(PRESETS, "resnet50", size)
-    image = p.pop("image")
-    torch.manual_seed(0)
-    model = ResNet(**p)
-    shape = (1, 3, image, image)
-    calibrate_batchnorm(model, shape)
-    return model, seeded_inputs([shape])
+    return build_bn_image_model(PRESETS, "resnet50", size, ResNet)
