@@ -167,7 +167,7 @@ def _timed(fn):
 def _ilp_facts(info: dict) -> dict:
     keys = ("source", "status", "timed_out", "mip_gap", "coarse_nodes", "coarse_status", "coarse_timed_out",
             "coarse_mip_gap", "coarse_solver_backend", "solver_backend", "coarsen_s", "ilp_s", "note",
-            "num_vars", "coarse_num_vars")
+            "num_vars", "coarse_num_vars", "refine")
     return {k: info[k] for k in keys if k in info}
 
 
@@ -345,6 +345,26 @@ def _columns(res: dict) -> list[str]:
     return cols
 
 
+_BOUND_NAMES = {"critical_path_s": "path", "work_s": "work", "lp_s": "LP", "segment_s": "segments",
+                "path_memory_s": "path+memory"}
+
+
+def bound_kind(lb: dict) -> str:
+    """Which bound of :func:`tvm_pesto.solve.lower_bound` is the largest (ties: the simplest).
+
+    Examples
+    --------
+    >>> bound_kind({"critical_path_s": 1.0, "work_s": 0.5, "lp_s": 1.0, "segment_s": 1.2, "best": 1.2})
+    'segments'
+    """
+    best = lb.get("best")
+    for key, name in _BOUND_NAMES.items():
+        v = lb.get(key)
+        if v is not None and best is not None and v >= best * (1 - 1e-9):
+            return name
+    return "?"
+
+
 def placement_markdown(res: dict, command: str | None = None) -> str:
     """The benchmark as markdown: summary, then ratio, solve-time and memory tables.
 
@@ -361,8 +381,9 @@ def placement_markdown(res: dict, command: str | None = None) -> str:
               f"{m.get('load_average_start')} at the start and {m['load_average']} at the end of the run, "
               f"Python {m['python']}. Solvers and bounds took {res['total_s']:.0f} s in all.",
               f"ILP: time limit {s['ilp_time_limit_s']:g} s per MIP, graphs above {s['ilp_target']} nodes "
-              f"coarsened to {s['ilp_target']} supernodes. Lower bound: max(critical path, work / devices, LP "
-              f"relaxation up to {s['lp_max_nodes']} nodes); transfers are not in the bound.", "",
+              f"coarsened to {s['ilp_target']} supernodes, then the critical-path local search. Lower bound: "
+              f"max(critical path, work / devices, LP relaxation up to {s['lp_max_nodes']} nodes, segment "
+              "bound, path-memory bound); the last two charge transfers (`bound by` names the largest).", "",
               f"- ILP never worse than the best heuristic: **{summ['ilp_never_worse']}** "
               f"({summ['checked']} of {summ['cases']} cases checked"
               + (f"; worse on {', '.join(summ['ilp_worse_cases'])}" if summ["ilp_worse_cases"] else "") + ")",
@@ -374,7 +395,7 @@ def placement_markdown(res: dict, command: str | None = None) -> str:
               + (f"; missed on {', '.join(summ['goal_missed'])}" if summ["goal_missed"] else ""), ""]
     if summ["errors"]:
         lines += ["Failures:", ""] + [f"- {k}: {v}" for k, v in summ["errors"].items()] + [""]
-    heads = ["case", "nodes", "dev", "bound (ms)"] + cols + ["ILP ≤ best heur.", "5% goal"]
+    heads = ["case", "nodes", "dev", "bound (ms)", "bound by"] + cols + ["ILP ≤ best heur.", "5% goal"]
     rows = []
     for r in res["cases"]:
         best = r["best_heuristic"]
@@ -394,12 +415,13 @@ def placement_markdown(res: dict, command: str | None = None) -> str:
                 cells.append(txt)
         c = r["checks"]
         goal = {None: "–", False: "n/a"}.get(c["heuristics_within_10pct"], "yes" if c["goal_met"] else "**no**")
-        rows.append([r["name"], r["nodes"], r["devices"], fmt(r["lower_bound_s"] * 1e3, ".3f")] + cells
+        rows.append([r["name"], r["nodes"], r["devices"], fmt(r["lower_bound_s"] * 1e3, ".3f"),
+                     bound_kind(r["lower_bound"])] + cells
                     + ["yes" if c["ilp_not_worse_than_heuristics"] else ("–" if c["ilp_not_worse_than_heuristics"]
                                                                          is None else "**no**"), goal])
     lines += ["### Makespan / lower bound", "",
               "Bold: the best heuristic. `(mem)`: the expert split exceeds a device's memory in tvm-pesto's model "
-              "(received tensors count).", "", markdown_table(heads, rows, "lrrr" + "r" * len(cols) + "ll"), ""]
+              "(received tensors count).", "", markdown_table(heads, rows, "lrrrl" + "r" * len(cols) + "ll"), ""]
     trows = [[r["name"]] + [fmt(r["results"].get(a, {}).get("solve_s"), ".3f") for a in cols if a != "expert"]
              + [fmt(r["lower_bound_time_s"], ".2f")] for r in res["cases"]]
     lines += ["### Solve time (s)", "", markdown_table(["case"] + [a for a in cols if a != "expert"] + ["bound"],
@@ -422,7 +444,8 @@ def placement_markdown(res: dict, command: str | None = None) -> str:
                           fmt(ilp.get("solve_s"), ".1f")])
     if irows:
         lines += ["### ILP details", "", "`source`: which candidate the ILP returned (`ilp` = its own solution; "
-                  "a heuristic's name = the warm start or fine-graph heuristic was better after expansion).", "",
+                  "a heuristic's name = the warm start or fine-graph heuristic was better after expansion; "
+                  "`+refine` = the critical-path local search then improved it).", "",
                   markdown_table(["case", "ILP nodes", "source", "timed out", "MIP gap", "backend", "solve (s)"],
                                  irows), ""]
     return "\n".join(lines)

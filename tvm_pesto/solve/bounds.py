@@ -110,7 +110,8 @@ def lp_bound(problem: Problem, time_limit_s: float = 30.0) -> tuple[float | None
     return float(T.value()) * scale, status
 
 
-def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 300) -> dict:
+def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 1000, comm: bool | None = None,
+                comm_max_nodes: int = 5000) -> dict:
     """Lower bounds on the makespan of ``problem``, in seconds.
 
     Parameters
@@ -120,12 +121,17 @@ def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 30
         Solve the LP relaxation; by default only when the graph has at most
         ``lp_max_nodes`` nodes.
     lp_max_nodes : int
+    comm : bool, optional
+        Compute the transfer-aware bounds of :mod:`.comm_bounds`; by default only when the
+        graph has at most ``comm_max_nodes`` nodes (each distinct graph segment is a small MIP).
+    comm_max_nodes : int
 
     Returns
     -------
     dict
         ``critical_path_s``, ``work_s``, ``lp_s`` (None when skipped or unsolved),
-        ``lp_status`` and ``best`` (the largest of them).
+        ``lp_status``, ``segment_s`` and ``path_memory_s`` (None when skipped), ``segment``
+        (facts of the segment bound) and ``best`` (the largest of them).
 
     Examples
     --------
@@ -142,6 +148,16 @@ def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 30
         out["lp_status"] = status
         if val is not None:
             out["lp_s"] = val if not np.isfinite(val) else max(0.0, val * (1 - _SAFETY) - 1e-12)
-    vals = [v for v in (cp, work, out["lp_s"]) if v is not None]
+    out.update(segment_s=None, path_memory_s=None)
+    if comm is None:
+        comm = problem.num_nodes <= comm_max_nodes
+    if comm and problem.num_nodes:
+        from .comm_bounds import path_memory_bound, segment_bound
+
+        seg = segment_bound(problem)
+        out["segment_s"] = seg["bound_s"]
+        out["segment"] = {k: v for k, v in seg.items() if k != "bound_s"}
+        out["path_memory_s"] = path_memory_bound(problem)["bound_s"]
+    vals = [v for v in (cp, work, out["lp_s"], out["segment_s"], out["path_memory_s"]) if v is not None]
     out["best"] = float(max(vals))
     return out

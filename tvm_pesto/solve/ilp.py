@@ -718,9 +718,11 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     return plan
 
 
-def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, **opts) -> Plan:
+def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_s: float = 2.0, **opts) -> Plan:
     """Registry entry point for ``"ilp"``: solve directly when the graph has at most
-    ``target`` nodes, else coarsen to ``target`` supernodes, solve and expand.
+    ``target`` nodes, else coarsen to ``target`` supernodes, solve and expand; then polish the
+    plan on the full graph with :func:`tvm_pesto.solve.refine.refine` for up to ``refine_s``
+    seconds (0 turns it off; ``info["refine"]`` says what it did).
 
     ``opts`` go to :func:`solve_ilp` (``solver``, ``gap``, ``pairs``, ``warm_start``, ``msg``)
     and, for coarsened graphs, to :func:`tvm_pesto.solve.coarsen.solve_coarse_ilp`
@@ -731,9 +733,21 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, **opts)
     >>> from tvm_pesto.solve.ilp import solve  # doctest: +SKIP
     >>> plan = solve(problem, target=40, time_limit_s=5)  # doctest: +SKIP
     """
+    from .refine import refine
+
+    t0 = time.perf_counter()
     coarse_only = {k: opts.pop(k) for k in ("fine_heuristics", "weight_cap", "mem_frac", "max_passes") if k in opts}
     if problem.num_nodes <= target:
-        return solve_ilp(problem, time_limit_s=time_limit_s, **opts)
-    from .coarsen import solve_coarse_ilp
+        plan = solve_ilp(problem, time_limit_s=time_limit_s, **opts)
+    else:
+        from .coarsen import solve_coarse_ilp
 
-    return solve_coarse_ilp(problem, target=target, time_limit_s=time_limit_s, **opts, **coarse_only)
+        plan = solve_coarse_ilp(problem, target=target, time_limit_s=time_limit_s, **opts, **coarse_only)
+    if refine_s and refine_s > 0:
+        plan = refine(problem, plan, time_budget_s=refine_s)
+        moved = plan.info["refine"]["moves"]
+        plan.info["makespan_s"] = plan.info["refine"]["makespan_after_s"]
+        if moved:
+            plan.info["source"] = f"{plan.info.get('source', 'ilp')}+refine"
+    plan.solve_s = time.perf_counter() - t0
+    return plan
