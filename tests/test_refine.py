@@ -91,3 +91,39 @@ def test_ilp_registry_entry_reports_the_refinement():
     assert "refine" in plan.info and plan.info["makespan_s"] == pytest.approx(3e-3)
     off = solve(p, "ilp", time_limit_s=5, refine_s=0)
     assert "refine" not in off.info
+
+
+def test_heft_pins_and_keeps_others_off_pinned_devices():
+    # four independent nodes on three devices: node 0 pinned to device 2; the rest avoid it
+    p = make_problem(4, [], [1e-3] * 4, d=3)
+    plan = solve(p, "heft", pins={0: 2})
+    assert plan.assignment[0] == 2
+    assert 2 not in plan.assignment[1:].tolist()
+    check_plan(p, plan, "heft")
+
+
+def test_critical_path_splits_pin_the_path_in_runs():
+    from tvm_pesto.solve.refine import critical_path_splits
+
+    n = 9
+    edges = [(i, i + 1, 10) for i in range(n - 1)] + [(0, n, 10), (n, n - 1, 10)]
+    p = make_problem(n + 1, edges, [1e-3] * n + [1e-4], d=3, latency=0.0, bandwidth=1e12)
+    seeds = critical_path_splits(p, parts=(3, 5))
+    assert [s.info["seed"] for s in seeds] == ["critical path in 3 runs"]  # 5 is capped at 3 devices
+    a = seeds[0].assignment
+    assert [len(set(a[i:i + 3].tolist())) for i in (0, 3, 6)] == [1, 1, 1]
+    assert len(set(a[:n].tolist())) == 3
+    check_plan(p, seeds[0], "heft")
+
+
+def test_polish_keeps_the_best_start_and_stops_at_the_bound():
+    from tvm_pesto.solve.refine import polish
+
+    p = two_chains()
+    bad = Plan(np.zeros(6, dtype=np.int32), [[0, 1, 2, 3, 4, 5], []], solver="single")
+    good = Plan(np.array([0, 0, 0, 1, 1, 1], dtype=np.int32), [[0, 1, 2], [3, 4, 5]], solver="split")
+    out = polish(p, [bad, good], time_budget_s=30, floor_s=3e-3)
+    assert simulate(p, out).makespan == pytest.approx(3e-3)
+    r = out.info["refine"]
+    assert r["starts"] == 2 and r["kicks"] == 0  # at the bound: no iterated search
+    assert r["makespan_before_s"] == pytest.approx(6e-3)

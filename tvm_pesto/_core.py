@@ -123,8 +123,10 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
         Bytes each edge carries.
     assignment : array of int, shape (n,)
         Device of each node.
-    order : list of list of int
-        ``order[d]``: the nodes device ``d`` runs, in order.
+    order : list of list of int, or (flat, offsets)
+        ``order[d]``: the nodes device ``d`` runs, in order; or already flattened: every
+        device's order one after another (``flat``) and where each starts (``offsets``,
+        ``d + 1`` entries).
     cost : array of float, shape (n,)
         Seconds each node takes on its device.
     latency, inv_bw : array of float, shape (d, d)
@@ -161,7 +163,12 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
     assignment = np.asarray(assignment, dtype=np.int32).reshape(-1)
     if assignment.shape != (n,):
         raise PlanError(f"plan assigns {assignment.shape[0]} nodes; the graph has {n}")
-    flat, offsets = _flatten_order(order, d)
+    if isinstance(order, tuple) and len(order) == 2 and isinstance(order[0], np.ndarray):
+        flat, offsets = order
+        if offsets.shape != (d + 1,):
+            raise PlanError(f"plan has order offsets for {offsets.shape[0] - 1} devices; the cluster has {d}")
+    else:
+        flat, offsets = _flatten_order(order, d)
     if flat.shape[0] != n:
         raise PlanError(f"the orders list {flat.shape[0]} slots for {n} nodes; each node needs exactly one")
     # At most one transfer per (producer, destination device): bounded by the cross-device

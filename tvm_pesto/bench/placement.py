@@ -381,7 +381,9 @@ def placement_markdown(res: dict, command: str | None = None) -> str:
               f"{m.get('load_average_start')} at the start and {m['load_average']} at the end of the run, "
               f"Python {m['python']}. Solvers and bounds took {res['total_s']:.0f} s in all.",
               f"ILP: time limit {s['ilp_time_limit_s']:g} s per MIP, graphs above {s['ilp_target']} nodes "
-              f"coarsened to {s['ilp_target']} supernodes, then the critical-path local search. Lower bound: "
+              f"coarsened to {s['ilp_target']} supernodes, then up to "
+              f"{s.get('ilp_options', {}).get('refine_s', s['ilp_time_limit_s']):g} s of critical-path local search "
+              "(from the ILP's plan and a critical-path split). Lower bound: "
               f"max(critical path, work / devices, LP relaxation up to {s['lp_max_nodes']} nodes, segment "
               "bound, path-memory bound); the last two charge transfers (`bound by` names the largest).", "",
               f"- ILP never worse than the best heuristic: **{summ['ilp_never_worse']}** "

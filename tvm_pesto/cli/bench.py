@@ -91,6 +91,8 @@ def _split(values) -> list[str]:
               help="MIP time limit per case in seconds  [default: 15, 2 with --quick]")
 @click.option("--ilp-target", default=None, type=int, help="coarsen graphs above this many nodes (default: the "
               "ILP solver's own default)")
+@click.option("--ilp-refine", default=None, type=float, help="seconds of local search after the ILP  [default: the "
+              "ILP time limit]")
 @click.option("--algorithms", default=None, help="comma-separated solver names (default: all)")
 @click.option("--root", default=None, help="the dnn-partitioning folder (default $TVM_PESTO_DNN_PARTITIONING or "
               "/work/shared/benchmarks/dnn-partitioning)")
@@ -101,8 +103,8 @@ def _split(values) -> list[str]:
               "with --quick]")
 @click.option("--layergraphs/--no-layergraphs", default=True, help="include the dnn-partitioning LayerGraphs")
 @click.option("--zoo/--no-zoo", default=True, help="include the zoo models")
-def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, algorithms, root, models, clusters,
-              size, layergraphs, zoo):
+def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, ilp_refine, algorithms, root, models,
+              clusters, size, layergraphs, zoo):
     """Every solver on every LayerGraph and zoo model: makespan / lower bound, solve time, memory."""
     from ..bench import placement as bp
     from ..solve import get_solver
@@ -125,7 +127,8 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
     if not cases:
         raise PestoError("nothing to benchmark: --no-layergraphs and --no-zoo leave no cases")
     console.print(f"[bold]bench placement[/]: {len(cases)} cases x {len(algs)} algorithms, ILP limit {limit:g} s")
-    res = bp.run_placement(cases, algs, ilp_time_limit_s=limit, ilp_target=ilp_target, progress=say)
+    res = bp.run_placement(cases, algs, ilp_time_limit_s=limit, ilp_target=ilp_target, progress=say,
+                           ilp_options=None if ilp_refine is None else {"refine_s": ilp_refine})
     res["command"] = _command_line(ctx)
     s = res["summary"]
     console.print(f"ILP never worse than the best heuristic: {s['ilp_never_worse']} ({s['checked']} cases); "

@@ -62,14 +62,19 @@ class Plan:
             raise PlanError(f"plan has orders for {len(self.order)} devices; the cluster has {num_devices}")
         if num_nodes and (self.assignment.min() < 0 or self.assignment.max() >= num_devices):
             raise PlanError(f"plan assigns a device outside 0..{num_devices - 1}")
-        seen = np.zeros(num_nodes, dtype=np.int32)
-        for d, seq in enumerate(self.order):
-            for v in seq:
-                if not 0 <= v < num_nodes:
-                    raise PlanError(f"device {d}'s order names unknown node {v}")
-                if self.assignment[v] != d:
-                    raise PlanError(f"node {v} is in device {d}'s order but assigned to {self.assignment[v]}")
-                seen[v] += 1
+        sizes = [len(seq) for seq in self.order]
+        flat = (np.concatenate([np.asarray(seq, dtype=np.int64).reshape(-1) for seq in self.order])
+                if sum(sizes) else np.zeros(0, dtype=np.int64))
+        dev = np.repeat(np.arange(num_devices), sizes)
+        out = (flat < 0) | (flat >= num_nodes)
+        if out.any():
+            i = int(np.flatnonzero(out)[0])
+            raise PlanError(f"device {dev[i]}'s order names unknown node {flat[i]}")
+        wrong = self.assignment[flat] != dev
+        if wrong.any():
+            i = int(np.flatnonzero(wrong)[0])
+            raise PlanError(f"node {flat[i]} is in device {dev[i]}'s order but assigned to {self.assignment[flat[i]]}")
+        seen = np.bincount(flat, minlength=num_nodes)
         if (seen != 1).any():
             bad = int(np.flatnonzero(seen != 1)[0])
             raise PlanError(f"node {bad} appears {seen[bad]} times in the orders; each node needs exactly one slot")

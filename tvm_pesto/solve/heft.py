@@ -84,7 +84,21 @@ def data_ready(v: int, arrays: GraphArrays, dev: np.ndarray, finish: np.ndarray,
     return ready
 
 
-def _heft(problem: Problem, insertion: bool = True):
+def _apply_pins(v: int, ok: np.ndarray, pins: dict, reserved: np.ndarray, st: MemoryState) -> np.ndarray:
+    """Devices ``v`` may take: its pin if it has one that fits; a node without a pin (and not
+    tied to a placed co-location group) keeps off the pinned devices while others fit."""
+    if v in pins and ok[pins[v]]:
+        only = np.zeros_like(ok)
+        only[pins[v]] = True
+        return only
+    if v not in pins and st.pinned(v) < 0:
+        free = ok & ~reserved
+        if free.any():
+            return free
+    return ok
+
+
+def _heft(problem: Problem, insertion: bool = True, pins: dict | None = None):
     n, d = problem.num_nodes, problem.num_devices
     g = GraphArrays(problem)
     st = MemoryState(problem, g)
@@ -97,10 +111,15 @@ def _heft(problem: Problem, insertion: bool = True):
     sent = np.full((n, d), -1.0)
     arrival = np.zeros((n, d))
     timelines = [Timeline() for _ in range(d)]
+    reserved = np.zeros(d, dtype=bool)
+    if pins:
+        reserved[list(set(pins.values()))] = True
     for v in order:
         ok = st.fits(v)
         if not ok.any():
             raise NoFit(v)
+        if pins:
+            ok = _apply_pins(v, ok, pins, reserved, st)
         ready = data_ready(v, g, st.dev, finish, sent, arrival, lat, inv, d)
         best_t, best_f, best_d, best_i = 0.0, np.inf, -1, 0
         for k in np.flatnonzero(ok).tolist():
@@ -123,7 +142,7 @@ def _heft(problem: Problem, insertion: bool = True):
     return assignment, plan_order, info
 
 
-def solve(problem: Problem, insertion: bool = True) -> Plan:
+def solve(problem: Problem, insertion: bool = True, pins: dict | None = None) -> Plan:
     """Place ``problem`` with memory-aware HEFT.
 
     Parameters
@@ -131,6 +150,10 @@ def solve(problem: Problem, insertion: bool = True) -> Plan:
     problem : Problem
     insertion : bool
         Let a node use an idle gap between two already-scheduled nodes (classic HEFT).
+    pins : dict, optional
+        ``{node: device}`` for nodes that go to a given device whenever it can hold them
+        (e.g. a critical path cut into runs, see :func:`tvm_pesto.solve.refine.critical_path_splits`);
+        the other nodes keep off the pinned devices while another device can take them.
 
     Returns
     -------
@@ -147,4 +170,4 @@ def solve(problem: Problem, insertion: bool = True) -> Plan:
     >>> from tvm_pesto.solve import solve as run
     >>> # plan = run(problem, "heft")
     """
-    return run_solver(problem, NAME, _heft, insertion=insertion)
+    return run_solver(problem, NAME, _heft, insertion=insertion, pins=pins)

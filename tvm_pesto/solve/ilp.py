@@ -718,11 +718,14 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     return plan
 
 
-def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_s: float = 2.0, **opts) -> Plan:
+def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_s: float | None = None,
+          **opts) -> Plan:
     """Registry entry point for ``"ilp"``: solve directly when the graph has at most
     ``target`` nodes, else coarsen to ``target`` supernodes, solve and expand; then polish the
-    plan on the full graph with :func:`tvm_pesto.solve.refine.refine` for up to ``refine_s``
-    seconds (0 turns it off; ``info["refine"]`` says what it did).
+    plan on the full graph for up to ``refine_s`` seconds (default: ``time_limit_s``; 0 turns
+    it off): :func:`tvm_pesto.solve.refine.polish` from the ILP's plan and from
+    :func:`~tvm_pesto.solve.refine.critical_path_splits`. ``info["refine"]`` says what it
+    did; ``info["source"]`` ends in ``+refine`` when it helped.
 
     ``opts`` go to :func:`solve_ilp` (``solver``, ``gap``, ``pairs``, ``warm_start``, ``msg``)
     and, for coarsened graphs, to :func:`tvm_pesto.solve.coarsen.solve_coarse_ilp`
@@ -733,7 +736,7 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     >>> from tvm_pesto.solve.ilp import solve  # doctest: +SKIP
     >>> plan = solve(problem, target=40, time_limit_s=5)  # doctest: +SKIP
     """
-    from .refine import refine
+    from .refine import critical_path_splits, polish
 
     t0 = time.perf_counter()
     coarse_only = {k: opts.pop(k) for k in ("fine_heuristics", "weight_cap", "mem_frac", "max_passes") if k in opts}
@@ -743,11 +746,23 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
         from .coarsen import solve_coarse_ilp
 
         plan = solve_coarse_ilp(problem, target=target, time_limit_s=time_limit_s, **opts, **coarse_only)
-    if refine_s and refine_s > 0:
-        plan = refine(problem, plan, time_budget_s=refine_s)
-        moved = plan.info["refine"]["moves"]
-        plan.info["makespan_s"] = plan.info["refine"]["makespan_after_s"]
-        if moved:
-            plan.info["source"] = f"{plan.info.get('source', 'ilp')}+refine"
+    if refine_s is None:
+        refine_s = time_limit_s
+    if refine_s > 0:
+        from .bounds import lower_bound
+        from .comm_bounds import path_memory_bound
+
+        # cheap bounds only (no LP, no segment MIPs): the search stops early when it meets one
+        floor = max(lower_bound(problem, lp=False, comm=False)["best"], path_memory_bound(problem)["bound_s"])
+        seeds = [plan] + critical_path_splits(problem)
+        best = polish(problem, seeds, time_budget_s=refine_s, floor_s=floor if np.isfinite(floor) else 0.0)
+        r = best.info["refine"]
+        info = dict(plan.info, refine=r, cheap_lower_bound_s=floor)
+        if r["makespan_after_s"] < r["makespan_before_s"] * (1 - 1e-9):
+            base = plan.info.get("source", "ilp") if r["start"] == 0 else "critical-path split"
+            info.update(source=f"{base}+refine", makespan_s=r["makespan_after_s"])
+        else:
+            best = plan
+        plan = Plan(best.assignment, best.order, solver="ilp", info=info)
     plan.solve_s = time.perf_counter() - t0
     return plan

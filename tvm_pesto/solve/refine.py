@@ -13,7 +13,11 @@ budget:
    time (each device runs its nodes in the order of their old start times);
 3. also try reordering: a node that held its device while the chain waited for it runs
    after the chain nodes it delayed;
-4. keep the change with the smallest simulated makespan if it is better, else stop.
+4. keep the change with the smallest simulated makespan if it is better, else stop: a local
+   optimum;
+5. then kick: move a few random nodes to random devices, descend again from there, and keep
+   the result if it beats the best plan so far (an iterated local search), until the time
+   budget runs out or kicks stop paying.
 
 Every candidate is checked by the simulator, memory included, so the result is always a
 valid plan and never worse than the input.
@@ -30,13 +34,14 @@ import time
 
 import numpy as np
 
-from ..errors import InfeasibleError, PlanError
+from ..errors import InfeasibleError, PestoError, PlanError
 from ..plan.plan import Plan
 from ..plan.problem import Problem
 from ..plan.simulate import SimResult, simulate
 from .common import colocation_index
 
 _REL = 1e-9  # a move must beat the incumbent by this relative margin
+_AT_BOUND = 1e-5  # a plan this close to a lower bound (which carries solver tolerances) is optimal
 
 
 def _ordered(assignment: np.ndarray, priority: np.ndarray, num_devices: int) -> list[list[int]]:
@@ -96,24 +101,69 @@ def critical_chain(problem: Problem, plan: Plan, sim: SimResult, tol: float = 1e
 
 
 class _Evaluator:
-    """Simulates assignments with a fixed time priority; counts the calls."""
+    """Simulates an assignment whose devices run their nodes by ``priority``.
+
+    Calls the C++ simulator directly on flat arrays (no :class:`Plan` until one is kept);
+    returns ``(candidate, SimResult)``, or ``(candidate, None)`` when the order deadlocks or
+    a device runs out of memory. ``candidate.plan()`` builds the plan.
+    """
 
     def __init__(self, problem: Problem, solver: str):
         self.problem = problem
         self.solver = solver
         self.calls = 0
+        try:
+            from .. import _core
+
+            self.core = _core
+        except ImportError:
+            self.core = None
+        self.src = problem.src.astype(np.int32)
+        self.dst = problem.dst.astype(np.int32)
+        self.ids = np.arange(problem.num_nodes)
 
     def __call__(self, assignment: np.ndarray, priority: np.ndarray):
         self.calls += 1
-        plan = Plan(assignment, _ordered(assignment, priority, self.problem.num_devices), solver=self.solver)
+        p = self.problem
+        d = p.num_devices
+        flat = np.lexsort((self.ids, priority, assignment)).astype(np.int32)
+        offsets = np.zeros(d + 1, dtype=np.int32)
+        np.cumsum(np.bincount(assignment, minlength=d), out=offsets[1:])
+        cand = _Candidate(np.asarray(assignment, dtype=np.int32), flat, offsets, self.solver)
+        if self.core is None:
+            try:
+                return cand, simulate(p, cand.plan())
+            except (InfeasibleError, PlanError):
+                return cand, None
+        cost = p.costs[self.ids, assignment]
         try:
-            return plan, simulate(self.problem, plan)
-        except (InfeasibleError, PlanError):
-            return plan, None
+            start, finish, busy, peak, tx = self.core.simulate(
+                p.num_nodes, self.src, self.dst, p.ebytes, cand.assignment, (flat, offsets), cost, p.latency,
+                p.inv_bw, p.mem, d)
+        except PlanError:
+            return cand, None
+        if (peak > p.capacity * (1 + 1e-9)).any():
+            return cand, None
+        return cand, SimResult(start, finish, float(finish.max()), busy, peak, tx)
+
+
+class _Candidate:
+    """An assignment and its per-device orders, flattened."""
+
+    __slots__ = ("assignment", "flat", "offsets", "solver")
+
+    def __init__(self, assignment, flat, offsets, solver):
+        self.assignment, self.flat, self.offsets, self.solver = assignment, flat, offsets, solver
+
+    def plan(self) -> Plan:
+        o = self.offsets
+        return Plan(self.assignment, [self.flat[o[k]:o[k + 1]].tolist() for k in range(len(o) - 1)],
+                    solver=self.solver)
 
 
 def _runs(chain: list[int], assignment: np.ndarray) -> list[list[int]]:
-    """Maximal runs of consecutive chain nodes on one device (length >= 2)."""
+    """Maximal runs of consecutive chain nodes on one device (length >= 2), and the two
+    halves of runs longer than 3."""
     runs, cur = [], [chain[0]] if chain else []
     for v in chain[1:]:
         if assignment[v] == assignment[cur[-1]]:
@@ -123,11 +173,119 @@ def _runs(chain: list[int], assignment: np.ndarray) -> list[list[int]]:
             cur = [v]
     if cur:
         runs.append(cur)
-    return [r for r in runs if len(r) > 1]
+    out = []
+    for r in runs:
+        if len(r) > 1:
+            out.append(r)
+        if len(r) > 3:  # halves too: a long run may be worth splitting over two devices
+            out += [r[:len(r) // 2], r[len(r) // 2:]]
+    return out
 
 
-def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds: int = 200) -> Plan:
+class _Search:
+    """What one refinement shares: the problem, its co-location units, the simulator calls."""
+
+    def __init__(self, problem: Problem, solver: str, deadline: float):
+        self.problem = problem
+        self.deadline = deadline
+        self.group_of, self.groups = colocation_index(problem)
+        allowed = np.isfinite(problem.costs)
+        for members in self.groups:
+            allowed[members] = allowed[members].all(axis=0)
+        self.allowed = allowed
+        self.evaluate = _Evaluator(problem, solver)
+        self.moves = 0
+        self.rounds = 0
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() >= self.deadline
+
+    def unit(self, nodes) -> np.ndarray:
+        """``nodes`` with the rest of their co-location groups."""
+        out = set()
+        for v in nodes:
+            g = self.group_of[v]
+            out.update(self.groups[g] if g >= 0 else [v])
+        return np.asarray(sorted(out), dtype=np.int64)
+
+    def candidates(self, plan: Plan, sim: SimResult, chain: list[int]):
+        """``(assignment, priority)`` pairs around ``plan``: chain moves first, then reorders."""
+        a = plan.assignment
+        priority = sim.start + 1e-12 * sim.finish  # zero-cost nodes keep their order
+        seen: set[tuple[int, ...]] = set()
+        for unit in [[v] for v in chain] + _runs(chain, a):
+            nodes = self.unit(unit)
+            key = tuple(nodes.tolist())
+            if key in seen:
+                continue
+            seen.add(key)
+            for k in np.flatnonzero(self.allowed[nodes].all(axis=0)):
+                if not (a[nodes] == k).all():
+                    cand = a.copy()
+                    cand[nodes] = k
+                    yield cand, priority
+            yield None, None  # end of a unit
+        # reorders: a node that held its device while the chain waited goes after the run of
+        # chain nodes it delayed (or just after the next one); an order against the graph
+        # deadlocks and is rejected by the simulator
+        fwd = chain[::-1]
+        for i in range(len(fwd) - 1):
+            blocker, v = fwd[i], fwd[i + 1]
+            if a[blocker] != a[v] or self.problem.graph.dag.has_edge(blocker, v):
+                continue
+            j = i + 1
+            while j + 1 < len(fwd) and a[fwd[j + 1]] == a[blocker]:
+                j += 1
+            for last in {v, fwd[j]}:
+                pr = priority.copy()
+                pr[blocker] = priority[last] + 1e-12 * max(abs(priority[last]), 1e-9)
+                yield a, pr
+            yield None, None
+
+    def descend(self, plan: Plan, sim: SimResult, max_rounds: int, first: bool = True) -> tuple[Plan, SimResult]:
+        """Descent over :meth:`candidates` until a local optimum: take the best move of the
+        first unit (a node, a run, a reorder) that has an improving one (``first``), or the
+        best of the whole round."""
+        for _ in range(max_rounds):
+            if self.out_of_time():
+                break
+            self.rounds += 1
+            found = None
+            for cand, priority in self.candidates(plan, sim, critical_chain(self.problem, plan, sim)):
+                if cand is None:  # a unit's candidates are done
+                    if (first and found is not None) or self.out_of_time():
+                        break
+                    continue
+                cplan, csim = self.evaluate(cand, priority)
+                if csim is not None and csim.makespan < (found[1] if found else sim).makespan * (1 - _REL):
+                    found = (cplan, csim)
+            if found is None:
+                break
+            plan, sim = found[0].plan(), found[1]
+            self.moves += 1
+        return plan, sim
+
+    def kick(self, plan: Plan, sim: SimResult, rng: np.random.Generator, size: int):
+        """Move ``size`` random units to random devices they may use; None if that is invalid."""
+        a = plan.assignment.copy()
+        for v in rng.choice(self.problem.num_nodes, size=min(size, self.problem.num_nodes), replace=False):
+            nodes = self.unit([int(v)])
+            ok = np.flatnonzero(self.allowed[nodes].all(axis=0))
+            a[nodes] = int(rng.choice(ok))
+        cand, csim = self.evaluate(a, sim.start + 1e-12 * sim.finish)
+        return (cand.plan(), csim) if csim is not None else None
+
+
+def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds: int = 10_000, kicks: bool = True,
+           kick_size: int = 3, patience: int = 50, seed: int = 0, first_improvement: bool = False,
+           floor_s: float = 0.0) -> Plan:
     """Improve ``plan`` by moving critical-chain nodes between devices (module docstring).
+
+    A descent stops at a plan no single move improves. With ``kicks`` the search then
+    perturbs the best plan (``kick_size`` random nodes, with their co-location groups, to
+    random devices), descends again and keeps the result when it is better: an iterated
+    local search, until the time budget, ``patience`` kicks in a row without a gain, or a
+    plan as short as the critical path.
 
     Parameters
     ----------
@@ -135,16 +293,24 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     plan : Plan
         A valid plan (it must simulate without error).
     time_budget_s : float
-        Stop starting new rounds after this many seconds.
+        Stop after about this many seconds.
     max_rounds : int
-        At most this many accepted moves.
+        At most this many accepted moves per descent.
+    first_improvement : bool
+        Take the best move of the first unit (node, run, reorder) that has an improving one,
+        instead of the best move of the whole round (default; steadier on the benchmark).
+    kicks, kick_size, patience, seed
+        The iterated search described above; ``seed`` makes it repeatable.
+    floor_s : float
+        A lower bound on the makespan (e.g. ``lower_bound(problem)["best"]``): no kicks once
+        the plan is within 1e-5 of it (the critical path is always used).
 
     Returns
     -------
     Plan
         The same ``solver`` name and ``info`` as ``plan`` plus ``refine``: rounds, moves
-        accepted, simulations run, seconds, and the makespans before and after. The input
-        plan itself when nothing better was found.
+        accepted, kicks tried and kept, simulations run, seconds, and the makespans before
+        and after. The input plan itself when nothing better was found.
 
     Raises
     ------
@@ -160,71 +326,33 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     sim = simulate(problem, plan)
     before = sim.makespan
     n, d = problem.num_nodes, problem.num_devices
-    info = {"rounds": 0, "moves": 0, "simulations": 1, "makespan_before_s": before, "makespan_after_s": before}
+    info = {"rounds": 0, "moves": 0, "kicks": 0, "kicks_kept": 0, "simulations": 1, "makespan_before_s": before,
+            "makespan_after_s": before}
     if n == 0 or d < 2 or time_budget_s <= 0:
         info["seconds"] = time.perf_counter() - t0
         return _with_info(plan, info)
-    group_of, groups = colocation_index(problem)
-    allowed = np.isfinite(problem.costs)
-    for members in groups:
-        allowed[members] = allowed[members].all(axis=0)
-    evaluate = _Evaluator(problem, plan.solver)
-    best_plan, best_sim = plan, sim
-    while info["rounds"] < max_rounds and time.perf_counter() - t0 < time_budget_s:
-        info["rounds"] += 1
-        a = best_plan.assignment
-        priority = best_sim.start + 1e-12 * best_sim.finish  # zero-cost nodes keep their order
-        chain = critical_chain(problem, best_plan, best_sim)
-        moves: list[np.ndarray] = []
-        seen_units: set[tuple[int, ...]] = set()
-        for unit in [[v] for v in chain] + _runs(chain, a):
-            nodes = set()
-            for v in unit:
-                g = group_of[v]
-                nodes.update(groups[g] if g >= 0 else [v])
-            key = tuple(sorted(nodes))
-            if key in seen_units:
-                continue
-            seen_units.add(key)
-            moves.append(np.asarray(key, dtype=np.int64))
-        found = None
-        for nodes in moves:
-            ok = allowed[nodes].all(axis=0)
-            for k in np.flatnonzero(ok):
-                if (a[nodes] == k).all():
-                    continue
-                cand = a.copy()
-                cand[nodes] = k
-                cplan, csim = evaluate(cand, priority)
-                if csim is not None and csim.makespan < (found[1].makespan if found else best_sim.makespan) * (1 - _REL):
-                    found = (cplan, csim)
-            if time.perf_counter() - t0 >= time_budget_s:
-                break
-        # reorders: a node that held its device while the chain waited goes after the run of
-        # chain nodes it delayed (or just after the next one)
-        fwd = chain[::-1]
-        for i in range(len(fwd) - 1):
-            if time.perf_counter() - t0 >= time_budget_s:
-                break
-            blocker, v = fwd[i], fwd[i + 1]
-            if a[blocker] != a[v] or problem.graph.dag.has_edge(blocker, v):
-                continue
-            j = i + 1
-            while j + 1 < len(fwd) and a[fwd[j + 1]] == a[blocker]:
-                j += 1
-            for last in {v, fwd[j]}:
-                pr = priority.copy()
-                pr[blocker] = priority[last] + 1e-12 * max(abs(priority[last]), 1e-9)
-                cplan, csim = evaluate(a, pr)  # an order against the graph deadlocks: rejected
-                if csim is not None and csim.makespan < (found[1].makespan if found else best_sim.makespan) * (1 - _REL):
-                    found = (cplan, csim)
-        if found is None:
-            break
-        best_plan, best_sim = found
-        info["moves"] += 1
-    info["simulations"] += evaluate.calls
-    info["makespan_after_s"] = best_sim.makespan
-    info["seconds"] = time.perf_counter() - t0
+    from .bounds import critical_path
+
+    floor = max(critical_path(problem), floor_s) * (1 + _AT_BOUND)
+    search = _Search(problem, plan.solver, t0 + time_budget_s)
+    best_plan, best_sim = search.descend(plan, sim, max_rounds, first_improvement)
+    rng = np.random.default_rng(seed)
+    misses = 0
+    while kicks and misses < patience and best_sim.makespan > floor and not search.out_of_time():
+        info["kicks"] += 1
+        kicked = search.kick(best_plan, best_sim, rng, kick_size)
+        if kicked is None:
+            misses += 1
+            continue
+        cplan, csim = search.descend(*kicked, max_rounds, first_improvement)
+        if csim.makespan < best_sim.makespan * (1 - _REL):
+            best_plan, best_sim = cplan, csim
+            info["kicks_kept"] += 1
+            misses = 0
+        else:
+            misses += 1
+    info.update(rounds=search.rounds, moves=search.moves, simulations=1 + search.evaluate.calls,
+                makespan_after_s=best_sim.makespan, seconds=time.perf_counter() - t0)
     return _with_info(best_plan, info, base=plan, sim=best_sim if best_plan is not plan else None)
 
 
@@ -241,3 +369,91 @@ def _with_info(plan: Plan, refine_info: dict, base: Plan | None = None, sim: Sim
             info["makespan_s"] = sim.makespan
     info["refine"] = refine_info
     return Plan(plan.assignment, plan.order, solver=base.solver, solve_s=base.solve_s, info=info)
+
+
+def critical_path_splits(problem: Problem, parts=(3,), max_nodes: int = 5000) -> list[Plan]:
+    """Start points for :func:`polish`: HEFT with a critical path cut into ``k`` runs of equal
+    work, run ``i`` pinned to the ``i``-th fastest device for that path, which other nodes
+    avoid when they can (CPOP, which keeps the whole path on one device, generalised to ``k``
+    devices; ``k`` is capped at the number of devices). Skipped above ``max_nodes``.
+
+    Examples
+    --------
+    >>> # seeds = critical_path_splits(problem)
+    """
+    from .comm_bounds import critical_path_nodes
+    from .heft import solve as heft
+
+    if problem.num_nodes > max_nodes or problem.num_devices < 2:
+        return []
+    path = critical_path_nodes(problem)
+    if not path:
+        return []
+    c = problem.costs[path]
+    w = np.where(np.isfinite(c), c, 0.0).min(axis=1)
+    total = float(w.sum())
+    if total <= 0:
+        return []
+    span = np.where(np.isfinite(c), c, 1e3 * c[np.isfinite(c)].max()).sum(axis=0)
+    fastest = np.argsort(span, kind="stable")
+    frac = (np.cumsum(w) - w / 2) / total
+    seeds = []
+    for k in sorted({min(k, problem.num_devices) for k in parts}):
+        runs = np.minimum((frac * k).astype(int), k - 1)
+        pins = {v: int(fastest[r]) for v, r in zip(path, runs) if np.isfinite(problem.costs[v, fastest[r]])}
+        try:
+            plan = heft(problem, pins=pins)
+        except PestoError:
+            continue
+        plan.info["seed"] = f"critical path in {k} runs"
+        seeds.append(plan)
+    return seeds
+
+
+def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floor_s: float = 0.0,
+           **options) -> Plan:
+    """Multi-start :func:`refine`. Each plan in turn descends to a local optimum (no kicks)
+    with half of the time left; then the best result gets the rest for the iterated search.
+    Stops early at a plan within 1e-5 of ``floor_s`` (a lower bound). Returns that plan, with
+    ``info["refine"]["start"]`` the index of the plan it came from; never worse than the best
+    input.
+
+    Examples
+    --------
+    >>> # plan = polish(problem, [ilp_plan] + critical_path_splits(problem), time_budget_s=10)
+    """
+    plans = [p for p in plans if p is not None]
+    if not plans:
+        raise PlanError("polish needs at least one plan")
+    t0 = time.perf_counter()
+    deadline = t0 + time_budget_s
+    stop = floor_s * (1 + _AT_BOUND)
+    best, best_span, best_i = None, np.inf, -1
+    for i, plan in enumerate(plans):
+        left = deadline - time.perf_counter()
+        if best is not None and (left <= 0 or best_span <= stop):
+            break
+        try:
+            out = refine(problem, plan, time_budget_s=max(left / 2, 0.0), kicks=False, **options)
+        except (InfeasibleError, PlanError):
+            continue
+        span = out.info["refine"]["makespan_after_s"]
+        if best is None or span < best_span * (1 - _REL):
+            best, best_span, best_i = out, span, i
+    if best is None:
+        raise PlanError("none of the plans given to polish simulates")
+    info = dict(best.info["refine"])
+    left = deadline - time.perf_counter()
+    if left > 0 and best_span > stop:
+        again = refine(problem, Plan(best.assignment, best.order, solver=best.solver), time_budget_s=left,
+                       floor_s=floor_s, **options)
+        r = again.info["refine"]
+        for key in ("rounds", "moves", "kicks", "kicks_kept", "simulations"):
+            info[key] += r[key]
+        if r["makespan_after_s"] < best_span * (1 - _REL):
+            best = again
+            info["makespan_after_s"] = r["makespan_after_s"]
+    info.update(start=best_i, starts=len(plans), seconds=time.perf_counter() - t0,
+                makespan_before_s=simulate(problem, plans[0]).makespan)
+    best.info["refine"] = info
+    return best
