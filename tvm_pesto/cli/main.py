@@ -84,7 +84,8 @@ def _print_run(res):
 @click.option("--size", default="small", type=click.Choice(["small", "full"]))
 @click.option("--costs", default="auto", type=click.Choice(["auto", "measured", "roofline", "xgb"]))
 @click.option("--expert", default=None, help="a human-expert split file to evaluate as a baseline")
-@click.option("--time-limit", default=30.0, show_default=True, help="ILP time limit (s)")
+@click.option("--time-limit", default=30.0, show_default=True,
+              help="ILP time limit (s); the local search after it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 def place(target, cluster_spec, solver, size, costs, expert, time_limit, json_path):
     """Place TARGET (a zoo model name or a dnn-partitioning LayerGraph JSON) on a cluster."""
