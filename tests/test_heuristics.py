@@ -226,24 +226,37 @@ random_case = st.tuples(
 )
 
 
-@settings(max_examples=220, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_every_heuristic_gives_a_valid_plan(case):
+    # issue 3: every algorithm's plan passes the simulator's checks on >= 1000 random DAGs
     seed, n, d, p_inf, mem_factor, groups = case
     p = random_problem(seed, n, d, p_inf, mem_factor, groups)
-    for name in ("single", "heft", "m-topo", "m-etf"):
+    for name in ("single", "heft", "m-topo", "m-etf", "m-sct"):
         try:
             plan = solve(p, name)
         except InfeasibleError as err:
             assert mem_factor is not None or name == "single" or p_inf > 0, str(err)
             continue
         check_plan(p, plan, name)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case)
+def test_ilp_gives_a_valid_plan(case):
+    # the same 1000-DAG check for the ILP (short limits: validity, not optimality)
+    seed, n, d, p_inf, mem_factor, groups = case
+    p = random_problem(seed, n, d, p_inf, mem_factor, groups)
     try:
-        plan = solve(p, "m-sct", favorite="greedy")
-    except InfeasibleError:
-        assert mem_factor is not None or p_inf > 0
-    else:
-        check_plan(p, plan, "m-sct")
+        plan = solve(p, "ilp", time_limit_s=0.5, refine_s=0.1)
+    except (InfeasibleError, SolverError) as err:
+        # only when no heuristic finds a plan either (the ILP has no warm start then)
+        for name in ("heft", "m-topo", "m-etf", "m-sct"):
+            with pytest.raises(InfeasibleError):
+                solve(p, name)
+        assert mem_factor is not None or p_inf > 0, str(err)
+        return
+    check_plan(p, plan, "ilp")
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
