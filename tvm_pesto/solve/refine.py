@@ -8,9 +8,10 @@ budget:
 1. simulate the plan and walk its *critical chain* back from the last node to finish: at
    each step the event that decided the node's start (the previous node on its device, a
    producer on the same device, or a transfer's arrival);
-2. for every node of the chain (with its co-location group) and every maximal run of chain
-   nodes on one device, try each other device it may use; the nodes keep their place in
-   time (each device runs its nodes in the order of their old start times);
+2. for every node of the chain (with its co-location group), every maximal run of chain
+   nodes on one device and the two halves of a long run, try each other device it may use;
+   the nodes keep their place in time (each device runs its nodes in the order of their old
+   start times);
 3. also try reordering: a node that held its device while the chain waited for it runs
    after the chain nodes it delayed;
 4. keep the change with the smallest simulated makespan if it is better, else stop: a local
@@ -21,6 +22,9 @@ budget:
 
 Every candidate is checked by the simulator, memory included, so the result is always a
 valid plan and never worse than the input.
+
+:func:`polish` runs this from several plans (the ILP's and the starts of
+:func:`critical_path_splits`) and keeps the best; the ILP calls it after every solve.
 
 Examples
 --------
@@ -42,13 +46,6 @@ from .common import colocation_index
 
 _REL = 1e-9  # a move must beat the incumbent by this relative margin
 _AT_BOUND = 1e-5  # a plan this close to a lower bound (which carries solver tolerances) is optimal
-
-
-def _ordered(assignment: np.ndarray, priority: np.ndarray, num_devices: int) -> list[list[int]]:
-    """Per-device orders: each device's nodes by ``(priority, id)``."""
-    idx = np.lexsort((np.arange(len(priority)), priority))
-    dev = assignment[idx]
-    return [idx[dev == d].tolist() for d in range(num_devices)]
 
 
 def critical_chain(problem: Problem, plan: Plan, sim: SimResult, tol: float = 1e-12) -> list[int]:
