@@ -145,7 +145,7 @@ def _path_length(problem: Problem, nodes: list[int], weights: np.ndarray) -> flo
 
 
 def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: float = 5.0,
-                  budget_s: float = 60.0) -> dict:
+                  budget_s: float = 30.0) -> dict:
     """The segment bound of the module docstring.
 
     Parameters
