@@ -135,15 +135,6 @@ def _segment_key(sub: Problem) -> tuple:
     return (sub.costs.tobytes(), sub.src.tobytes(), sub.dst.tobytes(), sub.ebytes.tobytes())
 
 
-def _path_length(problem: Problem, nodes: list[int], weights: np.ndarray) -> float:
-    """Longest path through ``nodes`` (a topologically sorted list) with node weights."""
-    inside = set(nodes)
-    finish: dict[int, float] = {}
-    for v in nodes:
-        finish[v] = weights[v] + max((finish[u] for u in problem.graph.preds(v) if u in inside), default=0.0)
-    return max(finish.values(), default=0.0)
-
-
 def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: float = 5.0,
                   budget_s: float = 30.0) -> dict:
     """The segment bound of the module docstring.
@@ -186,7 +177,7 @@ def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: f
                 if not ok.any():  # they can never share a device: one transfer at least
                     total += _cheapest_transfer(problem, before, after)
             continue
-        cheap = _path_length(problem, inner, mc)
+        cheap = longest_path(problem, mc, inner)[0]
         if len(inner) > max_segment_nodes or time.perf_counter() - t0 > budget_s:
             total += cheap
             capped += 1
@@ -241,27 +232,32 @@ def device_classes(problem: Problem) -> list[list[int]]:
     return list(classes.values())
 
 
-def critical_path_nodes(problem: Problem, weights: np.ndarray | None = None) -> list[int]:
-    """One longest path (node weights ``weights``, default smallest costs), first node first."""
-    w = min_costs_free(problem) if weights is None else weights
-    n = problem.num_nodes
-    if n == 0:
-        return []
-    finish = np.zeros(n)
-    arg = np.full(n, -1, dtype=np.int64)
-    for v in problem.graph.topo_order():
+def longest_path(problem: Problem, weights: np.ndarray, nodes: list[int] | None = None) -> tuple[float, list[int]]:
+    """Length and nodes (first node first) of a longest path with node weights ``weights``,
+    among ``nodes`` (topologically sorted; default all) with free edges."""
+    order = problem.graph.topo_order() if nodes is None else list(nodes)
+    if not order:
+        return 0.0, []
+    inside = None if nodes is None else set(order)
+    finish: dict[int, float] = {}
+    arg: dict[int, int] = {}
+    for v in order:
         best, who = 0.0, -1
         for u in problem.graph.preds(v):
-            if finish[u] > best:
+            if (inside is None or u in inside) and finish[u] > best:
                 best, who = finish[u], u
-        finish[v] = best + w[v]
+        finish[v] = best + float(weights[v])
         arg[v] = who
-    v = int(np.argmax(finish))
-    path = [v]
-    while arg[v] >= 0:
-        v = int(arg[v])
-        path.append(v)
-    return path[::-1]
+    v = max(finish, key=finish.get)
+    length, path = finish[v], [v]
+    while arg[path[-1]] >= 0:
+        path.append(arg[path[-1]])
+    return length, path[::-1]
+
+
+def critical_path_nodes(problem: Problem) -> list[int]:
+    """The nodes of a critical path (each node at its cheapest device), first node first."""
+    return longest_path(problem, min_costs_free(problem))[1]
 
 
 def path_memory_bound(problem: Problem, path: list[int] | None = None, max_states: int = 2000) -> dict:
