@@ -24,6 +24,8 @@ def main(argv=None) -> int:
     ap.add_argument("case", help="<setting>/<graph>, e.g. throughput/inceptionv3_training")
     ap.add_argument("--budget", type=float, default=15.0, help="seconds of local search per start")
     ap.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--first-improvement", action="store_true",
+                    help="descend by the first unit with an improving move instead of the best move")
     args = ap.parse_args(argv)
     setting, _, name = args.case.partition("/")
     if setting not in SETTINGS or not name:
@@ -34,9 +36,9 @@ def main(argv=None) -> int:
     starts = [("heft", solve(p, "heft"))]
     starts += [(s.info["seed"], s) for s in critical_path_splits(p, parts=tuple(args.parts))]
     print(f"{case.name}: {p.num_nodes} nodes, {p.num_devices} devices, bound {lb * 1e3:.3f} ms, "
-          f"{args.budget:g} s per start")
+          f"{args.budget:g} s per start, {'first' if args.first_improvement else 'best'}-improvement descent")
     for label, plan in starts:
-        out = refine(p, plan, time_budget_s=args.budget)
+        out = refine(p, plan, time_budget_s=args.budget, first_improvement=args.first_improvement)
         r = out.info["refine"]
         print(f"  {label:28s} start {simulate(p, plan).makespan / lb:.3f} -> {r['makespan_after_s'] / lb:.3f} "
               f"({r['moves']} moves, {r['kicks_kept']}/{r['kicks']} kicks kept, {r['seconds']:.1f} s)")
