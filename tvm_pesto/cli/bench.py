@@ -22,26 +22,14 @@ True
 from __future__ import annotations
 
 import shlex
-import sys
 
 import click
 
 from ..errors import PestoError
-from .progress import console
+from .progress import ErrorGroup, console
 
 
-class _BenchGroup(click.Group):
-    """A group whose commands turn a :class:`PestoError` into a message and exit code 2."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except PestoError as e:
-            console.print(f"[bold red]error:[/] {e}")
-            sys.exit(2)
-
-
-@click.group("bench", cls=_BenchGroup)
+@click.group("bench", cls=ErrorGroup)
 def bench():
     """Benchmarks: placement quality and solver scaling."""
 

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 
 import click
 
-from ..errors import PestoError
-from .progress import console
+from .progress import ErrorGroup, console
 
 ZOO = ["inception_v3", "resnet50", "bert", "mobilenet_v2", "vgg11", "gpt2", "mlp_mixer"]
 
@@ -33,16 +31,7 @@ def write_json(path: str, data: dict) -> None:
         raise
 
 
-class _Group(click.Group):
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except PestoError as e:
-            console.print(f"[bold red]error:[/] {e}")
-            sys.exit(2)
-
-
-@click.group(cls=_Group)
+@click.group(cls=ErrorGroup)
 @click.version_option(package_name="tvm-pesto")
 def cli():
     """Place deep-learning graphs across devices and backends (Apache TVM Relax)."""

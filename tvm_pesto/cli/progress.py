@@ -1,13 +1,30 @@
-"""Progress bars and status lines for the CLI (rich), quiet when not on a terminal."""
+"""Console output for the CLI (rich): progress bars and status lines, quiet when not on a
+terminal, and the click group that turns a :class:`PestoError` into a message."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+
+import click
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console(stderr=True)
+
+
+class ErrorGroup(click.Group):
+    """A click group whose commands print a :class:`PestoError` as one line and exit with 2."""
+
+    def invoke(self, ctx):
+        from ..errors import PestoError
+
+        try:
+            return super().invoke(ctx)
+        except PestoError as e:
+            console.print(f"[bold red]error:[/] {e}")
+            sys.exit(2)
 
 
 @contextlib.contextmanager
