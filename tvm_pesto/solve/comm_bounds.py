@@ -46,11 +46,6 @@ from ..plan.problem import Problem
 _SAFETY = 1e-6  # relative margin against MIP solver tolerances
 
 
-def min_costs_free(problem: Problem) -> np.ndarray:
-    """Each node's smallest cost over all devices (co-location ignored)."""
-    return problem.costs.min(axis=1)
-
-
 def dominator_segments(problem: Problem) -> tuple[list[int], list[list[int]]]:
     """Nodes on every input-to-output path, in order, and the segments between them.
 
@@ -164,7 +159,7 @@ def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: f
 
     t0 = time.perf_counter()
     chain, segments = dominator_segments(problem)
-    mc = min_costs_free(problem)
+    mc = problem.min_cost()
     total = float(mc[chain].sum()) if chain else 0.0
     cache: dict[tuple, float] = {}
     solved = capped = 0
@@ -257,7 +252,7 @@ def longest_path(problem: Problem, weights: np.ndarray, nodes: list[int] | None 
 
 def critical_path_nodes(problem: Problem) -> list[int]:
     """The nodes of a critical path (each node at its cheapest device), first node first."""
-    return longest_path(problem, min_costs_free(problem))[1]
+    return longest_path(problem, problem.min_cost())[1]
 
 
 def path_memory_bound(problem: Problem, path: list[int] | None = None, max_states: int = 2000) -> dict:

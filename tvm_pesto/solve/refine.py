@@ -300,7 +300,7 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
         The iterated search described above; ``seed`` makes it repeatable.
     floor_s : float
         A lower bound on the makespan (e.g. ``lower_bound(problem)["best"]``): no kicks once
-        the plan is within 1e-5 of it (the critical path is always used).
+        the plan is within 1e-5 of it (default: the critical path).
 
     Returns
     -------
@@ -328,9 +328,11 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     if n == 0 or d < 2 or time_budget_s <= 0:
         info["seconds"] = time.perf_counter() - t0
         return _with_info(plan, info)
-    from .bounds import critical_path
+    if floor_s <= 0:
+        from .bounds import critical_path
 
-    floor = max(critical_path(problem), floor_s) * (1 + _AT_BOUND)
+        floor_s = critical_path(problem)
+    floor = floor_s * (1 + _AT_BOUND)
     search = _Search(problem, plan.solver, t0 + time_budget_s)
     best_plan, best_sim = search.descend(plan, sim, max_rounds, first_improvement)
     rng = np.random.default_rng(seed)
