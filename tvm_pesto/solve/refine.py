@@ -428,6 +428,7 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
     deadline = t0 + time_budget_s
     stop = floor_s * (1 + _AT_BOUND)
     best, best_span, best_i = None, np.inf, -1
+    first_before = None
     for i, plan in enumerate(plans):
         left = deadline - time.perf_counter()
         if best is not None and (left <= 0 or best_span <= stop):
@@ -437,6 +438,8 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
         except (InfeasibleError, PlanError):
             continue
         span = out.info["refine"]["makespan_after_s"]
+        if i == 0:
+            first_before = out.info["refine"]["makespan_before_s"]
         if best is None or span < best_span * (1 - _REL):
             best, best_span, best_i = out, span, i
     if best is None:
@@ -453,6 +456,6 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
             best = again
             info["makespan_after_s"] = r["makespan_after_s"]
     info.update(start=best_i, starts=len(plans), seconds=time.perf_counter() - t0,
-                makespan_before_s=simulate(problem, plans[0]).makespan)
+                makespan_before_s=first_before if first_before is not None else simulate(problem, plans[0]).makespan)
     best.info["refine"] = info
     return best
