@@ -61,9 +61,8 @@ def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round:
     res["xgb_total_over_measured_total"] = float(tables["xgb"][:, 0].sum() / col.sum())
     placed = {}
     for k, table in tables.items():
-        pl = api.place(analysis, cluster, solver=solver, costs=table)
-        pm = PlacedModule(apply_plan(analysis.rg, analysis.groups, pl.plan, cluster), cluster, pl.plan, pl.problem,
-                          pl.sim, analysis)
+        pl = api.place(analysis, cluster, backends="tvm", solver=solver, costs=table)
+        pm = PlacedModule(apply_plan(analysis.rg, pl.plan, cluster), cluster, pl.plan, pl)
         placed[k] = pm
         # the plan's makespan evaluated under the measured costs (same simulator)
         from tvm_pesto.plan import Problem, simulate

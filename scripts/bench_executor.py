@@ -11,9 +11,10 @@ import networkx as nx
 import numpy as np
 from tvm import relax
 
+from tvm_pesto.api import analyze
 from tvm_pesto.builder.placed import PlacedModule
 from tvm_pesto.builder.rewrite import apply_plan
-from tvm_pesto.api import analyze
+from tvm_pesto.candidates import placement_candidates
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.plan import Plan
 
@@ -53,11 +54,12 @@ def main():
     assert len(comps) == 2, "the two chains should be independent"
     chain = [0 if v in comps[0] else 1 for v in range(n)]
     cluster = parse_cluster("cpu:2")
-    one = Plan.from_assignment([0] * n, pos, 2)
-    two = Plan.from_assignment(chain, pos, 2)
+    units = list(placement_candidates(an.rg, an.groups))
+    one = Plan.from_assignment([0] * n, pos, 2, units=units)
+    two = Plan.from_assignment(chain, pos, 2, units=units)
     args = [np.random.rand(256, 256).astype("float32") / 256 for _ in range(2)]
-    t1 = timed(PlacedModule(apply_plan(an.rg, an.groups, one, cluster), cluster), args)
-    t2 = timed(PlacedModule(apply_plan(an.rg, an.groups, two, cluster), cluster), args)
+    t1 = timed(PlacedModule(apply_plan(an.rg, one, cluster), cluster, one), args)
+    t2 = timed(PlacedModule(apply_plan(an.rg, two, cluster), cluster, two), args)
     print(f"one device: {t1 * 1e3:.2f} ms, two devices (threads): {t2 * 1e3:.2f} ms, speedup {t1 / t2:.2f}x")
 
 

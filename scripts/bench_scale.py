@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from tvm_pesto.bench.random_dag import dnn_like_problem  # noqa: F401 - kept importable from here
-from tvm_pesto.bench.report import write_json
+from tvm_pesto.jsonio import write_json
 from tvm_pesto.bench.scale import ALGORITHMS, run_scale
 
 

@@ -120,6 +120,8 @@ def random_problem(seed, n, d, unlike, tight):
     mem = rng.integers(1, 1000, n)
     memory = 1.5 * (mem.sum() / d + mem.max()) + 4e6 if tight else 1e12
     groups = [[0, n - 1]] if n > 2 and rng.random() < 0.5 else []
+    if groups and unlike:  # a co-location group needs a device both members can run on
+        costs[[0, n - 1], int(rng.integers(0, d))] = rng.uniform(1e-4, 1e-3, 2)
     return make_problem(n, edges, costs, d=d, mem=mem, memory=memory, colocate=groups)
 
 

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from tvm_pesto.backends import available_backends, register_backend
+from tvm_pesto.backends import available_backends, register_backend, unregister_backend
 from tvm_pesto.backends.torch_ops import TorchBackend
 from tvm_pesto.candidates import (
     Reach, candidate_function, candidate_outputs, combined_acyclic, convex_regions, generate_candidates, is_valid,
 )
 from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
-from tvm_pesto.candidates.measure import MeasureReport, measure_candidates
+from tvm_pesto.costs.measured import MeasureReport, measure_candidates
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs.cache import MeasureCache
 from tvm_pesto.errors import BuildError
@@ -156,10 +156,7 @@ def test_build_failure_marks_candidate_infeasible(tmp_path):
         measure_candidates(cs, dev, MeasureCache(tmp_path / "c.jsonl"), report=rep2)
         assert rep2.measured == 0 and set(rep2.infeasible) == set(rep.infeasible)
     finally:
-        from tvm_pesto import backends as reg
-
-        reg._FACTORIES.pop("flaky", None)
-        reg._INSTANCES.pop("flaky", None)
+        unregister_backend("flaky")
 
 
 def test_validity_rejects_disconnected():

@@ -15,7 +15,8 @@ from tvm_pesto.errors import PlanError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem, simulate
 from tvm_pesto.solve.coarsen import coarsen, expand_plan, solve_coarse_ilp
-from tvm_pesto.solve.ilp import best_heuristic_plan, solve
+from tvm_pesto.solve.ilp import solve
+from tvm_pesto.solve.portfolio import best_heuristic_plan
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
@@ -190,3 +191,20 @@ def test_coarse_ilp_without_fine_heuristics_returns_expanded_plan():
     simulate(problem, plan)
     assert plan.info["source"] in ("ilp",) or plan.info["source"].startswith("coarse_")
     assert "coarse_status" in plan.info and "coarse_timed_out" in plan.info
+
+
+def test_coarse_ilp_propagates_the_mip_status():
+    from test_ilp import make_problem
+
+    from tvm_pesto.solve.mip import STATUSES
+
+    # 90 nodes with transfers about as long as the nodes: the 30-supernode MIP does not
+    # close in 0.5 s (gap about 12 % on this machine)
+    problem = make_problem(n=90, d=3, seed=5, p=0.05, lat_scale=0.1)
+    plan = solve_coarse_ilp(problem, target=30, time_limit_s=0.5, fine_heuristics=False)
+    info = plan.info
+    assert info["coarse_status"] == "time_limit" and info["coarse_timed_out"] is True
+    assert info["coarse_mip_gap"] > 1e-4
+    assert "status" not in info  # a coarse optimum is no optimum of the fine graph
+    small = solve_coarse_ilp(random_problem(60, 2, 9, p=0.3), target=4, time_limit_s=20, fine_heuristics=False)
+    assert small.info["coarse_status"] == "optimal" and small.info["coarse_status"] in STATUSES

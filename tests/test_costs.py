@@ -9,7 +9,7 @@ from tvm.script import relax as R
 import tvm_pesto
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import MeasureCache, roofline_costs
-from tvm_pesto.costs import measure as measure_mod
+from tvm_pesto.costs import timing as measure_mod
 from tvm_pesto.errors import CostError
 
 

@@ -28,7 +28,9 @@ from tvm import relax
 from tvm_pesto import zoo
 from tvm_pesto.backends import BackendUnavailableError, get_backend
 from tvm_pesto.backends.base import MatchContext
-from tvm_pesto.backends.gpu import cublas, cudnn, patterns, probe, streams, tensorrt, tvm_cuda
+from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
+from tvm_pesto.cluster import gpu_probe as probe
+from tvm_pesto.run import streams
 from tvm_pesto.backends.onnx_export import OnnxExportError, flatten_args, relax_to_onnx, supports_call
 from tvm_pesto.builder.subgraph import group_function
 from tvm_pesto.errors import BuildError, ExecutionError

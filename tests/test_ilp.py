@@ -12,8 +12,9 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import InfeasibleError, SolverError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem, simulate
-from tvm_pesto.solve import ilp as ilp_mod
-from tvm_pesto.solve.ilp import build_ilp, solve, solve_ilp
+from tvm_pesto.solve import ilp_model, mip
+from tvm_pesto.solve.ilp import solve
+from tvm_pesto.solve.ilp_model import build_ilp, solve_ilp
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
@@ -163,12 +164,12 @@ def test_no_incumbent_falls_back_to_warm_start(monkeypatch):
     assert "no usable solution" in plan.info["note"]
     assert plan.assignment.tolist() == [0] * 5
     with pytest.raises(SolverError, match="no warm start"):
-        monkeypatch.setattr(ilp_mod, "best_heuristic_plan", lambda p: (None, {}))
+        monkeypatch.setattr(ilp_model, "best_heuristic_plan", lambda p: (None, {}))
         solve_ilp(problem, time_limit_s=5)
 
 
 def test_missing_solver_names_the_install(monkeypatch):
-    monkeypatch.setattr(ilp_mod, "_system_cbc", lambda: None)
+    monkeypatch.setattr(mip, "_system_cbc", lambda: None)
     monkeypatch.setattr(pulp.PULP_CBC_CMD, "available", lambda self: False)
     problem = make_problem(n=4, d=2, seed=1)
     with pytest.raises(SolverError, match="pip install"):
@@ -218,7 +219,7 @@ def test_solver_crash_falls_back_to_the_other_solver_then_warm_start(monkeypatch
     def crash(self, lp, **kw):
         raise pulp.PulpSolverError("Pulp: Error while trying to execute cbc")
 
-    monkeypatch.setattr(ilp_mod, "_system_cbc", lambda: None)  # use PuLP's bundled CBC
+    monkeypatch.setattr(mip, "_system_cbc", lambda: None)  # use PuLP's bundled CBC
     monkeypatch.setattr(pulp.PULP_CBC_CMD, "actualSolve", crash)
     plan = solve_ilp(problem, time_limit_s=10, gap=0)
     assert plan.info["solver_backend"] == "highs"
@@ -229,3 +230,71 @@ def test_solver_crash_falls_back_to_the_other_solver_then_warm_start(monkeypatch
     warm = Plan.from_assignment(np.zeros(5, dtype=int), np.arange(5), 2, solver="mine")
     plan = solve_ilp(problem, time_limit_s=10, warm_start=warm)
     assert plan.info["status"] == "solver_failed" and plan.info["source"] == "warm_start"
+
+
+# -- honest solver status ------------------------------------------------------------------
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_time_limit_is_reported_as_time_limit_not_optimal(solver):
+    # 30 nodes on 3 devices cannot be closed in 1 s (gap 10-20 % on this machine); PuLP's
+    # own status says "Optimal" for the HiGHS stop, the normalised status must not
+    problem = make_problem(n=30, d=3, seed=5, p=0.12, lat_scale=0.1)
+    warm = Plan.from_assignment(np.arange(30) % 3, np.arange(30), 3, solver="round_robin")
+    plan = solve_ilp(problem, time_limit_s=1, solver=solver, warm_start=warm)
+    info = plan.info
+    assert info["status"] == "time_limit", info["solver_status"]
+    assert info["timed_out"] is True and info["solver_backend"] == solver
+    assert info["mip_gap"] is not None and info["mip_gap"] > 1e-4  # not closed
+    assert info["bound"] <= info["objective"] * (1 + 1e-9)
+    assert info["objective"] <= info["warm_start_makespan_s"] * (1 + 1e-6)  # the incumbent's objective
+    if solver == "highs":
+        assert info["pulp_status"] == "Optimal" and info["solver_status"] == "kTimeLimit"
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_small_problem_is_reported_optimal(solver):
+    problem = make_problem(n=5, d=2, seed=1)
+    plan = solve_ilp(problem, time_limit_s=30, solver=solver, gap=0)
+    assert plan.info["status"] == "optimal" and plan.info["timed_out"] is False
+    assert plan.info["objective"] == pytest.approx(brute_force(problem), rel=1e-6)
+
+
+def test_memory_infeasible_placement_raises_infeasible_error():
+    # every node fits a device on its own, the whole graph does not fit both: no heuristic
+    # finds a plan, so there is no warm start, and the MIP proves infeasibility
+    problem = make_problem(n=6, d=2, seed=4, mem=1e9)
+    cap = problem.mem.sum() / 2.5
+    assert problem.mem.max() <= cap
+    problem = make_problem(n=6, d=2, seed=4, mem=cap)
+    with pytest.raises(InfeasibleError, match="ILP has no feasible placement.*memory"):
+        solve_ilp(problem, time_limit_s=30)
+
+
+def _tiny_mip(infeasible: bool):
+    prob = pulp.LpProblem("tiny", pulp.LpMinimize)
+    x = mip.add_var(prob, "x", 0, 3, cat=pulp.LpInteger)
+    prob += mip.lin([(x, 1.0)]), "obj"
+    prob += pulp.LpConstraint(mip.lin([(x, 2.0)]), pulp.LpConstraintGE, rhs=7.0 if infeasible else 3.0), "two_x"
+    return prob
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_solve_mip_reads_the_solvers_outcome(solver):
+    res = mip.solve_mip(_tiny_mip(False), solver, time_limit_s=10)
+    assert (res.status, res.has_solution, res.backend) == ("optimal", True, solver)
+    assert res.objective == pytest.approx(2.0) and not res.timed_out
+    res = mip.solve_mip(_tiny_mip(True), solver, time_limit_s=10)
+    assert (res.status, res.has_solution, res.objective) == ("infeasible", False, None)
+    assert set(mip.STATUSES) >= {res.status}
+
+
+def test_solve_mip_reports_solver_failed_without_fallback(monkeypatch):
+    def crash(self, lp, **kw):
+        raise pulp.PulpSolverError("Pulp: Error while trying to execute cbc")
+
+    monkeypatch.setattr(mip, "_system_cbc", lambda: None)
+    monkeypatch.setattr(pulp.PULP_CBC_CMD, "actualSolve", crash)
+    res = mip.solve_mip(_tiny_mip(False), "cbc", time_limit_s=10, fallback=False)
+    assert (res.status, res.has_solution, res.backend) == ("solver_failed", False, None)
+    assert "cbc" in res.failures[0]
+    res = mip.solve_mip(_tiny_mip(False), "cbc", time_limit_s=10)  # falls back to HiGHS
+    assert (res.status, res.backend) == ("optimal", "highs")

@@ -7,14 +7,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import tvm_pesto
 from tvm_pesto.candidates import Reach, combined_acyclic
 from tvm_pesto.candidates.examples import reference_output, tiny_cnn
-from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.cluster import Cluster, Device, parse_cluster
 from tvm_pesto.costs.cache import MeasureCache
 from tvm_pesto.errors import InfeasibleError
 from tvm_pesto.graph import OpGraph, OpNode
-from tvm_pesto.search import brute_force_cover, collage_dp, joint_ilp
-from tvm_pesto.search.joint_ilp import prune_dominated
+from tvm_pesto.solve.cover import brute_force_cover, collage_dp
+from tvm_pesto.solve.joint_ilp import joint_ilp, prune_dominated
 
 
 def _graph(n, edges):
@@ -91,6 +92,55 @@ def test_joint_ilp_uses_two_devices_for_parallel_branches():
     assert {res.device[1], res.device[2]} == {0, 1}
 
 
+def _identical_devices(d, mem=1e9):
+    devs = [Device(f"d{i}", "gpu", {"kind": "cuda"}, mem, 1e12, 1e11, index=i) for i in range(d)]
+    return Cluster("alike", devs, np.full((d, d), 1e-5), np.full((d, d), 1e9))
+
+
+def test_joint_ilp_reports_the_time_limit_honestly():
+    # a fork into 20 branches on 4 near-identical devices: a bin-packing HiGHS does not close
+    # in 20 s (gap about 1 %), let alone 0.5 s; PuLP calls that stop "Optimal"
+    n = 22
+    edges = [(0, v) for v in range(1, n - 1)] + [(v, n - 1) for v in range(1, n - 1)]
+    g = _graph(n, edges)
+    sets = [(v,) for v in range(n)]
+    per = np.random.default_rng(0).uniform(1e-3, 5e-3, n)
+    per[0] = per[-1] = 1e-4
+    costs = np.stack([per * (1 + 0.05 * d) for d in range(4)], axis=1)
+    dp = collage_dp(g, sets, costs[:, 0])
+    res = joint_ilp(g, sets, costs, _identical_devices(4), warm=dp, warm_device=0, time_limit_s=0.5)
+    info = res.info
+    assert info["status"] == "time_limit" and info["timed_out"] is True, info["solver_status"]
+    assert info["pulp_status"] == "Optimal" and info["solver_backend"] == "highs"
+    assert info["mip_gap"] > 1e-4 and info["bound"] <= info["objective"] * (1 + 1e-9)
+    assert info["source"] == "ilp" and res.objective_s == pytest.approx(info["objective"], rel=1e-6)
+    assert res.objective_s < dp.cost
+
+
+@pytest.mark.parametrize("solver", ["highs", "cbc"])
+def test_joint_ilp_reports_optimal_on_a_tiny_case(solver):
+    g = _graph(3, [(0, 1), (1, 2)])
+    sets = [(0,), (1,), (2,), (0, 1)]
+    costs = np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.5, 1.5]])
+    res = joint_ilp(g, sets, costs, _identical_devices(2), time_limit_s=20, solver=solver)
+    assert res.info["status"] == "optimal" and res.info["timed_out"] is False
+    assert res.objective_s == pytest.approx(2.5) and sorted(res.chosen) == [2, 3]
+
+
+def test_joint_ilp_memory_infeasible():
+    # each op's output is 1 MB, each device holds 1.5 MB: three ops fit nowhere
+    g = OpGraph([OpNode(f"n{i}", "relax.add", bytes_written=1_000_000) for i in range(3)],
+                [(0, 1, 1024), (1, 2, 1024)])
+    sets = [(0,), (1,), (2,)]
+    costs = np.ones((3, 2))
+    cluster = _identical_devices(2, mem=1.5e6)
+    with pytest.raises(InfeasibleError, match="memory"):
+        joint_ilp(g, sets, costs, cluster, time_limit_s=20)
+    dp = collage_dp(g, sets, costs[:, 0])
+    res = joint_ilp(g, sets, costs, cluster, warm=dp, warm_device=0, time_limit_s=20)
+    assert res.info["status"] == "infeasible" and res.info["source"] == "warm_start"
+
+
 def test_pruning_keeps_the_optimum():
     g = _graph(3, [(0, 1), (1, 2)])
     sets = [(0,), (1,), (2,), (0, 1), (1, 2), (0, 1, 2), (0, 1)]
@@ -107,42 +157,45 @@ def test_dp_reports_uncoverable_nodes():
         collage_dp(g, [(0,)], [1.0])
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    from tvm_pesto.search.pipeline import prepare
+def test_end_to_end_numerics_for_every_backend_mix(tmp_path):
+    """The flow on one and two devices with each backend alone, Collage's cover and the joint
+    solve (measured costs): every built variant computes what TVM alone computes."""
+    from tvm_pesto.bench.backends import restrict_to
+    from tvm_pesto.builder.placed import PlacedModule
+    from tvm_pesto.builder.rewrite import apply_plan
+    from tvm_pesto.costs import candidate_costs
+    from tvm_pesto.plan import JointProblem, simulate
+    from tvm_pesto.solve.joint import solve_joint
 
     mod, inputs = tiny_cnn()
-    cache = MeasureCache(tmp_path_factory.mktemp("cache") / "m.jsonl")
-    c1, c2 = parse_cluster("cpu:1"), parse_cluster("cpu:2")
-    p1 = prepare(mod, c1, backends=["tvm", "torch", "onnxruntime", "tvm-ms"], cache=cache)
-    p2 = prepare(mod, c2, backends=["tvm", "torch", "onnxruntime"], cache=cache)
-    return mod, inputs, p1, p2
-
-
-def test_end_to_end_numerics_for_every_backend_mix(prepared):
-    from tvm_pesto.search.pipeline import build_placed, search
-
-    mod, inputs, p1, p2 = prepared
+    cache = MeasureCache(tmp_path / "m.jsonl")
+    an = tvm_pesto.analyze(mod)
     ref = reference_output(mod, inputs)
-    assert "tvm-ms" in p1.unavailable and "TVM_PESTO_MS_DB" in p1.unavailable["tvm-ms"]
     results = {}
-    for prep, method in [(p1, "single:tvm"), (p1, "single:torch"), (p1, "single:onnxruntime"), (p1, "dp"),
-                         (p1, "joint"), (p2, "joint")]:
-        bp = search(prep, method, time_limit_s=20)
-        placed, low = build_placed(bp)
-        out = placed(*inputs)
-        placed.close()
-        assert np.max(np.abs(out - ref)) < 1e-4, (method, bp.backend_mix())
-        results[(prep.cluster.name, method)] = bp
-        externs = [b for b in low.mod["main"].body.blocks[0].bindings
-                   if getattr(getattr(b.value, "op", None), "name", "") == "relax.call_dps_packed"]
-        assert len(externs) == sum(1 for c in bp.cover if prep.cs[c].backend != "tvm")
-    assert results[("cpu:1", "single:tvm")].backend_mix() == {"tvm": p1.rg.graph.num_nodes}
-    assert set(results[("cpu:1", "single:torch")].backend_mix()) <= {"torch", "tvm"}
-    # one device: the ILP's choice is never worse (predicted) than Collage's DP
-    assert results[("cpu:1", "joint")].predicted_s <= results[("cpu:1", "dp")].predicted_s * (1 + 1e-6)
-    assert results[("cpu:1", "dp")].predicted_s <= min(
-        results[("cpu:1", f"single:{b}")].predicted_s for b in ("tvm", "torch", "onnxruntime")) * (1 + 1e-6)
+    for spec in ("cpu:1", "cpu:2"):
+        cl = parse_cluster(spec)
+        cs = tvm_pesto.make_candidates(an, cl, ["tvm", "torch", "onnxruntime", "tvm-ms"])
+        assert "tvm-ms" in cs.unavailable and "TVM_PESTO_MS_DB" in cs.unavailable["tvm-ms"]
+        joint = JointProblem(an.op_graph, cl, list(cs), candidate_costs(cs, cl, "measured", cache=cache).table)
+        variants = {"dp": (joint.costs, "single"), "joint": (joint.costs, "ilp")}
+        if spec == "cpu:1":
+            variants.update({f"single:{b}": (restrict_to(joint, b), "single") for b in ("tvm", "torch", "onnxruntime")})
+        for name, (costs, solver) in variants.items():
+            jp = JointProblem(an.op_graph, cl, list(cs), costs)
+            plan, placed = solve_joint(jp, solver=solver, time_limit_s=20, search_s=1.0)
+            pm = PlacedModule(apply_plan(an.rg, plan, cl), cl, plan)
+            out = pm(*inputs)
+            pm.close()
+            assert np.max(np.abs(out - ref)) < 1e-4, (spec, name, plan.backend_mix())
+            results[(spec, name)] = (plan, simulate(placed, plan).makespan)
+    assert results[("cpu:1", "single:tvm")][0].backend_mix() == {"tvm": an.op_graph.num_nodes}
+    assert set(results[("cpu:1", "single:torch")][0].backend_mix()) <= {"torch", "tvm"}
+    # one device: the joint solve is never worse (predicted) than Collage's cover, which is never
+    # worse than any backend alone
+    span = {k: v[1] for k, v in results.items()}
+    assert span[("cpu:1", "joint")] <= span[("cpu:1", "dp")] * (1 + 1e-6)
+    assert span[("cpu:1", "dp")] <= min(span[("cpu:1", f"single:{b}")] for b in ("tvm", "torch", "onnxruntime")) \
+        * (1 + 1e-6)
 
 
 def test_brute_force_is_guarded():

@@ -3,9 +3,10 @@ Place a PyTorch model across two CPU devices
 ============================================
 
 This tutorial takes a branchy Inception-style network written in PyTorch through
-``torch.export`` into a Relax ``IRModule``, lets tvm-pesto decide which device runs each
-fused operator group and in what order, builds one module per device, runs them together
-and compares the run with the plan.
+``torch.export`` into a Relax ``IRModule``, lets tvm-pesto decide for every subgraph which
+backend runs it (TVM, ONNX Runtime, PyTorch), on which device and in which order, builds
+one module per device, runs them together, compares the run with the plan, and exports the
+placed model so that another process runs it with TVM's runtime only.
 
 It runs top to bottom on any machine with two cores; nothing is downloaded (the weights
 are random).
@@ -55,22 +56,31 @@ measure_links(cluster)
 print(f"link 0->1: {cluster.latency[0, 1] * 1e6:.1f} us + bytes / {cluster.bandwidth[0, 1] / 1e9:.1f} GB/s")
 
 ######################################################################
-# Place
-# -----
-# Costs are measured per fused group on the real device (and cached on disk, so a second
-# run measures nothing); HEFT then assigns devices and orders.
-placement = tvm_pesto.place(analysis, cluster, solver="heft", costs="measured")
-print(placement.plan.to_text(analysis.graph, width=120))
-print(f"simulated makespan: {placement.sim.makespan * 1e3:.2f} ms")
+# Place: backend, device and order
+# --------------------------------
+# First placement alone: ``backends="tvm"`` places TVM's fusion groups. Costs are measured
+# per group on the real device (and cached on disk, so a second run measures nothing);
+# HEFT assigns devices and orders.
+placement = tvm_pesto.place(analysis, cluster, backends="tvm", solver="heft", costs="measured")
+print(placement.plan.to_text(placement.problem.graph, width=120))
+print(f"TVM alone: simulated makespan {placement.sim.makespan * 1e3:.2f} ms")
+
+######################################################################
+# Then the whole question: every backend available here offers candidates (TVM's fusion
+# groups and their pieces, ONNX Runtime regions, PyTorch op chains); the bundled XGBoost
+# cost model predicts each one on each device, and the joint solve picks a cover, devices
+# and orders together.
+placement = tvm_pesto.place(analysis, cluster, backends="all", solver="heft", costs="xgb")
+print(f"{len(placement.candidates)} candidates {placement.candidates.by_backend()}")
+print(f"chosen: {placement.backend_mix} (ops per backend) on devices {placement.plan.devices_used()}")
+print(f"simulated makespan: {placement.sim.makespan * 1e3:.2f} ms ({placement.solver_status})")
 
 ######################################################################
 # Build one module per device and run
 # -----------------------------------
-from tvm_pesto.builder.placed import PlacedModule
-from tvm_pesto.builder.rewrite import apply_plan
-
-placed_mod = apply_plan(analysis.rg, analysis.groups, placement.plan, cluster)
-placed = PlacedModule(placed_mod, cluster, placement.plan, placement.problem, placement.sim, analysis)
+# ``build`` with the plan lowers exactly those units (library units become
+# ``R.call_dps_packed`` calls) and compiles each device's segments.
+placed = tvm_pesto.build(model.mod, cluster, plan=placement.plan)
 out = placed(*model.example_inputs)
 ref = zoo.torch_reference(model)
 print(f"max |placed - torch| = {np.abs(out - ref).max():.2e}")
@@ -88,4 +98,14 @@ gantt_png(sim_events(placement.problem, placement.plan, placement.sim), os.path.
           title="inception_v3 simulated", device_names=[d.name for d in cluster.devices],
           compare=trace_events(trace))
 print(f"wrote {os.path.join(out_dir, 'gantt.png')}")
+
+######################################################################
+# Deploy
+# ------
+# ``export`` writes the per-device libraries, each library unit's artifact (an ONNX file
+# for ONNX Runtime) and the plan; ``tvm_pesto.load`` runs it without searching, measuring
+# or compiling (it works with ``TVM_USE_RUNTIME_LIB=1`` and no compiler library).
+bundle = placed.export(os.path.join(out_dir, "inception-bundle"))
+loaded = tvm_pesto.load(bundle)
+print(f"loaded bundle gives the same output: {np.array_equal(loaded(*model.example_inputs), out)}")
 placed.close()

@@ -1,36 +1,41 @@
-"""The public flow: analyze -> costs -> place -> build -> run.
+"""The one flow: analyze -> candidates -> costs -> solve -> lower + build -> run.
+
+Every entry point walks it: :func:`build` (Python), :class:`PlacementPass` (inside a TVM
+compile flow), and the CLI verbs ``demo``, ``run`` and ``place``. ``backends`` says which
+backends compete for each subgraph: ``"all"`` (every backend available on the cluster's
+devices, the default), ``"tvm"`` (TVM's fusion groups only: placement without backend
+choice), or a list of names (``tvm`` is always kept: it covers every op).
 
 Examples
 --------
 >>> import tvm_pesto                                   # doctest: +SKIP
 >>> placed = tvm_pesto.build(mod, "cpu:2")             # doctest: +SKIP
 >>> out = placed(x_numpy)                              # doctest: +SKIP
+>>> placed.plan.backend_mix()                          # doctest: +SKIP
 """
 from __future__ import annotations
 
-import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 
 from .cluster import Cluster, parse_cluster
-from .errors import CostError
+from .errors import PestoError
 from .graph.fusion import fusion_groups
 from .graph.opgraph import OpGraph
 from .graph.relax_import import RelaxGraph, from_relax
-from .plan import Plan, Problem, SimResult, simulate
-
-COST_SOURCES = ("auto", "measured", "roofline", "xgb")
+from .plan import JointProblem, Plan, Problem, SimResult, simulate
 
 
 @dataclass
 class Analysis:
-    """A module's op graph, its fusion groups and the grouped graph that gets placed."""
+    """A module's op graph, its fusion groups and the grouped graph."""
 
     rg: RelaxGraph
     groups: list[list[int]]
-    graph: OpGraph  # one node per group
+    graph: OpGraph  # one node per fusion group
 
     @property
     def op_graph(self) -> OpGraph:
@@ -48,131 +53,232 @@ def as_cluster(cluster) -> Cluster:
     return cluster if isinstance(cluster, Cluster) else parse_cluster(cluster)
 
 
-def estimate_costs(analysis: Analysis, cluster: Cluster, source: str = "auto", cache=None,
-                   progress=None, calibrate: bool = True) -> tuple[np.ndarray, str]:
-    """[groups, devices] seconds and the source actually used.
+def backend_names(backends) -> list[str] | None:
+    """``"all"`` -> None (every registered backend); ``"tvm"`` -> ["tvm"]; a comma-separated
+    string or a list -> that list (``tvm`` added: it covers every op).
 
-    ``auto`` measures when every device is on this machine, and otherwise uses the
-    bundled XGBoost model where it covers the device, falling back to the roofline.
-    Measured costs are calibrated (``calibrate=True``): the isolated group times of a
-    device are scaled to add up to the whole model's measured time on that device (see
-    :func:`tvm_pesto.costs.measure.calibrate`).
+    Raises
+    ------
+    PestoError
+        For an unknown backend name (the message lists the known ones).
     """
-    if source not in COST_SOURCES:
-        raise CostError(f"unknown cost source {source!r}; use one of {', '.join(COST_SOURCES)}")
-    if source == "auto":
-        source = "measured" if cluster.all_present else "roofline"
-        if source == "roofline":
-            try:
-                from .costs import xgb  # noqa: F401
+    from .backends import get_backend
 
-                source = "xgb"
-            except ImportError:
-                pass
-    if source == "roofline":
-        from .costs.roofline import roofline_costs
+    if backends is None or backends == "all":
+        return None
+    names = [b.strip() for b in backends.split(",")] if isinstance(backends, str) else [str(b) for b in backends]
+    names = [n for n in names if n]
+    if not names:
+        raise PestoError("no backend named; use --backends all, tvm, or a comma-separated list of backend names")
+    for n in names:
+        get_backend(n)  # unknown names fail here, listing the known ones
+    return ["tvm"] + [n for n in names if n != "tvm"]
 
-        return roofline_costs(analysis.graph, cluster), "roofline"
-    if source == "xgb":
-        try:
-            from .costs.xgb import predict_costs
-        except ImportError as e:
-            raise CostError("the xgb cost source needs the trained cost model (tvm_pesto.costs.xgb); "
-                            "use --costs measured or roofline") from e
-        return predict_costs(analysis, cluster), "xgb"
-    from .costs.cache import MeasureCache, target_key
-    from .costs.measure import calibrate as scale_to_whole
-    from .costs.measure import measure_groups, measure_whole
 
-    cache = cache if cache is not None else MeasureCache()
-    out = np.zeros((analysis.graph.num_nodes, cluster.num_devices))
-    done: dict[tuple, np.ndarray] = {}
-    for j, dev in enumerate(cluster.devices):
-        if not dev.present:
-            raise CostError(f"device {dev.name} is not on this machine, so it cannot be measured; "
-                            "use --costs roofline or xgb")
-        k = (target_key(dev.target), dev.cores, dev.kind)
-        if k not in done:
-            t = measure_groups(analysis.rg, analysis.groups, dev, cache, progress=progress)
-            if calibrate:
-                t, _ = scale_to_whole(t, measure_whole(analysis.rg, dev, cache))
-            done[k] = t
-        out[:, j] = done[k]
-    return out, "measured"
+_WARNED: set = set()
+
+
+def make_candidates(analysis: Analysis, cluster, backends="all", max_region: int = 40):
+    """The candidates of the flow: which subgraphs each available backend could run.
+
+    ``backends="tvm"`` gives TVM's fusion groups only (one candidate per group). Backends
+    asked for by name that cannot run here are reported once with a warning that names
+    what stands in (TVM); with ``"all"`` they are only listed in ``unavailable``.
+
+    Returns
+    -------
+    CandidateSet
+        ``unavailable`` maps each backend left out to the reason.
+    """
+    from .backends import available_backends
+    from .candidates import generate_candidates, placement_candidates
+
+    cluster = as_cluster(cluster)
+    names = backend_names(backends)
+    if names == ["tvm"]:
+        return placement_candidates(analysis.rg, analysis.groups)
+    usable, why, seen = [], {}, set()
+    for kind in sorted({d.kind for d in cluster.devices}):
+        got, reasons = available_backends(names, device_kind=kind)
+        for b in got:
+            if b.name not in seen:
+                seen.add(b.name)
+                usable.append(b)
+        for k, v in reasons.items():
+            why.setdefault(k, v)
+    for b in usable:
+        why.pop(b.name, None)
+    if names is not None:
+        for n in names:
+            if n in why and n not in _WARNED:
+                _WARNED.add(n)
+                warnings.warn(f"backend {n!r} is unavailable ({why[n]}); its subgraphs stay on tvm", RuntimeWarning,
+                              stacklevel=3)
+    cs = generate_candidates(analysis.rg, usable, max_region=max_region)
+    cs.unavailable = dict(why)
+    return cs
+
+
+def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None, progress=None,
+                   calibrate: bool = True) -> tuple[np.ndarray, str]:
+    """``[groups, devices]`` seconds of the fusion groups, and the source really used.
+
+    The costs of placement alone: :func:`tvm_pesto.costs.candidate_costs` on the ``tvm``
+    candidates (one per fusion group).
+    """
+    from .candidates import placement_candidates
+    from .costs import candidate_costs
+
+    ct = candidate_costs(placement_candidates(analysis.rg, analysis.groups), as_cluster(cluster), source,
+                         cache=cache, progress=progress, calibrate=calibrate)
+    return ct.table, ct.source
 
 
 @dataclass
 class Placement:
+    """What the flow decided for a module, before building.
+
+    Attributes
+    ----------
+    analysis : Analysis
+    candidates : CandidateSet
+    costs : CostTable
+        Seconds per (candidate, device) and where they came from.
+    joint : JointProblem
+    problem : Problem
+        The placement problem of the chosen cover (one node per unit).
+    plan : Plan
+        Device and order per unit; ``plan.units`` are the chosen candidates.
+    sim : SimResult
+        The plan simulated: ``sim.makespan`` is the predicted time.
+    """
+
     analysis: Analysis
+    candidates: object
+    costs: object
+    joint: JointProblem
     problem: Problem
     plan: Plan
     sim: SimResult
 
+    @property
+    def backend_mix(self) -> dict[str, int]:
+        return self.plan.backend_mix()
 
-def place(mod_or_analysis, cluster, solver: str = "heft", costs="auto", cache=None, progress=None,
-          **solver_options) -> Placement:
-    """Decide device and order for every fused group of a module."""
-    from .solve import solve as run_solver
+    @property
+    def solver_status(self) -> str:
+        return solver_status(self.plan)
+
+    def summary(self) -> dict:
+        return {"backend_mix": self.backend_mix, "solver": self.plan.solver, "solver_status": self.solver_status,
+                "simulated_s": float(self.sim.makespan), "devices_used": self.plan.devices_used(),
+                "num_ops": self.analysis.op_graph.num_nodes, "num_units": self.problem.num_nodes,
+                "num_candidates": len(self.candidates), "candidates_by_backend": self.candidates.by_backend(),
+                "backends_unavailable": dict(self.candidates.unavailable), "costs": self.costs.summary(),
+                "solve_s": float(self.plan.solve_s)}
+
+
+def solver_status(plan: Plan) -> str:
+    """``optimal`` / ``time_limit`` / ``infeasible`` / ... from an ILP, ``heuristic`` otherwise."""
+    st = plan.info.get("status")
+    return str(st) if st else "heuristic"
+
+
+def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs="auto", cache=None, progress=None,
+          time_limit_s: float = 30.0, search_s: float | None = None, **solver_options) -> Placement:
+    """Decide backend, device and order for every subgraph of a module.
+
+    Parameters
+    ----------
+    mod_or_analysis : tvm.IRModule or Analysis
+    cluster : Cluster or str
+        e.g. ``"cpu:2"``, ``"4xV100-pcie"``, a JSON file.
+    backends : "all", "tvm", or list of str
+    solver : str
+        Placement solver (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
+    costs : {"auto", "measured", "xgb", "roofline"} or ndarray
+        The cost source, or a ready ``[candidates, devices]`` table for the candidates
+        this call generates.
+    time_limit_s, search_s
+        ILP time limit and joint local-search budget (:func:`tvm_pesto.solve.joint.solve_joint`).
+    """
+    from .costs import CostTable, candidate_costs
+    from .solve.joint import solve_joint
 
     analysis = mod_or_analysis if isinstance(mod_or_analysis, Analysis) else analyze(mod_or_analysis)
     cluster = as_cluster(cluster)
+    cs = make_candidates(analysis, cluster, backends)
     if isinstance(costs, np.ndarray):
-        table, src = costs, "given"
+        ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
     else:
-        table, src = estimate_costs(analysis, cluster, costs, cache=cache, progress=progress)
-    problem = Problem(analysis.graph, cluster, table, cost_source=src)
-    problem.check_memory_feasible()
-    plan = run_solver(problem, solver, **solver_options)
-    return Placement(analysis, problem, plan, simulate(problem, plan))
+        ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
+    jp = JointProblem(analysis.op_graph, cluster, list(cs), ct.table, cost_source=ct.source)
+    plan, problem = solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s, **solver_options)
+    return Placement(analysis, cs, ct, jp, problem, plan, simulate(problem, plan))
 
 
-def build(mod, cluster, solver: str = "heft", costs="auto", plan: Plan | None = None, cache=None,
+def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None, cache=None,
           progress=None, **solver_options):
-    """Place ``mod`` on ``cluster`` and build one module per device.
+    """Place ``mod`` on ``cluster`` (or apply a given ``plan``) and build one module per device.
 
     Returns
     -------
     PlacedModule
+        Callable on numpy arrays or TVM tensors; ``.plan``, ``.placement``, ``.export(dir)``.
     """
     from .builder.placed import PlacedModule
     from .builder.rewrite import apply_plan
 
     cluster = as_cluster(cluster)
     if plan is None:
-        pl = place(mod, cluster, solver=solver, costs=costs, cache=cache, progress=progress, **solver_options)
-        analysis, problem, plan, sim = pl.analysis, pl.problem, pl.plan, pl.sim
+        pl = place(mod, cluster, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,
+                   **solver_options)
+        analysis, plan = pl.analysis, pl.plan
     else:
-        analysis = analyze(mod)
-        problem, sim = None, None
-    placed_mod = apply_plan(analysis.rg, analysis.groups, plan, cluster)
-    return PlacedModule(placed_mod, cluster, plan, problem, sim, analysis)
+        analysis, pl = analyze(mod), None
+    return PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, pl, progress=progress)
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="tvm_pesto.Place")
 class PlacementPass:
-    """A module pass that places ``main`` over a cluster and outlines per-device segments.
+    """A module pass that places ``main`` over a cluster: backend, device and order.
 
-    Use it in a ``tvm.transform.Sequential``; the result has one function per segment
-    (attribute ``pesto.device``) and a ``main`` that calls them, with ``R.to_vdevice`` on
-    every value that crosses devices. ``tvm_pesto.run.program.split_by_device`` gives the
-    per-device modules.
+    The result compiles with ``tvm.compile`` and runs in ``relax.VirtualMachine`` with one
+    device per cluster device, ``[d.tvm_device() for d in cluster.devices]`` (for
+    ``cpu:2``: ``[tvm.cpu(0), tvm.cpu(1)]``, TVM's convention that vdevice ``i`` is device
+    id ``i``): one ``vdevice`` per device; every segment is a private function whose
+    parameters and results carry its device; ``main`` takes its inputs on device 0, moves
+    values with ``R.to_vdevice`` and returns on device 0; non-TVM units are
+    ``R.call_dps_packed`` calls of functions the pass registered in this process. The
+    segments are legalized to TIR calls with their outputs on the segment's device
+    (:func:`tvm_pesto.builder.program.legalize_on_devices`). That path is for TVM's own
+    VM, which runs one call at a time; :func:`build` runs the devices concurrently.
+    ``last_placement`` keeps what was decided.
 
     Examples
     --------
     >>> seq = tvm.transform.Sequential([PlacementPass("cpu:2", costs="roofline")])  # doctest: +SKIP
-    >>> placed = seq(mod)                                                          # doctest: +SKIP
+    >>> ex = tvm.compile(seq(mod))                                                 # doctest: +SKIP
+    >>> vm = relax.VirtualMachine(ex, [tvm.cpu(0), tvm.cpu(0)])                    # doctest: +SKIP
     """
 
-    def __init__(self, cluster, solver: str = "heft", costs="auto", **solver_options):
+    def __init__(self, cluster, backends="all", solver: str = "heft", costs="auto", **solver_options):
         self.cluster = as_cluster(cluster)
+        self.backends = backends
         self.solver = solver
         self.costs = costs
         self.solver_options = solver_options
         self.last_placement: Placement | None = None
 
     def transform_module(self, mod, ctx):
+        from .builder.program import legalize_on_devices
         from .builder.rewrite import apply_plan
 
-        pl = place(mod, self.cluster, solver=self.solver, costs=self.costs, **self.solver_options)
+        pl = place(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,
+                   **self.solver_options)
         self.last_placement = pl
-        return apply_plan(pl.analysis.rg, pl.analysis.groups, pl.plan, self.cluster)
+        return legalize_on_devices(apply_plan(pl.analysis.rg, pl.plan, self.cluster))
+
+
+__all__ = ["Analysis", "Placement", "PlacementPass", "analyze", "backend_names", "build", "make_candidates",
+           "estimate_costs", "place", "solver_status"]

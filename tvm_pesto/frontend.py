@@ -1,14 +1,18 @@
 """Import PyTorch and ONNX models into Relax, and check that they are static.
 
 tvm-pesto places the operators of a Relax ``main`` function on devices, so it needs the
-model as an :class:`tvm.IRModule` whose shapes are all known. The two importers here wrap
+model as an :class:`tvm.IRModule` whose shapes are all known. The importers here wrap
 TVM's frontends with the options tvm-pesto needs (weights bound as constants, a single
 tensor returned when the model returns one) and turn frontend failures into
-:class:`~tvm_pesto.errors.UnsupportedModuleError`.
+:class:`~tvm_pesto.errors.UnsupportedModuleError`, naming the operators the frontend does
+not support when it says which. :func:`from_exported_program` is the one path from a
+``torch.export`` program to Relax (:func:`from_torch` exports, then calls it).
+:mod:`tvm_pesto.models` turns a zoo name or a model file into a module with these functions.
 """
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,15 +21,25 @@ from tvm import relax
 
 from .errors import UnsupportedModuleError
 
-__all__ = ["from_torch", "from_onnx", "check_static", "symbolic_dims"]
+__all__ = ["from_torch", "from_exported_program", "from_onnx", "read_onnx", "unsupported_ops",
+           "error_line", "check_static", "symbolic_dims"]
 
 
 def _model_name(model: Any, name: str | None) -> str:
     return name if name else type(model).__name__
 
 
-def _cause(exc: BaseException, limit: int = 300) -> str:
-    """``Type: first line of the message`` (torch errors run to dozens of lines)."""
+def error_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``, for error messages that quote a cause.
+
+    Torch and TVM errors run to dozens of lines; the first one says what went wrong.
+
+    Examples
+    --------
+    >>> from tvm_pesto.frontend import error_line
+    >>> error_line(ValueError("bad shape\\nat line 3"))
+    'ValueError: bad shape'
+    """
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = lines[0] if lines else ""
     if len(text) > limit:
@@ -80,6 +94,50 @@ def _to_torch_args(example_args: Sequence[Any]) -> tuple:
 #: Converters that replace TVM's for ops the direct (undecomposed) import gets wrong.
 _CUSTOM_CONVERTERS = {"batch_norm.default": _aten_batch_norm}
 
+#: How TVM's importers name the operators they cannot convert (the list is group 1).
+_UNSUPPORTED_PATTERNS = (
+    re.compile(r"Unsupported function types \[([^\]]*)\]"),               # PyTorch importer
+    re.compile(r"operators are not supported for frontend ONNX: ([^\n]+)"),  # ONNX, whole graph
+    re.compile(r"Operator (\S+) not implemented"),                         # ONNX, one node
+)
+
+
+def unsupported_ops(exc: BaseException) -> list[str]:
+    """The operators a TVM frontend error says it cannot convert.
+
+    Looks through ``exc`` and its chained causes for the messages of TVM's PyTorch importer
+    (``Unsupported function types ['erfinv.default']``) and ONNX importer (``The following
+    operators are not supported for frontend ONNX: Celu``).
+
+    Parameters
+    ----------
+    exc : BaseException
+        An exception raised by a Relax frontend.
+
+    Returns
+    -------
+    list of str
+        Sorted operator names; empty when the message names none.
+
+    Examples
+    --------
+    >>> from tvm_pesto.frontend import unsupported_ops
+    >>> unsupported_ops(AssertionError("Unsupported function types ['erfinv.default', 'histc.default']"))
+    ['erfinv.default', 'histc.default']
+    >>> unsupported_ops(ValueError("shape mismatch"))
+    []
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc)
+        for pattern in _UNSUPPORTED_PATTERNS:
+            m = pattern.search(text)
+            if m:
+                return sorted({op.strip().strip("'\"") for op in m.group(1).split(",") if op.strip()})
+        exc = exc.__cause__ or exc.__context__
+    return []
+
 
 def from_torch(model: Any, example_args: Sequence[Any], name: str | None = None, *,
                decompose: bool = False) -> tvm.IRModule:
@@ -87,9 +145,7 @@ def from_torch(model: Any, example_args: Sequence[Any], name: str | None = None,
 
     The model is put in eval mode, exported with :func:`torch.export.export` at the shapes
     of ``example_args`` (so every shape is static) and translated with
-    :func:`tvm.relax.frontend.torch.from_exported_program`. When the model returns one
-    tensor, ``main`` returns that tensor (not a 1-tuple); several outputs stay a tuple.
-    BatchNorm in eval mode becomes ``relax.nn.batch_norm(..., training=False)``.
+    :func:`from_exported_program`.
 
     Parameters
     ----------
@@ -100,9 +156,7 @@ def from_torch(model: Any, example_args: Sequence[Any], name: str | None = None,
     name : str, optional
         Name used in error messages (default: the class name of ``model``).
     decompose : bool
-        Run PyTorch's decomposition to core ATen ops before translating. By default the
-        exported ops are translated directly, and the decomposition is used only when that
-        fails.
+        Passed to :func:`from_exported_program`.
 
     Returns
     -------
@@ -113,7 +167,8 @@ def from_torch(model: Any, example_args: Sequence[Any], name: str | None = None,
     ------
     UnsupportedModuleError
         If ``torch.export`` or the Relax importer fails; the message names the model
-        and the first line of the cause (the full error is chained as ``__cause__``).
+        and the unsupported operators or the first line of the cause (the full error is
+        chained as ``__cause__``).
 
     Examples
     --------
@@ -124,7 +179,6 @@ def from_torch(model: Any, example_args: Sequence[Any], name: str | None = None,
     ['R.shape([1, 4])']
     """
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
     label = _model_name(model, name)
     args = _to_torch_args(example_args)
@@ -134,30 +188,113 @@ def from_torch(model: Any, example_args: Sequence[Any], name: str | None = None,
             ep = torch.export.export(model, args)
     except Exception as exc:  # torch raises many unrelated types here
         raise UnsupportedModuleError(
-            f"torch.export failed for model {label!r}: {_cause(exc)}. "
+            f"torch.export failed for model {label!r}: {error_line(exc)}. "
             "Make the model exportable (no data-dependent control flow, tensors-only inputs) "
             "or export it to ONNX and use from_onnx") from exc
+    return from_exported_program(ep, label, decompose=decompose)
+
+
+def from_exported_program(ep: Any, name: str = "exported program", *, decompose: bool = False) -> tvm.IRModule:
+    """Translate a ``torch.export`` program into a Relax module with its weights as constants.
+
+    This is the one path from an :class:`torch.export.ExportedProgram` to Relax, for models
+    exported here (:func:`from_torch`) and for programs loaded with :func:`torch.export.load`.
+    It calls :func:`tvm.relax.frontend.torch.from_exported_program`. When the program returns
+    one tensor, ``main`` returns that tensor (not a 1-tuple); several outputs stay a tuple.
+    BatchNorm in eval mode becomes ``relax.nn.batch_norm(..., training=False)`` (TVM's own
+    converter reads its arguments in the wrong order). Symbolic shapes of a program exported
+    with ``dynamic_shapes`` stay symbolic.
+
+    Parameters
+    ----------
+    ep : torch.export.ExportedProgram
+        The program to translate.
+    name : str
+        Name used in error messages (a model or file name).
+    decompose : bool
+        Run PyTorch's decomposition to core ATen ops before translating. By default the
+        exported ops are translated directly, and the decomposition is used only when that
+        fails.
+
+    Returns
+    -------
+    tvm.IRModule
+        A module whose ``main`` takes the program's user inputs.
+
+    Raises
+    ------
+    UnsupportedModuleError
+        If the importer fails both ways; the message names the operators it does not
+        support when it says which, otherwise the first line of the cause.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from tvm_pesto.frontend import from_exported_program
+    >>> ep = torch.export.export(torch.nn.ReLU(), (torch.zeros(2, 3),))
+    >>> str(from_exported_program(ep, "relu")["main"].ret_ty)
+    'R.Tensor((2, 3), dtype="float32")'
+    """
+    from tvm.relax.frontend.torch import from_exported_program as _relax_from_exported_program
+
     # Without PyTorch's decomposition the importer converts the exported ATen ops
     # directly: ~25x faster and closer to the model's layers (e.g. BERT-small: 72 op
     # bindings instead of 116). Ops the direct path cannot convert get a second try with
     # the decomposition into core ATen ops.
-    attempts = [True] if decompose else [False, True]
-    for run_decomposition in attempts:
+    failures = []
+    for run_decomposition in ([True] if decompose else [False, True]):
         try:
-            mod = from_exported_program(ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
-                                        run_ep_decomposition=run_decomposition,
-                                        custom_convert_map=_CUSTOM_CONVERTERS)
-            break
+            return _relax_from_exported_program(
+                ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
+                run_ep_decomposition=run_decomposition, custom_convert_map=_CUSTOM_CONVERTERS)
         except Exception as exc:
-            if run_decomposition:
-                raise UnsupportedModuleError(
-                    f"the Relax PyTorch importer failed for model {label!r}: {_cause(exc)}. "
-                    "Replace the unsupported operator in the model or import it through ONNX "
-                    "(from_onnx)") from exc
-    return mod
+            failures.append(exc)
+    first_ops, last_ops = unsupported_ops(failures[0]), unsupported_ops(failures[-1])
+    ops = first_ops or last_ops
+    if ops:
+        detail = f"uses operator(s) the Relax PyTorch importer does not support: {', '.join(ops)}"
+        if len(failures) > 1 and last_ops and last_ops != ops:
+            detail += f" (after decomposition into core ATen ops: {', '.join(last_ops)})"
+        elif len(failures) > 1 and not last_ops:
+            detail += f"; the retry after decomposition into core ATen ops failed too: {error_line(failures[-1])}"
+        fix = "Replace these operators in the model, or export it to ONNX and load that file"
+    else:
+        detail = f"failed in the Relax PyTorch importer: {error_line(failures[-1])}"
+        fix = "Replace the unsupported operator in the model or import it through ONNX (from_onnx)"
+    raise UnsupportedModuleError(f"model {name!r} {detail}. {fix}") from failures[-1]
 
 
-def from_onnx(path_or_model: Any, shape_dict: dict[str, Sequence[int]] | None = None) -> tvm.IRModule:
+def read_onnx(path: str | os.PathLike) -> Any:
+    """Read an ONNX file (with external data next to it, if any).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.onnx`` file.
+
+    Returns
+    -------
+    onnx.ModelProto
+
+    Raises
+    ------
+    UnsupportedModuleError
+        If the file cannot be read or parsed; the message names the file and the parser's
+        first line of error.
+    """
+    import onnx
+
+    label = os.fspath(path)
+    try:
+        return onnx.load(label)
+    except Exception as exc:
+        raise UnsupportedModuleError(
+            f"cannot read ONNX model {label!r}: {error_line(exc)}. "
+            "Pass the path of a valid .onnx file or an onnx.ModelProto") from exc
+
+
+def from_onnx(path_or_model: Any, shape_dict: dict[str, Sequence[int]] | None = None,
+              name: str | None = None) -> tvm.IRModule:
     """Import an ONNX model into a Relax module with its weights bound as constants.
 
     Parameters
@@ -166,6 +303,8 @@ def from_onnx(path_or_model: Any, shape_dict: dict[str, Sequence[int]] | None = 
         A ``.onnx`` file or a loaded model.
     shape_dict : dict of str to sequence of int, optional
         Fixed shapes for inputs whose ONNX shapes are symbolic (e.g. ``{"x": [1, 3, 224, 224]}``).
+    name : str, optional
+        Name used in error messages (default: the path, or the graph's name).
 
     Returns
     -------
@@ -175,7 +314,8 @@ def from_onnx(path_or_model: Any, shape_dict: dict[str, Sequence[int]] | None = 
     Raises
     ------
     UnsupportedModuleError
-        If the file cannot be read or the Relax ONNX importer fails.
+        If the file cannot be read or the Relax ONNX importer fails; the message names the
+        operators the importer does not support when it says which.
 
     Examples
     --------
@@ -188,26 +328,26 @@ def from_onnx(path_or_model: Any, shape_dict: dict[str, Sequence[int]] | None = 
     >>> [p.name for p in mod["main"].params]
     ['x']
     """
-    import onnx
     from tvm.relax.frontend.onnx import from_onnx as _relax_from_onnx
 
     if isinstance(path_or_model, (str, os.PathLike)):
-        label = os.fspath(path_or_model)
-        try:
-            model = onnx.load(label)
-        except Exception as exc:
-            raise UnsupportedModuleError(
-                f"cannot read ONNX model {label!r}: {_cause(exc)}. "
-                "Pass the path of a valid .onnx file or an onnx.ModelProto") from exc
+        label = name or os.fspath(path_or_model)
+        model = read_onnx(path_or_model)
     else:
         model = path_or_model
-        label = getattr(getattr(model, "graph", None), "name", "") or "onnx model"
+        label = name or getattr(getattr(model, "graph", None), "name", "") or "onnx model"
     shapes = {k: [int(d) for d in v] for k, v in shape_dict.items()} if shape_dict else None
     try:
         return _relax_from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
     except Exception as exc:
+        ops = unsupported_ops(exc)
+        if ops:
+            raise UnsupportedModuleError(
+                f"ONNX model {label!r} uses operator(s) the Relax ONNX importer does not support: "
+                f"{', '.join(ops)}. Replace them in the model, or export it with an opset in which "
+                "the exporter decomposes them") from exc
         raise UnsupportedModuleError(
-            f"the Relax ONNX importer failed for {label!r}: {_cause(exc)}. "
+            f"the Relax ONNX importer failed for {label!r}: {error_line(exc)}. "
             "Check the opset and operators, or give static input shapes with shape_dict") from exc
 
 

@@ -35,7 +35,8 @@ from tvm import relax  # noqa: E402
 
 from tvm_pesto import zoo  # noqa: E402
 from tvm_pesto.backends import get_backend  # noqa: E402
-from tvm_pesto.backends.gpu import cublas, cudnn, patterns, probe, tensorrt, tvm_cuda  # noqa: E402
+from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda  # noqa: E402
+from tvm_pesto.cluster import gpu_probe as probe  # noqa: E402
 from tvm_pesto.builder.subgraph import group_function, structural_key  # noqa: E402
 from tvm_pesto.costs.cache import MeasureCache, target_key  # noqa: E402
 from tvm_pesto.graph.fusion import fusion_groups  # noqa: E402

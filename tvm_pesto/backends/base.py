@@ -95,7 +95,7 @@ class Backend(abc.ABC):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._built: dict[str, str] = {}
+        self._built: dict[str, tuple] = {}  # global name -> (function, device) it was built from
 
     # -- what it accepts -------------------------------------------------------------
     @abc.abstractmethod
@@ -164,8 +164,36 @@ class Backend(abc.ABC):
                              f"{msg[:300]}; it stays on another backend") from e
         tvm.register_global_func(gname, fn, override=True)
         with self._lock:
-            self._built[gname] = gname
+            self._built[gname] = (func, device)
         return gname
+
+    # -- deploy -----------------------------------------------------------------------
+    def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
+        """Write what runs ``func`` without TVM's compiler into ``out_dir`` (files named
+        ``stem.*``) and return its description: ``{"kind": ..., "files": [...], ...}``.
+
+        ``kind`` names the loader in :mod:`tvm_pesto.run.loaders` that turns the files
+        back into the calling convention above. The default says the backend cannot.
+
+        Raises
+        ------
+        BuildError
+            When the backend has no deployable form.
+        """
+        raise BuildError(f"backend {self.name!r} cannot export its subgraphs for deployment yet; build the "
+                         "model with backends that can (tvm, onnxruntime, torch, tvm-ms)")
+
+    def artifact(self, gname: str, out_dir: str, stem: str) -> dict:
+        """:meth:`export_artifact` for a function this backend built as ``gname``."""
+        with self._lock:
+            hit = self._built.get(gname)
+        if hit is None:
+            raise BuildError(f"backend {self.name!r} did not build {gname!r} in this process; build the placed "
+                             "model again before exporting it")
+        meta = self.export_artifact(hit[0], hit[1], out_dir, stem)
+        meta.update(name=gname, backend=self.name, num_inputs=len(hit[0].params),
+                    num_outputs=len(output_types(hit[0])), cores=device_cores(hit[1]))
+        return meta
 
     def release(self) -> int:
         """Unregister every global function this backend built (their sessions, weights and

@@ -299,16 +299,6 @@ class TorchProgram:
         return [slots[o] for o in self.outputs]
 
 
-def _flatten(vals: list) -> list:
-    out = []
-    for v in vals:
-        if isinstance(v, (tuple, list)):
-            out.extend(_flatten(list(v)))
-        else:
-            out.append(v)
-    return out
-
-
 class TorchBackend(Backend):
     """PyTorch library calls, one subgraph at a time (op-level backend, CPU).
 
@@ -335,19 +325,36 @@ class TorchBackend(Backend):
         return True, ""
 
     def make_callable(self, func: relax.Function, device):
+        from ..run.loaders import torch_runner
+
+        prog = TorchProgram(func)
+        return torch_runner(lambda *xs: prog(list(xs)), len(func.params), device_cores(device))
+
+    def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
+        """The subgraph as a ``torch.export`` program (``.pt2``): the same torch calls, with
+        the build-time constants as the program's constants."""
+        import os
+
         import torch
 
         prog = TorchProgram(func)
-        n_in = len(func.params)
-        cores = device_cores(device)
 
-        def run(*args):
-            if torch.get_num_threads() != cores:
-                torch.set_num_threads(cores)
-            ins = [torch.from_dlpack(a) for a in args[:n_in]]
-            with torch.no_grad():
-                res = _flatten(prog(ins))
-                for o, r in zip(args[n_in:], res):
-                    torch.from_dlpack(o).copy_(r)
+        class Subgraph(torch.nn.Module):
+            def forward(self, *xs):
+                return tuple(_flat(prog(list(xs))))
 
-        return run
+        args = tuple(torch.zeros(static_shape(p.ty), dtype=_tdtype(p.ty.dtype)) for p in func.params)
+        try:
+            ep = torch.export.export(Subgraph(), args)
+        except Exception as e:  # noqa: BLE001 - torch.export's own error, explained
+            raise BuildError(f"torch.export could not trace the torch subgraph: {type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+        fname = f"{stem}.pt2"
+        torch.export.save(ep, os.path.join(out_dir, fname))
+        return {"kind": "torch-export", "files": [fname]}
+
+
+def _flat(vals) -> list:
+    from ..run.loaders import flatten
+
+    return flatten(vals)

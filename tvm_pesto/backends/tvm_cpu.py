@@ -44,10 +44,11 @@ def _compile(func: relax.Function, target: dict, database: str | None = None):
 
 
 class TvmBackend(Backend):
-    """TVM-native code (default pipeline, fusion, LLVM); the fallback for every op."""
+    """TVM-native code, compiled with the device's own segment for its target (LLVM on a
+    CPU, CUDA with dlight schedules on a GPU); the fallback for every op on every device."""
 
     name = "tvm"
-    device_kinds = ("cpu",)
+    device_kinds = ("cpu", "gpu")
     graph_level = False
     native = True  # candidates stay as Relax ops in the placed module
     max_ops = 8
@@ -69,27 +70,27 @@ class TvmBackend(Backend):
         return None
 
     def make_callable(self, func: relax.Function, device):
-        target = dict(getattr(device, "target", {"kind": "llvm"}))
-        ex = _compile(func, target, self._database())
+        from ..run.loaders import vm_runner
+
+        ex = _compile(func, dict(getattr(device, "target", {"kind": "llvm"})), self._database())
         dev = device.tvm_device() if hasattr(device, "tvm_device") else tvm.cpu(0)
-        vm = relax.VirtualMachine(ex, dev)
-        n_in = len(func.params)
-        n_out = len(output_types(func))
-        main = vm["main"]
+        return vm_runner(relax.VirtualMachine(ex, dev)["main"], len(func.params), len(output_types(func)))
 
-        def run(*args):
-            res = main(*args[:n_in])
-            outs = [res[k] for k in range(n_out)] if n_out > 1 else [res]
-            for o, r in zip(args[n_in:], outs):
-                r.copyto(o)
+    def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
+        """The subgraph compiled (with the tuning database) and exported as a shared library."""
+        import os
 
-        return run
+        fname = f"{stem}.so"
+        _compile(func, dict(getattr(device, "target", {"kind": "llvm"})), self._database()).export_library(
+            os.path.join(out_dir, fname))
+        return {"kind": "tvm-vm", "files": [fname]}
 
 
 class TvmMetaScheduleBackend(TvmBackend):
     """TVM with a MetaSchedule tuning database applied (``tvm-ms``)."""
 
     name = "tvm-ms"
+    device_kinds = ("cpu",)
     native = False
     tvm_groups = True  # candidates: TVM fusion groups, sub-chains and single ops
 

@@ -1,11 +1,13 @@
-"""``tvm-pesto bench backends``: single backends vs Collage-DP vs the joint ILP, measured.
+"""``tvm-pesto bench backends``: single backends vs Collage-DP vs the joint solve, measured.
 
-For every zoo model: each backend alone (TVM for the ops it has no candidate for) on one
-CPU device, Collage's DP on one device, and the joint backend/placement ILP on one and on
-two CPU devices. All variants are built in this process and timed with interleaved
-repeats (variant order rotated every round), median per variant. ``joint_s`` is the joint
-ILP on the device count whose *predicted* makespan is lower (chosen before measuring).
-Every variant's output is compared with the TVM-only single-device build.
+For every zoo model, through the one flow (:mod:`tvm_pesto.api`: candidates -> measured
+costs -> :func:`~tvm_pesto.solve.joint.solve_joint` -> builder -> executor): each backend
+alone (TVM for the ops it has no candidate for) on one CPU device, Collage's cover alone on
+one device (the backend-mix effect), and the joint solve (backend + device + order,
+``ilp``: the joint ILP on small graphs, cover + placement + joint local search otherwise)
+on one and on two CPU devices. All variants are built in this process and timed with
+interleaved repeats (variant order rotated every round), median per variant. Every
+variant's output is compared with the TVM-only single-device build.
 
 Examples
 --------
@@ -114,9 +116,34 @@ def bench_clusters(measure_links: bool = True):
     return c1, c2
 
 
+def restrict_to(joint, backend: str) -> np.ndarray:
+    """Costs of ``backend`` alone: its own candidates, plus TVM candidates made only of ops
+    ``backend`` has no usable candidate for (``inf`` elsewhere)."""
+    cands = joint.candidates
+    fin = np.isfinite(joint.costs).any(axis=1)
+    mine = np.array([c.backend == backend for c in cands])
+    coverable = {v for c, m, f in zip(cands, mine, fin) if m and f for v in c.nodes}
+    keep = np.array([m or (c.backend == "tvm" and not (set(c.nodes) & coverable)) for c, m in zip(cands, mine)])
+    out = joint.costs.copy()
+    out[~keep] = np.inf
+    return out
+
+
+def _variant(joint, cluster, costs, solver: str, time_limit_s: float, search_s: float):
+    """Solve one variant of the benchmark: the flow's joint solve on ``cluster`` (whose
+    devices are the first columns of ``joint``) with the given cost table."""
+    from ..plan import JointProblem, simulate
+    from ..solve.joint import solve_joint
+
+    jp = JointProblem(joint.graph, cluster, joint.candidates, costs[:, :cluster.num_devices],
+                      cost_source=joint.cost_source)
+    plan, placed = solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s)
+    return plan, float(simulate(placed, plan).makespan)
+
+
 def bench_model(name: str, size: str = "small", backends=None, cache=None, repeat: int = 40,
                 time_limit_s: float = 30.0, progress=None, clusters=None, select_by: str = "measured",
-                select_repeat: int = 15) -> dict:
+                select_repeat: int = 15, search_s: float = 5.0) -> dict:
     """Benchmark one zoo model; see the module docstring for what is measured.
 
     ``select_by``: how ``joint_s`` picks between the 1- and 2-device joint results:
@@ -127,9 +154,12 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
 
     import tvm
 
+    from .. import api, zoo
     from ..backends import release_all
-    from ..search.pipeline import build_placed, prepare, search
-    from .. import zoo
+    from ..builder.placed import PlacedModule
+    from ..builder.rewrite import apply_plan
+    from ..costs import candidate_costs
+    from ..plan import JointProblem
 
     def say(msg):
         if progress:
@@ -140,37 +170,38 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
     c1, c2 = clusters if clusters is not None else bench_clusters()
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     t0 = time.perf_counter()
-    say(f"{name}: candidates + measurements on cpu:1")
-    p1 = prepare(zm.mod, c1, backends=backends, cache=cache)
-    say(f"{name}: measurements on cpu:2")
-    p2 = prepare(zm.mod, c2, backends=backends, cache=cache)
+    analysis = api.analyze(zm.mod)
+    cs = api.make_candidates(analysis, c2, backends if backends is not None else "all")
+    say(f"{name}: {len(cs)} candidates, measured on cpu:1 and cpu:2")
+    ct1 = candidate_costs(cs, c1, "measured", cache=cache)
+    ct2 = candidate_costs(cs, c2, "measured", cache=cache)
     measure_s = time.perf_counter() - t0
-    singles = sorted({c.backend for c in p1.cs})
-    variants: dict[str, object] = {}
+    joint1 = JointProblem(analysis.op_graph, c1, list(cs), ct1.table, cost_source="measured")
+    joint2 = JointProblem(analysis.op_graph, c2, list(cs), ct2.table, cost_source="measured")
+    singles = sorted({c.backend for c in cs})
+    variants: dict[str, tuple] = {}
     for b in singles:
-        variants[f"single:{b}"] = search(p1, f"single:{b}")
-    variants["collage_dp"] = search(p1, "dp")
-    say(f"{name}: joint ILP on 1 and 2 devices")
-    variants["joint_1dev"] = search(p1, "joint", time_limit_s=time_limit_s)
-    variants["joint_2dev"] = search(p2, "joint", time_limit_s=time_limit_s)
+        variants[f"single:{b}"] = (c1, _variant(joint1, c1, restrict_to(joint1, b), "single", time_limit_s, 0))
+    variants["collage_dp"] = (c1, _variant(joint1, c1, joint1.costs, "single", time_limit_s, 0))
+    say(f"{name}: joint solve on 1 and 2 devices")
+    variants["joint_1dev"] = (c1, _variant(joint1, c1, joint1.costs, "ilp", time_limit_s, search_s))
+    variants["joint_2dev"] = (c2, _variant(joint2, c2, joint2.costs, "ilp", time_limit_s, search_s))
     placed, errs, failed = {}, {}, {}
     dev_inputs = {}
-    for key, bp in variants.items():
+    for key, (cl, (plan, _)) in variants.items():
         try:
-            pm, low = build_placed(bp)
+            pm = PlacedModule(apply_plan(analysis.rg, plan, cl), cl, plan)
         except PestoError as e:
             failed[key] = str(e)
             continue
         placed[key] = pm
         out = pm(*zm.example_inputs)
         errs[key] = _max_err(_flat_numpy(out), ref)
-        d0 = pm.cluster.devices[0].tvm_device()
+        d0 = cl.devices[0].tvm_device()
         dev_inputs[key] = [tvm.runtime.tensor(a, device=d0) for a in zm.example_inputs]
     fns = {k: (lambda pm=pm, args=dev_inputs[k]: pm(*args)) for k, pm in placed.items()}
-    # Choose between the 1- and 2-device joint results before the timed run, with samples
-    # of their own (the predicted choice is reported too).
-    j1, j2 = variants["joint_1dev"], variants["joint_2dev"]
-    predicted_key = "joint_2dev" if j2.predicted_s < j1.predicted_s else "joint_1dev"
+    predicted = {k: span for k, (_, (_, span)) in variants.items()}
+    predicted_key = "joint_2dev" if predicted["joint_2dev"] < predicted["joint_1dev"] else "joint_1dev"
     select = {}
     if select_by == "measured" and "joint_1dev" in fns and "joint_2dev" in fns:
         select = interleaved_times({k: fns[k] for k in ("joint_1dev", "joint_2dev")}, repeat=select_repeat)
@@ -187,8 +218,9 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
     med = {k: float(np.median(v)) for k, v in times.items()}
     single_s = {k.split(":", 1)[1]: med[k] for k in med if k.startswith("single:")}
     best_b = min(single_s, key=single_s.get) if single_s else None
+    plans = {k: plan for k, (_, (plan, _)) in variants.items()}
     res = {
-        "num_ops": p1.rg.graph.num_nodes,
+        "num_ops": analysis.op_graph.num_nodes,
         "single_s": single_s,
         **{f"{b}_s": s for b, s in single_s.items()},
         "best_single_backend": best_b,
@@ -202,24 +234,25 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
         "joint_s": med.get(joint_key),
         "joint_predicted_choice_s": med.get(predicted_key),
         "selection_times_s": select,
-        "predicted_s": {k: bp.predicted_s for k, bp in variants.items()},
-        "search_s": {k: bp.search_s for k, bp in variants.items()},
-        "backend_mix": {k: bp.backend_mix() for k, bp in variants.items()},
-        "joint_path": {k: variants[k].info.get("path") for k in ("joint_1dev", "joint_2dev")},
-        "ilp_status": {k: variants[k].info.get("ilp_status") for k in ("joint_1dev", "joint_2dev")},
+        "predicted_s": predicted,
+        "search_s": {k: p.solve_s for k, p in plans.items()},
+        "backend_mix": {k: p.backend_mix() for k, p in plans.items()},
+        "solver_status": {k: api.solver_status(plans[k]) for k in ("joint_1dev", "joint_2dev")},
+        "joint_ilp": {k: plans[k].info.get("joint_ilp") for k in ("joint_1dev", "joint_2dev")},
         "max_abs_err_per_variant": errs,
         "max_abs_err": max(errs.values()) if errs else None,
-        "candidates": len(p1.cs),
-        "candidates_by_backend": p1.cs.by_backend(),
-        "measured_this_run": p1.report.measured + p2.report.measured,
-        "cached": p1.report.cached + p2.report.cached,
-        "infeasible": len(p1.report.infeasible) + len(p2.report.infeasible),
+        "candidates": len(cs),
+        "candidates_by_backend": cs.by_backend(),
+        "measured_this_run": ct1.measured + ct2.measured,
+        "cached": ct1.cached + ct2.cached,
+        "infeasible": len(ct1.infeasible) + len(ct2.infeasible),
         "measure_s": measure_s,
-        "unavailable": p1.unavailable,
+        "unavailable": dict(cs.unavailable),
         "failed_builds": failed,
-        "same_cover_as_best_single": {k: sorted(variants[k].cover) == sorted(variants[f"single:{best_b}"].cover)
+        "same_cover_as_best_single": {k: sorted(map(_unit_key, plans[k].units)) ==
+                                      sorted(map(_unit_key, plans[f"single:{best_b}"].units))
                                       for k in ("collage_dp", "joint_1dev", "joint_2dev")} if best_b else {},
-        "devices_used": {k: sorted({int(d) for d in variants[k].plan.assignment}) for k in variants},
+        "devices_used": {k: p.devices_used() for k, p in plans.items()},
         "load_avg_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "times_s": times,
     }
@@ -231,6 +264,10 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
         best_min = min(v for k, v in mins.items() if k.startswith("single:"))
         res["speedup_vs_best_single_min"] = best_min / mins[joint_key]
     return res
+
+
+def _unit_key(u) -> tuple:
+    return (u.backend, tuple(u.nodes))
 
 
 def bench_backends(models=None, size: str = "small", backends=None, cache=None, repeat: int = 40,

@@ -1,13 +1,10 @@
 """Shared helpers of the benchmarks: machine facts, atomic output files, markdown tables."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
 import tempfile
-
-import numpy as np
 
 
 def machine_info() -> dict:
@@ -45,73 +42,6 @@ def machine_info() -> dict:
         load = None
     return {"nproc": nproc, "cpu_model": model or platform.processor() or "unknown", "load_average": load,
             "python": platform.python_version(), "platform": platform.platform()}
-
-
-def jsonable(x):
-    """``x`` with NumPy scalars/arrays, tuples and non-finite floats made JSON-safe
-    (``inf``/``nan`` become None).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> jsonable({"a": np.float64(1.5), "b": (np.int64(2), float("inf"))})
-    {'a': 1.5, 'b': [2, None]}
-    """
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return jsonable(x.tolist())
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return jsonable(x.item())
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, (str, int, bool)) or x is None:
-        return x
-    return str(x)
-
-
-def _atomic_write(path: str, write) -> str:
-    path = os.path.abspath(path)
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
-    try:
-        with os.fdopen(fd, "w") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def write_json(path: str, data) -> str:
-    """Write ``jsonable(data)`` to ``path`` through a temporary file (no half-written file).
-
-    Examples
-    --------
-    >>> import tempfile, os, json
-    >>> p = write_json(os.path.join(tempfile.mkdtemp(), "r.json"), {"x": 1})
-    >>> json.load(open(p))
-    {'x': 1}
-    """
-    return _atomic_write(path, lambda f: json.dump(jsonable(data), f, indent=1))
-
-
-def write_text(path: str, text: str) -> str:
-    """Write ``text`` to ``path`` through a temporary file.
-
-    Examples
-    --------
-    >>> import tempfile, os
-    >>> p = write_text(os.path.join(tempfile.mkdtemp(), "t.md"), "# hi\\n")
-    >>> open(p).read()
-    '# hi\\n'
-    """
-    return _atomic_write(path, lambda f: f.write(text))
 
 
 def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:

@@ -1,15 +1,17 @@
 """Build a placed module: one compiled module per device, run together by the executor."""
 from __future__ import annotations
 
+import json
+import os
 import time
 
-import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import BuildError, ExecutionError
-from ..run.executor import Executor, to_numpy
-from ..run.program import read_program, split_by_device
+from ..errors import BuildError
+from ..run.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
+from ..run.runtime import PlacedRuntime
+from .program import read_program, split_by_device
 
 
 def compile_for(mod: tvm.IRModule, target: dict, what: str, database=None):
@@ -30,25 +32,40 @@ def compile_for(mod: tvm.IRModule, target: dict, what: str, database=None):
         raise BuildError(f"TVM failed to build {what} for target {target}: {first}") from e
 
 
-class PlacedModule:
-    """A model split across devices, ready to run.
+def extern_calls(mod: tvm.IRModule) -> list[str]:
+    """Names of the global functions ``mod``'s functions call with ``R.call_dps_packed``."""
+    names: list[str] = []
 
-    Call it like a function on numpy arrays (returns numpy) or TVM tensors (returns TVM
-    tensors). ``plan``, ``problem`` and ``sim`` say what was decided and predicted;
-    ``placed_mod`` is the rewritten IRModule, ``device_mods`` the per-device modules.
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) and e.op.name == "relax.call_dps_packed":
+            n = str(e.args[0].global_symbol)
+            if n not in names:
+                names.append(n)
+
+    for gv in mod.get_global_vars():
+        fn = mod[gv]
+        if isinstance(fn, relax.Function):
+            relax.analysis.post_order_visit(fn.body, visit)
+    return names
+
+
+class PlacedModule(PlacedRuntime):
+    """A model split across devices and backends, built and ready to run.
+
+    ``plan`` says what was decided (``plan.units``: backend and ops per unit;
+    ``plan.order``: per device); ``placement`` (when built by :func:`tvm_pesto.build`)
+    holds the candidates, costs and the simulation; ``placed_mod`` is the rewritten
+    IRModule, ``device_mods`` the per-device modules, ``executables`` their builds.
+    :meth:`export` writes a bundle that :func:`tvm_pesto.load` runs without the compiler.
     """
 
-    def __init__(self, placed_mod, cluster, plan=None, problem=None, sim=None, analysis=None, progress=None):
+    def __init__(self, placed_mod, cluster, plan=None, placement=None, progress=None):
         self.placed_mod = placed_mod
-        self.cluster = cluster
         self.plan = plan
-        self.problem = problem
-        self.sim = sim
-        self.analysis = analysis
+        self.placement = placement
         self.device_mods = split_by_device(placed_mod)
-        self.program = read_program(placed_mod)
         self.executables = {}
-        self.vms = {}
+        vms = {}
         for k, (d, m) in enumerate(self.device_mods.items()):
             dev = cluster.devices[d]
             self.executables[d] = compile_for(m, dev.target, f"the module of device {d} ({dev.name})")
@@ -57,69 +74,86 @@ class PlacedModule:
                     from ..backends.gpu import tvm_cuda
 
                     tvm_cuda.use_available_jit()
-                self.vms[d] = relax.VirtualMachine(self.executables[d], dev.tvm_device())
+                vms[d] = relax.VirtualMachine(self.executables[d], dev.tvm_device())
             if progress:
                 progress(k + 1, len(self.device_mods))
-        self._executor = None
-        self.last_trace = []
+        super().__init__(read_program(placed_mod), vms, cluster)
 
     @property
-    def devices_used(self) -> list[int]:
-        return sorted(self.device_mods)
+    def problem(self):
+        return self.placement.problem if self.placement is not None else None
 
-    def _exec(self) -> Executor:
-        if self._executor is None:
-            missing = [d for d in self.device_mods if d not in self.vms]
-            if missing:
-                raise ExecutionError(f"devices {missing} ({[self.cluster.devices[d].name for d in missing]}) are not "
-                                     "on this machine; the plan can be simulated and exported, not run here")
-            self._executor = Executor(self.program, self.vms, self.cluster)
-        return self._executor
+    @property
+    def sim(self):
+        return self.placement.sim if self.placement is not None else None
 
-    def _inputs(self, args):
-        if len(args) != len(self.program.inputs):
-            raise ExecutionError(f"the module takes {len(self.program.inputs)} inputs, got {len(args)}")
-        dev0 = self.cluster.devices[0].tvm_device()
-        out = []
-        for a in args:
-            if isinstance(a, tvm.runtime.Tensor):
-                out.append(a if a.device == dev0 else a.copyto(dev0))
-            else:
-                out.append(tvm.runtime.tensor(np.ascontiguousarray(a), device=dev0))
-        return out
+    def export(self, path: str) -> str:
+        """Write a bundle that runs this model in another process with TVM's runtime only.
 
-    def __call__(self, *args):
-        as_numpy = any(isinstance(a, np.ndarray) for a in args)
-        res = self._exec().run(self._inputs(args))
-        return to_numpy(res) if as_numpy else res
+        The folder gets one shared library per device (``device<d>.so``), every non-TVM
+        backend's artifact (the ONNX model of an ``onnxruntime`` unit, the ``torch.export``
+        program of a ``torch`` unit, the library of a ``tvm-ms`` unit), the program (which
+        segment runs where, what moves between devices), the plan, the cluster, and a
+        manifest with a SHA-256 checksum per file. Load it with :func:`tvm_pesto.load`.
 
-    def run_traced(self, *args):
-        trace: list = []
-        res = self._exec().run(self._inputs(args), trace=trace)
-        self.last_trace = trace
-        return res, trace
+        Returns
+        -------
+        str
+            ``path``.
 
-    def benchmark(self, *args, repeat: int = 20, warmup: int = 3) -> dict:
-        """Wall-clock seconds per run (median, min, max over ``repeat`` runs)."""
-        ex = self._exec()
-        inputs = self._inputs(args)
-        for _ in range(warmup):
-            ex.run(inputs)
-        times = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            ex.run(inputs)
-            times.append(time.perf_counter() - t)
-        return {"median_s": float(np.median(times)), "min_s": float(np.min(times)),
-                "max_s": float(np.max(times)), "repeat": repeat}
+        Raises
+        ------
+        BuildError
+            When a backend of the plan cannot export its units, or the libraries cannot be
+            written (the message names the part).
+        """
+        from ..backends import get_backend
 
-    def close(self):
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+        os.makedirs(path, exist_ok=True)
+        files: list[str] = []
+        libs = {}
+        for d, ex in self.executables.items():
+            fname = f"device{d}.so"
+            try:
+                ex.export_library(os.path.join(path, fname))
+            except Exception as e:  # noqa: BLE001 - TVM's linker error, explained
+                raise BuildError(f"exporting the module of device {d} failed: {type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
+            libs[str(d)] = fname
+            files.append(fname)
+        artifacts = []
+        for d, m in self.device_mods.items():
+            for gname in extern_calls(m):
+                backend = gname.split(".")[1]
+                meta = get_backend(backend).artifact(gname, path, f"extern{len(artifacts)}")
+                meta["device"] = int(d)
+                artifacts.append(meta)
+                files.extend(meta["files"])
+        docs = {"program.json": self.program.to_dict(), "cluster.json": self.cluster.to_dict(),
+                "plan.json": self.plan.to_dict(self.problem.graph if self.problem is not None else None)
+                if self.plan is not None else {}}
+        for name, data in docs.items():
+            with open(os.path.join(path, name), "w") as f:
+                json.dump(data, f, indent=1, default=_jsonable)
+            files.append(name)
+        from .. import __version__
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
+        manifest = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "tvm_pesto": __version__,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "libraries": libs,
+                    "artifacts": artifacts, "files": {f: sha256(os.path.join(path, f)) for f in files}}
+        with open(os.path.join(path, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+        return path
+
+
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, (np.floating, np.integer)):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    return str(x)
+
+
+__all__ = ["PlacedModule", "compile_for", "extern_calls"]

@@ -1,9 +1,14 @@
 """Apply a plan to a Relax module: outline per-device segments and mark device crossings.
 
-The result is an ordinary IRModule. Each segment is a Relax function with attributes
-``pesto.device`` (device index) and ``pesto.position`` (its slot in that device's order);
-``main`` calls the segments in a valid order and moves every value that crosses devices
-with ``R.to_vdevice``. The module carries one ``vdevice`` per cluster device.
+The plan's units (the candidates the solver chose) are lowered first
+(:func:`~tvm_pesto.builder.lower.lower_units`: non-TVM units become extern calls); then
+each device's order of units is cut into segments. The result is an ordinary IRModule
+that ``tvm.compile`` builds for several devices: one ``vdevice`` per cluster device in the
+module's global infos; each segment is a private Relax function whose parameters and
+results carry its device's vdevice, with attributes ``pesto.device`` (device index) and
+``pesto.position`` (its slot in that device's order); ``main`` takes its inputs on device 0,
+calls the segments in a valid order, moves every value that crosses devices with
+``R.to_vdevice`` and returns its result on device 0.
 """
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from tvm import relax
 
 from ..errors import PlanError
 from ..graph.relax_import import RelaxGraph
-from .subgraph import cut_function
+from .lower import lower_units
+from .subgraph import Remap, cut_function, with_vdevice
 
 
 @dataclass
@@ -74,8 +80,34 @@ def _vdevices(cluster):
     return [relax.VDevice(tvm.target.Target(dev.target), i, "global") for i, dev in enumerate(cluster.devices)]
 
 
-def apply_plan(rg: RelaxGraph, groups, plan, cluster) -> tvm.IRModule:
-    """Rewrite ``rg``'s module so that every op runs inside a per-device segment function."""
+def apply_plan(rg: RelaxGraph, plan, cluster) -> tvm.IRModule:
+    """Rewrite ``rg``'s module so that every op runs inside a per-device segment function.
+
+    Parameters
+    ----------
+    rg : RelaxGraph
+        The module's graph (:func:`tvm_pesto.graph.relax_import.from_relax`).
+    plan : Plan
+        A plan with ``units`` (one per plan node: backend and op nodes), as every solver
+        of the flow returns it.
+    cluster : Cluster
+
+    Raises
+    ------
+    PlanError
+        When the plan has no units, its units do not cover ``rg`` exactly once, or its
+        orders deadlock.
+    """
+    if plan.units is None:
+        raise PlanError("the plan has no units (which ops each plan node runs, on which backend); "
+                        "plans for a module come from tvm_pesto.place / tvm_pesto.solve_joint")
+    if len(plan.units) != len(plan.assignment):
+        raise PlanError(f"the plan has {len(plan.units)} units but assigns {len(plan.assignment)} nodes")
+    if plan.num_devices != cluster.num_devices:
+        raise PlanError(f"the plan has orders for {plan.num_devices} devices; {cluster.name} has "
+                        f"{cluster.num_devices}")
+    low = lower_units(rg, plan.units, [cluster.devices[int(d)] for d in plan.assignment])
+    rg, groups = low.rg, low.unit_nodes
     segs = plan_segments(rg, groups, plan)
     bindings = rg.bindings
     var_binding = {b.var: k for k, b in enumerate(bindings)}
@@ -135,21 +167,22 @@ def apply_plan(rg: RelaxGraph, groups, plan, cluster) -> tvm.IRModule:
                         "simulate the plan to find the blocked ops")
     call_order = list(nx.lexicographical_topological_sort(sdag, key=lambda si: (segs[si].position, segs[si].device)))
 
+    vdevs = _vdevices(cluster)
     seg_funcs = []
     for si, s in enumerate(segs):
         outs = sorted(used_outside[si], key=lambda x: var_binding[x])
         if not outs:  # a segment nobody reads: keep its last value so it still runs
             outs = [bindings[rg.node_binding[s.nodes[-1]]].var]
         cut = cut_function(rg, [rg.node_binding[v] for v in s.nodes], outs, lift_constants=False,
-                           name=f"dev{s.device}_seg{s.position}")
-        fn = cut.func.with_attr("global_symbol", f"dev{s.device}_seg{s.position}")
+                           name=f"dev{s.device}_seg{s.position}", vdevice=vdevs[s.device],
+                           move_constants=s.device != 0)
+        fn = cut.func.without_attr("global_symbol")  # private: only main calls it
         fn = fn.with_attr("pesto.device", s.device).with_attr("pesto.position", s.position)
         seg_funcs.append((fn, cut))
     bb = relax.BlockBuilder()
     gvs = {si: bb.add_func(fn, f"dev{segs[si].device}_seg{segs[si].position}") for si, (fn, _) in enumerate(seg_funcs)}
-    vdevs = _vdevices(cluster)
-    # New main: the original inputs, then segment calls in call_order.
-    params = [relax.Var(p.name, p.ty) for p in rg.func.params]
+    # New main: the original inputs (on device 0), then segment calls in call_order.
+    params = [relax.Var(p.name, with_vdevice(p.ty, vdevs[0])) for p in rg.func.params]
     pmap = dict(zip(rg.func.params, params))
     with bb.function("main", params, attrs={"pesto.placed": True, "num_input": len(rg.inputs)}
                      if rg.weight_params else {"pesto.placed": True}):
@@ -180,9 +213,7 @@ def apply_plan(rg: RelaxGraph, groups, plan, cluster) -> tvm.IRModule:
             final_map = {}
             for v in relax.analysis.free_vars(rg.output) if not isinstance(rg.output, relax.Var) else [rg.output]:
                 final_map[v] = _materialize(bb, v, home, bindings, var_binding, vdevs)
-            from .subgraph import _Remap
-
-            out = bb.emit_output(_Remap(final_map).visit_expr(rg.output))
+            out = bb.emit_output(Remap(final_map).visit_expr(rg.output))
         bb.emit_func_output(out)
     out_mod = bb.get()
     out_mod.update_global_info("vdevice", vdevs)
@@ -199,10 +230,8 @@ def _materialize(bb, v, home, bindings, var_binding, vdevs):
         return nv
     k = var_binding[v]
     val = bindings[k].value
-    from .subgraph import _Remap
-
     sub = {u: _materialize(bb, u, home, bindings, var_binding, vdevs) for u in relax.analysis.free_vars(val)}
-    nv = bb.emit(_Remap(sub).visit_expr(val), name_hint=v.name)
+    nv = bb.emit(Remap(sub).visit_expr(val), name_hint=v.name)
     home[v] = (nv, 0)
     return nv
 

@@ -14,13 +14,15 @@ from ..graph.relax_import import RelaxGraph
 
 
 @mutator
-class _Remap(PyExprMutator):
-    """Replace variables by new ones; optionally turn constants into parameters."""
+class Remap(PyExprMutator):
+    """Replace variables by new ones; optionally turn constants into parameters, or into
+    whatever ``on_constant(const)`` returns (e.g. a copy to another device)."""
 
-    def __init__(self, var_map, lift_constants=False):
+    def __init__(self, var_map, lift_constants=False, on_constant=None):
         super().__init__()
         self.var_map = var_map
         self.lift_constants = lift_constants
+        self.on_constant = on_constant
         self.lifted: list = []
 
     def visit_var_(self, op):
@@ -30,6 +32,8 @@ class _Remap(PyExprMutator):
         return self.var_map.get(op, op)
 
     def visit_generic_const_(self, op):
+        if self.on_constant is not None and isinstance(op.ty, relax.TensorType):
+            return self.on_constant(op)
         if not self.lift_constants or not isinstance(op.ty, relax.TensorType):
             return op
         p = relax.Var(f"c{len(self.lifted)}", op.ty)
@@ -52,7 +56,7 @@ def _used_vars(expr) -> list:
 
 
 def cut_function(rg: RelaxGraph, binding_ids, outputs, lift_constants: bool = False,
-                 name: str = "main") -> Segment:
+                 name: str = "main", vdevice=None, move_constants: bool = False) -> Segment:
     """Make a Relax function that computes ``outputs`` from the bindings ``binding_ids``.
 
     Bindings that only alias values (tuples, ``TupleGetItem``, variable copies, constants,
@@ -86,34 +90,78 @@ def cut_function(rg: RelaxGraph, binding_ids, outputs, lift_constants: bool = Fa
         if v not in defined and v not in seen:
             seen.add(v)
             free.append(v)
-    return emit_function(bindings, order, free, outputs, lift_constants, name)
+    return emit_function(bindings, order, free, outputs, lift_constants, name, vdevice, move_constants)
 
 
-def emit_function(bindings, order, free, outputs, lift_constants: bool = False, name: str = "main") -> Segment:
+def with_vdevice(ty, vdevice):
+    """``ty`` with every tensor in it placed on ``vdevice`` (tuples field by field)."""
+    if isinstance(ty, relax.TensorType):
+        return relax.TensorType(ty.shape, ty.dtype, vdevice)
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+        return relax.TupleType([with_vdevice(f, vdevice) for f in ty.fields])
+    return ty
+
+
+def _extern_on(expr, vdevice):
+    """An extern call (``R.call_dps_packed``) whose outputs are declared on ``vdevice``."""
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_dps_packed":
+        return relax.Call(expr.op, expr.args, expr.attrs, [with_vdevice(t, vdevice) for t in expr.ty_args])
+    return expr
+
+
+def emit_function(bindings, order, free, outputs, lift_constants: bool = False, name: str = "main",
+                  vdevice=None, move_constants: bool = False) -> Segment:
     """Build the function whose parameters are ``free``, whose body re-emits
     ``bindings[k]`` for ``k`` in ``order``, and which returns ``outputs``.
 
     Constants are lifted first (in binding order) so the parameter list is known before
-    the function scope opens.
+    the function scope opens. With ``vdevice`` (a ``relax.VDevice``), every parameter and
+    result is annotated to live there, as ``tvm.compile`` needs for multi-device modules; a
+    result computed from constants alone is put there with ``R.to_vdevice``. TVM's VM keeps
+    constants on its first device, so ``move_constants`` (for a segment on another device)
+    copies each constant there once per call (``R.to_vdevice``) before its first use.
     """
     var_map = {}
     params = []
     for v in free:
-        p = relax.Var(v.name, v.ty)
+        p = relax.Var(v.name, v.ty if vdevice is None else with_vdevice(v.ty, vdevice))
         var_map[v] = p
         params.append(p)
-    lifter = _Remap({}, lift_constants=lift_constants)
+    lifter = Remap({}, lift_constants=lift_constants)
     lifted_values = [lifter.visit_expr(bindings[k].value) for k in order]
     bb = relax.BlockBuilder()
+    moved: dict = {}
+
+    def move(const):
+        key = const.__chandle__()  # the same constant object, however often it is visited
+        if key not in moved:
+            moved[key] = bb.emit(relax.op.to_vdevice(const, vdevice), name_hint=f"const{len(moved)}")
+        return moved[key]
+
+    on_constant = move if (vdevice is not None and move_constants) else None
     with bb.function(name, params + [p for p, _ in lifter.lifted]):
         with bb.dataflow():
             for k, val in zip(order, lifted_values):
                 old = bindings[k].var
-                var_map[old] = bb.emit(_Remap(var_map).visit_expr(val), name_hint=old.name)
+                new = Remap(var_map, on_constant=on_constant).visit_expr(val)
+                if vdevice is not None:
+                    new = _extern_on(new, vdevice)
+                var_map[old] = bb.emit(new, name_hint=old.name)
             outs = [var_map[v] for v in outputs]
+            if vdevice is not None:
+                outs = [bb.emit(relax.op.to_vdevice(o, vdevice), name_hint=f"{o.name}_here")
+                        if isinstance(o.ty, relax.TensorType) and o.ty.vdevice is None else o for o in outs]
             ret = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
         bb.emit_func_output(ret)
     return Segment(bb.get()[name], list(free), list(outputs), [c for _, c in lifter.lifted])
+
+
+def out_ty_of(func: relax.Function):
+    """The ``out_ty`` of ``R.call_dps_packed`` for ``func``: its tensor type(s), without vdevice."""
+    ty = func.body.body.ty
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+        return [relax.TensorType(f.shape, f.dtype) for f in ty.fields]
+    return relax.TensorType(ty.shape, ty.dtype) if isinstance(ty, relax.TensorType) else ty
 
 
 def group_function(rg: RelaxGraph, node_ids, lift_constants: bool = True, name: str = "main") -> Segment:

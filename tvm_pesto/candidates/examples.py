@@ -80,6 +80,54 @@ def tiny_mlp(seed: int = 0, tokens: int = 8, dim: int = 16) -> tuple[tvm.IRModul
     return bb.get(), inputs
 
 
+def transformer_stack(layers: int = 58, seed: int = 0, tokens: int = 16, dim: int = 32, heads: int = 4,
+                      ) -> tuple[tvm.IRModule, list[np.ndarray]]:
+    """``layers`` pre-norm transformer encoder layers written as Relax ops, the shape
+    ``torch.export`` gives ``nn.TransformerEncoderLayer``: transposed weights
+    (``permute_dims`` of a constant, ops without inputs), q/k/v projections with bias, heads
+    split by reshape + permute, scaled scores, softmax, the output projection, residual
+    adds, layer norms and a GELU MLP. 36 ops per layer: 58 layers give 2,088 ops, a
+    transformer-sized search problem that builds in a second (no PyTorch import).
+
+    Examples
+    --------
+    >>> from tvm_pesto.graph.relax_import import from_relax
+    >>> mod, _ = transformer_stack(2)
+    >>> from_relax(mod).graph.num_nodes
+    72
+    """
+    rng = np.random.default_rng(seed)
+    op = relax.op
+    hd = dim // heads
+    x = relax.Var("x", relax.TensorType((1, tokens, dim), "float32"))
+    bb = relax.BlockBuilder()
+
+    def linear(h, d_in, d_out):
+        w = bb.emit(op.permute_dims(_c(rng, d_out, d_in, scale=0.2)))
+        return bb.emit(op.add(bb.emit(op.matmul(h, w)), _c(rng, d_out, scale=0.1)))
+
+    def heads_of(h):  # (1, t, d) -> (1, heads, t, hd)
+        return bb.emit(op.permute_dims(bb.emit(op.reshape(h, [1, tokens, heads, hd])), [0, 2, 1, 3]))
+
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for _ in range(layers):
+                ln = bb.emit(op.nn.layer_norm(h, relax.const(np.ones(dim, "float32")), _c(rng, dim), axes=[-1]))
+                q, k, v = (heads_of(linear(ln, dim, dim)) for _ in range(3))
+                kt = bb.emit(op.permute_dims(k, [0, 1, 3, 2]))
+                s = bb.emit(op.multiply(bb.emit(op.matmul(q, kt)), relax.const(np.float32(hd ** -0.5))))
+                a = bb.emit(op.matmul(bb.emit(op.nn.softmax(s, axis=-1)), v))
+                a = bb.emit(op.reshape(bb.emit(op.permute_dims(a, [0, 2, 1, 3])), [1, tokens, dim]))
+                h = bb.emit(op.add(h, linear(a, dim, dim)))
+                ln2 = bb.emit(op.nn.layer_norm(h, relax.const(np.ones(dim, "float32")), _c(rng, dim), axes=[-1]))
+                m = linear(bb.emit(op.nn.gelu(linear(ln2, dim, 2 * dim))), 2 * dim, dim)
+                h = bb.emit(op.add(h, m))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get(), [rng.standard_normal((1, tokens, dim)).astype("float32")]
+
+
 def reference_output(mod: tvm.IRModule, inputs) -> np.ndarray:
     """The TVM-only single-device output (default pipeline, CPU)."""
     tgt = tvm.target.Target({"kind": "llvm"})
@@ -88,4 +136,4 @@ def reference_output(mod: tvm.IRModule, inputs) -> np.ndarray:
     return vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy()
 
 
-__all__ = ["reference_output", "tiny_cnn", "tiny_mlp"]
+__all__ = ["reference_output", "tiny_cnn", "tiny_mlp", "transformer_stack"]

@@ -333,6 +333,22 @@ def tvm_candidates(graph, reach: Reach, name: str = "tvm", max_chain: int = 8) -
     return out
 
 
+def placement_candidates(rg: RelaxGraph, groups: list[list[int]] | None = None) -> "CandidateSet":
+    """One ``tvm`` candidate per fusion group: the problem of placement alone (no backend
+    choice), where the only cover is the fusion groups.
+
+    Examples
+    --------
+    >>> from tvm_pesto.candidates.examples import tiny_cnn
+    >>> from tvm_pesto.graph.relax_import import from_relax
+    >>> cs = placement_candidates(from_relax(tiny_cnn()[0]))
+    >>> cs.by_backend()
+    {'tvm': 10}
+    """
+    groups = groups if groups is not None else fusion_groups(rg.graph)
+    return CandidateSet(rg, [Candidate("tvm", tuple(sorted(g)), "fusion_group") for g in groups])
+
+
 def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "CandidateSet":
     """All candidates of ``rg`` for the given backends (instances of :class:`Backend`).
 
@@ -512,5 +528,5 @@ def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name
 
 
 __all__ = ["Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_outputs", "combined_acyclic",
-           "convex_regions", "generate_candidates", "is_valid", "pattern_candidates", "region_windows",
-           "tvm_candidates"]
+           "convex_regions", "generate_candidates", "is_valid", "pattern_candidates", "placement_candidates",
+           "region_windows", "tvm_candidates"]

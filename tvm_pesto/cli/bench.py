@@ -53,7 +53,7 @@ def _command_line(ctx: click.Context) -> str:
 
 
 def _write_outputs(res: dict, json_path, md_path, plots_dir, markdown, plots) -> None:
-    from ..bench.report import write_json, write_text
+    from ..jsonio import write_json, write_text
 
     if json_path:
         write_json(json_path, res)

@@ -15,11 +15,12 @@ from ..plan.trace import chrome_trace, gantt_png, sim_events, trace_events
 from .progress import console, step
 
 
-def load_model(name: str, size: str):
-    from .. import zoo
+def load_target(target: str, size: str = "small", input_shapes=None):
+    """A zoo model or a model file (ONNX, ``.pt2``, TVMScript) as a static module with inputs."""
+    from ..models import load_model
 
-    with step(f"import {name} ({size}) from PyTorch"):
-        return zoo.load(name, size)
+    with step(f"load {target}" + (f" ({size})" if "." not in os.path.basename(target) else "")):
+        return load_model(target, size, input_shapes=input_shapes)
 
 
 def reference_output(mod, inputs, target=None):
@@ -38,47 +39,56 @@ def reference_output(mod, inputs, target=None):
 def max_abs_err(a, b) -> float:
     if isinstance(a, tuple):
         return max(max_abs_err(x, y) for x, y in zip(a, b))
-    return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
 def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", costs: str = "auto",
-              repeat: int = 20, measure_links: bool = True, out_dir: str | None = None) -> dict:
-    """Place, build and run a zoo model; compare with the single-device build."""
-    zm = load_model(model, size)
+              backends: str = "all", repeat: int = 20, measure_links: bool = True, out_dir: str | None = None,
+              input_shapes=None, export_dir: str | None = None) -> dict:
+    """Place, build and run a model (zoo name or file); compare with the unplaced TVM build."""
+    lm = load_target(model, size, input_shapes)
     cluster = parse_cluster(cluster_spec)
     if measure_links and cluster.all_present and cluster.num_devices > 1:
         from ..cluster.linkbench import measure_links as bench
 
         with step("measure links between devices"):
             bench(cluster)
-    with step("measure operator costs") as cb:
-        analysis = api.analyze(zm.mod)
-        pl = api.place(analysis, cluster, solver=solver, costs=costs, progress=cb)
-    with step(f"build {cluster.num_devices} per-device modules") as cb:
+    with step("candidates, costs and plan") as cb:
+        analysis = api.analyze(lm.mod)
+        pl = api.place(analysis, cluster, backends=backends, solver=solver, costs=costs, progress=cb)
+    with step(f"build {len(pl.plan.devices_used())} per-device modules") as cb:
         from ..builder.placed import PlacedModule
         from ..builder.rewrite import apply_plan
 
-        placed_mod = apply_plan(analysis.rg, analysis.groups, pl.plan, cluster)
-        pm = PlacedModule(placed_mod, cluster, pl.plan, pl.problem, pl.sim, analysis, progress=cb)
-    with step("reference: whole model on one device"):
-        ref, ref_vm, _ = reference_output(zm.mod, zm.example_inputs, cluster.devices[0].target
-                                          if cluster.devices[0].kind == "cpu" else None)
+        pm = PlacedModule(apply_plan(analysis.rg, pl.plan, cluster), cluster, pl.plan, pl, progress=cb)
+    with step("reference: the unplaced module, compiled by TVM"):
+        ref, _, _ = reference_output(lm.mod, lm.example_inputs, cluster.devices[0].target
+                                     if cluster.devices[0].kind == "cpu" else None)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     with step(f"run placed model ({repeat} timed runs)"):
-        out = pm(*zm.example_inputs)
+        out = pm(*lm.example_inputs)
         err = max_abs_err(out, ref)
-        bench_res = pm.benchmark(*zm.example_inputs, repeat=repeat)
-        _, trace = pm.run_traced(*zm.example_inputs)
+        bench_res = pm.benchmark(*lm.example_inputs, repeat=repeat)
+        _, trace = pm.run_traced(*lm.example_inputs)
+    summary = pl.summary()
     res = {
-        "model": model, "size": size, "cluster": cluster.name, "solver": pl.plan.solver,
-        "cost_source": pl.problem.cost_source, "num_ops": analysis.op_graph.num_nodes,
-        "num_groups": analysis.graph.num_nodes, "devices_used": pm.devices_used,
-        "num_segments": len(pm.program.steps and [s for s in pm.program.steps if s.kind == "call"]),
+        "model": lm.name, "source": lm.source, "size": size if lm.source == "zoo" else None,
+        "cluster": cluster.name, "solver": pl.plan.solver, "solver_status": pl.solver_status,
+        "backends": backends, "backend_mix": pl.backend_mix, "cost_source": pl.costs.source,
+        "costs": summary["costs"], "num_ops": analysis.op_graph.num_nodes, "num_groups": analysis.graph.num_nodes,
+        "num_units": pl.problem.num_nodes, "num_candidates": summary["num_candidates"],
+        "candidates_by_backend": summary["candidates_by_backend"],
+        "backends_unavailable": summary["backends_unavailable"], "devices_used": pm.devices_used,
+        "num_segments": len(pm.program.calls()),
         "measured_s": bench_res["median_s"], "measured_min_s": bench_res["min_s"],
         "simulated_s": pl.sim.makespan, "max_abs_err": err, "solve_s": pl.plan.solve_s,
         "measured_over_simulated": bench_res["median_s"] / pl.sim.makespan if pl.sim.makespan else None,
+        "search": _jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",
+                                                              "joint_ilp") if k in pl.plan.info}),
         "links": {"latency_s": cluster.latency.tolist(), "bandwidth_Bps": cluster.bandwidth.tolist()},
         # Other processes on these cores make both costs and runs noisy: judge the numbers with it.
-        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_avg_1m": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
     }
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -86,16 +96,23 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
         srows = sim_events(pl.problem, pl.plan, pl.sim)
         chrome_trace(srows, os.path.join(out_dir, "plan_trace.json"), names)
         chrome_trace(trace_events(trace), os.path.join(out_dir, "run_trace.json"), names)
-        gantt_png(srows, os.path.join(out_dir, "gantt.png"), title=f"{model} simulated ({pl.plan.solver})",
+        gantt_png(srows, os.path.join(out_dir, "gantt.png"), title=f"{lm.name} simulated ({pl.plan.solver})",
                   device_names=names, compare=trace_events(trace))
         res["artifacts"] = sorted(os.listdir(out_dir))
+    if export_dir:
+        with step(f"export the placed model to {export_dir}"):
+            pm.export(export_dir)
+        res["exported_to"] = export_dir
     pm.close()
     return res
 
 
 def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "small", costs: str = "auto",
-              expert: str | None = None, time_limit_s: float = 30.0) -> dict:
-    """Place a zoo model or a dnn-partitioning LayerGraph file with one or more solvers.
+              expert: str | None = None, time_limit_s: float = 30.0, backends: str = "all",
+              input_shapes=None) -> dict:
+    """Place a model (zoo name or model file) or a dnn-partitioning LayerGraph file with one
+    or more solvers. Models go through the flow (candidates of ``backends``, costs, joint
+    solve); LayerGraph files are placement problems as the file defines them.
 
     Every input problem raises a :class:`PestoError` before any solver runs where it can
     (unknown solver, bad graph file, cluster mismatch); when the devices lack memory, the
@@ -106,7 +123,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     >>> # res = place_any("resnet50", "2xV100-nvlink", ["heft", "ilp"])
     """
     from ..errors import InfeasibleError
-    from ..plan import Problem, simulate
+    from ..plan import JointProblem, Problem, simulate
     from ..solve import SOLVERS, get_solver, solve
     from ..solve.bounds import lower_bound
     from ..solve.common import memory_lower_bound_factor
@@ -162,6 +179,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
             f"(smallest device then {mib(hi * cap.min()):.1f} MiB). Fix: use larger or more devices")
 
     t_load = time.perf_counter()
+    joint, cs, ct = None, None, None
     if target.endswith(".json"):
         from ..graph import dnn_partitioning as dp
 
@@ -175,41 +193,65 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         if cluster_spec == "from-graph":
             raise PestoError("--cluster from-graph only applies to LayerGraph JSON files; give a spec like cpu:2")
         cluster = parse_cluster(cluster_spec)
-        zm = load_model(target, size)
-        analysis = api.analyze(zm.mod)
+        lm = load_target(target, size, input_shapes)
+        analysis = api.analyze(lm.mod)
+        cs = api.make_candidates(analysis, cluster, backends)
         with step("costs") as cb:
-            table, src = api.estimate_costs(analysis, cluster, costs, progress=cb)
-        problem = Problem(analysis.graph, cluster, table, cost_source=src)
+            from ..costs import candidate_costs
+
+            ct = candidate_costs(cs, cluster, costs, progress=cb)
+        joint = JointProblem(analysis.op_graph, cluster, list(cs), ct.table, cost_source=ct.source)
+        fixed = joint.fixed_cover()
+        # the fusion groups' placement problem: memory check, and the bound when there is no backend choice
+        problem = joint.contract([i for i, c in enumerate(cs) if c.backend == "tvm" and c.pattern == "fusion_group"])
     try:
         problem.check_memory_feasible()
     except InfeasibleError as err:
         raise memory_error(problem, err, str(err).split("; use ")[0]) from None
     load_s = time.perf_counter() - t_load
-    lb = lower_bound(problem)
+    if joint is not None and fixed is None:
+        from ..solve.joint import joint_lower_bound
+
+        lb = joint_lower_bound(joint)
+    else:
+        lb = lower_bound(problem)
     results = {}
     for name in solvers:
         opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}
         with step(f"solve with {name}"):
             try:
-                plan = solve(problem, name, **opts)
-                sim = simulate(problem, plan)
+                if joint is not None:
+                    from ..solve.joint import solve_joint
+
+                    plan, placed = solve_joint(joint, solver=name, time_limit_s=time_limit_s)
+                    sim = simulate(placed, plan)
+                else:
+                    plan, placed = solve(problem, name, **opts), problem
+                    sim = simulate(problem, plan)
             except InfeasibleError as err:
                 raise memory_error(problem, err, f"{problem.graph.name}: {name} found no plan within the memory "
                                                  f"of {cluster.name}") from None
-        results[name] = _result(problem, plan, sim, lb)
+        results[name] = _result(placed, plan, sim, lb)
     if expert:
         from ..graph import dnn_partitioning as dp
 
+        if joint is not None:
+            raise PestoError("--expert applies to LayerGraph JSON files (their human-expert splits)")
         plan = dp.load_expert_split(expert, problem.graph, cluster)
         sim = simulate(problem, plan, check_memory=False)
         results["expert"] = _result(problem, plan, sim, lb)
     best = min(results, key=lambda k: results[k]["makespan_s"])
-    return {"graph": problem.graph.name, "num_nodes": problem.num_nodes, "num_edges": problem.graph.num_edges,
-            "cluster": cluster.name, "devices": [d.name for d in cluster.devices], "cost_source": problem.cost_source,
-            "lower_bound_s": lb["best"], "load_s": load_s, "best": best, "results": results,
-            # top level: the best plan, as `place --json` promises
-            "makespan_s": results[best]["makespan_s"], "solver": best, "solve_s": results[best]["solve_s"],
-            "assignment": results[best]["assignment"]}
+    out = {"graph": problem.graph.name, "num_nodes": problem.num_nodes, "num_edges": problem.graph.num_edges,
+           "cluster": cluster.name, "devices": [d.name for d in cluster.devices], "cost_source": problem.cost_source,
+           "lower_bound_s": lb["best"], "load_s": load_s, "best": best, "results": results,
+           # top level: the best plan, as `place --json` promises
+           "makespan_s": results[best]["makespan_s"], "solver": best, "solve_s": results[best]["solve_s"],
+           "solver_status": results[best]["solver_status"], "assignment": results[best]["assignment"]}
+    if joint is not None:
+        out.update(num_ops=joint.graph.num_nodes, num_candidates=len(joint.candidates), backends=backends,
+                   backend_mix=results[best]["backend_mix"], candidates_by_backend=cs.by_backend(),
+                   backends_unavailable=dict(cs.unavailable), costs=ct.summary())
+    return out
 
 
 def _result(problem, plan, sim, lb) -> dict:
@@ -217,9 +259,9 @@ def _result(problem, plan, sim, lb) -> dict:
     ids = [str(nd.extra.get("id", nd.name)) for nd in g.nodes]
     return {"makespan_s": sim.makespan, "lower_bound_s": lb["best"],
             "ratio_to_lower_bound": sim.makespan / lb["best"] if lb["best"] > 0 else None,
-            "solve_s": plan.solve_s, "peak_memory_bytes": sim.peak_memory.tolist(),
-            "devices_used": plan.devices_used(), "info": _jsonable(plan.info),
-            "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)}}
+            "solve_s": plan.solve_s, "solver_status": api.solver_status(plan), "peak_memory_bytes":
+            sim.peak_memory.tolist(), "devices_used": plan.devices_used(), "backend_mix": plan.backend_mix(),
+            "info": _jsonable(plan.info), "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)}}
 
 
 def _jsonable(x):

@@ -14,7 +14,7 @@ from .progress import console, step
 
 
 def _write_json(path: str, data: dict) -> None:
-    from .main import write_json
+    from ..jsonio import write_json
 
     write_json(path, data)
 
@@ -74,14 +74,16 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
     ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
     """
     from ..costs.profile import default_log_path, profile_zoo
-    from .main import ZOO
+    from ..zoo import list_models
+
+    zoo_names = list_models()
 
     names = []
     for m in models:
-        names.extend(ZOO if m == "zoo" else [m])
+        names.extend(zoo_names if m == "zoo" else [m])
     for m in names:
-        if m not in ZOO and m != "sweep" and not m.startswith("sweep-"):
-            raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(ZOO)}), zoo, sweep or sweep-FAMILY")
+        if m not in zoo_names and m != "sweep" and not m.startswith("sweep-"):
+            raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(zoo_names)}), zoo, sweep or sweep-FAMILY")
     log_path = log_path or str(default_log_path())
     bks = [b.strip() for b in backends.split(",") if b.strip()]
     results = []

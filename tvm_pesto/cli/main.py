@@ -7,28 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import click
 
+from ..jsonio import write_json
 from .progress import ErrorGroup, console
 
-ZOO = ["inception_v3", "resnet50", "bert", "mobilenet_v2", "vgg11", "gpt2", "mlp_mixer"]
-
-
-def write_json(path: str, data: dict) -> None:
-    """Write JSON to ``path`` through a temporary file, so no half-written file is left."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+COSTS = ["auto", "measured", "roofline", "xgb"]
+BACKENDS_HELP = ("backends that compete for each subgraph: all (every backend available on the cluster's "
+                 "devices), tvm (TVM's fusion groups only: placement without backend choice), or a "
+                 "comma-separated list such as tvm,onnxruntime")
+MODEL_HELP = ("a zoo model name, an ONNX file, a torch.export program (.pt2) or a Relax module as "
+              "TVMScript (.py, .tvmscript)")
 
 
 @click.group(cls=ErrorGroup)
@@ -37,27 +27,38 @@ def cli():
     """Place deep-learning graphs across devices and backends (Apache TVM Relax)."""
 
 
+def _shapes(specs):
+    from ..models import parse_input_shapes
+
+    return parse_input_shapes(specs) or None
+
+
 @cli.command()
-@click.option("--model", default="inception_v3", show_default=True, type=click.Choice(ZOO))
+@click.option("--model", default="inception_v3", show_default=True, help=MODEL_HELP)
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True)
+@click.option("--backends", default="all", show_default=True, help=BACKENDS_HELP)
 @click.option("--solver", default="heft", show_default=True)
-@click.option("--costs", default="xgb", show_default=True, type=click.Choice(["auto", "measured", "roofline", "xgb"]),
-              help="xgb: the bundled cost model predicts every group (nothing is measured)")
+@click.option("--costs", default="xgb", show_default=True, type=click.Choice(COSTS),
+              help="xgb: the bundled cost model predicts every candidate (nothing is measured)")
 @click.option("--out", "out_dir", default="pesto-demo", show_default=True, help="folder for the Gantt chart and traces")
-def demo(model, size, cluster_spec, solver, costs, out_dir):
-    """Place a zoo model over this machine's CPU devices, run it, and compare with the plan."""
+def demo(model, size, cluster_spec, backends, solver, costs, out_dir):
+    """Place a model over this machine's CPU devices (backend, device, order), run it, compare with the plan."""
     from .commands import run_model
 
-    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, out_dir=out_dir)
+    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, out_dir=out_dir)
     _print_run(res)
     write_json(os.path.join(out_dir, "result.json"), res)
     console.print(f"Gantt chart (simulated vs measured): {os.path.join(out_dir, 'gantt.png')}")
 
 
 def _print_run(res):
-    console.print(f"[bold]{res['model']}[/] ({res['size']}): {res['num_ops']} ops in {res['num_groups']} fused groups, "
-                  f"placed by {res['solver']} on {res['cluster']} (costs: {res['cost_source']})")
+    what = f"({res['size']})" if res.get("size") else f"({res['source']})"
+    console.print(f"[bold]{res['model']}[/] {what}: {res['num_ops']} ops, {res['num_candidates']} candidates, "
+                  f"{res['num_units']} units, placed by {res['solver']} ({res['solver_status']}) on {res['cluster']} "
+                  f"(costs: {res['cost_source']})")
+    mix = ", ".join(f"{b} {n}" for b, n in sorted(res["backend_mix"].items(), key=lambda kv: -kv[1]))
+    console.print(f"  backend mix       {mix} (ops)")
     console.print(f"  devices used      {res['devices_used']}")
     console.print(f"  simulated         {res['simulated_s'] * 1e3:9.3f} ms")
     console.print(f"  measured (median) {res['measured_s'] * 1e3:9.3f} ms  "
@@ -69,43 +70,55 @@ def _print_run(res):
 @click.argument("target")
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True,
               help="cpu:N, 2xV100-nvlink, 4xV100-pcie, 8xA100-nvlink, h200, a JSON file, or from-graph")
+@click.option("--backends", default="all", show_default=True, help=BACKENDS_HELP)
 @click.option("--solver", default="heft", show_default=True, help="a solver name, several comma-separated, or all")
 @click.option("--size", default="small", type=click.Choice(["small", "full"]))
-@click.option("--costs", default="auto", type=click.Choice(["auto", "measured", "roofline", "xgb"]))
+@click.option("--costs", default="auto", type=click.Choice(COSTS))
+@click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1,D2,...",
+              help="static shape of a model input whose shape is dynamic (repeatable)")
 @click.option("--expert", default=None, help="a human-expert split file to evaluate as a baseline")
 @click.option("--time-limit", default=30.0, show_default=True,
               help="ILP time limit (s); the local search after it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
-def place(target, cluster_spec, solver, size, costs, expert, time_limit, json_path):
-    """Place TARGET (a zoo model name or a dnn-partitioning LayerGraph JSON) on a cluster."""
+def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, time_limit, json_path):
+    """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
     from .commands import place_any
 
     solvers = ["all"] if solver == "all" else [s.strip() for s in solver.split(",") if s.strip()]
-    res = place_any(target, cluster_spec, solvers, size=size, costs=costs, expert=expert, time_limit_s=time_limit)
-    console.print(f"[bold]{res['graph']}[/]: {res['num_nodes']} nodes on {res['cluster']}; lower bound "
-                  f"{res['lower_bound_s'] * 1e3:.3f} ms")
+    res = place_any(target, cluster_spec, solvers, size=size, costs=costs, expert=expert, time_limit_s=time_limit,
+                    backends=backends, input_shapes=_shapes(input_shape))
+    console.print(f"[bold]{res['graph']}[/]: {res.get('num_ops', res['num_nodes'])} nodes on {res['cluster']}; "
+                  f"lower bound {res['lower_bound_s'] * 1e3:.3f} ms")
     for name, r in res["results"].items():
         ratio = r["ratio_to_lower_bound"]
+        mix = ", ".join(f"{b} {n}" for b, n in r.get("backend_mix", {}).items())
         console.print(f"  {name:8s} makespan {r['makespan_s'] * 1e3:10.3f} ms  "
-                      f"x{ratio:.3f} of bound  solve {r['solve_s']:.3f} s" if ratio else f"  {name}: {r}")
+                      f"x{ratio:.3f} of bound  solve {r['solve_s']:.3f} s  {r['solver_status']}"
+                      + (f"  [{mix}]" if mix else "") if ratio else f"  {name}: {r}")
     if json_path:
         write_json(json_path, res)
 
 
 @cli.command()
-@click.argument("model", type=click.Choice(ZOO))
+@click.argument("model")
 @click.option("--size", default="small", type=click.Choice(["small", "full"]))
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True)
+@click.option("--backends", default="all", show_default=True, help=BACKENDS_HELP)
 @click.option("--solver", default="heft", show_default=True)
-@click.option("--costs", default="auto", type=click.Choice(["auto", "measured", "roofline", "xgb"]))
+@click.option("--costs", default="auto", type=click.Choice(COSTS))
+@click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1,D2,...",
+              help="static shape of a model input whose shape is dynamic (repeatable)")
 @click.option("--repeat", default=20, show_default=True, help="timed runs")
 @click.option("--trace-dir", default=None, help="write Gantt PNG and Chrome traces here")
+@click.option("--export", "export_dir", default=None,
+              help="also write the placed model as a bundle here (tvm_pesto.load runs it with TVM's runtime only)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
-def run(model, size, cluster_spec, solver, costs, repeat, trace_dir, json_path):
-    """Place MODEL, build one module per device, run them together and check numerics."""
+def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path):
+    """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
     from .commands import run_model
 
-    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, repeat=repeat, out_dir=trace_dir)
+    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, repeat=repeat,
+                    out_dir=trace_dir, input_shapes=_shapes(input_shape), export_dir=export_dir)
     _print_run(res)
     if json_path:
         write_json(json_path, res)

@@ -22,7 +22,7 @@ def _one_pair(src_dev, dst_dev, sizes, repeat):
     with two persistent pinned threads handing values over by events (as the executor does)."""
     import tvm
 
-    from ..costs.device_thread import enter_device_thread
+    from .device_thread import enter_device_thread
 
     jobs = [(n, k) for n in sizes for k in range(repeat + 2)]
     go = [threading.Event() for _ in jobs]

@@ -43,7 +43,7 @@ def _gpu_cluster(model: str, count: int, link: str) -> Cluster:
                    {"preset": name, "link": link})
 
 
-def _cpu_info() -> tuple[int, float, float]:
+def cpu_info() -> tuple[int, float, float]:
     """(usable cores, peak FLOP/s per core, memory bytes) of this machine."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     ghz, lanes = 2.5, 16
@@ -72,7 +72,7 @@ def cpu_cluster(n: int) -> Cluster:
     if n > len(cores):
         raise ClusterError(f"cpu:{n} asks for {n} devices but this machine has {len(cores)} usable cores; "
                            f"use cpu:1 .. cpu:{len(cores)}")
-    _, per_core, mem = _cpu_info()
+    _, per_core, mem = cpu_info()
     per = len(cores) // n
     devs = []
     for i in range(n):

@@ -1,5 +1,142 @@
-"""Stage 2: costs. Measured on real devices, estimated by roofline, or predicted (xgb)."""
-from .cache import MeasureCache
-from .roofline import roofline_costs
+"""Stage 3: costs. Seconds per (candidate, device), from one of several sources.
 
-__all__ = ["MeasureCache", "roofline_costs"]
+Sources, one module each: ``measured`` (:mod:`.measured`: run on this machine's devices,
+persistent cache), ``xgb`` (:mod:`.xgb`: the trained cost model), ``roofline``
+(:mod:`.roofline`: FLOPs and bytes over peak). ``auto`` measures when every device is on
+this machine, and otherwise predicts (``xgb``, with roofline where the model does not cover
+a device). :func:`candidate_costs` is the one entry point; a new source is one module plus
+one entry in :data:`SOURCES`.
+
+Examples
+--------
+>>> import tvm_pesto
+>>> from tvm_pesto.candidates import placement_candidates
+>>> from tvm_pesto.costs import candidate_costs
+>>> from tvm_pesto.costs.sweep import sweep_module
+>>> cs = placement_candidates(tvm_pesto.analyze(sweep_module("pool", limit=2)).rg)
+>>> ct = candidate_costs(cs, tvm_pesto.parse_cluster("2xV100-nvlink"), "roofline")
+>>> ct.table.shape, ct.columns
+((2, 2), ['roofline', 'roofline'])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CostError
+from .cache import MeasureCache
+from .roofline import roofline_candidate_costs, roofline_costs
+
+SOURCES = ("auto", "measured", "roofline", "xgb")
+
+
+@dataclass
+class CostTable:
+    """Seconds per (candidate, device) and where they came from.
+
+    Attributes
+    ----------
+    table : ndarray, shape (candidates, devices)
+        ``inf`` where a candidate cannot run on a device.
+    columns : list of str
+        The source that really produced each device's column (``measured``, ``xgb``,
+        ``roofline``, ``xgb+roofline``).
+    measured, cached, predicted : int
+        Candidates measured in this call, found in the measurement cache, predicted.
+    infeasible : dict
+        Candidate index -> why its backend could not build or run it.
+    calibration : dict
+        Device index -> factor applied to TVM-native costs (whole-model calibration).
+    seconds : float
+        Wall time spent measuring.
+    """
+
+    table: np.ndarray
+    columns: list[str]
+    measured: int = 0
+    cached: int = 0
+    predicted: int = 0
+    infeasible: dict = field(default_factory=dict)
+    calibration: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def source(self) -> str:
+        """One word for the whole table: the columns' source when they agree, else ``mixed``."""
+        kinds = sorted(set(self.columns))
+        return kinds[0] if len(kinds) == 1 else "mixed"
+
+    def summary(self) -> dict:
+        return {"source": self.source, "columns": list(self.columns), "measured": self.measured,
+                "cached": self.cached, "predicted": self.predicted, "infeasible": len(self.infeasible),
+                "measure_s": self.seconds, "calibration": {str(k): v for k, v in self.calibration.items()}}
+
+
+def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
+    from .measured import MeasureReport, calibrate_native, measure_cost_table
+
+    for dev in cluster.devices:
+        if not dev.present:
+            raise CostError(f"device {dev.name} is not on this machine, so it cannot be measured; "
+                            "use --costs xgb or roofline")
+    cache = cache if cache is not None else MeasureCache()
+    report = MeasureReport()
+    table = measure_cost_table(cs, cluster, cache, report=report, progress=progress)
+    factors = calibrate_native(cs, cluster, table, cache) if calibrate else {}
+    return CostTable(table, ["measured"] * cluster.num_devices, measured=report.measured, cached=report.cached,
+                     infeasible=dict(report.infeasible), calibration=factors, seconds=report.seconds)
+
+
+def _xgb(cs, cluster) -> CostTable:
+    try:
+        from .xgb import predict_candidate_costs
+    except ImportError as e:
+        raise CostError("the xgb cost source needs xgboost (pip install xgboost-cpu); "
+                        "use --costs measured or roofline") from e
+    table, cols = predict_candidate_costs(cs, cluster)
+    return CostTable(table, cols, predicted=len(cs))
+
+
+def _roofline(cs, cluster) -> CostTable:
+    return CostTable(roofline_candidate_costs(cs, cluster), ["roofline"] * cluster.num_devices, predicted=len(cs))
+
+
+def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | None = None, progress=None,
+                    calibrate: bool = True) -> CostTable:
+    """Seconds of every candidate of ``cs`` on every device of ``cluster``.
+
+    Parameters
+    ----------
+    cs : CandidateSet
+    cluster : Cluster
+    source : {"auto", "measured", "xgb", "roofline"}
+    cache : MeasureCache, optional
+        Where measurements are looked up and appended (default: ``~/.cache/tvm-pesto``).
+    progress : callable(done, total), optional
+    calibrate : bool
+        Measured TVM-native costs are scaled per device so that the fusion groups add up to
+        the whole model's measured time (:func:`tvm_pesto.costs.measured.calibrate_native`).
+
+    Raises
+    ------
+    CostError
+        For an unknown source, a device that cannot be measured here, or a missing model.
+    """
+    if source not in SOURCES:
+        raise CostError(f"unknown cost source {source!r}; use one of {', '.join(SOURCES)}")
+    if source == "auto":
+        source = "measured" if cluster.all_present else "xgb"
+        if source == "xgb":
+            try:
+                import xgboost  # noqa: F401
+            except ImportError:
+                source = "roofline"
+    if source == "measured":
+        return _measured(cs, cluster, cache, progress, calibrate)
+    if source == "xgb":
+        return _xgb(cs, cluster)
+    return _roofline(cs, cluster)
+
+
+__all__ = ["CostTable", "MeasureCache", "SOURCES", "candidate_costs", "roofline_candidate_costs", "roofline_costs"]

@@ -2,8 +2,8 @@
 
 ``tvm-pesto profile MODEL`` measures each candidate subgraph of a model on the local
 CPU devices, through the same code the ``measured`` cost source uses
-(:func:`tvm_pesto.costs.measure.measure_groups` for TVM, and
-:func:`tvm_pesto.candidates.measure.measure_candidates` for the other backends when that
+(:func:`tvm_pesto.costs.timing.measure_groups` for TVM, and
+:func:`tvm_pesto.costs.measured.measure_candidates` for the other backends when that
 module is present), and appends one JSON line per measurement to a log.
 
 The log is a :class:`~tvm_pesto.costs.cache.MeasureCache` file (``key``, ``backend``,
@@ -193,7 +193,7 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
     >>> profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", "p.jsonl")  # doctest: +SKIP
     """
     from ..api import analyze, as_cluster
-    from .measure import measure_groups
+    from .timing import measure_groups
 
     t0 = time.perf_counter()
     cl = as_cluster(cluster)
@@ -231,7 +231,7 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
         log.devices[tk] = device_descriptor(dev)
         before = log.written
         if cs is not None:
-            from ..candidates.measure import MeasureReport, measure_candidates
+            from .measured import MeasureReport, measure_candidates
 
             rep = MeasureReport()
             costs = measure_candidates(cs, dev, log, repeat=repeat, min_repeat_ms=min_repeat_ms, report=rep,

@@ -1,4 +1,10 @@
-"""Roofline cost estimate for devices that are not on this machine."""
+"""The roofline cost source: FLOPs and bytes over a device's peak, for any device.
+
+``max(FLOPs / (eff * peak), bytes / (eff * bandwidth)) + launch``, with ``eff`` by op
+category. It knows nothing about libraries: every backend's candidate of the same ops
+gets the same estimate (plus one launch per call, so fewer, larger calls win ties). Use it
+for devices that are not on this machine and have no trained cost model.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -9,17 +15,38 @@ LAUNCH_S = {"gpu": 5e-6, "cpu": 2e-6}
 EFFICIENCY = {"anchor": 0.6, "default": 0.5}
 
 
-def roofline_costs(graph, cluster) -> np.ndarray:
-    """[n, d] seconds: max(FLOPs / (eff * peak), bytes / (eff * bandwidth)) + launch."""
+def node_seconds(node, device) -> float:
+    """The roofline estimate for one (possibly merged) op-graph node on ``device``."""
     from ..graph.flops import op_category
 
-    n, d = graph.num_nodes, cluster.num_devices
-    out = np.zeros((n, d))
-    for i, nd in enumerate(graph.nodes):
-        cat = op_category(nd.op.split("+")[0])
-        eff = EFFICIENCY.get(cat, EFFICIENCY["default"])
-        nbytes = nd.bytes_read + nd.bytes_written
+    cat = op_category(node.op.split("+")[0])
+    eff = EFFICIENCY.get(cat, EFFICIENCY["default"])
+    nbytes = node.bytes_read + node.bytes_written
+    return max(node.flops / (eff * device.peak_flops), nbytes / (eff * device.mem_bandwidth)) \
+        + LAUNCH_S.get(device.kind, 2e-6)
+
+
+def floor_seconds(node, device) -> float:
+    """No kernel can beat this: FLOPs at the device's peak, or bytes at its full bandwidth."""
+    return max(node.flops / device.peak_flops, (node.bytes_read + node.bytes_written) / device.mem_bandwidth)
+
+
+def roofline_costs(graph, cluster) -> np.ndarray:
+    """``[nodes, devices]`` seconds for every node of ``graph``."""
+    return np.array([[node_seconds(nd, dev) for dev in cluster.devices] for nd in graph.nodes]).reshape(
+        graph.num_nodes, cluster.num_devices)
+
+
+def roofline_candidate_costs(cs, cluster) -> np.ndarray:
+    """``[candidates, devices]`` seconds; ``inf`` where the candidate's backend does not run
+    on the device's kind."""
+    from ..backends import get_backend
+
+    graph = cs.rg.graph
+    out = np.empty((len(cs), cluster.num_devices))
+    for i, c in enumerate(cs):
+        node = graph.merged(c.nodes)
+        bk = get_backend(c.backend)
         for j, dev in enumerate(cluster.devices):
-            out[i, j] = max(nd.flops / (eff * dev.peak_flops), nbytes / (eff * dev.mem_bandwidth)) \
-                + LAUNCH_S.get(dev.kind, 2e-6)
+            out[i, j] = node_seconds(node, dev) if bk.supports_device(dev) else np.inf
     return out

@@ -121,9 +121,9 @@ def device_for_target(target: dict, device: dict | None = None) -> dict:
         return dict(device)
     kind = str(target.get("kind", "llvm"))
     if kind == "llvm":
-        from ..cluster.specs import _cpu_info
+        from ..cluster.specs import cpu_info
 
-        _, per_core, mem = _cpu_info()
+        _, per_core, mem = cpu_info()
         cores = int(target.get("num-cores", 1) or 1)
         return {"kind": "cpu", "model": "host-cpu", "peak_flops": per_core * cores, "mem_bandwidth": 8e9 * cores,
                 "memory_bytes": mem, "cores": cores}

@@ -37,7 +37,7 @@ from .features import FEATURE_NAMES, describe_group, device_descriptor, device_k
 MODEL_FORMAT = 1
 TARGETS = ("log_time", "log_ratio")
 DEFAULT_MODEL_NAME = "default.json"
-#: Smallest cost a group gets (as in :mod:`tvm_pesto.costs.measure`).
+#: Smallest cost a group gets (as in :mod:`tvm_pesto.costs.timing`).
 MIN_COST_S = 2e-7
 #: XGBoost parameters of the bundled model (fixed seed, one thread: deterministic).
 DEFAULT_PARAMS = {
@@ -77,7 +77,7 @@ def read_log(path, ds: Dataset | None = None) -> Dataset:
     >>> ds = read_log("cost_models/profile-cpu.jsonl")    # doctest: +SKIP
     >>> len(ds.rows), ds.skipped                          # doctest: +SKIP
     """
-    from .measure import OVERHEAD_KEY
+    from .timing import OVERHEAD_KEY
 
     ds = ds if ds is not None else Dataset()
     p = Path(path)
@@ -364,32 +364,70 @@ def load_model(path=None) -> CostModel:
     return _load_cached(str(p.resolve()), p.stat().st_mtime)
 
 
-# -- cost sources ----------------------------------------------------------------------------
-def _roofline_one(desc: dict, device) -> float:
-    """The roofline cost source's estimate for one subgraph (as in costs/roofline.py)."""
-    from ..graph.flops import op_category
-    from .roofline import EFFICIENCY, LAUNCH_S
+# -- cost source ------------------------------------------------------------------------------
+def predict_candidate_costs(cs, cluster, model=None) -> tuple[np.ndarray, list[str]]:
+    """``[candidates, devices]`` predicted seconds, and which source made each column.
 
-    cat = op_category(desc["ops"][0])
-    eff = EFFICIENCY.get(cat, EFFICIENCY["default"])
-    nbytes = float(desc["bytes_read"]) + float(desc["bytes_written"])
-    return max(float(desc["flops"]) / (eff * device.peak_flops), nbytes / (eff * device.mem_bandwidth)) \
-        + LAUNCH_S.get(device.kind, 2e-6)
+    A device the model covers (its kind and model were in the training data) gets the
+    model's prediction for every candidate whose backend it was trained on (with the
+    training runs' VM call overhead subtracted, as measured costs have it), never below
+    the device's physical floor (:func:`tvm_pesto.costs.roofline.floor_seconds`: a tree
+    model cannot extrapolate to subgraphs far larger than it saw); a device it
+    does not cover, or an untrained backend, gets the roofline estimate
+    (:func:`tvm_pesto.costs.roofline.node_seconds`); ``inf`` where the backend does not run
+    on the device. Column sources: ``"xgb"``, ``"roofline"``, or ``"xgb+roofline"`` when
+    only some candidates of a covered device fell back.
+
+    Examples
+    --------
+    >>> import tvm_pesto
+    >>> from tvm_pesto.candidates import placement_candidates
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.costs.sweep import sweep_module
+    >>> cs = placement_candidates(tvm_pesto.analyze(sweep_module("pool", limit=2)).rg)
+    >>> table, src = predict_candidate_costs(cs, parse_cluster("2xV100-nvlink"))
+    >>> table.shape, src
+    ((2, 2), ['roofline', 'roofline'])
+    """
+    from ..backends import get_backend
+    from .roofline import floor_seconds, node_seconds
+
+    graph = cs.rg.graph
+    cm = model if isinstance(model, CostModel) else _maybe_load(model, cluster)
+    trained = set(cm.meta.get("backends", ["tvm"])) if cm is not None else set()
+    out = np.zeros((len(cs), cluster.num_devices))
+    sources = []
+    descs: dict[int, dict] = {}
+    merged: dict[int, object] = {}
+    for j, dev in enumerate(cluster.devices):
+        dd = device_descriptor(dev)
+        covered = cm is not None and cm.covers(dd)
+        idx, rows, floors, fell_back = [], [], [], 0
+        for i, c in enumerate(cs):
+            if not get_backend(c.backend).supports_device(dev):
+                out[i, j] = math.inf
+                continue
+            if i not in merged:
+                merged[i] = graph.merged(c.nodes)
+            if covered and c.backend in trained:
+                if i not in descs:
+                    descs[i] = describe_group(graph, c.nodes)
+                idx.append(i)
+                rows.append({"desc": descs[i], "device": dd, "backend": c.backend, "tuned": c.backend == "tvm-ms"})
+                floors.append(floor_seconds(merged[i], dev))
+            else:
+                out[i, j] = node_seconds(merged[i], dev)
+                fell_back += 1
+        if rows:
+            pred = cm.predict_rows(rows) - cm.overhead_s(dd)
+            out[idx, j] = np.maximum(np.maximum(pred, np.asarray(floors)), MIN_COST_S)
+        sources.append("roofline" if not rows else ("xgb+roofline" if fell_back else "xgb"))
+    return out, sources
 
 
 def predict_costs(analysis, cluster, model=None) -> np.ndarray:
-    """``[groups, devices]`` predicted seconds for the fused groups of ``analysis`` (TVM backend).
-
-    Devices the model does not cover (another kind or model of device than it was trained
-    on) get the roofline estimate of :func:`tvm_pesto.costs.roofline.roofline_costs`.
-    Predictions have the training runs' VM call overhead subtracted, as measured costs do.
-
-    Parameters
-    ----------
-    analysis : tvm_pesto.api.Analysis
-    cluster : Cluster
-    model : CostModel or path, optional
-        Default: the bundled model (:func:`default_model_path`).
+    """``[groups, devices]`` predicted seconds for the fused groups of ``analysis``: the
+    ``tvm`` candidates of placement alone, through :func:`predict_candidate_costs`.
 
     Examples
     --------
@@ -400,25 +438,9 @@ def predict_costs(analysis, cluster, model=None) -> np.ndarray:
     >>> predict_costs(a, parse_cluster("2xV100-nvlink")).shape   # GPU preset: roofline columns
     (2, 2)
     """
-    from .roofline import roofline_costs
+    from ..candidates.generate import placement_candidates
 
-    n, d = analysis.graph.num_nodes, cluster.num_devices
-    out = np.zeros((n, d))
-    descs = None
-    roof = None
-    cm = model if isinstance(model, CostModel) else _maybe_load(model, cluster)
-    for j, dev in enumerate(cluster.devices):
-        dd = device_descriptor(dev)
-        if cm is not None and cm.covers(dd):
-            if descs is None:
-                descs = [describe_group(analysis.op_graph, grp) for grp in analysis.groups]
-            rows = [{"desc": ds, "device": dd, "backend": "tvm", "tuned": False} for ds in descs]
-            out[:, j] = np.maximum(cm.predict_rows(rows) - cm.overhead_s(dd), MIN_COST_S)
-        else:
-            if roof is None:
-                roof = roofline_costs(analysis.graph, cluster)
-            out[:, j] = roof[:, j]
-    return out
+    return predict_candidate_costs(placement_candidates(analysis.rg, analysis.groups), cluster, model)[0]
 
 
 def _maybe_load(model, cluster):
@@ -429,46 +451,6 @@ def _maybe_load(model, cluster):
         if model is not None or any(dev.kind == "cpu" for dev in cluster.devices):
             raise
         return None
-
-
-def predict_candidate_costs(cs, cluster, model=None) -> np.ndarray:
-    """``[candidates, devices]`` predicted seconds for a Collage-style candidate set.
-
-    ``inf`` where the candidate's backend does not run on the device; the roofline estimate
-    where the model does not cover the device or the backend.
-
-    Examples
-    --------
-    >>> table = predict_candidate_costs(cs, parse_cluster("cpu:2"))   # doctest: +SKIP
-    """
-    cm = model if isinstance(model, CostModel) else load_model(model)
-    try:
-        from ..backends import get_backend
-    except ImportError:  # pragma: no cover
-        get_backend = None
-    out = np.zeros((len(cs), cluster.num_devices))
-    descs = [describe_group(cs.rg.graph, c.nodes) for c in cs]
-    trained = set(cm.meta.get("backends", []))
-    for j, dev in enumerate(cluster.devices):
-        dd = device_descriptor(dev)
-        idx, rows = [], []
-        for i, c in enumerate(cs):
-            runs = True
-            if get_backend is not None:
-                try:
-                    runs = get_backend(c.backend).supports_device(dev)
-                except Exception:  # noqa: BLE001 - an unknown backend cannot run here
-                    runs = False
-            if not runs:
-                out[i, j] = math.inf
-            elif cm.covers(dd) and c.backend in trained:
-                idx.append(i)
-                rows.append({"desc": descs[i], "device": dd, "backend": c.backend, "tuned": c.backend == "tvm-ms"})
-            else:
-                out[i, j] = _roofline_one(descs[i], dev)
-        if rows:
-            out[idx, j] = np.maximum(cm.predict_rows(rows) - cm.overhead_s(dd), MIN_COST_S)
-    return out
 
 
 __all__ = ["CostModel", "Dataset", "DEFAULT_PARAMS", "TARGETS", "default_model_path", "load_dataset", "load_model",

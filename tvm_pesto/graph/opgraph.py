@@ -242,26 +242,9 @@ class OpGraph:
         internal = internal.tolist()
 
         nodes = self.nodes
-        new_nodes = []
-        for gi in range(k):
-            members = tuple(members_flat[bounds[gi]:bounds[gi + 1]])
-            ms = [nodes[v] for v in members]
-            read = sum(m.bytes_read for m in ms) - internal[gi]
-            last = ms[-1]
-            outs = tuple(t for v in members if exported[v] for t in nodes[v].outputs)
-            new_nodes.append(OpNode(
-                name=ms[0].name if len(ms) == 1 else f"{ms[0].name}..{last.name}",
-                op="+".join(m.op for m in ms),
-                attrs=dict(ms[0].attrs) if len(ms) == 1 else {},
-                inputs=ms[0].inputs,
-                outputs=outs if outs else last.outputs,
-                flops=float(sum(m.flops for m in ms)),
-                bytes_read=int(max(read, 0)),
-                bytes_written=int(sum(t.nbytes for t in outs)) if outs else last.bytes_written,
-                param_bytes=int(sum(m.param_bytes for m in ms)),
-                members=members,
-                extra={"member_extra": [m.extra for m in ms]} if any(m.extra for m in ms) else {},
-            ))
+        new_nodes = [_merged_node([nodes[v] for v in members_flat[bounds[gi]:bounds[gi + 1]]],
+                                  members_flat[bounds[gi]:bounds[gi + 1]], internal[gi], exported)
+                     for gi in range(k)]
 
         # between groups: the largest tensor per (source node, destination group), summed over
         # source nodes per (source group, destination group); edges in order of first appearance
@@ -284,5 +267,50 @@ class OpGraph:
             edges = list(zip((upair[order] // k).tolist(), (upair[order] % k).tolist(), total[order].tolist()))
         return OpGraph(new_nodes, edges, name=name or self.name)
 
+    def merged(self, nodes: Sequence[int]) -> OpNode:
+        """The node that :meth:`contract` would make of ``nodes`` (FLOPs, bytes, weights).
+
+        Examples
+        --------
+        >>> g = OpGraph([OpNode("a", "x", bytes_read=8, bytes_written=8),
+        ...              OpNode("b", "y", bytes_read=8, bytes_written=4)], [(0, 1, 8)])
+        >>> m = g.merged([0, 1])
+        >>> m.bytes_read, m.bytes_written, m.members
+        (8, 4, (0, 1))
+        """
+        order = {v: i for i, v in enumerate(self.topo_order())}
+        members = sorted({int(v) for v in nodes}, key=order.__getitem__)
+        inside = set(members)
+        internal = 0
+        exported = {}
+        for v in members:
+            succ = list(self.dag.successors(v))
+            exported[v] = not succ or any(w not in inside for w in succ)
+            internal += sum(self.dag[v][w]["bytes"] for w in succ if w in inside)
+        return _merged_node([self.nodes[v] for v in members], members, internal, exported)
+
     def __repr__(self) -> str:
         return f"OpGraph({self.name!r}, nodes={self.num_nodes}, edges={self.num_edges})"
+
+
+def _merged_node(ms: list[OpNode], members, internal_bytes: int, exported) -> OpNode:
+    """One node for the group ``ms`` (ids ``members``, topological order): inputs read from
+    outside (``internal_bytes`` of edges inside are not read), outputs that leave
+    (``exported[v]``: feeds another group or nothing)."""
+    members = tuple(int(v) for v in members)
+    read = sum(m.bytes_read for m in ms) - internal_bytes
+    last = ms[-1]
+    outs = tuple(t for v, m in zip(members, ms) if exported[v] for t in m.outputs)
+    return OpNode(
+        name=ms[0].name if len(ms) == 1 else f"{ms[0].name}..{last.name}",
+        op="+".join(m.op for m in ms),
+        attrs=dict(ms[0].attrs) if len(ms) == 1 else {},
+        inputs=ms[0].inputs,
+        outputs=outs if outs else last.outputs,
+        flops=float(sum(m.flops for m in ms)),
+        bytes_read=int(max(read, 0)),
+        bytes_written=int(sum(t.nbytes for t in outs)) if outs else last.bytes_written,
+        param_bytes=int(sum(m.param_bytes for m in ms)),
+        members=members,
+        extra={"member_extra": [m.extra for m in ms]} if any(m.extra for m in ms) else {},
+    )

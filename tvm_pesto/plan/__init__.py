@@ -1,6 +1,6 @@
-"""Stage 3: plans. A plan is data (device -> ordered ops); a simulator replays it."""
+"""Stage 4: plans. A plan is data (device -> ordered units); a simulator replays it."""
 from .plan import Plan
-from .problem import Problem
+from .problem import JointProblem, Problem
 from .simulate import SimResult, simulate
 
-__all__ = ["Plan", "Problem", "SimResult", "simulate"]
+__all__ = ["JointProblem", "Plan", "Problem", "SimResult", "simulate"]

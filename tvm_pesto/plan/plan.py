@@ -29,6 +29,11 @@ class Plan:
         Wall-clock seconds the algorithm took.
     info : dict
         Solver-specific facts (MIP gap, status, lower bound, ...).
+    units : list of Candidate, optional
+        For a plan of a module: what plan node ``k`` runs, ``units[k].backend`` on the op
+        graph nodes ``units[k].nodes`` (the candidates the solver chose). The builder
+        lowers exactly these units. ``None`` for plans of graphs that are not modules
+        (imported layer graphs, random DAGs).
     """
 
     assignment: np.ndarray
@@ -36,6 +41,7 @@ class Plan:
     solver: str = "unknown"
     solve_s: float = 0.0
     info: dict = field(default_factory=dict)
+    units: list | None = None
 
     def __post_init__(self):
         self.assignment = np.asarray(self.assignment, dtype=np.int32)
@@ -82,16 +88,28 @@ class Plan:
     def devices_used(self) -> list[int]:
         return [d for d, seq in enumerate(self.order) if seq]
 
+    def backend_mix(self) -> dict[str, int]:
+        """Backend -> number of op-graph nodes it runs (empty for plans without units)."""
+        out: dict[str, int] = {}
+        for u in self.units or []:
+            out[u.backend] = out.get(u.backend, 0) + len(u.nodes)
+        return dict(sorted(out.items()))
+
     # -- output ------------------------------------------------------------------------
     def to_dict(self, graph=None) -> dict:
         names = (lambda v: graph.nodes[v].name) if graph is not None else str
-        return {
+        out = {
             "solver": self.solver,
             "solve_s": self.solve_s,
             "assignment": {names(v): int(d) for v, d in enumerate(self.assignment)},
             "order": [[names(v) for v in seq] for seq in self.order],
             "info": self.info,
         }
+        if self.units is not None:
+            out["units"] = [{"backend": u.backend, "nodes": [int(v) for v in u.nodes], "pattern": u.pattern}
+                            for u in self.units]
+            out["backend_mix"] = self.backend_mix()
+        return out
 
     def to_text(self, graph=None, sim=None, width: int = 100) -> str:
         """A text grid: one row per device, ops in order, with times when ``sim`` is given."""

@@ -89,3 +89,78 @@ class Problem:
             raise InfeasibleError(
                 f"{self.graph.name}: one node needs {biggest / 2**20:.1f} MiB but the largest device holds "
                 f"{self.capacity.max() / 2**20:.1f} MiB; use a device with at least {biggest / 2**20:.1f} MiB")
+
+
+@dataclass
+class JointProblem:
+    """Backend + device + order, chosen together: what :func:`tvm_pesto.solve.joint.solve_joint` takes.
+
+    Parameters
+    ----------
+    graph : OpGraph
+        The op graph (one node per operator call).
+    cluster : Cluster
+    candidates : list of Candidate
+        Subgraphs a backend can run as one call (``backend``, ``nodes``). A cover is a set of
+        candidates that contains every node exactly once and whose contraction is acyclic.
+    costs : ndarray, shape (num_candidates, num_devices)
+        Seconds candidate ``c`` takes on device ``d``; ``inf`` where it cannot run there.
+    cost_source : str
+        Where the costs came from.
+    colocate : list of list of int
+        Op-graph nodes that must share a device.
+
+    Placement only (every op in exactly one candidate, e.g. TVM's fusion groups) is the
+    special case with a single cover; :meth:`fixed_cover` returns it.
+    """
+
+    graph: OpGraph
+    cluster: Cluster
+    candidates: list
+    costs: np.ndarray
+    cost_source: str = "unknown"
+    colocate: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self):
+        k, d = len(self.candidates), self.cluster.num_devices
+        self.costs = np.asarray(self.costs, dtype=np.float64)
+        if self.costs.shape != (k, d):
+            raise CostError(f"candidate cost table has shape {self.costs.shape}; expected ({k}, {d}) for "
+                            f"{k} candidates on {d} devices")
+        if np.isnan(self.costs).any() or (self.costs < 0).any():
+            bad = int(np.flatnonzero(np.isnan(self.costs).any(1) | (self.costs < 0).any(1))[0])
+            raise CostError(f"candidate {bad} ({self.candidates[bad].backend}) has a negative or NaN cost "
+                            f"{self.costs[bad].tolist()}; costs are seconds >= 0 (inf = cannot run)")
+        usable = np.isfinite(self.costs).any(axis=1)
+        covered = np.zeros(self.graph.num_nodes, dtype=bool)
+        for c in np.flatnonzero(usable):
+            covered[list(self.candidates[c].nodes)] = True
+        if not covered.all():
+            v = int(np.flatnonzero(~covered)[0])
+            raise InfeasibleError(f"op {self.graph.nodes[v].name} ({self.graph.nodes[v].op}) has no candidate that "
+                                  f"can run on any device of {self.cluster.name}; keep the tvm backend, which "
+                                  "covers every op")
+
+    @property
+    def num_devices(self) -> int:
+        return self.cluster.num_devices
+
+    def fixed_cover(self) -> list[int] | None:
+        """The only cover when the usable candidates partition the nodes, else ``None``."""
+        usable = [c for c in range(len(self.candidates)) if np.isfinite(self.costs[c]).any()]
+        if sum(len(self.candidates[c].nodes) for c in usable) != self.graph.num_nodes:
+            return None
+        return usable
+
+    def contract(self, cover) -> Problem:
+        """The placement problem of a cover: one node per chosen candidate (in ``cover``'s
+        order), its costs, and the co-location groups mapped to those nodes."""
+        cover = [int(c) for c in cover]
+        g = self.graph.contract([list(self.candidates[c].nodes) for c in cover], name=self.graph.name)
+        unit_of = {}
+        for k, c in enumerate(cover):
+            for v in self.candidates[c].nodes:
+                unit_of[v] = k
+        coloc = [sorted({unit_of[v] for v in grp}) for grp in self.colocate]
+        return Problem(g, self.cluster, self.costs[cover], colocate=[c for c in coloc if len(c) > 1],
+                       cost_source=self.cost_source)

@@ -1,5 +1,8 @@
-"""Stage 5: run per-device modules together and record what really happened."""
-from .executor import Executor, TraceEvent
-from .program import Program, read_program, split_by_device
+"""Stage 6: run per-device modules together and record what really happened.
 
-__all__ = ["Executor", "Program", "TraceEvent", "read_program", "split_by_device"]
+Nothing here needs TVM's compiler: a deployed bundle runs with TVM's runtime only.
+"""
+from .executor import Executor, TraceEvent
+from .program import Program, Step
+
+__all__ = ["Executor", "Program", "Step", "TraceEvent"]

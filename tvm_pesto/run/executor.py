@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
-from ..costs.device_thread import enter_device_thread
+from ..cluster.device_thread import enter_device_thread
 from ..errors import ExecutionError
 from .program import Program
 
@@ -111,7 +111,7 @@ class Executor:
         # GPUs: one stream per device, cross-device copies ordered by stream events.
         self.streams = None
         if any(cluster.devices[d].kind == "gpu" for d in self.per_dev):
-            from ..backends.gpu.streams import StreamSet
+            from .streams import StreamSet
 
             self.streams = StreamSet(self.tvm_devs)
         self.workers = {d: _Worker(cluster.devices[d], self.streams) for d in self.per_dev}

@@ -62,6 +62,8 @@ def lp_bound(problem: Problem, time_limit_s: float = 30.0) -> tuple[float | None
     """
     import pulp
 
+    from .mip import lp_backend  # PuLP only when the LP is asked for
+
     n, d = problem.num_nodes, problem.num_devices
     if n == 0:
         return 0.0, "empty"
@@ -100,9 +102,8 @@ def lp_bound(problem: Problem, time_limit_s: float = 30.0) -> tuple[float | None
         if problem.mem[on_k].sum() > problem.capacity[k]:
             cap = float(problem.capacity[k])
             lp += pulp.lpSum(float(problem.mem[v] / cap) * x[v, k] for v in on_k) <= 1.0
-    from .msct import _lp_backend
-
-    status = pulp.LpStatus[lp.solve(_lp_backend(time_limit_s))]
+    backend = lp_backend(time_limit_s, "lower_bound: the LP relaxation", ", or pass lp=False")
+    status = pulp.LpStatus[lp.solve(backend)]
     if status == "Infeasible":
         return float("inf"), status
     if status != "Optimal" or T.value() is None:
@@ -152,7 +153,7 @@ def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 10
     if comm is None:
         comm = problem.num_nodes <= comm_max_nodes
     if comm and problem.num_nodes:
-        from .comm_bounds import path_memory_bound, segment_bound
+        from .comm_bounds import path_memory_bound, segment_bound  # imports the MIP (PuLP) only when asked
 
         seg = segment_bound(problem)
         out["segment_s"] = seg["bound_s"]

@@ -33,6 +33,8 @@ import numpy as np
 from ..errors import PestoError, PlanError
 from ..graph.opgraph import OpGraph
 from ..plan import Plan, Problem, simulate
+from .ilp_model import solve_ilp
+from .portfolio import best_heuristic_plan
 
 
 class _UnionFind:
@@ -435,7 +437,11 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
 
     The returned plan is the best (simulated on the fine graph) of: the expanded ILP plan,
     the expanded coarse warm start, ``warm_start`` and, when ``fine_heuristics``, the
-    registered heuristics run on the fine graph, so it is never worse than any of them.
+    heuristics run on the fine graph, so it is never worse than any of them.
+
+    ``info`` holds the coarse solve's info with a ``coarse_`` prefix: ``coarse_status`` is
+    the coarse MIP's real outcome (``optimal``, ``time_limit``, ``infeasible``, ...; see
+    :func:`~tvm_pesto.solve.ilp_model.solve_ilp`), ``coarse_timed_out``, ``coarse_mip_gap``.
 
     Parameters
     ----------
@@ -445,11 +451,12 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
     time_limit_s : float
         Limit for the MIP solver.
     solver, gap, pairs, msg, threads
-        Passed to :func:`tvm_pesto.solve.ilp.solve_ilp`.
+        Passed to :func:`tvm_pesto.solve.ilp_model.solve_ilp`.
     warm_start : Plan, optional
         A plan of the fine problem to compare against.
     fine_heuristics : bool
-        Also run the registered heuristics on the fine graph (about 20 s for 100k nodes).
+        Also run the heuristics (:mod:`tvm_pesto.solve.portfolio`) on the fine graph (about
+        20 s for 100k nodes).
     **coarsen_opts
         ``weight_cap``, ``mem_frac``, ``max_passes`` of :func:`coarsen`.
 
@@ -459,8 +466,6 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
     >>> plan.info["coarse_nodes"] <= 40  # doctest: +SKIP
     True
     """
-    from .ilp import best_heuristic_plan, solve_ilp
-
     t0 = time.perf_counter()
     coarse, groups = coarsen(problem, target, **coarsen_opts)
     t_coarsen = time.perf_counter() - t0

@@ -13,7 +13,7 @@ segments (a ResNet block, a transformer layer); no edge skips a dominator. So
 
 and each gap is at least the optimum of the segment alone: its inner nodes plus the two
 dominators (cost 0) as a small placement problem, solved exactly by the ILP of
-:mod:`.ilp` (its dual bound when the time limit stops it). Memory, co-location and
+:mod:`.ilp_model` (its dual bound when the time limit stops it). Memory, co-location and
 transfers from outside the segment are left out, which only lowers the optimum, so the sum
 is a valid bound. A segment decides whether a residual shortcut or an attention head is
 worth a transfer, the trade-off the critical path ignores.
@@ -42,6 +42,7 @@ import numpy as np
 from ..errors import PestoError
 from ..graph.opgraph import OpGraph, OpNode
 from ..plan.problem import Problem
+from .ilp_model import solve_ilp
 
 _SAFETY = 1e-6  # relative margin against MIP solver tolerances
 
@@ -155,8 +156,6 @@ def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: f
     --------
     >>> # segment_bound(problem)["bound_s"] <= simulate(problem, any_plan).makespan
     """
-    from .ilp import solve_ilp
-
     t0 = time.perf_counter()
     chain, segments = dominator_segments(problem)
     mc = problem.min_cost()
@@ -180,7 +179,7 @@ def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: f
         sub = _segment_problem(problem, before, inner, after)
         key = _segment_key(sub)
         if key not in cache:
-            cache[key] = _solve_segment(sub, time_limit_s, solve_ilp)
+            cache[key] = _solve_segment(sub, time_limit_s)
             solved += 1
         gap = cache[key]
         if gap is None:
@@ -191,7 +190,7 @@ def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: f
             "solved": solved, "capped": capped, "seconds": time.perf_counter() - t0}
 
 
-def _solve_segment(sub: Problem, time_limit_s: float, solve_ilp) -> float | None:
+def _solve_segment(sub: Problem, time_limit_s: float) -> float | None:
     """Proven lower bound on the segment's optimum (seconds), or None."""
     try:
         plan = solve_ilp(sub, time_limit_s=time_limit_s, gap=0.0)
@@ -199,7 +198,7 @@ def _solve_segment(sub: Problem, time_limit_s: float, solve_ilp) -> float | None
         return None
     info = plan.info
     bound = info.get("bound")
-    if info.get("status", "").lower().startswith("optimal") and info.get("objective") is not None:
+    if info.get("status") == "optimal" and info.get("objective") is not None:
         bound = info["objective"] if bound is None else min(bound, info["objective"])
     if bound is None or not np.isfinite(bound):
         return None

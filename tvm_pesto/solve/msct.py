@@ -31,27 +31,6 @@ from .metf import ETFEngine
 NAME = "m-sct"
 
 
-def _lp_backend(time_limit_s: float):
-    """An explicit PuLP solver for the LP: a system ``cbc`` if on PATH, else the CBC binary
-    PuLP bundles (called through ``COIN_CMD``, which PuLP does not deprecate), else HiGHS."""
-    import shutil
-
-    import pulp
-
-    path = shutil.which("cbc") or getattr(pulp.PULP_CBC_CMD, "pulp_cbc_path", None)
-    if path:
-        backend = pulp.COIN_CMD(path=path, msg=False, timeLimit=time_limit_s)
-        if backend.available():
-            return backend
-    try:
-        import highspy  # noqa: F401
-    except ImportError:
-        raise SolverError("m-sct: no LP solver found for the favourite-child LP; install CBC "
-                          "(`pip install pulp` bundles it, or `apt-get install coinor-cbc`) or highspy, "
-                          "or use favorite='greedy'") from None
-    return pulp.HiGHS(msg=False, timeLimit=time_limit_s)
-
-
 def favorite_lp(problem: Problem, time_limit_s: float = 60.0) -> tuple[np.ndarray, dict]:
     """Solve the favourite-child LP; returns ``(x per edge, info)`` (``x`` near 0 = favourite).
 
@@ -65,6 +44,8 @@ def favorite_lp(problem: Problem, time_limit_s: float = 60.0) -> tuple[np.ndarra
     >>> # xs, info = favorite_lp(problem); info["lp_status"]  -> 'Optimal'
     """
     import pulp
+
+    from .mip import lp_backend
 
     n, m = problem.num_nodes, len(problem.src)
     p = mean_costs(problem)
@@ -86,7 +67,7 @@ def favorite_lp(problem: Problem, time_limit_s: float = 60.0) -> tuple[np.ndarra
         if len(in_edges[v]) > 1:
             lp += pulp.lpSum(x[e] for e in in_edges[v]) >= len(in_edges[v]) - 1
         lp += s[v] - w <= -float(p[v])
-    backend = _lp_backend(time_limit_s)
+    backend = lp_backend(time_limit_s, "m-sct: the favourite-child LP", ", or use favorite='greedy'")
     try:
         status = lp.solve(backend)
     except pulp.PulpSolverError as err:

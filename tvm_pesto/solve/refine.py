@@ -42,7 +42,10 @@ from ..errors import InfeasibleError, PestoError, PlanError
 from ..plan.plan import Plan
 from ..plan.problem import Problem
 from ..plan.simulate import SimResult, simulate
+from .bounds import critical_path
+from .comm_bounds import critical_path_nodes
 from .common import colocation_index
+from .heft import solve as heft
 
 _REL = 1e-9  # a move must beat the incumbent by this relative margin
 _AT_BOUND = 1e-5  # a plan this close to a lower bound (which carries solver tolerances) is optimal
@@ -329,8 +332,6 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
         info["seconds"] = time.perf_counter() - t0
         return _with_info(plan, info)
     if floor_s <= 0:
-        from .bounds import critical_path
-
         floor_s = critical_path(problem)
     floor = floor_s * (1 + _AT_BOUND)
     search = _Search(problem, plan.solver, t0 + time_budget_s)
@@ -380,9 +381,6 @@ def critical_path_splits(problem: Problem, parts=(3,), max_nodes: int = 5000) ->
     --------
     >>> # seeds = critical_path_splits(problem)
     """
-    from .comm_bounds import critical_path_nodes
-    from .heft import solve as heft
-
     if problem.num_nodes > max_nodes or problem.num_devices < 2:
         return []
     path = critical_path_nodes(problem)

@@ -1,4 +1,9 @@
-"""Everything on one device: the fastest single device that can hold the whole graph."""
+"""Everything on one device: the one single-device plan builder of the package.
+
+:func:`one_device_plan` puts every node on a given device in topological order;
+:func:`fastest_single_device` picks the device with the smallest total cost that can run
+every node and hold the whole graph; :func:`solve` (the registry's ``"single"``) combines them.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -11,13 +16,51 @@ from .common import NoFit, run_solver
 NAME = "single"
 
 
+def one_device_plan(problem: Problem, device: int, solver: str = NAME) -> Plan:
+    """Every node of ``problem`` on ``device``, in the graph's topological order.
+
+    No feasibility check: a device that cannot run a node or hold the graph still gets it
+    (the simulator reports that); see :func:`fastest_single_device` for a device that can.
+
+    Examples
+    --------
+    >>> from tvm_pesto.graph.opgraph import OpGraph, OpNode
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> g = OpGraph([OpNode(c, "op") for c in "abc"], [(0, 1, 1), (0, 2, 1)])
+    >>> p = Problem(g, parse_cluster("cpu:2"), np.ones((3, 2)))
+    >>> one_device_plan(p, 1).order
+    [[], [0, 1, 2]]
+    """
+    n, d = problem.num_nodes, problem.num_devices
+    order: list[list[int]] = [[] for _ in range(d)]
+    order[device] = list(problem.graph.topo_order())
+    return Plan(np.full(n, device, dtype=np.int32), order, solver=solver)
+
+
+def fastest_single_device(problem: Problem) -> int | None:
+    """The device with the smallest total cost among those that can run every node and hold
+    the whole graph's memory (the lowest index on a tie); None when no device can.
+
+    Examples
+    --------
+    >>> from tvm_pesto.graph.opgraph import OpGraph, OpNode
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> g = OpGraph([OpNode(c, "op") for c in "ab"], [(0, 1, 1)])
+    >>> fastest_single_device(Problem(g, parse_cluster("cpu:2"), np.array([[2.0, 1.0], [2.0, 1.5]])))
+    1
+    """
+    total = problem.costs.sum(axis=0)  # inf where some node cannot run
+    fits = np.isfinite(total) & (problem.mem.sum() <= problem.capacity * (1 + 1e-9))
+    if not fits.any():
+        return None
+    return int(np.flatnonzero(fits)[np.argmin(total[fits])])
+
+
 def _single(problem: Problem):
     n, d = problem.num_nodes, problem.num_devices
-    total = problem.costs.sum(axis=0)  # inf where some node cannot run
-    need = problem.mem.sum()
-    fits = np.isfinite(total) & (need <= problem.capacity * (1 + 1e-9))
-    if not fits.any():
-        runnable = np.isfinite(total)
+    k = fastest_single_device(problem)
+    if k is None:
+        runnable = np.isfinite(problem.costs.sum(axis=0))
         if not runnable.any():
             k = int(np.argmin((~np.isfinite(problem.costs)).sum(axis=0)))
             bad = int(np.flatnonzero(~np.isfinite(problem.costs[:, k]))[0])
@@ -26,13 +69,11 @@ def _single(problem: Problem):
                 f"(e.g. {problem.graph.nodes[bad].name} cannot run on {problem.cluster.devices[k].name}); "
                 "use a solver that splits the graph, such as heft or m-etf")
         raise NoFit(int(np.argmax(problem.mem)) if n else -1, "no single device holds the whole graph")
-    k = int(np.flatnonzero(fits)[np.argmin(total[fits])])
-    assignment = np.full(n, k, dtype=np.int32)
-    order: list[list[int]] = [[] for _ in range(d)]
-    order[k] = problem.graph.topo_order()
-    info = {"device": k, "estimated_makespan_s": float(total[k]),
-            "peak_memory_bytes": [float(need) if j == k else 0.0 for j in range(d)]}
-    return assignment, order, info
+    plan = one_device_plan(problem, k)
+    need = float(problem.mem.sum())
+    info = {"device": k, "estimated_makespan_s": float(problem.costs.sum(axis=0)[k]),
+            "peak_memory_bytes": [need if j == k else 0.0 for j in range(d)]}
+    return plan.assignment, plan.order, info
 
 
 def solve(problem: Problem) -> Plan:
@@ -50,3 +91,6 @@ def solve(problem: Problem) -> Plan:
     >>> # plan = run(problem, "single")
     """
     return run_solver(problem, NAME, _single)
+
+
+__all__ = ["NAME", "fastest_single_device", "one_device_plan", "solve"]

@@ -1,11 +1,11 @@
-"""GPU backends: TVM-CUDA, cuBLAS, cuDNN and TensorRT.
+"""GPU backends: TVM-CUDA, cuBLAS, cuDNN and TensorRT (one module each).
 
 Each backend is a Relax ``call_dps_packed`` into a tvm-ffi function that calls the real
 library on DLPack tensors (see :mod:`tvm_pesto.backends.base`). What each library accepts
-comes from TVM's registered BYOC patterns (:mod:`.patterns`). Importing this package
-registers the four backends; on a machine without a GPU they report why they are
-unavailable (:mod:`.probe`), and their build paths that need no GPU (TVM-CUDA compile and
-export, ONNX export for TensorRT, GEMM/convolution plans) still run.
+comes from TVM's registered BYOC patterns (:mod:`.patterns`). The registry
+(:mod:`tvm_pesto.backends.registry`) imports them on first use; on a machine without a GPU
+they report why they are unavailable (:mod:`.probe`), and their build paths that need no
+GPU (TVM-CUDA compile and export, ONNX export for TensorRT, GEMM/convolution plans) still run.
 
 Examples
 --------
@@ -13,23 +13,8 @@ Examples
 >>> sorted(n for n in backend_status() if n in GPU_BACKENDS)
 ['cublas', 'cudnn', 'tensorrt', 'tvm-cuda']
 """
-from __future__ import annotations
 
-from .. import register_backend
-from .cublas import CublasBackend
-from .cudnn import CudnnBackend
-from .tensorrt import TensorRTBackend
-from .tvm_cuda import TvmCudaBackend
+#: The GPU backends' registry names.
+GPU_BACKENDS = ("tvm-cuda", "cublas", "cudnn", "tensorrt")
 
-#: Backend name -> class.
-GPU_BACKENDS = {
-    "tvm-cuda": TvmCudaBackend,
-    "cublas": CublasBackend,
-    "cudnn": CudnnBackend,
-    "tensorrt": TensorRTBackend,
-}
-
-for _name, _cls in GPU_BACKENDS.items():
-    register_backend(_name, _cls)
-
-__all__ = ["GPU_BACKENDS", "CublasBackend", "CudnnBackend", "TensorRTBackend", "TvmCudaBackend"]
+__all__ = ["GPU_BACKENDS"]

@@ -33,7 +33,7 @@ from tvm import relax
 
 from ...errors import BuildError
 from ..base import Backend, function_bindings
-from . import probe
+from ...cluster import gpu_probe as probe
 from .patterns import backend_patterns
 
 # cuBLAS / cuBLASLt enums (cublasLt.h, library_types.h)

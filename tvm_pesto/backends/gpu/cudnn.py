@@ -27,7 +27,7 @@ from tvm import relax
 
 from ...errors import BuildError
 from ..base import Backend, function_bindings
-from . import probe
+from ...cluster import gpu_probe as probe
 from .cublas import Operand, _as_int, _source
 from .patterns import backend_patterns
 

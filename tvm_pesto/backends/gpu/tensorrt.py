@@ -27,7 +27,7 @@ from tvm import relax
 from ...errors import BuildError
 from ..base import Backend
 from ..onnx_export import flatten_args, relax_to_onnx, supports_call
-from . import probe
+from ...cluster import gpu_probe as probe
 from .cublas import _as_int
 from .patterns import backend_patterns
 

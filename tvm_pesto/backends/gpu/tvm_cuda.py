@@ -30,7 +30,7 @@ from tvm import relax
 
 from ...errors import BuildError
 from ..base import Backend, output_types
-from . import probe
+from ...cluster import gpu_probe as probe
 
 #: GPU model -> CUDA architecture (the cluster presets' models).
 ARCHS = {"V100": "sm_70", "T4": "sm_75", "A100": "sm_80", "A10": "sm_86", "L4": "sm_89",

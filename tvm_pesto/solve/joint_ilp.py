@@ -18,13 +18,17 @@ do not overlap; ``load_d`` ``M >=`` the busy time of each device; ``span_v`` ``M
 ``mem_d`` weights and outputs fit each device.
 
 With one device the model is exactly "cheapest acyclic exact cover", the problem
-:func:`~tvm_pesto.search.collage_dp.collage_dp` solves, and the DP's cover is given as the
+:func:`~tvm_pesto.solve.cover.collage_dp` solves, and the DP's cover is given as the
 warm start, so the ILP is never worse. With more devices the transfers are modelled without
 link contention; the chosen cover and placement are then checked with the simulator.
 
+The model is solved with :func:`tvm_pesto.solve.mip.solve_mip`, so ``info["status"]`` is
+the solver's real outcome: ``optimal`` (proved within the gap), ``time_limit`` (the
+incumbent, with ``mip_gap``), ``infeasible``, ``no_solution`` or ``solver_failed``.
+
 Examples
 --------
->>> from tvm_pesto.search.joint_ilp import joint_ilp       # doctest: +SKIP
+>>> from tvm_pesto.solve.joint_ilp import joint_ilp       # doctest: +SKIP
 >>> res = joint_ilp(graph, node_sets, costs, cluster)        # doctest: +SKIP
 >>> res.chosen, res.device                                   # doctest: +SKIP
 """
@@ -39,7 +43,8 @@ import pulp
 
 from ..candidates.generate import Reach
 from ..errors import InfeasibleError, PestoError, SolverError
-from .collage_dp import CoverResult
+from .cover import CoverResult, collage_dp
+from .mip import add_var, lin, solve_mip
 
 _SCALE = 1000.0
 
@@ -54,18 +59,6 @@ class JointResult:
     objective_s: float
     seconds: float
     info: dict = field(default_factory=dict)
-
-
-def _var(prob, name, lo=None, hi=None, cat=pulp.LpContinuous):
-    """A variable attached to ``prob`` (PuLP 3.3+ API when present)."""
-    add = getattr(prob, "add_variable", None)
-    if add is not None:
-        return add(name, lo, hi, cat=cat)
-    return pulp.LpVariable(name, lo, hi, cat=cat)
-
-
-def _lin(terms, const=0.0):
-    return pulp.LpAffineExpression(terms, constant=const)
 
 
 def concurrent_pairs(graph) -> list[tuple[int, int]]:
@@ -95,8 +88,6 @@ def prune_dominated(graph, node_sets, costs) -> list[int]:
     >>> prune_dominated(g, [[0], [1], [0, 1]], np.array([[1.0], [1.0], [3.0]]))
     [0, 1]
     """
-    from .collage_dp import collage_dp
-
     costs = np.asarray(costs, dtype=np.float64)
     K = len(node_sets)
     sets = [tuple(sorted(x)) for x in node_sets]
@@ -170,20 +161,26 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
     Returns
     -------
     JointResult
+        ``info`` holds ``status`` (the solver's real outcome: ``optimal`` only when proved
+        within ``gap``; ``time_limit`` with the incumbent's ``objective`` and ``mip_gap``;
+        ``infeasible``; ``no_solution``; ``solver_failed``), ``timed_out``, ``mip_gap``,
+        ``objective`` and ``bound`` (seconds, when known), ``solver_status``,
+        ``pulp_status``, ``solver_backend`` and ``source`` (``"ilp"`` or ``"warm_start"``).
+        With a warm start the result is the warm start whenever the ILP has nothing better
+        (including ``infeasible``: nothing below the warm start's makespan fits memory).
 
     Raises
     ------
     InfeasibleError
-        When the candidates cannot cover the graph.
+        When the candidates cannot cover the graph, or, without a warm start, when the
+        model is infeasible (memory).
     SolverError
-        When the solver fails and there is no warm start.
+        When every solver fails, or finds no solution, and there is no warm start.
 
     Examples
     --------
     >>> res = joint_ilp(graph, node_sets, costs, parse_cluster("cpu:2"))   # doctest: +SKIP
     """
-    from ..solve.ilp import _make_backend
-
     t0 = time.perf_counter()
     n, D = graph.num_nodes, cluster.num_devices
     costs = np.asarray(costs, dtype=np.float64).reshape(len(node_sets), D)
@@ -221,11 +218,11 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
     UB = ub_s * ts
 
     prob = pulp.LpProblem(f"joint_{re.sub(r'[^A-Za-z0-9_]', '_', graph.name)}", pulp.LpMinimize)
-    x = {(c, d): _var(prob, f"x_{c}_{d}", 0, 1, pulp.LpBinary) for (c, d) in sorted(feas)}
-    S = [_var(prob, f"S_{v}", 0, UB) for v in range(n)]
-    F = [_var(prob, f"F_{v}", 0, UB) for v in range(n)]
-    M = _var(prob, "M", 0, UB)
-    prob += _lin([(M, 1.0)]), "makespan"
+    x = {(c, d): add_var(prob, f"x_{c}_{d}", 0, 1, pulp.LpBinary) for (c, d) in sorted(feas)}
+    S = [add_var(prob, f"S_{v}", 0, UB) for v in range(n)]
+    F = [add_var(prob, f"F_{v}", 0, UB) for v in range(n)]
+    M = add_var(prob, "M", 0, UB)
+    prob += lin([(M, 1.0)]), "makespan"
 
     def X(v, d):
         return [(x[c, d], 1.0) for c in cov[v] if (c, d) in x]
@@ -235,26 +232,26 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         return [(x[c, d], 1.0) for c in sorted(common) for d in range(D) if (c, d) in x]
 
     for v in range(n):
-        prob += pulp.LpConstraint(_lin([(x[c, d], 1.0) for c in cov[v] for d in range(D) if (c, d) in x]),
+        prob += pulp.LpConstraint(lin([(x[c, d], 1.0) for c in cov[v] for d in range(D) if (c, d) in x]),
                                   pulp.LpConstraintEQ, rhs=1.0), f"cover_{v}"
         terms = [(F[v], 1.0), (S[v], -1.0)] + [(x[c, d], -costs[c, d] * ts) for c in cov[v]
                                                for d in range(D) if (c, d) in x]
-        prob += pulp.LpConstraint(_lin(terms), pulp.LpConstraintGE, rhs=0.0), f"dur_{v}"
-        prob += pulp.LpConstraint(_lin([(M, 1.0), (F[v], -1.0)]), pulp.LpConstraintGE, rhs=0.0), f"span_{v}"
+        prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintGE, rhs=0.0), f"dur_{v}"
+        prob += pulp.LpConstraint(lin([(M, 1.0), (F[v], -1.0)]), pulp.LpConstraintGE, rhs=0.0), f"span_{v}"
     for c in sorted(keep):
         ys = [(x[c, d], 1.0) for d in range(D) if (c, d) in x]
         if not ys or len(sets[c]) < 2:
             continue
         for k, (a, b) in enumerate(zip(sets[c], sets[c][1:])):
             yterm = [(var, UB) for var, _ in ys]
-            prob += pulp.LpConstraint(_lin([(S[a], 1.0), (S[b], -1.0)] + yterm), pulp.LpConstraintLE,
+            prob += pulp.LpConstraint(lin([(S[a], 1.0), (S[b], -1.0)] + yterm), pulp.LpConstraintLE,
                                       rhs=UB), f"sync_{c}_{k}"
-            prob += pulp.LpConstraint(_lin([(S[b], 1.0), (S[a], -1.0)] + yterm), pulp.LpConstraintLE,
+            prob += pulp.LpConstraint(lin([(S[b], 1.0), (S[a], -1.0)] + yterm), pulp.LpConstraintLE,
                                       rhs=UB), f"syncr_{c}_{k}"
     edges = [(int(u), int(v), int(b)) for u, v, b in graph.edges()]
     for u, v, b in edges:
         sm = [(var, UB) for var, _ in same(u, v)]
-        prob += pulp.LpConstraint(_lin([(S[v], 1.0), (F[u], -1.0)] + sm), pulp.LpConstraintGE, rhs=0.0), \
+        prob += pulp.LpConstraint(lin([(S[v], 1.0), (F[u], -1.0)] + sm), pulp.LpConstraintGE, rhs=0.0), \
             f"prec_{u}_{v}"
         if D > 1:
             for a in range(D):
@@ -265,32 +262,32 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
                     big = UB + tr  # relaxes S[v] - F[u] >= tr down to -UB (always true)
                     terms = [(S[v], 1.0), (F[u], -1.0)] + [(var, -big) for var, _ in X(u, a)] + \
                         [(var, -big) for var, _ in X(v, e)]
-                    prob += pulp.LpConstraint(_lin(terms), pulp.LpConstraintGE, rhs=tr - 2 * big), \
+                    prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintGE, rhs=tr - 2 * big), \
                         f"comm_{u}_{v}_{a}_{e}"
     o = {}
     if D > 1:
         for u, w in concurrent_pairs(graph):
-            o[u, w] = var = _var(prob, f"o_{u}_{w}", 0, 1, pulp.LpBinary)
+            o[u, w] = var = add_var(prob, f"o_{u}_{w}", 0, 1, pulp.LpBinary)
             sm = [(s_, UB) for s_, _ in same(u, w)]
             for a in range(D):
                 xs = [(t, -UB) for t, _ in X(u, a)] + [(t, -UB) for t, _ in X(w, a)]
                 if not X(u, a) or not X(w, a):
                     continue
                 # o = 1: u before w; o = 0: w before u (relaxed unless both on device a, different candidates)
-                prob += pulp.LpConstraint(_lin([(S[w], 1.0), (F[u], -1.0), (var, -UB)] + xs + sm),
+                prob += pulp.LpConstraint(lin([(S[w], 1.0), (F[u], -1.0), (var, -UB)] + xs + sm),
                                           pulp.LpConstraintGE, rhs=-3 * UB), f"ord_{u}_{w}_{a}"
-                prob += pulp.LpConstraint(_lin([(S[u], 1.0), (F[w], -1.0), (var, UB)] + xs + sm),
+                prob += pulp.LpConstraint(lin([(S[u], 1.0), (F[w], -1.0), (var, UB)] + xs + sm),
                                           pulp.LpConstraintGE, rhs=-2 * UB), f"ordr_{u}_{w}_{a}"
     for d in range(D):
         terms = [(x[c, d], -costs[c, d] * ts) for c in sorted(keep) if (c, d) in x]
-        prob += pulp.LpConstraint(_lin([(M, 1.0)] + terms), pulp.LpConstraintGE, rhs=0.0), f"load_{d}"
+        prob += pulp.LpConstraint(lin([(M, 1.0)] + terms), pulp.LpConstraintGE, rhs=0.0), f"load_{d}"
     if memory:
         mem = graph.memory_array()
         caps = cluster.capacities()
         bs = 1.0 / max(float(mem.max()), 1.0)
         for d in range(D):
             terms = [(x[c, d], float(sum(mem[v] for v in sets[c])) * bs) for c in sorted(keep) if (c, d) in x]
-            prob += pulp.LpConstraint(_lin(terms), pulp.LpConstraintLE, rhs=float(caps[d]) * bs), f"mem_{d}"
+            prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintLE, rhs=float(caps[d]) * bs), f"mem_{d}"
 
     if wstart is not None:
         chosen_of = {}
@@ -308,16 +305,17 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
             var.setInitialValue(1.0 if wstart[chosen_of[u]] <= wstart[chosen_of[w]] else 0.0)
 
     build_s = time.perf_counter() - t0
-    backend = _make_backend(solver, time_limit_s, gap, msg, None, None)
-    try:
-        prob.solve(backend)
-    except pulp.PulpSolverError as e:
-        if wstart is None:
-            raise SolverError(f"the {solver} solver failed on the joint model: {e}") from e
-    has = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
-    info = {"candidates_kept": len(keep), "num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(), "build_s": build_s,
-            "order_binaries": len(o), "status": pulp.LpStatus.get(prob.status, str(prob.status)),
-            "time_limit_s": time_limit_s}
+    res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg)
+    info = {"candidates_kept": len(keep), "num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(),
+            "build_s": build_s, "order_binaries": len(o), "time_limit_s": time_limit_s, **res.info(ts)}
+    if wstart is None and res.status == "solver_failed":
+        raise SolverError(f"the MIP solvers failed on the joint model ({'; '.join(res.failures)}); "
+                          "pass the Collage-DP cover as warm start")
+    if wstart is None and res.status == "infeasible":
+        raise InfeasibleError(f"{graph.name}: the joint ILP has no feasible choice of candidates and devices; "
+                              "most likely the weights and outputs do not fit the devices' memory; add devices "
+                              "or memory, or pass memory=False")
+    has = res.has_solution
     if has:
         xv = {(c, d): (var.value() or 0.0) for (c, d), var in x.items()}
         chosen, device = [], {}
@@ -334,8 +332,10 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
             return JointResult(chosen, device, start, obj, time.perf_counter() - t0, info)
         info["note"] = "the ILP's answer was not a valid cover; returning the warm start"
     if wstart is None:
-        raise SolverError(f"the joint ILP found no solution in {time_limit_s} s and there is no warm start; "
-                          "raise time_limit_s or pass the Collage-DP cover as warm start")
+        raise SolverError(f"the joint ILP found no solution in {time_limit_s} s (status {res.status}) and there "
+                          "is no warm start; raise time_limit_s or pass the Collage-DP cover as warm start")
+    if not has:
+        info["note"] = f"the ILP ended {res.status} without a solution; returning the warm start"
     info["source"] = "warm_start"
     return JointResult(list(warm.chosen), dict(wdev), dict(wstart), float(ub), time.perf_counter() - t0, info)
 

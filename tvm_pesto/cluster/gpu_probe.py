@@ -5,7 +5,7 @@ Results are cached per process (call :func:`clear_cache` after installing someth
 
 Examples
 --------
->>> from tvm_pesto.backends.gpu import probe
+>>> from tvm_pesto.cluster import gpu_probe as probe
 >>> ok, why = probe.cuda_driver()
 >>> isinstance(ok, bool) and (ok or "libcuda" in why or "GPU" in why)
 True

@@ -1,6 +1,6 @@
 """Measure every candidate on a real device, through the same path the placed module uses.
 
-* TVM-native candidates are timed by :func:`tvm_pesto.costs.measure.measure_groups` (one
+* TVM-native candidates are timed by :func:`tvm_pesto.costs.timing.measure_groups` (one
   module with every group, default pipeline, C++ ``time_evaluator``).
 * Other backends' candidates are built (constants captured), registered as global
   functions, and timed as ``R.call_dps_packed`` calls from a VM in a thread pinned to the
@@ -25,12 +25,12 @@ import tvm
 from tvm import relax
 
 from ..backends import get_backend
-from ..builder.subgraph import structural_key
-from ..costs.cache import MeasureCache, target_key
-from ..costs.device_thread import enter_device_thread
-from ..costs.measure import OVERHEAD_KEY, call_overhead_s, measure_groups, random_args
+from ..builder.subgraph import out_ty_of, structural_key
+from ..candidates.generate import CandidateSet, candidate_function
 from ..errors import CostError, PestoError
-from .generate import CandidateSet, candidate_function
+from .cache import MeasureCache, target_key
+from ..cluster.device_thread import enter_device_thread
+from .timing import OVERHEAD_KEY, call_overhead_s, measure_groups, random_args
 
 MIN_COST_S = 2e-7
 INFEASIBLE = -1.0
@@ -59,14 +59,6 @@ def _wrapper(gname: str, params, out_ty, name: str) -> relax.Function:
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     return bb.get()[name].with_attr("global_symbol", name)
-
-
-def out_ty_of(func: relax.Function):
-    """The ``out_ty`` for ``call_dps_packed`` of ``func``: its tensor type, or a list of them."""
-    ty = func.body.body.ty
-    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
-        return [relax.TensorType(f.shape, f.dtype) for f in ty.fields]
-    return ty
 
 
 def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = None, repeat: int = 5,
@@ -246,4 +238,32 @@ def measure_cost_table(cs: CandidateSet, cluster, cache: MeasureCache | None = N
     return out
 
 
-__all__ = ["MeasureReport", "measure_candidates", "measure_cost_table", "out_ty_of"]
+def calibrate_native(cs: CandidateSet, cluster, table: np.ndarray, cache: MeasureCache) -> dict[int, float]:
+    """Scale the TVM-native columns of ``table`` in place so that, per device, the fusion
+    groups add up to the whole model's measured time (:func:`~tvm_pesto.costs.timing.calibrate`).
+
+    A group timed alone runs with its inputs and weights hot in cache and pays its own
+    call; inside the model it does neither. The factor of the fusion-group cover is applied
+    to every native candidate of that device; other backends' calls are left as measured.
+    Returns device index -> factor (devices without a complete fusion-group cover are skipped).
+    """
+    from ..graph.fusion import fusion_groups
+    from .timing import calibrate, measure_whole
+
+    native = np.array([bool(getattr(get_backend(c.backend), "native", False)) for c in cs], dtype=bool)
+    index = {c.nodes: i for i, c in enumerate(cs) if native[i]}
+    groups = [index.get(tuple(sorted(g))) for g in fusion_groups(cs.rg.graph)]
+    if not native.any() or any(i is None for i in groups):
+        return {}
+    factors: dict[int, float] = {}
+    done: dict[tuple, float] = {}
+    for j, dev in enumerate(cluster.devices):
+        k = _device_key(dev)
+        if k not in done:
+            _, done[k] = calibrate(table[groups, j], measure_whole(cs.rg, dev, cache))
+        factors[j] = float(done[k])
+        table[native, j] *= done[k]
+    return factors
+
+
+__all__ = ["MeasureReport", "calibrate_native", "measure_candidates", "measure_cost_table"]

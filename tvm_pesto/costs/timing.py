@@ -17,7 +17,7 @@ from tvm import relax
 from ..builder.subgraph import group_function, structural_key
 from ..errors import CostError
 from .cache import MeasureCache, target_key
-from .device_thread import enter_device_thread
+from ..cluster.device_thread import enter_device_thread
 
 BACKEND = "tvm"
 OVERHEAD_KEY = "__vm_call_overhead__"

@@ -1,0 +1,173 @@
+"""Read a placed module (the rewrite's output) as per-device modules and a program.
+
+:func:`split_by_device` gives one IRModule per device holding its segment functions,
+public and without vdevice annotations, ready for ``tvm.compile`` with that device's
+target; :func:`read_program` turns ``main`` into the executor's steps.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from ..errors import BuildError
+from ..run.program import Program, Step
+from .subgraph import Remap
+
+
+def _plain(ty):
+    """``ty`` with vdevice annotations removed."""
+    if isinstance(ty, relax.TensorType):
+        return relax.TensorType(ty.shape, ty.dtype)
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+        return relax.TupleType([_plain(f) for f in ty.fields])
+    return ty
+
+
+def _is_op(expr, name: str) -> bool:
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
+
+
+def single_device_function(func: relax.Function, name: str) -> relax.Function:
+    """A segment function for a one-device module: plain types, ``global_symbol`` ``name``.
+
+    Same-device ``R.to_vdevice`` (a result placed on its own device) becomes an alias, and
+    extern calls declare plain output types.
+    """
+    params = [relax.Var(p.name, _plain(p.ty)) for p in func.params]
+    var_map = dict(zip(func.params, params))
+    bb = relax.BlockBuilder()
+    with bb.function(name, params):
+        with bb.dataflow():
+            for block in func.body.blocks:
+                for b in block.bindings:
+                    val = Remap(var_map).visit_expr(b.value)
+                    if _is_op(val, "relax.to_vdevice"):
+                        var_map[b.var] = val.args[0]
+                        continue
+                    if (_is_op(val, "relax.call_dps_packed") or _is_op(val, "relax.call_tir")) and val.ty_args:
+                        val = relax.Call(val.op, val.args, val.attrs, [_plain(t) for t in val.ty_args])
+                    var_map[b.var] = bb.emit(val, name_hint=b.var.name)
+            ret = bb.emit_output(Remap(var_map).visit_expr(func.body.body))
+        bb.emit_func_output(ret)
+    out = bb.get()[name]
+    for k, v in (func.attrs or {}).items():
+        if k != "global_symbol":
+            out = out.with_attr(k, v)
+    return out
+
+
+def split_by_device(placed_mod: tvm.IRModule) -> dict[int, tvm.IRModule]:
+    """One IRModule per device holding that device's segment functions (callable by name)
+    and the TIR functions they call (when the module is already legalized)."""
+    per: dict[int, dict] = {}
+    tir = {}
+    for gv in placed_mod.get_global_vars():
+        fn = placed_mod[gv]
+        if not isinstance(fn, relax.Function):
+            tir[gv] = fn
+            continue
+        if gv.name_hint == "main" or fn.attrs is None or "pesto.device" not in fn.attrs:
+            continue
+        per.setdefault(int(fn.attrs["pesto.device"]), {})[gv] = single_device_function(fn, gv.name_hint)
+    return {d: tvm.IRModule({**tir, **fs}) for d, fs in sorted(per.items())}
+
+
+def read_program(placed_mod: tvm.IRModule) -> Program:
+    """The executor's steps for a placed module's ``main``.
+
+    Raises
+    ------
+    BuildError
+        When ``main`` binds something other than segment calls, device moves, tuples and
+        tuple items (the module was not placed by tvm-pesto).
+    """
+    main = placed_mod["main"]
+    vdevs = placed_mod.global_infos["vdevice"] if "vdevice" in placed_mod.global_infos else []
+    vdev_index = {(str(vd.target), int(vd.vdevice_id)): k for k, vd in enumerate(vdevs)}
+    funcs = {gv.name_hint: placed_mod[gv] for gv in placed_mod.get_global_vars()}
+    key = {}
+    inputs = []
+    for p in main.params:
+        key[p] = f"in:{p.name}"
+        inputs.append(key[p])
+    steps: list[Step] = []
+    for block in main.body.blocks:
+        for b in block.bindings:
+            val = b.value
+            out = f"v{len(key)}:{b.var.name}"
+            if isinstance(val, relax.Call) and isinstance(val.op, relax.GlobalVar):
+                fn = funcs[val.op.name_hint]
+                dev = int(fn.attrs["pesto.device"])
+                steps.append(Step("call", out, [key[a] for a in val.args], device=dev, func=val.op.name_hint))
+            elif _is_op(val, "relax.to_vdevice"):
+                vd = val.attrs.dst_vdevice
+                dev = vdev_index.get((str(vd.target), int(vd.vdevice_id)), int(vd.vdevice_id))
+                steps.append(Step("copy", out, [key[val.args[0]]], device=dev))
+            elif isinstance(val, relax.TupleGetItem):
+                steps.append(Step("item", out, [key[val.tuple_value]], index=int(val.index)))
+            elif isinstance(val, relax.Tuple):
+                steps.append(Step("tuple", out, [key[f] for f in val.fields]))
+            elif isinstance(val, relax.Var):
+                steps.append(Step("alias", out, [key[val]]))
+            else:
+                raise BuildError(f"placed main binds {b.var.name!r} to {type(val).__name__}; only segment calls, "
+                                 "to_vdevice, tuples and tuple items are expected (was the module placed by tvm-pesto?)")
+            key[b.var] = out
+    return Program(inputs, steps, _out_key(main.body.body, key), len(vdevs) or 1)
+
+
+def _out_key(expr, key):
+    if isinstance(expr, relax.Tuple):
+        return tuple(_out_key(f, key) for f in expr.fields)
+    return key[expr]
+
+
+
+
+
+def legalize_on_devices(placed_mod: tvm.IRModule) -> tvm.IRModule:
+    """``placed_mod`` with its ops legalized to TIR calls whose outputs stay on each
+    segment's device, ready for ``tvm.compile`` + ``relax.VirtualMachine`` with several devices.
+
+    TVM 0.27's legalization of some ops (``conv2d`` among them) drops the vdevice of the
+    result, so the VM would allocate it on device 0 and a segment on another device would
+    mix devices in one kernel call. Legalizing here and putting every TIR call's outputs on
+    the segment's vdevice keeps each segment on its device.
+    """
+    vdevs = list(placed_mod.global_infos["vdevice"]) if "vdevice" in placed_mod.global_infos else []
+    mod = relax.transform.LegalizeOps()(placed_mod)
+    out = {}
+    for gv in mod.get_global_vars():
+        fn = mod[gv]
+        if not isinstance(fn, relax.Function) or fn.attrs is None or "pesto.device" not in fn.attrs:
+            out[gv] = fn
+            continue
+        d = int(fn.attrs["pesto.device"])
+        # device 0 is the VM's default: outputs without a vdevice are allocated there already
+        out[gv] = _outputs_on(fn, vdevs[d], gv.name_hint) if d != 0 else fn
+    new = tvm.IRModule(out, attrs=placed_mod.attrs)
+    new.update_global_info("vdevice", vdevs)
+    return new
+
+
+def _outputs_on(func: relax.Function, vdevice, name: str) -> relax.Function:
+    from .subgraph import with_vdevice
+
+    params = [relax.Var(p.name, p.ty) for p in func.params]
+    var_map = dict(zip(func.params, params))
+    bb = relax.BlockBuilder()
+    with bb.function(name, params, private=True):
+        with bb.dataflow():
+            for block in func.body.blocks:
+                for b in block.bindings:
+                    val = Remap(var_map).visit_expr(b.value)
+                    if _is_op(val, "relax.call_tir") and val.ty_args:
+                        val = relax.Call(val.op, val.args, val.attrs, [with_vdevice(t, vdevice) for t in val.ty_args])
+                    var_map[b.var] = bb.emit(val, name_hint=b.var.name)
+            ret = bb.emit_output(Remap(var_map).visit_expr(func.body.body))
+        bb.emit_func_output(ret)
+    out = bb.get()[name]
+    for k, v in (func.attrs or {}).items():
+        out = out.with_attr(k, v)
+    return out
+__all__ = ["legalize_on_devices", "read_program", "single_device_function", "split_by_device"]

@@ -1,0 +1,127 @@
+"""Load an exported placed model and run it with TVM's runtime only.
+
+A bundle (written by :meth:`tvm_pesto.builder.placed.PlacedModule.export`) is a folder:
+
+* ``manifest.json``: format and version, the per-device libraries, the backend artifacts
+  and a SHA-256 checksum of every other file;
+* ``device<d>.so``: the compiled segments of device ``d``;
+* one artifact per non-TVM unit (``extern<k>.onnx``, ``.pt2``, ``.so``);
+* ``program.json`` (the executor's steps), ``cluster.json``, ``plan.json``.
+
+:func:`load` checks every file against the manifest before it loads anything, then
+registers the artifacts' functions, loads the libraries and returns a
+:class:`~tvm_pesto.run.runtime.PlacedRuntime`. Nothing here imports TVM's compiler
+(``tvm.relax``), so it works with ``TVM_USE_RUNTIME_LIB=1`` and no ``libtvm_compiler.so``.
+
+Examples
+--------
+>>> placed = tvm_pesto.build(mod, "cpu:2")         # doctest: +SKIP
+>>> placed.export("bundle/")                        # doctest: +SKIP
+>>> m = tvm_pesto.load("bundle/")                   # in another process  # doctest: +SKIP
+>>> m(x)                                            # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from ..errors import ExecutionError
+
+MANIFEST = "manifest.json"
+BUNDLE_FORMAT = "tvm-pesto-bundle"
+BUNDLE_VERSION = 1
+
+
+def sha256(path: str) -> str:
+    """Hex SHA-256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(path: str) -> dict:
+    """The bundle's manifest, every listed file checked against its checksum.
+
+    Raises
+    ------
+    ExecutionError
+        When the folder or the manifest is missing or malformed, a file is missing, or a
+        file's checksum differs (each message names the file and what to do).
+    """
+    if not os.path.isdir(path):
+        raise ExecutionError(f"{path!r} is not a folder; give the folder that PlacedModule.export wrote")
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.isfile(mpath):
+        raise ExecutionError(f"{path!r} has no {MANIFEST}; it is not a tvm-pesto bundle (write one with "
+                             "PlacedModule.export)")
+    try:
+        with open(mpath) as f:
+            man = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ExecutionError(f"{mpath} is not valid JSON ({e}); export the model again") from e
+    if not isinstance(man, dict) or man.get("format") != BUNDLE_FORMAT:
+        raise ExecutionError(f"{mpath} is not a tvm-pesto bundle manifest (format {man.get('format')!r} if any)")
+    if int(man.get("version", -1)) != BUNDLE_VERSION:
+        raise ExecutionError(f"{mpath} has bundle version {man.get('version')}; this tvm-pesto reads version "
+                             f"{BUNDLE_VERSION}: export the model again with this version")
+    for fname, digest in man.get("files", {}).items():
+        fpath = os.path.join(path, fname)
+        if not os.path.isfile(fpath):
+            raise ExecutionError(f"bundle file {fname} is missing from {path!r}; copy the whole folder, or export "
+                                 "the model again")
+        if sha256(fpath) != digest:
+            raise ExecutionError(f"bundle file {fname} in {path!r} does not match its checksum in {MANIFEST} "
+                                 "(corrupted or changed after export); export the model again")
+    return man
+
+
+def _read_json(path: str, name: str):
+    with open(os.path.join(path, name)) as f:
+        return json.load(f)
+
+
+def load(path: str):
+    """Load a bundle: no search, no measurement, no compiler.
+
+    Returns
+    -------
+    PlacedRuntime
+        Callable like the built model; the same outputs.
+
+    Raises
+    ------
+    ExecutionError
+        For a missing or corrupt file (named), an artifact that cannot be loaded, or a
+        library TVM's runtime refuses.
+    """
+    import tvm
+    import tvm.runtime.vm  # not imported by ``import tvm`` in runtime-only mode
+
+    from ..cluster.cluster import Cluster
+    from .loaders import register_artifact
+    from .program import Program
+    from .runtime import PlacedRuntime
+
+    man = read_manifest(path)
+    cluster = Cluster.from_dict(_read_json(path, "cluster.json"))
+    program = Program.from_dict(_read_json(path, "program.json"))
+    for meta in man.get("artifacts", []):
+        register_artifact(meta, path, cluster.devices[int(meta.get("device", 0))])
+    vms = {}
+    for d, fname in man.get("libraries", {}).items():
+        dev = cluster.devices[int(d)]
+        if not dev.present:
+            continue
+        try:
+            lib = tvm.runtime.load_module(os.path.join(path, fname))
+            vms[int(d)] = tvm.runtime.vm.VirtualMachine(lib, dev.tvm_device())
+        except Exception as e:  # noqa: BLE001 - TVM's loader error, explained
+            raise ExecutionError(f"TVM's runtime could not load {fname} from {path!r}: {type(e).__name__}: "
+                                 f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
+    return PlacedRuntime(program, vms, cluster, plan_info=_read_json(path, "plan.json"))
+
+
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "load", "read_manifest", "sha256"]

@@ -1,0 +1,208 @@
+"""Backend + device + order, chosen together: the solver behind every entry point.
+
+:func:`solve_joint` takes a :class:`~tvm_pesto.plan.JointProblem` (candidates of every
+backend, their cost on every device) and returns a :class:`~tvm_pesto.plan.Plan` whose
+``units`` are the chosen candidates, with the placement :class:`~tvm_pesto.plan.Problem`
+of that cover (so the plan can be simulated, and the builder lowers exactly it).
+
+1. **Cover.** When the candidates partition the ops (placement alone: TVM's fusion
+   groups), the cover is fixed. Otherwise Collage's covering search
+   (:func:`tvm_pesto.solve.cover.best_cover`) gives the cheapest acyclic cover on each
+   distinct kind of device.
+2. **Placement.** The cover's units are placed and ordered by the named placement solver
+   (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
+3. **Joint improvement.** With several devices and a choice of backends, a local search
+   (:func:`tvm_pesto.solve.joint_search.improve`) moves units between devices and replaces
+   a unit by another cover of the same ops (another backend, or a split / merge), keeping
+   a move when the simulated makespan drops. With ``solver="ilp"`` on a small graph the
+   joint ILP (:func:`tvm_pesto.solve.joint_ilp.joint_ilp`) searches all three at once,
+   warm-started from the best plan so far.
+
+Examples
+--------
+>>> plan, placed = solve_joint(problem, solver="heft")   # doctest: +SKIP
+>>> plan.backend_mix(), simulate(placed, plan).makespan   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import PestoError, SolverError
+from ..plan.plan import Plan
+from ..plan.problem import JointProblem, Problem
+from ..plan.simulate import simulate
+from .cover import CoverResult, best_cover
+from .registry import solve as place_units
+
+#: Graphs up to this many ops (and with few unordered pairs) may go to the joint ILP.
+JOINT_ILP_MAX_NODES = 60
+JOINT_ILP_MAX_PAIRS = 1500
+
+
+def device_kinds(problem: JointProblem) -> list[int]:
+    """One device index per distinct cost column (devices with identical columns are alike)."""
+    reps: list[int] = []
+    for d in range(problem.num_devices):
+        col = problem.costs[:, d]
+        if not any(np.array_equal(col, problem.costs[:, r]) for r in reps):
+            reps.append(d)
+    return reps
+
+
+def joint_lower_bound(problem: JointProblem) -> dict:
+    """Makespan no plan of ``problem`` beats, whatever its cover: each op costs at least the
+    cheapest ``cost(c) / |c|`` of the candidates containing it; ``critical_path_s`` is the
+    longest path of those (transfers free), ``work_s`` their sum over the devices, ``best``
+    the larger.
+
+    Examples
+    --------
+    >>> # joint_lower_bound(problem)["best"] <= simulate(placed, plan).makespan
+    """
+    n, D = problem.graph.num_nodes, problem.num_devices
+    per_op = np.full(n, np.inf)
+    for c, cand in enumerate(problem.candidates):
+        share = problem.costs[c].min() / max(len(cand.nodes), 1)
+        idx = list(cand.nodes)
+        per_op[idx] = np.minimum(per_op[idx], share)
+    per_op = np.where(np.isfinite(per_op), per_op, 0.0)
+    finish = np.zeros(n)
+    for v in problem.graph.topo_order():
+        finish[v] = per_op[v] + max((finish[u] for u in problem.graph.dag.predecessors(v)), default=0.0)
+    cp = float(finish.max()) if n else 0.0
+    work = float(per_op.sum() / D)
+    return {"critical_path_s": cp, "work_s": work, "best": max(cp, work)}
+
+
+def _with_units(plan: Plan, problem: JointProblem, cover, info: dict) -> Plan:
+    out = Plan(plan.assignment, plan.order, solver=plan.solver, solve_s=plan.solve_s,
+               info={**plan.info, **info}, units=[problem.candidates[c] for c in cover])
+    return out
+
+
+def _place(problem: JointProblem, cover, solver: str, options: dict) -> tuple[Plan, Problem, float]:
+    placed = problem.contract(cover)
+    placed.check_memory_feasible()
+    plan = place_units(placed, solver, **options)
+    return plan, placed, simulate(placed, plan).makespan
+
+
+def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_limit_s: float):
+    """The joint ILP warm-started from ``cover`` on its busiest device; ``None`` when the
+    graph is too large for it or it does not beat ``plan``."""
+    from .joint_ilp import concurrent_pairs, joint_ilp
+
+    g = problem.graph
+    D = problem.num_devices
+    if g.num_nodes > JOINT_ILP_MAX_NODES:
+        return None
+    if D > 1 and len(concurrent_pairs(g)) * (D - 1) > JOINT_ILP_MAX_PAIRS:
+        return None
+    node_sets = [c.nodes for c in problem.candidates]
+    busy = np.bincount(plan.assignment, minlength=D)
+    warm_dev = int(np.argmax(busy))
+    warm = CoverResult(list(cover), float(problem.costs[list(cover), warm_dev].sum()))
+    jr = joint_ilp(g, node_sets, problem.costs, problem.cluster, warm=warm, warm_device=warm_dev,
+                   time_limit_s=time_limit_s)
+    jcover = list(jr.chosen)
+    jplaced = problem.contract(jcover)
+    start = np.array([jr.start[c] for c in jcover])
+    jplan = Plan.from_assignment(np.array([jr.device[c] for c in jcover]), start, D, solver="joint-ilp",
+                                 info=dict(jr.info))
+    try:
+        span = simulate(jplaced, jplan).makespan
+    except PestoError:  # ties in start times can order a device against the data: topological order
+        topo = jplaced.graph.topo_order()
+        pos = np.empty(len(jcover), dtype=np.int64)
+        pos[topo] = np.arange(len(jcover))
+        jplan = Plan.from_assignment(jplan.assignment, pos, D, solver="joint-ilp", info=dict(jr.info))
+        span = simulate(jplaced, jplan).makespan
+    return jplan, jplaced, jcover, span, jr.info
+
+
+def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float = 30.0, search_s: float | None = None,
+                **solver_options) -> tuple[Plan, Problem]:
+    """Choose a cover, place and order its units, and improve both together.
+
+    Parameters
+    ----------
+    problem : JointProblem
+    solver : str
+        The placement solver for the cover's units (see :data:`tvm_pesto.solve.SOLVERS`).
+    time_limit_s : float
+        Budget of the ILPs (placement ILP and joint ILP), seconds.
+    search_s : float, optional
+        Budget of the joint local search (default: 5 s; 0 turns it off).
+    **solver_options
+        Passed to the placement solver.
+
+    Returns
+    -------
+    (Plan, Problem)
+        The plan (``units`` = chosen candidates; ``info["status"]`` the solver's status,
+        ``info["cover"]`` how the cover was chosen) and the placement problem of its cover.
+
+    Raises
+    ------
+    InfeasibleError
+        When no cover fits the devices' memory or some op cannot run anywhere.
+    """
+    t0 = time.perf_counter()
+    options = dict(solver_options)
+    if solver == "ilp":
+        options.setdefault("time_limit_s", time_limit_s)
+    info: dict = {}
+    fixed = problem.fixed_cover()
+    if fixed is not None:
+        plan, placed, _ = _place(problem, fixed, solver, options)
+        plan = _with_units(plan, problem, fixed, {"cover": "fixed"})
+        plan.solve_s = time.perf_counter() - t0
+        return plan, placed
+
+    # 1. the cheapest cover on each kind of device, placed; keep the best
+    best = None
+    covers: dict[tuple, CoverResult] = {}
+    for d in device_kinds(problem):
+        cr = best_cover(problem.graph, [c.nodes for c in problem.candidates], problem.costs[:, d])
+        covers.setdefault(tuple(sorted(cr.chosen)), cr)
+    for cr in covers.values():
+        try:
+            plan, placed, span = _place(problem, cr.chosen, solver, options)
+        except PestoError as e:
+            info.setdefault("cover_rejected", []).append(str(e))
+            continue
+        if best is None or span < best[3]:
+            best = (plan, placed, list(cr.chosen), span, cr)
+    if best is None:
+        raise SolverError("no cover of the candidates could be placed: " + "; ".join(info.get("cover_rejected", [])))
+    plan, placed, cover, span, cr = best
+    info.update(cover="dp", cover_exact=bool(cr.info.get("exact", True)), cover_cost_s=float(cr.cost),
+                cover_states=int(cr.states), cover_s=float(cr.seconds), placed_makespan_s=float(span))
+
+    # 2. joint local search: devices and backends together
+    budget = 5.0 if search_s is None else float(search_s)
+    if budget > 0:
+        from .joint_search import improve
+
+        plan, placed, cover, span, sinfo = improve(problem, plan, placed, cover, budget_s=budget)
+        info["search"] = sinfo
+
+    # 3. the joint ILP, for small graphs
+    if solver == "ilp":
+        res = _joint_ilp(problem, plan, placed, cover, time_limit_s)
+        if res is not None:
+            jplan, jplaced, jcover, jspan, jinfo = res
+            info["joint_ilp"] = {k: jinfo.get(k) for k in ("status", "mip_gap", "objective", "source")}
+            if jspan < span * (1 - 1e-9):
+                plan, placed, cover, span = jplan, jplaced, jcover, jspan
+                info["joint_ilp"]["used"] = True
+                plan.info.setdefault("status", jinfo.get("status"))
+    info["makespan_s"] = float(span)
+    plan = _with_units(plan, problem, cover, info)
+    plan.solve_s = time.perf_counter() - t0
+    return plan, placed
+
+
+__all__ = ["device_kinds", "joint_lower_bound", "solve_joint"]

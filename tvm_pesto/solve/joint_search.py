@@ -1,0 +1,219 @@
+"""Local search over backend and device together, from a placed cover.
+
+The cover that Collage's search picks is the cheapest one when everything runs on one
+device; with several devices a different cover can be faster (a large library call can
+block the parallelism that smaller calls on two devices would have). :func:`improve`
+starts from a placed cover and tries, for the units on the plan's critical chain:
+
+* **swap**: the same ops on another backend (another candidate with the same node set),
+  on each device;
+* **split**: the cheapest cover of the unit's ops by smaller candidates, all on the
+  unit's device, or alternating between its device and each other device;
+* **merge**: one candidate that covers exactly this unit and its neighbours, on each of
+  their devices;
+
+then, between rounds, the placement local search of :func:`tvm_pesto.solve.refine.refine`
+(move units between devices, reorder). New units take their place in each device's order
+from the current schedule (after their inputs' finish times), so no order contradicts the
+data. Every candidate plan is simulated; a move is kept when the makespan drops.
+
+The budget is counted in evaluated plans (``max_evals``) and capped by ``budget_s``
+seconds, so a run is repeatable when the wall-clock cap is not reached.
+
+Examples
+--------
+>>> plan, placed, cover, span, info = improve(problem, plan, placed, cover, budget_s=2.0)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import PestoError
+from ..plan.plan import Plan
+from ..plan.problem import JointProblem, Problem
+from ..plan.simulate import simulate
+from .cover import best_cover
+from .refine import critical_chain, refine
+
+_REL = 1e-9
+
+
+class _Moves:
+    """Candidate index lookups for one joint problem."""
+
+    def __init__(self, problem: JointProblem):
+        self.problem = problem
+        self.sets = [tuple(sorted(c.nodes)) for c in problem.candidates]
+        self.usable = np.isfinite(problem.costs).any(axis=1)
+        self.by_set: dict[tuple, list[int]] = {}
+        self.containing: dict[int, list[int]] = {}
+        for c, s in enumerate(self.sets):
+            if not self.usable[c]:
+                continue
+            self.by_set.setdefault(s, []).append(c)
+            for v in s:
+                self.containing.setdefault(v, []).append(c)
+
+    def swaps(self, c: int) -> list[int]:
+        return [o for o in self.by_set.get(self.sets[c], []) if o != c]
+
+    def split(self, c: int, device: int) -> list[int] | None:
+        """The cheapest cover of ``c``'s ops by strictly smaller candidates on ``device``."""
+        inside = set(self.sets[c])
+        subs = [o for v in inside for o in self.containing.get(v, [])
+                if len(self.sets[o]) < len(inside) and inside.issuperset(self.sets[o])]
+        subs = sorted(set(subs))
+        if not subs:
+            return None
+        costs = self.problem.costs[subs, device]
+        if not np.isfinite(costs).any():
+            return None
+        try:
+            res = best_cover(self.problem.graph, [self.sets[o] for o in subs], costs, nodes=inside, exact_work=0)
+        except PestoError:
+            return None
+        return [subs[i] for i in res.chosen]
+
+    def merges(self, c: int, unit_of: dict[int, int], cover: list[int]) -> list[tuple[int, list[int]]]:
+        """Candidates that cover exactly unit ``c`` plus whole neighbouring units:
+        ``(candidate, [unit positions it replaces])``."""
+        out = []
+        seen = set()
+        for v in self.sets[c]:
+            for o in self.containing.get(v, []):
+                if o in seen or len(self.sets[o]) <= len(self.sets[c]):
+                    continue
+                seen.add(o)
+                units = {unit_of[w] for w in self.sets[o]}
+                if sum(len(self.sets[cover[u]]) for u in units) == len(self.sets[o]):
+                    out.append((o, sorted(units)))
+        return out
+
+
+def _replan(problem: JointProblem, cover: list[int], placed: Problem, plan: Plan, sim, removed: list[int],
+            added: list[int], devices: list[int]) -> tuple[list[int], Plan, Problem] | None:
+    """The cover with units ``removed`` (positions) replaced by candidates ``added`` on
+    ``devices``; each device's order follows the current start times, new units right
+    after their inputs finish."""
+    keep = [k for k in range(len(cover)) if k not in set(removed)]
+    new_cover = [cover[k] for k in keep] + list(added)
+    try:
+        new_placed = problem.contract(new_cover)
+    except PestoError:
+        return None
+    assign = np.concatenate([plan.assignment[keep], np.asarray(devices, dtype=np.int64)]).astype(np.int64)
+    prio = np.empty(len(new_cover))
+    prio[:len(keep)] = sim.start[keep]
+    g = new_placed.graph
+    old_finish = np.concatenate([sim.finish[keep], np.zeros(len(added))])
+    for q in g.topo_order():
+        if q < len(keep):
+            continue
+        t = 0.0
+        for p in g.dag.predecessors(q):
+            t = max(t, old_finish[p] if p < len(keep) else prio[p] + 1e-12)
+        prio[q] = t
+        old_finish[q] = t
+    topo = np.empty(len(new_cover), dtype=np.int64)
+    topo[g.topo_order()] = np.arange(len(new_cover))
+    key = np.lexsort((topo, prio))
+    rank = np.empty(len(new_cover), dtype=np.int64)
+    rank[key] = np.arange(len(new_cover))
+    return new_cover, Plan.from_assignment(assign, rank, problem.num_devices, solver=plan.solver), new_placed
+
+
+def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int], budget_s: float = 5.0,
+            max_evals: int = 4000, refine_s: float | None = None):
+    """Improve a placed cover by backend and device moves together (see the module doc).
+
+    Returns
+    -------
+    (plan, placed, cover, makespan, info)
+        Never worse than the input; ``info`` counts evaluations and accepted moves by kind.
+    """
+    t0 = time.perf_counter()
+    deadline = t0 + budget_s
+    mv = _Moves(problem)
+    D = problem.num_devices
+    sim = simulate(placed, plan)
+    best = sim.makespan
+    start_span = best
+    info = {"evaluations": 0, "accepted": {"swap": 0, "split": 0, "merge": 0, "refine": 0}, "rounds": 0}
+    refine_s = max(0.2, budget_s / 10) if refine_s is None else refine_s
+
+    def out_of_budget() -> bool:
+        return info["evaluations"] >= max_evals or time.perf_counter() > deadline
+
+    def evaluate(removed, added, devices):
+        nonlocal plan, placed, cover, sim, best
+        info["evaluations"] += 1
+        res = _replan(problem, cover, placed, plan, sim, removed, added, devices)
+        if res is None:
+            return False
+        new_cover, new_plan, new_placed = res
+        try:
+            new_sim = simulate(new_placed, new_plan)
+        except PestoError:
+            return False
+        if new_sim.makespan < best * (1 - _REL):
+            cover, plan, placed, sim, best = new_cover, new_plan, new_placed, new_sim, new_sim.makespan
+            return True
+        return False
+
+    improved = True
+    while improved and not out_of_budget():
+        improved = False
+        info["rounds"] += 1
+        chain = critical_chain(placed, plan, sim)
+        unit_of = {v: k for k, c in enumerate(cover) for v in mv.sets[c]}
+        for k in list(dict.fromkeys(chain)):
+            if out_of_budget() or improved:
+                break
+            c, d = cover[k], int(plan.assignment[k])
+            for o in mv.swaps(c):
+                for e in range(D):
+                    if np.isfinite(problem.costs[o, e]) and evaluate([k], [o], [e]):
+                        info["accepted"]["swap"] += 1
+                        improved = True
+                        break
+                if improved or out_of_budget():
+                    break
+            if improved or out_of_budget():
+                break
+            if len(mv.sets[c]) > 1:
+                pieces = mv.split(c, d)
+                if pieces:
+                    options = [[d] * len(pieces)] + [[d if i % 2 == 0 else e for i in range(len(pieces))]
+                                                     for e in range(D) if e != d]
+                    for devs in options:
+                        if evaluate([k], pieces, devs):
+                            info["accepted"]["split"] += 1
+                            improved = True
+                            break
+            if improved or out_of_budget():
+                break
+            for o, units in mv.merges(c, unit_of, cover):
+                for e in sorted({int(plan.assignment[u]) for u in units}):
+                    if np.isfinite(problem.costs[o, e]) and evaluate(units, [o], [e]):
+                        info["accepted"]["merge"] += 1
+                        improved = True
+                        break
+                if improved or out_of_budget():
+                    break
+        if not improved and D > 1 and not out_of_budget():
+            left = max(0.0, min(refine_s, deadline - time.perf_counter()))
+            if left > 0:
+                r = refine(placed, plan, time_budget_s=left)
+                rs = simulate(placed, r)
+                if rs.makespan < best * (1 - _REL):
+                    plan, sim, best = Plan(r.assignment, r.order, solver=plan.solver, info=plan.info), rs, rs.makespan
+                    info["accepted"]["refine"] += 1
+                    improved = True
+    info.update(seconds=time.perf_counter() - t0, makespan_before_s=float(start_span), makespan_after_s=float(best))
+    plan = Plan(plan.assignment, plan.order, solver=plan.solver, solve_s=plan.solve_s, info=dict(plan.info))
+    return plan, placed, cover, best, info
+
+
+__all__ = ["improve"]
