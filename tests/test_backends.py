@@ -189,3 +189,44 @@ def test_metaschedule_variant_reads_a_database(tmp_path, monkeypatch):
     assert bk.release() == 1
     with pytest.raises(Exception):
         tvm.get_global_func(gname)
+
+
+def test_an_import_error_in_a_backend_module_is_reported_not_swallowed(monkeypatch):
+    """A bug in one GPU backend's module (here: cublas.py raising NameError on import) makes
+    that backend unavailable with the module and the error named; the others still report."""
+    from tvm_pesto.backends import registry
+
+    real = registry.importlib.import_module
+
+    def broken(name, package=None):
+        if name == ".gpu.cublas":
+            raise NameError("name 'cublasLtCreate' is not defined")
+        return real(name, package)
+
+    monkeypatch.setattr(registry.importlib, "import_module", broken)
+    unregister_backend("cublas")  # drop a loaded instance: the built-in comes back through the import
+    try:
+        st_ = backend_status()
+        ok, why = st_["cublas"]
+        assert not ok and "tvm_pesto/backends/gpu/cublas.py failed to import" in why and "NameError" in why
+        assert "cudnn" in st_ and "tensorrt" in st_ and "tvm-cuda" in st_  # the other GPU backends still listed
+        assert st_["torch"] == (True, "")
+    finally:
+        unregister_backend("cublas")
+
+
+def test_the_backends_command_lists_every_backend_with_its_reason(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from tvm_pesto.cli.main import cli
+
+    out = tmp_path / "b.json"
+    res = CliRunner().invoke(cli, ["backends", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())
+    assert set(rows) == set(list_backends())
+    for name, r in rows.items():
+        assert r["available"] or r["reason"], name  # unavailable always says why
+    assert rows["tvm"]["available"] and rows["tvm"]["device_kinds"] == ["cpu", "gpu"]

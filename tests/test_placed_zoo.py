@@ -9,7 +9,6 @@ import tvm_pesto
 from tvm_pesto import zoo
 from tvm_pesto.builder.lower import lower_units
 from tvm_pesto.builder.placed import PlacedModule
-from tvm_pesto.builder.program import legalize_on_devices
 from tvm_pesto.builder.rewrite import apply_plan
 from tvm_pesto.candidates import placement_candidates
 from tvm_pesto.cluster import parse_cluster
@@ -51,12 +50,25 @@ def test_zoo_model_placed_over_two_devices_matches_torch(name):
     _, trace = pm.run_traced(*zm.example_inputs)
     assert {t.device for t in trace if t.kind == "compute"} == {0, 1}
     pm.close()
-    # The same placed module in TVM's own flow: tvm.compile and relax.VirtualMachine with two devices.
-    ex = tvm.compile(legalize_on_devices(placed))
+    # The same plan through the pass, in TVM's own flow: tvm.compile and relax.VirtualMachine with two devices.
+    ex = tvm.compile(tvm_pesto.PlacementPass(cluster, plan=plan)(zm.mod))
     vm = relax.VirtualMachine(ex, [d.tvm_device() for d in cluster.devices])
     out = vm["main"](*[tvm.runtime.tensor(a, cluster.devices[0].tvm_device()) for a in zm.example_inputs])
     out = tuple(o.numpy() for o in out) if isinstance(ref, tuple) else out.numpy()
     _close(name, out, ref)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert"])
+def test_the_pass_with_its_own_solver_runs_in_the_stock_vm(name):
+    """As a TVM user calls it: PlacementPass(cluster, solver='m-topo', costs='roofline') ->
+    tvm.compile -> relax.VirtualMachine on two devices."""
+    zm = zoo.load(name, "small")
+    pp = tvm_pesto.PlacementPass("cpu:2", solver="m-topo", costs="roofline", search_s=0)
+    ex = tvm.compile(pp(zm.mod))
+    vm = relax.VirtualMachine(ex, [tvm.cpu(0), tvm.cpu(1)])
+    got = vm["main"](*[tvm.runtime.tensor(a) for a in zm.example_inputs])
+    ref = zoo.torch_reference(zm)
+    _close(name, tuple(o.numpy() for o in got) if isinstance(ref, tuple) else got.numpy(), ref)
 
 
 def test_placement_pass_output_with_every_backend_runs_in_the_stock_vm():

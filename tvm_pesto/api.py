@@ -171,6 +171,7 @@ class Placement:
 
     def summary(self) -> dict:
         return {"backend_mix": self.backend_mix, "solver": self.plan.solver, "solver_status": self.solver_status,
+                "solver_gap": solver_gap(self.plan),
                 "simulated_s": float(self.sim.makespan), "devices_used": self.plan.devices_used(),
                 "num_ops": self.analysis.op_graph.num_nodes, "num_units": self.problem.num_nodes,
                 "num_candidates": len(self.candidates), "candidates_by_backend": self.candidates.by_backend(),
@@ -179,9 +180,27 @@ class Placement:
 
 
 def solver_status(plan: Plan) -> str:
-    """``optimal`` / ``time_limit`` / ``infeasible`` / ... from an ILP, ``heuristic`` otherwise."""
-    st = plan.info.get("status")
-    return str(st) if st else "heuristic"
+    """What the solver can say of the plan: ``optimal`` (proved, within the MIP gap),
+    ``time_limit`` (the ILP stopped at its limit with an incumbent; see ``solver_gap``),
+    ``infeasible`` / ``no_solution`` / ``solver_failed`` (an ILP with a fallback plan),
+    ``feasible`` (a coarsened ILP: optimal for the supernodes at best, not for the graph),
+    ``heuristic`` (a heuristic's plan: no claim)."""
+    info = plan.info
+    if info.get("joint_ilp", {}).get("used"):
+        return str(info["joint_ilp"].get("status") or "feasible")
+    if info.get("status"):
+        return str(info["status"])
+    if info.get("coarse_status"):
+        return "feasible"
+    return "heuristic"
+
+
+def solver_gap(plan: Plan) -> float | None:
+    """The relative MIP gap the ILP reported for the plan (``None`` for heuristics)."""
+    info = plan.info
+    if info.get("joint_ilp", {}).get("used"):
+        return info["joint_ilp"].get("mip_gap")
+    return info.get("mip_gap", info.get("coarse_mip_gap"))
 
 
 def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs="auto", cache=None, progress=None,
@@ -253,7 +272,8 @@ class PlacementPass:
     segments are legalized to TIR calls with their outputs on the segment's device
     (:func:`tvm_pesto.builder.program.legalize_on_devices`). That path is for TVM's own
     VM, which runs one call at a time; :func:`build` runs the devices concurrently.
-    ``last_placement`` keeps what was decided.
+    ``last_placement`` keeps what was decided; ``plan=`` applies a given plan instead
+    (e.g. one saved from an earlier placement).
 
     Examples
     --------
@@ -262,11 +282,13 @@ class PlacementPass:
     >>> vm = relax.VirtualMachine(ex, [tvm.cpu(0), tvm.cpu(0)])                    # doctest: +SKIP
     """
 
-    def __init__(self, cluster, backends="all", solver: str = "heft", costs="auto", **solver_options):
+    def __init__(self, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None,
+                 **solver_options):
         self.cluster = as_cluster(cluster)
         self.backends = backends
         self.solver = solver
         self.costs = costs
+        self.plan = plan  # apply this plan (with units) instead of solving
         self.solver_options = solver_options
         self.last_placement: Placement | None = None
 
@@ -274,6 +296,8 @@ class PlacementPass:
         from .builder.program import legalize_on_devices
         from .builder.rewrite import apply_plan
 
+        if self.plan is not None:
+            return legalize_on_devices(apply_plan(analyze(mod).rg, self.plan, self.cluster))
         pl = place(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,
                    **self.solver_options)
         self.last_placement = pl
@@ -281,4 +305,4 @@ class PlacementPass:
 
 
 __all__ = ["Analysis", "Placement", "PlacementPass", "analyze", "backend_names", "build", "make_candidates",
-           "estimate_costs", "place", "solver_status"]
+           "estimate_costs", "place", "solver_gap", "solver_status"]

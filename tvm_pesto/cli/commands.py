@@ -75,6 +75,7 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
     res = {
         "model": lm.name, "source": lm.source, "size": size if lm.source == "zoo" else None,
         "cluster": cluster.name, "solver": pl.plan.solver, "solver_status": pl.solver_status,
+        "solver_gap": summary["solver_gap"],
         "backends": backends, "backend_mix": pl.backend_mix, "cost_source": pl.costs.source,
         "costs": summary["costs"], "num_ops": analysis.op_graph.num_nodes, "num_groups": analysis.graph.num_nodes,
         "num_units": pl.problem.num_nodes, "num_candidates": summary["num_candidates"],
@@ -259,7 +260,8 @@ def _result(problem, plan, sim, lb) -> dict:
     ids = [str(nd.extra.get("id", nd.name)) for nd in g.nodes]
     return {"makespan_s": sim.makespan, "lower_bound_s": lb["best"],
             "ratio_to_lower_bound": sim.makespan / lb["best"] if lb["best"] > 0 else None,
-            "solve_s": plan.solve_s, "solver_status": api.solver_status(plan), "peak_memory_bytes":
+            "solve_s": plan.solve_s, "solver_status": api.solver_status(plan), "solver_gap": api.solver_gap(plan),
+            "peak_memory_bytes":
             sim.peak_memory.tolist(), "devices_used": plan.devices_used(), "backend_mix": plan.backend_mix(),
             "info": _jsonable(plan.info), "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)}}
 

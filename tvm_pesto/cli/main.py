@@ -124,6 +124,30 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
         write_json(json_path, res)
 
 
+@cli.command("backends")
+@click.option("--json", "json_path", default=None, help="write the table as JSON here")
+def backends_cmd(json_path):
+    """List every backend: available or not, and why (package missing, no driver, import error)."""
+    from ..backends import backend_status, get_backend
+    from ..backends.registry import BUILTIN
+
+    rows = {}
+    for name, (ok, why) in backend_status().items():
+        try:
+            kinds = list(get_backend(name).device_kinds)
+        except Exception:  # noqa: BLE001 - a backend that cannot load has no device kinds to show
+            kinds = []
+        rows[name] = {"available": ok, "reason": why, "device_kinds": kinds,
+                      "module": f"tvm_pesto/backends/{BUILTIN[name].split(':')[0].replace('.', '/')}.py"
+                      if name in BUILTIN else "registered"}
+    for name, r in rows.items():
+        mark = "[green]available  [/]" if r["available"] else "[red]unavailable[/]"
+        kinds = ",".join(r["device_kinds"]) or "?"
+        console.print(f"{name:12s} {mark} {kinds:8s} {r['reason']}")
+    if json_path:
+        write_json(json_path, rows)
+
+
 @cli.group()
 def cluster():
     """Inspect and measure clusters."""

@@ -1,7 +1,9 @@
 """A persistent measurement log: JSON lines keyed by (structural key, backend, target).
 
 A second run of the same subgraphs on the same target measures nothing. A corrupted line
-is skipped and reported with its line number; it never stops the run.
+is skipped and reported with its line number; it never stops the run. So is a last line cut
+short by a crash (the next record starts on a new line). Several processes may append to
+one file at once: each record is one atomic append (:func:`~tvm_pesto.costs.jsonl.append_record`).
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import os
 import threading
 import warnings
 from pathlib import Path
+
+from .jsonl import append_record, read_records, skipped_note
 
 
 def default_cache_path() -> Path:
@@ -26,7 +30,8 @@ class MeasureCache:
     """Measured seconds per (key, backend, target), loaded from and appended to a file.
 
     Each line: ``{"key", "backend", "target", "median_s", "repeats": [...], "op", "flops",
-    "bytes", ...}``. Later lines win.
+    "bytes", ...}``. Later lines win. :attr:`skipped` lists ``(line number, reason)`` for
+    each line that could not be read (a warning names them).
     """
 
     def __init__(self, path: str | os.PathLike | None = None):
@@ -39,23 +44,20 @@ class MeasureCache:
     def _load(self) -> None:
         if not self.path.exists():
             return
-        with open(self.path) as f:
-            for lineno, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                    k = (rec["key"], rec["backend"], rec["target"])
-                    float(rec["median_s"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                    self.skipped.append((lineno, str(e)))
-                    continue
-                self._index(k, rec)
+        for lineno, rec, why in read_records(self.path):
+            if why is not None:
+                self.skipped.append((lineno, why))
+                continue
+            try:
+                k = (rec["key"], rec["backend"], rec["target"])
+                hash(k)
+                float(rec["median_s"])
+            except (KeyError, TypeError, ValueError) as e:
+                self.skipped.append((lineno, f"{type(e).__name__}: {e}"))
+                continue
+            self._index(k, rec)
         if self.skipped:
-            lines = ", ".join(str(n) for n, _ in self.skipped[:10])
-            warnings.warn(f"measurement log {self.path}: skipped {len(self.skipped)} corrupted line(s) "
-                          f"(line {lines})", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"measurement log {self.path}: {skipped_note(self.skipped)}", RuntimeWarning, stacklevel=3)
 
     def _index(self, k: tuple[str, str, str], rec: dict) -> None:
         """Remember one loaded record (subclasses may index it further)."""
@@ -65,11 +67,10 @@ class MeasureCache:
         return self.entries.get((key, backend, target))
 
     def put(self, rec: dict) -> None:
+        """Remember ``rec`` and append it to the file as one atomic JSON line."""
         with self._lock:
+            append_record(self.path, rec)
             self.entries[(rec["key"], rec["backend"], rec["target"])] = rec
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:
-                f.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
     def __len__(self) -> int:
         return len(self.entries)

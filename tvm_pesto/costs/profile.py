@@ -8,7 +8,8 @@ module is present), and appends one JSON line per measurement to a log.
 
 The log is a :class:`~tvm_pesto.costs.cache.MeasureCache` file (``key``, ``backend``,
 ``target``, ``median_s``, ``repeats``, ``op``, ``flops``, ``bytes``) with extra fields
-that let a model be trained without the IR:
+that let a model be trained without the IR (records are appended atomically, so two
+``tvm-pesto profile`` runs may share one log):
 
 ``desc``
     :func:`tvm_pesto.costs.features.describe_group` of the subgraph (op list, dominant op
@@ -45,6 +46,7 @@ import numpy as np
 from ..errors import CostError, PestoError
 from .cache import MeasureCache, target_key
 from .features import describe_group, device_descriptor
+from .jsonl import read_records
 
 #: Backends profiled when none are named.
 DEFAULT_BACKENDS = ("tvm", "onnxruntime", "torch")
@@ -298,7 +300,8 @@ def merge_logs(paths, out, reduce: str = "min") -> dict:
     reproducible estimate of a subgraph's own cost.
     Fields training does not read (``host``, ``time``, the MeasureCache summary fields
     ``op``/``flops``/``bytes``, which ``desc`` holds) are dropped, so a bundled log stays small.
-    Malformed lines are skipped and reported with their line numbers.
+    Malformed lines (and a last line cut short by a crash) are skipped and reported with
+    their line numbers.
 
     Returns
     -------
@@ -315,20 +318,19 @@ def merge_logs(paths, out, reduce: str = "min") -> dict:
     skipped: list = []
     lines = 0
     for p in paths:
-        with open(p) as f:
-            for lineno, line in enumerate(f, 1):
-                s = line.strip()
-                if not s:
-                    continue
-                lines += 1
-                try:
-                    rec = json.loads(s)
-                    k = (rec["key"], rec["backend"], rec["target"], rec.get("model", ""))
-                    float(rec["median_s"])
-                except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                    skipped.append((str(p), lineno, f"{type(e).__name__}: {e}"))
-                    continue
-                groups.setdefault(k, {})[rec.get("run", "")] = rec
+        for lineno, rec, why in read_records(p):
+            lines += 1
+            if why is not None:
+                skipped.append((str(p), lineno, why))
+                continue
+            try:
+                k = (rec["key"], rec["backend"], rec["target"], rec.get("model", ""))
+                hash(k)
+                float(rec["median_s"])
+            except (KeyError, TypeError, ValueError) as e:
+                skipped.append((str(p), lineno, f"{type(e).__name__}: {e}"))
+                continue
+            groups.setdefault(k, {})[rec.get("run", "")] = rec
     if skipped:
         head = ", ".join(f"{os.path.basename(f)}:{n}" for f, n, _ in skipped[:10])
         warnings.warn(f"merge_logs: skipped {len(skipped)} malformed line(s) ({head})", RuntimeWarning, stacklevel=2)

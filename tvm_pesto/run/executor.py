@@ -1,9 +1,22 @@
 """Run a placed program: one worker thread per device, events for cross-device values.
 
 TVM releases the GIL while a compiled function runs, so threads pinned to each device's
-cores run concurrently (measured: see docs/executor.md). Every copy runs on the producing
+cores run concurrently (measured by scripts/bench_executor.py; docs/architecture.md). Every copy runs on the producing
 device's thread right after the value is made (push), like a transfer started at the
 producer's finish in the simulator.
+
+Faults. Each run has its own state (:class:`_Run`: values, events, errors), so an abandoned
+run cannot disturb a later one. When a step fails on one device, that worker records the
+error and aborts the run: every event is set and the abort flag raised, so a worker blocked
+on a value that will never come wakes up and abandons the run without reading the missing
+value (no second error hides the first). The caller waits in slices of :attr:`Executor.poll_s`,
+checking that every worker it waits on is alive: a worker thread that has gone is reported as
+an :class:`~tvm_pesto.errors.ExecutionError` naming its device, and the executor is marked
+broken. An interrupt (Ctrl-C) in the caller aborts the run the same way, waits up to
+:attr:`Executor.abandon_timeout_s` for the workers to finish or abandon their current step,
+and propagates. :meth:`Executor.close` stops and joins the worker threads; a closed (or
+broken) executor refuses to run. :class:`~tvm_pesto.run.runtime.PlacedRuntime` makes a new
+one, with new threads, on its next call.
 """
 from __future__ import annotations
 
@@ -37,36 +50,118 @@ class TraceEvent:
     end: float
 
 
+_CLOSED = "it is closed"
+
+
+class _Abandoned(Exception):
+    """Raised inside a worker that gives up a run another device (or the caller) aborted."""
+
+
+class _Run:
+    """The state of one run: values, cross-device events, who is still working, the errors."""
+
+    __slots__ = ("env", "events", "trace", "t0", "aborted", "errors", "pending", "lock", "finished")
+
+    def __init__(self, env: dict, events: dict, trace, devices=()):
+        self.env = env
+        self.events = events
+        self.trace = trace
+        self.t0 = time.perf_counter()
+        self.aborted = False
+        self.errors: list = []  # (device, step, exception), first failure first
+        self.pending = set(devices)  # devices whose job has not ended
+        self.lock = threading.Lock()
+        self.finished = threading.Event() if devices else None
+
+    def fail(self, d, step, exc) -> None:
+        with self.lock:
+            self.errors.append((d, step, exc))
+        self.abort()
+
+    def abort(self, devices=()) -> None:
+        """Stop the run: wake every waiting worker; ``devices`` will never start their job."""
+        self.aborted = True  # before the events: a woken worker must see it
+        for ev in self.events.values():
+            ev.set()
+        for d in devices:
+            self.ended(d)
+
+    def ended(self, d) -> None:
+        with self.lock:
+            self.pending.discard(d)
+            if not self.pending:
+                self.finished.set()
+
+    def still_pending(self) -> tuple:
+        with self.lock:
+            return tuple(self.pending)
+
+
 class _Worker(threading.Thread):
     def __init__(self, device, streams=None):
         super().__init__(name=f"pesto-{device.name}", daemon=True)
         self.device = device
         self.streams = streams
         self.jobs: queue.Queue = queue.Queue()
+        self.busy = False  # running a job now
+        self.exit_error: BaseException | None = None  # why the thread ended, when it did not stop on request
 
     def run(self):
-        enter_device_thread(self.device)
-        if self.streams is not None and self.device.kind == "gpu":
-            self.streams.bind(self.device.index)  # this thread's kernels go to the device's stream
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            job()
+        try:
+            enter_device_thread(self.device)
+            if self.streams is not None and self.device.kind == "gpu":
+                self.streams.bind(self.device.index)  # this thread's kernels go to the device's stream
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                self.busy = True
+                try:
+                    job()
+                finally:
+                    self.busy = False
+        except BaseException as e:
+            self.exit_error = e
+            raise
 
 
 class Executor:
-    """Runs a :class:`Program` over per-device VirtualMachines."""
+    """Runs a :class:`Program` over per-device VirtualMachines.
+
+    Parameters
+    ----------
+    program : Program
+        Which segment runs where and what moves between devices.
+    vms : dict
+        Device index -> ``VirtualMachine`` (or any object whose ``[func]`` is callable).
+    cluster : Cluster
+        The devices; each one that runs a step gets a worker thread pinned to its cores.
+
+    Notes
+    -----
+    A failure in any step raises :class:`~tvm_pesto.errors.ExecutionError` in the caller,
+    naming the device, the step and the original error (chained as ``__cause__``); the other
+    workers abandon the run. A worker thread that is gone raises the same error and leaves the
+    executor broken (:attr:`broken` says why): it then refuses to run. After :meth:`close` it
+    refuses too; make a new executor (``PlacedRuntime`` does so on its next call). The error
+    carries ``device`` (the failing device's index) and ``step`` (the failing
+    :class:`~tvm_pesto.run.program.Step`, None for a worker gone).
+    """
+
+    #: seconds between the caller's checks that the workers it waits on are alive
+    poll_s = 0.1
+    #: seconds an aborted run waits for workers to finish or abandon their current step
+    abandon_timeout_s = 5.0
+    #: seconds :meth:`close` waits for the worker threads to end
+    close_timeout_s = 10.0
 
     def __init__(self, program: Program, vms: dict, cluster):
         self.program = program
         self.vms = vms
         self.cluster = cluster
+        self.broken: str | None = None  # why this executor cannot run any more (closed, a worker gone)
         self.tvm_devs = [dev.tvm_device() for dev in cluster.devices]
         steps = program.steps
-        producer = {}
-        for s in steps:
-            producer[s.out] = s
         # The device whose thread produces each key (None: inputs, produced by the caller).
         owner: dict[str, int | None] = {k: None for k in program.inputs}
         for s in steps:
@@ -80,12 +175,9 @@ class Executor:
         # Per-device step lists; copies and light steps go right after their producer.
         per_dev: dict[int, list] = {d: [] for d in range(cluster.num_devices)}
         self.pre: list = []  # steps the caller runs before the workers (input copies)
-        self.post: list = []  # steps the caller runs after (final assembly)
-        placed = set()
         for s in steps:
             if s.kind == "call":
                 per_dev[s.device].append(s)
-                placed.add(s.out)
         for s in steps:
             if s.kind == "call":
                 continue
@@ -119,30 +211,99 @@ class Executor:
             w.start()
         self.single = len(self.per_dev) == 1 and not any(s.kind == "copy" for s in steps)
 
-    def close(self):
+    @property
+    def closed(self) -> bool:
+        return self.broken == _CLOSED
+
+    def busy_devices(self) -> list[int]:
+        """Devices whose worker is running a job or has one queued."""
+        return [d for d, w in self.workers.items() if w.is_alive() and (w.busy or not w.jobs.empty())]
+
+    def close(self, timeout: float | None = None):
+        """Stop the worker threads and wait for them to end (at most ``timeout`` seconds,
+        default :attr:`close_timeout_s`); a second call does nothing.
+
+        Raises
+        ------
+        ExecutionError
+            When a worker is still running a step after ``timeout`` (the message names it).
+        """
+        if self.closed:
+            return
+        self.broken = _CLOSED
         for w in self.workers.values():
             w.jobs.put(None)
+        limit = self.close_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        me = threading.current_thread()
+        for w in self.workers.values():
+            if w is not me:  # close() from a worker (a finalizer run there): it ends after this job
+                w.join(max(0.0, deadline - time.monotonic()))
+        left = [d for d, w in self.workers.items() if w.is_alive() and w is not me]
+        if left:  # the streams stay: a running step may still use them
+            raise ExecutionError(f"closing the executor: {self._where_all(left)} still running a step after "
+                                 f"{limit:g} s; their threads end when the step "
+                                 "returns (a step cannot be interrupted)")
         if self.streams is not None:
             self.streams.close()
 
-    def _exec(self, s, env, events, trace, t0, on=0):
+    # -- describing faults ------------------------------------------------------------
+    def _where(self, d) -> str:
+        if d is None:
+            return "the calling thread"
+        return f"device {d} ({self.cluster.devices[d].name})"
+
+    def _where_all(self, ds) -> str:
+        return ", ".join(self._where(d) for d in ds)
+
+    def _failure(self, d, s, e, others=()) -> ExecutionError:
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else "(no message)"
+        if s.kind == "call":
+            what = f"in segment {s.func}"
+        elif s.kind == "copy":
+            what = f"copying {s.args[0].split(':', 1)[-1]} to {self._where(s.device)}"
+        else:
+            what = f"in its {s.kind} step {s.out.split(':', 1)[-1]}"
+        also = "".join(f"; also failed: {self._where(d2)} with {type(e2).__name__}" for d2, _, e2 in others)
+        err = ExecutionError(f"{self._where(d)} failed {what}: {type(e).__name__}: {first}{also} (the other "
+                             "devices stopped; the original error, with its traceback, is this error's __cause__)")
+        err.device, err.step = d, s
+        return err
+
+    def _gone(self, ds) -> ExecutionError:
+        why = [f"{type(e).__name__}: {e}" for e in (self.workers[d].exit_error for d in ds) if e is not None]
+        self.broken = f"the worker thread of {self._where_all(ds)} is gone"
+        err = ExecutionError(f"{self.broken} ({'; '.join(why) if why else 'it ended'}) while the run waited on "
+                             "it; the run was abandoned. Call the module again: it starts new worker threads "
+                             "(an Executor used directly: make a new one)")
+        err.device, err.step = ds[0], None
+        return err
+
+    # -- running ----------------------------------------------------------------------
+    def _exec(self, s, run, on=0):
+        env, events, trace = run.env, run.events, run.trace
         if s.kind == "call":
             args = []
             for a in s.args:
                 ev = events.get(a)
                 if ev is not None:
                     ev.wait()
+                    if run.aborted:
+                        raise _Abandoned
                 args.append(env[a])
             ts = time.perf_counter()
             env[s.out] = self.vms[s.device][s.func](*args)
             te = time.perf_counter()
             if trace is not None:
-                trace.append(TraceEvent(s.device, s.func, "compute", ts - t0, te - t0))
+                trace.append(TraceEvent(s.device, s.func, "compute", ts - run.t0, te - run.t0))
         else:
             for a in s.args:
                 ev = events.get(a)
                 if ev is not None:
                     ev.wait()
+                    if run.aborted:
+                        raise _Abandoned
             ts = time.perf_counter()
             if s.kind == "copy" and self.streams is not None:
                 src = self.owner.get(s.args[0])
@@ -156,46 +317,91 @@ class Executor:
             else:
                 env[s.out] = env[s.args[0]]
             if trace is not None and s.kind == "copy":
-                trace.append(TraceEvent(on, f"copy->{s.device}", "copy", ts - t0, time.perf_counter() - t0))
+                trace.append(TraceEvent(on, f"copy->{s.device}", "copy", ts - run.t0, time.perf_counter() - run.t0))
         ev = events.get(s.out)
         if ev is not None:
             ev.set()
 
+    def _local(self, steps, run, d):
+        """Run ``steps`` in the calling thread; a failing step raises ExecutionError."""
+        for s in steps:
+            try:
+                self._exec(s, run, 0 if d is None else d)
+            except Exception as e:  # noqa: BLE001 - any error of a segment, explained
+                raise self._failure(d, s, e) from e
+
+    def _job(self, d, lst, run):
+        def job():
+            try:
+                for s in lst:
+                    if run.aborted:
+                        return
+                    try:
+                        self._exec(s, run, d)
+                    except _Abandoned:
+                        return
+                    except BaseException as e:  # noqa: BLE001 - reported to the caller
+                        run.fail(d, s, e)
+                        return
+            finally:
+                self.workers[d].busy = False  # before the caller can see the run end
+                run.ended(d)
+        return job
+
+    def _wait(self, run):
+        """Wait until every worker of ``run`` ended its job; raise when one of them is gone."""
+        while not run.finished.wait(self.poll_s):
+            gone = [d for d in run.still_pending() if not self.workers[d].is_alive()]
+            if gone:
+                raise self._gone(gone)
+
+    def _settle(self, run):
+        """After an abort: wait (at most :attr:`abandon_timeout_s`) for the live workers to
+        finish or abandon their current step."""
+        deadline = time.monotonic() + self.abandon_timeout_s
+        while not run.finished.wait(self.poll_s):
+            if time.monotonic() > deadline or not any(self.workers[d].is_alive() for d in run.still_pending()):
+                return
+
     def run(self, inputs: list, trace: list | None = None):
-        """Run once on ``inputs`` (tvm tensors on device 0); returns the output value(s)."""
+        """Run once on ``inputs`` (tvm tensors on device 0); returns the output value(s).
+
+        Raises
+        ------
+        ExecutionError
+            When a step fails (the message names the device, the segment and the original
+            error, chained as ``__cause__``), a worker thread is gone, or the executor is
+            closed or broken.
+        KeyboardInterrupt
+            Propagated after the workers finished or abandoned their current step.
+        """
+        if self.broken is not None:
+            raise ExecutionError(f"this executor cannot run: {self.broken}; make a new one "
+                                 "(a PlacedRuntime does on its next call)")
         env = dict(zip(self.program.inputs, inputs))
-        t0 = time.perf_counter()
-        for s in self.pre:
-            self._exec(s, env, {}, trace, t0)
+        local = _Run(env, {}, trace)
+        self._local(self.pre, local, None)
         if self.single:
             (d, lst), = self.per_dev.items()
-            for s in lst:
-                self._exec(s, env, {}, trace, t0, d)
+            self._local(lst, local, d)
         else:
             events = {s.out: threading.Event() for lst in self.per_dev.values() for s in lst}
-            errors: list = []
-            done = threading.Semaphore(0)
-
-            def job_for(d, lst):
-                def job():
-                    try:
-                        for s in lst:
-                            self._exec(s, env, events, trace, t0, d)
-                    except BaseException as e:  # noqa: BLE001
-                        errors.append(e)
-                        for ev in events.values():
-                            ev.set()  # unblock the other devices
-                    finally:
-                        done.release()
-                return job
-
-            for d, lst in self.per_dev.items():
-                self.workers[d].jobs.put(job_for(d, lst))
-            for _ in self.per_dev:
-                done.acquire()
-            if errors:
-                raise ExecutionError(f"a device failed while running the placed module: "
-                                     f"{type(errors[0]).__name__}: {errors[0]}") from errors[0]
+            run = _Run(env, events, trace, self.per_dev)
+            run.t0 = local.t0
+            jobs = [(d, self._job(d, lst, run)) for d, lst in self.per_dev.items()]
+            submitted = 0
+            try:
+                for d, job in jobs:
+                    self.workers[d].jobs.put(job)
+                    submitted += 1
+                self._wait(run)
+            except BaseException:  # an interrupt, or a worker gone: stop the others, then propagate
+                run.abort([d for d, _ in jobs[submitted:]])
+                self._settle(run)
+                raise
+            if run.errors:
+                d, s, e = run.errors[0]  # independent failures at the same time: the first leads
+                raise self._failure(d, s, e, run.errors[1:]) from e
         if self.streams is not None:
             self.streams.synchronize()
         return _assemble(self.program.output, env)

@@ -18,6 +18,13 @@ class PlacedRuntime:
     """Call it like a function on numpy arrays (returns numpy) or TVM tensors (returns TVM
     tensors). ``vms`` maps a device index to its ``VirtualMachine`` (only devices on this
     machine); ``program`` says which segment runs where and what moves between devices.
+
+    The worker threads (one per device) start on the first call. :meth:`close` stops and
+    joins them; a closed module called again starts new ones. A failing segment raises
+    :class:`~tvm_pesto.errors.ExecutionError` naming the device, the segment and the
+    original error; when the failure left the executor unusable (a worker thread gone), the
+    module drops it, and its next call starts new workers. Ctrl-C during a call stops the
+    run and propagates; the module stays usable.
     """
 
     def __init__(self, program, vms: dict, cluster, plan_info: dict | None = None):
@@ -56,14 +63,25 @@ class PlacedRuntime:
                 out.append(tvm.runtime.tensor(np.ascontiguousarray(a), device=dev0))
         return out
 
+    def _run(self, ex: Executor, inputs, trace=None):
+        try:
+            return ex.run(inputs, trace=trace)
+        except ExecutionError:
+            if ex.broken is not None and ex is self._executor:  # a worker is gone: the next call starts anew
+                try:
+                    self.close(timeout=1.0)
+                except ExecutionError:  # a live worker still in a step: its thread ends after it
+                    pass
+            raise
+
     def __call__(self, *args):
         as_numpy = any(isinstance(a, np.ndarray) for a in args)
-        res = self._exec().run(self._inputs(args))
+        res = self._run(self._exec(), self._inputs(args))
         return to_numpy(res) if as_numpy else res
 
     def run_traced(self, *args):
         trace: list = []
-        res = self._exec().run(self._inputs(args), trace=trace)
+        res = self._run(self._exec(), self._inputs(args), trace=trace)
         self.last_trace = trace
         return res, trace
 
@@ -72,23 +90,25 @@ class PlacedRuntime:
         ex = self._exec()
         inputs = self._inputs(args)
         for _ in range(warmup):
-            ex.run(inputs)
+            self._run(ex, inputs)
         times = []
         for _ in range(repeat):
             t = time.perf_counter()
-            ex.run(inputs)
+            self._run(ex, inputs)
             times.append(time.perf_counter() - t)
         return {"median_s": float(np.median(times)), "min_s": float(np.min(times)),
                 "max_s": float(np.max(times)), "repeat": repeat}
 
-    def close(self):
-        if self._executor is not None:
-            self._executor.close()
-            self._executor = None
+    def close(self, timeout: float | None = None):
+        """Stop and join the worker threads (see :meth:`Executor.close`); the next call
+        starts new ones."""
+        ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.close(timeout)
 
     def __del__(self):
         try:
-            self.close()
+            self.close(timeout=1.0)  # a finalizer must not hang on a step that does not end
         except Exception:  # noqa: BLE001
             pass
 

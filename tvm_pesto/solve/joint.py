@@ -8,7 +8,9 @@ of that cover (so the plan can be simulated, and the builder lowers exactly it).
 1. **Cover.** When the candidates partition the ops (placement alone: TVM's fusion
    groups), the cover is fixed. Otherwise Collage's covering search
    (:func:`tvm_pesto.solve.cover.best_cover`) gives the cheapest acyclic cover on each
-   distinct kind of device.
+   distinct kind of device, and, with several devices, the cheapest covers by candidates
+   of at most half, a quarter, ... of the largest size (:func:`cover_caps`): one large call
+   is cheapest on one device but can block the parallelism smaller calls would have.
 2. **Placement.** The cover's units are placed and ordered by the named placement solver
    (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
 3. **Joint improvement.** With several devices and a choice of backends, a local search
@@ -74,6 +76,19 @@ def joint_lower_bound(problem: JointProblem) -> dict:
     cp = float(finish.max()) if n else 0.0
     work = float(per_op.sum() / D)
     return {"critical_path_s": cp, "work_s": work, "best": max(cp, work)}
+
+
+def cover_caps(sizes: np.ndarray, num_devices: int) -> list[int]:
+    """Largest candidate sizes the cover search may use: no limit, and with several devices
+    halvings of the largest size down to 4 ops (at most five caps)."""
+    top = int(sizes.max()) if len(sizes) else 1
+    caps = [top]
+    if num_devices > 1:
+        c = top // 2
+        while c >= 4 and len(caps) < 5:
+            caps.append(c)
+            c //= 2
+    return caps
 
 
 def _with_units(plan: Plan, problem: JointProblem, cover, info: dict) -> Plan:
@@ -161,12 +176,21 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
         plan.solve_s = time.perf_counter() - t0
         return plan, placed
 
-    # 1. the cheapest cover on each kind of device, placed; keep the best
+    # 1. the cheapest cover on each kind of device, placed; with several devices also the
+    #    cheapest covers by smaller candidates (a large call can block parallelism); keep the best
     best = None
     covers: dict[tuple, CoverResult] = {}
+    node_sets = [c.nodes for c in problem.candidates]
+    sizes = np.array([len(c.nodes) for c in problem.candidates])
     for d in device_kinds(problem):
-        cr = best_cover(problem.graph, [c.nodes for c in problem.candidates], problem.costs[:, d])
-        covers.setdefault(tuple(sorted(cr.chosen)), cr)
+        for cap in cover_caps(sizes, problem.num_devices):
+            costs = np.where(sizes <= cap, problem.costs[:, d], np.inf)
+            try:
+                cr = best_cover(problem.graph, node_sets, costs, exact_work=0 if cap < sizes.max() else 2_000_000)
+            except PestoError:
+                continue
+            cr.info["cap"] = int(cap)
+            covers.setdefault(tuple(sorted(cr.chosen)), cr)
     for cr in covers.values():
         try:
             plan, placed, span = _place(problem, cr.chosen, solver, options)
@@ -179,7 +203,8 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
         raise SolverError("no cover of the candidates could be placed: " + "; ".join(info.get("cover_rejected", [])))
     plan, placed, cover, span, cr = best
     info.update(cover="dp", cover_exact=bool(cr.info.get("exact", True)), cover_cost_s=float(cr.cost),
-                cover_states=int(cr.states), cover_s=float(cr.seconds), placed_makespan_s=float(span))
+                cover_states=int(cr.states), cover_s=float(cr.seconds), cover_cap=cr.info.get("cap"),
+                covers_tried=len(covers), placed_makespan_s=float(span))
 
     # 2. joint local search: devices and backends together
     budget = 5.0 if search_s is None else float(search_s)
@@ -205,4 +230,4 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     return plan, placed
 
 
-__all__ = ["device_kinds", "joint_lower_bound", "solve_joint"]
+__all__ = ["cover_caps", "device_kinds", "joint_lower_bound", "solve_joint"]

@@ -8,7 +8,8 @@ starts from a placed cover and tries, for the units on the plan's critical chain
 * **swap**: the same ops on another backend (another candidate with the same node set),
   on each device;
 * **split**: the cheapest cover of the unit's ops by smaller candidates, all on the
-  unit's device, or alternating between its device and each other device;
+  unit's device, alternating between its device and each other device, or with every
+  unit placed again by HEFT (a large call that blocked parallelism, split and spread);
 * **merge**: one candidate that covers exactly this unit and its neighbours, on each of
   their devices;
 
@@ -35,6 +36,7 @@ from ..plan.plan import Plan
 from ..plan.problem import JointProblem, Problem
 from ..plan.simulate import simulate
 from .cover import best_cover
+from .heft import solve as heft
 from .refine import critical_chain, refine
 
 _REL = 1e-9
@@ -147,12 +149,23 @@ def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int]
         return info["evaluations"] >= max_evals or time.perf_counter() > deadline
 
     def evaluate(removed, added, devices):
+        """Replace units ``removed`` by candidates ``added`` on ``devices`` (None: place
+        every unit again with HEFT); keep it when the makespan drops."""
         nonlocal plan, placed, cover, sim, best
         info["evaluations"] += 1
-        res = _replan(problem, cover, placed, plan, sim, removed, added, devices)
-        if res is None:
-            return False
-        new_cover, new_plan, new_placed = res
+        if devices is None:
+            keep = [k for k in range(len(cover)) if k not in set(removed)]
+            new_cover = [cover[k] for k in keep] + list(added)
+            try:
+                new_placed = problem.contract(new_cover)
+                new_plan = heft(new_placed)
+            except PestoError:
+                return False
+        else:
+            res = _replan(problem, cover, placed, plan, sim, removed, added, devices)
+            if res is None:
+                return False
+            new_cover, new_plan, new_placed = res
         try:
             new_sim = simulate(new_placed, new_plan)
         except PestoError:
@@ -186,7 +199,7 @@ def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int]
                 pieces = mv.split(c, d)
                 if pieces:
                     options = [[d] * len(pieces)] + [[d if i % 2 == 0 else e for i in range(len(pieces))]
-                                                     for e in range(D) if e != d]
+                                                     for e in range(D) if e != d] + ([None] if D > 1 else [])
                     for devs in options:
                         if evaluate([k], pieces, devs):
                             info["accepted"]["split"] += 1

@@ -1,0 +1,74 @@
+"""``tvm-pesto run`` and ``place`` on the user's own model files (outside the zoo), through the
+one flow with every backend: the JSON says what was chosen, what ran, and how it compared."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+from click.testing import CliRunner
+
+import outside_zoo as oz
+from tvm_pesto.cli.main import cli
+
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+
+RUN_KEYS = ("backend_mix", "devices_used", "measured_s", "simulated_s", "max_abs_err", "solver_status")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    return {"onnx": oz.write_onnx("convnext", d, "small"), "pt2": oz.write_pt2("vit", d, "small"),
+            "dynamic": oz.write_onnx("mobilenet_v3", d, "small", dynamic_batch=True)}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path / "cache"))
+
+
+def _run(tmp_path, *args):
+    out = tmp_path / "run.json"
+    res = CliRunner().invoke(cli, ["run", *args, "--cluster", "cpu:2", "--repeat", "3", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("kind", ["onnx", "pt2"])
+def test_run_a_model_file_with_every_backend(kind, files, tmp_path, cache):
+    res = _run(tmp_path, files[kind])
+    for key in RUN_KEYS:
+        assert key in res, key
+    assert res["source"] == kind and res["max_abs_err"] <= 1e-4
+    assert sum(res["backend_mix"].values()) == res["num_ops"]
+    assert res["cost_source"] == "measured" and res["costs"]["measured"] > 0
+    assert res["solver_status"] == "heuristic" and res["devices_used"]
+
+
+def test_run_sets_a_dynamic_input_shape_and_exports(files, tmp_path, cache):
+    bundle = tmp_path / "bundle"
+    shape = (2,) + tuple(oz.example_shape("mobilenet_v3", "small")[1:])  # the batch axis is the dynamic one
+    res = _run(tmp_path, files["dynamic"], "--input-shape", f"{oz.input_name('mobilenet_v3')}={','.join(map(str, shape))}",
+               "--costs", "xgb", "--export", str(bundle))
+    assert res["max_abs_err"] <= 1e-4 and res["exported_to"] == str(bundle)
+    assert (bundle / "manifest.json").is_file()
+
+
+def test_a_dynamic_shape_without_input_shape_names_the_fix(files, tmp_path):
+    res = CliRunner().invoke(cli, ["run", files["dynamic"], "--costs", "xgb"])
+    assert res.exit_code == 2
+    assert "--input-shape" in res.output
+
+
+def test_place_a_model_file_reports_status_and_backend_mix(files, tmp_path):
+    out = tmp_path / "place.json"
+    res = CliRunner().invoke(cli, ["place", files["pt2"], "--cluster", "4xV100-pcie", "--costs", "roofline",
+                                   "--solver", "heft,ilp", "--time-limit", "5", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert set(data["results"]) == {"heft", "ilp"}
+    for r in data["results"].values():
+        assert r["solver_status"] in ("heuristic", "optimal", "time_limit", "feasible") and r["backend_mix"]
+        assert r["makespan_s"] >= data["lower_bound_s"] * (1 - 1e-9)
+    assert data["solver_status"] and data["backend_mix"]
