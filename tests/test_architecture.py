@@ -67,15 +67,20 @@ def _is_module(name: str) -> bool:
     return rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file()
 
 
-def solve_graph() -> nx.DiGraph:
+def import_graph(paths) -> nx.DiGraph:
+    """Module -> the tvm_pesto modules it imports, for the given source files."""
     g = nx.DiGraph()
-    for path in sorted(SOLVE.glob("*.py")):
+    for path in sorted(paths):
         src = module_name(path)
         g.add_node(src)
         for dst in imports_of(path):
             if dst.startswith("tvm_pesto"):
                 g.add_edge(src, dst)
     return g
+
+
+def solve_graph() -> nx.DiGraph:
+    return import_graph(SOLVE.glob("*.py"))
 
 
 def test_the_resolver_sees_lazy_and_relative_imports(tmp_path):
@@ -120,14 +125,7 @@ def test_model_and_orchestration_are_separate():
 
 
 def package_graph() -> nx.DiGraph:
-    g = nx.DiGraph()
-    for path in sorted(ROOT.rglob("*.py")):
-        src = module_name(path)
-        g.add_node(src)
-        for dst in imports_of(path):
-            if dst.startswith("tvm_pesto"):
-                g.add_edge(src, dst)
-    return g
+    return import_graph(ROOT.rglob("*.py"))
 
 
 def test_no_import_circle_anywhere_in_the_package():

@@ -102,3 +102,20 @@ def test_the_search_on_a_2000_op_transformer_ends_within_its_budget(backends):
     per_eval = search["seconds"] / max(search["evaluations"], 1)
     assert search["seconds"] <= budget + 5 * per_eval + 1.0, search
     assert simulate(placed, plan).makespan == pytest.approx(info["makespan_s"])
+
+
+def test_bench_search_reports_every_stage(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from tvm_pesto.cli.main import cli
+
+    out = tmp_path / "s.json"
+    res = CliRunner().invoke(cli, ["bench", "search", "mlp_mixer", "--size", "small", "--search-s", "0.5",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    m = json.loads(out.read_text())["models"]["mlp_mixer"]
+    for key in ("candidates_s", "costs_s", "solve_s", "search_total_s", "cover", "backend_mix", "simulated_s"):
+        assert key in m, key
+    assert m["search_total_s"] >= m["solve_s"] > 0 and sum(m["backend_mix"].values()) == m["num_ops"]

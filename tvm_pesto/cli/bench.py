@@ -1,16 +1,17 @@
 """``tvm-pesto bench``: benchmark verbs (a click group).
 
 Subcommands: ``placement`` (every solver on the dnn-partitioning LayerGraphs and the zoo
-models, against a lower bound) and ``scale`` (solver wall time on random DAGs of 1k-100k
-ops). Each writes ``--json``, ``--md`` (a markdown table) and ``--plots`` (PNG files).
+models, against a lower bound), ``scale`` (solver wall time on random DAGs of 1k-100k
+ops), ``backends`` (single backends vs Collage's cover vs the joint solve, measured) and
+``search`` (the joint search's time on big models, costs predicted). Each writes ``--json``, ``--md`` (a markdown table) and ``--plots`` (PNG files).
 
 Register the group in ``tvm_pesto/cli/main.py`` with::
 
     from .bench import bench; cli.add_command(bench)
 
 Add another benchmark with ``@bench.command("name")`` in this module, or from another
-module with ``bench.add_command(command)``; ``tvm_pesto.cli.bench_backends.backends`` is
-added here when that module exists.
+module with ``bench.add_command(command)``: ``backends`` (tvm_pesto/cli/bench_backends.py)
+and ``search`` (tvm_pesto/cli/bench_search.py) are added at the end of this module.
 
 Examples
 --------
@@ -157,16 +158,11 @@ def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithm
                    lambda d: bs.scale_plots(res, d))
 
 
-def _add_optional_commands() -> None:
-    """Add benchmark verbs that live in their own modules, when present."""
-    try:
-        from .bench_backends import backends
-    except ImportError:
-        return
-    bench.add_command(backends)
+from .bench_backends import backends  # noqa: E402  (verbs that live in their own modules)
+from .bench_search import search  # noqa: E402
 
-
-_add_optional_commands()
+bench.add_command(backends)
+bench.add_command(search)
 __all__ = ["bench"]
 
 if __name__ == "__main__":  # python -m tvm_pesto.cli.bench placement ...

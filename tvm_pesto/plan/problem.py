@@ -10,6 +10,26 @@ from ..errors import CostError, GraphError, InfeasibleError
 from ..graph.opgraph import OpGraph
 
 
+def checked_costs(costs, rows: int, devices: int, what: str, label) -> np.ndarray:
+    """``costs`` as a float array of shape ``(rows, devices)``, seconds >= 0 (``inf`` = cannot
+    run); ``label(i)`` names row ``i`` in the error.
+
+    Raises
+    ------
+    CostError
+        For a wrong shape, or a negative or NaN entry.
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    if costs.shape != (rows, devices):
+        raise CostError(f"{what} cost table has shape {costs.shape}; expected ({rows}, {devices}) for "
+                        f"{rows} {what}s on {devices} devices")
+    if np.isnan(costs).any() or (costs < 0).any():
+        bad = int(np.flatnonzero(np.isnan(costs).any(1) | (costs < 0).any(1))[0])
+        raise CostError(f"{what} {bad} ({label(bad)}) has a negative or NaN cost {costs[bad].tolist()}; "
+                        "costs are seconds >= 0 (inf = cannot run)")
+    return costs
+
+
 @dataclass
 class Problem:
     """What every solver takes.
@@ -34,14 +54,7 @@ class Problem:
 
     def __post_init__(self):
         n, d = self.graph.num_nodes, self.cluster.num_devices
-        self.costs = np.asarray(self.costs, dtype=np.float64)
-        if self.costs.shape != (n, d):
-            raise CostError(f"cost table has shape {self.costs.shape}; expected ({n}, {d}) for "
-                            f"{n} nodes on {d} devices")
-        if np.isnan(self.costs).any() or (self.costs < 0).any():
-            bad = int(np.flatnonzero(np.isnan(self.costs).any(1) | (self.costs < 0).any(1))[0])
-            raise CostError(f"node {bad} ({self.graph.nodes[bad].name}) has a negative or NaN cost "
-                            f"{self.costs[bad].tolist()}; costs are seconds >= 0 (inf = cannot run)")
+        self.costs = checked_costs(self.costs, n, d, "node", lambda i: self.graph.nodes[i].name)
         runnable = np.isfinite(self.costs).any(axis=1)
         if not runnable.all():
             bad = int(np.flatnonzero(~runnable)[0])
@@ -123,14 +136,7 @@ class JointProblem:
 
     def __post_init__(self):
         k, d = len(self.candidates), self.cluster.num_devices
-        self.costs = np.asarray(self.costs, dtype=np.float64)
-        if self.costs.shape != (k, d):
-            raise CostError(f"candidate cost table has shape {self.costs.shape}; expected ({k}, {d}) for "
-                            f"{k} candidates on {d} devices")
-        if np.isnan(self.costs).any() or (self.costs < 0).any():
-            bad = int(np.flatnonzero(np.isnan(self.costs).any(1) | (self.costs < 0).any(1))[0])
-            raise CostError(f"candidate {bad} ({self.candidates[bad].backend}) has a negative or NaN cost "
-                            f"{self.costs[bad].tolist()}; costs are seconds >= 0 (inf = cannot run)")
+        self.costs = checked_costs(self.costs, k, d, "candidate", lambda i: self.candidates[i].backend)
         usable = np.isfinite(self.costs).any(axis=1)
         covered = np.zeros(self.graph.num_nodes, dtype=bool)
         for c in np.flatnonzero(usable):
