@@ -1,4 +1,11 @@
-"""Placement heuristics: known optima on small DAGs, memory, co-location, registry, speed."""
+"""Placement heuristics: known optima on small DAGs, memory, co-location, registry, speed.
+
+The property tests at the end draw random DAGs from one generator (:func:`random_problem`;
+:func:`random_joint_problem` adds random candidate sets on the same DAGs) and check every
+plan the solvers return with :func:`check_plan`: the simulator's own checks plus the
+schedule read back from its start/finish/transfer arrays (precedence, no overlap on a
+device or a link, memory), and that no lower bound exceeds the best plan found.
+"""
 from __future__ import annotations
 
 import sys
@@ -10,12 +17,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tvm_pesto.candidates import Candidate
+from tvm_pesto.candidates.generate import Reach, is_valid
 from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import InfeasibleError, SolverError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
-from tvm_pesto.plan import Problem, simulate
+from tvm_pesto.plan import JointProblem, Plan, Problem, simulate
 from tvm_pesto.solve import HEURISTICS, SOLVERS, get_solver, solve
+from tvm_pesto.solve.bounds import lower_bound
 from tvm_pesto.solve.heft import Timeline
+from tvm_pesto.solve.joint import joint_lower_bound, solve_joint
 
 warnings.filterwarnings("ignore", message=".*_core is not built.*")
 
@@ -67,8 +78,9 @@ def random_problem(seed, n, d, p_inf=0.0, mem_factor=None, groups=0, comm_scale=
                         latency=1e-5, bandwidth=1e7)
 
 
-def check_plan(problem, plan, name):
-    """Everything a plan must satisfy; returns the simulated makespan."""
+def check_plan(problem, plan, name, check_info=True):
+    """Everything a plan must satisfy; returns the simulated makespan. ``check_info=False``
+    leaves out the facts the solver reports in ``plan.info`` (peak memory)."""
     assert plan.solver == name
     assert plan.solve_s > 0 and isinstance(plan.info, dict)
     plan.validate(problem.num_nodes, problem.num_devices)
@@ -78,9 +90,70 @@ def check_plan(problem, plan, name):
         assert len(set(a[grp].tolist())) == 1, f"{name} split co-location group {grp}"
     res = simulate(problem, plan)  # raises on deadlock, inf cost or memory overflow
     assert (res.peak_memory <= problem.capacity * (1 + 1e-9)).all()
-    if "peak_memory_bytes" in plan.info:
+    if check_info and "peak_memory_bytes" in plan.info:
         np.testing.assert_allclose(plan.info["peak_memory_bytes"], res.peak_memory, rtol=1e-9)
+    check_schedule(problem, plan, res, name)
     return res.makespan
+
+
+def check_bounds(bounds: dict, span: float) -> None:
+    """Every bound in ``bounds`` (the dict of :func:`lower_bound` or :func:`joint_lower_bound`;
+    None where skipped) is at most ``span``, the makespan of a plan the simulator accepted."""
+    for key, value in bounds.items():
+        if key.endswith("_s") or key == "best":
+            if value is not None:
+                assert value <= span * (1 + 1e-9) + 1e-15, f"{key} = {value} exceeds a plan's makespan {span}"
+
+
+def _no_overlap(starts, ends, what):
+    """Intervals that follow each other in the given order never overlap."""
+    if len(starts) > 1:
+        tol = 1e-12 + 1e-9 * float(np.max(ends))
+        gap = np.asarray(starts[1:]) - np.asarray(ends[:-1])
+        assert (gap >= -tol).all(), f"{what}: interval {int(np.argmin(gap)) + 1} starts before the previous ends"
+
+
+def check_schedule(problem, plan, res, name):
+    """The simulated schedule, read back from its arrays: each node runs for its cost on its
+    device; each device runs its order one node at a time; each input is there before its
+    consumer starts (the producer finished, or a transfer of at least the edge's bytes
+    arrived); each link carries one transfer at a time; the memory peak is the nodes'
+    weights and outputs plus what the device received."""
+    n, a = problem.num_nodes, plan.assignment
+    start, finish, tx = res.start, res.finish, res.transfers
+    cost = problem.costs[np.arange(n), a]
+    tol = 1e-12 + 1e-9 * (float(finish.max()) if n else 0.0)
+    assert np.isfinite(start).all() and (start >= 0).all(), name
+    np.testing.assert_allclose(finish - start, cost, rtol=1e-9, atol=1e-15, err_msg=f"{name}: durations")
+    assert res.makespan == pytest.approx(float(finish.max()) if n else 0.0, rel=1e-12, abs=1e-15)
+    for d, seq in enumerate(plan.order):
+        _no_overlap(start[seq], finish[seq], f"{name}: device {d}")
+    arrival = {}
+    for u, s, t, t0, t1, b in tx:
+        u, s, t = int(u), int(s), int(t)
+        assert s == a[u] != t, f"{name}: transfer of node {u} from device {s} to {t}"
+        assert t0 >= finish[u] - tol, f"{name}: node {u}'s output leaves before it is computed"
+        assert t1 - t0 == pytest.approx(problem.latency[s, t] + b * problem.inv_bw[s, t], rel=1e-9, abs=1e-15)
+        assert (u, t) not in arrival, f"{name}: node {u}'s output is sent to device {t} twice"
+        arrival[u, t] = (t1, b)
+    for s in range(problem.num_devices):
+        for t in range(problem.num_devices):
+            on = tx[(tx[:, 1] == s) & (tx[:, 2] == t)] if len(tx) else tx
+            on = on[np.argsort(on[:, 3], kind="stable")]
+            _no_overlap(on[:, 3], on[:, 4], f"{name}: link {s}->{t}")
+    for u, v, b in zip(problem.src.tolist(), problem.dst.tolist(), problem.ebytes.tolist()):
+        if a[u] == a[v]:
+            assert start[v] >= finish[u] - tol, f"{name}: {v} starts before its input {u} finishes"
+        else:
+            assert (u, a[v]) in arrival, f"{name}: {u}'s output never reaches {v} on device {a[v]}"
+            t1, sent = arrival[u, a[v]]
+            assert sent >= b and start[v] >= t1 - tol, f"{name}: {v} starts before {u}'s output arrives"
+    received = np.zeros(problem.num_devices)
+    if len(tx):
+        np.add.at(received, tx[:, 2].astype(int), tx[:, 5])
+    peak = np.bincount(a, weights=problem.mem, minlength=problem.num_devices) + received
+    np.testing.assert_allclose(res.peak_memory, peak, rtol=1e-9, err_msg=f"{name}: memory")
+    assert (peak <= problem.capacity * (1 + 1e-9)).all(), f"{name}: memory"
 
 
 # -- known optima ----------------------------------------------------------------------------
@@ -230,15 +303,19 @@ random_case = st.tuples(
 @given(random_case)
 def test_every_heuristic_gives_a_valid_plan(case):
     # issue 3: every algorithm's plan passes the simulator's checks on >= 1000 random DAGs
+    # issue 15: ... and no lower bound (here: critical path, work, LP) exceeds the best of them
     seed, n, d, p_inf, mem_factor, groups = case
     p = random_problem(seed, n, d, p_inf, mem_factor, groups)
+    best = np.inf
     for name in ("single", "heft", "m-topo", "m-etf", "m-sct"):
         try:
             plan = solve(p, name)
         except InfeasibleError as err:
             assert mem_factor is not None or name == "single" or p_inf > 0, str(err)
             continue
-        check_plan(p, plan, name)
+        best = min(best, check_plan(p, plan, name))
+    if np.isfinite(best):
+        check_bounds(lower_bound(p, lp=True, comm=False), best)
 
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -256,7 +333,9 @@ def test_ilp_gives_a_valid_plan(case):
                 solve(p, name)
         assert mem_factor is not None or p_inf > 0, str(err)
         return
-    check_plan(p, plan, "ilp")
+    span = check_plan(p, plan, "ilp")
+    check_bounds(lower_bound(p, lp=True, comm=False), span)
+    check_bounds({"cheap_lower_bound_s": plan.info.get("cheap_lower_bound_s")}, span)  # the ILP's own floor
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -272,6 +351,27 @@ def test_msct_with_lp_gives_a_valid_plan(case, threshold):
     check_plan(p, plan, "m-sct")
     assert plan.info["threshold"] == threshold
     assert plan.info["favorite"] in ("lp", "none")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case)
+def test_no_lower_bound_exceeds_the_best_plan(case):
+    # every bound lower_bound computes by default, the LP and the transfer-aware segment and
+    # path-memory bounds included, against the best plan of all solvers (the ILP too), with
+    # transfers large enough to matter
+    seed, n, d, p_inf, mem_factor, groups = case
+    p = random_problem(seed, n, d, p_inf, mem_factor, groups, comm_scale=50.0)
+    spans = []
+    for name in SOLVERS:
+        opts = {"time_limit_s": 0.5, "refine_s": 0.1} if name == "ilp" else {}
+        try:
+            spans.append(check_plan(p, solve(p, name, **opts), name))
+        except (InfeasibleError, SolverError):
+            assert mem_factor is not None or name == "single" or p_inf > 0
+    if spans:
+        lb = lower_bound(p, lp=True, comm=True)
+        assert lb["lp_s"] is not None and lb["segment_s"] is not None and lb["path_memory_s"] is not None, lb
+        check_bounds(lb, min(spans))
 
 
 @settings(max_examples=40, deadline=None)
@@ -294,6 +394,23 @@ def test_heft_is_no_worse_than_single_on_identical_devices():
         heft = simulate(p, solve(p, "heft")).makespan
         worse += heft > single * 1.001
     assert worse <= 2
+
+
+def test_the_schedule_check_catches_what_it_checks():
+    # a valid plan's simulated schedule, then one flaw at a time: check_schedule must object
+    import dataclasses
+
+    p = make_problem(3, [(0, 2, 10**4), (1, 2, 10**4)], [1e-3, 1e-3, 1e-3], mem=[5, 7, 11])
+    plan = Plan([0, 1, 0], [[0, 2], [1]], solver="hand")
+    res = simulate(p, plan)
+    check_schedule(p, plan, res, "hand")
+    flaws = {"overlap on device 0": dict(start=res.start + [0, 0, -1e-3], finish=res.finish + [0, 0, -1e-3]),
+             "starts before its input arrives": dict(start=res.start + [0, 0, -5e-4], finish=res.finish + [0, 0, -5e-4]),
+             "transfer too fast": dict(transfers=res.transfers * [1, 1, 1, 1, 0.5, 1]),
+             "memory": dict(peak_memory=res.peak_memory + [1, 0])}
+    for what, change in flaws.items():
+        with pytest.raises(AssertionError):  # pytest names the flaw it let through: see `what`
+            check_schedule(p, plan, dataclasses.replace(res, **change), what)
 
 
 # -- pieces ------------------------------------------------------------------------------------
@@ -341,3 +458,129 @@ def test_large_graph_is_fast():
         took = time.perf_counter() - t0
         plan.validate(n, 8)
         assert took < 15.0, f"{name} took {took:.1f} s for {n} nodes"
+
+
+# -- joint solve on random candidate sets ------------------------------------------------------
+def random_joint_problem(seed, n, d, p_inf=0.0, mem_factor=None, groups=0, extra=None):
+    """The DAG, costs, memory and co-location groups of :func:`random_problem`, with random
+    candidates on it: every op alone on ``tvm`` (its placement costs), and up to ``extra``
+    (default: random, at most ``2 n``) random valid subgraphs of 2 to 5 ops on a ``lib``
+    backend, costing their members' sum times a factor in [0.3, 1.5] and unable to run on
+    about one device in five."""
+    p = random_problem(seed, n, d, p_inf, mem_factor, groups)
+    rng = np.random.default_rng(seed + 1)
+    g = p.graph
+    reach = Reach(g.dag, n)
+    und = g.dag.to_undirected(as_view=True)
+    cands = [Candidate("tvm", (v,), "single") for v in range(n)]
+    costs = [p.costs[v] for v in range(n)]
+    seen = set()
+    for _ in range(int(rng.integers(0, 2 * n + 1)) if extra is None else extra):
+        nodes = {int(rng.integers(n))}
+        for _ in range(int(rng.integers(1, 5))):
+            frontier = sorted({w for v in nodes for w in und.neighbors(v)} - nodes)
+            if not frontier:
+                break
+            nodes.add(int(rng.choice(frontier)))
+        key = tuple(sorted(nodes))
+        if len(key) < 2 or key in seen or not is_valid(g, key, reach):
+            continue
+        seen.add(key)
+        c = p.costs[list(key)].sum(axis=0) * rng.uniform(0.3, 1.5)
+        cands.append(Candidate("lib", key, "region"))
+        costs.append(np.where(rng.random(d) < 0.2, np.inf, c))
+    return JointProblem(g, p.cluster, cands, np.array(costs), colocate=[list(c) for c in p.colocate])
+
+
+def check_joint_plan(jp, plan, placed, name, check_info=True):
+    """What a joint plan must satisfy: its units are candidates of ``jp`` that cover every op
+    once, ``placed`` is their contraction, the plan passes :func:`check_plan` on it (with the
+    op-level co-location groups kept), and neither bound exceeds its makespan."""
+    index = {c: i for i, c in enumerate(jp.candidates)}
+    assert plan.units is not None and all(u in index for u in plan.units), name
+    cover = [index[u] for u in plan.units]
+    assert sorted(v for u in plan.units for v in u.nodes) == list(range(jp.graph.num_nodes)), name
+    ref = jp.contract(cover)
+    for attr in ("costs", "src", "dst", "ebytes", "mem"):
+        np.testing.assert_array_equal(getattr(placed, attr), getattr(ref, attr), err_msg=f"{name}: {attr}")
+    span = check_plan(placed, plan, plan.solver, check_info)
+    device_of = {v: int(plan.assignment[k]) for k, u in enumerate(plan.units) for v in u.nodes}
+    for grp in jp.colocate:
+        assert len({device_of[v] for v in grp}) == 1, f"{name} split co-location group {grp}"
+    check_bounds(joint_lower_bound(jp), span)
+    check_bounds(lower_bound(placed, lp=False, comm=False), span)
+    return span
+
+
+def _solve_joint_or_explain(jp, case, solver, **options):
+    """``solve_joint``'s plan, or None when it fails for a reason the case allows: memory
+    (``mem_factor``), ops that cannot run everywhere (``p_inf``), or one device (``single``)."""
+    _, _, _, p_inf, mem_factor, _ = case
+    try:
+        return solve_joint(jp, solver=solver, **options)
+    except (InfeasibleError, SolverError) as err:
+        assert mem_factor is not None or solver == "single" or p_inf > 0, str(err)
+        return None
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case, st.sampled_from(HEURISTICS))
+def test_joint_solve_gives_a_valid_plan(case, solver):
+    # issue 15: the joint solve (cover + placement) on >= 1000 random DAGs with random
+    # candidate sets: valid plans, and neither the joint nor the placement bound above them
+    jp = random_joint_problem(*case)
+    res = _solve_joint_or_explain(jp, case, solver, search_s=0.0)
+    if res is not None:
+        assert res[0].solver == solver
+        check_joint_plan(jp, *res, solver)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case.map(lambda c: c[:5] + (0,)), st.sampled_from(HEURISTICS))
+def test_joint_local_search_gives_a_valid_plan(case, solver):
+    # the same with the joint local search on (10 ms). Its moves re-place with other solvers
+    # and leave stale facts in plan.info, and with co-location groups it can crash (the two
+    # xfail tests below), so: no groups, and neither the solver's name nor plan.info checked
+    jp = random_joint_problem(*case)
+    res = _solve_joint_or_explain(jp, case, solver, search_s=0.01)
+    if res is not None:
+        assert res[0].solver in SOLVERS
+        check_joint_plan(jp, *res, solver, check_info=False)
+
+
+# Both found by test_joint_local_search_gives_a_valid_plan; the search ends long before its
+# budget on these (no move is left), so they do not depend on the machine's speed.
+@pytest.mark.xfail(strict=True, reason="solve_joint's local search returns plan.info['peak_memory_bytes'] of the "
+                                       "plan before its refine move, not of the plan it returns")
+def test_joint_local_search_reports_the_memory_of_the_plan_it_returns():
+    jp = random_joint_problem(0, 3, 3)
+    plan, placed = solve_joint(jp, solver="m-topo", search_s=2.0)
+    assert plan.info["search"]["accepted"]["refine"] >= 1
+    np.testing.assert_allclose(plan.info["peak_memory_bytes"], simulate(placed, plan).peak_memory)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="refine.kick calls rng.choice on an empty list when a co-location group of a cover the "
+                          "joint search tries has no device all its units can run on")
+def test_joint_local_search_with_colocation_groups_does_not_crash():
+    jp = random_joint_problem(1_077_293_696, 6, 3, 0.3, None, 3)
+    check_joint_plan(jp, *solve_joint(jp, solver="single", search_s=2.0), "single", check_info=False)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_case.map(lambda c: c[:5] + (0,)))
+def test_joint_ilp_gives_a_valid_plan(case):
+    # the joint ILP (small graphs) and the placement ILP under it, with short limits; without
+    # co-location groups, which the joint ILP ignores (the xfail test below)
+    jp = random_joint_problem(*case)
+    res = _solve_joint_or_explain(jp, case, "ilp", time_limit_s=0.5, search_s=0.0, refine_s=0.1)
+    if res is not None:
+        assert res[0].solver in ("ilp", "joint-ilp")
+        check_joint_plan(jp, *res, "ilp")
+
+
+@pytest.mark.xfail(strict=True, reason="the joint ILP (solve/joint_ilp.py) does not keep co-location groups together")
+def test_joint_ilp_keeps_colocation_groups_together():
+    jp = random_joint_problem(0, 2, 3, 0.0, None, 1)  # found by test_joint_ilp_gives_a_valid_plan; optimal in ms
+    assert jp.colocate == [[0, 1]]
+    check_joint_plan(jp, *solve_joint(jp, solver="ilp", time_limit_s=5.0, search_s=0.0), "ilp")

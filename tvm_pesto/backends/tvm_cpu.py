@@ -8,7 +8,10 @@ runs everything no other backend takes. Without MetaSchedule the kernels are nai
 ``tvm-ms`` reads a MetaSchedule tuning database (a work directory with
 ``database_workload.json`` and ``database_tuning_record.json``) and builds each candidate
 with the tuned schedules applied; it is called like the external backends
-(``R.call_dps_packed``). It is unavailable when no database is given.
+(``R.call_dps_packed``). It is unavailable when no database is given. A database with
+records tuned for another target than the device's is refused when a candidate is built
+(:func:`tvm_pesto.costs.tuning_db.check_database_target`): the build error names both
+targets, and the candidate stays on another backend.
 
 Examples
 --------
@@ -28,6 +31,14 @@ from .base import Backend, output_types
 
 
 def _compile(func: relax.Function, target: dict, database: str | None = None):
+    if database is not None:
+        from ..costs.tuning_db import check_database_target
+        from ..errors import CostError
+
+        try:
+            check_database_target(database, target)  # MetaSchedule itself would apply any target's records
+        except CostError as e:
+            raise BuildError(str(e)) from None
     tgt = tvm.target.Target(target)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     try:

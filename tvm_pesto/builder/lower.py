@@ -54,20 +54,27 @@ class Lowered:
 
 
 def _check_units(rg: RelaxGraph, units) -> None:
+    n = rg.graph.num_nodes
+    fix = "place this module (tvm_pesto.place / build without plan=) or pass the plan made for it"
+    covered = sum(len(u.nodes) for u in units)
     seen = {}
     for k, u in enumerate(units):
         for v in u.nodes:
-            if not 0 <= v < rg.graph.num_nodes:
-                raise PlanError(f"unit {k} ({u.backend}) names node {v}, but the graph has {rg.graph.num_nodes} "
-                                "nodes; the plan is for another module")
+            if not 0 <= v < n:
+                raise PlanError(f"unit {k} ({u.backend}) names op {v}, but this module has {n} ops (the plan's "
+                                f"units cover {covered}): the plan is for another module; {fix}")
             if v in seen:
                 raise PlanError(f"node {v} ({rg.graph.nodes[v].name}) is in units {seen[v]} and {k}; a plan must "
-                                "cover every op exactly once")
+                                "cover every op exactly once: solve again, or report the plan")
             seen[v] = k
-    if len(seen) != rg.graph.num_nodes:
-        missing = sorted(set(range(rg.graph.num_nodes)) - set(seen))
+    if len(seen) != n:
+        missing = sorted(set(range(n)) - set(seen))
+        if sorted(seen) == list(range(len(seen))):  # a prefix: a plan of a smaller module
+            raise PlanError(f"the plan's units cover {len(seen)} ops, but this module has {n} (ops "
+                            f"{[rg.graph.nodes[v].name for v in missing[:4]]} are in no unit): the plan is for "
+                            f"another module; {fix}")
         raise PlanError(f"nodes {missing[:8]} ({[rg.graph.nodes[v].name for v in missing[:4]]}) are in no unit; "
-                        "a plan must cover every op exactly once")
+                        f"a plan must cover every op exactly once: {fix}")
 
 
 def lower_units(rg: RelaxGraph, units, devices) -> Lowered:

@@ -80,13 +80,20 @@ class Cluster:
         self.latency = np.asarray(self.latency, dtype=np.float64).reshape(d, d)
         self.bandwidth = np.asarray(self.bandwidth, dtype=np.float64).reshape(d, d)
         off = ~np.eye(d, dtype=bool)
-        if (self.latency[off] < 0).any() or (self.bandwidth[off] <= 0).any():
-            raise ClusterError(f"cluster {self.name!r}: link latency must be >= 0 and bandwidth > 0")
+        for what, values, bad, rule in (("latency", self.latency, ~(self.latency >= 0), "a time >= 0 (seconds)"),
+                                        ("bandwidth", self.bandwidth, ~(self.bandwidth > 0),
+                                         "a rate > 0 (bytes per second)")):
+            if (bad & off).any():
+                i, j = (int(x) for x in np.argwhere(bad & off)[0])
+                raise ClusterError(f"cluster {self.name!r}: link {i}->{j} ({self.devices[i].name} -> "
+                                   f"{self.devices[j].name}) has {what} {values[i, j]:g}; give it {rule}")
         np.fill_diagonal(self.latency, 0.0)
         np.fill_diagonal(self.bandwidth, np.inf)
         for dev in self.devices:
-            if dev.memory_bytes <= 0 or dev.peak_flops <= 0 or dev.mem_bandwidth <= 0:
-                raise ClusterError(f"device {dev.name!r}: memory, peak FLOP/s and bandwidth must be > 0")
+            for what in ("memory_bytes", "peak_flops", "mem_bandwidth"):
+                if not getattr(dev, what) > 0:
+                    raise ClusterError(f"device {dev.name!r} has {what} {getattr(dev, what):g}; memory, peak FLOP/s "
+                                       "and memory bandwidth must be numbers > 0")
 
     @property
     def num_devices(self) -> int:
@@ -138,7 +145,8 @@ class Cluster:
         try:
             raw_devs = data["devices"]
         except (KeyError, TypeError):
-            raise ClusterError("cluster JSON needs a 'devices' list; see docs/cluster.md for the format") from None
+            raise ClusterError("cluster JSON needs a 'devices' list; `tvm-pesto cluster show cpu:2` prints an "
+                              "example of the format") from None
         devs = []
         for k, dd in enumerate(raw_devs):
             try:
@@ -152,16 +160,37 @@ class Cluster:
             except KeyError as e:
                 raise ClusterError(f"cluster JSON device {k} lacks field {e.args[0]!r} "
                                    "(needs kind, target, memory_bytes, peak_flops, mem_bandwidth)") from None
+            except (TypeError, ValueError, AttributeError) as e:
+                raise ClusterError(f"cluster JSON device {k} has a field of the wrong type ({e}); memory_bytes, "
+                                   "peak_flops and mem_bandwidth are numbers, target an object") from None
             if devs[-1].kind not in ("cpu", "gpu"):
                 raise ClusterError(f"device {k}: kind must be 'cpu' or 'gpu', not {devs[-1].kind!r}")
         d = len(devs)
-        dl = data.get("default_link", {"latency_s": 20e-6, "bandwidth_Bps": 10e9})
-        lat = np.full((d, d), float(dl["latency_s"]))
-        bw = np.full((d, d), float(dl["bandwidth_Bps"]))
-        for ln in data.get("links", []):
-            i, j = int(ln["src"]), int(ln["dst"])
+        dl = _link_fields(data.get("default_link", {"latency_s": 20e-6, "bandwidth_Bps": 10e9}), "default_link")
+        lat = np.full((d, d), dl[0])
+        bw = np.full((d, d), dl[1])
+        for k, ln in enumerate(data.get("links", [])):
+            try:
+                i, j = int(ln["src"]), int(ln["dst"])
+            except (KeyError, TypeError, ValueError):
+                raise ClusterError(f"cluster JSON link #{k} needs integer 'src' and 'dst' device indices, got "
+                                   f"{ln!r}") from None
             if not (0 <= i < d and 0 <= j < d):
                 raise ClusterError(f"link {i}->{j} names a device outside 0..{d - 1}")
-            lat[i, j] = float(ln["latency_s"])
-            bw[i, j] = float(ln["bandwidth_Bps"])
+            lat[i, j], bw[i, j] = _link_fields(ln, f"link {i}->{j}")
         return cls(str(data.get("name", name)), devs, lat, bw, dict(data.get("meta", {})))
+
+
+def _link_fields(ln, where: str) -> tuple[float, float]:
+    """``(latency_s, bandwidth_Bps)`` of a link entry of a cluster JSON file, checked."""
+    try:
+        lat, bw = float(ln["latency_s"]), float(ln["bandwidth_Bps"])
+    except (KeyError, TypeError, ValueError):
+        raise ClusterError(f"cluster JSON {where} needs numbers 'latency_s' (seconds) and 'bandwidth_Bps' "
+                           f"(bytes per second), got {ln!r}") from None
+    if not lat >= 0:
+        raise ClusterError(f"cluster JSON {where} has latency_s {lat:g}; give a time >= 0 (seconds)")
+    if not bw > 0:
+        raise ClusterError(f"cluster JSON {where} has bandwidth_Bps {bw:g}; give a rate > 0 (bytes per second, "
+                           "e.g. 1e10 for 10 GB/s)")
+    return lat, bw

@@ -68,7 +68,8 @@ def cpu_cluster(n: int) -> Cluster:
     """Split this machine's cores into ``n`` CPU devices, each pinned to its own cores."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     if n < 1:
-        raise ClusterError(f"cpu:{n} asks for {n} devices; the device count must be at least 1")
+        raise ClusterError(f"cpu:{n} asks for {n} devices; the device count must be at least 1: "
+                           f"use cpu:1 .. cpu:{len(cores)}")
     if n > len(cores):
         raise ClusterError(f"cpu:{n} asks for {n} devices but this machine has {len(cores)} usable cores; "
                            f"use cpu:1 .. cpu:{len(cores)}")
@@ -105,12 +106,14 @@ def parse_cluster(spec: str) -> Cluster:
     s = spec.strip()
     if s.endswith(".json") or os.path.isfile(s):
         if not os.path.isfile(s):
-            raise ClusterError(f"cluster file {s!r} does not exist")
+            raise ClusterError(f"cluster file {s!r} does not exist (working directory {os.getcwd()!r}); check "
+                               "the path, or write one with `tvm-pesto cluster show cpu:2 > FILE` and edit it")
         try:
             with open(s) as f:
                 data = json.load(f)
         except json.JSONDecodeError as e:
-            raise ClusterError(f"cluster file {s!r} is not valid JSON: {e}") from None
+            raise ClusterError(f"cluster file {s!r} is not valid JSON ({e}); give a complete cluster JSON file "
+                               "as Cluster.to_json writes it (`tvm-pesto cluster show cpu:2` prints one)") from None
         return Cluster.from_dict(data, name=os.path.basename(s))
     m = re.fullmatch(r"cpu:(-?\d+)", s, flags=re.I)
     if m:
@@ -119,7 +122,8 @@ def parse_cluster(spec: str) -> Cluster:
     if m:
         count, model, link = int(m.group(1)), m.group(2).upper(), m.group(3).lower()
         if count < 1:
-            raise ClusterError(f"{s!r}: the device count must be at least 1")
+            raise ClusterError(f"{s!r}: the device count must be at least 1; use e.g. 1x{model}-{link} "
+                               f"or 2x{model}-{link}")
         if model not in GPU_MODELS:
             raise ClusterError(f"{s!r}: unknown GPU model {model!r}; known: {', '.join(GPU_MODELS)}")
         return _gpu_cluster(model, count, link)

@@ -1,8 +1,12 @@
 """A persistent measurement log: JSON lines keyed by (structural key, backend, target).
 
 A second run of the same subgraphs on the same target measures nothing. A corrupted line
-is skipped and reported with its line number; it never stops the run. So is a last line cut
-short by a crash (the next record starts on a new line). Several processes may append to
+(not JSON, or a record that lacks a field or has one of the wrong type) is skipped and
+reported with its line number; it never stops the run. So is a last line cut short by a
+crash (the next record starts on a new line). A record of another cache format
+(``cache_version`` other than :data:`CACHE_VERSION`) is expired: ignored and reported the
+same way, and its subgraph is measured again. Records for other targets are kept and used
+only for their target. Several processes may append to
 one file at once: each record is one atomic append (:func:`~tvm_pesto.costs.jsonl.append_record`).
 """
 from __future__ import annotations
@@ -13,7 +17,42 @@ import threading
 import warnings
 from pathlib import Path
 
-from .jsonl import append_record, read_records, skipped_note
+from .jsonl import INCOMPLETE, append_record, read_records, skipped_note
+
+
+#: Format of the records this version reads and writes. A record without ``cache_version``
+#: is version 1 (the format of every record written so far).
+CACHE_VERSION = 1
+
+#: Fields every record needs.
+REQUIRED_FIELDS = ("key", "backend", "target", "median_s")
+
+
+def record_problem(rec) -> str | None:
+    """Why a parsed line cannot be used as a measurement record, or None when it can.
+
+    Examples
+    --------
+    >>> record_problem({"key": "k", "backend": "tvm", "target": "t", "median_s": 1e-3}) is None
+    True
+    >>> record_problem({"key": "k", "backend": "tvm"})
+    'lacks field(s) target, median_s'
+    >>> record_problem({"key": "k", "backend": "tvm", "target": {"kind": "llvm"}, "median_s": 1e-3})
+    "field 'target' is a dict, not a string"
+    """
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    missing = [f for f in REQUIRED_FIELDS if f not in rec]
+    if missing:
+        return f"lacks field(s) {', '.join(missing)}"
+    for f in REQUIRED_FIELDS[:3]:
+        if not isinstance(rec[f], str):
+            return f"field {f!r} is a {type(rec[f]).__name__}, not a string"
+    try:
+        float(rec["median_s"])
+    except (TypeError, ValueError):
+        return f"median_s is {rec['median_s']!r}, not a number"
+    return None
 
 
 def default_cache_path() -> Path:
@@ -31,13 +70,15 @@ class MeasureCache:
 
     Each line: ``{"key", "backend", "target", "median_s", "repeats": [...], "op", "flops",
     "bytes", ...}``. Later lines win. :attr:`skipped` lists ``(line number, reason)`` for
-    each line that could not be read (a warning names them).
+    each line that could not be read, :attr:`expired` ``(line number, cache_version)`` for
+    each record of another format; one warning names them and says what to do.
     """
 
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = Path(path) if path is not None else default_cache_path()
         self.entries: dict[tuple[str, str, str], dict] = {}
         self.skipped: list[tuple[int, str]] = []
+        self.expired: list[tuple[int, object]] = []
         self._lock = threading.Lock()
         self._load()
 
@@ -45,19 +86,32 @@ class MeasureCache:
         if not self.path.exists():
             return
         for lineno, rec, why in read_records(self.path):
+            why = why or record_problem(rec)
             if why is not None:
                 self.skipped.append((lineno, why))
                 continue
-            try:
-                k = (rec["key"], rec["backend"], rec["target"])
-                hash(k)
-                float(rec["median_s"])
-            except (KeyError, TypeError, ValueError) as e:
-                self.skipped.append((lineno, f"{type(e).__name__}: {e}"))
+            if rec.get("cache_version", 1) != CACHE_VERSION:
+                self.expired.append((lineno, rec["cache_version"]))
                 continue
-            self._index(k, rec)
+            self._index((rec["key"], rec["backend"], rec["target"]), rec)
+        if self.skipped or self.expired:
+            warnings.warn(self._report(), RuntimeWarning, stacklevel=3)
+
+    def _report(self) -> str:
+        """The warning for the lines :meth:`_load` could not use (corrupt ones named last)."""
+        parts = []
+        if self.expired:
+            lines = ", ".join(str(n) for n, _ in self.expired[:10]) + (", ..." if len(self.expired) > 10 else "")
+            versions = ", ".join(sorted({str(v) for _, v in self.expired}))
+            parts.append(f"{len(self.expired)} expired record(s) of cache format version {versions} (line {lines}; "
+                         f"this tvm-pesto reads version {CACHE_VERSION})")
         if self.skipped:
-            warnings.warn(f"measurement log {self.path}: {skipped_note(self.skipped)}", RuntimeWarning, stacklevel=3)
+            reasons = sorted({why for _, why in self.skipped if why != INCOMPLETE})
+            if reasons:
+                parts.append(f"corrupted: {', '.join(reasons[:3])}{', ...' if len(reasons) > 3 else ''}")
+            parts.append(skipped_note(self.skipped))
+        return (f"measurement log {self.path}: lines it cannot use are ignored and their subgraphs measured again "
+                f"(delete those lines, or the file, to stop this warning): {'; '.join(parts)}")
 
     def _index(self, k: tuple[str, str, str], rec: dict) -> None:
         """Remember one loaded record (subclasses may index it further)."""

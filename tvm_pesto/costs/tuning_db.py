@@ -28,6 +28,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -135,7 +136,84 @@ def device_for_target(target: dict, device: dict | None = None) -> dict:
             if a == arch:
                 return {"kind": "gpu", "model": name, "peak_flops": peak, "mem_bandwidth": bw, "memory_bytes": mem,
                         "cores": sms}
-    raise CostError(f"no device description for target {target}; pass one with --device-json")
+    raise CostError(f"no device description for target {target}; pass one as read_tuning_db(..., device=...) "
+                    "(see tvm_pesto.costs.features.device_descriptor)")
+
+
+#: Target fields that decide whether tuned schedules fit a device; compared where both the
+#: record's target and the device's give them (``kind`` always).
+TARGET_FIELDS = ("kind", "arch", "mcpu")
+
+
+def target_summary(target: dict) -> dict:
+    """The :data:`TARGET_FIELDS` of a target JSON dict (``kind`` defaults to ``llvm``)."""
+    out = {k: str(target[k]) for k in TARGET_FIELDS if target.get(k)}
+    out.setdefault("kind", "llvm")
+    return out
+
+
+def target_matches(record_target: dict, target: dict) -> bool:
+    """Whether schedules tuned for ``record_target`` fit a device whose target is ``target``.
+
+    Examples
+    --------
+    >>> target_matches({"kind": "llvm", "num-cores": 4}, {"kind": "llvm", "num-cores": 1})
+    True
+    >>> target_matches({"kind": "cuda", "arch": "sm_90"}, {"kind": "cuda", "arch": "sm_80"})
+    False
+    """
+    a, b = target_summary(record_target), target_summary(target)
+    return all(a[k] == b[k] for k in a.keys() & b.keys())
+
+
+def device_kind_of(target: dict) -> str:
+    """``cpu`` for an ``llvm`` target, ``gpu`` for any other (cuda, rocm, vulkan, ...)."""
+    return "cpu" if target_summary(target)["kind"] in ("llvm", "c") else "gpu"
+
+
+def database_targets(work_dir) -> list[dict]:
+    """The distinct targets (:func:`target_summary`) of a MetaSchedule database's records.
+
+    Lines that do not parse are left to :func:`read_tuning_db` to report.
+    """
+    path = Path(work_dir) / RECORD_FILE
+    if not path.is_file():
+        return []
+    st = path.stat()
+    return [dict(t) for t in _record_targets(str(path.resolve()), st.st_mtime_ns, st.st_size)]
+
+
+@functools.lru_cache(maxsize=8)
+def _record_targets(path: str, mtime_ns: int, size: int) -> tuple:
+    """:func:`database_targets` of one version of a record file (each build asks again)."""
+    seen: dict[str, dict] = {}
+    for _, obj in _read_lines(Path(path), []):
+        try:
+            t = obj[1][2]
+        except (TypeError, IndexError, KeyError):
+            continue
+        if isinstance(t, dict):
+            summary = target_summary(t)
+            seen.setdefault(json.dumps(summary, sort_keys=True), summary)
+    return tuple(seen[k] for k in sorted(seen))
+
+
+def check_database_target(work_dir, target: dict) -> None:
+    """Raise :class:`CostError` when a record of the database was tuned for another target
+    than ``target`` (MetaSchedule applies a workload's best record whatever its target, so
+    such a database must not be used for this device).
+
+    Examples
+    --------
+    >>> check_database_target("ms_work", {"kind": "llvm", "num-cores": 2})   # doctest: +SKIP
+    """
+    others = [t for t in database_targets(work_dir) if not target_matches(t, target)]
+    if others:
+        shown = ", ".join(json.dumps(t, sort_keys=True) for t in others[:3])
+        raise CostError(f"MetaSchedule database {os.fspath(work_dir)!r} holds records tuned for {shown}, not for "
+                        f"this device's target {json.dumps(target_summary(target), sort_keys=True)}; its schedules "
+                        "do not fit here: tune a database for this target (tune_tir/tune_relax) and point "
+                        "TVM_PESTO_MS_DB at it, or keep one target per database")
 
 
 def _read_lines(path: Path, skipped: list) -> list[tuple[int, object]]:
@@ -211,6 +289,10 @@ def read_tuning_db(work_dir, model: str | None = None, device: dict | None = Non
             secs = [float(s) for s in (run_secs or [])]
             if not isinstance(target, dict):
                 raise ValueError("target is not a JSON object")
+            if device is not None and device.get("kind") and device_kind_of(target) != device["kind"]:
+                raise ValueError(f"tuned for target {json.dumps(target_summary(target), sort_keys=True)}, not for "
+                                 f"the given {device['kind']} device; read a database tuned for that device, or "
+                                 "pass no device (each record's target then names its device)")
         except (ValueError, TypeError) as e:
             skipped.append((str(wd / RECORD_FILE), lineno, str(e)))
             continue
@@ -345,5 +427,6 @@ def _cpu_intrinsics_only(enabled: bool):
             del sys.modules[name]
 
 
-__all__ = ["FAILED_S", "RECORD_FILE", "WORKLOAD_FILE", "describe_primfunc", "device_for_target", "read_tuning_db",
-           "tune_in_process"]
+__all__ = ["FAILED_S", "RECORD_FILE", "TARGET_FIELDS", "WORKLOAD_FILE", "check_database_target", "database_targets",
+           "describe_primfunc", "device_for_target", "device_kind_of", "read_tuning_db", "target_matches",
+           "target_summary", "tune_in_process"]

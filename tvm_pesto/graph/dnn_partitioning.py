@@ -59,12 +59,16 @@ DEFAULT_BYTES_PER_UNIT = float(1 << 30)
 
 def _read_json(path: str, what: str) -> Any:
     if not os.path.isfile(path):
-        raise GraphError(f"{what} {path!r} does not exist")
+        raise GraphError(f"{what} {path!r} does not exist (working directory {os.getcwd()!r}); check the path")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as err:
-        raise GraphError(f"{what} {path!r} is not valid JSON: {err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        cut = isinstance(err, json.JSONDecodeError) and (err.pos >= len(err.doc.rstrip())
+                                                         or err.msg.startswith("Unterminated string"))
+        why = "it ends before the JSON is complete (truncated?)" if cut else "it is not JSON text"
+        raise GraphError(f"{what} {path!r} is not valid JSON: {why} ({err}); give the whole file, as the "
+                         "dnn-partitioning tools write it") from None
 
 
 def _number(value: Any, what: str) -> float:
@@ -228,7 +232,7 @@ def cluster_from_graph(meta: dict, accel_to_accel_factor: float = 2.0) -> Cluste
     k, l = int(meta["max_accelerators"]), int(meta["max_cpus"])
     if k < 0 or l < 0 or k + l == 0:
         raise ClusterError(f"{meta.get('name', 'graph')}: maxFPGAs={k}, maxCPUs={l} gives no devices; "
-                           "the file needs at least one accelerator or CPU")
+                           "set maxFPGAs or maxCPUs in the file to at least 1")
     if meta["max_size_per_accelerator"] <= 0 and k > 0:
         raise ClusterError(f"{meta.get('name', 'graph')}: maxSizePerFPGA must be > 0")
     if accel_to_accel_factor <= 0:

@@ -27,7 +27,9 @@ def _static_shape(ty, what: str) -> tuple[int, ...]:
         if not isinstance(s, tvm.tirx.IntImm):
             raise UnsupportedModuleError(
                 f"{what} has a dynamic dimension {s}; tvm-pesto places static graphs only — "
-                "export the model with concrete input shapes (no torch.export Dim / symbolic vars)")
+                "export the model with concrete input shapes (no torch.export Dim / symbolic vars), or give "
+                "them when loading it (tvm_pesto.models.load_model(path, input_shapes=...), --input-shape "
+                "NAME=D1,D2,...)")
         vals.append(int(s))
     return tuple(vals)
 
@@ -113,11 +115,17 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
         raise GraphError(f"expected a tvm.IRModule, got {type(mod).__name__}; import a model with "
                          "tvm_pesto.frontend.from_torch or from_onnx first")
     names = [gv.name_hint for gv in mod.get_global_vars()]
+    if not names:
+        raise GraphError(f"the module is empty: it has no function {func_name!r} to place; give a module whose "
+                         f"{func_name!r} is a Relax function (e.g. from tvm_pesto.frontend.from_torch or from_onnx)")
     if func_name not in names:
-        raise GraphError(f"module has no function {func_name!r} (it has {sorted(names)})")
+        others = sorted(names)
+        raise GraphError(f"module has no function {func_name!r} (it has {others}); rename the function to place "
+                         f"to {func_name!r} (tvm_pesto.analyze also takes func_name={others[0]!r})")
     func = mod[func_name]
     if not isinstance(func, relax.Function):
-        raise GraphError(f"{func_name!r} is a {type(func).__name__}, not a Relax function")
+        raise GraphError(f"{func_name!r} is a {type(func).__name__}, not a Relax function; place a module whose "
+                         f"{func_name!r} is a Relax function (a TIR PrimFunc is already lowered)")
     num_input = func.attrs["num_input"] if func.attrs is not None and "num_input" in func.attrs else None
     params = list(func.params)
     n_in = int(num_input) if num_input is not None else len(params)

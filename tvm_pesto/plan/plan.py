@@ -132,5 +132,119 @@ class Plan:
         return self.to_text()
 
     def save(self, path: str, graph=None) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_dict(graph), f, indent=1)
+        """Write :meth:`to_dict` as JSON (whole or not at all); :meth:`load` reads it back."""
+        from ..jsonio import write_json
+
+        write_json(path, self.to_dict(graph))
+
+    # -- input -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data, graph=None, where: str = "the plan") -> "Plan":
+        """The inverse of :meth:`to_dict`: node ``k`` is the ``k``-th key of ``assignment``
+        (names or numbers, whichever ``to_dict`` wrote), ``units`` become candidates.
+
+        Parameters
+        ----------
+        data : dict
+            What :meth:`to_dict` returned (or :meth:`save` wrote).
+        graph : OpGraph, optional
+            The graph the plan is to be used for. For a plan with units, the module's op
+            graph (``tvm_pesto.analyze(mod).op_graph``): the units must cover it and, when the
+            plan was saved with node names, contract to nodes of the same names. For other
+            plans, the plan's own graph: same nodes, same names.
+        where : str
+            How messages name the plan (e.g. its file).
+
+        Raises
+        ------
+        PlanError
+            When ``data`` is not a plan, is inconsistent, or is for another graph (the message
+            names the first difference and says to place the graph again).
+
+        Examples
+        --------
+        >>> p = Plan([0, 1, 0], [[0, 2], [1]], solver="heft")
+        >>> q = Plan.from_dict(p.to_dict())
+        >>> q.assignment.tolist(), q.order, q.solver
+        ([0, 1, 0], [[0, 2], [1]], 'heft')
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("assignment"), dict) \
+                or not isinstance(data.get("order"), list):
+            raise PlanError(f"{where} is not a tvm-pesto plan: it needs an 'assignment' object and an 'order' "
+                            "list, as Plan.save writes them; save the plan again")
+        names = [str(k) for k in data["assignment"]]
+        index = {nm: k for k, nm in enumerate(names)}
+        try:
+            assignment = [int(d) for d in data["assignment"].values()]
+            order = [[index[str(nm)] for nm in seq] for seq in data["order"]]
+            units = None
+            if data.get("units") is not None:
+                from ..candidates.generate import Candidate
+
+                units = [Candidate(str(u["backend"]), tuple(int(v) for v in u["nodes"]), str(u.get("pattern", "")))
+                         for u in data["units"]]
+            plan = cls(np.asarray(assignment, dtype=np.int32), order, solver=str(data.get("solver", "unknown")),
+                       solve_s=float(data.get("solve_s", 0.0)), info=dict(data.get("info") or {}), units=units)
+        except KeyError as e:
+            raise PlanError(f"{where}: a device order names node {e.args[0]!r}, which its assignment does not "
+                            "place; the file is damaged: save the plan again") from None
+        except (TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"{where} has a malformed field ({type(e).__name__}: {e}); devices and unit nodes are "
+                            "integers: save the plan again") from None
+        try:
+            plan.validate(len(names), len(order))
+            if units is not None and len(units) != len(names):
+                raise PlanError(f"it has {len(units)} units for {len(names)} plan nodes")
+        except PlanError as e:
+            raise PlanError(f"{where} is inconsistent: {e}; save the plan again") from None
+        if graph is not None:
+            plan._check_graph(graph, names, where)
+        return plan
+
+    @classmethod
+    def load(cls, path: str, graph=None) -> "Plan":
+        """Read a plan written by :meth:`save` (see :meth:`from_dict` for ``graph``).
+
+        Raises
+        ------
+        PlanError
+            For a missing or unreadable file, or a plan that does not fit ``graph``.
+        """
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise PlanError(f"plan file {path!r} does not exist; check the path, or write one with "
+                            "Plan.save(path)") from None
+        except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise PlanError(f"plan file {path!r} is not valid JSON ({e}); save the plan again "
+                            "(Plan.save writes it whole)") from None
+        return cls.from_dict(data, graph, where=f"plan file {path!r}")
+
+    def _check_graph(self, graph, names: list[str], where: str) -> None:
+        """Raise :class:`PlanError` if the plan does not fit ``graph`` (see :meth:`from_dict`)."""
+        from ..errors import GraphError
+
+        fix = f"place {graph.name!r} again (tvm_pesto.place) or load the plan saved for it"
+        n = graph.num_nodes
+        if self.units is not None:
+            covered = sorted(v for u in self.units for v in u.nodes)
+            if covered != list(range(n)):
+                raise PlanError(f"{where} is for another graph: its units cover {len(covered)} ops (ids up to "
+                                f"{max(covered, default=-1)}), but {graph.name!r} has {n} ops; {fix}")
+            try:
+                plan_graph = graph.contract([list(u.nodes) for u in self.units])
+            except GraphError as e:
+                raise PlanError(f"{where} is for another graph: its units do not form a plan of {graph.name!r} "
+                                f"({e}); {fix}") from None
+        else:
+            plan_graph = graph
+        if plan_graph.num_nodes != len(names):
+            raise PlanError(f"{where} is for another graph: it places {len(names)} nodes, but {graph.name!r} has "
+                            f"{plan_graph.num_nodes}; {fix}")
+        if names == [str(k) for k in range(len(names))]:
+            return  # saved without names: nothing more to compare
+        for k, (saved, nd) in enumerate(zip(names, plan_graph.nodes)):
+            if saved != nd.name:
+                raise PlanError(f"{where} is for another graph: its node {k} is {saved!r}, but in {graph.name!r} "
+                                f"node {k} is {nd.name!r}; {fix}")
