@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tvm
 
 import tvm_pesto
 from tvm_pesto import zoo
 from tvm_pesto.errors import ExecutionError
+from tvm_pesto.run.runtime_pkg import copy_runtime_package
 
 LOAD_AND_RUN = textwrap.dedent("""
     import sys, numpy as np
@@ -83,10 +83,9 @@ def test_load_in_a_fresh_process_gives_the_same_output(bundle):
 def runtime_only_tvm(tmp_path_factory):
     """TVM's Python package without its compiler library (as TVM deploys, and as the lent GPU
     machine has it): ``lib/libtvm_compiler.so`` and ``3rdparty/`` left out."""
-    src = Path(tvm.__file__).parent
     dst = tmp_path_factory.mktemp("tvm_runtime_only")
-    shutil.copytree(src, dst / "tvm", ignore=shutil.ignore_patterns("libtvm_compiler*", "3rdparty", "__pycache__"))
-    assert not list((dst / "tvm").rglob("libtvm_compiler*"))
+    pkg = copy_runtime_package(dst)
+    assert not list(pkg.rglob("libtvm_compiler*")) and (pkg / "lib" / "libtvm_runtime.so").is_file()
     return dst
 
 

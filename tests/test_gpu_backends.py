@@ -6,13 +6,20 @@
 - Pattern coverage with TVM's registered cuBLAS/cuDNN/TensorRT patterns and checks.
 - cuBLAS GEMM plans and cuDNN convolution plans, emulated in NumPy, against TVM.
 - TensorRT: ONNX models of the partitioned regions are valid and compute what TVM computes.
-- Probes, streams, and the device-check script's dry run.
+- Probes and streams.
+- The device check (tests/gpu/): --prepare, --dry-run (healthy and with a backend broken on purpose),
+  the prepared folder loaded runtime-only in a fresh process, the runner's library replays on CPU stand-ins.
 """
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+import json
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from collections import Counter
 from pathlib import Path
 
@@ -435,20 +442,376 @@ def test_peer_access_pairs():
     assert streams.peer_access_pairs(3, lambda i, j: False) == []
 
 
-def test_device_check_dry_run(tmp_path):
-    out = tmp_path / "log.jsonl"
-    env = dict(os.environ, TVM_PESTO_CACHE=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "device_check.py"), "--dry-run",
-                        "--models", "mlp_mixer", "--out", str(out), "--no-nvcc"],
-                       capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    text = r.stdout
-    assert "summary" in text.lower() and "mlp_mixer" in text
-    for bk in ("tvm-cuda", "cublas", "cudnn", "tensorrt"):
-        assert bk in text
-    if not GPU_OK:
-        assert "skipped" in text and "libcuda" in text
+# -- the device check: tests/gpu/device_check.py, prepare.py (here), gpu_runner.py (GPU machine) --
+GPU_DIR = ROOT / "tests" / "gpu"
+DEVICE_CHECK = GPU_DIR / "device_check.py"
+MIB = 1 << 20
+NVCC_SM90 = "sm_90" in probe.nvcc_archs()
+needs_nvcc = pytest.mark.skipif(not NVCC_SM90, reason="no nvcc for sm_90 on PATH: --prepare compiles TVM's CUDA "
+                                "into the fatbins the GPU machine loads (install the CUDA 13 toolkit)")
 
+
+def _gpu_runner():
+    if str(GPU_DIR) not in sys.path:
+        sys.path.insert(0, str(GPU_DIR))
+    import gpu_runner
+
+    return gpu_runner
+
+
+def _device_check(*args, before: str = "", timeout: float = 600):
+    """device_check.py in a fresh process; ``before``: Python that process runs first."""
+    argv = [str(DEVICE_CHECK), *map(str, args)]
+    code = f"{before}\nimport runpy, sys\nsys.argv = {argv!r}\nrunpy.run_path({str(DEVICE_CHECK)!r}, run_name='__main__')\n"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _rows(log_path) -> dict:
+    return {(r["model"], r["backend"]): r for r in json.loads(Path(log_path).read_text())["rows"]}
+
+
+def _runtime_only(folder, out, *args):
+    """The folder's runner in a fresh process with TVM_USE_RUNTIME_LIB=1 and only the folder's TVM on PYTHONPATH."""
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", PYTHONPATH=str(Path(folder) / "runtime"))
+    return subprocess.run([sys.executable, str(Path(folder) / "run_gpu_check.py"), "--cpu-twins", "--out", str(out),
+                           "--repeat", "1", "--min-repeat-ms", "1", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """One ``--dry-run --prepare DIR`` of mlp_mixer (cuBLAS, cuDNN and TensorRT subgraphs)."""
+    if not NVCC_SM90:
+        pytest.skip("no nvcc for sm_90 on PATH: --prepare needs it")
+    root = tmp_path_factory.mktemp("gpucheck")
+    folder, log = root / "folder", root / "dry-run.json"
+    r = _device_check("--dry-run", "--prepare", folder, "--models", "mlp_mixer", "--out", log, "--allow-missing-wheels")
+    return folder, log, r
+
+
+def test_check_rows_allow_only_documented_skips():
+    runner = _gpu_runner()
+    row = runner.Row("m", "cublas")
+    with pytest.raises(ValueError, match="not documented"):
+        row.skip("the calls", "no time")
+    with pytest.raises(ValueError, match="use skip"):
+        row.add("the calls", "skipped")
+    assert runner.Row("m", "cudnn").to_dict()["status"] == "crashed"  # a row that checked nothing
+    row.add("s0", "ok")
+    row.add("s1", "mismatch", "max abs error 1")
+    row.add("s2", "ok")
+    d = row.to_dict()
+    assert (d["status"], d["detail"]) == ("mismatch", "s1: max abs error 1")
+    skipped = runner.Row("m", "cudnn")
+    skipped.skip("everything", "no-matches", "no conv2d")
+    assert skipped.to_dict()["status"] == "skipped"
+    assert runner.exit_code([skipped.to_dict()]) == 0 and runner.exit_code([d, skipped.to_dict()]) == 1
+
+
+@needs_nvcc
+def test_device_check_dry_run_passes_on_the_healthy_tree(prepared):
+    _, log, r = prepared
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "summary" in r.stdout
+    rows = _rows(log)
+    backends = ("tvm-cuda", "cublas", "cudnn", "tensorrt", "cpu-twin")
+    assert {("mlp_mixer", b) for b in backends} | {("*", "bundle"), ("*", "runtime")} <= set(rows)
+    reasons = _gpu_runner().SKIP_REASONS
+    for row in rows.values():
+        assert row["status"] in ("ok", "skipped"), row
+        assert all(s["reason"] in reasons for s in row["skipped"]), row
+    for b in backends:  # checked here, not forced to "skipped"
+        assert rows[("mlp_mixer", b)]["status"] == "ok" and rows[("mlp_mixer", b)]["items"], b
+    names = [i["name"] for i in rows[("mlp_mixer", "cublas")]["items"]]
+    assert sum("plan (NumPy) vs TVM CPU" in n for n in names) == rows[("mlp_mixer", "cublas")]["subgraphs"] > 0
+    assert {s["reason"] for s in rows[("mlp_mixer", "tensorrt")]["skipped"]} == {"tensorrt-not-in-workplace"}
+    if not GPU_OK:
+        assert {s["reason"] for s in rows[("mlp_mixer", "cublas")]["skipped"]} == {"no-gpu"}
+
+
+@needs_nvcc
+def test_device_check_dry_run_fails_when_a_backend_is_broken(tmp_path):
+    broken = ("import tvm_pesto.backends.gpu.cublas as cublas\n"
+              "def plan_gemm(func):\n"
+              "    raise RuntimeError('cuBLAS plan builder broken on purpose')\n"
+              "cublas.plan_gemm = plan_gemm\n")
+    log = tmp_path / "log.json"
+    r = _device_check("--dry-run", "--prepare", tmp_path / "folder", "--models", "mlp_mixer", "--out", log,
+                      "--allow-missing-wheels", before=broken)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = _rows(log)
+    row = rows[("mlp_mixer", "cublas")]
+    assert row["status"] == "build_failed" and "broken on purpose" in row["detail"], row
+    assert all(i["status"] == "build_failed" for i in row["items"] if i["name"].endswith(": plan"))
+    assert all(r_["status"] in ("ok", "skipped") for k, r_ in rows.items() if k != ("mlp_mixer", "cublas"))
+    assert "build_failed" in r.stdout and "broken on purpose" in r.stdout
+    man = json.loads((tmp_path / "folder" / "manifest.json").read_text())
+    subs = man["models"]["mlp_mixer"]["libraries"]["cublas"]["subgraphs"]
+    assert subs and all(s["plan"] is None and s["status"] == "build_failed" for s in subs)  # the GPU run fails too
+
+
+@needs_nvcc
+def test_prepared_folder_fits_and_its_cpu_twins_load_runtime_only(prepared, tmp_path):
+    from tvm_pesto.run.runtime_pkg import tree_bytes
+
+    folder, _, r = prepared
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    man = json.loads((folder / "manifest.json").read_text())
+    assert man["size_bytes"] <= 60 * MIB and tree_bytes(folder) <= 60 * MIB
+    files = set(man["files"])
+    for f in ("run_gpu_check.py", "runtime/tvm/lib/libtvm_runtime.so", "runtime/tvm/lib/libtvm_runtime_cuda.so",
+              "lib/gpu_probe.py", "lib/pesto_cublaslt.py", "lib/pesto_cudnn_graph.py", "models/mlp_mixer.cuda.so",
+              "models/mlp_mixer.cpu.so", "data/mlp_mixer.npz", "data/mlp_mixer.cublas.npz", "data/mlp_mixer.cudnn.npz"):
+        assert f in files, f
+    assert not [f for f in files if "libtvm_compiler" in f or "3rdparty/" in f or "__pycache__" in f]
+    entry = man["models"]["mlp_mixer"]
+    assert entry["cuda"]["kernels"] and all(man["kernels"][k] in files for k in entry["cuda"]["kernels"])
+    out = tmp_path / "twins.json"
+    res = _runtime_only(folder, out)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    env = json.loads(out.read_text())["environment"]
+    assert (folder / "runtime").resolve() in Path(env["tvm_file"]).parents, env
+    assert env["runtime_only"] and not env["compiler_mapped"] and not env["relax_imported"], env
+    twin = _rows(out)[("mlp_mixer", "cpu-twin")]
+    assert twin["status"] == "ok", twin
+    items = {i["name"]: i for i in twin["items"]}
+    assert items["main vs PyTorch"]["status"] == "ok" and items["main vs PyTorch"]["max_err"] < 1e-3
+    assert len(twin["timings"]) == len(entry["groups"]) > 0
+    if not GPU_OK:  # the CUDA library itself cannot load without libcuda.so.1: expected, and said
+        assert "needs TVM's CUDA runtime" in items["parse CUDA library"]["detail"]
+        assert [s["reason"] for s in twin["skipped"]] == ["no-gpu"]
+    for name, ext in (("tvm-ffi", "tvm_ffi/core.cpython-312"), ("cudnn-frontend", "cudnn/_compiled_module.cpython-312")):
+        w = man["wheels"][name]
+        if "missing" in w:
+            pytest.skip(f"the {name} wheel is not in the folder: {w['missing']}")
+        with zipfile.ZipFile(folder / w["file"]) as z:
+            assert any(n.startswith(ext) for n in z.namelist()), name
+
+
+def _plan_from_dict(cls, d, data, prefix):
+    kw = {}
+    for f in dataclasses.fields(cls):
+        v = d.get(f.name)
+        if isinstance(v, dict):
+            kw[f.name] = (cublas.Operand(const=data[f"{prefix}_{v['const']}"]) if "const" in v
+                          else cublas.Operand(index=v["param"], item=v["item"]))
+        elif isinstance(v, list):
+            kw[f.name] = tuple(v)
+        elif f.name in d:
+            kw[f.name] = v
+    return cls(**kw)
+
+
+@needs_nvcc
+def test_prepared_plans_reproduce_the_reference(prepared):
+    """The plans as plain data (what the GPU runner replays) compute the stored reference."""
+    folder = prepared[0]
+    man = json.loads((folder / "manifest.json").read_text())
+    for lib, cls, emulate in (("cublas", cublas.GemmPlan, cublas.emulate_gemm),
+                              ("cudnn", cudnn.ConvPlan, cudnn.emulate_conv)):
+        info = man["models"]["mlp_mixer"]["libraries"][lib]
+        data = np.load(folder / info["data"])
+        assert info["subgraphs"]
+        for sub in info["subgraphs"]:
+            plan = _plan_from_dict(cls, sub["plan"], data, sub["name"])
+            args = [data[p["fill"][len("data:"):]] for p in sub["params"]]
+            np.testing.assert_allclose(emulate(plan, args), data[f"{sub['name']}_ref0"], rtol=2e-3, atol=2e-3,
+                                       err_msg=f"{lib} {sub['name']}")
+
+
+class _StandInCublasLt:
+    """cuBLASLt for the runner's call sequence on the CPU: records layouts, writes ``expect``
+    (plus ``offset``) through the output pointer it is given."""
+
+    def __init__(self, offset):
+        self.lib, self.offset, self.layouts, self.expect = self, offset, [], None
+
+    def check(self, rc, what):
+        assert rc == 0, what
+
+    def handle(self, index):
+        return ctypes.c_void_p(1)
+
+    def layout(self, *args):
+        self.layouts.append(args)
+        return ctypes.c_void_p(len(self.layouts))
+
+    def cublasLtMatmulDescCreate(self, *args):
+        return 0
+
+    def cublasLtMatmulDescSetAttribute(self, *args):
+        return 0
+
+    def cublasLtMatmul(self, handle, desc, alpha, a, la, b, lb, beta, c, lc, d, ld, algo, ws, ws_bytes, stream):
+        want = np.ascontiguousarray(self.expect + self.offset, dtype=np.float32)
+        ctypes.memmove(d, want.ctypes.data, want.nbytes)
+        return 0
+
+
+class _StandInGraph:
+    """cudnn-frontend's pygraph for the backend's build_cudnn_graph, on the CPU."""
+
+    calls: list = []
+    expect = None
+    offset = 0.0
+
+    class T:
+        def __init__(self, name):
+            self.name, self.output = name, False
+
+        def set_output(self, flag):
+            self.output = flag
+            return self
+
+        def set_data_type(self, dt):
+            return self
+
+        def set_dim(self, dims):
+            return self
+
+        def set_stride(self, strides):
+            return self
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def tensor(self, name, dim, stride, data_type):
+        return self.T(name)
+
+    def conv_fprop(self, **kw):
+        _StandInGraph.calls.append(kw)
+        return self.T("conv")
+
+    def bias(self, name, input, bias):
+        return self.T(name)
+
+    def relu(self, name, input):
+        return self.T(name)
+
+    def validate(self):
+        pass
+
+    build_operation_graph = check_support = build_plans = validate
+
+    def create_execution_plans(self, modes):
+        pass
+
+    def get_workspace_size(self):
+        return 0
+
+    def execute(self, pack, workspace, handle=None):
+        (y,) = [t for k, t in pack.items() if k.output]
+        y.copyfrom(np.ascontiguousarray(self.expect + self.offset, dtype=np.float32))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("offset,status", [(0.0, "ok"), (0.5, "mismatch")])
+def test_runner_replays_plans_through_the_library_calls(prepared, monkeypatch, offset, status):
+    """The runner's cuBLASLt and cuDNN replays against CPU stand-ins of the libraries: the
+    plan's dimensions reach the library, the result goes through the comparison and the
+    timing; a wrong result is a mismatch."""
+    import time
+    from types import SimpleNamespace
+
+    runner = _gpu_runner()
+    folder = prepared[0]
+    monkeypatch.syspath_prepend(str(folder / "lib"))
+    for m in ("pesto_cublaslt", "pesto_cudnn_graph", "gpu_probe"):
+        monkeypatch.delitem(sys.modules, m, raising=False)
+    import pesto_cublaslt
+
+    lt = _StandInCublasLt(offset)
+    monkeypatch.setattr(pesto_cublaslt._Lt, "get", classmethod(lambda cls: lt))
+    fake_cudnn = SimpleNamespace(pygraph=_StandInGraph, data_type=SimpleNamespace(FLOAT=0, HALF=1),
+                                 heur_mode=SimpleNamespace(A=0, FALLBACK=1), set_stream=lambda handle, stream: None)
+    monkeypatch.setitem(sys.modules, "cudnn", fake_cudnn)
+    _StandInGraph.calls, _StandInGraph.offset = [], offset
+    real = dict(runner.LIBRARY_CALLS)
+
+    def expecting(lib):
+        def call(ctx, plan, args, data, prefix):
+            (lt if lib == "cublas" else _StandInGraph).expect = data[f"{prefix}_ref0"]
+            return real[lib](ctx, plan, args, data, prefix)
+        return call
+
+    monkeypatch.setattr(runner, "LIBRARY_CALLS", {lib: expecting(lib) for lib in real})
+    man = json.loads((folder / "manifest.json").read_text())
+    ctx = SimpleNamespace(folder=folder, probe=None, tol=man["tolerances"], repeat=1, min_repeat_ms=1,
+                          deadline=time.time() + 120, served=[], cudnn=fake_cudnn, cudnn_handle=object(),
+                          target=man["target"], cache_version=man["cache_version"], tvm=tvm, dev=tvm.cpu(0),
+                          device_name="stand-in")
+    entry = man["models"]["mlp_mixer"]
+    for lib in ("cublas", "cudnn"):
+        d = runner.run_library_gpu(ctx, "mlp_mixer", lib, entry).to_dict()
+        subs = entry["libraries"][lib]["subgraphs"]
+        assert d["status"] == status, d
+        assert len(d["items"]) == len(subs)
+        assert len(d["timings"]) == (len(subs) if status == "ok" else 0)
+    p = entry["libraries"]["cublas"]["subgraphs"][0]["plan"]
+    a_rows, a_cols = (p["m"], p["k"]) if p["transa"] == "N" else (p["k"], p["m"])
+    assert (a_rows, a_cols, p["lda"], p["batch"], p["stride_a"]) in [lay[1:] for lay in lt.layouts]
+    c = entry["libraries"]["cudnn"]["subgraphs"][0]["plan"]
+    assert _StandInGraph.calls[0]["pre_padding"] == c["pre_padding"] and _StandInGraph.calls[0]["stride"] == c["stride"]
+
+
+@needs_nvcc
+def test_runner_fails_on_a_mismatch_and_stops_on_a_truncated_folder(prepared, tmp_path):
+    folder = prepared[0]
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad, ignore=shutil.ignore_patterns("logs", ".unpacked"))
+    data = dict(np.load(bad / "data" / "mlp_mixer.npz"))
+    data["ref0"] = data["ref0"] + 1.0  # same size: the manifest still matches
+    np.savez(bad / "data" / "mlp_mixer.npz", **data)
+    res = _runtime_only(bad, tmp_path / "log.json")
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    twin = _rows(tmp_path / "log.json")[("mlp_mixer", "cpu-twin")]
+    assert twin["status"] == "mismatch" and "max abs error" in twin["detail"], twin
+    with open(bad / "models" / "mlp_mixer.cpu.so", "r+b") as f:
+        f.truncate(1000)
+    res = _runtime_only(bad, tmp_path / "log2.json")
+    assert res.returncode == 2 and "truncated" in res.stderr, res.stderr[-2000:]
+
+
+@needs_nvcc
+def test_runner_serves_the_prebuilt_kernels_to_tvms_cuda_loader(prepared, tmp_path):
+    """TVM's CUDA loader asks ``tvm_callback_cuda_compile`` for a module's binary: the runner
+    answers with the fatbin nvcc made at prepare time, and hands other sources to TVM's callback."""
+    import hashlib
+
+    import tvm_ffi
+
+    runner = _gpu_runner()
+    folder = prepared[0]
+    man = json.loads((folder / "manifest.json").read_text())
+    rel = next(iter(man["kernels"].values()))
+    source = "extern \"C\" __global__ void k(float* x) { x[0] = 1.f; }"
+    man["kernels"] = {hashlib.sha256(source.encode()).hexdigest(): rel}
+    name = "tvm_callback_cuda_compile"
+    original = tvm_ffi.get_global_func(name)
+    tvm_ffi.register_global_func(name, lambda code: b"compiled by the JIT", override=True)
+    try:
+        served = []
+        runner.serve_prebuilt_kernels(folder, man, served)
+        compile_cuda = tvm_ffi.get_global_func(name)
+        assert bytes(compile_cuda(source)) == (folder / rel).read_bytes()
+        assert bytes(compile_cuda("another source")) == b"compiled by the JIT"
+        assert [s_["how"].split()[0] for s_ in served] == ["prebuilt", "jit"]
+    finally:
+        tvm_ffi.register_global_func(name, original, override=True)
+    if not GPU_OK:  # GPU mode on a machine without a GPU: it says so and exits 2 (nothing checked)
+        res = subprocess.run([sys.executable, str(folder / "run_gpu_check.py"), "--out", str(tmp_path / "gpu.json")],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2 and "no usable GPU" in res.stderr, res.stderr[-2000:]
+
+
+@needs_gpu
+def test_device_check_on_a_gpu(tmp_path):
+    """A machine with TVM and a GPU: --prepare, then the runner on tvm.cuda(0)."""
+    log = tmp_path / "log.json"
+    r = _device_check("--models", "mlp_mixer", "--out", log, "--budget-s", "60")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = _rows(log)
+    assert rows[("mlp_mixer", "tvm-cuda")]["status"] == "ok" and rows[("mlp_mixer", "tvm-cuda")]["timings"]
 
 # -- on a GPU ----------------------------------------------------------------------------------
 @needs_gpu
