@@ -5,6 +5,9 @@ compile flow), and the CLI verbs ``demo``, ``run`` and ``place``. ``backends`` s
 backends compete for each subgraph: ``"all"`` (every backend available on the cluster's
 devices, the default), ``"tvm"`` (TVM's fusion groups only: placement without backend
 choice), or a list of names (``tvm`` is always kept: it covers every op).
+``deterministic=True`` replaces the solvers' wall-clock budgets by work budgets and fixes
+their seeds (:mod:`tvm_pesto.solve.budget`), so the same module, cluster and costs give the
+same plan on any machine; ``plan.info["budget"]`` names the mode used.
 
 Examples
 --------
@@ -182,6 +185,7 @@ class Placement:
 def solver_status(plan: Plan) -> str:
     """What the solver can say of the plan: ``optimal`` (proved, within the MIP gap),
     ``time_limit`` (the ILP stopped at its limit with an incumbent; see ``solver_gap``),
+    ``node_limit`` (the same at its node limit, in deterministic mode),
     ``infeasible`` / ``no_solution`` / ``solver_failed`` (an ILP with a fallback plan),
     ``feasible`` (a coarsened ILP: optimal for the supernodes at best, not for the graph),
     ``heuristic`` (a heuristic's plan: no claim)."""
@@ -204,7 +208,8 @@ def solver_gap(plan: Plan) -> float | None:
 
 
 def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs="auto", cache=None, progress=None,
-          time_limit_s: float = 30.0, search_s: float | None = None, **solver_options) -> Placement:
+          time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
+          colocate: list[list[int]] | None = None, **solver_options) -> Placement:
     """Decide backend, device and order for every subgraph of a module.
 
     Parameters
@@ -220,6 +225,20 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
         this call generates.
     time_limit_s, search_s
         ILP time limit and joint local-search budget (:func:`tvm_pesto.solve.joint.solve_joint`).
+    deterministic : bool, optional
+        Work budgets and fixed seeds instead of wall-clock budgets, so the plan is the same
+        on any machine (default: off, unless inside
+        :func:`tvm_pesto.solve.budget.deterministic_mode`). ``plan.info["deterministic"]``
+        says whether no clock decided the plan.
+    colocate : list of list of int, optional
+        Groups of op-graph nodes that must share a device (``JointProblem.colocate``), e.g.
+        a training step's forward and gradient ops (:mod:`tvm_pesto.train.constraints`).
+
+    Examples
+    --------
+    >>> pl = place(mod, "cpu:2", costs="roofline", solver="ilp", deterministic=True)  # doctest: +SKIP
+    >>> pl.plan.info["budget"], pl.plan.info["deterministic"]                        # doctest: +SKIP
+    ('work', True)
     """
     from .costs import CostTable, candidate_costs
     from .solve.joint import solve_joint
@@ -231,14 +250,18 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
         ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
-    jp = JointProblem(analysis.op_graph, cluster, list(cs), ct.table, cost_source=ct.source)
-    plan, problem = solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s, **solver_options)
+    jp = JointProblem(analysis.op_graph, cluster, list(cs), ct.table, cost_source=ct.source,
+                      colocate=[list(g) for g in colocate or []])
+    plan, problem = solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s,
+                                deterministic=deterministic, **solver_options)
     return Placement(analysis, cs, ct, jp, problem, plan, simulate(problem, plan))
 
 
 def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None, cache=None,
-          progress=None, **solver_options):
+          progress=None, deterministic: bool | None = None, **solver_options):
     """Place ``mod`` on ``cluster`` (or apply a given ``plan``) and build one module per device.
+
+    ``deterministic`` and ``solver_options`` go to :func:`place`.
 
     Returns
     -------
@@ -251,7 +274,7 @@ def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan
     cluster = as_cluster(cluster)
     if plan is None:
         pl = place(mod, cluster, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,
-                   **solver_options)
+                   deterministic=deterministic, **solver_options)
         analysis, plan = pl.analysis, pl.plan
     else:
         analysis, pl = analyze(mod), None
@@ -273,7 +296,8 @@ class PlacementPass:
     (:func:`tvm_pesto.builder.program.legalize_on_devices`). That path is for TVM's own
     VM, which runs one call at a time; :func:`build` runs the devices concurrently.
     ``last_placement`` keeps what was decided; ``plan=`` applies a given plan instead
-    (e.g. one saved from an earlier placement).
+    (e.g. one saved from an earlier placement); ``deterministic=True`` places with work
+    budgets (see :func:`place`), so a compile flow gives the same module on any machine.
 
     Examples
     --------
@@ -283,12 +307,13 @@ class PlacementPass:
     """
 
     def __init__(self, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None,
-                 **solver_options):
+                 deterministic: bool | None = None, **solver_options):
         self.cluster = as_cluster(cluster)
         self.backends = backends
         self.solver = solver
         self.costs = costs
         self.plan = plan  # apply this plan (with units) instead of solving
+        self.deterministic = deterministic
         self.solver_options = solver_options
         self.last_placement: Placement | None = None
 
@@ -299,7 +324,7 @@ class PlacementPass:
         if self.plan is not None:
             return legalize_on_devices(apply_plan(analyze(mod).rg, self.plan, self.cluster))
         pl = place(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,
-                   **self.solver_options)
+                   deterministic=self.deterministic, **self.solver_options)
         self.last_placement = pl
         return legalize_on_devices(apply_plan(pl.analysis.rg, pl.plan, self.cluster))
 

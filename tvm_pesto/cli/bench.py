@@ -4,6 +4,10 @@ Subcommands: ``placement`` (every solver on the dnn-partitioning LayerGraphs and
 models, against a lower bound), ``scale`` (solver wall time on random DAGs of 1k-100k
 ops), ``backends`` (single backends vs Collage's cover vs the joint solve, measured) and
 ``search`` (the joint search's time on big models, costs predicted). Each writes ``--json``, ``--md`` (a markdown table) and ``--plots`` (PNG files).
+``placement``, ``scale`` and ``backends`` compare plans, so they run the solvers in
+deterministic mode by default (``--deterministic``: work budgets and fixed seeds, see
+:mod:`tvm_pesto.solve.budget`); ``--wall-clock`` gives them budgets in seconds. Their
+JSON says which (``deterministic``).
 
 Register the group in ``tvm_pesto/cli/main.py`` with::
 
@@ -27,6 +31,8 @@ import shlex
 import click
 
 from ..errors import PestoError
+from ..solve.budget import deterministic_mode
+from .options import deterministic_option
 from .progress import ErrorGroup, console
 
 
@@ -92,8 +98,9 @@ def _split(values) -> list[str]:
               "with --quick]")
 @click.option("--layergraphs/--no-layergraphs", default=True, help="include the dnn-partitioning LayerGraphs")
 @click.option("--zoo/--no-zoo", default=True, help="include the zoo models")
+@deterministic_option(True)
 def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, ilp_refine, algorithms, root, models,
-              clusters, size, layergraphs, zoo):
+              clusters, size, layergraphs, zoo, deterministic):
     """Every solver on every LayerGraph and zoo model: makespan / lower bound, solve time, memory."""
     from ..bench import placement as bp
     from ..solve import get_solver
@@ -115,10 +122,13 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
         cases += bp.zoo_cases(models, size=size, clusters=clusters, progress=say)
     if not cases:
         raise PestoError("nothing to benchmark: --no-layergraphs and --no-zoo leave no cases")
-    console.print(f"[bold]bench placement[/]: {len(cases)} cases x {len(algs)} algorithms, ILP limit {limit:g} s")
-    res = bp.run_placement(cases, algs, ilp_time_limit_s=limit, ilp_target=ilp_target, progress=say,
-                           ilp_options=None if ilp_refine is None else {"refine_s": ilp_refine})
+    console.print(f"[bold]bench placement[/]: {len(cases)} cases x {len(algs)} algorithms, ILP limit {limit:g} s"
+                  f" ({'work budgets' if deterministic else 'wall-clock budgets'})")
+    with deterministic_mode(deterministic):
+        res = bp.run_placement(cases, algs, ilp_time_limit_s=limit, ilp_target=ilp_target, progress=say,
+                               ilp_options=None if ilp_refine is None else {"refine_s": ilp_refine})
     res["command"] = _command_line(ctx)
+    res["deterministic"] = deterministic
     s = res["summary"]
     console.print(f"ILP never worse than the best heuristic: {s['ilp_never_worse']} ({s['checked']} cases); "
                   f"within 5% of the bound on {s['ilp_within_5pct_where_applicable']} of the "
@@ -140,7 +150,9 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
 @click.option("--target", default=40, show_default=True, help="supernodes after coarsening")
 @click.option("--solver", default="cbc", show_default=True, type=click.Choice(["cbc", "highs"]), help="MIP backend")
 @click.option("--seed", default=0, show_default=True)
-def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithms, target, solver, seed):
+@deterministic_option(True)
+def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithms, target, solver, seed,
+          deterministic):
     """Wall time of every solver and of coarsen+ILP on random DNN-like DAGs of 1k, 10k, 100k ops."""
     from ..bench import scale as bs
 
@@ -151,9 +163,11 @@ def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithm
         raise PestoError(f"--sizes must be comma-separated integers, not {sizes!r}") from None
     algs = _split([algorithms]) if algorithms else list(bs.ALGORITHMS)
     console.print(f"[bold]bench scale[/]: sizes {ns}, algorithms {', '.join(algs)}")
-    res = bs.run_scale(ns, algs, ilp_time_limit_s=ilp_time_limit, target=target, solver=solver, seed=seed,
-                       progress=lambda m: console.print(f"  {m}"))
+    with deterministic_mode(deterministic):
+        res = bs.run_scale(ns, algs, ilp_time_limit_s=ilp_time_limit, target=target, solver=solver, seed=seed,
+                           progress=lambda m: console.print(f"  {m}"))
     res["command"] = _command_line(ctx)
+    res["deterministic"] = deterministic
     _write_outputs(res, json_path, md_path, plots_dir, lambda: bs.scale_markdown(res),
                    lambda d: bs.scale_plots(res, d))
 

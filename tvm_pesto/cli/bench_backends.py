@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import click
 
+from ..solve.budget import deterministic_mode
+from .options import deterministic_option
 from .progress import console
 
 
@@ -21,8 +23,11 @@ from .progress import console
               help="how joint_s picks between the 1- and 2-device joint results")
 @click.option("--cache", "cache_path", default=None, help="measurement log (JSON lines); default ~/.cache/tvm-pesto")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
-def backends(models, size, backends, repeat, time_limit, select_by, cache_path, json_path):
-    """Each backend alone vs Collage's DP vs the joint backend/placement ILP, for every zoo model."""
+@deterministic_option(True)
+def backends(models, size, backends, repeat, time_limit, select_by, cache_path, json_path, deterministic):
+    """Each backend alone vs Collage's DP vs the joint backend/placement ILP, for every zoo model.
+
+    The joint solves run with work budgets unless --wall-clock (the JSON says which)."""
     from ..bench.backends import bench_backends, quiet_openmp
 
     quiet_openmp()  # before anything imports torch
@@ -33,9 +38,11 @@ def backends(models, size, backends, repeat, time_limit, select_by, cache_path, 
     cache = MeasureCache(cache_path) if cache_path else MeasureCache()
     if cache.skipped:
         console.print(f"[yellow]measurement log {cache.path}: skipped {len(cache.skipped)} corrupted line(s)[/]")
-    res = bench_backends(list(models) or None, size=size, backends=names, cache=cache, repeat=repeat,
-                         time_limit_s=time_limit, progress=lambda m: console.print(f"  {m}"), select_by=select_by)
+    with deterministic_mode(deterministic):
+        res = bench_backends(list(models) or None, size=size, backends=names, cache=cache, repeat=repeat,
+                             time_limit_s=time_limit, progress=lambda m: console.print(f"  {m}"), select_by=select_by)
     res["cache_skipped_lines"] = [n for n, _ in cache.skipped]
+    res["deterministic"] = deterministic
     _print(res)
     if json_path:
         write_json(json_path, res)

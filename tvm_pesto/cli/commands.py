@@ -45,8 +45,12 @@ def max_abs_err(a, b) -> float:
 
 def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", costs: str = "auto",
               backends: str = "all", repeat: int = 20, measure_links: bool = True, out_dir: str | None = None,
-              input_shapes=None, export_dir: str | None = None) -> dict:
-    """Place, build and run a model (zoo name or file); compare with the unplaced TVM build."""
+              input_shapes=None, export_dir: str | None = None, deterministic: bool = False) -> dict:
+    """Place, build and run a model (zoo name or file); compare with the unplaced TVM build.
+
+    ``deterministic``: work budgets instead of wall-clock ones (:func:`tvm_pesto.api.place`);
+    ``res["deterministic"]`` says which mode was used, ``res["plan_deterministic"]`` whether
+    no clock decided the plan."""
     lm = load_target(model, size, input_shapes)
     cluster = parse_cluster(cluster_spec)
     if measure_links and cluster.all_present and cluster.num_devices > 1:
@@ -56,7 +60,8 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
             bench(cluster)
     with step("candidates, costs and plan") as cb:
         analysis = api.analyze(lm.mod)
-        pl = api.place(analysis, cluster, backends=backends, solver=solver, costs=costs, progress=cb)
+        pl = api.place(analysis, cluster, backends=backends, solver=solver, costs=costs, progress=cb,
+                       deterministic=deterministic)
     with step(f"build {len(pl.plan.devices_used())} per-device modules") as cb:
         from ..builder.placed import PlacedModule
         from ..builder.rewrite import apply_plan
@@ -75,7 +80,7 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
     res = {
         "model": lm.name, "source": lm.source, "size": size if lm.source == "zoo" else None,
         "cluster": cluster.name, "solver": pl.plan.solver, "solver_status": pl.solver_status,
-        "solver_gap": summary["solver_gap"],
+        "solver_gap": summary["solver_gap"], **_mode(deterministic, pl.plan.info),
         "backends": backends, "backend_mix": pl.backend_mix, "cost_source": pl.costs.source,
         "costs": summary["costs"], "num_ops": analysis.op_graph.num_nodes, "num_groups": analysis.graph.num_nodes,
         "num_units": pl.problem.num_nodes, "num_candidates": summary["num_candidates"],
@@ -110,10 +115,15 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
 
 def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "small", costs: str = "auto",
               expert: str | None = None, time_limit_s: float = 30.0, backends: str = "all",
-              input_shapes=None) -> dict:
+              input_shapes=None, deterministic: bool = True) -> dict:
     """Place a model (zoo name or model file) or a dnn-partitioning LayerGraph file with one
     or more solvers. Models go through the flow (candidates of ``backends``, costs, joint
     solve); LayerGraph files are placement problems as the file defines them.
+
+    ``deterministic`` (the default, as for ``tvm-pesto place``) gives every solver and the
+    lower bound work budgets instead of wall-clock ones, so the plans are the same on any
+    machine; ``res["deterministic"]`` says which mode was used, each result's
+    ``plan_deterministic`` whether no clock decided its plan.
 
     Every input problem raises a :class:`PestoError` before any solver runs where it can
     (unknown solver, bad graph file, cluster mismatch); when the devices lack memory, the
@@ -215,7 +225,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
 
         lb = joint_lower_bound(joint)
     else:
-        lb = lower_bound(problem)
+        lb = lower_bound(problem, deterministic=deterministic)
     results = {}
     for name in solvers:
         opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}
@@ -224,15 +234,17 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
                 if joint is not None:
                     from ..solve.joint import solve_joint
 
-                    plan, placed = solve_joint(joint, solver=name, time_limit_s=time_limit_s)
+                    plan, placed = solve_joint(joint, solver=name, time_limit_s=time_limit_s,
+                                               deterministic=deterministic)
                     sim = simulate(placed, plan)
                 else:
-                    plan, placed = solve(problem, name, **opts), problem
+                    plan, placed = solve(problem, name, deterministic=deterministic, **opts), problem
                     sim = simulate(problem, plan)
             except InfeasibleError as err:
                 raise memory_error(problem, err, f"{problem.graph.name}: {name} found no plan within the memory "
                                                  f"of {cluster.name}") from None
         results[name] = _result(placed, plan, sim, lb)
+        results[name].update(_mode(deterministic, plan.info))
     if expert:
         from ..graph import dnn_partitioning as dp
 
@@ -247,7 +259,9 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
            "lower_bound_s": lb["best"], "load_s": load_s, "best": best, "results": results,
            # top level: the best plan, as `place --json` promises
            "makespan_s": results[best]["makespan_s"], "solver": best, "solve_s": results[best]["solve_s"],
-           "solver_status": results[best]["solver_status"], "assignment": results[best]["assignment"]}
+           "solver_status": results[best]["solver_status"], "assignment": results[best]["assignment"],
+           "order": results[best]["order"], **_mode(deterministic, results[best]),
+           "lower_bound_deterministic": bool(lb.get("deterministic", True))}
     if joint is not None:
         out.update(num_ops=joint.graph.num_nodes, num_candidates=len(joint.candidates), backends=backends,
                    backend_mix=results[best]["backend_mix"], candidates_by_backend=cs.by_backend(),
@@ -263,7 +277,20 @@ def _result(problem, plan, sim, lb) -> dict:
             "solve_s": plan.solve_s, "solver_status": api.solver_status(plan), "solver_gap": api.solver_gap(plan),
             "peak_memory_bytes":
             sim.peak_memory.tolist(), "devices_used": plan.devices_used(), "backend_mix": plan.backend_mix(),
-            "info": _jsonable(plan.info), "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)}}
+            "info": _jsonable(plan.info), "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)},
+            "order": [[ids[v] for v in seq] for seq in plan.order]}
+
+
+def _mode(deterministic: bool, info: dict) -> dict:
+    """For the JSON output: the budget mode used and whether no clock decided the plan
+    (``info`` is a plan's info, with ``deterministic``, or a result with ``plan_deterministic``;
+    a plan without either, e.g. a heuristic's, is deterministic)."""
+    ok = info.get("plan_deterministic", info.get("deterministic", True))
+    out = {"deterministic": bool(deterministic), "budget": "work" if deterministic else "wall-clock",
+           "plan_deterministic": bool(ok)}
+    if not ok and info.get("deterministic_reason"):
+        out["deterministic_reason"] = info["deterministic_reason"]
+    return out
 
 
 def _jsonable(x):

@@ -11,6 +11,7 @@ import os
 import click
 
 from ..jsonio import write_json
+from .options import deterministic_option
 from .progress import ErrorGroup, console
 
 COSTS = ["auto", "measured", "roofline", "xgb"]
@@ -42,11 +43,13 @@ def _shapes(specs):
 @click.option("--costs", default="xgb", show_default=True, type=click.Choice(COSTS),
               help="xgb: the bundled cost model predicts every candidate (nothing is measured)")
 @click.option("--out", "out_dir", default="pesto-demo", show_default=True, help="folder for the Gantt chart and traces")
-def demo(model, size, cluster_spec, backends, solver, costs, out_dir):
+@deterministic_option(False)
+def demo(model, size, cluster_spec, backends, solver, costs, out_dir, deterministic):
     """Place a model over this machine's CPU devices (backend, device, order), run it, compare with the plan."""
     from .commands import run_model
 
-    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, out_dir=out_dir)
+    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, out_dir=out_dir,
+                    deterministic=deterministic)
     _print_run(res)
     write_json(os.path.join(out_dir, "result.json"), res)
     console.print(f"Gantt chart (simulated vs measured): {os.path.join(out_dir, 'gantt.png')}")
@@ -78,15 +81,18 @@ def _print_run(res):
               help="static shape of a model input whose shape is dynamic (repeatable)")
 @click.option("--expert", default=None, help="a human-expert split file to evaluate as a baseline")
 @click.option("--time-limit", default=30.0, show_default=True,
-              help="ILP time limit (s); the local search after it gets as long again")
+              help="ILP time limit (s; with --deterministic nominal seconds of work); the local search after "
+                   "it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
-def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, time_limit, json_path):
+@deterministic_option(True)
+def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, time_limit, json_path,
+          deterministic):
     """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
     from .commands import place_any
 
     solvers = ["all"] if solver == "all" else [s.strip() for s in solver.split(",") if s.strip()]
     res = place_any(target, cluster_spec, solvers, size=size, costs=costs, expert=expert, time_limit_s=time_limit,
-                    backends=backends, input_shapes=_shapes(input_shape))
+                    backends=backends, input_shapes=_shapes(input_shape), deterministic=deterministic)
     console.print(f"[bold]{res['graph']}[/]: {res.get('num_ops', res['num_nodes'])} nodes on {res['cluster']}; "
                   f"lower bound {res['lower_bound_s'] * 1e3:.3f} ms")
     for name, r in res["results"].items():
@@ -94,7 +100,7 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
         mix = ", ".join(f"{b} {n}" for b, n in r.get("backend_mix", {}).items())
         console.print(f"  {name:8s} makespan {r['makespan_s'] * 1e3:10.3f} ms  "
                       f"x{ratio:.3f} of bound  solve {r['solve_s']:.3f} s  {r['solver_status']}"
-                      + (f"  [{mix}]" if mix else "") if ratio else f"  {name}: {r}")
+                      + (f"  ({mix})" if mix else "") if ratio else f"  {name}: {r}")
     if json_path:
         write_json(json_path, res)
 
@@ -113,12 +119,15 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 @click.option("--export", "export_dir", default=None,
               help="also write the placed model as a bundle here (tvm_pesto.load runs it with TVM's runtime only)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
-def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path):
+@deterministic_option(False)
+def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
+        deterministic):
     """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
     from .commands import run_model
 
     res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, repeat=repeat,
-                    out_dir=trace_dir, input_shapes=_shapes(input_shape), export_dir=export_dir)
+                    out_dir=trace_dir, input_shapes=_shapes(input_shape), export_dir=export_dir,
+                    deterministic=deterministic)
     _print_run(res)
     if json_path:
         write_json(json_path, res)

@@ -6,7 +6,8 @@
 The registry lives in :mod:`tvm_pesto.solve.registry`; nothing inside this package
 imports this ``__init__``.
 
-Modules: ``common`` (shared heuristic machinery), ``single``, ``heft``, ``mtopo``, ``metf``,
+Modules: ``budget`` (how much a solver may do: wall-clock budgets, or work budgets in
+deterministic mode), ``common`` (shared heuristic machinery), ``single``, ``heft``, ``mtopo``, ``metf``,
 ``msct`` (heuristics), ``portfolio`` (all heuristics, best plan), ``mip`` (what both ILPs
 share: variables, solver backends, real solver status), ``ilp_model`` (the placement MIP),
 ``coarsen`` (supernodes + coarse MIP), ``bounds`` / ``comm_bounds`` (lower bounds),

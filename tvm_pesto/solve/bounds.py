@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan.problem import Problem
+from .budget import combine, mode_name
 from .common import colocation_index
 
 _SAFETY = 1e-6  # relative margin against LP solver tolerances
@@ -112,7 +113,7 @@ def lp_bound(problem: Problem, time_limit_s: float = 30.0) -> tuple[float | None
 
 
 def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 1000, comm: bool | None = None,
-                comm_max_nodes: int = 5000) -> dict:
+                comm_max_nodes: int = 5000, deterministic: bool | None = None) -> dict:
     """Lower bounds on the makespan of ``problem``, in seconds.
 
     Parameters
@@ -126,13 +127,17 @@ def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 10
         Compute the transfer-aware bounds of :mod:`.comm_bounds`; by default only when the
         graph has at most ``comm_max_nodes`` nodes (each distinct graph segment is a small MIP).
     comm_max_nodes : int
+    deterministic : bool, optional
+        Node limits instead of time limits for the segment MIPs (and no total time budget),
+        see :func:`tvm_pesto.solve.comm_bounds.segment_bound`; default: the ambient mode.
 
     Returns
     -------
     dict
         ``critical_path_s``, ``work_s``, ``lp_s`` (None when skipped or unsolved),
         ``lp_status``, ``segment_s`` and ``path_memory_s`` (None when skipped), ``segment``
-        (facts of the segment bound) and ``best`` (the largest of them).
+        (facts of the segment bound), ``best`` (the largest of them), ``budget`` (the mode)
+        and ``deterministic`` (no clock decided a bound; else ``deterministic_reason``).
 
     Examples
     --------
@@ -155,10 +160,12 @@ def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 10
     if comm and problem.num_nodes:
         from .comm_bounds import path_memory_bound, segment_bound  # imports the MIP (PuLP) only when asked
 
-        seg = segment_bound(problem)
+        seg = segment_bound(problem, deterministic=deterministic)
         out["segment_s"] = seg["bound_s"]
         out["segment"] = {k: v for k, v in seg.items() if k != "bound_s"}
         out["path_memory_s"] = path_memory_bound(problem)["bound_s"]
     vals = [v for v in (cp, work, out["lp_s"], out["segment_s"], out["path_memory_s"]) if v is not None]
     out["best"] = float(max(vals))
+    out["budget"] = mode_name(deterministic)
+    out.update(combine({"deterministic": True}, out.get("segment")))
     return out

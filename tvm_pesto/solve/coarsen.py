@@ -33,6 +33,7 @@ import numpy as np
 from ..errors import PestoError, PlanError
 from ..graph.opgraph import OpGraph
 from ..plan import Plan, Problem, simulate
+from .budget import combine
 from .ilp_model import solve_ilp
 from .portfolio import best_heuristic_plan
 
@@ -432,7 +433,8 @@ def expand_plan(plan: Plan, groups: list[list[int]], fine_problem: Problem) -> P
 
 def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3.0, solver: str = "cbc",
                      warm_start: Plan | None = None, gap: float | None = 1e-4, pairs: int | None = None,
-                     fine_heuristics: bool = True, msg: bool = False, threads: int | None = None, **coarsen_opts) -> Plan:
+                     fine_heuristics: bool = True, msg: bool = False, threads: int | None = None,
+                     deterministic: bool | None = None, **coarsen_opts) -> Plan:
     """Coarsen, solve the ILP on the supernodes, expand, and re-simulate on the fine graph.
 
     The returned plan is the best (simulated on the fine graph) of: the expanded ILP plan,
@@ -441,7 +443,9 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
 
     ``info`` holds the coarse solve's info with a ``coarse_`` prefix: ``coarse_status`` is
     the coarse MIP's real outcome (``optimal``, ``time_limit``, ``infeasible``, ...; see
-    :func:`~tvm_pesto.solve.ilp_model.solve_ilp`), ``coarse_timed_out``, ``coarse_mip_gap``.
+    :func:`~tvm_pesto.solve.ilp_model.solve_ilp`), ``coarse_timed_out``, ``coarse_mip_gap``;
+    ``budget`` and ``deterministic`` (with ``deterministic_reason`` when False) are the
+    coarse MIP's, unprefixed.
 
     Parameters
     ----------
@@ -450,8 +454,9 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
         Supernodes for the ILP.
     time_limit_s : float
         Limit for the MIP solver.
-    solver, gap, pairs, msg, threads
-        Passed to :func:`tvm_pesto.solve.ilp_model.solve_ilp`.
+    solver, gap, pairs, msg, threads, deterministic
+        Passed to :func:`tvm_pesto.solve.ilp_model.solve_ilp` (``deterministic``: a node
+        limit instead of the time limit, see :mod:`tvm_pesto.solve.budget`).
     warm_start : Plan, optional
         A plan of the fine problem to compare against.
     fine_heuristics : bool
@@ -471,9 +476,10 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
     t_coarsen = time.perf_counter() - t0
     cwarm, _ = best_heuristic_plan(coarse)
     cplan = solve_ilp(coarse, time_limit_s=time_limit_s, solver=solver, warm_start=cwarm, gap=gap, pairs=pairs,
-                      msg=msg, threads=threads)
+                      msg=msg, threads=threads, deterministic=deterministic)
     t_ilp = time.perf_counter() - t0 - t_coarsen
     info = {f"coarse_{k}": v for k, v in cplan.info.items()}
+    info.update(budget=cplan.info.get("budget"), **combine(cplan.info))
     info.update(coarse_nodes=coarse.num_nodes, fine_nodes=problem.num_nodes, coarsen_s=t_coarsen, ilp_s=t_ilp)
 
     candidates: list[tuple[str, Plan]] = [("ilp", expand_plan(cplan, groups, problem))]

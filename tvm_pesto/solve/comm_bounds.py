@@ -13,7 +13,8 @@ segments (a ResNet block, a transformer layer); no edge skips a dominator. So
 
 and each gap is at least the optimum of the segment alone: its inner nodes plus the two
 dominators (cost 0) as a small placement problem, solved exactly by the ILP of
-:mod:`.ilp_model` (its dual bound when the time limit stops it). Memory, co-location and
+:mod:`.ilp_model` (its dual bound when a limit stops it: a time limit, or in deterministic
+mode a node limit, see :mod:`tvm_pesto.solve.budget`). Memory, co-location and
 transfers from outside the segment are left out, which only lowers the optimum, so the sum
 is a valid bound. A segment decides whether a residual shortcut or an attention head is
 worth a transfer, the trade-off the critical path ignores.
@@ -34,14 +35,13 @@ Examples
 """
 from __future__ import annotations
 
-import time
-
 import networkx as nx
 import numpy as np
 
 from ..errors import PestoError
 from ..graph.opgraph import OpGraph, OpNode
 from ..plan.problem import Problem
+from .budget import Meter, combine
 from .ilp_model import solve_ilp
 
 _SAFETY = 1e-6  # relative margin against MIP solver tolerances
@@ -132,7 +132,7 @@ def _segment_key(sub: Problem) -> tuple:
 
 
 def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: float = 5.0,
-                  budget_s: float = 30.0) -> dict:
+                  budget_s: float = 30.0, deterministic: bool | None = None) -> dict:
     """The segment bound of the module docstring.
 
     Parameters
@@ -141,26 +141,34 @@ def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: f
     max_segment_nodes : int
         Segments with more inner nodes are charged their critical path only.
     time_limit_s : float
-        MIP time limit per distinct segment (identical segments are solved once).
+        MIP time limit per distinct segment (identical segments are solved once); in
+        deterministic mode the node limit it stands for.
     budget_s : float
-        After this many seconds the remaining segments are charged their critical path.
+        After this many seconds the remaining segments are charged their critical path. In
+        deterministic mode there is no total budget, only its safety cap
+        (:func:`tvm_pesto.solve.budget.cap_s`), whose expiry the result reports.
+    deterministic : bool, optional
+        Per-segment node limits instead of time limits, so the bound is the same on any
+        machine; default: the ambient mode.
 
     Returns
     -------
     dict
         ``bound_s``, ``dominators`` (how many), ``segments`` (non-empty ones),
         ``solved`` (distinct segments solved exactly), ``capped`` (charged by their dual
-        bound or critical path because a limit was hit) and ``seconds``.
+        bound or critical path because a limit was hit), ``seconds``, ``budget`` (the mode)
+        and ``deterministic`` (no clock decided the bound; else ``deterministic_reason``).
 
     Examples
     --------
     >>> # segment_bound(problem)["bound_s"] <= simulate(problem, any_plan).makespan
     """
-    t0 = time.perf_counter()
+    meter = Meter(budget_s, deterministic, "the segment bound")
     chain, segments = dominator_segments(problem)
     mc = problem.min_cost()
     total = float(mc[chain].sum()) if chain else 0.0
     cache: dict[tuple, float] = {}
+    reports: list[dict] = []
     solved = capped = 0
     for i, inner in enumerate(segments):
         before = chain[i - 1] if i > 0 else None
@@ -172,37 +180,41 @@ def segment_bound(problem: Problem, max_segment_nodes: int = 16, time_limit_s: f
                     total += _cheapest_transfer(problem, before, after)
             continue
         cheap = longest_path(problem, mc, inner)[0]
-        if len(inner) > max_segment_nodes or time.perf_counter() - t0 > budget_s:
+        if len(inner) > max_segment_nodes or meter.spent():
             total += cheap
             capped += 1
             continue
         sub = _segment_problem(problem, before, inner, after)
         key = _segment_key(sub)
         if key not in cache:
-            cache[key] = _solve_segment(sub, time_limit_s)
+            cache[key], det = _solve_segment(sub, time_limit_s, meter.deterministic)
+            reports.append(det)
             solved += 1
         gap = cache[key]
         if gap is None:
             capped += 1
             gap = 0.0
         total += max(cheap, gap)
+    rep = meter.report()
     return {"bound_s": total, "dominators": len(chain), "segments": sum(1 for s in segments if s),
-            "solved": solved, "capped": capped, "seconds": time.perf_counter() - t0}
+            "solved": solved, "capped": capped, "seconds": meter.elapsed_s(), "budget": rep["budget"],
+            **combine(rep, *reports)}
 
 
-def _solve_segment(sub: Problem, time_limit_s: float) -> float | None:
-    """Proven lower bound on the segment's optimum (seconds), or None."""
+def _solve_segment(sub: Problem, time_limit_s: float, deterministic: bool) -> tuple[float | None, dict | None]:
+    """Proven lower bound on the segment's optimum (seconds), or None; and the MIP's info
+    (whose ``deterministic`` says whether a clock decided it)."""
     try:
-        plan = solve_ilp(sub, time_limit_s=time_limit_s, gap=0.0)
+        plan = solve_ilp(sub, time_limit_s=time_limit_s, gap=0.0, deterministic=deterministic)
     except PestoError:
-        return None
+        return None, None
     info = plan.info
     bound = info.get("bound")
     if info.get("status") == "optimal" and info.get("objective") is not None:
         bound = info["objective"] if bound is None else min(bound, info["objective"])
     if bound is None or not np.isfinite(bound):
-        return None
-    return max(0.0, float(bound) * (1 - _SAFETY))
+        return None, info
+    return max(0.0, float(bound) * (1 - _SAFETY)), info
 
 
 def _cheapest_transfer(problem: Problem, u: int, v: int) -> float:

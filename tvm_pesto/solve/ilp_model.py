@@ -47,6 +47,7 @@ import pulp
 
 from ..errors import InfeasibleError, PlanError, SolverError
 from ..plan import Plan, Problem, simulate
+from .budget import mode_name
 from .mip import add_var, lin, solve_mip
 from .portfolio import best_heuristic_plan
 
@@ -413,7 +414,7 @@ def extract_plan(problem: Problem, V: IlpVars) -> Plan:
 
 def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc", warm_start: Plan | None = None,
               gap: float | None = 1e-4, pairs: int | None = None, msg: bool = False,
-              threads: int | None = None) -> Plan:
+              threads: int | None = None, deterministic: bool | None = None) -> Plan:
     """Solve the placement + scheduling ILP and return the best plan found.
 
     Parameters
@@ -432,6 +433,10 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     pairs : int, optional
         Ordering-binary window, see :func:`build_ilp` (``optimal`` then means optimal for
         the restricted model).
+    deterministic : bool, optional
+        A node limit (from ``time_limit_s``), one thread and a fixed seed instead of the time
+        limit, so the plan is the same on any machine (:mod:`tvm_pesto.solve.budget`);
+        default: the ambient mode.
 
     Returns
     -------
@@ -439,11 +444,14 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         ``solver="ilp"``. ``info["status"]`` is the solver's real outcome
         (:data:`tvm_pesto.solve.mip.STATUSES`): ``optimal`` only when the solver proved it
         within ``gap``; ``time_limit`` when it stopped at ``time_limit_s`` (``objective`` is
-        then the incumbent's, ``mip_gap`` its gap to ``bound``); ``infeasible`` when the
+        then the incumbent's, ``mip_gap`` its gap to ``bound``); ``node_limit`` when it
+        stopped at its node limit (deterministic mode); ``infeasible`` when the
         model has no solution below the warm start's makespan; ``solver_failed`` when every
         solver crashed. Also ``timed_out``, ``mip_gap``, ``objective`` and ``bound``
         (seconds, when the solver reports them), ``solver_status`` (the solver's own words),
-        ``pulp_status``, ``solver_backend``, ``num_vars``, ``num_constraints``,
+        ``pulp_status``, ``solver_backend``, ``budget`` (``"work"`` or ``"wall-clock"``),
+        ``node_limit``, ``deterministic`` (no clock decided the result; else
+        ``deterministic_reason``), ``num_vars``, ``num_constraints``,
         ``makespan_s`` (simulated) and ``source`` (``"ilp"``, or ``"warm_start"`` when the
         ILP found nothing better). The plan is never worse (simulated) than the warm start.
 
@@ -475,10 +483,12 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     if problem.num_nodes == 0:
         return Plan(np.zeros(0), [[] for _ in range(problem.num_devices)], solver="ilp",
                     info={"status": "optimal", "timed_out": False, "mip_gap": 0.0, "objective": 0.0, "bound": 0.0,
-                          "makespan_s": 0.0, "source": "ilp", "note": "empty graph"})
+                          "makespan_s": 0.0, "source": "ilp", "note": "empty graph",
+                          "budget": mode_name(deterministic), "deterministic": True})
     prob, V = build_ilp(problem, warm_start, pairs=pairs)
     t_build = time.perf_counter() - t0
-    res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, threads=threads)
+    res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, threads=threads,
+                    deterministic=deterministic)
     info = {"num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(),
             "num_order_binaries": len(V.y), "fixed_pairs": V.fixed_pairs, "build_s": t_build,
             "time_limit_s": time_limit_s, "upper_bound_s": V.ub_s, **res.info(V.time_scale)}
@@ -523,7 +533,7 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         info["warm_start_makespan_s"] = warm_sim.makespan
         info["warm_start_solver"] = warm_start.solver
     elif plan is None:
-        raise SolverError(f"{problem.graph.name}: the ILP found no solution within {time_limit_s} s "
+        raise SolverError(f"{problem.graph.name}: the ILP found no solution within its {time_limit_s} s budget "
                           f"(status {res.status}) and there is no warm start; raise time_limit_s or pass "
                           "warm_start=<a heuristic plan>")
     plan.solve_s = time.perf_counter() - t0

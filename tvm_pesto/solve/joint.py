@@ -20,6 +20,10 @@ of that cover (so the plan can be simulated, and the builder lowers exactly it).
    joint ILP (:func:`tvm_pesto.solve.joint_ilp.joint_ilp`) searches all three at once,
    warm-started from the best plan so far.
 
+Every budget of the three steps is wall-clock by default; ``deterministic=True`` makes them
+work budgets (:mod:`tvm_pesto.solve.budget`), so the same problem gives the same plan on
+any machine.
+
 Examples
 --------
 >>> plan, placed = solve_joint(problem, solver="heft")   # doctest: +SKIP
@@ -35,6 +39,7 @@ from ..errors import PestoError, SolverError
 from ..plan.plan import Plan
 from ..plan.problem import JointProblem, Problem
 from ..plan.simulate import simulate
+from .budget import combine, mode_name
 from .cover import CoverResult, best_cover
 from .registry import solve as place_units
 
@@ -97,14 +102,16 @@ def _with_units(plan: Plan, problem: JointProblem, cover, info: dict) -> Plan:
     return out
 
 
-def _place(problem: JointProblem, cover, solver: str, options: dict) -> tuple[Plan, Problem, float]:
+def _place(problem: JointProblem, cover, solver: str, options: dict, deterministic: bool | None
+           ) -> tuple[Plan, Problem, float]:
     placed = problem.contract(cover)
     placed.check_memory_feasible()
-    plan = place_units(placed, solver, **options)
+    plan = place_units(placed, solver, deterministic=deterministic, **options)
     return plan, placed, simulate(placed, plan).makespan
 
 
-def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_limit_s: float):
+def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_limit_s: float,
+               deterministic: bool | None):
     """The joint ILP warm-started from ``cover`` on its busiest device; ``None`` when the
     graph is too large for it or it does not beat ``plan``."""
     from .joint_ilp import concurrent_pairs, joint_ilp
@@ -120,7 +127,7 @@ def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_l
     warm_dev = int(np.argmax(busy))
     warm = CoverResult(list(cover), float(problem.costs[list(cover), warm_dev].sum()))
     jr = joint_ilp(g, node_sets, problem.costs, problem.cluster, warm=warm, warm_device=warm_dev,
-                   time_limit_s=time_limit_s)
+                   time_limit_s=time_limit_s, deterministic=deterministic)
     jcover = list(jr.chosen)
     jplaced = problem.contract(jcover)
     start = np.array([jr.start[c] for c in jcover])
@@ -138,7 +145,7 @@ def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_l
 
 
 def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float = 30.0, search_s: float | None = None,
-                **solver_options) -> tuple[Plan, Problem]:
+                deterministic: bool | None = None, **solver_options) -> tuple[Plan, Problem]:
     """Choose a cover, place and order its units, and improve both together.
 
     Parameters
@@ -150,6 +157,10 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
         Budget of the ILPs (placement ILP and joint ILP), seconds.
     search_s : float, optional
         Budget of the joint local search (default: 5 s; 0 turns it off).
+    deterministic : bool, optional
+        Work budgets instead of wall-clock ones in every step (MIP node limits, the joint
+        search's evaluation count, weighted simulations in the local searches), fixed
+        seeds; default: the ambient mode (:func:`tvm_pesto.solve.budget.is_deterministic`).
     **solver_options
         Passed to the placement solver.
 
@@ -157,7 +168,9 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     -------
     (Plan, Problem)
         The plan (``units`` = chosen candidates; ``info["status"]`` the solver's status,
-        ``info["cover"]`` how the cover was chosen) and the placement problem of its cover.
+        ``info["cover"]`` how the cover was chosen, ``info["budget"]`` the mode and
+        ``info["deterministic"]`` whether no clock decided the plan, else
+        ``info["deterministic_reason"]``) and the placement problem of its cover.
 
     Raises
     ------
@@ -171,8 +184,9 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     info: dict = {}
     fixed = problem.fixed_cover()
     if fixed is not None:
-        plan, placed, _ = _place(problem, fixed, solver, options)
-        plan = _with_units(plan, problem, fixed, {"cover": "fixed"})
+        plan, placed, _ = _place(problem, fixed, solver, options, deterministic)
+        plan = _with_units(plan, problem, fixed, {"cover": "fixed", "budget": mode_name(deterministic),
+                                                  **combine({"deterministic": True}, plan.info)})
         plan.solve_s = time.perf_counter() - t0
         return plan, placed
 
@@ -191,12 +205,14 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
                 continue
             cr.info["cap"] = int(cap)
             covers.setdefault(tuple(sorted(cr.chosen)), cr)
+    reports = [{"deterministic": True}]  # each budgeted step's report: did a clock decide it?
     for cr in covers.values():
         try:
-            plan, placed, span = _place(problem, cr.chosen, solver, options)
+            plan, placed, span = _place(problem, cr.chosen, solver, options, deterministic)
         except PestoError as e:
             info.setdefault("cover_rejected", []).append(str(e))
             continue
+        reports.append(plan.info)  # every placement took part in choosing the cover
         if best is None or span < best[3]:
             best = (plan, placed, list(cr.chosen), span, cr)
     if best is None:
@@ -211,20 +227,26 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     if budget > 0:
         from .joint_search import improve
 
-        plan, placed, cover, span, sinfo = improve(problem, plan, placed, cover, budget_s=budget)
+        plan, placed, cover, span, sinfo = improve(problem, plan, placed, cover, budget_s=budget,
+                                                   deterministic=deterministic)
         info["search"] = sinfo
+        reports.append(sinfo)
 
     # 3. the joint ILP, for small graphs
     if solver == "ilp":
-        res = _joint_ilp(problem, plan, placed, cover, time_limit_s)
+        res = _joint_ilp(problem, plan, placed, cover, time_limit_s, deterministic)
         if res is not None:
             jplan, jplaced, jcover, jspan, jinfo = res
-            info["joint_ilp"] = {k: jinfo.get(k) for k in ("status", "mip_gap", "objective", "source")}
+            info["joint_ilp"] = {k: jinfo.get(k) for k in ("status", "mip_gap", "objective", "source", "budget",
+                                                           "node_limit", "deterministic", "deterministic_reason")
+                                 if k in jinfo}
+            reports.append(jinfo)
             if jspan < span * (1 - 1e-9):
                 plan, placed, cover, span = jplan, jplaced, jcover, jspan
                 info["joint_ilp"]["used"] = True
                 plan.info.setdefault("status", jinfo.get("status"))
     info["makespan_s"] = float(span)
+    info.update(budget=mode_name(deterministic), **combine(*reports))
     plan = _with_units(plan, problem, cover, info)
     plan.solve_s = time.perf_counter() - t0
     return plan, placed

@@ -136,7 +136,7 @@ def warm_schedule(graph, node_sets, costs, cover: list[int], device: int = 0) ->
 
 def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None, warm_device: int | None = None,
               time_limit_s: float = 30.0, gap: float = 1e-4, solver: str = "highs", msg: bool = False,
-              memory: bool = True, prune: bool = True) -> JointResult:
+              memory: bool = True, prune: bool = True, deterministic: bool | None = None) -> JointResult:
     """Choose candidates (hence backends), devices and order together.
 
     Parameters
@@ -155,6 +155,9 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         result is never worse than it.
     time_limit_s, gap, solver
         Passed to the MIP solver (``highs`` or ``cbc``).
+    deterministic : bool, optional
+        A node limit (from ``time_limit_s``), one thread and a fixed seed instead of the time
+        limit (:func:`tvm_pesto.solve.budget.mip_limits`); default: the ambient mode.
     prune : bool
         Drop dominated candidates first (:func:`prune_dominated`); keeps the optimum.
 
@@ -165,7 +168,8 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         within ``gap``; ``time_limit`` with the incumbent's ``objective`` and ``mip_gap``;
         ``infeasible``; ``no_solution``; ``solver_failed``), ``timed_out``, ``mip_gap``,
         ``objective`` and ``bound`` (seconds, when known), ``solver_status``,
-        ``pulp_status``, ``solver_backend`` and ``source`` (``"ilp"`` or ``"warm_start"``).
+        ``pulp_status``, ``solver_backend``, ``budget``, ``deterministic`` (no clock decided
+        the result; else ``deterministic_reason``) and ``source`` (``"ilp"`` or ``"warm_start"``).
         With a warm start the result is the warm start whenever the ILP has nothing better
         (including ``infeasible``: nothing below the warm start's makespan fits memory).
 
@@ -305,7 +309,7 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
             var.setInitialValue(1.0 if wstart[chosen_of[u]] <= wstart[chosen_of[w]] else 0.0)
 
     build_s = time.perf_counter() - t0
-    res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg)
+    res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, deterministic=deterministic)
     info = {"candidates_kept": len(keep), "num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(),
             "build_s": build_s, "order_binaries": len(o), "time_limit_s": time_limit_s, **res.info(ts)}
     if wstart is None and res.status == "solver_failed":
@@ -332,8 +336,8 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
             return JointResult(chosen, device, start, obj, time.perf_counter() - t0, info)
         info["note"] = "the ILP's answer was not a valid cover; returning the warm start"
     if wstart is None:
-        raise SolverError(f"the joint ILP found no solution in {time_limit_s} s (status {res.status}) and there "
-                          "is no warm start; raise time_limit_s or pass the Collage-DP cover as warm start")
+        raise SolverError(f"the joint ILP found no solution within its {time_limit_s} s budget (status {res.status}) "
+                          "and there is no warm start; raise time_limit_s or pass the Collage-DP cover as warm start")
     if not has:
         info["note"] = f"the ILP ended {res.status} without a solution; returning the warm start"
     info["source"] = "warm_start"

@@ -19,7 +19,10 @@ from the current schedule (after their inputs' finish times), so no order contra
 data. Every candidate plan is simulated; a move is kept when the makespan drops.
 
 The budget is counted in evaluated plans (``max_evals``) and capped by ``budget_s``
-seconds, so a run is repeatable when the wall-clock cap is not reached.
+seconds. In deterministic mode (:mod:`tvm_pesto.solve.budget`) only ``max_evals`` counts,
+the inner local searches get work budgets, and ``budget_s`` is just the basis of a
+wall-clock safety cap whose expiry ``info["deterministic"]`` reports, so a run is the same
+on any machine.
 
 Examples
 --------
@@ -27,14 +30,13 @@ Examples
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from ..errors import PestoError
 from ..plan.plan import Plan
 from ..plan.problem import JointProblem, Problem
 from ..plan.simulate import simulate
+from .budget import Meter
 from .cover import best_cover
 from .heft import solve as heft
 from .refine import critical_chain, refine
@@ -127,16 +129,29 @@ def _replan(problem: JointProblem, cover: list[int], placed: Problem, plan: Plan
 
 
 def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int], budget_s: float = 5.0,
-            max_evals: int = 4000, refine_s: float | None = None):
+            max_evals: int = 4000, refine_s: float | None = None, deterministic: bool | None = None):
     """Improve a placed cover by backend and device moves together (see the module doc).
+
+    Parameters
+    ----------
+    budget_s : float
+        Wall-clock budget (deterministic mode: the basis of the safety cap only).
+    max_evals : int
+        At most this many evaluated plans.
+    refine_s : float, optional
+        Budget of each placement local search between rounds (default: a tenth of
+        ``budget_s``, at least 0.2 s); nominal seconds of work in deterministic mode.
+    deterministic : bool, optional
+        Work budgets only (see the module doc); default: the ambient mode.
 
     Returns
     -------
     (plan, placed, cover, makespan, info)
-        Never worse than the input; ``info`` counts evaluations and accepted moves by kind.
+        Never worse than the input; ``info`` counts evaluations and accepted moves by kind
+        and has the budget's report (``budget``, ``deterministic``: no clock stopped the
+        search; else ``deterministic_reason``).
     """
-    t0 = time.perf_counter()
-    deadline = t0 + budget_s
+    meter = Meter(budget_s, deterministic, "the joint search", clock_only=True)
     mv = _Moves(problem)
     D = problem.num_devices
     sim = simulate(placed, plan)
@@ -146,7 +161,7 @@ def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int]
     refine_s = max(0.2, budget_s / 10) if refine_s is None else refine_s
 
     def out_of_budget() -> bool:
-        return info["evaluations"] >= max_evals or time.perf_counter() > deadline
+        return info["evaluations"] >= max_evals or meter.spent()
 
     def evaluate(removed, added, devices):
         """Replace units ``removed`` by candidates ``added`` on ``devices`` (None: place
@@ -216,15 +231,16 @@ def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int]
                 if improved or out_of_budget():
                     break
         if not improved and D > 1 and not out_of_budget():
-            left = max(0.0, min(refine_s, deadline - time.perf_counter()))
-            if left > 0:
-                r = refine(placed, plan, time_budget_s=left)
-                rs = simulate(placed, r)
-                if rs.makespan < best * (1 - _REL):
-                    plan, sim, best = Plan(r.assignment, r.order, solver=plan.solver, info=plan.info), rs, rs.makespan
-                    info["accepted"]["refine"] += 1
-                    improved = True
-    info.update(seconds=time.perf_counter() - t0, makespan_before_s=float(start_span), makespan_after_s=float(best))
+            # its own work budget; a clock stop (deadline or cap) counts here too
+            r = refine(placed, plan, meter=meter.share(seconds=refine_s, where="the joint search's refine",
+                                                       charge_here=False))
+            rs = simulate(placed, r)
+            if rs.makespan < best * (1 - _REL):
+                plan, sim, best = Plan(r.assignment, r.order, solver=plan.solver, info=plan.info), rs, rs.makespan
+                info["accepted"]["refine"] += 1
+                improved = True
+    info.update(meter.report(), seconds=meter.elapsed_s(), makespan_before_s=float(start_span),
+                makespan_after_s=float(best))
     plan = Plan(plan.assignment, plan.order, solver=plan.solver, solve_s=plan.solve_s, info=dict(plan.info))
     return plan, placed, cover, best, info
 

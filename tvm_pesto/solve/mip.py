@@ -12,12 +12,17 @@ status, MIP gap and dual bound, and the ``Result -`` block of CBC's log.
 Statuses (:data:`STATUSES`):
 
 * ``optimal``: the solver proved the solution optimal within the relative gap it was given;
-* ``time_limit``: it stopped at a limit first (in practice its time limit, the only one this
-  package sets); ``has_solution`` tells whether it has an incumbent, ``gap`` how far it is
-  from the dual bound;
+* ``time_limit``: it stopped at its time limit first; ``has_solution`` tells whether it has
+  an incumbent, ``gap`` how far it is from the dual bound;
+* ``node_limit``: it stopped at its branch-and-bound node limit first (deterministic mode,
+  see :mod:`tvm_pesto.solve.budget`), with or without an incumbent as above;
 * ``infeasible``: it proved that no solution exists;
 * ``no_solution``: it ended without a solution and without a proof (e.g. numerical trouble);
 * ``solver_failed``: every solver tried crashed (``failures`` says how).
+
+The limits come from :func:`tvm_pesto.solve.budget.mip_limits`: the time limit in
+wall-clock mode; in deterministic mode a node limit, one thread and a fixed seed, with the
+time limit raised to a safety cap whose expiry the result reports (``deterministic``).
 
 Examples
 --------
@@ -45,8 +50,9 @@ import numpy as np
 import pulp
 
 from ..errors import SolverError
+from .budget import MipLimits, mip_limits
 
-STATUSES = ("optimal", "time_limit", "infeasible", "no_solution", "solver_failed")
+STATUSES = ("optimal", "time_limit", "node_limit", "infeasible", "no_solution", "solver_failed")
 SOLVERS = ("cbc", "highs")
 
 
@@ -86,12 +92,14 @@ def _system_cbc() -> str | None:
 
 
 def make_backend(solver: str, time_limit_s: float, gap: float | None = None, msg: bool = False,
-                 log_path: str | None = None, threads: int | None = None):
+                 log_path: str | None = None, threads: int | None = None, limits: MipLimits | None = None):
     """A PuLP solver object for ``solver`` (``"cbc"`` or ``"highs"``).
 
     CBC is a system ``cbc`` when one is on PATH, else PuLP's bundled build; it starts from
     the variables' initial values (``warmStart``) and writes its log to ``log_path``. HiGHS
     runs through highspy and also starts from the initial values when every variable has one.
+    ``limits`` (:func:`tvm_pesto.solve.budget.mip_limits`) replaces ``time_limit_s`` and
+    ``threads`` and adds its node limit and seed.
 
     Raises
     ------
@@ -103,8 +111,12 @@ def make_backend(solver: str, time_limit_s: float, gap: float | None = None, msg
     >>> type(make_backend("highs", 5.0)).__name__
     'WarmHiGHS'
     """
+    if limits is not None:
+        time_limit_s, threads = limits.time_limit_s, limits.threads
     if solver == "cbc":
         opts = dict(timeLimit=time_limit_s, msg=msg, warmStart=True, gapRel=gap, logPath=log_path, threads=threads)
+        if limits is not None and limits.max_nodes is not None:
+            opts.update(maxNodes=limits.max_nodes, options=limits.cbc_options())
         system_cbc = _system_cbc()
         if system_cbc:
             backend = pulp.COIN_CMD(path=system_cbc, **opts)
@@ -122,7 +134,8 @@ def make_backend(solver: str, time_limit_s: float, gap: float | None = None, msg
         except ImportError:
             raise SolverError("the HiGHS solver needs highspy; install it with `pip install highspy`, "
                               "or use solver='cbc'") from None
-        return _warm_highs_class()(timeLimit=time_limit_s, msg=msg, gapRel=gap, threads=threads)
+        extra = limits.highs_options() if limits is not None else {}
+        return _warm_highs_class()(timeLimit=time_limit_s, msg=msg, gapRel=gap, threads=threads, **extra)
     raise SolverError(f"unknown ILP solver {solver!r}; use 'cbc' or 'highs'")
 
 
@@ -143,6 +156,17 @@ def _warm_highs_class():
             self.highs_status = lp.solverModel.getModelStatus()
             self.highs_info = lp.solverModel.getInfo()
             self.highspy = highspy
+
+        def findSolutionValues(self, lp):
+            if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
+                return super().findSolutionValues(lp)
+            # a stop at mip_max_nodes, which PuLP 3.3 does not map: read the incumbent here
+            if int(lp.solverModel.getInfo().primal_solution_status) != 2:
+                return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
+            values = list(lp.solverModel.getSolution().col_value)
+            for var in lp.variables():
+                var.varValue = values[var.index]
+            return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
 
     return WarmHiGHS
 
@@ -200,6 +224,10 @@ class MipResult:
         PuLP's status string (``Optimal`` also after a time-limit stop).
     failures : list of str
         ``"<solver>: <error>"`` of each solver that crashed before one worked.
+    determinism : dict
+        :meth:`tvm_pesto.solve.budget.MipLimits.report`: ``budget`` (``"work"`` or
+        ``"wall-clock"``), ``node_limit``, ``deterministic`` (no clock stopped the solver)
+        and, when False, ``deterministic_reason``.
     """
 
     status: str
@@ -212,6 +240,7 @@ class MipResult:
     solver_status: str = ""
     pulp_status: str = ""
     failures: list = field(default_factory=list)
+    determinism: dict = field(default_factory=dict)
 
     @property
     def timed_out(self) -> bool:
@@ -229,7 +258,7 @@ class MipResult:
         """
         out = {"status": self.status, "solver_status": self.solver_status, "pulp_status": self.pulp_status,
                "timed_out": self.timed_out, "mip_gap": self.gap, "solver_backend": self.backend,
-               "solver_failures": list(self.failures), "mip_solve_s": self.solve_s}
+               "solver_failures": list(self.failures), "mip_solve_s": self.solve_s, **self.determinism}
         if self.objective is not None:
             out["objective"] = self.objective / time_scale
         if self.bound is not None:
@@ -273,14 +302,18 @@ def _cbc_status(line: str) -> str | None:
         return "infeasible"
     if "optimal" in low:
         return "optimal"
-    if re.match(r"stopped on (time|iteration|node|solution|ctrl)", low):  # a limit, in practice time
+    if re.match(r"stopped on node", low):
+        return "node_limit"
+    if re.match(r"stopped on (time|iteration|solution|ctrl)", low):  # a limit, in practice time
         return "time_limit"
     return None
 
 
-# HiGHS model status name -> normalised status (the limit stops: in practice the time limit)
+# HiGHS model status name -> normalised status (kSolutionLimit: mip_max_nodes, the only such
+# limit this package sets; the other limit stops: in practice the time limit)
 _HIGHS_STATUS = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kUnboundedOrInfeasible": "infeasible",
-                 **dict.fromkeys(("kTimeLimit", "kIterationLimit", "kSolutionLimit", "kInterrupt", "kObjectiveBound",
+                 "kSolutionLimit": "node_limit",
+                 **dict.fromkeys(("kTimeLimit", "kIterationLimit", "kInterrupt", "kObjectiveBound",
                                   "kObjectiveTarget"), "time_limit")}
 
 
@@ -306,7 +339,8 @@ def _pulp_status(prob: pulp.LpProblem, has_solution: bool) -> str:
 
 
 def solve_mip(prob: pulp.LpProblem, solver: str = "cbc", time_limit_s: float = 30.0, gap: float | None = 1e-4,
-              msg: bool = False, threads: int | None = None, fallback: bool = True) -> MipResult:
+              msg: bool = False, threads: int | None = None, fallback: bool = True,
+              deterministic: bool | None = None) -> MipResult:
     """Solve a built MIP with ``solver`` and read what really happened.
 
     Parameters
@@ -315,16 +349,21 @@ def solve_mip(prob: pulp.LpProblem, solver: str = "cbc", time_limit_s: float = 3
         The model; variables with initial values (``setInitialValue``) are a warm start.
     solver : {"cbc", "highs"}
     time_limit_s : float
-        Limit for the solver itself.
+        Limit for the solver itself; in deterministic mode a node limit instead (and a safety
+        cap), see :func:`tvm_pesto.solve.budget.mip_limits`.
     gap : float, optional
         Relative MIP gap at which the solver may stop and call the solution optimal.
     fallback : bool
         When ``solver`` crashes (``PulpSolverError``, e.g. a CBC segfault), try the other one.
+    deterministic : bool, optional
+        Work budget (node limit, one thread, fixed seed) instead of the time limit; default:
+        the ambient mode (:func:`tvm_pesto.solve.budget.is_deterministic`).
 
     Returns
     -------
     MipResult
-        ``status="solver_failed"`` (with ``failures``) when every solver crashed.
+        ``status="solver_failed"`` (with ``failures``) when every solver crashed;
+        ``determinism`` says whether a clock decided the result.
 
     Raises
     ------
@@ -341,13 +380,16 @@ def solve_mip(prob: pulp.LpProblem, solver: str = "cbc", time_limit_s: float = 3
     used = None
     try:
         # the first solver must exist (SolverError otherwise); the fallback may be missing
-        backend = make_backend(solver, time_limit_s, gap, msg, log_path if solver == "cbc" else None, threads)
+        rows = prob.numConstraints()
+        limits = mip_limits(time_limit_s, solver, deterministic, threads, rows)
+        backend = make_backend(solver, time_limit_s, gap, msg, log_path if solver == "cbc" else None, limits=limits)
         t0 = time.perf_counter()
         for attempt in (solver, "highs" if solver == "cbc" else "cbc") if fallback else (solver,):
             try:
                 if attempt != solver:
+                    limits = mip_limits(time_limit_s, attempt, deterministic, threads, rows)
                     backend = make_backend(attempt, time_limit_s, gap, msg, log_path if attempt == "cbc" else None,
-                                           threads)
+                                           limits=limits)
                 prob.solve(backend)
                 used = attempt
                 break
@@ -363,7 +405,7 @@ def solve_mip(prob: pulp.LpProblem, solver: str = "cbc", time_limit_s: float = 3
     pulp_status = pulp.LpStatus.get(prob.status, str(prob.status))
     if used is None:
         return MipResult("solver_failed", False, solve_s=solve_s, solver_status="failed", pulp_status=pulp_status,
-                         failures=failures)
+                         failures=failures, determinism=limits.report(False, solve_s))
     has = prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible) and facts.get("feasible", True)
     status = facts.get("status")
     if status is None and "solver_status" in facts and used == "cbc":
@@ -378,7 +420,7 @@ def solve_mip(prob: pulp.LpProblem, solver: str = "cbc", time_limit_s: float = 3
     return MipResult(status, bool(has), objective=objective, bound=facts.get("bound"),
                      gap=facts.get("gap") if has else None, solve_s=solve_s, backend=used,
                      solver_status=facts.get("solver_status", pulp_status), pulp_status=pulp_status,
-                     failures=failures)
+                     failures=failures, determinism=limits.report(status == "time_limit", solve_s))
 
 
 __all__ = ["MipResult", "STATUSES", "SOLVERS", "add_var", "lin", "lp_backend", "make_backend", "solve_mip"]

@@ -2,8 +2,9 @@
 
 The ILP of :mod:`tvm_pesto.solve.ilp` is solved on a coarsened graph, so its expanded plan
 keeps whole supernodes together; heuristics make one greedy choice per node. Both leave
-easy wins on the fine graph. :func:`refine` takes such a plan and repeats, within a time
-budget:
+easy wins on the fine graph. :func:`refine` takes such a plan and repeats, within a
+budget (seconds, or in deterministic mode simulations weighted by graph size, see
+:mod:`tvm_pesto.solve.budget`):
 
 1. simulate the plan and walk its *critical chain* back from the last node to finish: at
    each step the event that decided the node's start (the previous node on its device, a
@@ -17,8 +18,8 @@ budget:
 4. keep the change with the smallest simulated makespan if it is better, else stop: a local
    optimum;
 5. then kick: move a few random nodes to random devices, descend again from there, and keep
-   the result if it beats the best plan so far (an iterated local search), until the time
-   budget runs out or kicks stop paying.
+   the result if it beats the best plan so far (an iterated local search, with a fixed
+   seed), until the budget runs out or kicks stop paying.
 
 Every candidate is checked by the simulator, memory included, so the result is always a
 valid plan and never worse than the input.
@@ -43,6 +44,7 @@ from ..plan.plan import Plan
 from ..plan.problem import Problem
 from ..plan.simulate import SimResult, simulate
 from .bounds import critical_path
+from .budget import SEED, Meter, simulation_work
 from .comm_bounds import critical_path_nodes
 from .common import colocation_index
 from .heft import solve as heft
@@ -105,12 +107,15 @@ class _Evaluator:
 
     Calls the C++ simulator directly on flat arrays (no :class:`Plan` until one is kept);
     returns ``(candidate, SimResult)``, or ``(candidate, None)`` when the order deadlocks or
-    a device runs out of memory. ``candidate.plan()`` builds the plan.
+    a device runs out of memory. ``candidate.plan()`` builds the plan. Each call is charged
+    to ``meter``.
     """
 
-    def __init__(self, problem: Problem, solver: str):
+    def __init__(self, problem: Problem, solver: str, meter: Meter):
         self.problem = problem
         self.solver = solver
+        self.meter = meter
+        self.work = simulation_work(problem.num_nodes, problem.graph.num_edges)
         self.calls = 0
         try:
             from .. import _core
@@ -124,6 +129,7 @@ class _Evaluator:
 
     def __call__(self, assignment: np.ndarray, priority: np.ndarray):
         self.calls += 1
+        self.meter.charge(self.work)
         p = self.problem
         d = p.num_devices
         flat = np.lexsort((self.ids, priority, assignment)).astype(np.int32)
@@ -183,22 +189,23 @@ def _runs(chain: list[int], assignment: np.ndarray) -> list[list[int]]:
 
 
 class _Search:
-    """What one refinement shares: the problem, its co-location units, the simulator calls."""
+    """What one refinement shares: the problem, its co-location units, the simulator calls,
+    the budget."""
 
-    def __init__(self, problem: Problem, solver: str, deadline: float):
+    def __init__(self, problem: Problem, solver: str, meter: Meter):
         self.problem = problem
-        self.deadline = deadline
+        self.meter = meter
         self.group_of, self.groups = colocation_index(problem)
         allowed = np.isfinite(problem.costs)
         for members in self.groups:
             allowed[members] = allowed[members].all(axis=0)
         self.allowed = allowed
-        self.evaluate = _Evaluator(problem, solver)
+        self.evaluate = _Evaluator(problem, solver, meter)
         self.moves = 0
         self.rounds = 0
 
     def out_of_time(self) -> bool:
-        return time.perf_counter() >= self.deadline
+        return self.meter.spent()
 
     def unit(self, nodes) -> np.ndarray:
         """``nodes`` with the rest of their co-location groups."""
@@ -250,6 +257,7 @@ class _Search:
             if self.out_of_time():
                 break
             self.rounds += 1
+            self.meter.charge(self.evaluate.work)  # the critical chain and the round's set-up
             found = None
             for cand, priority in self.candidates(plan, sim, critical_chain(self.problem, plan, sim)):
                 if cand is None:  # a unit's candidates are done
@@ -277,8 +285,8 @@ class _Search:
 
 
 def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds: int = 10_000, kicks: bool = True,
-           kick_size: int = 3, patience: int = 50, seed: int = 0, first_improvement: bool = False,
-           floor_s: float = 0.0) -> Plan:
+           kick_size: int = 3, patience: int = 50, seed: int = SEED, first_improvement: bool = False,
+           floor_s: float = 0.0, deterministic: bool | None = None, meter: Meter | None = None) -> Plan:
     """Improve ``plan`` by moving critical-chain nodes between devices (module docstring).
 
     A descent stops at a plan no single move improves. With ``kicks`` the search then
@@ -293,24 +301,34 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     plan : Plan
         A valid plan (it must simulate without error).
     time_budget_s : float
-        Stop after about this many seconds.
+        Stop after about this many seconds (deterministic mode: nominal seconds of work).
     max_rounds : int
         At most this many accepted moves per descent.
     first_improvement : bool
         Take the best move of the first unit (node, run, reorder) that has an improving one,
         instead of the best move of the whole round (default; steadier on the benchmark).
     kicks, kick_size, patience, seed
-        The iterated search described above; ``seed`` makes it repeatable.
+        The iterated search described above; ``seed`` (default
+        :data:`tvm_pesto.solve.budget.SEED`) makes the kicks repeatable.
     floor_s : float
         A lower bound on the makespan (e.g. ``lower_bound(problem)["best"]``): no kicks once
         the plan is within 1e-5 of it (default: the critical path).
+    deterministic : bool, optional
+        Count the budget in simulations weighted by graph size instead of seconds
+        (:class:`tvm_pesto.solve.budget.Meter`), so the result is the same on any machine;
+        default: the ambient mode.
+    meter : Meter, optional
+        The budget to draw from instead of ``time_budget_s`` and ``deterministic`` (a
+        share of a caller's budget, as :func:`polish` gives).
 
     Returns
     -------
     Plan
         The same ``solver`` name and ``info`` as ``plan`` plus ``refine``: rounds, moves
-        accepted, kicks tried and kept, simulations run, seconds, and the makespans before
-        and after. The input plan itself when nothing better was found.
+        accepted, kicks tried and kept, simulations run, seconds, the makespans before and
+        after, and the budget's report (``budget``, ``work``, ``deterministic``: no clock
+        stopped the search; else ``deterministic_reason``). The input plan itself when
+        nothing better was found.
 
     Raises
     ------
@@ -323,18 +341,20 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     >>> # plan.info["refine"]["makespan_after_s"] <= plan.info["refine"]["makespan_before_s"]
     """
     t0 = time.perf_counter()
+    meter = meter if meter is not None else Meter(time_budget_s, deterministic, "refine")
     sim = simulate(problem, plan)
     before = sim.makespan
     n, d = problem.num_nodes, problem.num_devices
     info = {"rounds": 0, "moves": 0, "kicks": 0, "kicks_kept": 0, "simulations": 1, "makespan_before_s": before,
             "makespan_after_s": before}
-    if n == 0 or d < 2 or time_budget_s <= 0:
-        info["seconds"] = time.perf_counter() - t0
+    if n == 0 or d < 2 or meter.seconds <= 0:
+        info.update(meter.report(), seconds=time.perf_counter() - t0)
         return _with_info(plan, info)
     if floor_s <= 0:
         floor_s = critical_path(problem)
     floor = floor_s * (1 + _AT_BOUND)
-    search = _Search(problem, plan.solver, t0 + time_budget_s)
+    search = _Search(problem, plan.solver, meter)
+    meter.charge(search.evaluate.work)  # the first simulation
     best_plan, best_sim = search.descend(plan, sim, max_rounds, first_improvement)
     rng = np.random.default_rng(seed)
     misses = 0
@@ -352,7 +372,7 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
         else:
             misses += 1
     info.update(rounds=search.rounds, moves=search.moves, simulations=1 + search.evaluate.calls,
-                makespan_after_s=best_sim.makespan, seconds=time.perf_counter() - t0)
+                makespan_after_s=best_sim.makespan, **meter.report(), seconds=time.perf_counter() - t0)
     return _with_info(best_plan, info, base=plan, sim=best_sim if best_plan is not plan else None)
 
 
@@ -408,12 +428,13 @@ def critical_path_splits(problem: Problem, parts=(3,), max_nodes: int = 5000) ->
 
 
 def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floor_s: float = 0.0,
-           **options) -> Plan:
+           deterministic: bool | None = None, **options) -> Plan:
     """Multi-start :func:`refine`. Each plan in turn descends to a local optimum (no kicks)
-    with half of the time left; then the best result gets the rest for the iterated search.
+    with half of the budget left; then the best result gets the rest for the iterated search.
     Stops early at a plan within 1e-5 of ``floor_s`` (a lower bound). Returns that plan, with
     ``info["refine"]["start"]`` the index of the plan it came from; never worse than the best
-    input.
+    input. ``deterministic`` counts the budget in work units instead of seconds (see
+    :func:`refine`); ``info["refine"]`` then has the report of the whole budget.
 
     Examples
     --------
@@ -423,16 +444,15 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
     if not plans:
         raise PlanError("polish needs at least one plan")
     t0 = time.perf_counter()
-    deadline = t0 + time_budget_s
+    meter = Meter(time_budget_s, deterministic, "polish")
     stop = floor_s * (1 + _AT_BOUND)
     best, best_span, best_i = None, np.inf, -1
     first_before = None
     for i, plan in enumerate(plans):
-        left = deadline - time.perf_counter()
-        if best is not None and (left <= 0 or best_span <= stop):
+        if best is not None and (best_span <= stop or meter.spent()):
             break
         try:
-            out = refine(problem, plan, time_budget_s=max(left / 2, 0.0), kicks=False, **options)
+            out = refine(problem, plan, kicks=False, meter=meter.share(0.5), **options)
         except (InfeasibleError, PlanError):
             continue
         span = out.info["refine"]["makespan_after_s"]
@@ -443,17 +463,16 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
     if best is None:
         raise PlanError("none of the plans given to polish simulates")
     info = dict(best.info["refine"])
-    left = deadline - time.perf_counter()
-    if left > 0 and best_span > stop:
-        again = refine(problem, Plan(best.assignment, best.order, solver=best.solver), time_budget_s=left,
-                       floor_s=floor_s, **options)
+    if best_span > stop and not meter.spent():
+        again = refine(problem, Plan(best.assignment, best.order, solver=best.solver), floor_s=floor_s,
+                       meter=meter.share(1.0), **options)
         r = again.info["refine"]
         for key in ("rounds", "moves", "kicks", "kicks_kept", "simulations"):
             info[key] += r[key]
         if r["makespan_after_s"] < best_span * (1 - _REL):
             best = again
             info["makespan_after_s"] = r["makespan_after_s"]
-    info.update(start=best_i, starts=len(plans), seconds=time.perf_counter() - t0,
+    info.update(meter.report(), start=best_i, starts=len(plans), seconds=time.perf_counter() - t0,
                 makespan_before_s=first_before if first_before is not None else simulate(problem, plans[0]).makespan)
     best.info["refine"] = info
     return best

@@ -58,14 +58,21 @@ def get_solver(name: str) -> Callable[..., Plan]:
         raise SolverError(f"unknown solver {name!r}; known solvers: {', '.join(SOLVERS)}") from None
 
 
-def solve(problem: Problem, name: str = "heft", **options) -> Plan:
+def solve(problem: Problem, name: str = "heft", deterministic: bool | None = None, **options) -> Plan:
     """Run the solver called ``name`` on ``problem``.
+
+    ``deterministic`` goes to the solvers with budgets (``ilp``: work budgets instead of
+    wall-clock ones, see :mod:`tvm_pesto.solve.budget`); the heuristics are deterministic
+    anyway. Default: the ambient mode.
 
     Examples
     --------
-    >>> # plan = solve(problem, "m-etf")
+    >>> # plan = solve(problem, "ilp", deterministic=True)
     """
-    return get_solver(name)(problem, **options)
+    fn = get_solver(name)
+    if deterministic is not None and fn is _ilp:
+        options["deterministic"] = deterministic
+    return fn(problem, **options)
 
 
 __all__ = ["HEURISTICS", "SOLVERS", "get_solver", "solve"]
