@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from ..errors import PestoError, SolverError
+from ..errors import InfeasibleError, PestoError, SolverError
 from ..plan.plan import Plan
 from ..plan.problem import JointProblem, Problem
 from ..plan.simulate import simulate
@@ -96,10 +96,20 @@ def cover_caps(sizes: np.ndarray, num_devices: int) -> list[int]:
     return caps
 
 
-def _with_units(plan: Plan, problem: JointProblem, cover, info: dict) -> Plan:
-    out = Plan(plan.assignment, plan.order, solver=plan.solver, solve_s=plan.solve_s,
-               info={**plan.info, **info}, units=[problem.candidates[c] for c in cover])
-    return out
+#: facts a solver puts in ``plan.info`` about the plan it returned; recomputed for the plan
+#: the joint solve returns (the search may have changed it)
+_PLAN_FACTS = ("peak_memory_bytes", "estimated_makespan_s", "makespan_s", "device")
+
+
+def _with_units(plan: Plan, problem: JointProblem, cover, info: dict, solver: str, placed: Problem) -> Plan:
+    """The final plan: its units, the solver's name, and facts of this plan (not of an
+    earlier one the search started from)."""
+    sim = simulate(placed, plan)
+    facts = {k: v for k, v in plan.info.items() if k not in _PLAN_FACTS}
+    facts.update(info, makespan_s=float(sim.makespan), peak_memory_bytes=sim.peak_memory.tolist())
+    label = plan.solver if plan.solver == "joint-ilp" else solver
+    return Plan(plan.assignment, plan.order, solver=label, solve_s=plan.solve_s, info=facts,
+                units=[problem.candidates[c] for c in cover])
 
 
 def _place(problem: JointProblem, cover, solver: str, options: dict, deterministic: bool | None
@@ -127,7 +137,7 @@ def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_l
     warm_dev = int(np.argmax(busy))
     warm = CoverResult(list(cover), float(problem.costs[list(cover), warm_dev].sum()))
     jr = joint_ilp(g, node_sets, problem.costs, problem.cluster, warm=warm, warm_device=warm_dev,
-                   time_limit_s=time_limit_s, deterministic=deterministic)
+                   time_limit_s=time_limit_s, deterministic=deterministic, colocate=problem.colocate)
     jcover = list(jr.chosen)
     jplaced = problem.contract(jcover)
     start = np.array([jr.start[c] for c in jcover])
@@ -177,7 +187,10 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     InfeasibleError
         When no cover fits the devices' memory or some op cannot run anywhere.
     """
+    from .registry import get_solver
+
     t0 = time.perf_counter()
+    get_solver(solver)  # an unknown name fails here, listing the known ones
     options = dict(solver_options)
     if solver == "ilp":
         options.setdefault("time_limit_s", time_limit_s)
@@ -186,7 +199,7 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     if fixed is not None:
         plan, placed, _ = _place(problem, fixed, solver, options, deterministic)
         plan = _with_units(plan, problem, fixed, {"cover": "fixed", "budget": mode_name(deterministic),
-                                                  **combine({"deterministic": True}, plan.info)})
+                                                  **combine({"deterministic": True}, plan.info)}, solver, placed)
         plan.solve_s = time.perf_counter() - t0
         return plan, placed
 
@@ -206,25 +219,30 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
             cr.info["cap"] = int(cap)
             covers.setdefault(tuple(sorted(cr.chosen)), cr)
     reports = [{"deterministic": True}]  # each budgeted step's report: did a clock decide it?
+    errors: list[PestoError] = []
     for cr in covers.values():
         try:
             plan, placed, span = _place(problem, cr.chosen, solver, options, deterministic)
         except PestoError as e:
+            errors.append(e)
             info.setdefault("cover_rejected", []).append(str(e))
             continue
         reports.append(plan.info)  # every placement took part in choosing the cover
         if best is None or span < best[3]:
             best = (plan, placed, list(cr.chosen), span, cr)
     if best is None:
-        raise SolverError("no cover of the candidates could be placed: " + "; ".join(info.get("cover_rejected", [])))
+        if errors and all(isinstance(e, InfeasibleError) for e in errors):
+            raise errors[0]  # e.g. memory: the same reason for every cover, said once
+        raise SolverError(f"no cover of the candidates could be placed ({len(errors)} tried): "
+                          + "; ".join(dict.fromkeys(str(e) for e in errors)))
     plan, placed, cover, span, cr = best
     info.update(cover="dp", cover_exact=bool(cr.info.get("exact", True)), cover_cost_s=float(cr.cost),
                 cover_states=int(cr.states), cover_s=float(cr.seconds), cover_cap=cr.info.get("cap"),
                 covers_tried=len(covers), placed_makespan_s=float(span))
 
-    # 2. joint local search: devices and backends together
+    # 2. joint local search: devices and backends together ("single" is the one-device baseline)
     budget = 5.0 if search_s is None else float(search_s)
-    if budget > 0:
+    if budget > 0 and solver != "single":
         from .joint_search import improve
 
         plan, placed, cover, span, sinfo = improve(problem, plan, placed, cover, budget_s=budget,
@@ -247,7 +265,7 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
                 plan.info.setdefault("status", jinfo.get("status"))
     info["makespan_s"] = float(span)
     info.update(budget=mode_name(deterministic), **combine(*reports))
-    plan = _with_units(plan, problem, cover, info)
+    plan = _with_units(plan, problem, cover, info, solver, placed)
     plan.solve_s = time.perf_counter() - t0
     return plan, placed
 

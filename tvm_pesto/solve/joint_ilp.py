@@ -15,7 +15,8 @@ cycle); ``prec_u_v`` a consumer starts after its producer's candidate finishes u
 are in one candidate; ``comm_u_v_a_e`` plus the transfer ``latency + bytes / bandwidth``
 when they are on devices ``a != e``; ``ord_u_w_a``/``ordr_u_w_a`` two candidates on one device
 do not overlap; ``load_d`` ``M >=`` the busy time of each device; ``span_v`` ``M >= F[v]``;
-``mem_d`` weights and outputs fit each device.
+``mem_d`` weights and outputs fit each device; ``coloc_g_k_d`` the ops of a co-location group
+are on the same device.
 
 With one device the model is exactly "cheapest acyclic exact cover", the problem
 :func:`~tvm_pesto.solve.cover.collage_dp` solves, and the DP's cover is given as the
@@ -136,7 +137,8 @@ def warm_schedule(graph, node_sets, costs, cover: list[int], device: int = 0) ->
 
 def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None, warm_device: int | None = None,
               time_limit_s: float = 30.0, gap: float = 1e-4, solver: str = "highs", msg: bool = False,
-              memory: bool = True, prune: bool = True, deterministic: bool | None = None) -> JointResult:
+              memory: bool = True, prune: bool = True, deterministic: bool | None = None,
+              colocate=()) -> JointResult:
     """Choose candidates (hence backends), devices and order together.
 
     Parameters
@@ -292,6 +294,11 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         for d in range(D):
             terms = [(x[c, d], float(sum(mem[v] for v in sets[c])) * bs) for c in sorted(keep) if (c, d) in x]
             prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintLE, rhs=float(caps[d]) * bs), f"mem_{d}"
+    for g, grp in enumerate(colocate):  # ops that must share a device: the same device indicator
+        for k, (u, w) in enumerate(zip(grp, grp[1:])):
+            for d in range(D):
+                terms = X(u, d) + [(var, -1.0) for var, _ in X(w, d)]
+                prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintEQ, rhs=0.0), f"coloc_{g}_{k}_{d}"
 
     if wstart is not None:
         chosen_of = {}

@@ -181,6 +181,8 @@ def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int]
             if res is None:
                 return False
             new_cover, new_plan, new_placed = res
+        if any(len(set(new_plan.assignment[grp].tolist())) > 1 for grp in new_placed.colocate):
+            return False  # a co-location group split across devices
         try:
             new_sim = simulate(new_placed, new_plan)
         except PestoError:

@@ -279,7 +279,8 @@ class _Search:
         for v in rng.choice(self.problem.num_nodes, size=min(size, self.problem.num_nodes), replace=False):
             nodes = self.unit([int(v)])
             ok = np.flatnonzero(self.allowed[nodes].all(axis=0))
-            a[nodes] = int(rng.choice(ok))
+            if len(ok):  # a co-location group with no common device cannot move (nor run)
+                a[nodes] = int(rng.choice(ok))
         cand, csim = self.evaluate(a, sim.start + 1e-12 * sim.finish)
         return (cand.plan(), csim) if csim is not None else None
 
