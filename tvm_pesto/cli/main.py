@@ -14,7 +14,7 @@ from ..jsonio import write_json
 from .options import deterministic_option
 from .progress import ErrorGroup, console
 
-COSTS = ["auto", "measured", "roofline", "xgb"]
+COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
 BACKENDS_HELP = ("backends that compete for each subgraph: all (every backend available on the cluster's "
                  "devices), tvm (TVM's fusion groups only: placement without backend choice), or a "
                  "comma-separated list such as tvm,onnxruntime")

@@ -2,7 +2,8 @@
 
 Sources, one module each: ``measured`` (:mod:`.measured`: run on this machine's devices,
 persistent cache), ``xgb`` (:mod:`.xgb`: the trained cost model), ``roofline``
-(:mod:`.roofline`: FLOPs and bytes over peak). ``auto`` measures when every device is on
+(:mod:`.roofline`: FLOPs and bytes over peak), ``hybrid`` (:mod:`.hybrid`: predict all,
+measure only the close calls and the critical path, correct the rest by what was seen). ``auto`` measures when every device is on
 this machine, and otherwise predicts (``xgb``, with roofline where the model does not cover
 a device). :func:`candidate_costs` is the one entry point; a new source is one module plus
 one entry in :data:`SOURCES`.
@@ -28,7 +29,7 @@ from ..errors import CostError
 from .cache import MeasureCache
 from .roofline import roofline_candidate_costs, roofline_costs
 
-SOURCES = ("auto", "measured", "roofline", "xgb")
+SOURCES = ("auto", "measured", "roofline", "xgb", "hybrid")
 
 
 @dataclass
@@ -47,9 +48,12 @@ class CostTable:
     infeasible : dict
         Candidate index -> why its backend could not build or run it.
     calibration : dict
-        Device index -> factor applied to TVM-native costs (whole-model calibration).
+        Device index -> factor applied to TVM-native costs (whole-model calibration), or for
+        ``hybrid`` the per device and backend correction of predictions (``bias``).
     seconds : float
         Wall time spent measuring.
+    saved_s : float
+        ``hybrid``: an estimate of the measuring time the predictions saved.
     """
 
     table: np.ndarray
@@ -60,6 +64,7 @@ class CostTable:
     infeasible: dict = field(default_factory=dict)
     calibration: dict = field(default_factory=dict)
     seconds: float = 0.0
+    saved_s: float = 0.0
 
     @property
     def source(self) -> str:
@@ -70,7 +75,8 @@ class CostTable:
     def summary(self) -> dict:
         return {"source": self.source, "columns": list(self.columns), "measured": self.measured,
                 "cached": self.cached, "predicted": self.predicted, "infeasible": len(self.infeasible),
-                "measure_s": self.seconds, "calibration": {str(k): v for k, v in self.calibration.items()}}
+                "measure_s": self.seconds, "saved_s": self.saved_s,
+                "calibration": {str(k): v for k, v in self.calibration.items()}}
 
 
 def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
@@ -110,7 +116,7 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
     ----------
     cs : CandidateSet
     cluster : Cluster
-    source : {"auto", "measured", "xgb", "roofline"}
+    source : {"auto", "measured", "xgb", "roofline", "hybrid"}
     cache : MeasureCache, optional
         Where measurements are looked up and appended (default: ``~/.cache/tvm-pesto``).
     progress : callable(done, total), optional
@@ -136,6 +142,10 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
         return _measured(cs, cluster, cache, progress, calibrate)
     if source == "xgb":
         return _xgb(cs, cluster)
+    if source == "hybrid":
+        from .hybrid import hybrid_costs
+
+        return hybrid_costs(cs, cluster, cache=cache, progress=progress)
     return _roofline(cs, cluster)
 
 
