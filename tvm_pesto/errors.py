@@ -47,3 +47,8 @@ class BuildError(PestoError):
 
 class ExecutionError(PestoError):
     """A placed module failed while running."""
+
+
+class TrainingError(PestoError):
+    """A training setup is invalid: no trainable parameter, an unknown loss or optimizer,
+    a loss that does not fit the model's output."""

@@ -48,22 +48,25 @@ def error_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def _aten_batch_norm(node: Any, importer: Any) -> relax.Var:
-    """Convert ``aten.batch_norm.default`` in inference mode.
+    """Convert ``aten.batch_norm.default`` (inference or training mode).
 
     TVM 0.27 maps this op to its ``_native_batch_norm_legit_no_training`` converter, which
     reads the arguments with the wrong signature (``training`` as momentum, momentum as
     epsilon) and emits a training-mode batch norm, so an eval-mode BatchNorm computes
-    batch statistics. The op's signature is ``(input, weight, bias, running_mean,
-    running_var, training, momentum, eps, cudnn_enabled)``.
+    batch statistics (and a train-mode one gets ``epsilon=momentum``). The op's signature
+    is ``(input, weight, bias, running_mean, running_var, training, momentum, eps,
+    cudnn_enabled)``. A model exported in train mode gives ``relax.nn.batch_norm(...,
+    training=True)``, whose results 1 and 2 are the updated running statistics
+    (:mod:`tvm_pesto.train.backbone` turns them into training states).
     """
     names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps")
 
     def arg(i: int, default: Any = None) -> Any:
         return node.args[i] if len(node.args) > i else node.kwargs.get(names[i], default)
 
-    if arg(5, False) or arg(3) is None or arg(4) is None:
-        # training-mode statistics: let from_torch retry through the decomposed path
-        raise NotImplementedError("batch_norm in training mode or without running statistics")
+    if arg(3) is None or arg(4) is None:
+        # no running statistics: let from_torch retry through the decomposed path
+        raise NotImplementedError("batch_norm without running statistics")
     x = importer.env[arg(0)]
     channels = int(importer.shape_of(x)[1])
     dtype = x.ty.dtype.dtype
@@ -74,7 +77,7 @@ def _aten_batch_norm(node: Any, importer: Any) -> relax.Var:
     bn = importer.block_builder.emit(relax.op.nn.batch_norm(
         x, tensor(1, 1.0), tensor(2, 0.0), tensor(3, 0.0), tensor(4, 1.0), axis=1,
         epsilon=float(arg(7, 1e-5)), center=True, scale=True, momentum=float(arg(6, 0.1) or 0.1),
-        training=False))
+        training=bool(arg(5, False))))
     return importer.block_builder.emit(relax.TupleGetItem(bn, 0))
 
 
@@ -194,7 +197,8 @@ def from_torch(model: Any, example_args: Sequence[Any], name: str | None = None,
     return from_exported_program(ep, label, decompose=decompose)
 
 
-def from_exported_program(ep: Any, name: str = "exported program", *, decompose: bool = False) -> tvm.IRModule:
+def from_exported_program(ep: Any, name: str = "exported program", *, decompose: bool = False,
+                          keep_params_as_input: bool = False) -> tvm.IRModule:
     """Translate a ``torch.export`` program into a Relax module with its weights as constants.
 
     This is the one path from an :class:`torch.export.ExportedProgram` to Relax, for models
@@ -215,6 +219,11 @@ def from_exported_program(ep: Any, name: str = "exported program", *, decompose:
         Run PyTorch's decomposition to core ATen ops before translating. By default the
         exported ops are translated directly, and the decomposition is used only when that
         fails.
+    keep_params_as_input : bool
+        Keep the trainable parameters as parameters of ``main`` after the user inputs
+        (attribute ``num_input`` = number of user inputs, ``params`` = their values, in
+        ``named_parameters()`` order) instead of binding them as constants; buffers stay
+        constants. Training (:mod:`tvm_pesto.train`) imports this way.
 
     Returns
     -------
@@ -245,7 +254,7 @@ def from_exported_program(ep: Any, name: str = "exported program", *, decompose:
     for run_decomposition in ([True] if decompose else [False, True]):
         try:
             return _relax_from_exported_program(
-                ep, keep_params_as_input=False, unwrap_unit_return_tuple=True,
+                ep, keep_params_as_input=keep_params_as_input, unwrap_unit_return_tuple=True,
                 run_ep_decomposition=run_decomposition, custom_convert_map=_CUSTOM_CONVERTERS)
         except Exception as exc:
             failures.append(exc)

@@ -86,10 +86,12 @@ def read_program(placed_mod: tvm.IRModule) -> Program:
     vdev_index = {(str(vd.target), int(vd.vdevice_id)): k for k, vd in enumerate(vdevs)}
     funcs = {gv.name_hint: placed_mod[gv] for gv in placed_mod.get_global_vars()}
     key = {}
-    inputs = []
+    inputs, input_devices = [], []
     for p in main.params:
         key[p] = f"in:{p.name}"
         inputs.append(key[p])
+        vd = getattr(p.ty, "vdevice", None)
+        input_devices.append(vdev_index.get((str(vd.target), int(vd.vdevice_id)), 0) if vd is not None else 0)
     steps: list[Step] = []
     for block in main.body.blocks:
         for b in block.bindings:
@@ -113,7 +115,9 @@ def read_program(placed_mod: tvm.IRModule) -> Program:
                 raise BuildError(f"placed main binds {b.var.name!r} to {type(val).__name__}; only segment calls, "
                                  "to_vdevice, tuples and tuple items are expected (was the module placed by tvm-pesto?)")
             key[b.var] = out
-    return Program(inputs, steps, _out_key(main.body.body, key), len(vdevs) or 1)
+    flat = [int(v) for v in main.attrs["pesto.state"]] if main.attrs is not None and "pesto.state" in main.attrs else []
+    state = [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)]
+    return Program(inputs, steps, _out_key(main.body.body, key), len(vdevs) or 1, input_devices, state)
 
 
 def _out_key(expr, key):

@@ -9,6 +9,13 @@ results carry its device's vdevice, with attributes ``pesto.device`` (device ind
 ``pesto.position`` (its slot in that device's order); ``main`` takes its inputs on device 0,
 calls the segments in a valid order, moves every value that crosses devices with
 ``R.to_vdevice`` and returns its result on device 0.
+
+A module with *state* (a training step: parameters and optimizer state in, their next
+values out) names pairs ``(output field, input)`` where the output is the input's next
+value. Each state input is declared on the device of the first segment that reads it, and
+its next value is returned on that same device, so a runtime that feeds outputs back as
+inputs (:meth:`tvm_pesto.run.runtime.PlacedRuntime.step`) never moves state between steps.
+``main`` records the pairs in its ``pesto.state`` attribute.
 """
 from __future__ import annotations
 
@@ -80,7 +87,7 @@ def _vdevices(cluster):
     return [relax.VDevice(tvm.target.Target(dev.target), i, "global") for i, dev in enumerate(cluster.devices)]
 
 
-def apply_plan(rg: RelaxGraph, plan, cluster) -> tvm.IRModule:
+def apply_plan(rg: RelaxGraph, plan, cluster, state=None) -> tvm.IRModule:
     """Rewrite ``rg``'s module so that every op runs inside a per-device segment function.
 
     Parameters
@@ -91,12 +98,16 @@ def apply_plan(rg: RelaxGraph, plan, cluster) -> tvm.IRModule:
         A plan with ``units`` (one per plan node: backend and op nodes), as every solver
         of the flow returns it.
     cluster : Cluster
+    state : list of (int, int), optional
+        ``(output field, input index)`` pairs: the output is the next value of that input
+        of ``main`` (which must return a tuple). Both live on the device of the input's
+        first reader (see the module docstring).
 
     Raises
     ------
     PlanError
-        When the plan has no units, its units do not cover ``rg`` exactly once, or its
-        orders deadlock.
+        When the plan has no units, its units do not cover ``rg`` exactly once, its
+        orders deadlock, or ``state`` names fields or inputs ``main`` does not have.
     """
     if plan.units is None:
         raise PlanError("the plan has no units (which ops each plan node runs, on which backend); "
@@ -181,16 +192,21 @@ def apply_plan(rg: RelaxGraph, plan, cluster) -> tvm.IRModule:
         seg_funcs.append((fn, cut))
     bb = relax.BlockBuilder()
     gvs = {si: bb.add_func(fn, f"dev{segs[si].device}_seg{segs[si].position}") for si, (fn, _) in enumerate(seg_funcs)}
-    # New main: the original inputs (on device 0), then segment calls in call_order.
-    params = [relax.Var(p.name, with_vdevice(p.ty, vdevs[0])) for p in rg.func.params]
+    state = [(int(o), int(i)) for o, i in (state or [])]
+    in_dev = _state_devices(rg, state, [seg_funcs[si][1] for si in call_order], [segs[si].device for si in call_order])
+    # New main: the original inputs (on device 0, state on its reader's device), then
+    # segment calls in call_order.
+    params = [relax.Var(p.name, with_vdevice(p.ty, vdevs[in_dev.get(k, 0)])) for k, p in enumerate(rg.func.params)]
     pmap = dict(zip(rg.func.params, params))
-    with bb.function("main", params, attrs={"pesto.placed": True, "num_input": len(rg.inputs)}
-                     if rg.weight_params else {"pesto.placed": True}):
+    attrs = {"pesto.placed": True, "num_input": len(rg.inputs)} if rg.weight_params else {"pesto.placed": True}
+    if state:
+        attrs["pesto.state"] = [v for pair in state for v in pair]
+    with bb.function("main", params, attrs=attrs):
         with bb.dataflow():
             on_dev: dict = {}  # (original var, device) -> new var on that device
             home: dict = {}  # original var -> (new var, device)
-            for p_old, p_new in pmap.items():
-                home[p_old] = (p_new, 0)
+            for k, (p_old, p_new) in enumerate(pmap.items()):
+                home[p_old] = (p_new, in_dev.get(k, 0))
             for si in call_order:
                 s = segs[si]
                 fn, cut = seg_funcs[si]
@@ -209,30 +225,55 @@ def apply_plan(rg: RelaxGraph, plan, cluster) -> tvm.IRModule:
                 else:
                     for k, v in enumerate(cut.outputs):
                         home[v] = (bb.emit(relax.TupleGetItem(res, k), name_hint=v.name), s.device)
-            # Rebuild the result from the original output expression, on device 0.
-            final_map = {}
-            for v in relax.analysis.free_vars(rg.output) if not isinstance(rg.output, relax.Var) else [rg.output]:
-                final_map[v] = _materialize(bb, v, home, bindings, var_binding, vdevs)
-            out = bb.emit_output(Remap(final_map).visit_expr(rg.output))
+            # Rebuild the result from the original output expression, on device 0 (the
+            # next value of a state input on that input's device).
+            out_dev = {o: in_dev[i] for o, i in state}
+            if state:
+                out = bb.emit_output(relax.Tuple([
+                    _materialize(bb, f, home, bindings, var_binding, vdevs, out_dev.get(k, 0))
+                    for k, f in enumerate(rg.output.fields)]))
+            else:
+                final_map = {}
+                for v in relax.analysis.free_vars(rg.output) if not isinstance(rg.output, relax.Var) else [rg.output]:
+                    final_map[v] = _materialize(bb, v, home, bindings, var_binding, vdevs)
+                out = bb.emit_output(Remap(final_map).visit_expr(rg.output))
         bb.emit_func_output(out)
     out_mod = bb.get()
     out_mod.update_global_info("vdevice", vdevs)
     return out_mod
 
 
-def _materialize(bb, v, home, bindings, var_binding, vdevs):
-    """The new variable for original ``v`` on device 0 (recomputing aliases as needed)."""
+def _state_devices(rg: RelaxGraph, state, cuts, devices) -> dict[int, int]:
+    """Input index -> device for the state inputs: the device of the first segment (in call
+    order) that reads the input (0 when none does)."""
+    params = list(rg.func.params)
+    fields = rg.output.fields if isinstance(rg.output, relax.Tuple) else None
+    if state and fields is None:
+        raise PlanError("a module with state must return a tuple (its outputs include the next values of its "
+                        "state inputs)")
+    out = {}
+    for o, i in state:
+        if not (0 <= i < len(params) and 0 <= o < len(fields)):
+            raise PlanError(f"state pair (output {o}, input {i}) is out of range: main has {len(params)} inputs "
+                            f"and returns {len(fields)} values")
+        out[i] = next((d for cut, d in zip(cuts, devices) if params[i] in cut.inputs), 0)
+    return out
+
+
+def _materialize(bb, v, home, bindings, var_binding, vdevs, dev: int = 0):
+    """The new variable for original ``v`` on device ``dev`` (recomputing aliases as needed)."""
     if v in home:
         nv, dv = home[v]
-        if dv != 0:
-            nv = _move(bb, nv, vdevs[0], f"{v.name}_d0")
-            home[v] = (nv, 0)
+        if dv != dev:
+            nv = _move(bb, nv, vdevs[dev], f"{v.name}_d{dev}")
+            if dev == 0:
+                home[v] = (nv, 0)
         return nv
     k = var_binding[v]
     val = bindings[k].value
-    sub = {u: _materialize(bb, u, home, bindings, var_binding, vdevs) for u in relax.analysis.free_vars(val)}
+    sub = {u: _materialize(bb, u, home, bindings, var_binding, vdevs, dev) for u in relax.analysis.free_vars(val)}
     nv = bb.emit(Remap(sub).visit_expr(val), name_hint=v.name)
-    home[v] = (nv, 0)
+    home[v] = (nv, dev)
     return nv
 
 

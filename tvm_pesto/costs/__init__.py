@@ -21,71 +21,21 @@ Examples
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
-
 from ..errors import CostError
 from .cache import MeasureCache
 from .roofline import roofline_candidate_costs, roofline_costs
+from .table import CostTable
 
 SOURCES = ("auto", "measured", "roofline", "xgb", "hybrid")
-
-
-@dataclass
-class CostTable:
-    """Seconds per (candidate, device) and where they came from.
-
-    Attributes
-    ----------
-    table : ndarray, shape (candidates, devices)
-        ``inf`` where a candidate cannot run on a device.
-    columns : list of str
-        The source that really produced each device's column (``measured``, ``xgb``,
-        ``roofline``, ``xgb+roofline``).
-    measured, cached, predicted : int
-        Candidates measured in this call, found in the measurement cache, predicted.
-    infeasible : dict
-        Candidate index -> why its backend could not build or run it.
-    calibration : dict
-        Device index -> factor applied to TVM-native costs (whole-model calibration), or for
-        ``hybrid`` the per device and backend correction of predictions (``bias``).
-    seconds : float
-        Wall time spent measuring.
-    saved_s : float
-        ``hybrid``: an estimate of the measuring time the predictions saved.
-    """
-
-    table: np.ndarray
-    columns: list[str]
-    measured: int = 0
-    cached: int = 0
-    predicted: int = 0
-    infeasible: dict = field(default_factory=dict)
-    calibration: dict = field(default_factory=dict)
-    seconds: float = 0.0
-    saved_s: float = 0.0
-
-    @property
-    def source(self) -> str:
-        """One word for the whole table: the columns' source when they agree, else ``mixed``."""
-        kinds = sorted(set(self.columns))
-        return kinds[0] if len(kinds) == 1 else "mixed"
-
-    def summary(self) -> dict:
-        return {"source": self.source, "columns": list(self.columns), "measured": self.measured,
-                "cached": self.cached, "predicted": self.predicted, "infeasible": len(self.infeasible),
-                "measure_s": self.seconds, "saved_s": self.saved_s,
-                "calibration": {str(k): v for k, v in self.calibration.items()}}
 
 
 def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
     from .measured import MeasureReport, calibrate_native, measure_cost_table
 
     for dev in cluster.devices:
-        if not dev.present:
+        if not (dev.present or dev.remote):
             raise CostError(f"device {dev.name} is not on this machine, so it cannot be measured; "
-                            "use --costs xgb or roofline")
+                            "use --costs xgb or roofline, or measure it over TVM RPC (--rpc-tracker, --rpc-key)")
     cache = cache if cache is not None else MeasureCache()
     report = MeasureReport()
     table = measure_cost_table(cs, cluster, cache, report=report, progress=progress)
@@ -132,7 +82,7 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
     if source not in SOURCES:
         raise CostError(f"unknown cost source {source!r}; use one of {', '.join(SOURCES)}")
     if source == "auto":
-        source = "measured" if cluster.all_present else "xgb"
+        source = "measured" if all(d.present or d.remote for d in cluster.devices) else "xgb"
         if source == "xgb":
             try:
                 import xgboost  # noqa: F401

@@ -100,7 +100,7 @@ def uncertain_candidates(graph, candidates, table: np.ndarray, error: float = DE
 def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_ERROR, top_k: int = 3,
                  min_samples: int = 3):
     """The hybrid table (see the module doc): a :class:`~tvm_pesto.costs.CostTable`."""
-    from . import CostTable
+    from .table import CostTable
     from .measured import MeasureReport, measure_cost_table
     from .xgb import predict_candidate_costs
 

@@ -3,7 +3,8 @@
 One node per operator call bound in ``main`` (high-level ops, ``call_tir``,
 ``call_dps_packed``, calls to other functions); tuples, ``TupleGetItem`` and variable
 aliases are not nodes, their dependencies are followed through. Constants and bound
-parameters count as the consuming node's weights. Graph inputs are not nodes.
+parameters count as the consuming node's weights (a weight parameter of ``main``, after
+its ``num_input`` data inputs, once: at its first reader). Graph inputs are not nodes.
 """
 from __future__ import annotations
 
@@ -153,6 +154,7 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
     var_node: dict = {}  # Var -> node id (call bindings)
     alias: dict = {}  # Var -> bound value (Tuple / TupleGetItem / Var)
     edges: list[tuple[int, int, int]] = []
+    weights_seen: set = set()
 
     def producers(expr, nbytes_hint=None):
         """[(node, bytes)] that ``expr`` depends on."""
@@ -194,8 +196,11 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
         for a in flat:
             specs = tensor_specs(a.ty, f"argument of {b.var.name!r}") if hasattr(a, "ty") else []
             ins.extend(specs)
-            if isinstance(a, tvm.ir.Constant) or (isinstance(a, relax.Var) and a in weight_set):
+            weight = isinstance(a, relax.Var) and a in weight_set and a not in weights_seen
+            if isinstance(a, tvm.ir.Constant) or weight:
                 params_bytes += sum(t.nbytes for t in specs)
+                if weight:
+                    weights_seen.add(a)  # a weight parameter counts once, at its first reader
         outs = tensor_specs(b.var.ty, f"result {b.var.name!r}")
         attrs = attrs_dict(val.attrs) if isinstance(val.op, tvm.ir.Op) else {}
         nid = len(nodes)

@@ -172,6 +172,13 @@ class Executor:
             else:
                 owner[s.out] = owner.get(s.args[0]) if s.args else None
         self.owner = owner
+        self.input_device = dict(zip(program.inputs, program.input_devices))
+        # Light steps (tuples, items, aliases) that only assemble the result run in the
+        # caller after the workers: a worker that waited there for another device's values
+        # could block steps of its own that the other device needs (a module with state
+        # returns values of both devices).
+        self.post = _result_steps(program)
+        post = {id(s) for s in self.post}
         # Per-device step lists; copies and light steps go right after their producer.
         per_dev: dict[int, list] = {d: [] for d in range(cluster.num_devices)}
         self.pre: list = []  # steps the caller runs before the workers (input copies)
@@ -179,7 +186,7 @@ class Executor:
             if s.kind == "call":
                 per_dev[s.device].append(s)
         for s in steps:
-            if s.kind == "call":
+            if s.kind == "call" or id(s) in post:
                 continue
             o = owner.get(s.out)
             if o is None:
@@ -307,7 +314,8 @@ class Executor:
             ts = time.perf_counter()
             if s.kind == "copy" and self.streams is not None:
                 src = self.owner.get(s.args[0])
-                env[s.out] = self.streams.copy(env[s.args[0]], 0 if src is None else src, s.device)
+                src = self.input_device.get(s.args[0], 0) if src is None else src
+                env[s.out] = self.streams.copy(env[s.args[0]], src, s.device)
             elif s.kind == "copy":
                 env[s.out] = _copy(env[s.args[0]], self.tvm_devs[s.device])
             elif s.kind == "item":
@@ -364,7 +372,8 @@ class Executor:
                 return
 
     def run(self, inputs: list, trace: list | None = None):
-        """Run once on ``inputs`` (tvm tensors on device 0); returns the output value(s).
+        """Run once on ``inputs`` (tvm tensors, each on its ``program.input_devices``
+        device); returns the output value(s).
 
         Raises
         ------
@@ -384,6 +393,7 @@ class Executor:
         if self.single:
             (d, lst), = self.per_dev.items()
             self._local(lst, local, d)
+            self._local(self.post, local, None)
         else:
             events = {s.out: threading.Event() for lst in self.per_dev.values() for s in lst}
             run = _Run(env, events, trace, self.per_dev)
@@ -402,9 +412,24 @@ class Executor:
             if run.errors:
                 d, s, e = run.errors[0]  # independent failures at the same time: the first leads
                 raise self._failure(d, s, e, run.errors[1:]) from e
+            self._local(self.post, run, None)
         if self.streams is not None:
             self.streams.synchronize()
         return _assemble(self.program.output, env)
+
+
+def _result_steps(program: Program) -> list:
+    """The light steps whose values only the result (or other such steps) uses, in
+    program order."""
+    users: dict[str, list] = {}
+    for s in program.steps:
+        for a in s.args:
+            users.setdefault(a, []).append(s)
+    result: set[int] = set()
+    for s in reversed(program.steps):
+        if s.kind in ("tuple", "item", "alias") and all(id(u) in result for u in users.get(s.out, [])):
+            result.add(id(s))
+    return [s for s in program.steps if id(s) in result]
 
 
 def _assemble(out, env):

@@ -5,6 +5,11 @@ device), ``item`` (take a tuple field), ``tuple`` (build a tuple) and ``alias`` 
 variable copy). :func:`tvm_pesto.builder.program.read_program` reads one from a placed
 module's ``main``; :meth:`Program.to_dict` / :meth:`Program.from_dict` store it with an
 exported bundle, so a deployed model runs without TVM's compiler.
+
+``input_devices`` says where each input lives (device 0 unless the placed module put it
+elsewhere); ``state`` lists ``(output index, input index)`` pairs whose output is the next
+value of that input (a training step's parameters), kept on its device between runs by
+:meth:`tvm_pesto.run.runtime.PlacedRuntime.step`.
 """
 from __future__ import annotations
 
@@ -30,16 +35,26 @@ class Program:
     steps: list[Step]
     output: object  # str key, or nested tuple of keys
     num_devices: int
+    input_devices: list[int] = None  # device of each input (default: all on device 0)
+    state: list = field(default_factory=list)  # (output index, input index): the input's next value
+
+    def __post_init__(self):
+        if self.input_devices is None:
+            self.input_devices = [0] * len(self.inputs)
+        self.input_devices = [int(d) for d in self.input_devices]
+        self.state = [(int(o), int(i)) for o, i in self.state]
 
     def to_dict(self) -> dict:
         return {"inputs": list(self.inputs), "steps": [asdict(s) for s in self.steps],
-                "output": _out_to_json(self.output), "num_devices": self.num_devices}
+                "output": _out_to_json(self.output), "num_devices": self.num_devices,
+                "input_devices": list(self.input_devices), "state": [list(p) for p in self.state]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Program":
         try:
             steps = [Step(**s) for s in d["steps"]]
-            return cls(list(d["inputs"]), steps, _out_from_json(d["output"]), int(d["num_devices"]))
+            return cls(list(d["inputs"]), steps, _out_from_json(d["output"]), int(d["num_devices"]),
+                       d.get("input_devices"), [tuple(p) for p in d.get("state", [])])
         except (KeyError, TypeError, ValueError) as e:
             raise ExecutionError(f"the program description is malformed ({type(e).__name__}: {e}); "
                                  "export the placed model again") from e

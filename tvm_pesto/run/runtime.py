@@ -25,6 +25,13 @@ class PlacedRuntime:
     original error; when the failure left the executor unusable (a worker thread gone), the
     module drops it, and its next call starts new workers. Ctrl-C during a call stops the
     run and propagates; the module stays usable.
+
+    Inputs go to the device the program names for them (``program.input_devices``; device 0
+    unless the placement put them elsewhere). A program with *state* (``program.state``:
+    outputs that are the next values of inputs, e.g. a training step's parameters) is
+    driven with :meth:`set_state` once and :meth:`step` per run: the state stays on its
+    devices as TVM tensors, each run's new values become the next run's inputs, and only
+    the other outputs are returned.
     """
 
     def __init__(self, program, vms: dict, cluster, plan_info: dict | None = None):
@@ -34,6 +41,7 @@ class PlacedRuntime:
         self.plan_info = plan_info or {}
         self._executor = None
         self.last_trace: list = []
+        self._state: dict = {}  # input index -> its current value (a TVM tensor on its device)
 
     @property
     def devices_used(self) -> list[int]:
@@ -49,19 +57,70 @@ class PlacedRuntime:
         return self._executor
 
     def _inputs(self, args):
-        import tvm
-
         if len(args) != len(self.program.inputs):
             raise ExecutionError(f"the module takes {len(self.program.inputs)} inputs "
                                  f"({', '.join(k.split(':', 1)[1] for k in self.program.inputs)}), got {len(args)}")
-        dev0 = self.cluster.devices[0].tvm_device()
-        out = []
-        for a in args:
-            if isinstance(a, tvm.runtime.Tensor):
-                out.append(a if a.device == dev0 else a.copyto(dev0))
-            else:
-                out.append(tvm.runtime.tensor(np.ascontiguousarray(a), device=dev0))
-        return out
+        return [self._on_device(a, d) for a, d in zip(args, self.program.input_devices)]
+
+    def _on_device(self, value, d: int):
+        """``value`` (numpy or a TVM tensor) as a TVM tensor on device ``d``."""
+        import tvm
+
+        dev = self.cluster.devices[d].tvm_device()
+        if isinstance(value, tvm.runtime.Tensor):
+            return value if value.device == dev else value.copyto(dev)
+        return tvm.runtime.tensor(np.asarray(value, order="C"), device=dev)  # keeps 0-d arrays 0-d
+
+    # -- state that stays on its device between runs ----------------------------------
+    def _state_inputs(self) -> list[int]:
+        if not self.program.state:
+            raise ExecutionError("this module has no state (no output is the next value of an input); call it "
+                                 "directly instead of set_state/step")
+        return [i for _, i in self.program.state]
+
+    def set_state(self, values) -> None:
+        """Put the state inputs' values (one per ``program.state`` pair, in that order) on
+        their devices; :meth:`step` then carries them from run to run."""
+        ins = self._state_inputs()
+        values = list(values)
+        if len(values) != len(ins):
+            raise ExecutionError(f"the module has {len(ins)} state inputs, got {len(values)} values")
+        self._state = {i: self._on_device(v, self.program.input_devices[i]) for i, v in zip(ins, values)}
+
+    def state(self) -> list[np.ndarray]:
+        """The current state values, copied to the host (in ``program.state`` order)."""
+        ins = self._state_inputs()
+        if not self._state:
+            raise ExecutionError("the state is not set; call set_state(values) first")
+        return [self._state[i].numpy() for i in ins]
+
+    def step(self, *args, trace: list | None = None):
+        """Run once on the non-state inputs ``args`` (in input order) and the current state;
+        keep the new state on its devices and return the other outputs (one value, or a
+        tuple), as TVM tensors.
+
+        Raises
+        ------
+        ExecutionError
+            When the state is not set, or the number of inputs is wrong.
+        """
+        self._state_inputs()
+        if not self._state:
+            raise ExecutionError("the state is not set; call set_state(values) first")
+        data = [k for k in range(len(self.program.inputs)) if k not in self._state]
+        if len(args) != len(data):
+            raise ExecutionError(f"step takes the {len(data)} non-state inputs "
+                                 f"({', '.join(self.program.inputs[k].split(':', 1)[1] for k in data)}), "
+                                 f"got {len(args)}")
+        given = dict(zip(data, args))
+        inputs = [self._state[k] if k in self._state else self._on_device(given[k], self.program.input_devices[k])
+                  for k in range(len(self.program.inputs))]
+        res = self._run(self._exec(), inputs, trace=trace)
+        for o, i in self.program.state:
+            self._state[i] = res[o]
+        carried = {o for o, _ in self.program.state}
+        rest = [r for k, r in enumerate(res) if k not in carried]
+        return rest[0] if len(rest) == 1 else tuple(rest)
 
     def _run(self, ex: Executor, inputs, trace=None):
         try:

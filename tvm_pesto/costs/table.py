@@ -1,0 +1,53 @@
+"""The result of a cost source: seconds per (candidate, device), and where they came from."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class CostTable:
+    """Seconds per (candidate, device) and where they came from.
+
+    Attributes
+    ----------
+    table : ndarray, shape (candidates, devices)
+        ``inf`` where a candidate cannot run on a device.
+    columns : list of str
+        The source that really produced each device's column (``measured``, ``xgb``,
+        ``roofline``, ``xgb+roofline``).
+    measured, cached, predicted : int
+        Candidates measured in this call, found in the measurement cache, predicted.
+    infeasible : dict
+        Candidate index -> why its backend could not build or run it.
+    calibration : dict
+        Device index -> factor applied to TVM-native costs (whole-model calibration), or for
+        ``hybrid`` the per device and backend correction of predictions (``bias``).
+    seconds : float
+        Wall time spent measuring.
+    saved_s : float
+        ``hybrid``: an estimate of the measuring time the predictions saved.
+    """
+
+    table: np.ndarray
+    columns: list[str]
+    measured: int = 0
+    cached: int = 0
+    predicted: int = 0
+    infeasible: dict = field(default_factory=dict)
+    calibration: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    saved_s: float = 0.0
+
+    @property
+    def source(self) -> str:
+        """One word for the whole table: the columns' source when they agree, else ``mixed``."""
+        kinds = sorted(set(self.columns))
+        return kinds[0] if len(kinds) == 1 else "mixed"
+
+    def summary(self) -> dict:
+        return {"source": self.source, "columns": list(self.columns), "measured": self.measured,
+                "cached": self.cached, "predicted": self.predicted, "infeasible": len(self.infeasible),
+                "measure_s": self.seconds, "saved_s": self.saved_s,
+                "calibration": {str(k): v for k, v in self.calibration.items()}}
