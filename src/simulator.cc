@@ -138,6 +138,8 @@ struct Sends {
  *        device's order starts and ends in \p order.
  * \param cost float64[n] seconds of each node on its device.
  * \param latency, inv_bw float64[d,d]; \param mem float64[n] resident bytes per node.
+ * \param hosts int32[d] the host of each device: a transfer between hosts holds the sending
+ *        host's outgoing and the receiving host's incoming NIC instead of its device link.
  * \param start, finish float64[n]; busy, peak float64[d]; transfers float64[k,6] (outputs).
  * \param blocked int32[d] output: on deadlock, the node each device waits at (-1 when idle).
  * \return The number of transfer rows written. Deadlock throws TvmPestoDeadlock.
@@ -145,9 +147,9 @@ struct Sends {
 int64_t Simulate(ffi::TensorView src_t, ffi::TensorView dst_t, ffi::TensorView ebytes_t,
                  ffi::TensorView assign_t, ffi::TensorView order_t, ffi::TensorView offsets_t,
                  ffi::TensorView cost_t, ffi::TensorView latency_t, ffi::TensorView inv_bw_t,
-                 ffi::TensorView mem_t, ffi::TensorView start_t, ffi::TensorView finish_t,
-                 ffi::TensorView busy_t, ffi::TensorView peak_t, ffi::TensorView transfers_t,
-                 ffi::TensorView blocked_t) {
+                 ffi::TensorView mem_t, ffi::TensorView hosts_t, ffi::TensorView start_t,
+                 ffi::TensorView finish_t, ffi::TensorView busy_t, ffi::TensorView peak_t,
+                 ffi::TensorView transfers_t, ffi::TensorView blocked_t) {
   const int32_t* src = Data<int32_t>(src_t, "src", 1);
   const int32_t* dst = Data<int32_t>(dst_t, "dst", 1);
   const double* ebytes = Data<double>(ebytes_t, "ebytes", 1);
@@ -158,6 +160,7 @@ int64_t Simulate(ffi::TensorView src_t, ffi::TensorView dst_t, ffi::TensorView e
   const double* latency = Data<double>(latency_t, "latency", 2);
   const double* inv_bw = Data<double>(inv_bw_t, "inv_bw", 2);
   const double* mem = Data<double>(mem_t, "mem", 1);
+  const int32_t* hosts = Data<int32_t>(hosts_t, "hosts", 1);
   double* start = Data<double>(start_t, "start", 1);
   double* finish = Data<double>(finish_t, "finish", 1);
   double* busy = Data<double>(busy_t, "busy", 1);
@@ -177,6 +180,7 @@ int64_t Simulate(ffi::TensorView src_t, ffi::TensorView dst_t, ffi::TensorView e
   CheckLen(inv_bw_t, "inv_bw", 0, d);
   CheckLen(inv_bw_t, "inv_bw", 1, d);
   CheckLen(mem_t, "mem", 0, n);
+  CheckLen(hosts_t, "hosts", 0, d);
   CheckLen(start_t, "start", 0, n);
   CheckLen(finish_t, "finish", 0, n);
   CheckLen(busy_t, "busy", 0, d);
@@ -186,6 +190,11 @@ int64_t Simulate(ffi::TensorView src_t, ffi::TensorView dst_t, ffi::TensorView e
   const int64_t max_rows = transfers_t.shape()[0];
   CheckEdges(n, m, src, dst);
   CheckAssignment(n, d, assign);
+  int32_t num_hosts = 1;
+  for (int64_t k = 0; k < d; ++k) {
+    if (hosts[k] < 0) TVM_FFI_THROW(ValueError) << "device " << k << " has host " << hosts[k] << "; hosts are >= 0";
+    num_hosts = std::max(num_hosts, hosts[k] + 1);
+  }
 
   // Every node appears once, in the order of the device it is assigned to.
   if (offsets[0] != 0 || offsets[d] != n) {
@@ -218,6 +227,7 @@ int64_t Simulate(ffi::TensorView src_t, ffi::TensorView dst_t, ffi::TensorView e
   for (int64_t e = 0; e < m; ++e) ++missing[dst[e]];
   std::vector<double> ready(n, 0.0);
   std::vector<double> dev_free(d, 0.0), link_free(d * d, 0.0), arrive_at(d, 0.0);
+  std::vector<double> nic_out(num_hosts, 0.0), nic_in(num_hosts, 0.0);  // when each host's NIC is free
   std::vector<int64_t> pos(d);
   std::vector<char> head_started(d, 0);
   for (int64_t k = 0; k < d; ++k) {
@@ -267,10 +277,16 @@ int64_t Simulate(ffi::TensorView src_t, ffi::TensorView dst_t, ffi::TensorView e
     for (int64_t j = sends.begin[v]; j < sends.begin[v + 1]; ++j) {
       const int32_t dv = sends.device[j];
       const double b = sends.bytes[j];
-      double& free = link_free[du * d + dv];
-      const double s = std::max(t, free);
+      const int32_t hu = hosts[du], hv = hosts[dv];
+      const double s = hu == hv ? std::max(t, link_free[du * d + dv])
+                                : std::max(std::max(t, nic_out[hu]), nic_in[hv]);
       const double e = s + latency[du * d + dv] + b * inv_bw[du * d + dv];
-      free = e;
+      if (hu == hv) {
+        link_free[du * d + dv] = e;
+      } else {
+        nic_out[hu] = e;
+        nic_in[hv] = e;
+      }
       arrive_at[dv] = e;
       peak[dv] += b;
       if (rows >= max_rows) {

@@ -71,3 +71,55 @@ def test_link_microbenchmark_writes_back_a_and_b():
     for i, j in [(0, 1), (1, 0)]:
         assert 1e-7 <= c.latency[i, j] < 5e-2
         assert c.bandwidth[i, j] > 1e7
+
+
+# -- hosts --------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec,hosts,per,net", [("2x8xA100", 2, 8, "100g"), ("2x4xV100-pcie-25g", 2, 4, "25g"),
+                                                 ("3x1xH100-100g", 3, 1, "100g")])
+def test_multi_host_presets(spec, hosts, per, net):
+    c = parse_cluster(spec)
+    assert c.num_hosts == hosts and c.num_devices == hosts * per and c.meta["network"] == net
+    assert c.host_ids.tolist() == [k // per for k in range(hosts * per)]
+    assert [d.index for d in c.devices] == [k % per for k in range(hosts * per)]  # CUDA index on its host
+    if hosts > 1:
+        inter = c.transfer_s(0, per, 1 << 26)
+        assert inter > c.transfer_s(per, 0, 0) > 0
+        if per > 1:  # inside a host the interconnect beats the network
+            assert c.transfer_s(0, 1, 1 << 26) < inter
+
+
+def test_25g_is_slower_than_100g():
+    assert parse_cluster("2x2xA100-25g").transfer_s(0, 2, 1 << 26) > parse_cluster("2x2xA100-100g").transfer_s(0, 2, 1 << 26)
+
+
+def test_hosts_json_round_trip_and_nic_defaults(tmp_path):
+    c = parse_cluster("2x2xA100-25g")
+    c.hosts[1].address = "10.0.0.2"
+    p = tmp_path / "c.json"
+    c.to_json(str(p))
+    c2 = parse_cluster(str(p))
+    assert c2.host_ids.tolist() == [0, 0, 1, 1] and c2.hosts[1].address == "10.0.0.2"
+    assert np.allclose(c2.latency, c.latency) and np.allclose(c2.bandwidth, c.bandwidth)
+    # A hand-written file: links between hosts default to the slower NIC of the two.
+    devs = [{"kind": "cpu", "target": {"kind": "llvm"}, "memory_bytes": 1e9, "peak_flops": 1e10,
+             "mem_bandwidth": 1e10, "host": h} for h in (0, 0, 1)]
+    data = {"devices": devs, "default_link": {"latency_s": 1e-6, "bandwidth_Bps": 1e11},
+            "hosts": [{"name": "a", "nic": {"latency_s": 5e-6, "bandwidth_Bps": 3e9}},
+                      {"name": "b", "nic": {"latency_s": 9e-6, "bandwidth_Bps": 1e10}}]}
+    c3 = Cluster.from_dict(data)
+    assert c3.latency[0, 1] == 1e-6 and c3.bandwidth[0, 1] == 1e11  # same host
+    assert c3.latency[0, 2] == 9e-6 and c3.bandwidth[2, 1] == 3e9  # between hosts
+
+
+@pytest.mark.parametrize("change,msg", [({"host": 2}, "lists 1 host"), ({"host": -1}, "index >= 0")])
+def test_bad_host_index(change, msg):
+    dev = {"kind": "cpu", "target": {"kind": "llvm"}, "memory_bytes": 1e9, "peak_flops": 1e10, "mem_bandwidth": 1e10}
+    with pytest.raises(ClusterError, match=msg):
+        Cluster.from_dict({"devices": [{**dev, **change}], "hosts": [{"name": "only"}]})
+
+
+def test_bad_multi_host_specs():
+    with pytest.raises(ClusterError, match="unknown network"):
+        parse_cluster("2x2xA100-40g")
+    with pytest.raises(ClusterError, match="at least 1"):
+        parse_cluster("0x8xA100")

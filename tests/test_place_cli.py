@@ -114,12 +114,12 @@ def test_received_tensors_count_in_the_capacity(tmp_path):
     nodes = [(0, 5.0, 1.0, 100 * MiB), (1, 5.0, 1.0, 100 * MiB), (2, 5.0, 1.0, 10 * MiB)]
     edges = [(0, 2, 60.0, 60 * MiB), (1, 2, 60.0, 60 * MiB)]
     g = layer_graph(nodes, edges, fpgas=2, size_per_fpga=110 * MiB, cpus=0)
-    res, out = run_place(tmp_path, g, "--solver", "heft")
+    res, out = run_place(tmp_path, g, "--solver", "heft", "--model", "op")  # the op model counts received tensors
     assert_clean_failure(res, out, "no plan can use less than 105.0 MiB each")
     need = smallest_capacity(res)
     assert 170.0 <= need <= 171.0  # 0 and 2 on one device, which also receives 1's 60 MiB output
     ok = layer_graph(nodes, edges, fpgas=2, size_per_fpga=int(need * MiB), cpus=0)
-    res_ok, _ = run_place(tmp_path / "ok", ok, "--solver", "heft")
+    res_ok, _ = run_place(tmp_path / "ok", ok, "--solver", "heft", "--model", "op")
     assert res_ok.exit_code == 0, res_ok.output
 
 

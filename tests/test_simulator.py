@@ -64,7 +64,9 @@ def instances(draw, orders="valid"):
         order = [[v for v in topo if assignment[v] == k] for k in range(d)]
     else:
         order = [draw(st.permutations([v for v in range(n) if assignment[v] == k])) for k in range(d)]
-    return n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d
+    # The host of each device: often one host (the classic model), often several (shared NICs).
+    hosts = np.array(draw(st.lists(st.integers(0, draw(st.integers(0, 2))), min_size=d, max_size=d)), dtype=np.int32)
+    return n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d, hosts
 
 
 def _static_peak(n, src, dst, ebytes, assignment, mem, d):
@@ -111,7 +113,7 @@ def test_core_equals_reference_on_any_orders(inst):
 @SETTINGS
 @given(instances())
 def test_invariants(inst):
-    n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d = inst
+    n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d, hosts = inst
     start, finish, busy, peak, tx = _core.simulate(*inst)
     eps = 1e-9
     np.testing.assert_array_equal(finish, start + cost)
@@ -139,6 +141,12 @@ def test_invariants(inst):
         for j in range(d):
             on_link = sorted((r[3], r[4]) for r in tx if r[1] == k and r[2] == j)
             assert all(b[0] >= a[1] for a, b in zip(on_link, on_link[1:]))
+    # Transfers between hosts share each host's NIC: one at a time leaving a host, one entering.
+    between = [r for r in tx if hosts[int(r[1])] != hosts[int(r[2])]]
+    for h in set(hosts.tolist()):
+        for end in (1, 2):  # leaving h (by source device), entering h (by destination)
+            on_nic = sorted((r[3], r[4]) for r in between if hosts[int(r[end])] == h)
+            assert all(b[0] >= a[1] for a, b in zip(on_nic, on_nic[1:]))
     # Memory: the simulator's peak is the static formula, so a plan that fits never overflows.
     formula = _static_peak(n, src, dst, ebytes, assignment, mem, d)
     np.testing.assert_allclose(peak, formula, rtol=1e-12)
@@ -149,7 +157,7 @@ def test_invariants(inst):
 @SETTINGS
 @given(instances(), st.data())
 def test_swapped_dependency_deadlocks(inst, data):
-    n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d = inst
+    n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d, hosts = inst
     assume(len(src) > 0)
     # Put both ends of some edge u -> v on one device, then run v before u there.
     e = data.draw(st.integers(0, len(src) - 1))
@@ -162,7 +170,7 @@ def test_swapped_dependency_deadlocks(inst, data):
     seq = order[k]
     i, j = seq.index(u), seq.index(v)
     seq[i], seq[j] = seq[j], seq[i]
-    args = (n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d)
+    args = (n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d, hosts)
     with pytest.raises(PlanError, match="deadlocks") as got:
         _core.simulate(*args)
     with pytest.raises(PlanError) as want:
@@ -193,6 +201,38 @@ def test_hand_computed_schedule():
     assert finish.tolist() == [1.0, 8.0, 11.0, 5.0]
     assert busy.tolist() == [5.0, 5.0]
     assert peak.tolist() == [50.0, 58.0]
+
+
+def test_transfers_between_hosts_share_the_nic():
+    # Node 0 on device 0 (host 0) feeds 1 on device 2 and 2 on device 3 (both host 1).
+    # Inside one host each pair has its own link; between hosts they queue on host 0's NIC.
+    src, dst = np.array([0, 0]), np.array([1, 2])
+    args = (3, src, dst, np.array([8.0, 8.0]), np.array([0, 2, 3]), [[0], [], [1], [2]], np.ones(3),
+            np.full((4, 4), 1.0), np.full((4, 4), 0.25), np.zeros(3), 4)
+    one = _core.simulate(*args, hosts=[0, 0, 0, 0])
+    two = _core.simulate(*args, hosts=[0, 0, 1, 1])
+    assert one[4][:, 3:5].tolist() == [[1.0, 4.0], [1.0, 4.0]]  # parallel links: both 1 .. 1 + 1 + 2
+    assert two[4][:, 3:5].tolist() == [[1.0, 4.0], [4.0, 7.0]]  # one NIC: the second waits
+    assert two[1].tolist() == [1.0, 5.0, 8.0]
+    for got, want in zip(two, simulate_reference(*args, hosts=[0, 0, 1, 1])):
+        np.testing.assert_array_equal(got, want)
+    # Different receiving hosts still share the sender's outgoing NIC; two senders on two
+    # hosts into one host share its incoming NIC.
+    assert _core.simulate(*args, hosts=[0, 0, 1, 2])[4][:, 3].tolist() == [1.0, 4.0]
+    src, dst = np.array([0, 1]), np.array([2, 2])
+    args = (3, src, dst, np.array([8.0, 8.0]), np.array([0, 1, 2]), [[0], [1], [2]], np.ones(3),
+            np.full((3, 3), 1.0), np.full((3, 3), 0.25), np.zeros(3), 3)
+    assert _core.simulate(*args, hosts=[0, 1, 2])[4][:, 3:5].tolist() == [[1.0, 4.0], [4.0, 7.0]]
+    assert _core.simulate(*args, hosts=[0, 1, 1])[4][:, 3:5].tolist() == [[1.0, 4.0], [1.0, 4.0]]
+
+
+def test_hosts_are_checked():
+    args = (1, np.zeros(0), np.zeros(0), np.zeros(0), np.array([0]), [[0], []], np.ones(1), np.zeros((2, 2)),
+            np.zeros((2, 2)), np.zeros(1), 2)
+    with pytest.raises(PlanError, match="hosts names 3 devices"):
+        _core.simulate(*args, hosts=[0, 0, 0])
+    with pytest.raises(PlanError, match="host -1"):
+        _core.simulate(*args, hosts=[0, -1])
 
 
 def test_rejects_malformed_plans():
@@ -260,7 +300,7 @@ def _list_schedule_py(n, src, dst, ebytes, costs, latency, inv_bw, priority, ass
 @SETTINGS
 @given(instances(), st.data())
 def test_list_schedule(inst, data):
-    n, src, dst, ebytes, assignment, _, cost, latency, inv_bw, mem, d = inst
+    n, src, dst, ebytes, assignment, _, cost, latency, inv_bw, mem, d, hosts = inst
     costs = np.repeat(cost[:, None], d, axis=1) * (1 + np.arange(d))
     priority = np.array(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)), dtype=np.float64)
     got = _core.list_schedule(n, src, dst, ebytes, costs, latency, inv_bw, priority, assignment, d)
@@ -271,7 +311,7 @@ def test_list_schedule(inst, data):
     # Its orders never deadlock, and link contention only delays.
     node_cost = costs[np.arange(n), assignment]
     start, finish, *_ = _core.simulate(n, src, dst, ebytes, assignment, got[0], node_cost,
-                                       latency, inv_bw, mem, d)
+                                       latency, inv_bw, mem, d, hosts)
     assert (start >= got[1] - 1e-9 * (1 + np.abs(got[1]))).all()
 
 

@@ -109,7 +109,8 @@ def _flatten_order(order: Sequence[Sequence[int]], num_devices: int) -> tuple[np
     return flat, offsets
 
 
-def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices: int):
+def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices: int,
+             hosts=None):
     """Simulate a plan in C++; same arguments and result as
     :func:`tvm_pesto.plan.reference.simulate_reference`.
 
@@ -134,6 +135,10 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
     mem : array of float, shape (n,)
         Resident bytes of each node (weights + outputs).
     num_devices : int
+    hosts : array of int, shape (d,), optional
+        The host of each device (default: all on host 0). A transfer between two hosts
+        holds the sending host's outgoing and the receiving host's incoming network
+        interface, so such transfers share each host's NIC.
 
     Returns
     -------
@@ -178,6 +183,9 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
     else:
         cross = 0
     rows = min(cross, n * max(d - 1, 0))
+    hosts = np.zeros(d, dtype=np.int32) if hosts is None else np.asarray(hosts, dtype=np.int32).reshape(-1)
+    if hosts.shape != (d,):
+        raise PlanError(f"hosts names {hosts.shape[0]} devices; the cluster has {d}")
     start = np.empty(n)
     finish = np.empty(n)
     busy = np.empty(d)
@@ -188,7 +196,7 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
         _tensor(src, np.int32), _tensor(dst, np.int32), _tensor(ebytes, np.float64),
         _tensor(assignment, np.int32), _tensor(flat, np.int32), _tensor(offsets, np.int32),
         _tensor(cost, np.float64), _tensor(latency, np.float64), _tensor(inv_bw, np.float64),
-        _tensor(mem, np.float64),
+        _tensor(mem, np.float64), _tensor(hosts, np.int32),
     ]
     outs = [tvm_ffi.from_dlpack(a) for a in (start, finish, busy, peak, transfers, blocked)]
     try:

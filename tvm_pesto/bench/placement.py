@@ -19,6 +19,14 @@ wall-clock solve time and peak memory per device. Each case also records the che
 issue 3: the ILP plan is never worse than the best heuristic, and it is within 5 % of the
 lower bound wherever the best heuristic is within 10 % of it.
 
+Both objectives (issue 14, :mod:`tvm_pesto.plan.objective`): each case's ``objectives``
+also holds the throughput (time per sample, steady state) in the case's own execution model
+(stage for the LayerGraphs, op for the zoo) and, for the latency LayerGraphs, the latency in
+the files' stage model, per algorithm (``stage-dp`` too) against
+:func:`tvm_pesto.solve.objective_bounds.objective_lower_bound`; on the throughput
+LayerGraphs our best plan is compared with the expert split on the expert's own objective
+(``ours_over_expert``, ``beats_expert``; counted in ``summary["throughput_vs_expert"]``).
+
 Examples
 --------
 >>> from tvm_pesto.bench.placement import layergraph_cases, run_placement
@@ -172,7 +180,8 @@ def _ilp_facts(info: dict) -> dict:
 
 
 def run_case(case: Case, algorithms: Iterable[str] = ALGORITHMS, ilp_time_limit_s: float = 10.0,
-             ilp_target: int | None = None, lp_max_nodes: int = 1000, ilp_options: dict | None = None) -> dict:
+             ilp_target: int | None = None, lp_max_nodes: int = 1000, ilp_options: dict | None = None,
+             objectives: bool = True, objective_ilp_s: float = 5.0) -> dict:
     """Run every algorithm (and the expert split, if any) on one case.
 
     Returns
@@ -182,7 +191,9 @@ def run_case(case: Case, algorithms: Iterable[str] = ALGORITHMS, ilp_time_limit_
         ``capacity_bytes``, ``lower_bound`` (all bounds), ``lower_bound_s``, ``results``
         (per algorithm: ``makespan_s``, ``ratio_to_lower_bound``, ``solve_s``,
         ``peak_memory_bytes`` per device, ``memory_ok``, ``devices_used``; or ``error``),
-        ``best_heuristic``, ``best_heuristic_makespan_s`` and ``checks``.
+        ``best_heuristic``, ``best_heuristic_makespan_s`` and ``checks``; with ``objectives``,
+        ``objectives``: :func:`run_objective` for each of :func:`case_objectives` (the
+        ILP there with ``objective_ilp_s`` seconds).
 
     Examples
     --------
@@ -195,6 +206,7 @@ def run_case(case: Case, algorithms: Iterable[str] = ALGORITHMS, ilp_time_limit_
 
     p = case.problem
     lb, lb_s = _timed(lambda: lower_bound(p, lp_max_nodes=lp_max_nodes))
+    lat = lb
     cap = p.capacity
     results: dict[str, dict] = {}
     runs = list(algorithms) + (["expert"] if case.expert else [])
@@ -237,6 +249,87 @@ def run_case(case: Case, algorithms: Iterable[str] = ALGORITHMS, ilp_time_limit_
            "lower_bound_time_s": lb_s, "results": results, "best_heuristic": best_h,
            "best_heuristic_makespan_s": heur.get(best_h)}
     out["checks"] = case_checks(out)
+    if objectives:
+        out["objectives"] = {}
+        for key, model, objective in case_objectives(case):
+            out["objectives"][key] = run_objective(case, model, objective, algorithms, objective_ilp_s, lp_max_nodes,
+                                                   lat if model == "op" else None)
+    return out
+
+
+def case_objectives(case: Case) -> list[tuple[str, str, str]]:
+    """``(key, model, objective)`` of the extra objectives a case is judged on: the
+    throughput (time per sample, steady state) in the case's own model (stage for the
+    LayerGraphs, whose files define it; op for the zoo) and, for the latency LayerGraphs,
+    the latency in the file's stage model.
+
+    Examples
+    --------
+    >>> case_objectives(Case("zoo/vgg11@2xV100-nvlink", "zoo", None))
+    [('throughput', 'op', 'throughput')]
+    """
+    if case.source != "layergraph":
+        return [("throughput", "op", "throughput")]
+    out = [("throughput", "stage", "throughput")]
+    if case.meta.get("setting") == "latency":
+        out.append(("stage_latency", "stage", "latency"))
+    return out
+
+
+def run_objective(case: Case, model: str, objective: str, algorithms: Iterable[str] = ALGORITHMS,
+                  ilp_time_limit_s: float = 5.0, lp_max_nodes: int = 1000, latency_bound: dict | None = None) -> dict:
+    """Every algorithm (plus ``stage-dp`` and the expert split, if any) for one objective in
+    one model (:mod:`tvm_pesto.plan.objective`), against the bound valid for both
+    (:func:`tvm_pesto.solve.objective_bounds.objective_lower_bound`).
+
+    Returns
+    -------
+    dict
+        ``model``, ``objective``, ``lower_bound_s``, ``lower_bound`` (its parts), ``results``
+        (per algorithm: ``objective_value_s``, ``ratio_to_lower_bound``, ``valid``,
+        ``violations`` (kinds), ``solve_s``; or ``error``), ``best`` (our best valid plan's
+        algorithm) and, with an expert split, ``expert_value_s``, ``ours_over_expert`` and
+        ``beats_expert``.
+    """
+    from ..plan.objective import evaluate
+    from ..solve import solve
+    from ..solve.objective_bounds import objective_lower_bound
+
+    p = case.problem
+    lb, lb_s = _timed(lambda: objective_lower_bound(p, model, objective, lp_max_nodes=lp_max_nodes,
+                                                    latency_bound=latency_bound))
+    results: dict[str, dict] = {}
+    names = list(dict.fromkeys(list(algorithms) + ["stage-dp"])) + (["expert"] if case.expert else [])
+    for name in names:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                if name == "expert":
+                    from ..graph.dnn_partitioning import load_expert_split
+
+                    plan, wall = _timed(lambda: load_expert_split(case.expert, p.graph, p.cluster))
+                else:
+                    opts = {"time_limit_s": ilp_time_limit_s} if name == "ilp" else {}
+                    plan, wall = _timed(lambda: solve(p, name, model=model, objective=objective, **opts))
+                ev = evaluate(p, plan, model, objective)
+        except PestoError as e:
+            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        results[name] = {"objective_value_s": ev.objective_value, "latency_s": ev.latency_s,
+                         "bottleneck_s": ev.bottleneck_s, "valid": ev.valid,
+                         "violations": sorted({v["kind"] for v in ev.violations}),
+                         "ratio_to_lower_bound": ev.objective_value / lb["best"] if lb["best"] > 0 else None,
+                         "solve_s": float(wall), "source": plan.info.get("source")}
+    ours = {k: v["objective_value_s"] for k, v in results.items() if k != "expert" and v.get("valid")}
+    best = min(ours, key=ours.get) if ours else None
+    out = {"model": model, "objective": objective, "microbatches": None, "lower_bound_s": lb["best"],
+           "lower_bound": lb, "lower_bound_time_s": lb_s, "results": results, "best": best,
+           "best_value_s": ours.get(best)}
+    ex = results.get("expert", {})
+    if "objective_value_s" in ex and best is not None:
+        out.update(expert_value_s=ex["objective_value_s"], expert_valid=ex["valid"],
+                   ours_over_expert=ours[best] / ex["objective_value_s"],
+                   beats_expert=bool(ours[best] < ex["objective_value_s"] * (1 - 1e-9)))
     return out
 
 
@@ -279,7 +372,11 @@ def summarize(rows: list[dict]) -> dict:
     missed = [r["name"] for r in applies if not r["checks"]["ilp_within_5pct"]]
     improved = [r["name"] for r in checked if r["checks"]["ilp_over_best_heuristic"] < 1 - 1e-6]
     errors = {f"{r['name']}:{k}": v["error"] for r in rows for k, v in r["results"].items() if "error" in v}
+    experts = {r["name"]: r["objectives"]["throughput"] for r in rows
+               if "ours_over_expert" in r.get("objectives", {}).get("throughput", {})}
     return {"cases": len(rows), "checked": len(checked),
+            "throughput_vs_expert": {"cases": len(experts), "beaten": sum(v["beats_expert"] for v in experts.values()),
+                                     "ours_over_expert": {k: v["ours_over_expert"] for k, v in experts.items()}},
             "ilp_never_worse": all(r["checks"]["ilp_not_worse_than_heuristics"] for r in checked),
             "ilp_worse_cases": [r["name"] for r in checked if not r["checks"]["ilp_not_worse_than_heuristics"]],
             "heuristics_within_10pct": len(applies), "ilp_within_5pct_where_applicable": len(applies) - len(missed),
@@ -288,7 +385,8 @@ def summarize(rows: list[dict]) -> dict:
 
 def run_placement(cases: list[Case], algorithms: Iterable[str] = ALGORITHMS, ilp_time_limit_s: float = 10.0,
                   ilp_target: int | None = None, lp_max_nodes: int = 1000, ilp_options: dict | None = None,
-                  progress: Callable[[str], None] | None = None) -> dict:
+                  progress: Callable[[str], None] | None = None, objectives: bool = True,
+                  objective_ilp_s: float | None = None) -> dict:
     """Run :func:`run_case` on every case; returns ``machine``, ``settings``, ``cases`` and
     ``summary`` (:func:`summarize`).
 
@@ -310,12 +408,18 @@ def run_placement(cases: list[Case], algorithms: Iterable[str] = ALGORITHMS, ilp
     for k, case in enumerate(cases):
         t = time.perf_counter()
         row = run_case(case, algorithms, ilp_time_limit_s=ilp_time_limit_s, ilp_target=ilp_target,
-                       lp_max_nodes=lp_max_nodes, ilp_options=ilp_options)
+                       lp_max_nodes=lp_max_nodes, ilp_options=ilp_options, objectives=objectives,
+                       objective_ilp_s=objective_ilp_s if objective_ilp_s is not None else min(ilp_time_limit_s, 5.0))
         rows.append(row)
         ilp = row["results"].get("ilp", {})
+        thr = row.get("objectives", {}).get("throughput", {})
         say(f"[{k + 1}/{len(cases)}] {case.name}: {row['nodes']} nodes, {row['devices']} devices, "
             f"best heuristic {row['best_heuristic']} x{fmt(_ratio(row, row['best_heuristic']))}, "
-            f"ilp x{fmt(ilp.get('ratio_to_lower_bound'))} of the bound ({time.perf_counter() - t:.1f} s)")
+            f"ilp x{fmt(ilp.get('ratio_to_lower_bound'))} of the bound"
+            + (f"; throughput: {thr.get('best')} x{fmt((thr.get('best_value_s') or 0) / thr['lower_bound_s'])}"
+               if thr.get("lower_bound_s") else "")
+            + (f", ours / expert {fmt(thr['ours_over_expert'])}" if "ours_over_expert" in thr else "")
+            + f" ({time.perf_counter() - t:.1f} s)")
     try:
         import inspect
 
@@ -325,7 +429,8 @@ def run_placement(cases: list[Case], algorithms: Iterable[str] = ALGORITHMS, ilp
     except (ImportError, KeyError, TypeError, ValueError):
         default_target = None
     return {"benchmark": "placement", "machine": dict(machine_info(), load_average_start=load_start),
-            "settings": {"algorithms": algorithms, "ilp_time_limit_s": ilp_time_limit_s,
+            "settings": {"algorithms": algorithms, "ilp_time_limit_s": ilp_time_limit_s, "objectives": objectives,
+                         "objective_ilp_s": objective_ilp_s if objective_ilp_s is not None else min(ilp_time_limit_s, 5.0),
                          "ilp_target": ilp_target if ilp_target is not None else default_target,
                          "ilp_options": dict(ilp_options or {}), "lp_max_nodes": lp_max_nodes,
                          "heuristic_slack": HEURISTIC_SLACK, "ilp_goal": ILP_GOAL},
@@ -434,6 +539,7 @@ def placement_markdown(res: dict, command: str | None = None) -> str:
     lines += ["### Peak memory (largest device, % of its capacity)", "",
               "Per-device peaks are in the JSON (`peak_memory_bytes`).", "",
               markdown_table(["case", "max capacity (GiB)"] + cols, mrows), ""]
+    lines += objectives_markdown(res)
     irows = []
     for r in res["cases"]:
         ilp = r["results"].get("ilp", {})
@@ -451,6 +557,54 @@ def placement_markdown(res: dict, command: str | None = None) -> str:
                   markdown_table(["case", "ILP nodes", "source", "timed out", "MIP gap", "backend", "solve (s)"],
                                  irows), ""]
     return "\n".join(lines)
+
+
+_OBJECTIVE_TITLES = {
+    "throughput": ("Throughput: time per sample (steady state) / lower bound",
+                   "The LayerGraphs in their files' stage model (contiguous blocks, the files' memory; the "
+                   "dnn-partitioning paper's max-load, the objective of the human-expert splits), the zoo in the op "
+                   "model. Heuristics: their schedule order split into stages by the prefix DP (stage model). "
+                   "`inv`: the plan breaks the model's rules."),
+    "stage_latency": ("Latency in the files' stage model / lower bound (latency LayerGraphs)",
+                      "One sample's time with each device's subgraph run as a contiguous block (all inputs in, "
+                      "its ops, all outputs out)."),
+}
+
+
+def objectives_markdown(res: dict) -> list[str]:
+    """The tables of the extra objectives (:func:`case_objectives`): ratio to the bound
+    per algorithm, and for the throughput LayerGraphs our best plan against the expert's."""
+    lines = []
+    for key, (title, note) in _OBJECTIVE_TITLES.items():
+        rows = [r for r in res["cases"] if key in r.get("objectives", {})]
+        if not rows:
+            continue
+        algs = list(dict.fromkeys(a for r in rows for a in r["objectives"][key]["results"]))
+        heads = ["case", "model", "bound (ms)"] + algs + (["ours / expert"] if key == "throughput" else [])
+        trows = []
+        for r in rows:
+            o = r["objectives"][key]
+            cells = []
+            for a in algs:
+                v = o["results"].get(a)
+                if v is None:
+                    cells.append("")
+                elif "error" in v:
+                    cells.append("fail")
+                else:
+                    txt = fmt(v["ratio_to_lower_bound"])
+                    cells.append(f"**{txt}**" if a == o["best"] else txt + ("" if v["valid"] else " (inv)"))
+            extra = [fmt(o.get("ours_over_expert"))] if key == "throughput" else []
+            trows.append([r["name"], o["model"], fmt(o["lower_bound_s"] * 1e3, ".3f")] + cells + extra)
+        lines += [f"### {title}", "", note + " Bold: our best valid plan.", "",
+                  markdown_table(heads, trows, "llr" + "r" * (len(heads) - 3)), ""]
+        if key == "throughput":
+            t = res["summary"].get("throughput_vs_expert", {})
+            if t.get("cases"):
+                lines += [f"Against the human-expert splits on their own objective (time per sample, steady state, "
+                          f"stage model): our best plan beats the expert on **{t['beaten']} of {t['cases']}** "
+                          "graphs; `ours / expert` per graph above.", ""]
+    return lines
 
 
 def placement_plots(res: dict, out_dir: str) -> list[str]:

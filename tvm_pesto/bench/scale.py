@@ -1,12 +1,15 @@
 """``tvm-pesto bench scale``: solver wall time on random DNN-like DAGs of 1k-100k ops.
 
 For each size, a random layered DAG (:mod:`tvm_pesto.bench.random_dag`) on a
-``4xV100-pcie`` cluster is placed by every heuristic and by coarsen + ILP + expand (the
-ILP row runs without re-running the heuristics on the fine graph, so it times only the
-coarsening, the warm start on the coarse graph, the MIP and the expansion). Each row has
-the wall time, the simulated makespan and its ratio to the lower bound of
-:func:`tvm_pesto.solve.lower_bound` without the LP (critical path, total work and, up to
-5,000 ops, the transfer-aware segment and path-memory bounds).
+``4xV100-pcie`` cluster is placed by every heuristic and by the ILP path of
+:func:`tvm_pesto.solve.ilp.solve`: coarsen + coarse MIP + expand, HEFT on the fine graph,
+``lns_s`` of large-neighbourhood search (:mod:`tvm_pesto.solve.lns`) from the better of the
+two and ``refine_s`` of local search (the other heuristics are not re-run on the fine
+graph). Each row has the wall time, the simulated makespan and its ratio to the lower bound
+of :func:`tvm_pesto.solve.lower_bound` without the LP (critical path, total work and, up to
+5,000 ops, the transfer-aware segment and path-memory bounds); the ILP row also has the ratio
+after each step of its path (``ratio_by_step``), so the report says where an improvement
+came from.
 
 Examples
 --------
@@ -29,7 +32,10 @@ QUICK_SIZES = (300, 1000)
 ALGORITHMS = ("single", "m-topo", "m-etf", "m-sct", "heft", "ilp")
 
 
-def _ilp_row(problem, target: int, time_limit_s: float, solver: str) -> dict:
+def _ilp_row(problem, target: int, time_limit_s: float, solver: str, lns_s: float, refine_s: float,
+             lower_bound_s: float) -> dict:
+    """The ILP path on one graph: coarsen + MIP + expand, HEFT on the fine graph, the LNS from
+    the better of the two, the local search; with each step's ratio to the bound."""
     from ..plan import simulate
     from ..solve.coarsen import coarsen
     from ..solve.ilp import solve
@@ -38,21 +44,28 @@ def _ilp_row(problem, target: int, time_limit_s: float, solver: str) -> dict:
     coarse, _ = coarsen(problem, target)
     t_coarsen = time.perf_counter() - t
     t = time.perf_counter()
-    plan = solve(problem, target=target, time_limit_s=time_limit_s, solver=solver, fine_heuristics=False)
+    plan = solve(problem, target=target, time_limit_s=time_limit_s, solver=solver, fine_heuristics=False,
+                 lns_s=lns_s, refine_s=refine_s)
     wall = time.perf_counter() - t
     span = simulate(problem, plan).makespan
     info = plan.info
+    lns = info.get("lns", {})
+    steps = {s["step"]: s["objective_value_s"] / lower_bound_s for s in info.get("improvement", [])}
     return {"wall_s": wall, "makespan_s": span, "coarsen_s": t_coarsen, "coarse_nodes": coarse.num_nodes,
             "ilp_s": info.get("ilp_s"), "ilp_timed_out": info.get("coarse_timed_out"),
             "source": info.get("source", "ilp"), "coarse_mip_gap": info.get("coarse_mip_gap"),
             "coarse_vars": info.get("coarse_num_vars"), "coarse_constraints": info.get("coarse_num_constraints"),
             "coarse_backend": info.get("coarse_solver_backend"),
-            "refine_s": info.get("refine", {}).get("seconds"), "refine_moves": info.get("refine", {}).get("moves")}
+            "lns_s": lns.get("seconds"), "lns_windows": lns.get("windows"), "lns_accepted": lns.get("accepted"),
+            "refine_s": info.get("refine", {}).get("seconds"), "refine_moves": info.get("refine", {}).get("moves"),
+            "ratio_by_step": steps, "deterministic": info.get("deterministic"),
+            "coarse_ratio": (info["improvement"][0]["objective_value_s"] / lower_bound_s
+                             if info.get("improvement") else None)}
 
 
 def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: float = 2.0, target: int = 40,
               solver: str = "cbc", seed: int = 0, cluster: str = "4xV100-pcie",
-              progress: Callable[[str], None] | None = None) -> dict:
+              progress: Callable[[str], None] | None = None, lns_s: float = 25.0, refine_s: float = 5.0) -> dict:
     """Time every algorithm on random DNN-like DAGs of each size.
 
     Parameters
@@ -63,6 +76,9 @@ def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: floa
         Registered solver names; ``"ilp"`` means coarsen + ILP + expand.
     ilp_time_limit_s : float
         MIP solver time limit on the coarse graph.
+    lns_s, refine_s : float
+        Seconds (nominal seconds of work in deterministic mode) of the ILP path's
+        large-neighbourhood search (:mod:`tvm_pesto.solve.lns`) and local search.
     target : int
         Supernodes after coarsening.
     solver : {"cbc", "highs"}
@@ -111,7 +127,7 @@ def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: floa
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     if name == "ilp":
-                        row.update(_ilp_row(problem, target, ilp_time_limit_s, solver))
+                        row.update(_ilp_row(problem, target, ilp_time_limit_s, solver, lns_s, refine_s, lb))
                     else:
                         plan = get_solver(name)(problem)
                         row["wall_s"] = time.perf_counter() - t
@@ -126,7 +142,7 @@ def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: floa
     return {"benchmark": "scale", "machine": machine_info(),
             "settings": {"sizes": [int(n) for n in sizes], "algorithms": list(algorithms),
                          "ilp_time_limit_s": ilp_time_limit_s, "ilp_target": target, "ilp_solver": solver,
-                         "seed": seed, "cluster": cluster},
+                         "lns_s": lns_s, "refine_s": refine_s, "seed": seed, "cluster": cluster},
             "graphs": graphs, "rows": rows, "total_s": time.perf_counter() - t_all}
 
 
@@ -152,9 +168,11 @@ def scale_markdown(res: dict) -> str:
         rows.append([n, g["edges"]] + cells)
         rrows.append([n] + rcells)
     m = res["machine"]
-    out = [f"Wall time per algorithm ({res['settings']['cluster']}; ILP = coarsen to "
-           f"{res['settings']['ilp_target']} supernodes + {res['settings']['ilp_solver']} with a "
-           f"{res['settings']['ilp_time_limit_s']:g} s limit + expand + local search). Machine: {m['nproc']} CPUs, "
+    st = res["settings"]
+    out = [f"Wall time per algorithm ({st['cluster']}; ILP = coarsen to "
+           f"{st['ilp_target']} supernodes + {st['ilp_solver']} with a "
+           f"{st['ilp_time_limit_s']:g} s limit + expand, HEFT, {st.get('lns_s', 0):g} s of LNS (MIP windows), "
+           f"{st.get('refine_s', 0):g} s of local search). Machine: {m['nproc']} CPUs, "
            f"{m['cpu_model']}, load average {m['load_average']}.", "",
            markdown_table(heads, rows), "", "Simulated makespan / lower bound (`lower_bound` without the LP):", "",
            markdown_table(["ops"] + algs, rrows)]
@@ -162,11 +180,21 @@ def scale_markdown(res: dict) -> str:
     if ilp:
         out += ["", "ILP breakdown:", "",
                 markdown_table(["ops", "coarsen (s)", "supernodes", "coarse vars", "coarse constraints",
-                                "MIP timed out", "local search (s)", "moves", "total (s)"],
+                                "MIP timed out", "LNS (s)", "windows", "kept", "local search (s)", "moves",
+                                "total (s)"],
                                [[r["n"], fmt(r.get("coarsen_s"), ".2f"), r.get("coarse_nodes"), r.get("coarse_vars"),
-                                 r.get("coarse_constraints"), r.get("ilp_timed_out"), fmt(r.get("refine_s"), ".2f"),
+                                 r.get("coarse_constraints"), r.get("ilp_timed_out"), fmt(r.get("lns_s"), ".2f"),
+                                 r.get("lns_windows"), r.get("lns_accepted"), fmt(r.get("refine_s"), ".2f"),
                                  r.get("refine_moves"), fmt(r["wall_s"], ".2f")]
-                                for r in ilp])]
+                                for r in ilp]),
+                "", "Where the ILP path's plan came from (makespan / bound after each step; `heft` is its start on "
+                    "the fine graph, `ilp` the expanded coarse MIP):", "",
+                markdown_table(["ops", "coarse ILP", "heft (start)", "after LNS", "after local search", "final",
+                                "source"],
+                               [[r["n"], fmt(r.get("coarse_ratio"), ".3f"),
+                                 fmt(r["ratio_by_step"].get("heft"), ".3f"), fmt(r["ratio_by_step"].get("lns"), ".3f"),
+                                 fmt(r["ratio_by_step"].get("refine"), ".3f"), fmt(r.get("ratio_to_lower_bound"), ".3f"),
+                                 r.get("source")] for r in ilp])]
     return "\n".join(out) + "\n"
 
 

@@ -150,9 +150,13 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
 @click.option("--target", default=40, show_default=True, help="supernodes after coarsening")
 @click.option("--solver", default="cbc", show_default=True, type=click.Choice(["cbc", "highs"]), help="MIP backend")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--lns", "lns_s", default=None, type=float,
+              help="seconds of large-neighbourhood search (MIP windows) in the ILP path  [default: 25, 3 with --quick]")
+@click.option("--ilp-refine", "refine_s", default=None, type=float,
+              help="seconds of local search at the end of the ILP path  [default: 5, 1 with --quick]")
 @deterministic_option(True)
-def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithms, target, solver, seed,
-          deterministic):
+def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithms, target, solver, seed, lns_s,
+          refine_s, deterministic):
     """Wall time of every solver and of coarsen+ILP on random DNN-like DAGs of 1k, 10k, 100k ops."""
     from ..bench import scale as bs
 
@@ -165,7 +169,9 @@ def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithm
     console.print(f"[bold]bench scale[/]: sizes {ns}, algorithms {', '.join(algs)}")
     with deterministic_mode(deterministic):
         res = bs.run_scale(ns, algs, ilp_time_limit_s=ilp_time_limit, target=target, solver=solver, seed=seed,
-                           progress=lambda m: console.print(f"  {m}"))
+                           progress=lambda m: console.print(f"  {m}"),
+                           lns_s=lns_s if lns_s is not None else (3.0 if quick else 25.0),
+                           refine_s=refine_s if refine_s is not None else (1.0 if quick else 5.0))
     res["command"] = _command_line(ctx)
     res["deterministic"] = deterministic
     _write_outputs(res, json_path, md_path, plots_dir, lambda: bs.scale_markdown(res),
@@ -174,9 +180,11 @@ def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithm
 
 from .bench_backends import backends  # noqa: E402  (verbs that live in their own modules)
 from .bench_search import search  # noqa: E402
+from .bench_training import training  # noqa: E402
 
 bench.add_command(backends)
 bench.add_command(search)
+bench.add_command(training)
 __all__ = ["bench"]
 
 if __name__ == "__main__":  # python -m tvm_pesto.cli.bench placement ...

@@ -45,19 +45,54 @@ def max_abs_err(a, b) -> float:
 
 def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", costs: str = "auto",
               backends: str = "all", repeat: int = 20, measure_links: bool = True, out_dir: str | None = None,
-              input_shapes=None, export_dir: str | None = None, deterministic: bool = False) -> dict:
+              input_shapes=None, export_dir: str | None = None, deterministic: bool = False,
+              executor: str = "thread", ray_address: str | None = None, rpc_tracker: str | None = None,
+              rpc_key: str | None = None) -> dict:
     """Place, build and run a model (zoo name or file); compare with the unplaced TVM build.
 
     ``deterministic``: work budgets instead of wall-clock ones (:func:`tvm_pesto.api.place`);
     ``res["deterministic"]`` says which mode was used, ``res["plan_deterministic"]`` whether
-    no clock decided the plan."""
+    no clock decided the plan. ``executor="ray"`` runs the devices as Ray actors
+    (:mod:`tvm_pesto.run.ray_executor`; a local Ray on 127.0.0.1, or ``ray_address``), with
+    the links measured over Ray first, so the plan and the simulation use Ray's link costs
+    (``res["link_model"]``). ``rpc_tracker`` and ``rpc_key`` measure the costs on a
+    remote device over TVM RPC (:mod:`tvm_pesto.costs.remote`)."""
+    if executor not in ("thread", "ray"):
+        raise PestoError(f"unknown executor {executor!r}; use thread (one pinned thread per device) or ray")
     lm = load_target(model, size, input_shapes)
     cluster = parse_cluster(cluster_spec)
-    if measure_links and cluster.all_present and cluster.num_devices > 1:
-        from ..cluster.linkbench import measure_links as bench
+    if rpc_tracker or rpc_key:
+        from ..costs.remote import remote_cluster
 
-        with step("measure links between devices"):
-            bench(cluster)
+        cluster = remote_cluster(cluster, rpc_tracker or "", rpc_key or "")
+    session = None
+    if executor == "ray":
+        from ..run.ray_executor import RaySession
+
+        with step("start Ray" if not ray_address else f"connect to Ray at {ray_address}"):
+            session = RaySession(ray_address)
+    try:
+        return _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_dir, size, export_dir,
+                          deterministic, executor, session)
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_dir, size, export_dir, deterministic,
+               executor, session) -> dict:
+    link_model = {"engine": "spec", "pairs": {}}
+    if measure_links and cluster.all_present and cluster.num_devices > 1:
+        if executor == "ray":
+            from ..run.ray_executor import measure_ray_links
+
+            with step("measure links between devices over Ray"):
+                link_model = {"engine": "ray", "pairs": measure_ray_links(cluster, session)}
+        else:
+            from ..cluster.linkbench import measure_links as bench
+
+            with step("measure links between devices"):
+                link_model = {"engine": "thread", "pairs": bench(cluster)}
     with step("candidates, costs and plan") as cb:
         analysis = api.analyze(lm.mod)
         pl = api.place(analysis, cluster, backends=backends, solver=solver, costs=costs, progress=cb,
@@ -67,6 +102,18 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
         from ..builder.rewrite import apply_plan
 
         pm = PlacedModule(apply_plan(analysis.rg, pl.plan, cluster), cluster, pl.plan, pl, progress=cb)
+    ray_info = None
+    if executor == "ray":
+        from ..run.ray_executor import use_ray
+
+        if export_dir:
+            with step(f"export the placed model to {export_dir}"):
+                pm.export(export_dir)
+        with step(f"start {len(pm.devices_used)} Ray actors (one per device) and compile the graph"):
+            rex = use_ray(pm, session=session, bundle=export_dir)
+            rex.start()
+        ray_info = {"node": session.node_address, "actors": {str(d): v for d, v in rex.actor_info.items()},
+                    "tasks": {str(d): len(t) for d, t in rex.plan.tasks.items()}}
     with step("reference: the unplaced module, compiled by TVM"):
         ref, _, _ = reference_output(lm.mod, lm.example_inputs, cluster.devices[0].target
                                      if cluster.devices[0].kind == "cpu" else None)
@@ -93,6 +140,7 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
         "search": _jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",
                                                               "joint_ilp") if k in pl.plan.info}),
         "links": {"latency_s": cluster.latency.tolist(), "bandwidth_Bps": cluster.bandwidth.tolist()},
+        "executor": executor, "link_model": link_model, **({"ray": ray_info} if ray_info else {}),
         # Other processes on these cores make both costs and runs noisy: judge the numbers with it.
         "load_avg_1m": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
     }
@@ -106,16 +154,81 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
                   device_names=names, compare=trace_events(trace))
         res["artifacts"] = sorted(os.listdir(out_dir))
     if export_dir:
-        with step(f"export the placed model to {export_dir}"):
-            pm.export(export_dir)
+        if executor != "ray":  # the Ray executor's actors loaded it from there already
+            with step(f"export the placed model to {export_dir}"):
+                pm.export(export_dir)
         res["exported_to"] = export_dir
     pm.close()
     return res
 
 
+def run_pipelined(model: str, size: str, cluster_spec: str, microbatches: int = 8, solver: str = "stage-dp",
+                  costs: str = "auto", repeat: int = 3, input_shapes=None, deterministic: bool = False) -> dict:
+    """``tvm-pesto run MODEL --objective throughput``: place MODEL's fusion groups as a stage
+    plan for the time per sample of ``microbatches`` microbatches (:mod:`tvm_pesto.plan.stage`),
+    build it, stream the microbatches through the devices (:func:`tvm_pesto.run.pipeline.run_pipeline`)
+    and report the measured time per sample (median of ``repeat`` streams) against the
+    simulated one and against running the microbatches one by one, and the largest
+    difference between pipelined and one-by-one outputs (and the unplaced module's)."""
+    from ..builder.placed import PlacedModule
+    from ..builder.rewrite import apply_plan
+    from ..plan.objective import check_choice, evaluate
+    from ..run.pipeline import microbatch_inputs, run_pipeline
+
+    _, _, k = check_choice("stage", "throughput", microbatches)
+    if k is None:
+        raise PestoError("--microbatches must be at least 1 for a pipelined run (0 means steady state, which a "
+                         "finite run cannot measure)")
+    lm = load_target(model, size, input_shapes)
+    cluster = parse_cluster(cluster_spec)
+    with step("candidates, costs and stage plan") as cb:
+        analysis = api.analyze(lm.mod)
+        pl = api.place(analysis, cluster, backends="tvm", solver=solver, costs=costs, progress=cb,
+                       deterministic=deterministic, model="stage", objective="throughput", microbatches=k)
+    with step(f"build {len(pl.plan.devices_used())} per-device modules") as cb:
+        pm = PlacedModule(apply_plan(analysis.rg, pl.plan, cluster), cluster, pl.plan, pl, progress=cb)
+    batches = microbatch_inputs(lm.example_inputs, k)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    try:
+        with step(f"run {k} microbatches one by one and pipelined ({repeat} times)"):
+            single = [pm(*b) for b in batches]
+            ref, _, _ = reference_output(lm.mod, batches[0], cluster.devices[0].target
+                                         if cluster.devices[0].kind == "cpu" else None)
+            piped, facts = run_pipeline(pm, batches)
+            err = max(max_abs_err(a, b) for a, b in zip(piped, single))
+            one_by_one, streams = [], []
+            for _ in range(max(1, repeat)):
+                t = time.perf_counter()
+                for b in batches:
+                    pm(*b)
+                one_by_one.append((time.perf_counter() - t) / k)
+                streams.append(run_pipeline(pm, batches)[1]["time_per_sample_s"])
+    finally:
+        pm.close()
+    stage = evaluate(pl.problem, pl.plan, "stage", "throughput", k)
+    op = evaluate(pl.problem, pl.plan, "op", "throughput", k)
+    measured = float(np.median(streams))
+    return {"model": lm.name, "source": lm.source, "size": size if lm.source == "zoo" else None,
+            "cluster": cluster.name, "solver": pl.plan.solver, "solver_status": pl.solver_status,
+            "objective": "throughput", "model_used": "stage", "microbatches": k, "cost_source": pl.costs.source,
+            "num_ops": analysis.op_graph.num_nodes, "num_units": pl.problem.num_nodes,
+            "devices_used": pm.devices_used, "stage_plan_valid": stage.valid, "violations": stage.violations,
+            "measured_time_per_sample_s": measured, "measured_one_by_one_s": float(np.median(one_by_one)),
+            "simulated_time_per_sample_s": stage.time_per_sample_s, "simulated_latency_s": stage.latency_s,
+            "simulated_bottleneck_s": stage.bottleneck_s,
+            "simulated_op_model_time_per_sample_s": op.time_per_sample_s,
+            "measured_over_simulated": measured / stage.time_per_sample_s if stage.time_per_sample_s else None,
+            "pipelining_speedup": float(np.median(one_by_one)) / measured if measured else None,
+            "max_abs_err_pipelined_vs_one_by_one": err, "max_abs_err_vs_unplaced": max_abs_err(single[0], ref),
+            "stream_wall_s": facts["wall_s"],
+            "load_avg_1m": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+            **_mode(deterministic, pl.plan.info)}
+
+
 def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "small", costs: str = "auto",
               expert: str | None = None, time_limit_s: float = 30.0, backends: str = "all",
-              input_shapes=None, deterministic: bool = True) -> dict:
+              input_shapes=None, deterministic: bool = True, model: str | None = None, objective: str = "latency",
+              microbatches: int | None = None) -> dict:
     """Place a model (zoo name or model file) or a dnn-partitioning LayerGraph file with one
     or more solvers. Models go through the flow (candidates of ``backends``, costs, joint
     solve); LayerGraph files are placement problems as the file defines them.
@@ -124,6 +237,14 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     lower bound work budgets instead of wall-clock ones, so the plans are the same on any
     machine; ``res["deterministic"]`` says which mode was used, each result's
     ``plan_deterministic`` whether no clock decided its plan.
+
+    ``model`` (``op`` or ``stage``; default: ``stage`` for LayerGraph files, the model the
+    file defines, else ``op``), ``objective`` (``latency`` or ``throughput``) and
+    ``microbatches`` (None: steady state) say what the plans are judged and optimised on
+    (:mod:`tvm_pesto.plan.objective`); the JSON says which, and each result has its
+    ``objective_value``, ``lower_bound`` (valid for that model and objective) and ``model``.
+    An ``expert`` split is validated in the model: ``valid`` and every ``violations`` entry
+    (memory, contiguity, acyclicity, co-location).
 
     Every input problem raises a :class:`PestoError` before any solver runs where it can
     (unknown solver, bad graph file, cluster mismatch); when the devices lack memory, the
@@ -135,9 +256,14 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     """
     from ..errors import InfeasibleError
     from ..plan import JointProblem, Problem, simulate
+    from ..plan.objective import check_choice, evaluate
     from ..solve import SOLVERS, get_solver, solve
     from ..solve.bounds import lower_bound
     from ..solve.common import memory_lower_bound_factor
+    from ..solve.objective_bounds import objective_lower_bound
+
+    model, objective, microbatches = check_choice(model or ("stage" if target.endswith(".json") else "op"),
+                                                  objective, microbatches)
 
     if solvers == ["all"]:
         solvers = list(SOLVERS)
@@ -158,10 +284,14 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         def works(f: float) -> bool:
             p = copy.copy(problem)
             p.capacity = cap * f
-            for name in ("heft", "m-etf", "m-topo", "single", "m-sct"):
+            for name in ("heft", "m-etf", "m-topo", "single", "m-sct") if model == "op" else ("stage-dp",):
                 try:
-                    simulate(p, solve(p, name))
-                    return True
+                    plan = solve(p, name, model=model, objective=objective, microbatches=microbatches)
+                    if model == "op":
+                        simulate(p, plan)
+                        return True
+                    if evaluate(p, plan, model, objective, microbatches).valid:
+                        return True
                 except PestoError:
                     continue
             return False
@@ -220,12 +350,20 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     except InfeasibleError as err:
         raise memory_error(problem, err, str(err).split("; use ")[0]) from None
     load_s = time.perf_counter() - t_load
+    if joint is not None and (model, objective) != ("op", "latency"):
+        if fixed is None:
+            raise PestoError(f"--model {model} --objective {objective} place a fixed set of units; the joint solve "
+                             "(backend choice) optimises one sample's op-level latency only: add --backends tvm, or "
+                             "use --model op --objective latency")
+        joint = None  # no backend choice: the fusion groups' placement problem, for the model and objective asked
     if joint is not None and fixed is None:
         from ..solve.joint import joint_lower_bound
 
         lb = joint_lower_bound(joint)
     else:
-        lb = lower_bound(problem, deterministic=deterministic)
+        lat = lower_bound(problem, deterministic=deterministic) if model == "op" else None
+        lb = objective_lower_bound(problem, model, objective, microbatches, deterministic=deterministic,
+                                   latency_bound=lat)
     results = {}
     for name in solvers:
         opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}
@@ -236,14 +374,15 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
 
                     plan, placed = solve_joint(joint, solver=name, time_limit_s=time_limit_s,
                                                deterministic=deterministic)
-                    sim = simulate(placed, plan)
                 else:
-                    plan, placed = solve(problem, name, deterministic=deterministic, **opts), problem
-                    sim = simulate(problem, plan)
+                    plan, placed = solve(problem, name, deterministic=deterministic, model=model, objective=objective,
+                                         microbatches=microbatches, **opts), problem
+                if model == "op":
+                    simulate(placed, plan)  # memory checked: a plan that does not fit is an error
             except InfeasibleError as err:
                 raise memory_error(problem, err, f"{problem.graph.name}: {name} found no plan within the memory "
                                                  f"of {cluster.name}") from None
-        results[name] = _result(placed, plan, sim, lb)
+        results[name] = _result(placed, plan, evaluate(placed, plan, model, objective, microbatches), lb)
         results[name].update(_mode(deterministic, plan.info))
     if expert:
         from ..graph import dnn_partitioning as dp
@@ -251,13 +390,16 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         if joint is not None:
             raise PestoError("--expert applies to LayerGraph JSON files (their human-expert splits)")
         plan = dp.load_expert_split(expert, problem.graph, cluster)
-        sim = simulate(problem, plan, check_memory=False)
-        results["expert"] = _result(problem, plan, sim, lb)
-    best = min(results, key=lambda k: results[k]["makespan_s"])
+        results["expert"] = _result(problem, plan, evaluate(problem, plan, model, objective, microbatches), lb)
+    valid = [k for k in results if results[k]["valid"]] or list(results)
+    best = min(valid, key=lambda k: results[k]["objective_value"])
     out = {"graph": problem.graph.name, "num_nodes": problem.num_nodes, "num_edges": problem.graph.num_edges,
            "cluster": cluster.name, "devices": [d.name for d in cluster.devices], "cost_source": problem.cost_source,
-           "lower_bound_s": lb["best"], "load_s": load_s, "best": best, "results": results,
+           "model": model, "objective": objective, "microbatches": microbatches,
+           "lower_bound_s": lb["best"], "lower_bound": _jsonable(lb), "load_s": load_s, "best": best,
+           "results": results,
            # top level: the best plan, as `place --json` promises
+           "objective_value": results[best]["objective_value"],
            "makespan_s": results[best]["makespan_s"], "solver": best, "solve_s": results[best]["solve_s"],
            "solver_status": results[best]["solver_status"], "assignment": results[best]["assignment"],
            "order": results[best]["order"], **_mode(deterministic, results[best]),
@@ -269,14 +411,19 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     return out
 
 
-def _result(problem, plan, sim, lb) -> dict:
+def _result(problem, plan, ev, lb) -> dict:
+    """One solver's (or the expert's) row: ``ev`` is its :class:`tvm_pesto.plan.objective.Evaluation`;
+    ``makespan_s`` is the latency in the model used."""
     g = problem.graph
     ids = [str(nd.extra.get("id", nd.name)) for nd in g.nodes]
-    return {"makespan_s": sim.makespan, "lower_bound_s": lb["best"],
-            "ratio_to_lower_bound": sim.makespan / lb["best"] if lb["best"] > 0 else None,
+    return {"model": ev.model, "objective": ev.objective, "microbatches": ev.microbatches,
+            "objective_value": ev.objective_value, "lower_bound": lb["best"], "lower_bound_s": lb["best"],
+            "ratio_to_lower_bound": ev.objective_value / lb["best"] if lb["best"] > 0 else None,
+            "makespan_s": ev.latency_s, "latency_s": ev.latency_s, "bottleneck_s": ev.bottleneck_s,
+            "time_per_sample_s": ev.time_per_sample_s, "valid": ev.valid, "violations": ev.violations,
             "solve_s": plan.solve_s, "solver_status": api.solver_status(plan), "solver_gap": api.solver_gap(plan),
-            "peak_memory_bytes":
-            sim.peak_memory.tolist(), "devices_used": plan.devices_used(), "backend_mix": plan.backend_mix(),
+            "peak_memory_bytes": ev.memory_bytes.tolist(), "device_load_s": ev.device_load_s.tolist(),
+            "devices_used": plan.devices_used(), "backend_mix": plan.backend_mix(),
             "info": _jsonable(plan.info), "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)},
             "order": [[ids[v] for v in seq] for seq in plan.order]}
 

@@ -67,7 +67,11 @@ def print_metrics(name: str, m: dict) -> None:
 @click.option("--run", "run_label", default="", help="label of a repeated pass: measures again what another "
               "pass measured (training takes the fastest pass)")
 @click.option("--json", "json_path", default=None, help="write a summary as JSON here")
-def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_ms, run_label, json_path):
+@click.option("--rpc-tracker", default=None, metavar="HOST:PORT",
+              help="time the candidates on the remote device served under --rpc-key at this TVM RPC tracker")
+@click.option("--rpc-key", default=None, help="the key the remote device's RPC servers registered under")
+def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_ms, run_label, json_path,
+            rpc_tracker, rpc_key):
     """Measure every candidate of MODELS and append the records a cost model trains on.
 
     MODELS are zoo names, ``zoo`` (all of them), ``sweep`` (all shape-sweep families) or
@@ -86,6 +90,11 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
             raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(zoo_names)}), zoo, sweep or sweep-FAMILY")
     log_path = log_path or str(default_log_path())
     bks = [b.strip() for b in backends.split(",") if b.strip()]
+    if rpc_tracker or rpc_key:  # the cluster's devices are measured on the remote servers
+        from ..cluster import parse_cluster
+        from ..costs.remote import remote_cluster
+
+        cluster_spec = remote_cluster(parse_cluster(cluster_spec), rpc_tracker or "", rpc_key or "")
     results = []
     for name in names:
         with step(f"profile {name}") as cb:

@@ -79,28 +79,40 @@ def _print_run(res):
 @click.option("--costs", default="auto", type=click.Choice(COSTS))
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1,D2,...",
               help="static shape of a model input whose shape is dynamic (repeatable)")
-@click.option("--expert", default=None, help="a human-expert split file to evaluate as a baseline")
+@click.option("--expert", default=None, help="a human-expert split file to evaluate (and validate) as a baseline")
+@click.option("--objective", default="latency", show_default=True, type=click.Choice(["latency", "throughput"]),
+              help="latency: one sample's time; throughput: time per sample with --microbatches in flight")
+@click.option("--model", "exec_model", default=None, type=click.Choice(["op", "stage"]),
+              help="execution model: op (per-op schedule) or stage (contiguous blocks per device)  [default: stage "
+                   "for LayerGraph files, op otherwise]")
+@click.option("--microbatches", default=0, show_default=True, type=click.IntRange(min=0),
+              help="microbatches in flight for --objective throughput (0: steady state)")
 @click.option("--time-limit", default=30.0, show_default=True,
               help="ILP time limit (s; with --deterministic nominal seconds of work); the local search after "
                    "it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @deterministic_option(True)
-def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, time_limit, json_path,
-          deterministic):
+def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, objective, exec_model,
+          microbatches, time_limit, json_path, deterministic):
     """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
     from .commands import place_any
 
     solvers = ["all"] if solver == "all" else [s.strip() for s in solver.split(",") if s.strip()]
     res = place_any(target, cluster_spec, solvers, size=size, costs=costs, expert=expert, time_limit_s=time_limit,
-                    backends=backends, input_shapes=_shapes(input_shape), deterministic=deterministic)
+                    backends=backends, input_shapes=_shapes(input_shape), deterministic=deterministic,
+                    model=exec_model, objective=objective, microbatches=microbatches or None)
+    what = res["objective"] + (f" ({res['microbatches']} microbatches)" if res["microbatches"] else
+                               " (steady state)" if res["objective"] == "throughput" else "")
     console.print(f"[bold]{res['graph']}[/]: {res.get('num_ops', res['num_nodes'])} nodes on {res['cluster']}; "
-                  f"lower bound {res['lower_bound_s'] * 1e3:.3f} ms")
+                  f"{res['model']} model, {what}; lower bound {res['lower_bound_s'] * 1e3:.3f} ms")
     for name, r in res["results"].items():
         ratio = r["ratio_to_lower_bound"]
         mix = ", ".join(f"{b} {n}" for b, n in r.get("backend_mix", {}).items())
-        console.print(f"  {name:8s} makespan {r['makespan_s'] * 1e3:10.3f} ms  "
+        console.print(f"  {name:8s} {r['objective']} {r['objective_value'] * 1e3:10.3f} ms  "
                       f"x{ratio:.3f} of bound  solve {r['solve_s']:.3f} s  {r['solver_status']}"
-                      + (f"  ({mix})" if mix else "") if ratio else f"  {name}: {r}")
+                      + (f"  ({mix})" if mix else "") if ratio else f"  {name}: {r['objective_value']}")
+        for v in r["violations"]:
+            console.print(f"    [red]invalid[/] ({v['kind']}): {v['message']}")
     if json_path:
         write_json(json_path, res)
 
@@ -119,15 +131,43 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 @click.option("--export", "export_dir", default=None,
               help="also write the placed model as a bundle here (tvm_pesto.load runs it with TVM's runtime only)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
+@click.option("--objective", default="latency", show_default=True, type=click.Choice(["latency", "throughput"]),
+              help="throughput: place a stage plan and stream --microbatches microbatches through it (pipelined)")
+@click.option("--microbatches", default=8, show_default=True, type=click.IntRange(min=1),
+              help="microbatches per stream for --objective throughput")
+@click.option("--executor", default="thread", show_default=True, type=click.Choice(["thread", "ray"]),
+              help="thread: one pinned thread per device in this process; ray: one Ray actor per device over a Ray "
+                   "compiled graph (links measured over Ray first)")
+@click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
+@click.option("--rpc-tracker", default=None, metavar="HOST:PORT",
+              help="measure costs on the remote device served under --rpc-key at this TVM RPC tracker")
+@click.option("--rpc-key", default=None, help="the key the remote device's RPC servers registered under")
 @deterministic_option(False)
 def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
-        deterministic):
+        objective, microbatches, executor, ray_address, rpc_tracker, rpc_key, deterministic):
     """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
     from .commands import run_model
 
+    if objective == "throughput":
+        from .commands import run_pipelined
+
+        res = run_pipelined(model, size, cluster_spec, microbatches, solver="stage-dp" if solver == "heft" else solver,
+                            costs=costs, repeat=min(repeat, 5), input_shapes=_shapes(input_shape),
+                            deterministic=deterministic)
+        console.print(f"[bold]{res['model']}[/]: stage plan by {res['solver']} on {res['cluster']}, "
+                      f"{res['microbatches']} microbatches; time per sample: measured "
+                      f"{res['measured_time_per_sample_s'] * 1e3:.3f} ms, simulated "
+                      f"{res['simulated_time_per_sample_s'] * 1e3:.3f} ms, one by one "
+                      f"{res['measured_one_by_one_s'] * 1e3:.3f} ms; max |pipelined - one by one| "
+                      f"{res['max_abs_err_pipelined_vs_one_by_one']:.3g}")
+        if json_path:
+            write_json(json_path, res)
+        return
+
     res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, repeat=repeat,
                     out_dir=trace_dir, input_shapes=_shapes(input_shape), export_dir=export_dir,
-                    deterministic=deterministic)
+                    deterministic=deterministic, executor=executor, ray_address=ray_address,
+                    rpc_tracker=rpc_tracker, rpc_key=rpc_key)
     _print_run(res)
     if json_path:
         write_json(json_path, res)
@@ -174,15 +214,28 @@ def cluster_show(spec):
 @cluster.command("bench")
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True)
 @click.option("-o", "--output", required=True, help="write the measured cluster JSON here")
-def cluster_bench(cluster_spec, output):
-    """Measure link latency and bandwidth between this machine's devices."""
+@click.option("--executor", default="thread", show_default=True, type=click.Choice(["thread", "ray"]),
+              help="what moves the bytes: the thread executor's hand-off, or Ray channels between actors")
+@click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
+def cluster_bench(cluster_spec, output, executor, ray_address):
+    """Measure link latency and bandwidth between this machine's devices (or their Ray actors)."""
     from ..cluster import parse_cluster
     from ..cluster.linkbench import measure_links
     from .progress import step
 
     c = parse_cluster(cluster_spec)
-    with step("measure links"):
-        pts = measure_links(c)
+    if executor == "ray":
+        from ..run.ray_executor import RaySession, measure_ray_links
+
+        session = RaySession(ray_address)
+        try:
+            with step("measure links over Ray"):
+                pts = measure_ray_links(c, session)
+        finally:
+            session.close()
+    else:
+        with step("measure links"):
+            pts = measure_links(c)
     for k, v in pts.items():
         console.print(f"  {k}: latency {v['latency_s'] * 1e6:.1f} us, bandwidth {v['bandwidth_Bps'] / 1e9:.2f} GB/s")
     d = c.to_dict()
@@ -196,6 +249,7 @@ from .cost_model import cost_model, profile  # noqa: E402
 cli.add_command(bench)
 cli.add_command(profile)
 cli.add_command(cost_model)
+from .train import train; cli.add_command(train)  # noqa: E402, E702  (tvm-pesto train)
 
 
 def main(argv=None):

@@ -1,8 +1,15 @@
-"""Devices, links and clusters.
+"""Devices, hosts, links and clusters.
 
 A :class:`Cluster` is a list of :class:`Device` plus a directed link model between every
 ordered pair: moving ``n`` bytes from device ``i`` to ``j`` takes ``latency[i, j] +
 n / bandwidth[i, j]`` seconds (the a + b·bytes fit Pesto and Baechi use).
+
+Every device belongs to a :class:`Host` (``Device.host``, an index into ``Cluster.hosts``;
+one host unless a spec says otherwise). Links between devices of one host are the host's
+interconnect (NVLink, PCIe, shared memory); links between hosts go through the hosts'
+network interfaces (Ethernet, InfiniBand), and every transfer that leaves a host shares its
+NIC: the simulator runs one such transfer at a time per host and direction
+(:mod:`tvm_pesto.plan.reference`).
 """
 from __future__ import annotations
 
@@ -20,7 +27,10 @@ class Device:
 
     ``present`` is true when the device exists on this machine and can run code; devices
     from GPU presets on a machine without GPUs are simulated (costs from a model only).
-    ``cpu_ids`` pins a CPU device to those cores.
+    ``cpu_ids`` pins a CPU device to those cores. ``host`` is the index of its host in
+    :attr:`Cluster.hosts`. ``rpc_tracker`` (``HOST:PORT``) and ``rpc_key`` name a TVM RPC
+    tracker and the key of the device's server there: when set, measured costs of this
+    device are timed on that server (:mod:`tvm_pesto.costs.remote`).
     """
 
     name: str
@@ -34,6 +44,14 @@ class Device:
     present: bool = False
     cpu_ids: tuple[int, ...] = ()
     model: str = ""
+    host: int = 0
+    rpc_tracker: str = ""
+    rpc_key: str = ""
+
+    @property
+    def remote(self) -> bool:
+        """True when the device is measured over TVM RPC (``rpc_key`` set)."""
+        return bool(self.rpc_key)
 
     @property
     def tvm_device_type(self) -> str:
@@ -56,8 +74,29 @@ class Device:
 
 
 @dataclass
+class Host:
+    """A machine of the cluster.
+
+    ``address`` is the host's IP address or name as the Ray cluster knows it (its
+    ``NodeManagerAddress``; empty: any node, e.g. this machine). ``nic_latency_s`` and
+    ``nic_bandwidth_Bps`` are its network interface per direction; a link between devices
+    of two hosts defaults to the slower NIC of the two (the larger latency, the smaller
+    bandwidth).
+    """
+
+    name: str
+    address: str = ""
+    nic_latency_s: float = 20e-6
+    nic_bandwidth_Bps: float = 10e9
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "address": self.address,
+                "nic": {"latency_s": float(self.nic_latency_s), "bandwidth_Bps": float(self.nic_bandwidth_Bps)}}
+
+
+@dataclass
 class Cluster:
-    """Devices and the links between them.
+    """Devices, the hosts they belong to, and the links between them.
 
     Examples
     --------
@@ -72,11 +111,23 @@ class Cluster:
     latency: np.ndarray  # [d, d] seconds
     bandwidth: np.ndarray  # [d, d] bytes / second
     meta: dict = field(default_factory=dict)
+    hosts: list = field(default_factory=list)  # Host per host index (default: one per index the devices name)
 
     def __post_init__(self):
         d = len(self.devices)
         if d == 0:
             raise ClusterError(f"cluster {self.name!r} has no devices; give at least one (e.g. 'cpu:1')")
+        for dev in self.devices:
+            if not (isinstance(dev.host, (int, np.integer)) and dev.host >= 0):
+                raise ClusterError(f"device {dev.name!r} has host {dev.host!r}; a host is an index >= 0 into the "
+                                   "cluster's hosts")
+        if not self.hosts:
+            self.hosts = [Host(f"host{k}") for k in range(max(int(dv.host) for dv in self.devices) + 1)]
+        self.hosts = [h if isinstance(h, Host) else _hosts_from_json([h])[0] for h in self.hosts]
+        for dev in self.devices:
+            if dev.host >= len(self.hosts):
+                raise ClusterError(f"device {dev.name!r} is on host {dev.host}, but cluster {self.name!r} lists "
+                                   f"{len(self.hosts)} host(s); add the host or fix the device's 'host'")
         self.latency = np.asarray(self.latency, dtype=np.float64).reshape(d, d)
         self.bandwidth = np.asarray(self.bandwidth, dtype=np.float64).reshape(d, d)
         off = ~np.eye(d, dtype=bool)
@@ -104,6 +155,15 @@ class Cluster:
             return 0.0
         return float(self.latency[src, dst] + nbytes / self.bandwidth[src, dst])
 
+    @property
+    def host_ids(self) -> np.ndarray:
+        """The host index of each device (int32, one entry per device)."""
+        return np.array([int(dev.host) for dev in self.devices], dtype=np.int32)
+
+    @property
+    def num_hosts(self) -> int:
+        return len(self.hosts)
+
     def capacities(self) -> np.ndarray:
         return np.array([dev.memory_bytes for dev in self.devices], dtype=np.float64)
 
@@ -120,7 +180,7 @@ class Cluster:
     def with_memory(self, memory_bytes: float) -> "Cluster":
         """A copy whose every device has ``memory_bytes`` of memory."""
         devs = [Device(**{**asdict(dv), "memory_bytes": float(memory_bytes)}) for dv in self.devices]
-        return Cluster(self.name, devs, self.latency.copy(), self.bandwidth.copy(), dict(self.meta))
+        return Cluster(self.name, devs, self.latency.copy(), self.bandwidth.copy(), dict(self.meta), list(self.hosts))
 
     # -- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -134,7 +194,8 @@ class Cluster:
             dd = asdict(dev)
             dd["cpu_ids"] = list(dev.cpu_ids)
             devs.append(dd)
-        return {"name": self.name, "devices": devs, "links": links, "meta": self.meta}
+        return {"name": self.name, "devices": devs, "hosts": [h.to_dict() for h in self.hosts], "links": links,
+                "meta": self.meta}
 
     def to_json(self, path: str) -> None:
         with open(path, "w") as f:
@@ -156,6 +217,8 @@ class Cluster:
                     mem_bandwidth=float(dd["mem_bandwidth"]), cores=int(dd.get("cores", 1)),
                     index=int(dd.get("index", k)), present=bool(dd.get("present", False)),
                     cpu_ids=tuple(dd.get("cpu_ids", ())), model=str(dd.get("model", "")),
+                    host=int(dd.get("host", 0)), rpc_tracker=str(dd.get("rpc_tracker", "")),
+                    rpc_key=str(dd.get("rpc_key", "")),
                 ))
             except KeyError as e:
                 raise ClusterError(f"cluster JSON device {k} lacks field {e.args[0]!r} "
@@ -166,9 +229,17 @@ class Cluster:
             if devs[-1].kind not in ("cpu", "gpu"):
                 raise ClusterError(f"device {k}: kind must be 'cpu' or 'gpu', not {devs[-1].kind!r}")
         d = len(devs)
+        hosts = _hosts_from_json(data.get("hosts", []))
         dl = _link_fields(data.get("default_link", {"latency_s": 20e-6, "bandwidth_Bps": 10e9}), "default_link")
         lat = np.full((d, d), dl[0])
         bw = np.full((d, d), dl[1])
+        if hosts:  # between hosts: the slower of the two NICs
+            for i, a in enumerate(devs):
+                for j, b in enumerate(devs):
+                    if a.host != b.host and max(a.host, b.host) < len(hosts):
+                        ha, hb = hosts[a.host], hosts[b.host]
+                        lat[i, j] = max(ha.nic_latency_s, hb.nic_latency_s)
+                        bw[i, j] = min(ha.nic_bandwidth_Bps, hb.nic_bandwidth_Bps)
         for k, ln in enumerate(data.get("links", [])):
             try:
                 i, j = int(ln["src"]), int(ln["dst"])
@@ -178,7 +249,22 @@ class Cluster:
             if not (0 <= i < d and 0 <= j < d):
                 raise ClusterError(f"link {i}->{j} names a device outside 0..{d - 1}")
             lat[i, j], bw[i, j] = _link_fields(ln, f"link {i}->{j}")
-        return cls(str(data.get("name", name)), devs, lat, bw, dict(data.get("meta", {})))
+        return cls(str(data.get("name", name)), devs, lat, bw, dict(data.get("meta", {})), hosts)
+
+
+def _hosts_from_json(raw) -> list[Host]:
+    """The ``hosts`` list of a cluster JSON file: ``{"name", "address", "nic": {"latency_s",
+    "bandwidth_Bps"}}`` per host, checked."""
+    if not isinstance(raw, list):
+        raise ClusterError(f"cluster JSON 'hosts' must be a list of objects, got {type(raw).__name__}")
+    hosts = []
+    for k, h in enumerate(raw):
+        if not isinstance(h, dict):
+            raise ClusterError(f"cluster JSON host #{k} must be an object with 'name', 'address' and 'nic', "
+                               f"got {h!r}")
+        nic = _link_fields(h.get("nic", {"latency_s": 20e-6, "bandwidth_Bps": 10e9}), f"host #{k} nic")
+        hosts.append(Host(str(h.get("name", f"host{k}")), str(h.get("address", "")), nic[0], nic[1]))
+    return hosts
 
 
 def _link_fields(ln, where: str) -> tuple[float, float]:

@@ -1,9 +1,16 @@
-"""Cluster specifications: presets by name, ``cpu:N`` for this machine, or a JSON file."""
+"""Cluster specifications: presets by name, ``cpu:N`` for this machine, or a JSON file.
+
+Multi-host presets are ``HxNxMODEL[-LINK][-NET]``: ``H`` hosts of ``N`` GPUs each, linked
+inside a host by ``LINK`` (``nvlink``, the default, or ``pcie``) and between hosts by
+``NET`` (:data:`NETWORKS`: ``100g``, the default, or ``25g``). ``2x8xA100`` is two hosts of
+eight A100s on NVSwitch with 100 Gb/s InfiniBand between them.
+"""
 from __future__ import annotations
 
 import json
 import os
 import re
+from dataclasses import asdict
 
 import numpy as np
 
@@ -25,7 +32,14 @@ LINKS = {
     "nvswitch": (5e-6, 200e9),
     "pcie": (10e-6, 12e9),
 }
-PRESET_NAMES = ["cpu:N", "NxV100-nvlink", "NxV100-pcie", "NxA100-nvlink", "NxA100-pcie", "h200", "h100"]
+# network between hosts -> (latency s, bandwidth B/s per direction): nominal effective figures
+# of one NIC (RDMA over 100 Gb/s InfiniBand; TCP over 25 Gb/s Ethernet)
+NETWORKS = {
+    "100g": (5e-6, 11.5e9),
+    "25g": (25e-6, 2.8e9),
+}
+PRESET_NAMES = ["cpu:N", "NxV100-nvlink", "NxV100-pcie", "NxA100-nvlink", "NxA100-pcie", "h200", "h100",
+                "HxNxMODEL[-LINK][-25g|-100g] (e.g. 2x8xA100)"]
 
 
 def _gpu_cluster(model: str, count: int, link: str) -> Cluster:
@@ -41,6 +55,23 @@ def _gpu_cluster(model: str, count: int, link: str) -> Cluster:
     name = f"{count}x{model}-{link}" if count > 1 else model.lower()
     return Cluster(name, devs, np.full((count, count), lat), np.full((count, count), lbw),
                    {"preset": name, "link": link})
+
+
+def _multi_host_cluster(hosts: int, per_host: int, model: str, link: str, net: str) -> Cluster:
+    """``hosts`` hosts of ``per_host`` GPUs each: ``link`` inside a host, ``net`` between."""
+    from .cluster import Host
+
+    one = _gpu_cluster(model, per_host, link)
+    n = hosts * per_host
+    devs = [Device(**{**asdict(one.devices[k % per_host]), "name": f"h{k // per_host}.gpu{k % per_host}",
+                      "host": k // per_host}) for k in range(n)]
+    nlat, nbw = NETWORKS[net]
+    same = np.equal.outer(np.arange(n) // per_host, np.arange(n) // per_host)
+    lat = np.where(same, one.latency[0, -1] if per_host > 1 else LINKS[one.meta["link"]][0], nlat)
+    bw = np.where(same, one.bandwidth[0, -1] if per_host > 1 else LINKS[one.meta["link"]][1], nbw)
+    name = f"{hosts}x{per_host}x{model}-{one.meta['link']}-{net}"
+    return Cluster(name, devs, lat, bw, {"preset": name, "link": one.meta["link"], "network": net},
+                   [Host(f"host{h}", "", nlat, nbw) for h in range(hosts)])
 
 
 def cpu_info() -> tuple[int, float, float]:
@@ -93,13 +124,16 @@ def parse_cluster(spec: str) -> Cluster:
     """Build a cluster from a spec string or a JSON file path.
 
     Accepted: ``cpu:N``, ``NxMODEL-LINK`` (MODEL in V100, A100, H100, H200; LINK in nvlink,
-    pcie), a single GPU name (``h200``), or a path to a JSON file written by
-    :meth:`Cluster.to_json`.
+    pcie), ``HxNxMODEL[-LINK][-NET]`` (H hosts of N GPUs; NET in 25g, 100g), a single GPU
+    name (``h200``), or a path to a JSON file written by :meth:`Cluster.to_json`.
 
     Examples
     --------
     >>> parse_cluster("4xV100-pcie").num_devices
     4
+    >>> c = parse_cluster("2x8xA100")
+    >>> c.name, c.num_hosts, c.devices[8].name, c.devices[8].host
+    ('2x8xA100-nvswitch-100g', 2, 'h1.gpu0', 1)
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ClusterError("empty cluster spec; use e.g. 'cpu:2', '2xV100-nvlink' or a JSON file")
@@ -118,6 +152,17 @@ def parse_cluster(spec: str) -> Cluster:
     m = re.fullmatch(r"cpu:(-?\d+)", s, flags=re.I)
     if m:
         return cpu_cluster(int(m.group(1)))
+    m = re.fullmatch(r"(-?\d+)x(-?\d+)x([A-Za-z0-9]+)(?:-(nvlink|pcie))?(?:-(\d+g))?", s, flags=re.I)
+    if m:
+        hosts, per, model = int(m.group(1)), int(m.group(2)), m.group(3).upper()
+        link, net = (m.group(4) or "nvlink").lower(), (m.group(5) or "100g").lower()
+        if hosts < 1 or per < 1:
+            raise ClusterError(f"{s!r}: the host and device counts must be at least 1; use e.g. 2x8x{model}")
+        if model not in GPU_MODELS:
+            raise ClusterError(f"{s!r}: unknown GPU model {model!r}; known: {', '.join(GPU_MODELS)}")
+        if net not in NETWORKS:
+            raise ClusterError(f"{s!r}: unknown network {net!r} between hosts; known: {', '.join(NETWORKS)}")
+        return _multi_host_cluster(hosts, per, model, link, net)
     m = re.fullmatch(r"(-?\d+)x([A-Za-z0-9]+)-(nvlink|pcie)", s, flags=re.I)
     if m:
         count, model, link = int(m.group(1)), m.group(2).upper(), m.group(3).lower()

@@ -65,6 +65,26 @@ def target_key(target: dict) -> str:
     return json.dumps(target, sort_keys=True, separators=(",", ":"))
 
 
+def device_key(device) -> str:
+    """The cache's ``target`` field for measurements on ``device``: its target, plus the
+    RPC key of a device measured remotely (:mod:`tvm_pesto.costs.remote`), so that a
+    remote device's records never stand in for a local one's, nor the other way round.
+
+    Examples
+    --------
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> dev = parse_cluster("cpu:1").devices[0]
+    >>> device_key(dev) == target_key(dev.target)
+    True
+    >>> from dataclasses import replace
+    >>> device_key(replace(dev, rpc_key="cpu2", rpc_tracker="127.0.0.1:9190")).endswith(',"rpc_key":"cpu2"}')
+    True
+    """
+    if not getattr(device, "rpc_key", ""):
+        return target_key(device.target)
+    return target_key({**device.target, "rpc_key": device.rpc_key})
+
+
 class MeasureCache:
     """Measured seconds per (key, backend, target), loaded from and appended to a file.
 

@@ -28,9 +28,9 @@ from ..backends import get_backend
 from ..builder.subgraph import out_ty_of, structural_key
 from ..candidates.generate import CandidateSet, candidate_function
 from ..errors import CostError, PestoError
-from .cache import MeasureCache, target_key
+from .cache import MeasureCache, device_key
 from ..cluster.device_thread import enter_device_thread
-from .timing import OVERHEAD_KEY, call_overhead_s, measure_groups, random_args
+from .timing import OVERHEAD_KEY, call_overhead_s, measurable, measure_groups, random_args
 
 MIN_COST_S = 2e-7
 INFEASIBLE = -1.0
@@ -47,7 +47,7 @@ class MeasureReport:
 
 
 def _device_key(device) -> tuple:
-    return (target_key(device.target), device.cores, device.kind)
+    return (device_key(device), device.cores, device.kind)
 
 
 def _wrapper(gname: str, params, out_ty, name: str) -> relax.Function:
@@ -83,12 +83,12 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
     >>> costs = measure_candidates(cs, parse_cluster("cpu:1").devices[0])   # doctest: +SKIP
     """
     t0 = time.perf_counter()
-    if not device.present:
+    if not measurable(device):
         raise CostError(f"device {device.name} is not on this machine; candidates can only be measured on "
-                        "present devices")
+                        "present devices, or over TVM RPC (--rpc-tracker HOST:PORT --rpc-key KEY)")
     cache = cache if cache is not None else MeasureCache()
     report = report if report is not None else MeasureReport()
-    tkey = target_key(device.target)
+    tkey = device_key(device)
     rg = cs.rg
     costs = np.full(len(cs), np.nan)
 
@@ -113,6 +113,11 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
             continue
         if not get_backend(c.backend).supports_device(device):
             costs[i] = np.inf
+            continue
+        if device.remote:  # a library backend runs in this process only, not on an RPC server
+            costs[i] = np.inf
+            report.infeasible[i] = (f"{c.backend} candidates are not measured over RPC (only TVM-native ones are); "
+                                    "measure on the device's own machine")
             continue
         lifted = candidate_function(rg, c.nodes, lift_constants=True)
         k = structural_key(lifted.func)

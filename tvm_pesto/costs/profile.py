@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CostError, PestoError
-from .cache import MeasureCache, target_key
+from .cache import MeasureCache, device_key
 from .features import describe_group, device_descriptor
 from .jsonl import read_records
 
@@ -199,10 +199,11 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
 
     t0 = time.perf_counter()
     cl = as_cluster(cluster)
-    devs = [d for d in cl.devices if d.present]
+    devs = [d for d in cl.devices if d.present or d.remote]
     if not devs:
         raise CostError(f"cluster {cl.name} has no device on this machine, so nothing can be profiled; "
-                        "use cpu:N (train a GPU model from logs written on a GPU machine)")
+                        "use cpu:N (train a GPU model from logs written on a GPU machine), or profile a remote "
+                        "device over TVM RPC (--rpc-tracker HOST:PORT --rpc-key KEY)")
     analysis = analyze(mod)
     rg = analysis.rg
     log = ProfileLog(log_path, model=name, run=run)
@@ -226,7 +227,7 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
     _register_descs(log, rg, units)
     done: set = set()
     for dev in devs:
-        tk = target_key(dev.target)
+        tk = device_key(dev)
         if (tk, dev.cores, dev.kind) in done:
             continue
         done.add((tk, dev.cores, dev.kind))

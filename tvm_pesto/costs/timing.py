@@ -3,12 +3,15 @@
 Every group becomes a small function (weights lifted to parameters, so equal shapes share
 one measurement); all groups not yet in the cache are compiled in ONE module with the
 default pipeline of the device's target, then each is timed with TVM's C++
-``time_evaluator`` (median of repeats) in a thread pinned to the device's cores.
+``time_evaluator`` (median of repeats) in a thread pinned to the device's cores. A device
+measured over TVM RPC (``Device.rpc_key``) gets the same module uploaded to a server of its
+key and timed there (:func:`device_vm`, :mod:`tvm_pesto.costs.remote`).
 """
 from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import tvm
@@ -16,7 +19,7 @@ from tvm import relax
 
 from ..builder.subgraph import group_function, structural_key
 from ..errors import CostError
-from .cache import MeasureCache, target_key
+from .cache import MeasureCache, device_key
 from ..cluster.device_thread import enter_device_thread
 
 BACKEND = "tvm"
@@ -55,6 +58,26 @@ def _compile(mod, target):
                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
 
 
+def measurable(device) -> bool:
+    """Whether ``device`` can be measured: it is on this machine, or behind an RPC tracker."""
+    return bool(device.present or device.remote)
+
+
+@contextmanager
+def device_vm(executable, device, name: str = "pesto_measure"):
+    """``(vm, dev)``: ``executable``'s VM on ``device``, here or, for a remote device, on a
+    server of its RPC key (the session ends with the block; an RPC failure inside raises
+    :class:`~tvm_pesto.errors.CostError`)."""
+    if device.remote:
+        from .remote import remote_session
+
+        with remote_session(device) as runner:
+            yield runner.vm(executable, name), runner.dev
+        return
+    dev = device.tvm_device()
+    yield relax.VirtualMachine(executable, dev), dev
+
+
 def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat: int = 5,
                    min_repeat_ms: int = 5, progress=None) -> np.ndarray:
     """Seconds each group takes on ``device`` (median of ``repeat`` timings).
@@ -74,10 +97,11 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
     -------
     ndarray of float64, one entry per group.
     """
-    if not device.present:
-        raise CostError(f"device {device.name} is not on this machine; use the roofline or xgb cost source")
+    if not measurable(device):
+        raise CostError(f"device {device.name} is not on this machine; use the roofline or xgb cost source, or "
+                        "measure it over TVM RPC (--rpc-tracker HOST:PORT --rpc-key KEY)")
     cache = cache if cache is not None else MeasureCache()
-    tkey = target_key(device.target)
+    tkey = device_key(device)
     segs = [group_function(rg, grp, lift_constants=True) for grp in groups]
     keys = [structural_key(s.func) for s in segs]
     times = np.full(len(groups), np.nan)
@@ -99,38 +123,40 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
             try:
                 enter_device_thread(device)
                 ex = _compile(mod, device.target)
-                dev = device.tvm_device()
-                vm = relax.VirtualMachine(ex, dev)
-                rng = np.random.default_rng(0)
-                if overhead_rec is None:
-                    x = tvm.runtime.tensor(np.ones(1, "float32"), device=dev)
-                    vm["pesto_call_overhead"](x)
-                    t = vm.time_evaluator("pesto_call_overhead", dev, number=200, repeat=repeat)(x)
-                    reps = [float(r) for r in t.results]
-                    cache.put({"key": OVERHEAD_KEY, "backend": BACKEND, "target": tkey,
-                               "median_s": float(np.median(reps)), "repeats": reps, "op": "call-overhead",
-                               "flops": 0.0, "bytes": 8.0, "device": device.model or device.name,
-                               "time": time.time()})
-                for n, (k, gi) in enumerate(todo.items()):
-                    seg = segs[gi]
-                    args = random_args(seg.func.params, dev, rng)
-                    fname = f"g{n}"
-                    vm[fname](*args)  # warm-up
-                    t = vm.time_evaluator(fname, dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
-                    reps = [float(x) for x in t.results]
-                    nodes = [rg.graph.nodes[v] for v in groups[gi]]
-                    cache.put({
-                        "key": k, "backend": BACKEND, "target": tkey, "median_s": float(np.median(reps)),
-                        "repeats": reps, "op": "+".join(nd.op for nd in nodes),
-                        "flops": float(sum(nd.flops for nd in nodes)),
-                        "bytes": float(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
-                        "device": device.model or device.name, "time": time.time(),
-                    })
-                    result[k] = float(np.median(reps))
-                    if progress:
-                        progress(n + 1, len(todo))
+                with device_vm(ex, device, "pesto_groups") as (vm, dev):
+                    _time_groups(vm, dev)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
                 result["__error__"] = e
+
+        def _time_groups(vm, dev):
+            rng = np.random.default_rng(0)
+            if overhead_rec is None:
+                x = tvm.runtime.tensor(np.ones(1, "float32"), device=dev)
+                vm["pesto_call_overhead"](x)
+                t = vm.time_evaluator("pesto_call_overhead", dev, number=200, repeat=repeat)(x)
+                reps = [float(r) for r in t.results]
+                cache.put({"key": OVERHEAD_KEY, "backend": BACKEND, "target": tkey,
+                           "median_s": float(np.median(reps)), "repeats": reps, "op": "call-overhead",
+                           "flops": 0.0, "bytes": 8.0, "device": device.model or device.name,
+                           "time": time.time()})
+            for n, (k, gi) in enumerate(todo.items()):
+                seg = segs[gi]
+                args = random_args(seg.func.params, dev, rng)
+                fname = f"g{n}"
+                vm[fname](*args)  # warm-up
+                t = vm.time_evaluator(fname, dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
+                reps = [float(x) for x in t.results]
+                nodes = [rg.graph.nodes[v] for v in groups[gi]]
+                cache.put({
+                    "key": k, "backend": BACKEND, "target": tkey, "median_s": float(np.median(reps)),
+                    "repeats": reps, "op": "+".join(nd.op for nd in nodes),
+                    "flops": float(sum(nd.flops for nd in nodes)),
+                    "bytes": float(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
+                    "device": device.model or device.name, "time": time.time(),
+                })
+                result[k] = float(np.median(reps))
+                if progress:
+                    progress(n + 1, len(todo))
 
         th = threading.Thread(target=work, name=f"measure-{device.name}")
         th.start()
@@ -149,7 +175,7 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
 
 def call_overhead_s(device, cache: MeasureCache) -> float:
     """The measured fixed cost of one VM function call on ``device`` (0 if never measured)."""
-    rec = cache.get(OVERHEAD_KEY, BACKEND, target_key(device.target))
+    rec = cache.get(OVERHEAD_KEY, BACKEND, device_key(device))
     return float(rec["median_s"]) if rec is not None else 0.0
 
 
@@ -166,7 +192,7 @@ def _overhead_func():
 def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5) -> float:
     """Seconds the whole function takes on ``device`` as one compiled module (cached)."""
     cache = cache if cache is not None else MeasureCache()
-    tkey = target_key(device.target)
+    tkey = device_key(device)
     key = "whole:" + structural_key(rg.func)
     rec = cache.get(key, BACKEND, tkey)
     if rec is not None:
@@ -178,12 +204,11 @@ def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5
         try:
             enter_device_thread(device)
             ex = _compile(mod, device.target)
-            dev = device.tvm_device()
-            vm = relax.VirtualMachine(ex, dev)
-            args = random_args(rg.func.params, dev, np.random.default_rng(0))
-            vm["main"](*args)
-            t = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=20)(*args)
-            box["reps"] = [float(x) for x in t.results]
+            with device_vm(ex, device, "pesto_whole") as (vm, dev):
+                args = random_args(rg.func.params, dev, np.random.default_rng(0))
+                vm["main"](*args)
+                t = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=20)(*args)
+                box["reps"] = [float(x) for x in t.results]
         except BaseException as e:  # noqa: BLE001
             box["err"] = e
 
@@ -191,6 +216,8 @@ def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5
     th.start()
     th.join()
     if "err" in box:
+        if isinstance(box["err"], CostError):
+            raise box["err"]
         raise CostError(f"measuring the whole model on {device.name} failed: {box['err']}") from box["err"]
     med = float(np.median(box["reps"]))
     cache.put({"key": key, "backend": BACKEND, "target": tkey, "median_s": med, "repeats": box["reps"],

@@ -69,6 +69,7 @@ class Problem:
         self.capacity = self.cluster.capacities()
         self.latency = self.cluster.latency.copy()
         self.inv_bw = self.cluster.inv_bandwidth()
+        self.hosts = self.cluster.host_ids  # transfers between hosts share each host's NIC
 
     @property
     def num_nodes(self) -> int:

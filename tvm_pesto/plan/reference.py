@@ -10,6 +10,11 @@ Semantics (shared with ``src/simulator.cc``):
   producer to that device, queued when the producer finishes. A directed link carries one
   transfer at a time, first come first served (ties broken by producer id, then device).
   A transfer takes ``latency + bytes / bandwidth``.
+* Hosts (``hosts[d]``: the host of device ``d``; default one host). A transfer between
+  devices of two hosts goes through both hosts' network interfaces instead of a private
+  link: it starts when the sending host's outgoing NIC and the receiving host's incoming
+  NIC are both free, and holds both until it ends. So transfers leaving one host, to any
+  device of any other host, run one at a time (and so do transfers entering one host).
 * Memory is static: a device holds the weights and outputs of its nodes and every tensor it
   received, from the moment each appears until the end. The peak is the final total.
 * If devices still have work but nothing can start and no transfer is in flight, the plan
@@ -24,9 +29,13 @@ import numpy as np
 from ..errors import PlanError
 
 
-def simulate_reference(n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices):
+def simulate_reference(n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices, hosts=None):
     """Returns (start, finish, busy, peak_mem, transfers) with transfers as rows
-    ``(producer, src_dev, dst_dev, start, end, bytes)``."""
+    ``(producer, src_dev, dst_dev, start, end, bytes)``; ``hosts`` gives each device's host
+    (default: all on one host)."""
+    host = [0] * num_devices if hosts is None else [int(h) for h in hosts]
+    nic_out = {h: 0.0 for h in host}  # when each host's NIC is next free, per direction
+    nic_in = {h: 0.0 for h in host}
     preds = [[] for _ in range(n)]
     for u, v in zip(src.tolist(), dst.tolist()):
         preds[v].append(u)
@@ -101,9 +110,17 @@ def simulate_reference(n, src, dst, ebytes, assignment, order, cost, latency, in
         for ready, u, dv in pending_tx:
             du = int(assignment[u])
             b = need[(u, dv)]
-            s = max(ready, link_free[du, dv])
+            hu, hv = host[du], host[dv]
+            if hu == hv:
+                s = max(ready, link_free[du, dv])
+            else:
+                s = max(ready, nic_out[hu], nic_in[hv])
             e = s + latency[du, dv] + b * inv_bw[du, dv]
-            link_free[du, dv] = e
+            if hu == hv:
+                link_free[du, dv] = e
+            else:
+                nic_out[hu] = e
+                nic_in[hv] = e
             arrive[(u, dv)] = e
             peak[dv] += b
             transfers.append((u, du, dv, s, e, b))

@@ -77,7 +77,7 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
                               f"{plan.assignment[bad]}, where it cannot run")
     core = _core()
     args = (n, problem.src, problem.dst, problem.ebytes, plan.assignment, plan.order, cost,
-            problem.latency, problem.inv_bw, problem.mem, d)
+            problem.latency, problem.inv_bw, problem.mem, d, problem.hosts)
     if core is not None:
         start, finish, busy, peak, transfers = core.simulate(*args)
     else:

@@ -67,7 +67,25 @@ def read_manifest(path: str) -> dict:
     if int(man.get("version", -1)) != BUNDLE_VERSION:
         raise ExecutionError(f"{mpath} has bundle version {man.get('version')}; this tvm-pesto reads version "
                              f"{BUNDLE_VERSION}: export the model again with this version")
-    for fname, digest in man.get("files", {}).items():
+    check_files(path, man)
+    return man
+
+
+def check_files(path: str, man: dict, names=None) -> None:
+    """Check the bundle files ``names`` (default: every file the manifest lists) against
+    their checksums.
+
+    Raises
+    ------
+    ExecutionError
+        When a file is missing, unlisted, or differs from its checksum.
+    """
+    listed = man.get("files", {})
+    for fname in listed if names is None else names:
+        digest = listed.get(fname)
+        if digest is None:
+            raise ExecutionError(f"bundle file {fname} is not listed in the manifest of {path!r}; export the model "
+                                 "again")
         fpath = os.path.join(path, fname)
         if not os.path.isfile(fpath):
             raise ExecutionError(f"bundle file {fname} is missing from {path!r}; copy the whole folder, or export "
@@ -75,7 +93,49 @@ def read_manifest(path: str) -> dict:
         if sha256(fpath) != digest:
             raise ExecutionError(f"bundle file {fname} in {path!r} does not match its checksum in {MANIFEST} "
                                  "(corrupted or changed after export); export the model again")
-    return man
+
+
+def device_files(man: dict, d: int) -> list[str]:
+    """The files device ``d`` needs to run its segments: its library and the artifacts of
+    its library units."""
+    lib = man.get("libraries", {}).get(str(d))
+    files = [lib] if lib else []
+    for meta in man.get("artifacts", []):
+        if int(meta.get("device", 0)) == int(d):
+            files.extend(meta["files"])
+    return files
+
+
+def register_artifacts(path: str, man: dict, cluster, device: int | None = None) -> None:
+    """Register the backend functions of the bundle's artifacts (of ``device`` only, when given)."""
+    from .loaders import register_artifact
+
+    for meta in man.get("artifacts", []):
+        d = int(meta.get("device", 0))
+        if device is None or d == int(device):
+            register_artifact(meta, path, cluster.devices[d])
+
+
+def load_library(path: str, man: dict, cluster, d: int):
+    """The ``VirtualMachine`` of device ``d``'s library, on that device.
+
+    Raises
+    ------
+    ExecutionError
+        When the bundle has no library for ``d`` or TVM's runtime refuses it.
+    """
+    import tvm
+    import tvm.runtime.vm  # not imported by ``import tvm`` in runtime-only mode
+
+    fname = man.get("libraries", {}).get(str(d))
+    if fname is None:
+        raise ExecutionError(f"the bundle in {path!r} has no library for device {d}; export the model again")
+    try:
+        lib = tvm.runtime.load_module(os.path.join(path, fname))
+        return tvm.runtime.vm.VirtualMachine(lib, cluster.devices[int(d)].tvm_device())
+    except Exception as e:  # noqa: BLE001 - TVM's loader error, explained
+        raise ExecutionError(f"TVM's runtime could not load {fname} from {path!r}: {type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
 
 
 def _read_json(path: str, name: str):
@@ -97,31 +157,20 @@ def load(path: str):
         For a missing or corrupt file (named), an artifact that cannot be loaded, or a
         library TVM's runtime refuses.
     """
-    import tvm
-    import tvm.runtime.vm  # not imported by ``import tvm`` in runtime-only mode
-
     from ..cluster.cluster import Cluster
-    from .loaders import register_artifact
     from .program import Program
     from .runtime import PlacedRuntime
 
     man = read_manifest(path)
     cluster = Cluster.from_dict(_read_json(path, "cluster.json"))
     program = Program.from_dict(_read_json(path, "program.json"))
-    for meta in man.get("artifacts", []):
-        register_artifact(meta, path, cluster.devices[int(meta.get("device", 0))])
-    vms = {}
-    for d, fname in man.get("libraries", {}).items():
-        dev = cluster.devices[int(d)]
-        if not dev.present:
-            continue
-        try:
-            lib = tvm.runtime.load_module(os.path.join(path, fname))
-            vms[int(d)] = tvm.runtime.vm.VirtualMachine(lib, dev.tvm_device())
-        except Exception as e:  # noqa: BLE001 - TVM's loader error, explained
-            raise ExecutionError(f"TVM's runtime could not load {fname} from {path!r}: {type(e).__name__}: "
-                                 f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
-    return PlacedRuntime(program, vms, cluster, plan_info=_read_json(path, "plan.json"))
+    register_artifacts(path, man, cluster)
+    vms = {int(d): load_library(path, man, cluster, int(d)) for d in man.get("libraries", {})
+           if cluster.devices[int(d)].present}
+    rt = PlacedRuntime(program, vms, cluster, plan_info=_read_json(path, "plan.json"))
+    rt.bundle_path = path  # where the Ray executor's actors load the libraries from
+    return rt
 
 
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "load", "read_manifest", "sha256"]
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "check_files", "device_files", "load", "load_library",
+           "read_manifest", "register_artifacts", "sha256"]

@@ -11,7 +11,10 @@ deterministic mode), ``common`` (shared heuristic machinery), ``single``, ``heft
 ``msct`` (heuristics), ``portfolio`` (all heuristics, best plan), ``mip`` (what both ILPs
 share: variables, solver backends, real solver status), ``ilp_model`` (the placement MIP),
 ``coarsen`` (supernodes + coarse MIP), ``bounds`` / ``comm_bounds`` (lower bounds),
-``refine`` (local search), ``ilp`` (the registry's ILP: coarsen, solve, refine),
+``refine`` (local search), ``lns`` (MIP windows of a schedule), ``ilp`` (the registry's ILP:
+coarsen, solve, LNS, refine), ``stage_dp`` (contiguous splits by DP, solver and bound),
+``stage_ilp`` (the stage model's MIP), ``objective_bounds`` (bounds for every model and
+objective),
 ``cover`` (Collage's covering search), ``joint_ilp`` (backend + device + order MIP),
 ``joint_search`` (local search over backend and device) and ``joint`` (the flow's solver:
 cover, placement, joint search), ``registry`` (solvers by name).
@@ -20,7 +23,7 @@ Examples
 --------
 >>> from tvm_pesto.solve import SOLVERS, get_solver
 >>> sorted(SOLVERS)
-['heft', 'ilp', 'm-etf', 'm-sct', 'm-topo', 'single']
+['heft', 'ilp', 'm-etf', 'm-sct', 'm-topo', 'single', 'stage-dp']
 """
 from __future__ import annotations
 

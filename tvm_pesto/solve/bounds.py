@@ -55,11 +55,14 @@ def critical_path(problem: Problem, weights: np.ndarray | None = None) -> float:
     return float(finish.max())
 
 
-def lp_bound(problem: Problem, time_limit_s: float = 30.0) -> tuple[float | None, str]:
+def lp_bound(problem: Problem, time_limit_s: float = 30.0, precedence: bool = True) -> tuple[float | None, str]:
     """The LP relaxation described in the module docstring; returns ``(seconds, status)``.
 
     ``seconds`` is None when the LP could not be solved; ``inf`` when it is infeasible (the
     weights and outputs cannot be split over the devices even fractionally).
+    ``precedence=False`` drops the start times: the optimum is then a bound on the largest
+    device load (fractional load balancing with memory and co-location), the throughput
+    objective's bottleneck (:mod:`tvm_pesto.solve.objective_bounds`).
     """
     import pulp
 
@@ -79,21 +82,22 @@ def lp_bound(problem: Problem, time_limit_s: float = 30.0) -> tuple[float | None
     lp = pulp.LpProblem("makespan_lower_bound", pulp.LpMinimize)
     T = lp.add_variable("T", 0)
     x = {(v, k): lp.add_variable(f"x_{v}_{k}", 0, 1) for v in range(n) for k in range(d) if allowed[v, k]}
-    s = [lp.add_variable(f"s_{v}", 0) for v in range(n)]
+    s = [lp.add_variable(f"s_{v}", 0) for v in range(n)] if precedence else []
     lp += T
     dur = []
     for v in range(n):
         ks = [k for k in range(d) if allowed[v, k]]
         lp += pulp.lpSum(x[v, k] for k in ks) == 1
         dur.append(pulp.lpSum(float(c[v, k]) * x[v, k] for k in ks))
-        lp += s[v] + dur[v] <= T
+        if precedence:
+            lp += s[v] + dur[v] <= T
     for members in groups:
         ref = members[0]
         for w in members[1:]:
             for k in range(d):
                 if allowed[ref, k]:
                     lp += x[w, k] == x[ref, k]
-    for u, v in zip(problem.src.tolist(), problem.dst.tolist()):
+    for u, v in zip(problem.src.tolist(), problem.dst.tolist()) if precedence else ():
         lp += s[v] >= s[u] + dur[u]
     for k in range(d):
         on_k = [v for v in range(n) if allowed[v, k]]

@@ -34,7 +34,7 @@ from ..errors import PestoError, PlanError
 from ..graph.opgraph import OpGraph
 from ..plan import Plan, Problem, simulate
 from .budget import combine
-from .ilp_model import solve_ilp
+from .ilp_model import _scorer, solve_ilp
 from .portfolio import best_heuristic_plan
 
 
@@ -434,7 +434,8 @@ def expand_plan(plan: Plan, groups: list[list[int]], fine_problem: Problem) -> P
 def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3.0, solver: str = "cbc",
                      warm_start: Plan | None = None, gap: float | None = 1e-4, pairs: int | None = None,
                      fine_heuristics: bool = True, msg: bool = False, threads: int | None = None,
-                     deterministic: bool | None = None, **coarsen_opts) -> Plan:
+                     deterministic: bool | None = None, objective: str = "latency", microbatches: int | None = None,
+                     **coarsen_opts) -> Plan:
     """Coarsen, solve the ILP on the supernodes, expand, and re-simulate on the fine graph.
 
     The returned plan is the best (simulated on the fine graph) of: the expanded ILP plan,
@@ -454,9 +455,10 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
         Supernodes for the ILP.
     time_limit_s : float
         Limit for the MIP solver.
-    solver, gap, pairs, msg, threads, deterministic
+    solver, gap, pairs, msg, threads, deterministic, objective, microbatches
         Passed to :func:`tvm_pesto.solve.ilp_model.solve_ilp` (``deterministic``: a node
-        limit instead of the time limit, see :mod:`tvm_pesto.solve.budget`).
+        limit instead of the time limit, see :mod:`tvm_pesto.solve.budget`); the candidates
+        are compared on ``objective`` (op model).
     warm_start : Plan, optional
         A plan of the fine problem to compare against.
     fine_heuristics : bool
@@ -476,7 +478,9 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
     t_coarsen = time.perf_counter() - t0
     cwarm, _ = best_heuristic_plan(coarse)
     cplan = solve_ilp(coarse, time_limit_s=time_limit_s, solver=solver, warm_start=cwarm, gap=gap, pairs=pairs,
-                      msg=msg, threads=threads, deterministic=deterministic)
+                      msg=msg, threads=threads, deterministic=deterministic, objective=objective,
+                      microbatches=microbatches)
+    score = _scorer(problem, objective, microbatches)
     t_ilp = time.perf_counter() - t0 - t_coarsen
     info = {f"coarse_{k}": v for k, v in cplan.info.items()}
     info.update(budget=cplan.info.get("budget"), **combine(cplan.info))
@@ -498,7 +502,7 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
     spans: dict[str, float] = {}
     for name, cand in candidates:
         try:
-            span = simulate(problem, cand).makespan
+            span = score(simulate(problem, cand))
         except PestoError as e:
             info[f"rejected_{name}"] = str(e)
             continue
@@ -510,7 +514,8 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
                         "on the fine graph; the coarse memory model undercounts received tensors; "
                         "use a larger target or devices with more memory")
     name, chosen = best
-    info.update(candidate_makespans_s=spans, source=name, makespan_s=spans[name])
+    info.update(candidate_makespans_s=spans, source=name, objective_value_s=spans[name],
+                makespan_s=simulate(problem, chosen).makespan if objective != "latency" else spans[name])
     if name != "ilp":
         info["note"] = f"the expanded ILP plan was not the best on the fine graph; returning {name}'s plan"
     return Plan(chosen.assignment, chosen.order, solver="ilp", solve_s=time.perf_counter() - t0, info=info)

@@ -266,8 +266,14 @@ def critical_path_nodes(problem: Problem) -> list[int]:
     return longest_path(problem, problem.min_cost())[1]
 
 
-def path_memory_bound(problem: Problem, path: list[int] | None = None, max_states: int = 2000) -> dict:
+def path_memory_bound(problem: Problem, path: list[int] | None = None, max_states: int = 2000,
+                      stage: bool = False) -> dict:
     """The path-memory bound of the module docstring along ``path`` (default: a critical path).
+
+    ``stage=True``: the same argument in the stage model (:mod:`tvm_pesto.plan.stage`): a run
+    holds its nodes' own memory only (received tensors do not count there), and each change
+    of device costs the sender's out phase plus the receiver's in phase for that tensor
+    (:func:`tvm_pesto.plan.stage.io_rates`), both of which lie between the two nodes' blocks.
 
     Returns
     -------
@@ -292,9 +298,17 @@ def path_memory_bound(problem: Problem, path: list[int] | None = None, max_state
     # cheapest transfer of each path edge between (class a device) and (class b device), a != b device
     L = len(path)
     trans = np.full((max(L - 1, 0), ncls, ncls), np.inf)
+    if stage:
+        from ..plan.stage import io_rates
+
+        io_lat, io_inv = io_rates(problem.cluster)
     for i in range(L - 1):
         b = problem.graph.edge_bytes(path[i], path[i + 1])
-        t = problem.latency + b * problem.inv_bw
+        if stage:
+            io = io_lat + b * io_inv
+            t = io[:, None] + io[None, :]
+        else:
+            t = problem.latency + b * problem.inv_bw
         for a, ca in enumerate(classes):
             for c, cc in enumerate(classes):
                 sub = t[np.ix_(ca, cc)]
@@ -320,7 +334,7 @@ def path_memory_bound(problem: Problem, path: list[int] | None = None, max_state
             for t, m, r in states[c]:  # stay on the same device
                 if m + mem[i] <= cap[c] * tol:
                     cand.append((t + cost[i, c], m + mem[i], r))
-            start_mem = mem[i] + b
+            start_mem = mem[i] + (0.0 if stage else b)
             if start_mem <= cap[c] * tol:
                 best_t, best_r = np.inf, 0
                 for a in range(ncls):  # change device

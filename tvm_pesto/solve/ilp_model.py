@@ -73,6 +73,8 @@ class IlpVars:
     ub_s: float = 0.0
     topo_pos: np.ndarray | None = None
     fixed_pairs: int = 0
+    B: pulp.LpVariable | None = None
+    w: dict = field(default_factory=dict)
 
 
 def _adjacency(problem: Problem):
@@ -145,7 +147,8 @@ def _transfer_values(problem: Problem, plan: Plan, sim, producers_dest: dict[int
 
 
 def build_ilp(problem: Problem, warm_start: Plan | None = None, pairs: int | None = None,
-              upper_bound_s: float | None = None):
+              upper_bound_s: float | None = None, objective: str = "latency", microbatches: int | None = None,
+              release: np.ndarray | None = None, tails: np.ndarray | None = None, warm_sim=None):
     """Build the placement + scheduling ILP for ``problem``.
 
     Parameters
@@ -163,7 +166,23 @@ def build_ilp(problem: Problem, warm_start: Plan | None = None, pairs: int | Non
         sound (every solution is a real schedule) but may miss the optimum.
     upper_bound_s : float, optional
         Makespan bound in seconds; default: the warm start's makespan, else
-        :func:`generic_upper_bound`.
+        :func:`generic_upper_bound` (for ``objective="throughput"``: the generic bound, or
+        ``K`` times the warm start's time per sample when smaller).
+    objective : {"latency", "throughput"}
+        ``latency`` minimises the makespan ``M``. ``throughput`` minimises the time per
+        sample ``(M + (K - 1) * B) / K`` (:func:`tvm_pesto.plan.objective.time_per_sample`,
+        ``K = microbatches``; steady state ``B + 1e-3 M`` when None), where the bottleneck
+        ``B`` is at least every device's busy time and every directed link's transfer time
+        (``w[u,a,e]``: the time of ``u``'s transfer to ``e`` when ``u`` is on ``a``).
+    release : array, shape (num_nodes, num_devices), optional
+        Earliest start of each node on each device in seconds (``S[v] >= release[v, d]``
+        when ``v`` runs on ``d``): inputs and devices still busy outside the model, as in a
+        window of a larger schedule (:mod:`tvm_pesto.solve.lns`).
+    tails : array, shape (num_nodes, num_devices), optional
+        Time that must still follow each node on each device (``M >= C[v] + tails[v, d]``).
+    warm_sim : SimResult, optional
+        The warm start's schedule when it is not what simulating ``warm_start`` on
+        ``problem`` gives (a window cut out of a larger schedule, in that schedule's times).
 
     Returns
     -------
@@ -188,11 +207,22 @@ def build_ilp(problem: Problem, warm_start: Plan | None = None, pairs: int | Non
     topo_pos = np.empty(n, dtype=np.int64)
     topo_pos[topo] = np.arange(n)
 
-    sim = None
-    if warm_start is not None:
+    sim = warm_sim
+    if warm_start is not None and sim is None:
         sim = simulate(problem, warm_start)
+    throughput = objective == "throughput"
+    if objective not in ("latency", "throughput"):
+        raise SolverError(f"unknown ILP objective {objective!r}; use 'latency' or 'throughput'")
     if upper_bound_s is None:
-        upper_bound_s = sim.makespan if sim is not None else generic_upper_bound(problem)
+        if throughput:
+            upper_bound_s = generic_upper_bound(problem)
+            if sim is not None and microbatches:
+                upper_bound_s = min(upper_bound_s, float(microbatches) * _warm_time_per_sample(problem, sim,
+                                                                                               microbatches))
+        else:
+            upper_bound_s = sim.makespan if sim is not None else generic_upper_bound(problem)
+        if sim is not None:
+            upper_bound_s = max(upper_bound_s, sim.makespan)
     ub_s = float(upper_bound_s) * (1 + 1e-7) + 1e-15
     ts = _SCALE / ub_s if ub_s > 0 else 1.0
     UB = ub_s * ts
@@ -351,9 +381,58 @@ def build_ilp(problem: Problem, warm_start: Plan | None = None, pairs: int | Non
         if terms:
             prob += pulp.LpConstraint(lin([(M, 1.0)] + terms), pulp.LpConstraintGE, rhs=0.0), f"load_{d}"
 
+    if release is not None:
+        rel = np.asarray(release, dtype=np.float64) * ts
+        for v in range(n):
+            terms = [(x[v, d], -float(rel[v, d])) for d in sorted(feas[v]) if rel[v, d] > 0]
+            if terms:
+                prob += pulp.LpConstraint(lin([(S[v], 1.0)] + terms), pulp.LpConstraintGE, rhs=0.0), f"release_{v}"
+    if tails is not None:
+        tl = np.asarray(tails, dtype=np.float64) * ts
+        for v in range(n):
+            terms = [(x[v, d], -float(tl[v, d])) for d in sorted(feas[v]) if tl[v, d] > 0]
+            if terms:
+                prob += pulp.LpConstraint(lin([(M, 1.0), (C[v], -1.0)] + terms), pulp.LpConstraintGE,
+                                          rhs=0.0), f"tail_{v}"
+    if throughput:
+        _add_bottleneck(problem, prob, V, feas, dest, UB, microbatches)
+
     if sim is not None:
         _set_warm_values(problem, warm_start, sim, V, dest, uniform)
     return prob, V
+
+
+def _warm_time_per_sample(problem: Problem, sim, microbatches) -> float:
+    from ..plan.objective import op_loads, time_per_sample
+
+    busy, links = op_loads(problem, sim)
+    return time_per_sample(sim.makespan, max(busy.max(initial=0.0), links.max(initial=0.0)), microbatches)
+
+
+def _add_bottleneck(problem: Problem, prob, V: IlpVars, feas, dest, UB: float, microbatches) -> None:
+    """The throughput objective: ``B`` >= each device's busy time and each link's transfers."""
+    n, D = problem.num_nodes, problem.num_devices
+    ts = V.time_scale
+    V.B = B = add_var(prob, "B", 0, UB)
+    for d in range(D):
+        terms = [(V.x[v, d], -problem.costs[v, d] * ts) for v in range(n) if d in feas[v]]
+        if terms:
+            prob += pulp.LpConstraint(lin([(B, 1.0)] + terms), pulp.LpConstraintGE, rhs=0.0), f"busy_{d}"
+    links: dict[tuple[int, int], list] = {}
+    for u, es in dest.items():
+        for e in es:
+            for a in sorted(feas[u]):
+                if a == e:
+                    continue
+                w = V.w[u, a, e] = add_var(prob, f"w_{u}_{a}_{e}", 0, UB)
+                prob += pulp.LpConstraint(lin([(w, 1.0), (V.dur[u, e], -1.0), (V.x[u, a], -UB)]),
+                                          pulp.LpConstraintGE, rhs=-UB), f"w_{u}_{a}_{e}"
+                links.setdefault((a, e), []).append(w)
+    for (a, e), ws in links.items():
+        prob += pulp.LpConstraint(lin([(B, 1.0)] + [(w, -1.0) for w in ws]), pulp.LpConstraintGE,
+                                  rhs=0.0), f"link_{a}_{e}"
+    k = float(microbatches) if microbatches else None
+    prob.setObjective(lin([(V.M, 1.0 / k), (B, 1.0 - 1.0 / k)]) if k else lin([(B, 1.0), (V.M, 1e-3)]))
 
 
 def _init(var: pulp.LpVariable, value: float) -> None:
@@ -390,6 +469,16 @@ def _set_warm_values(problem, plan, sim, V: IlpVars, dest, uniform):
     for (p, q), var in V.y.items():
         before = pos[p] < pos[q] if a[p] == a[q] else sim.start[p] <= sim.start[q]
         _init(var, 1.0 if before else 0.0)
+    if V.B is not None:
+        tv = _transfer_values(problem, plan, sim, dest)
+        busy = np.zeros(D)
+        np.add.at(busy, a, problem.costs[np.arange(n), a])
+        link = np.zeros((D, D))
+        for (u, a_, e), var in V.w.items():
+            dur = tv.get((u, e), (0.0, 0.0, 0.0, 0.0))[1] if a[u] == a_ else 0.0
+            _init(var, dur * ts)
+            link[a_, e] += dur
+        _init(V.B, max(busy.max(initial=0.0), link.max(initial=0.0)) * ts)
 
 
 def extract_plan(problem: Problem, V: IlpVars) -> Plan:
@@ -414,7 +503,8 @@ def extract_plan(problem: Problem, V: IlpVars) -> Plan:
 
 def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc", warm_start: Plan | None = None,
               gap: float | None = 1e-4, pairs: int | None = None, msg: bool = False,
-              threads: int | None = None, deterministic: bool | None = None) -> Plan:
+              threads: int | None = None, deterministic: bool | None = None, objective: str = "latency",
+              microbatches: int | None = None) -> Plan:
     """Solve the placement + scheduling ILP and return the best plan found.
 
     Parameters
@@ -437,6 +527,9 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         A node limit (from ``time_limit_s``), one thread and a fixed seed instead of the time
         limit, so the plan is the same on any machine (:mod:`tvm_pesto.solve.budget`);
         default: the ambient mode.
+    objective, microbatches
+        What to minimise, see :func:`build_ilp`; plans are compared on it (op model), and
+        ``info["objective_value_s"]`` is the returned plan's.
 
     Returns
     -------
@@ -474,6 +567,8 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     heur_spans = {}
     if warm_start is None:
         warm_start, heur_spans = best_heuristic_plan(problem)
+        if objective != "latency":  # the best start for this objective, not for the makespan
+            warm_start = _best_for(problem, objective, microbatches) or warm_start
     warm_sim, warm_rejected = None, None
     if warm_start is not None:
         try:
@@ -485,7 +580,8 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
                     info={"status": "optimal", "timed_out": False, "mip_gap": 0.0, "objective": 0.0, "bound": 0.0,
                           "makespan_s": 0.0, "source": "ilp", "note": "empty graph",
                           "budget": mode_name(deterministic), "deterministic": True})
-    prob, V = build_ilp(problem, warm_start, pairs=pairs)
+    prob, V = build_ilp(problem, warm_start, pairs=pairs, objective=objective, microbatches=microbatches)
+    score = _scorer(problem, objective, microbatches)
     t_build = time.perf_counter() - t0
     res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, threads=threads,
                     deterministic=deterministic)
@@ -514,6 +610,7 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         try:
             sim = simulate(problem, plan)
             info["makespan_s"] = sim.makespan
+            info["objective_value_s"] = score(sim)
             info["source"] = "ilp"
         except (PlanError, InfeasibleError) as e:  # tolerance artefacts: fall back below
             info["extract_error"] = str(e)
@@ -522,14 +619,15 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         if plan is None:
             info["source"] = "warm_start"
             info["note"] = "the ILP found no usable solution; returning the warm start"
-        elif info["makespan_s"] > warm_sim.makespan * (1 + 1e-9):
+        elif info["objective_value_s"] > score(warm_sim) * (1 + 1e-9):
             info["source"] = "warm_start"
-            info["note"] = (f"the ILP's plan simulates to {info['makespan_s']:.6g} s, worse than the warm "
-                            f"start's {warm_sim.makespan:.6g} s; returning the warm start")
+            info["note"] = (f"the ILP's plan simulates to {info['objective_value_s']:.6g} s ({objective}), worse "
+                            f"than the warm start's {score(warm_sim):.6g} s; returning the warm start")
             plan = None
         if plan is None:
             plan = Plan(warm_start.assignment.copy(), [list(o) for o in warm_start.order], solver="ilp")
             info["makespan_s"] = warm_sim.makespan
+            info["objective_value_s"] = score(warm_sim)
         info["warm_start_makespan_s"] = warm_sim.makespan
         info["warm_start_solver"] = warm_start.solver
     elif plan is None:
@@ -537,8 +635,33 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
                           f"(status {res.status}) and there is no warm start; raise time_limit_s or pass "
                           "warm_start=<a heuristic plan>")
     plan.solve_s = time.perf_counter() - t0
+    info["optimised"] = objective
     plan.info = info
     return plan
+
+
+def _best_for(problem: Problem, objective: str, microbatches) -> Plan | None:
+    """The heuristic plan with the best ``objective`` (op model), or None."""
+    from .portfolio import HEURISTIC_SOLVERS
+
+    score = _scorer(problem, objective, microbatches)
+    best, best_v = None, np.inf
+    for fn in HEURISTIC_SOLVERS.values():
+        try:
+            plan = fn(problem)
+            v = score(simulate(problem, plan))
+        except Exception:  # noqa: BLE001 - one failing heuristic must not stop the others
+            continue
+        if v < best_v:
+            best, best_v = plan, v
+    return best
+
+
+def _scorer(problem: Problem, objective: str, microbatches):
+    """A simulated plan's value for ``objective`` in the op model."""
+    if objective == "latency":
+        return lambda sim: float(sim.makespan)
+    return lambda sim: _warm_time_per_sample(problem, sim, microbatches)
 
 
 __all__ = ["IlpVars", "build_ilp", "extract_plan", "generic_upper_bound", "solve_ilp"]

@@ -139,8 +139,39 @@ def make_backend(solver: str, time_limit_s: float, gap: float | None = None, msg
     raise SolverError(f"unknown ILP solver {solver!r}; use 'cbc' or 'highs'")
 
 
+def _silence_highs_banner() -> None:
+    """HiGHS prints a banner on stdout (fd 1, from C++) when the process makes its first
+    ``Highs`` object; make that first one here with fd 1 pointed at /dev/null."""
+    global _HIGHS_QUIET
+    if _HIGHS_QUIET:
+        return
+    _HIGHS_QUIET = True
+    import highspy
+
+    try:
+        import sys
+
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no real stdout (e.g. captured): nothing to silence
+        highspy.Highs()
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+_HIGHS_QUIET = False
+
+
 def _warm_highs_class():
     import highspy
+
+    _silence_highs_banner()
 
     class WarmHiGHS(pulp.HiGHS):
         """pulp.HiGHS that hands the variables' initial values to HiGHS as a start and keeps

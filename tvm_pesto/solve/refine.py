@@ -50,6 +50,10 @@ from .common import colocation_index
 from .heft import solve as heft
 
 _REL = 1e-9  # a move must beat the incumbent by this relative margin
+
+
+def _makespan(sim: SimResult) -> float:
+    return float(sim.makespan)
 _AT_BOUND = 1e-5  # a plan this close to a lower bound (which carries solver tolerances) is optimal
 
 
@@ -145,7 +149,7 @@ class _Evaluator:
         try:
             start, finish, busy, peak, tx = self.core.simulate(
                 p.num_nodes, self.src, self.dst, p.ebytes, cand.assignment, (flat, offsets), cost, p.latency,
-                p.inv_bw, p.mem, d)
+                p.inv_bw, p.mem, d, p.hosts)
         except PlanError:
             return cand, None
         if (peak > p.capacity * (1 + 1e-9)).any():
@@ -192,9 +196,10 @@ class _Search:
     """What one refinement shares: the problem, its co-location units, the simulator calls,
     the budget."""
 
-    def __init__(self, problem: Problem, solver: str, meter: Meter):
+    def __init__(self, problem: Problem, solver: str, meter: Meter, score=None):
         self.problem = problem
         self.meter = meter
+        self.score = score or _makespan
         self.group_of, self.groups = colocation_index(problem)
         allowed = np.isfinite(problem.costs)
         for members in self.groups:
@@ -265,7 +270,7 @@ class _Search:
                         break
                     continue
                 cplan, csim = self.evaluate(cand, priority)
-                if csim is not None and csim.makespan < (found[1] if found else sim).makespan * (1 - _REL):
+                if csim is not None and self.score(csim) < self.score(found[1] if found else sim) * (1 - _REL):
                     found = (cplan, csim)
             if found is None:
                 break
@@ -287,7 +292,7 @@ class _Search:
 
 def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds: int = 10_000, kicks: bool = True,
            kick_size: int = 3, patience: int = 50, seed: int = SEED, first_improvement: bool = False,
-           floor_s: float = 0.0, deterministic: bool | None = None, meter: Meter | None = None) -> Plan:
+           floor_s: float = 0.0, deterministic: bool | None = None, meter: Meter | None = None, score=None) -> Plan:
     """Improve ``plan`` by moving critical-chain nodes between devices (module docstring).
 
     A descent stops at a plan no single move improves. With ``kicks`` the search then
@@ -321,6 +326,10 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     meter : Meter, optional
         The budget to draw from instead of ``time_budget_s`` and ``deterministic`` (a
         share of a caller's budget, as :func:`polish` gives).
+    score : callable, optional
+        ``score(sim) -> seconds`` to minimise instead of the makespan (e.g. the time per
+        sample of :mod:`tvm_pesto.plan.objective`); ``makespan_before_s`` and
+        ``makespan_after_s`` then hold the score (``info["refine"]["score"]`` says which).
 
     Returns
     -------
@@ -344,36 +353,37 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     t0 = time.perf_counter()
     meter = meter if meter is not None else Meter(time_budget_s, deterministic, "refine")
     sim = simulate(problem, plan)
-    before = sim.makespan
+    value = score or _makespan
+    before = value(sim)
     n, d = problem.num_nodes, problem.num_devices
     info = {"rounds": 0, "moves": 0, "kicks": 0, "kicks_kept": 0, "simulations": 1, "makespan_before_s": before,
-            "makespan_after_s": before}
+            "makespan_after_s": before, "score": "makespan" if score is None else "objective"}
     if n == 0 or d < 2 or meter.seconds <= 0:
         info.update(meter.report(), seconds=time.perf_counter() - t0)
         return _with_info(plan, info)
     if floor_s <= 0:
         floor_s = critical_path(problem)
     floor = floor_s * (1 + _AT_BOUND)
-    search = _Search(problem, plan.solver, meter)
+    search = _Search(problem, plan.solver, meter, score)
     meter.charge(search.evaluate.work)  # the first simulation
     best_plan, best_sim = search.descend(plan, sim, max_rounds, first_improvement)
     rng = np.random.default_rng(seed)
     misses = 0
-    while kicks and misses < patience and best_sim.makespan > floor and not search.out_of_time():
+    while kicks and misses < patience and value(best_sim) > floor and not search.out_of_time():
         info["kicks"] += 1
         kicked = search.kick(best_plan, best_sim, rng, kick_size)
         if kicked is None:
             misses += 1
             continue
         cplan, csim = search.descend(*kicked, max_rounds, first_improvement)
-        if csim.makespan < best_sim.makespan * (1 - _REL):
+        if value(csim) < value(best_sim) * (1 - _REL):
             best_plan, best_sim = cplan, csim
             info["kicks_kept"] += 1
             misses = 0
         else:
             misses += 1
     info.update(rounds=search.rounds, moves=search.moves, simulations=1 + search.evaluate.calls,
-                makespan_after_s=best_sim.makespan, **meter.report(), seconds=time.perf_counter() - t0)
+                makespan_after_s=value(best_sim), **meter.report(), seconds=time.perf_counter() - t0)
     return _with_info(best_plan, info, base=plan, sim=best_sim if best_plan is not plan else None)
 
 
@@ -429,7 +439,7 @@ def critical_path_splits(problem: Problem, parts=(3,), max_nodes: int = 5000) ->
 
 
 def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floor_s: float = 0.0,
-           deterministic: bool | None = None, **options) -> Plan:
+           deterministic: bool | None = None, score=None, **options) -> Plan:
     """Multi-start :func:`refine`. Each plan in turn descends to a local optimum (no kicks)
     with half of the budget left; then the best result gets the rest for the iterated search.
     Stops early at a plan within 1e-5 of ``floor_s`` (a lower bound). Returns that plan, with
@@ -453,7 +463,7 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
         if best is not None and (best_span <= stop or meter.spent()):
             break
         try:
-            out = refine(problem, plan, kicks=False, meter=meter.share(0.5), **options)
+            out = refine(problem, plan, kicks=False, meter=meter.share(0.5), score=score, **options)
         except (InfeasibleError, PlanError):
             continue
         span = out.info["refine"]["makespan_after_s"]
@@ -466,7 +476,7 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
     info = dict(best.info["refine"])
     if best_span > stop and not meter.spent():
         again = refine(problem, Plan(best.assignment, best.order, solver=best.solver), floor_s=floor_s,
-                       meter=meter.share(1.0), **options)
+                       meter=meter.share(1.0), score=score, **options)
         r = again.info["refine"]
         for key in ("rounds", "moves", "kicks", "kicks_kept", "simulations"):
             info[key] += r[key]
@@ -474,6 +484,7 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
             best = again
             info["makespan_after_s"] = r["makespan_after_s"]
     info.update(meter.report(), start=best_i, starts=len(plans), seconds=time.perf_counter() - t0,
-                makespan_before_s=first_before if first_before is not None else simulate(problem, plans[0]).makespan)
+                makespan_before_s=first_before if first_before is not None else (score or _makespan)(
+                    simulate(problem, plans[0])))
     best.info["refine"] = info
     return best

@@ -1,13 +1,18 @@
 """The placement solvers by name: ``SOLVERS``, :func:`get_solver`, :func:`solve`.
 
-The heuristics of :mod:`tvm_pesto.solve.portfolio` and ``ilp``, which is imported from
-:mod:`tvm_pesto.solve.ilp` on first use, so the heuristics work without PuLP.
+The heuristics of :mod:`tvm_pesto.solve.portfolio`, ``ilp``, which is imported from
+:mod:`tvm_pesto.solve.ilp` on first use, so the heuristics work without PuLP, and
+``stage-dp``, the contiguous-split DP of :mod:`tvm_pesto.solve.stage_dp`.
+
+:func:`solve` takes the execution model and objective (:mod:`tvm_pesto.plan.objective`):
+``ilp`` and ``stage-dp`` optimise for them; a heuristic's plan is turned into a stage plan
+in the stage model (:func:`tvm_pesto.solve.stage_dp.as_stage_plan`).
 
 Examples
 --------
 >>> from tvm_pesto.solve.registry import SOLVERS
 >>> sorted(SOLVERS)
-['heft', 'ilp', 'm-etf', 'm-sct', 'm-topo', 'single']
+['heft', 'ilp', 'm-etf', 'm-sct', 'm-topo', 'single', 'stage-dp']
 """
 from __future__ import annotations
 
@@ -33,8 +38,18 @@ def _ilp(problem: Problem, **options) -> Plan:
     return fn(problem, **options)
 
 
-SOLVERS: dict[str, Callable[..., Plan]] = {**HEURISTIC_SOLVERS, "ilp": _ilp}
+def _stage_dp(problem: Problem, **options) -> Plan:
+    """The contiguous-split DP of :mod:`tvm_pesto.solve.stage_dp`."""
+    from .stage_dp import solve as dp_solve
+
+    return dp_solve(problem, **options)
+
+
+SOLVERS: dict[str, Callable[..., Plan]] = {**HEURISTIC_SOLVERS, "ilp": _ilp, "stage-dp": _stage_dp}
 HEURISTICS = tuple(HEURISTIC_SOLVERS)
+#: Solvers that optimise for the model and objective they are given (the others place for
+#: latency in the op model; their plans are then judged, or made stage plans, as asked).
+MODEL_AWARE = ("ilp", "stage-dp")
 
 
 def get_solver(name: str) -> Callable[..., Plan]:
@@ -51,28 +66,54 @@ def get_solver(name: str) -> Callable[..., Plan]:
     'tvm_pesto.solve.heft'
     """
     key = name.strip().lower() if isinstance(name, str) else name
-    key = {"mtopo": "m-topo", "metf": "m-etf", "msct": "m-sct"}.get(key, key)
+    key = {"mtopo": "m-topo", "metf": "m-etf", "msct": "m-sct", "dp": "stage-dp"}.get(key, key)
     try:
         return SOLVERS[key]
     except (KeyError, TypeError):
         raise SolverError(f"unknown solver {name!r}; known solvers: {', '.join(SOLVERS)}") from None
 
 
-def solve(problem: Problem, name: str = "heft", deterministic: bool | None = None, **options) -> Plan:
-    """Run the solver called ``name`` on ``problem``.
+def solve(problem: Problem, name: str = "heft", deterministic: bool | None = None, model: str = "op",
+          objective: str = "latency", microbatches: int | None = None, **options) -> Plan:
+    """Run the solver called ``name`` on ``problem`` for ``objective`` in ``model``
+    (:mod:`tvm_pesto.plan.objective`; ``microbatches=None``: steady state).
 
     ``deterministic`` goes to the solvers with budgets (``ilp``: work budgets instead of
-    wall-clock ones, see :mod:`tvm_pesto.solve.budget`); the heuristics are deterministic
-    anyway. Default: the ambient mode.
+    wall-clock ones, see :mod:`tvm_pesto.solve.budget`); the heuristics and the DP are
+    deterministic anyway. Default: the ambient mode. The plan's ``info`` gets ``model``,
+    ``objective`` and ``microbatches``.
 
     Examples
     --------
     >>> # plan = solve(problem, "ilp", deterministic=True)
+    >>> # plan = solve(problem, "stage-dp", model="stage", objective="throughput")
     """
+    from ..plan.objective import check_choice
+
     fn = get_solver(name)
-    if deterministic is not None and fn is _ilp:
+    model, objective, microbatches = check_choice(model, objective, microbatches)
+    key = next(k for k, v in SOLVERS.items() if v is fn)
+    if deterministic is not None and key in MODEL_AWARE:
         options["deterministic"] = deterministic
-    return fn(problem, **options)
+    if key == "ilp" and (model, objective) != ("op", "latency"):
+        options.update(model=model, objective=objective, microbatches=microbatches)
+    elif key == "stage-dp":
+        options.update(objective=objective, microbatches=microbatches)
+    if model == "stage" and key not in MODEL_AWARE:
+        import copy
+
+        import numpy as np
+
+        from .stage_dp import as_stage_plan
+
+        # the heuristic gives the order only: the stage split checks memory the stage model's way
+        free = copy.copy(problem)
+        free.capacity = np.full(problem.num_devices, 1e30)
+        plan = as_stage_plan(problem, fn(free, **options), objective, microbatches)
+    else:
+        plan = fn(problem, **options)
+    plan.info.update(model=model, objective=objective, microbatches=microbatches)
+    return plan
 
 
-__all__ = ["HEURISTICS", "SOLVERS", "get_solver", "solve"]
+__all__ = ["HEURISTICS", "MODEL_AWARE", "SOLVERS", "get_solver", "solve"]

@@ -1,0 +1,57 @@
+"""Large-neighbourhood search: MIP windows of a schedule, and the ILP path that uses it on
+graphs too large for one MIP."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from tvm_pesto.bench.random_dag import dnn_like_problem
+from tvm_pesto.plan import simulate
+from tvm_pesto.solve import solve
+from tvm_pesto.solve.ilp import solve as ilp_solve
+from tvm_pesto.solve.lns import lns, remaining_time
+from tvm_pesto.solve.single import one_device_plan
+
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+
+
+@pytest.fixture(scope="module")
+def dag():
+    return dnn_like_problem(300, seed=3)
+
+
+def test_windows_improve_heft_and_repeat_exactly(dag):
+    heft = solve(dag, "heft")
+    before = simulate(dag, heft).makespan
+    a = lns(dag, heft, time_budget_s=1.5, deterministic=True)
+    b = lns(dag, heft, time_budget_s=1.5, deterministic=True)
+    after = simulate(dag, a).makespan  # memory checked too
+    info = a.info["lns"]
+    assert after < before * (1 - 1e-6), info
+    assert info["accepted"] >= 1 and info["windows"] >= info["accepted"]
+    assert info["makespan_after_s"] == pytest.approx(after) and info["deterministic"] is True
+    assert a.assignment.tolist() == b.assignment.tolist() and a.order == b.order
+
+
+def test_remaining_time_bounds_the_rest_of_the_schedule(dag):
+    plan = solve(dag, "heft")
+    sim = simulate(dag, plan)
+    q = remaining_time(dag, plan, sim)
+    assert (sim.start + q <= sim.makespan * (1 + 1e-9)).all()
+    one = one_device_plan(dag, 0)  # no transfers: what is left after a node is exactly the rest of its device
+    s1 = simulate(dag, one)
+    np.testing.assert_allclose(s1.start + remaining_time(dag, one, s1), s1.makespan, rtol=1e-9)
+
+
+def test_the_ilp_path_runs_the_lns_from_heft_and_says_where_the_plan_came_from(dag):
+    plan = ilp_solve(dag, target=40, time_limit_s=1.0, fine_heuristics=False, lns_s=1.5, refine_s=0.5,
+                     deterministic=True)
+    steps = [s["step"] for s in plan.info["improvement"]]
+    assert "heft" in steps and "lns" in plan.info and plan.info["lns"]["windows"] > 0
+    heft = simulate(dag, solve(dag, "heft")).makespan
+    span = simulate(dag, plan).makespan
+    assert span <= heft * (1 + 1e-9)
+    assert plan.info["objective_value_s"] == pytest.approx(span)
+    assert "lns" in plan.info["source"] or "refine" in plan.info["source"]

@@ -1,0 +1,226 @@
+"""The Ray executor: every zoo model placed over two CPU devices and run as two Ray actors
+computes what PyTorch computes; faults (a failing segment, an actor that dies, a run past its
+timeout, an actor Ray cannot place) raise clear errors, hang nothing and clean up; links are
+measured over Ray; a local Ray head started here listens on 127.0.0.1 only.
+
+One local Ray (2 CPUs) serves the whole module; it is shut down at the end."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.dag", reason="the Ray executor needs ray[cgraph]: pip install 'tvm-pesto[distributed]'")
+
+import tvm_pesto  # noqa: E402
+from tvm_pesto import zoo  # noqa: E402
+from tvm_pesto.builder.placed import PlacedModule  # noqa: E402
+from tvm_pesto.builder.rewrite import apply_plan  # noqa: E402
+from tvm_pesto.candidates import placement_candidates  # noqa: E402
+from tvm_pesto.cluster import Cluster, parse_cluster  # noqa: E402
+from tvm_pesto.errors import ExecutionError  # noqa: E402
+from tvm_pesto.plan import Plan  # noqa: E402
+from tvm_pesto.run.program import Program, Step  # noqa: E402
+from tvm_pesto.run.ray_executor import (RayExecutor, RaySession, measure_ray_links, schedule,  # noqa: E402
+                                        use_ray)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    if ray.is_initialized():  # another module's Ray: this module wants its own
+        ray.shutdown()
+    session = RaySession(num_cpus=2)
+    assert session.owned
+    yield session
+    session.close()
+    assert not ray.is_initialized()
+
+
+def _alternating(an):
+    """Groups alternate between the two devices along a topological order: the most
+    cross-device values a plan can have."""
+    order = an.graph.topo_order()
+    pos = {v: k for k, v in enumerate(order)}
+    assignment = np.array([pos[v] % 2 for v in range(an.graph.num_nodes)])
+    return Plan.from_assignment(assignment, [pos[v] for v in range(an.graph.num_nodes)], 2, solver="alternate",
+                                units=list(placement_candidates(an.rg, an.groups)))
+
+
+def _placed(name, cluster=None):
+    cluster = cluster or parse_cluster("cpu:2")
+    zm = zoo.load(name, "small")
+    an = tvm_pesto.analyze(zm.mod)
+    plan = _alternating(an)
+    return zm, PlacedModule(apply_plan(an.rg, plan, cluster), cluster, plan)
+
+
+def _close(name, out, ref):
+    outs, refs = (out, ref) if isinstance(ref, tuple) else ((out,), (ref,))
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        scale = max(1.0, float(np.abs(r).max()))
+        assert np.abs(o - r).max() <= 1e-4 * scale, f"{name}: max err {np.abs(o - r).max()}"
+
+
+@pytest.mark.parametrize("name", zoo.list_models())
+def test_ray_executor_matches_torch_on_every_zoo_model(name, ray_session):
+    zm, pm = _placed(name)
+    threads = pm(*zm.example_inputs)
+    ex = use_ray(pm, session=ray_session)
+    try:
+        out = pm(*zm.example_inputs)
+        _close(name, out, zoo.torch_reference(zm))
+        _close(name, out, threads)  # the same modules, the same numbers
+        _, trace = pm.run_traced(*zm.example_inputs)
+        assert {t.device for t in trace if t.kind == "compute"} == {0, 1}
+        assert any(t.kind == "copy" for t in trace)
+        assert all(0 <= t.start <= t.end for t in trace)
+        calls = {s.func for s in pm.program.calls()}
+        assert {t.name for t in trace if t.kind == "compute"} == calls  # every segment ran, once each
+        info = ex.actor_info
+        assert info[0]["pid"] != info[1]["pid"] != os.getpid()  # two processes, neither this one
+        assert info[0]["cores"] == list(pm.cluster.devices[0].cpu_ids)  # pinned to the device's cores
+    finally:
+        pm.close()
+    assert ex.closed and ray_session.owned  # the executor did not end the session it was given
+
+
+def test_ray_schedule_sends_fields_not_tuples():
+    """A tuple made on device 1 whose fields device 0 reads: device 1 takes the fields and
+    sends each; inputs go straight from the caller to every device that reads them."""
+    steps = [Step("call", "t", ["in:x"], device=1, func="f"),
+             Step("item", "a", ["t"], index=0), Step("copy", "a0", ["a"], device=0),
+             Step("item", "b", ["t"], index=1), Step("copy", "b0", ["b"], device=0),
+             Step("call", "y", ["a0", "b0", "in:x"], device=0, func="g")]
+    sc = schedule(Program(["in:x"], steps, ("y", "b0"), 2))
+    (t1,), (t0,) = sc.tasks[1], sc.tasks[0]
+    assert t1.sends == ["a", "b"] and t1.sources == [("input", 0)]
+    assert t0.sources == [("task", 1, 0), ("input", 0)]
+    assert [op for op in t0.ops if op[0] == "recv"] == [("recv", 0, "a"), ("recv", 0, "b"), ("recv", 1, "in:x")]
+    assert sc.order == [(1, 0), (0, 0)]
+    assert sc.output == ("tuple", [("task", 0, 0, "y"), ("task", 1, 0, "b")])
+    with pytest.raises(ExecutionError, match="no earlier step makes"):
+        schedule(Program(["in:x"], [Step("call", "y", ["nope"], func="g")], "y", 1))
+
+
+def test_ray_failing_segment_and_run_past_its_timeout(ray_session):
+    zm, pm = _placed("mlp_mixer")
+    ex = use_ray(pm, session=ray_session)
+    ref = zoo.torch_reference(zm)
+    try:
+        bad = [np.zeros((1, 3, 5, 5), dtype="float32")]
+        with pytest.raises(ExecutionError, match=r"device 0 \(cpu0\) failed in segment dev0_seg0") as err:
+            pm(*bad)
+        assert err.value.device == 0
+        pid = ex.actor_info[0]["pid"]
+        _close("mlp_mixer", pm(*zm.example_inputs), ref)  # the graph stays usable: same actors
+        assert ex.actor_info[0]["pid"] == pid
+        ex.timeout_s = 1e-4
+        t = time.monotonic()
+        with pytest.raises(ExecutionError, match=r"returned nothing within 0.0001 s.*actors were killed"):
+            pm(*zm.example_inputs)
+        assert time.monotonic() - t < 10 and not ex.actors and ex.graph is None
+        ex.timeout_s = 60
+        _close("mlp_mixer", pm(*zm.example_inputs), ref)  # new actors
+        assert ex.actor_info[0]["pid"] != pid
+    finally:
+        pm.close()
+
+
+def test_ray_actor_that_dies(ray_session):
+    import ray
+
+    zm, pm = _placed("vgg11")
+    ex = use_ray(pm, session=ray_session)
+    try:
+        pm(*zm.example_inputs)
+        pid = ex.actor_info[1]["pid"]
+        ray.kill(ex.actors[1])
+        t = time.monotonic()
+        with pytest.raises(ExecutionError, match=r"the actor of device 1 \(cpu1\) died.*next run starts new"):
+            pm(*zm.example_inputs)
+        assert time.monotonic() - t < 20
+        assert not ex.actors and ex.graph is None  # killed and torn down
+        _close("vgg11", pm(*zm.example_inputs), zoo.torch_reference(zm))  # new actors
+        assert ex.actor_info[1]["pid"] != pid
+        old = [i["pid"] for i in ex.actor_info.values()]
+    finally:
+        pm.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in old):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in old), "close() left an actor process running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_ray_actor_ray_cannot_place(ray_session, tmp_path):
+    zm, pm = _placed("gpt2")
+    d = pm.cluster.to_dict()
+    d["devices"][1]["cores"] = 64  # more CPUs than the local Ray has
+    big = Cluster.from_dict(d)
+    ex = RayExecutor(pm.program, big, pm.export(str(tmp_path / "b")), ray_session)
+    t = time.monotonic()
+    with pytest.raises(ExecutionError, match=r"need 65 CPU.*device 1 \(cpu1\) alone 64.*has 2 in all"):
+        ex.run([np.asarray(x) for x in zm.example_inputs])
+    assert time.monotonic() - t < 5 and not ex.actors
+    ex.close()
+    pm.close()
+
+
+def test_ray_links_are_measured_and_used(ray_session):
+    c = parse_cluster("cpu:2")
+    pts = measure_ray_links(c, ray_session, sizes=(1 << 10, 1 << 16, 1 << 20), repeat=5, warmup=5)
+    assert set(pts) == {"0->1", "1->0"} and c.meta["links_measured"] == "ray"
+    for i, j in [(0, 1), (1, 0)]:
+        p = pts[f"{i}->{j}"]
+        assert p["latency_s"] == c.latency[i, j] and 0 < c.latency[i, j] < 0.05 and c.bandwidth[i, j] > 1e7
+        # a real hand-over between processes: each point between 1 us and 50 ms
+        assert all(1e-6 < t < 0.05 for t in p["points"].values())
+
+
+def test_ray_head_listens_on_loopback_only(ray_session):
+    psutil = pytest.importorskip("psutil")
+    ray_procs = [p for p in psutil.process_iter(["name", "cmdline"])
+                 if p.info["name"] in ("raylet", "gcs_server")]
+    assert ray_procs, "no raylet / gcs_server process found"
+    listening = []
+    for p in ray_procs:
+        try:
+            listening += [c.laddr for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+        except psutil.AccessDenied:
+            pytest.skip("listing sockets needs privileges here")
+    assert listening and all(a.ip in ("127.0.0.1", "::ffff:127.0.0.1") for a in listening), listening
+    assert ray_session.node_address == "127.0.0.1"
+
+
+def test_ray_cli_run_json(ray_session, tmp_path):
+    """``tvm-pesto run ... --executor ray``: the keys the issue checks, and the Ray link model."""
+    import json
+
+    from click.testing import CliRunner
+
+    from tvm_pesto.cli.main import cli
+
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(cli, ["run", "mlp_mixer", "--size", "small", "--cluster", "cpu:2", "--backends", "tvm",
+                                   "--costs", "roofline", "--solver", "m-topo", "--executor", "ray", "--repeat", "3",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert r["executor"] == "ray" and r["max_abs_err"] <= 1e-4
+    assert r["measured_s"] > 0 and r["simulated_s"] > 0 and r["devices_used"]
+    assert r["link_model"]["engine"] == "ray" and set(r["link_model"]["pairs"]) == {"0->1", "1->0"}
+    assert r["links"]["latency_s"][0][1] == r["link_model"]["pairs"]["0->1"]["latency_s"]
+    assert ray_session.owned  # the CLI used the Ray already running and left it running

@@ -1,0 +1,177 @@
+"""Measuring costs on a remote device over TVM RPC: a tracker and a server started here on
+127.0.0.1, the candidate built here, uploaded and timed there; the faults (a tracker that
+refuses, a key nobody serves, a session that times out) fail fast and leave the cache valid."""
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tornado", reason="TVM RPC needs tornado: pip install 'tvm-pesto[distributed]'")
+
+import tvm_pesto  # noqa: E402
+from tvm import relax  # noqa: E402
+from tvm_pesto.cluster import parse_cluster  # noqa: E402
+from tvm_pesto.costs import candidate_costs  # noqa: E402
+from tvm_pesto.costs import remote  # noqa: E402
+from tvm_pesto.costs.cache import MeasureCache, device_key  # noqa: E402
+from tvm_pesto.costs.remote import remote_cluster  # noqa: E402
+from tvm_pesto.costs.timing import measure_groups  # noqa: E402
+from tvm_pesto.errors import CostError  # noqa: E402
+
+KEY = "pesto-test-cpu"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def rpc_tracker():
+    """A TVM RPC tracker and one server under KEY, both on 127.0.0.1, stopped at the end."""
+    from tvm import rpc
+    import tvm.rpc.tracker  # noqa: F401
+
+    port = _free_port()
+    tracker = rpc.tracker.Tracker("127.0.0.1", port=port, port_end=port + 50, silent=True)
+    server = rpc.Server("127.0.0.1", port=_free_port(), port_end=65000, key=KEY,
+                        tracker_addr=("127.0.0.1", tracker.port), silent=True)
+    try:
+        addr = f"127.0.0.1:{tracker.port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the server registers with the tracker on its own time
+            t = rpc.connect_tracker("127.0.0.1", tracker.port)
+            if any(s["key"].endswith(KEY) for s in t.summary()["server_info"]):
+                break
+            time.sleep(0.2)
+        yield addr
+    finally:
+        server.terminate()
+        tracker.terminate()
+
+
+def _matmul(m=128, k=256, n=256):
+    x = relax.Var("x", relax.TensorType((m, k), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((k, n)).astype("float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            z = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(z)
+    return bb.get()
+
+
+def _chain(n=6):
+    """``n`` matmul + ReLU groups of different shapes (each its own measurement)."""
+    x = relax.Var("x", relax.TensorType((64, 64), "float32"))
+    bb = relax.BlockBuilder()
+    rng = np.random.default_rng(1)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y, width = x, 64
+            for k in range(n):
+                nxt = 64 + 32 * (k + 1)
+                w = relax.const(rng.standard_normal((width, nxt)).astype("float32"))
+                y = bb.emit(relax.op.nn.relu(relax.op.matmul(y, w)))
+                width = nxt
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_rpc_measurement_equals_local_measurement(rpc_tracker, tmp_path):
+    an = tvm_pesto.analyze(_matmul())
+    assert len(an.groups) == 1  # matmul + ReLU: one candidate
+    local = parse_cluster("cpu:1")
+    far = remote_cluster(local, rpc_tracker, KEY)
+    cache = MeasureCache(tmp_path / "m.jsonl")
+    here = measure_groups(an.rg, an.groups, local.devices[0], cache, repeat=7, min_repeat_ms=40)
+    there = measure_groups(an.rg, an.groups, far.devices[0], cache, repeat=7, min_repeat_ms=40)
+    assert here[0] > 1e-4
+    assert 0.75 < there[0] / here[0] < 1.33, (here, there)
+    # Cached under the remote device's key, next to the local one: two records, two overheads.
+    targets = {r["target"] for r in MeasureCache(tmp_path / "m.jsonl").entries.values()}
+    assert targets == {device_key(local.devices[0]), device_key(far.devices[0])}
+    assert device_key(far.devices[0]) != device_key(local.devices[0])
+    # A second pass measures nothing (no session is needed: a dead tracker does not matter).
+    gone = remote_cluster(local, "127.0.0.1:1", KEY)
+    again = measure_groups(an.rg, an.groups, gone.devices[0], MeasureCache(tmp_path / "m.jsonl"))
+    assert again[0] == pytest.approx(there[0])
+    gone.devices[0].rpc_key = "another-key"  # another remote device: measured afresh, and here the tracker is gone
+    with pytest.raises(CostError, match="did not accept a connection"):
+        measure_groups(an.rg, an.groups, gone.devices[0], MeasureCache(tmp_path / "m.jsonl"))
+
+
+def test_rpc_costs_through_the_flow(rpc_tracker, tmp_path):
+    """``costs="measured"`` on a cluster whose devices are remote: the TVM candidates are
+    timed over RPC, library backends are left out there (inf), the table is complete."""
+    from tvm_pesto.api import make_candidates
+
+    an = tvm_pesto.analyze(_chain(3))
+    far = remote_cluster(parse_cluster("cpu:1"), rpc_tracker, KEY)
+    cs = make_candidates(an, far, "tvm,onnxruntime")
+    ct = candidate_costs(cs, far, "measured", cache=MeasureCache(tmp_path / "c.jsonl"))
+    native = [i for i, c in enumerate(cs) if c.backend == "tvm"]
+    assert ct.columns == ["measured"] and np.isfinite(ct.table[native]).all() and (ct.table[native] > 0).all()
+    other = [i for i, c in enumerate(cs) if c.backend != "tvm"]
+    assert all(np.isinf(ct.table[i, 0]) and "RPC" in ct.infeasible[i] for i in other)
+
+
+def test_rpc_tracker_that_refuses_fails_fast(tmp_path):
+    an = tvm_pesto.analyze(_matmul(16, 16, 16))
+    far = remote_cluster(parse_cluster("cpu:1"), f"127.0.0.1:{_free_port()}", KEY)
+    t = time.monotonic()
+    with pytest.raises(CostError, match=r"did not accept a connection.*python -m tvm.exec.rpc_tracker"):
+        measure_groups(an.rg, an.groups, far.devices[0], MeasureCache(tmp_path / "m.jsonl"))
+    assert time.monotonic() - t < 5
+
+
+def test_rpc_key_that_no_server_serves(rpc_tracker, tmp_path):
+    an = tvm_pesto.analyze(_matmul(16, 16, 16))
+    far = remote_cluster(parse_cluster("cpu:1"), rpc_tracker, "nobody-serves-this")
+    with pytest.raises(CostError, match=rf"no RPC server is registered under key 'nobody-serves-this'.*{KEY}"):
+        measure_groups(an.rg, an.groups, far.devices[0], MeasureCache(tmp_path / "m.jsonl"))
+
+
+@pytest.mark.parametrize("spec,msg", [("9190", "not HOST:PORT"), ("host:port", "not HOST:PORT")])
+def test_rpc_bad_addresses(spec, msg):
+    with pytest.raises(CostError, match=msg):
+        remote_cluster(parse_cluster("cpu:1"), spec, KEY)
+    with pytest.raises(CostError, match="--rpc-key"):
+        remote_cluster(parse_cluster("cpu:1"), "127.0.0.1:9190", " ")
+
+
+def test_rpc_session_that_times_out_leaves_a_valid_cache(rpc_tracker, tmp_path, monkeypatch):
+    an = tvm_pesto.analyze(_chain(6))
+    far = remote_cluster(parse_cluster("cpu:1"), rpc_tracker, KEY)
+    path = tmp_path / "m.jsonl"
+    monkeypatch.setattr(remote, "SESSION_TIMEOUT_S", 1.5)
+    t = time.monotonic()
+    with pytest.raises(CostError, match=r"ended early.*time.*What was measured before stays in the cache"):
+        measure_groups(an.rg, an.groups, far.devices[0], MeasureCache(path), repeat=3, min_repeat_ms=250)
+    assert time.monotonic() - t < 20
+    partial = MeasureCache(path)
+    assert not partial.skipped and not partial.expired and 1 <= len(partial) < 7  # complete records only
+    monkeypatch.setattr(remote, "SESSION_TIMEOUT_S", 120.0)
+    times = measure_groups(an.rg, an.groups, far.devices[0], MeasureCache(path), repeat=3, min_repeat_ms=5)
+    assert np.isfinite(times).all() and len(MeasureCache(path)) == 7  # 6 groups + the call overhead
+    with open(path) as f:
+        assert sum(1 for _ in f) == 7  # the second pass measured only what the first had not
+
+
+def test_rpc_exposure_is_loopback(rpc_tracker):
+    """What the tests start listens on 127.0.0.1 only."""
+    host, port = rpc_tracker.rsplit(":", 1)
+    assert host == "127.0.0.1"
+    psutil = pytest.importorskip("psutil")
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        pytest.skip("listing sockets needs privileges here")
+    mine = [c for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)]
+    assert mine and all(c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1") for c in mine)

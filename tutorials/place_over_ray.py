@@ -1,0 +1,97 @@
+"""
+Place a model over two Ray workers
+==================================
+
+The thread executor runs every device in one process. The Ray executor runs each device as
+a Ray actor, a process of its own (on this machine, or on the host of the device in a Ray
+cluster), and drives them with one Ray compiled graph that follows the plan's order; values
+move between devices over Ray channels.
+
+This tutorial starts a local Ray on 127.0.0.1, measures what a transfer between two actors
+costs, places an Inception-style network with those link costs, runs it on two actors and
+draws the plan beside the measured run. It runs on any machine with two cores; nothing is
+downloaded.
+
+A Ray cluster runs any task submitted to it, and a TVM RPC server runs any module uploaded
+to it: keep both on 127.0.0.1 or a trusted network (docs/distributed.md).
+"""
+
+######################################################################
+# Start Ray
+# ---------
+# ``RaySession()`` starts a local Ray with this machine's cores, listening on 127.0.0.1 only;
+# ``RaySession(address="ray://...")`` or ``address="HOST:PORT"`` joins an existing cluster
+# instead (tvm-pesto must be installed on its nodes).
+import os
+
+import numpy as np
+
+import tvm_pesto
+from tvm_pesto import zoo
+from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.plan.trace import gantt_png, sim_events, trace_events
+from tvm_pesto.run.ray_executor import RaySession, measure_ray_links, use_ray
+
+size = os.environ.get("TVM_PESTO_TUTORIAL_SIZE", "small")
+out_dir = os.environ.get("TVM_PESTO_TUTORIAL_OUT", "tutorial-out")
+os.makedirs(out_dir, exist_ok=True)
+session = RaySession()
+print(f"Ray runs on {session.node_address}")
+
+######################################################################
+# What a transfer costs between two actors
+# ----------------------------------------
+# One actor per device, as the executor makes them; a tensor of each size goes from one to
+# the other the way the executor sends it (the sending task's output, written to a Ray
+# channel; the receiver copies it into a TVM tensor on its device). The fit is the
+# planner's ``latency + bytes / bandwidth``: far more latency than a hand-off between two
+# threads, so fewer cuts pay.
+cluster = parse_cluster("cpu:2")
+links = measure_ray_links(cluster, session)
+for pair, fit in links.items():
+    print(f"link {pair}: {fit['latency_s'] * 1e6:.0f} us + bytes / {fit['bandwidth_Bps'] / 1e9:.1f} GB/s")
+
+######################################################################
+# Place with Ray's link costs
+# ---------------------------
+# The costs of TVM's fusion groups are measured on the devices (and cached); HEFT places
+# and orders them with the links just measured, and the simulator predicts the run.
+model = zoo.load("inception_v3", size)
+placement = tvm_pesto.place(model.mod, cluster, backends="tvm", solver="heft", costs="measured")
+print(f"{placement.problem.num_nodes} units on devices {placement.plan.devices_used()}, "
+      f"simulated {placement.sim.makespan * 1e3:.2f} ms")
+
+######################################################################
+# Run on two Ray actors
+# ---------------------
+# ``use_ray`` exports the built model to a bundle, starts one actor per device (pinned to the
+# device's cores), each loading its own library with TVM's runtime, and compiles the graph.
+# The placed module is then called as before.
+placed = tvm_pesto.build(model.mod, cluster, plan=placement.plan)
+executor = use_ray(placed, session=session)
+out = placed(*model.example_inputs)
+print(f"max |ray - torch| = {np.abs(out - zoo.torch_reference(model)).max():.2e}")
+print(f"actors: {[(d, i['pid'], i['cores']) for d, i in executor.actor_info.items()]}")
+stats = placed.benchmark(*model.example_inputs, repeat=10)
+print(f"measured {stats['median_s'] * 1e3:.2f} ms, simulated {placement.sim.makespan * 1e3:.2f} ms "
+      f"(load average {os.getloadavg()[0]:.2f})")
+
+######################################################################
+# Plan beside the run
+# -------------------
+# Above, the simulated schedule with its transfers; below, one measured run: each actor's
+# segments, and (grey) each value a device receives, from when it could take it to when it
+# holds it as a TVM tensor.
+_, trace = placed.run_traced(*model.example_inputs)
+path = os.path.join(out_dir, "ray_gantt.png")
+gantt_png(sim_events(placement.problem, placement.plan, placement.sim), path,
+          title="inception_v3 simulated with Ray's links", device_names=[d.name for d in cluster.devices],
+          compare=trace_events(trace))
+print(f"wrote {path}")
+
+######################################################################
+# Clean up
+# --------
+# ``close`` kills the actors and tears the graph down; the session stops the Ray it started.
+placed.close()
+session.close()
