@@ -89,6 +89,35 @@ def test_ray_executor_matches_torch_on_every_zoo_model(name, ray_session):
     assert ex.closed and ray_session.owned  # the executor did not end the session it was given
 
 
+def test_build_and_load_with_the_ray_executor(ray_session, tmp_path):
+    """The user's entry points: ``tvm_pesto.build(..., executor="ray")`` and
+    ``tvm_pesto.load(path, executor="ray")`` run on Ray actors and compute what PyTorch
+    computes; an object without ``run``/``close`` is refused as an executor."""
+    zm = zoo.load("mlp_mixer", "small")
+    an = tvm_pesto.analyze(zm.mod)
+    ref = zoo.torch_reference(zm)
+    pm = tvm_pesto.build(zm.mod, "cpu:2", plan=_alternating(an), executor="ray")
+    try:
+        ex = pm._executor
+        assert isinstance(ex, RayExecutor)
+        _close("build", pm(*zm.example_inputs), ref)
+        assert set(ex.actor_info) == {0, 1}
+        pm.export(str(tmp_path / "bundle"))
+    finally:
+        pm.close()
+    rt = tvm_pesto.load(str(tmp_path / "bundle"), executor="ray")
+    try:
+        assert isinstance(rt._executor, RayExecutor) and rt._executor.bundle == str(tmp_path / "bundle")
+        _close("load", rt(*zm.example_inputs), ref)
+        with pytest.raises(ExecutionError, match="is not an executor: it has no run"):
+            rt.use_executor(object())
+    finally:
+        rt.close()
+    assert ray_session.owned and ex.closed
+    with pytest.raises(tvm_pesto.PestoError, match="unknown executor 'dask'"):
+        tvm_pesto.build(zm.mod, "cpu:2", plan=_alternating(an), executor="dask")
+
+
 def test_ray_schedule_sends_fields_not_tuples():
     """A tuple made on device 1 whose fields device 0 reads: device 1 takes the fields and
     sends each; inputs go straight from the caller to every device that reads them."""

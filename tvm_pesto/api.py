@@ -258,19 +258,31 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
 
 
 def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None, cache=None,
-          progress=None, deterministic: bool | None = None, **solver_options):
+          progress=None, deterministic: bool | None = None, executor: str = "thread", ray_address: str | None = None,
+          **solver_options):
     """Place ``mod`` on ``cluster`` (or apply a given ``plan``) and build one module per device.
 
-    ``deterministic`` and ``solver_options`` go to :func:`place`.
+    ``deterministic`` and ``solver_options`` go to :func:`place`. ``executor`` runs the
+    devices: ``"thread"`` (one pinned thread per device, this process) or ``"ray"`` (one
+    Ray actor per device, :mod:`tvm_pesto.run.ray_executor`: a local Ray on 127.0.0.1, or
+    the cluster at ``ray_address``); ``close()`` the module to stop the actors.
 
     Returns
     -------
     PlacedModule
         Callable on numpy arrays or TVM tensors; ``.plan``, ``.placement``, ``.export(dir)``.
+
+    Examples
+    --------
+    >>> placed = tvm_pesto.build(mod, "cpu:2", executor="ray")   # doctest: +SKIP
+    >>> y = placed(x); placed.close()                             # doctest: +SKIP
     """
     from .builder.placed import PlacedModule
     from .builder.rewrite import apply_plan
 
+    if executor not in ("thread", "ray"):
+        raise PestoError(f"unknown executor {executor!r}; use 'thread' (one pinned thread per device) or 'ray' "
+                         "(one Ray actor per device)")
     cluster = as_cluster(cluster)
     if plan is None:
         pl = place(mod, cluster, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,
@@ -278,7 +290,10 @@ def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan
         analysis, plan = pl.analysis, pl.plan
     else:
         analysis, pl = analyze(mod), None
-    return PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, pl, progress=progress)
+    placed = PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, pl, progress=progress)
+    if executor == "ray":
+        placed.use_ray(address=ray_address)
+    return placed
 
 
 @tvm.ir.transform.module_pass(opt_level=0, name="tvm_pesto.Place")

@@ -25,7 +25,7 @@ from tvm import relax
 
 from ..backends import get_backend
 from ..candidates.generate import candidate_function
-from ..errors import BuildError, PlanError
+from ..errors import PlanError
 from ..graph.relax_import import RelaxGraph, from_relax
 from .subgraph import Remap, out_ty_of
 

@@ -12,7 +12,7 @@ from .. import api
 from ..cluster import parse_cluster
 from ..errors import PestoError
 from ..plan.trace import chrome_trace, gantt_png, sim_events, trace_events
-from .progress import console, step
+from .progress import step
 
 
 def load_target(target: str, size: str = "small", input_shapes=None):

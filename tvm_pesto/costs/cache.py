@@ -14,8 +14,11 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import warnings
 from pathlib import Path
+
+import numpy as np
 
 from .jsonl import INCOMPLETE, append_record, read_records, skipped_note
 
@@ -83,6 +86,19 @@ def device_key(device) -> str:
     if not getattr(device, "rpc_key", ""):
         return target_key(device.target)
     return target_key({**device.target, "rpc_key": device.rpc_key})
+
+
+def measurement_record(key: str, backend: str, target: str, repeats, nodes, device) -> dict:
+    """The cache record of one measurement: ``repeats`` (seconds) of the subgraph made of
+    the graph ``nodes`` (their ``op``, ``flops``, ``bytes_read``/``bytes_written``), timed
+    with ``backend`` on ``device`` under the cache ``target`` key (:func:`device_key`)."""
+    reps = [float(x) for x in repeats]
+    return {
+        "key": key, "backend": backend, "target": target, "median_s": float(np.median(reps)), "repeats": reps,
+        "op": "+".join(nd.op for nd in nodes), "flops": float(sum(nd.flops for nd in nodes)),
+        "bytes": float(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
+        "device": device.model or device.name, "time": time.time(),
+    }
 
 
 class MeasureCache:

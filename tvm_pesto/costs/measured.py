@@ -28,7 +28,7 @@ from ..backends import get_backend
 from ..builder.subgraph import out_ty_of, structural_key
 from ..candidates.generate import CandidateSet, candidate_function
 from ..errors import CostError, PestoError
-from .cache import MeasureCache, device_key
+from .cache import MeasureCache, device_key, measurement_record
 from ..cluster.device_thread import enter_device_thread
 from .timing import OVERHEAD_KEY, call_overhead_s, measurable, measure_groups, random_args
 
@@ -164,18 +164,11 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
                         costs[i] = np.inf
                         report.infeasible[i] = res
                     continue
-                reps = res
-                nodes = [rg.graph.nodes[v] for v in c.nodes]
-                cache.put({
-                    "key": k, "backend": bname, "target": tkey, "median_s": float(np.median(reps)),
-                    "repeats": reps, "op": "+".join(nd.op for nd in nodes),
-                    "flops": float(sum(nd.flops for nd in nodes)),
-                    "bytes": float(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
-                    "device": device.model or device.name, "time": time.time(),
-                })
+                rec = measurement_record(k, bname, tkey, res, [rg.graph.nodes[v] for v in c.nodes], device)
+                cache.put(rec)
                 report.measured += 1
                 for i in idxs:
-                    costs[i] = float(np.median(reps))
+                    costs[i] = rec["median_s"]
                 if progress:
                     progress(report.measured, len(jobs))
     overhead = call_overhead_s(device, cache)

@@ -19,7 +19,7 @@ from tvm import relax
 
 from ..builder.subgraph import group_function, structural_key
 from ..errors import CostError
-from .cache import MeasureCache, device_key
+from .cache import MeasureCache, device_key, measurement_record
 from ..cluster.device_thread import enter_device_thread
 
 BACKEND = "tvm"
@@ -145,16 +145,9 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
                 fname = f"g{n}"
                 vm[fname](*args)  # warm-up
                 t = vm.time_evaluator(fname, dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
-                reps = [float(x) for x in t.results]
-                nodes = [rg.graph.nodes[v] for v in groups[gi]]
-                cache.put({
-                    "key": k, "backend": BACKEND, "target": tkey, "median_s": float(np.median(reps)),
-                    "repeats": reps, "op": "+".join(nd.op for nd in nodes),
-                    "flops": float(sum(nd.flops for nd in nodes)),
-                    "bytes": float(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
-                    "device": device.model or device.name, "time": time.time(),
-                })
-                result[k] = float(np.median(reps))
+                rec = measurement_record(k, BACKEND, tkey, t.results, [rg.graph.nodes[v] for v in groups[gi]], device)
+                cache.put(rec)
+                result[k] = rec["median_s"]
                 if progress:
                     progress(n + 1, len(todo))
 

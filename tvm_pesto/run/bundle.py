@@ -143,8 +143,12 @@ def _read_json(path: str, name: str):
         return json.load(f)
 
 
-def load(path: str):
+def load(path: str, executor: str = "thread", ray_address: str | None = None):
     """Load a bundle: no search, no measurement, no compiler.
+
+    ``executor="ray"`` runs the devices as Ray actors that load their libraries from
+    ``path`` (a local Ray on 127.0.0.1, or the cluster at ``ray_address``; see
+    :meth:`PlacedRuntime.use_ray`); the default runs one thread per device here.
 
     Returns
     -------
@@ -161,6 +165,9 @@ def load(path: str):
     from .program import Program
     from .runtime import PlacedRuntime
 
+    if executor not in ("thread", "ray"):
+        raise ExecutionError(f"unknown executor {executor!r}; use 'thread' (one thread per device) or 'ray' (one Ray "
+                             "actor per device)")
     man = read_manifest(path)
     cluster = Cluster.from_dict(_read_json(path, "cluster.json"))
     program = Program.from_dict(_read_json(path, "program.json"))
@@ -169,6 +176,8 @@ def load(path: str):
            if cluster.devices[int(d)].present}
     rt = PlacedRuntime(program, vms, cluster, plan_info=_read_json(path, "plan.json"))
     rt.bundle_path = path  # where the Ray executor's actors load the libraries from
+    if executor == "ray":
+        rt.use_ray(address=ray_address, bundle=path)
     return rt
 
 

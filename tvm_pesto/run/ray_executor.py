@@ -822,8 +822,7 @@ def use_ray(runtime, address: str | None = None, session: RaySession | None = No
     session = session if session is not None else RaySession(address)
     ex = RayExecutor(runtime.program, runtime.cluster, bundle, session, timeout_s=timeout_s)
     ex.owns_session, ex.owned_bundle = own, temporary
-    runtime.close()
-    runtime._executor = ex  # PlacedRuntime's executor slot (see the report: a public hook is wanted)
+    runtime.use_executor(ex)
     return ex
 
 

@@ -158,9 +158,39 @@ class PlacedRuntime:
         return {"median_s": float(np.median(times)), "min_s": float(np.min(times)),
                 "max_s": float(np.max(times)), "repeat": repeat}
 
+    # -- which engine runs the devices --------------------------------------------------
+    def use_executor(self, executor) -> None:
+        """Run the next calls through ``executor`` instead of the worker threads.
+
+        ``executor`` has the thread executor's interface (``run(inputs, trace=None)``,
+        ``close(timeout=None)``, ``broken``), e.g. a
+        :class:`~tvm_pesto.run.ray_executor.RayExecutor`. The current executor is closed
+        first; :meth:`close` stops the new one, and a call after it uses threads again.
+        """
+        for attr in ("run", "close"):
+            if not callable(getattr(executor, attr, None)):
+                raise ExecutionError(f"{type(executor).__name__} is not an executor: it has no {attr}(); give one "
+                                     "with run(inputs, trace=None) and close(timeout=None)")
+        self.close()
+        self._executor = executor
+
+    def use_ray(self, address: str | None = None, session=None, bundle: str | None = None,
+                timeout_s: float | None = None):
+        """Run the devices as Ray actors (:func:`tvm_pesto.run.ray_executor.use_ray`): a local
+        Ray on 127.0.0.1, or the cluster at ``address``.
+
+        Returns
+        -------
+        RayExecutor
+        """
+        from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
+
+        return use_ray(self, address=address, session=session, bundle=bundle,
+                       timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
+
     def close(self, timeout: float | None = None):
-        """Stop and join the worker threads (see :meth:`Executor.close`); the next call
-        starts new ones."""
+        """Stop and join the worker threads (see :meth:`Executor.close`), or the executor
+        :meth:`use_executor` set; the next call starts new worker threads."""
         ex, self._executor = self._executor, None
         if ex is not None:
             ex.close(timeout)

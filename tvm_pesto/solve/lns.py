@@ -87,7 +87,7 @@ class Window:
 
     def __init__(self, problem: Problem, plan: Plan, sim: SimResult, rank: np.ndarray, lo: int, hi: int,
                  by_rank: np.ndarray, remaining: np.ndarray, coloc):
-        n, D = problem.num_nodes, problem.num_devices
+        D = problem.num_devices
         nodes = by_rank[lo:hi].tolist()
         self.nodes = nodes
         self.lo, self.hi = lo, hi

@@ -248,7 +248,7 @@ def dp_split(problem: Problem, family: str = "all", order: list[int] | None = No
         masks = prefix_ideals(order)
     else:
         raise PestoError(f"unknown ideal family {family!r}; use 'all' or 'prefix'")
-    n, d = problem.num_nodes, problem.num_devices
+    n = problem.num_nodes
     kept = np.flatnonzero(units.unit_of >= 0)
     classes = device_classes(problem)
     cap = np.array([problem.capacity[c[0]] for c in classes])
