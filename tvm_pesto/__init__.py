@@ -33,7 +33,7 @@ _LAZY = {
     "Plan": ("plan", "Plan"),
     "Problem": ("plan", "Problem"),
     "simulate": ("plan", "simulate"),
-    "load": ("run.bundle", "load"),
+    "load": ("run.load", "load"),
 }
 
 

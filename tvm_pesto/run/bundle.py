@@ -1,4 +1,4 @@
-"""Load an exported placed model and run it with TVM's runtime only.
+"""The bundle format: what an exported placed model is, checked file by file.
 
 A bundle (written by :meth:`tvm_pesto.builder.placed.PlacedModule.export`) is a folder:
 
@@ -8,8 +8,9 @@ A bundle (written by :meth:`tvm_pesto.builder.placed.PlacedModule.export`) is a 
 * one artifact per non-TVM unit (``extern<k>.onnx``, ``.pt2``, ``.so``);
 * ``program.json`` (the executor's steps), ``cluster.json``, ``plan.json``.
 
-:func:`load` checks every file against the manifest before it loads anything, then
-registers the artifacts' functions, loads the libraries and returns a
+:func:`tvm_pesto.run.load.load` checks every file against the manifest (:func:`read_manifest`,
+:func:`check_files`) before it loads anything, then registers the artifacts' functions
+(:func:`register_artifacts`), loads the libraries (:func:`load_library`) and returns a
 :class:`~tvm_pesto.run.runtime.PlacedRuntime`. Nothing here imports TVM's compiler
 (``tvm.relax``), so it works with ``TVM_USE_RUNTIME_LIB=1`` and no ``libtvm_compiler.so``.
 
@@ -138,48 +139,5 @@ def load_library(path: str, man: dict, cluster, d: int):
                              f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}") from e
 
 
-def _read_json(path: str, name: str):
-    with open(os.path.join(path, name)) as f:
-        return json.load(f)
-
-
-def load(path: str, executor: str = "thread", ray_address: str | None = None):
-    """Load a bundle: no search, no measurement, no compiler.
-
-    ``executor="ray"`` runs the devices as Ray actors that load their libraries from
-    ``path`` (a local Ray on 127.0.0.1, or the cluster at ``ray_address``; see
-    :meth:`PlacedRuntime.use_ray`); the default runs one thread per device here.
-
-    Returns
-    -------
-    PlacedRuntime
-        Callable like the built model; the same outputs.
-
-    Raises
-    ------
-    ExecutionError
-        For a missing or corrupt file (named), an artifact that cannot be loaded, or a
-        library TVM's runtime refuses.
-    """
-    from ..cluster.cluster import Cluster
-    from .program import Program
-    from .runtime import PlacedRuntime
-
-    if executor not in ("thread", "ray"):
-        raise ExecutionError(f"unknown executor {executor!r}; use 'thread' (one thread per device) or 'ray' (one Ray "
-                             "actor per device)")
-    man = read_manifest(path)
-    cluster = Cluster.from_dict(_read_json(path, "cluster.json"))
-    program = Program.from_dict(_read_json(path, "program.json"))
-    register_artifacts(path, man, cluster)
-    vms = {int(d): load_library(path, man, cluster, int(d)) for d in man.get("libraries", {})
-           if cluster.devices[int(d)].present}
-    rt = PlacedRuntime(program, vms, cluster, plan_info=_read_json(path, "plan.json"))
-    rt.bundle_path = path  # where the Ray executor's actors load the libraries from
-    if executor == "ray":
-        rt.use_ray(address=ray_address, bundle=path)
-    return rt
-
-
-__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "check_files", "device_files", "load", "load_library",
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "MANIFEST", "check_files", "device_files", "load_library",
            "read_manifest", "register_artifacts", "sha256"]

@@ -43,195 +43,23 @@ with the devices' work.
 """
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ExecutionError
 from .executor import TraceEvent
 from .program import Program, Step
+from .ray_session import RaySession, import_ray
+from .ray_tasks import Schedule, Task, schedule
 
 #: Seconds a run may take before the executor gives up on it (kills its actors).
 DEFAULT_TIMEOUT_S = 300.0
 #: Seconds to wait for Ray to start the actors (a cluster without room never starts them).
 START_TIMEOUT_S = 120.0
-
-
-# -- the schedule: which task runs where, receives what, sends what ------------------------
-@dataclass
-class Task:
-    """One segment call of a device, with the light steps around it.
-
-    ``sources`` are the graph nodes it reads: ``("input", i)`` or ``("task", device,
-    index)``; ``ops`` what it does, in order: ``("recv", source position, key)``,
-    ``("step", step index)`` (call, item, tuple, alias or copy-as-alias); ``sends`` the
-    keys its output carries to other devices or to the caller.
-    """
-
-    device: int
-    index: int
-    ops: list = field(default_factory=list)
-    sources: list = field(default_factory=list)
-    sends: list = field(default_factory=list)
-
-    def source(self, src: tuple) -> int:
-        if src not in self.sources:
-            self.sources.append(src)
-        return self.sources.index(src)
-
-    def send(self, key: str) -> None:
-        if key not in self.sends:
-            self.sends.append(key)
-
-
-@dataclass
-class Schedule:
-    """:func:`schedule`'s result: ``tasks[d]`` per device in program order, ``order`` the
-    ``(device, index)`` of every task in program order (the bind order), ``output`` how
-    the caller assembles the result: ``("input", i)``, ``("task", d, index, key)``,
-    ``("item", part, i)`` or ``("tuple", [parts])``."""
-
-    tasks: dict
-    order: list
-    output: object
-
-
-def schedule(program: Program) -> Schedule:
-    """Cut ``program`` into per-device tasks for the Ray executor.
-
-    Every call step becomes a task on its device, bound in program order. A value a task
-    needs from another device is received from the task that makes it, which sends it at
-    its end; a value moved by a ``copy`` step is received directly by the device that uses
-    it. Light steps (``item``, ``tuple``, ``alias``) run on the device that holds their
-    arguments, so a device sends one field of a tuple, not the tuple.
-
-    Raises
-    ------
-    ExecutionError
-        When a step reads a value that no earlier step makes (a malformed program).
-    """
-    steps = program.steps
-    made = {s.out: k for k, s in enumerate(steps)}
-    inputs = {key: i for i, key in enumerate(program.inputs)}
-    loc: dict[str, int] = dict(zip(program.inputs, program.input_devices))
-    for s in steps:
-        missing = [a for a in s.args if a not in loc]
-        if missing:
-            raise ExecutionError(f"the program's step {s.out} reads {missing[0]}, which no earlier step makes; "
-                                 "export the placed model again")
-        loc[s.out] = s.device if s.kind in ("call", "copy") else (loc[s.args[0]] if s.args else 0)
-    tasks: dict[int, list[Task]] = {}
-    have: dict[int, dict[str, int]] = {}  # device -> key -> index of the task after which it is there
-    order: list[tuple[int, int]] = []
-
-    def ready_at(key, d):
-        """Index of the task of ``d`` after which ``key`` can be computed on ``d`` from
-        values already there (None when it needs values from elsewhere)."""
-        if key in have.get(d, {}):
-            return have[d][key]
-        s = steps[made[key]] if key in made else None
-        if s is None or s.kind in ("call", "copy") or loc[key] != d:
-            return None
-        at = [ready_at(a, d) for a in s.args]
-        return None if any(a is None for a in at) else max(at, default=-1)
-
-    def materialize(key, d, at):
-        """Append to task ``at`` of ``d`` the light steps that compute ``key`` there."""
-        if key in have.get(d, {}):
-            return
-        s = steps[made[key]]
-        for a in s.args:
-            materialize(a, d, at)
-        tasks[d][at].ops.append(("step", made[key]))
-        have[d][key] = at
-
-    def fetch(key, d, task):
-        """Make ``key`` (held by another device) available in ``task``: received from the
-        task that makes it, or computed here from its arguments."""
-        a = loc[key]
-        at = ready_at(key, a) if tasks.get(a) else None
-        if at is not None and at >= 0:
-            materialize(key, a, at)
-            tasks[a][at].send(key)
-            pos = task.source(("task", a, at))
-            task.ops.append(("recv", pos, key))
-            have[d][key] = task.index
-            return
-        s = steps[made[key]]
-        if s.kind == "call":
-            raise ExecutionError(f"segment output {key} of device {a} is needed on device {d} before it is made; "
-                                 "export the placed model again")
-        for arg in s.args:
-            ensure(arg, d, task)
-        task.ops.append(("step", made[key]))
-        have[d][key] = task.index
-
-    def ensure(key, d, task):
-        """Make ``key`` available on device ``d`` by the time ``task`` runs its call."""
-        if key in have[d]:
-            return
-        if key in inputs:  # every device reads the caller's inputs directly
-            task.ops.append(("recv", task.source(("input", inputs[key])), key))
-            have[d][key] = task.index
-            return
-        s = steps[made[key]]
-        if s.kind == "copy" or (s.kind == "alias" and loc[key] == d):
-            ensure(s.args[0], d, task)
-            task.ops.append(("step", made[key]))
-        elif loc[key] != d:
-            fetch(key, d, task)
-            return
-        elif s.kind == "call":
-            raise ExecutionError(f"segment output {key} is read on device {d} before its call; export the placed "
-                                 "model again")
-        else:
-            for a in s.args:
-                ensure(a, d, task)
-            task.ops.append(("step", made[key]))
-        have[d][key] = task.index
-
-    for k, s in enumerate(steps):
-        if s.kind != "call":
-            continue
-        d = s.device
-        tasks.setdefault(d, [])
-        have.setdefault(d, {})
-        task = Task(d, len(tasks[d]))
-        tasks[d].append(task)
-        order.append((d, task.index))
-        for a in s.args:
-            ensure(a, d, task)
-        task.ops.append(("step", k))
-        have[d][s.out] = task.index
-
-    def resolve(key):
-        if key in inputs:
-            return ("input", inputs[key])
-        s = steps[made[key]]
-        if s.kind in ("copy", "alias"):
-            return resolve(s.args[0])
-        a = loc[key]
-        at = ready_at(key, a) if tasks.get(a) else None
-        if at is not None and at >= 0:
-            materialize(key, a, at)
-            tasks[a][at].send(key)
-            return ("task", a, at, key)
-        if s.kind == "item":
-            return ("item", resolve(s.args[0]), s.index)
-        if s.kind == "tuple":
-            return ("tuple", [resolve(x) for x in s.args])
-        raise ExecutionError(f"the program's output {key} is never made; export the placed model again")
-
-    def resolve_out(out):
-        return ("tuple", [resolve_out(o) for o in out]) if isinstance(out, tuple) else resolve(out)
-
-    return Schedule(tasks, order, resolve_out(program.output))
 
 
 # -- values on the wire ----------------------------------------------------------------------
@@ -408,118 +236,11 @@ class DeviceWorker:
         return {"n": msg["n"], "acc": msg["acc"] + [time.perf_counter() - msg["t"]]}
 
 
-# -- Ray itself ------------------------------------------------------------------------------
-def _ray():
-    try:
-        import ray
-        import ray.dag  # noqa: F401
-    except ImportError as e:
-        raise ExecutionError(f"the Ray executor needs Ray with compiled graphs ({e}); install it with "
-                             "pip install 'tvm-pesto[distributed]' (ray[cgraph]==2.60.0)") from e
-    return ray
-
-
-@contextmanager
-def _loopback_only():
-    """While a local head starts: keep Ray's node address on 127.0.0.1 (Ray otherwise
-    replaces a loopback address by the machine's IP, and its servers then listen on every
-    interface)."""
-    from ray._private import ray_constants
-
-    old = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = old
-
-
-class RaySession:
-    """Ray for tvm-pesto: an existing cluster (``address``), the one this process is
-    already connected to, or a local one started here on 127.0.0.1 with ``num_cpus``
-    (default: this machine's usable cores). :meth:`close` shuts Ray down if this session
-    started or connected it.
-
-    Raises
-    ------
-    ExecutionError
-        When Ray is not installed or cannot start or connect (the message says why).
-    """
-
-    def __init__(self, address: str | None = None, num_cpus: int | None = None):
-        ray = _ray()
-        self.address = address
-        self.owned = False
-        if ray.is_initialized():
-            return
-        loopback = False
-        if address:
-            loopback = _check_reachable(address)
-        try:
-            if address:
-                # a head on 127.0.0.1 (as a local one tvm-pesto starts): keep the address loopback
-                with _loopback_only() if loopback else _nothing():
-                    ray.init(address=address, log_to_driver=False, configure_logging=False)
-            else:
-                n = num_cpus or len(os.sched_getaffinity(0))
-                with _loopback_only():
-                    ray.init(num_cpus=n, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        except Exception as e:  # noqa: BLE001 - Ray raises many types; explain at our boundary
-            where = f"connect to the Ray cluster at {address}" if address else "start a local Ray"
-            hint = ""
-            if address:
-                hint = "; check the address and that `ray start --head` runs there"
-                if "RAY_AUTH_MODE" not in os.environ:  # Ray sends its token to a named address only when told
-                    hint += (" (a cluster with token authentication, Ray's default, also needs RAY_AUTH_MODE=token "
-                             "in the environment before Python starts, and the cluster's token in "
-                             "~/.ray/auth_token or RAY_AUTH_TOKEN)")
-            raise ExecutionError(f"could not {where}: {type(e).__name__}: {str(e).strip().splitlines()[0]}"
-                                 + hint) from e
-        self.owned = True
-        logging.getLogger("ray.dag.compiled_dag_node").setLevel(logging.CRITICAL)  # teardown of killed actors
-
-    @property
-    def node_address(self) -> str:
-        return _ray().util.get_node_ip_address()
-
-    def close(self) -> None:
-        ray = _ray()
-        if self.owned and ray.is_initialized():
-            ray.shutdown()
-        self.owned = False
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> bool:
-    """Fail at once when nothing listens at a ``HOST:PORT`` (or ``ray://HOST:PORT``) Ray
-    address (``ray.init`` retries an absent cluster for minutes); True when the host is
-    this machine's loopback."""
-    import ipaddress
-    import socket
-
-    hostport = address.split("://", 1)[-1]
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not port.isdigit():
-        return False  # "auto" and other forms: Ray resolves them
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise ExecutionError(f"no Ray cluster answers at {address} ({type(e).__name__}: {e}); start one there "
-                             "with `ray start --head --port PORT` or fix the address") from None
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-@contextmanager
-def _nothing():
-    yield
-
 
 def _actor_options(device, cluster) -> dict:
     """Ray resources and placement of a device's actor: its cores (or one GPU), on its
     host's node when the host names an address."""
-    ray = _ray()
+    ray = import_ray()
     opts = {"num_cpus": max(1, int(device.cores)) if device.kind == "cpu" else 1,
             "num_gpus": 1 if device.kind == "gpu" else 0, "max_restarts": 0, "max_task_retries": 0}
     addr = cluster.hosts[device.host].address if cluster.hosts else ""
@@ -546,7 +267,7 @@ def _start_actors(cluster, devices, make_args, timeout_s: float):
         When the Ray cluster has too few CPUs or GPUs for the actors, an actor fails to
         start, or they are not all up within ``timeout_s``.
     """
-    ray = _ray()
+    ray = import_ray()
     opts = {d: _actor_options(cluster.devices[d], cluster) for d in devices}
     total = ray.cluster_resources()
     for what, unit in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
@@ -646,7 +367,7 @@ class RayExecutor:
             raise ExecutionError(f"this Ray executor cannot run: {self.broken}; make a new one")
         if self.graph is not None:
             return
-        ray = _ray()
+        ray = import_ray()
         from ray.dag import InputNode, MultiOutputNode
 
         prog = self.program.to_dict()
@@ -681,7 +402,7 @@ class RayExecutor:
 
     def _stop(self) -> None:
         """Kill the actors, then tear the graph down (fast: nothing waits on a live loop)."""
-        ray = _ray()
+        ray = import_ray()
         for a in self.actors.values():
             try:
                 ray.kill(a)
@@ -712,7 +433,7 @@ class RayExecutor:
     # -- running --------------------------------------------------------------------------------
     def _dead(self) -> list[int]:
         """Devices whose actor is gone (asked with a short ping each)."""
-        ray = _ray()
+        ray = import_ray()
         dead = []
         for d, a in self.actors.items():
             try:
@@ -844,7 +565,7 @@ def measure_ray_links(cluster, session: RaySession | None = None, sizes=(1 << 10
     """
     from ..cluster.linkbench import fit_links
 
-    ray = _ray()
+    ray = import_ray()
     from ray.dag import InputNode
 
     session = session if session is not None else RaySession()
