@@ -45,6 +45,11 @@ class BuildError(PestoError):
     """TVM failed to build a per-device module; the message says which part and why."""
 
 
+class TuningError(PestoError):
+    """MetaSchedule tuning cannot start or failed: a bad budget, an unwritable or foreign
+    database, or an error inside MetaSchedule (the message names the task)."""
+
+
 class ExecutionError(PestoError):
     """A placed module failed while running."""
 

@@ -6,9 +6,15 @@ runs everything no other backend takes. Without MetaSchedule the kernels are nai
 (unscheduled TIR), so it is slow on convolutions and matmuls.
 
 ``tvm-ms`` reads a MetaSchedule tuning database (a work directory with
-``database_workload.json`` and ``database_tuning_record.json``) and builds each candidate
+``database_workload.json`` and ``database_tuning_record.json``, written by
+``tvm-pesto tune``, :func:`tvm_pesto.costs.tune.tune_model`) and builds each candidate
 with the tuned schedules applied; it is called like the external backends
-(``R.call_dps_packed``). It is unavailable when no database is given. A database with
+(``R.call_dps_packed``). A candidate is legalised and fused by :func:`fuse_for_tuning`
+(the passes of TVM's default CPU pipeline), the database's schedules are applied to the
+fused PrimFuncs it holds, and the rest of the default pipeline follows; fused kernels the
+database does not hold stay unscheduled, as in ``tvm``. The database comes from
+``--ms-db DIR`` or ``TVM_PESTO_MS_DB`` (:func:`set_tuning_database`); without one the
+backend is unavailable. A database with
 records tuned for another target than the device's is refused when a candidate is built
 (:func:`tvm_pesto.costs.tuning_db.check_database_target`): the build error names both
 targets, and the candidate stays on another backend.
@@ -21,6 +27,7 @@ Examples
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import tvm
@@ -28,6 +35,66 @@ from tvm import relax
 
 from ..errors import BuildError
 from .base import Backend, output_types
+
+
+#: Environment variable naming the ``tvm-ms`` backend's MetaSchedule database.
+MS_DB_ENV = "TVM_PESTO_MS_DB"
+
+
+def fuse_for_tuning(mod: tvm.IRModule, tgt) -> tvm.IRModule:
+    """``mod`` after the library-dispatch, legalisation and fusion passes of TVM's default
+    CPU pipeline (``relax.backend.cpu_generic``): its PrimFuncs are the kernels the ``tvm``
+    backend compiles, so they are what MetaSchedule tunes and what ``tvm-ms`` looks up.
+
+    Examples
+    --------
+    >>> fused = fuse_for_tuning(mod, tvm.target.Target({"kind": "llvm"}))   # doctest: +SKIP
+    """
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    with tgt:
+        passes = cpu.library_dispatch_passes(tgt) + cpu.legalize_passes(tgt)
+        return tvm.transform.Sequential(passes)(mod)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_database(path: str, stamp: tuple):
+    """The database at ``path`` as MetaSchedule reads it, once per version of its files."""
+    from ..costs.tuning_db import open_database
+
+    return open_database(path)
+
+
+def _database(path: str):
+    from ..costs.tuning_db import RECORD_FILE, WORKLOAD_FILE
+
+    stats = [os.stat(os.path.join(path, f)) for f in (WORKLOAD_FILE, RECORD_FILE)]
+    return _read_database(os.path.abspath(path), tuple((st.st_mtime_ns, st.st_size) for st in stats))
+
+
+def apply_tuning_database(mod: tvm.IRModule, tgt, database: str) -> tvm.IRModule:
+    """``mod`` fused (:func:`fuse_for_tuning`) with the database's schedules applied to the
+    kernels it holds (``tirx.is_scheduled``); the others stay unscheduled.
+
+    Examples
+    --------
+    >>> tuned = apply_tuning_database(mod, tvm.target.Target({"kind": "llvm"}), "ms_work")  # doctest: +SKIP
+    """
+    with tgt, tvm.transform.PassContext(opt_level=3), _database(database):
+        return relax.transform.MetaScheduleApplyDatabase()(fuse_for_tuning(mod, tgt))
+
+
+def _tuned_pipeline(tgt, database: str):
+    """TVM's default CPU pipeline with the database's schedules applied after fusion."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+    @tvm.transform.module_pass(opt_level=0, name="PestoTunedPipeline")
+    def pipeline(mod, _ctx):
+        mod = apply_tuning_database(mod, tgt, database)
+        with tgt:
+            return tvm.transform.Sequential(cpu.dataflow_lower_passes(tgt) + cpu.finalize_passes(tgt))(mod)
+
+    return pipeline
 
 
 def _compile(func: relax.Function, target: dict, database: str | None = None):
@@ -42,13 +109,8 @@ def _compile(func: relax.Function, target: dict, database: str | None = None):
     tgt = tvm.target.Target(target)
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     try:
-        if database is not None:
-            from tvm.s_tir import meta_schedule as ms  # noqa: F401 - registers the passes
-
-            with tgt, tvm.transform.PassContext(opt_level=3):
-                mod = relax.transform.LegalizeOps()(mod)
-                mod = relax.transform.MetaScheduleApplyDatabase(database)(mod)
-        return tvm.compile(mod, target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+        pipeline = relax.get_default_pipeline(tgt) if database is None else _tuned_pipeline(tgt, database)
+        return tvm.compile(mod, target=tgt, relax_pipeline=pipeline)
     except Exception as e:  # noqa: BLE001
         msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise BuildError(f"TVM could not compile the subgraph for {target}: {msg}") from e
@@ -107,10 +169,15 @@ class TvmMetaScheduleBackend(TvmBackend):
 
     def __init__(self, database: str | None = None):
         super().__init__()
-        self.database = database if database is not None else os.environ.get("TVM_PESTO_MS_DB")
+        self.database = database if database is not None else os.environ.get(MS_DB_ENV)
 
     def _database(self):
         return self.database
+
+    def measure_stamp(self) -> str | None:
+        """Which database a measurement of this backend was made with
+        (:func:`database_stamp`); a profiler log re-measures a record of another one."""
+        return database_stamp(self.database) if self.database else None
 
     def available(self) -> tuple[bool, str]:
         ok, why = super().available()
@@ -118,7 +185,8 @@ class TvmMetaScheduleBackend(TvmBackend):
             return ok, why
         if not self.database:
             return False, ("no MetaSchedule tuning database given; set TVM_PESTO_MS_DB to a work directory "
-                           "written by tvm.s_tir.meta_schedule.tune_tir/tune_relax")
+                           "written by tvm-pesto tune MODEL --trials N --work-dir DIR (or by "
+                           "tvm.s_tir.meta_schedule.tune_tir/tune_relax), or pass --ms-db DIR")
         need = ("database_workload.json", "database_tuning_record.json")
         missing = [f for f in need if not os.path.isfile(os.path.join(self.database, f))]
         if missing:
@@ -128,3 +196,66 @@ class TvmMetaScheduleBackend(TvmBackend):
         except Exception as e:  # noqa: BLE001
             return False, f"MetaSchedule cannot be imported ({type(e).__name__}: {e}); pip install psutil cloudpickle"
         return True, ""
+
+
+def database_stamp(path) -> str:
+    """A short name for one version of a database: its folder, record count and a hash of
+    its record file (``"ms_work:120:3f9a0c1b"``); ``"<folder>:missing"`` without one.
+
+    Examples
+    --------
+    >>> database_stamp("/nonexistent/ms")
+    'ms:missing'
+    """
+    from ..costs.tuning_db import RECORD_FILE
+
+    path = os.path.abspath(os.fspath(path))
+    rec = os.path.join(path, RECORD_FILE)
+    try:
+        st = os.stat(rec)
+    except OSError:
+        return f"{os.path.basename(path)}:missing"
+    return _stamp_of(rec, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _stamp_of(rec_file: str, mtime_ns: int, size: int) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=4)
+    lines = 0
+    with open(rec_file, "rb") as f:
+        for line in f:
+            h.update(line)
+            lines += bool(line.strip())
+    return f"{os.path.basename(os.path.dirname(rec_file))}:{lines}:{h.hexdigest()}"
+
+
+def set_tuning_database(path) -> str:
+    """Make ``path`` the ``tvm-ms`` backend's MetaSchedule database, in this process (the
+    shared backend instance) and for processes started later that inherit the environment
+    (``TVM_PESTO_MS_DB``). Candidates built before keep the schedules they were built with.
+
+    Returns the absolute path.
+
+    Raises
+    ------
+    BuildError
+        When ``path`` is not a folder holding both database files.
+
+    Examples
+    --------
+    >>> set_tuning_database("ms_work")   # doctest: +SKIP
+    '/home/me/ms_work'
+    """
+    from ..costs.tuning_db import RECORD_FILE, WORKLOAD_FILE
+    from .registry import get_backend
+
+    path = os.path.abspath(os.fspath(path))
+    missing = [f for f in (WORKLOAD_FILE, RECORD_FILE) if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise BuildError(f"{path!r} is not a MetaSchedule database: it lacks {', '.join(missing)}; write one with "
+                         f"tvm-pesto tune MODEL --trials N --work-dir {path}")
+    os.environ[MS_DB_ENV] = path
+    get_backend("tvm-ms").database = path
+    return path

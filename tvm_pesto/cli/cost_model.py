@@ -10,6 +10,7 @@ import os
 import click
 
 from ..errors import PestoError
+from .options import ms_db_option
 from .progress import console, step
 
 
@@ -58,8 +59,8 @@ def print_metrics(name: str, m: dict) -> None:
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True,
               help="local devices to measure on (equal devices are measured once)")
-@click.option("--backends", default="tvm,onnxruntime,torch", show_default=True,
-              help="comma-separated; 'tvm' alone measures the fusion groups only")
+@click.option("--backends", default=None, help="comma-separated; 'tvm' alone measures the fusion groups only  "
+              "[default: tvm,onnxruntime,torch, and tvm-ms when it has a tuning database]")
 @click.option("--log", "log_path", default=None,
               help="JSON-lines log to append to [default: $TVM_PESTO_PROFILE_LOG or ~/.cache/tvm-pesto/profile.jsonl]")
 @click.option("--repeat", default=5, show_default=True, help="timed repeats per candidate (the median is logged)")
@@ -70,6 +71,7 @@ def print_metrics(name: str, m: dict) -> None:
 @click.option("--rpc-tracker", default=None, metavar="HOST:PORT",
               help="time the candidates on the remote device served under --rpc-key at this TVM RPC tracker")
 @click.option("--rpc-key", default=None, help="the key the remote device's RPC servers registered under")
+@ms_db_option()
 def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_ms, run_label, json_path,
             rpc_tracker, rpc_key):
     """Measure every candidate of MODELS and append the records a cost model trains on.
@@ -77,7 +79,7 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
     MODELS are zoo names, ``zoo`` (all of them), ``sweep`` (all shape-sweep families) or
     ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
     """
-    from ..costs.profile import default_log_path, profile_zoo
+    from ..costs.profile import default_backends, default_log_path, profile_zoo
     from ..zoo import list_models
 
     zoo_names = list_models()
@@ -89,7 +91,7 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
         if m not in zoo_names and m != "sweep" and not m.startswith("sweep-"):
             raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(zoo_names)}), zoo, sweep or sweep-FAMILY")
     log_path = log_path or str(default_log_path())
-    bks = [b.strip() for b in backends.split(",") if b.strip()]
+    bks = [b.strip() for b in backends.split(",") if b.strip()] if backends else default_backends()
     if rpc_tracker or rpc_key:  # the cluster's devices are measured on the remote servers
         from ..cluster import parse_cluster
         from ..costs.remote import remote_cluster
@@ -186,12 +188,37 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, rounds, json_path):
 @click.option("--label", default="min", show_default=True, type=click.Choice(["min", "median"]),
               help="measured time of a subgraph profiled in several passes: the fastest pass or the median")
 @click.option("--json", "json_path", default=None, help="write all metrics as JSON here")
-def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path):
-    """Evaluate a cost model on its held-out models and on the models it saw."""
+@click.option("--flow", is_flag=True, help="score on the product's path instead: each model's fused groups, "
+              "xgb-predicted against measured now (scaled to the whole model), raw and calibrated")
+@click.option("--models", "flow_names", default="", help="--flow: comma-separated zoo models and models outside "
+              "the zoo (tvm_pesto.zoo.outside) [default: all of both]")
+@click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]), help="--flow")
+@click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True, help="--flow: devices to measure on")
+@click.option("--cache", "cache_path", default=None, help="--flow: measurement log to reuse [default: a fresh one, "
+              "so every label is measured now, under the load reported]")
+@click.option("--max-load", default=1.0, show_default=True, type=float,
+              help="--flow: flag labels measured above this 1-minute load average")
+@click.option("--strict", is_flag=True, help="--flow: refuse instead of flagging labels measured above --max-load")
+@click.option("--no-calibration", is_flag=True, help="--flow: raw predictions only (no calibration fitted or applied)")
+@click.option("--save-calibration", is_flag=True, help="--flow: fit the calibration on all the models and store it "
+              "next to the model file (NAME.calibration.json), where the xgb cost source applies it")
+def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flow_names, size, cluster_spec,
+             cache_path, max_load, strict, no_calibration, save_calibration):
+    """Evaluate a cost model on its held-out models and on the models it saw (or, with
+    --flow, on whole models through the cost sources)."""
     from ..costs.evaluate import evaluate_model
     from ..costs.xgb import load_model
 
     model = load_model(model_path)
+    if flow:
+        if logs or tuning_dbs or cv or plot:
+            raise PestoError("--flow measures models on this machine; --logs, --tuning-db, --cv and --plot score the "
+                             "profiler's records: run them without --flow")
+        _eval_flow(model, flow_names, size, cluster_spec, cache_path, max_load, strict, not no_calibration,
+                   save_calibration, json_path)
+        return
+    if save_calibration or strict or no_calibration or cache_path:
+        raise PestoError("--save-calibration, --strict, --no-calibration and --cache belong to --flow; add --flow")
     with step("evaluate" + (" with cross-validation" if cv else "")):
         res = evaluate_model(model, cv=cv, plot=plot, logs=list(logs) or None, tuning_dbs=tuning_dbs,
                              label=label)
@@ -218,6 +245,43 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path):
             print_metrics(name[:10], m)
     if plot:
         console.print(f"plot: {plot}")
+    if json_path:
+        _write_json(json_path, res)
+
+
+def _fmt(x, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, calibrate, save, json_path) -> None:
+    from ..costs.cache import MeasureCache
+    from ..costs.calibration import calibration_path
+    from ..costs.evaluate import flow_eval, flow_models
+
+    with step("build models"):
+        mods = flow_models([n.strip() for n in names.split(",") if n.strip()], size)
+    cache = MeasureCache(cache_path) if cache_path else None
+    with step(f"measure and predict {len(mods)} models on {cluster_spec}") as cb:
+        res = flow_eval(mods, cluster_spec, model=model, cache=cache, calibrate=calibrate, max_load=max_load,
+                        strict=strict, save_calibration=calibration_path(model.path) if save else None, progress=cb)
+    console.print(f"[bold]{res['model']}[/] on the flow ({res['cluster']}; labels: {res['label_source']}); "
+                  f"MAPE in %, sum = predicted / measured; calibrated = fitted on the other models")
+    console.print(f"  {'model':14s} {'groups':>6s} {'MAPE':>7s} {'sum':>6s} {'Spearman':>8s} | "
+                  f"{'cal MAPE':>8s} {'cal sum':>7s} | load")
+    for name, r in res["flow"].items():
+        c = r.get("calibrated_heldout") or {}
+        flag = " [yellow]high load[/]" if r["high_load"] else ""
+        console.print(f"  {name:14s} {r['n_groups']:6d} {_fmt(r['mape'], '7.1f')} {_fmt(r['sum_ratio'], '6.2f')} "
+                      f"{_fmt(r['spearman'], '8.3f')} | {_fmt(c.get('mape'), '8.1f')} {_fmt(c.get('sum_ratio'), '7.2f')}"
+                      f" | {r['load']['label_1min']:.2f}{flag}")
+    pooled = res["pooled"]
+    for k, m in pooled.items():
+        console.print(f"  pooled {k}: MAPE {_fmt(m['mape'], '.1f')}%, sum {_fmt(m['sum_ratio'], '.2f')}, "
+                      f"Spearman {_fmt(m['spearman'], '.3f')} over {m['n']} groups")
+    if res.get("load_note"):
+        console.print(f"[yellow]{res['load_note']}[/]")
+    if res["calibration"].get("saved"):
+        console.print(f"calibration: {res['calibration']['saved']}")
     if json_path:
         _write_json(json_path, res)
 

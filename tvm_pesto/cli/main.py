@@ -1,6 +1,7 @@
 """``tvm-pesto``: place, build and run Relax models across devices.
 
-Verbs: ``demo``, ``place``, ``run``, ``cluster``; each step that takes over a second
+Verbs: ``demo``, ``place``, ``run``, ``cluster`` (``profile``, ``cost-model``, ``train``,
+``tune`` and ``bench`` are registered at the end); each step that takes over a second
 shows a progress bar; ``--json PATH`` writes the result atomically.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import click
 
 from ..jsonio import write_json
-from .options import deterministic_option
+from .options import deterministic_option, ms_db_option
 from .progress import ErrorGroup, console
 
 COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
@@ -43,6 +44,7 @@ def _shapes(specs):
 @click.option("--costs", default="xgb", show_default=True, type=click.Choice(COSTS),
               help="xgb: the bundled cost model predicts every candidate (nothing is measured)")
 @click.option("--out", "out_dir", default="pesto-demo", show_default=True, help="folder for the Gantt chart and traces")
+@ms_db_option()
 @deterministic_option(False)
 def demo(model, size, cluster_spec, backends, solver, costs, out_dir, deterministic):
     """Place a model over this machine's CPU devices (backend, device, order), run it, compare with the plan."""
@@ -91,6 +93,7 @@ def _print_run(res):
               help="ILP time limit (s; with --deterministic nominal seconds of work); the local search after "
                    "it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
+@ms_db_option()
 @deterministic_option(True)
 def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, objective, exec_model,
           microbatches, time_limit, json_path, deterministic):
@@ -142,6 +145,7 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 @click.option("--rpc-tracker", default=None, metavar="HOST:PORT",
               help="measure costs on the remote device served under --rpc-key at this TVM RPC tracker")
 @click.option("--rpc-key", default=None, help="the key the remote device's RPC servers registered under")
+@ms_db_option()
 @deterministic_option(False)
 def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
         objective, microbatches, executor, ray_address, rpc_tracker, rpc_key, deterministic):
@@ -243,13 +247,16 @@ def cluster_bench(cluster_spec, output, executor, ray_address):
     write_json(output, d)
 
 
-from .bench import bench  # noqa: E402  (bench placement | scale | backends)
+from .bench import bench  # noqa: E402  (bench placement | scale | backends | search | training)
 from .cost_model import cost_model, profile  # noqa: E402
+from .train import train  # noqa: E402
+from .tune import tune  # noqa: E402
 
 cli.add_command(bench)
 cli.add_command(profile)
 cli.add_command(cost_model)
-from .train import train; cli.add_command(train)  # noqa: E402, E702  (tvm-pesto train)
+cli.add_command(train)
+cli.add_command(tune)
 
 
 def main(argv=None):

@@ -29,15 +29,16 @@ class ErrorGroup(click.Group):
 
 @contextlib.contextmanager
 def step(label: str):
-    """Show a spinner-like bar for one step; yields a ``progress(done, total)`` callback."""
+    """Show a spinner-like bar for one step; yields a ``progress(done, total, label=None)``
+    callback (``label`` replaces the bar's description, e.g. the item being worked on)."""
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False,
                   disable=not console.is_terminal) as prog:
         task = prog.add_task(label, total=None)
         t0 = time.perf_counter()
 
-        def cb(done, total):
-            prog.update(task, completed=done, total=total)
+        def cb(done, total, label=None):
+            prog.update(task, completed=done, total=total, **({"description": label} if label else {}))
 
         yield cb
         prog.update(task, total=1, completed=1)

@@ -44,14 +44,15 @@ def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
                      infeasible=dict(report.infeasible), calibration=factors, seconds=report.seconds)
 
 
-def _xgb(cs, cluster) -> CostTable:
+def _xgb(cs, cluster, calibrate: bool) -> CostTable:
     try:
         from .xgb import predict_candidate_costs
     except ImportError as e:
         raise CostError("the xgb cost source needs xgboost (pip install xgboost-cpu); "
                         "use --costs measured or roofline") from e
-    table, cols = predict_candidate_costs(cs, cluster)
-    return CostTable(table, cols, predicted=len(cs))
+    applied: dict = {}
+    table, cols = predict_candidate_costs(cs, cluster, calibration=calibrate, applied=applied)
+    return CostTable(table, cols, predicted=len(cs), calibration=applied)
 
 
 def _roofline(cs, cluster) -> CostTable:
@@ -72,7 +73,10 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
     progress : callable(done, total), optional
     calibrate : bool
         Measured TVM-native costs are scaled per device so that the fusion groups add up to
-        the whole model's measured time (:func:`tvm_pesto.costs.measured.calibrate_native`).
+        the whole model's measured time (:func:`tvm_pesto.costs.measured.calibrate_native`);
+        ``xgb`` predictions get the whole-model calibration stored next to the model file,
+        if there is one (:mod:`tvm_pesto.costs.calibration`; the table's ``calibration``
+        then holds the ``a``, ``b`` used per device and backend, empty when none was).
 
     Raises
     ------
@@ -91,7 +95,7 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
     if source == "measured":
         return _measured(cs, cluster, cache, progress, calibrate)
     if source == "xgb":
-        return _xgb(cs, cluster)
+        return _xgb(cs, cluster, calibrate)
     if source == "hybrid":
         from .hybrid import hybrid_costs
 

@@ -101,6 +101,29 @@ def measurement_record(key: str, backend: str, target: str, repeats, nodes, devi
     }
 
 
+def backend_stamp(name: str) -> str | None:
+    """What decides a backend's time besides the subgraph and the device: for ``tvm-ms``
+    the version of its tuning database (``measure_stamp``,
+    :func:`tvm_pesto.backends.tvm_cpu.database_stamp`); None for the other backends."""
+    from ..backends import get_backend
+    from ..errors import PestoError
+
+    try:
+        stamp = getattr(get_backend(name), "measure_stamp", None)
+    except PestoError:
+        return None
+    return stamp() if stamp is not None else None
+
+
+def current_record(rec: dict | None, backend: str) -> dict | None:
+    """``rec``, or None when it was measured under another :func:`backend_stamp` (a
+    ``tvm-ms`` time from another tuning database is measured again)."""
+    if rec is None:
+        return None
+    stamp = backend_stamp(backend)
+    return rec if stamp is None or rec.get("backend_stamp") == stamp else None
+
+
 class MeasureCache:
     """Measured seconds per (key, backend, target), loaded from and appended to a file.
 
@@ -154,10 +177,14 @@ class MeasureCache:
         self.entries[k] = rec
 
     def get(self, key: str, backend: str, target: str) -> dict | None:
-        return self.entries.get((key, backend, target))
+        return current_record(self.entries.get((key, backend, target)), backend)
 
     def put(self, rec: dict) -> None:
-        """Remember ``rec`` and append it to the file as one atomic JSON line."""
+        """Remember ``rec`` and append it to the file as one atomic JSON line (with the
+        backend's :func:`backend_stamp`, when it has one)."""
+        stamp = backend_stamp(rec.get("backend", ""))
+        if stamp is not None:
+            rec["backend_stamp"] = stamp
         with self._lock:
             append_record(self.path, rec)
             self.entries[(rec["key"], rec["backend"], rec["target"])] = rec

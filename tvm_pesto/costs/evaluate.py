@@ -8,6 +8,11 @@ Splits hold out whole *models* (every subgraph of a zoo model; a subgraph whose 
 also occurs in a training model is removed from training, so no shape leaks), or whole
 *op kinds* (every row whose dominant op is of that kind).
 
+:func:`flow_eval` scores the model on the product's own path instead of the profiler's
+records: each model's fused groups predicted by the ``xgb`` source against the ``measured``
+source (groups timed now, scaled to the whole model's measured time), per model, raw and
+with a whole-model calibration fitted on the *other* models (:mod:`.calibration`).
+
 Examples
 --------
 >>> import numpy as np
@@ -20,6 +25,7 @@ Examples
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,7 +36,8 @@ from .features import device_key, dominant_kind
 
 UNITS = {"mape": "percent", "median_ape": "percent", "p90_ape": "percent", "within_10pct": "fraction",
          "top1_backend_accuracy": "fraction", "mean_regret": "fraction (chosen/best - 1)",
-         "spearman": "rank correlation", "kendall": "rank correlation"}
+         "spearman": "rank correlation", "kendall": "rank correlation",
+         "sum_ratio": "ratio (sum of predicted / sum of measured group seconds)", "load": "load average (1, 5, 15 min)"}
 
 
 def _rank_corr(a, b) -> tuple[float | None, float | None]:
@@ -305,5 +312,276 @@ def _overheads(ds) -> dict:
     return ds.overheads
 
 
-__all__ = ["UNITS", "backend_choice", "cross_validate", "evaluate_model", "is_zoo_model", "metrics", "noise_floor",
+# -- the product's path: fused groups, xgb against measured ---------------------------------------
+#: Labels measured while the 1-minute load average was above this are flagged (``high_load``):
+#: on this 2-core machine a measurement pins one core, so more than 1.0 means another job.
+MAX_LABEL_LOAD = 1.0
+#: The issue's targets: per-group MAPE (percent) and the sum of a model's groups within 10 %.
+FLOW_TARGETS = {"group_mape_pct": 25.0, "sum_ratio_tolerance": 0.10}
+
+
+def model_origin(name: str) -> str:
+    """``zoo``, ``outside`` (:mod:`tvm_pesto.zoo.outside`) or ``given`` for a flow model name."""
+    from ..zoo import MODELS
+    from ..zoo.outside import MODELS as OUTSIDE
+
+    return "zoo" if name in MODELS else ("outside" if name in OUTSIDE else "given")
+
+
+def flow_models(names=None, size: str = "small") -> dict:
+    """``name -> Relax module``: every zoo model and every model of :mod:`tvm_pesto.zoo.outside`
+    (the default), or those named.
+
+    Raises
+    ------
+    CostError
+        For a name that is neither (the message lists both).
+    """
+    from .. import zoo
+    from ..zoo import outside
+
+    zoo_names, out_names = zoo.list_models(), outside.list_models()
+    names = list(names) if names else zoo_names + out_names
+    mods = {}
+    for n in names:
+        if n in zoo_names:
+            mods[n] = zoo.load(n, size).mod
+        elif n in out_names:
+            mods[n] = outside.relax_module(n, size)
+        else:
+            raise CostError(f"unknown model {n!r} for the flow evaluation; use a zoo model ({', '.join(zoo_names)}) "
+                            f"or one outside the zoo ({', '.join(out_names)})")
+    return mods
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in os.getloadavg()]
+
+
+def _flow_errors(meas: np.ndarray, pred: np.ndarray) -> dict:
+    """:func:`_errors` plus the sums, and the MAPE of the groups measured above the floor."""
+    from .measured import MIN_COST_S
+
+    out = _errors(meas, pred)
+    above = meas > 1.5 * MIN_COST_S  # at the floor: nothing measurable after the VM call overhead (views)
+    out.update(sum_pred_s=float(pred.sum()), sum_meas_s=float(meas.sum()),
+               sum_ratio=float(pred.sum() / meas.sum()) if meas.sum() > 0 else None,
+               n_at_floor=int((~above).sum()), mape_above_floor=_errors(meas[above], pred[above])["mape"])
+    return out
+
+
+def _meets(m: dict) -> dict:
+    ok_mape = m.get("mape") is not None and m["mape"] <= FLOW_TARGETS["group_mape_pct"]
+    ok_sum = m.get("sum_ratio") is not None and abs(m["sum_ratio"] - 1.0) <= FLOW_TARGETS["sum_ratio_tolerance"]
+    return {"mape": bool(ok_mape), "sum": bool(ok_sum)}
+
+
+def _target_summary(per: dict, key: str | None) -> dict:
+    ms = {n: (r if key is None else r.get(key)) for n, r in per.items()}
+    ms = {n: m for n, m in ms.items() if m and m.get("n")}
+    met = {n: _meets(m) for n, m in ms.items()}
+    return {"models": len(ms), "mape_met": sorted(n for n, v in met.items() if v["mape"]),
+            "sum_met": sorted(n for n, v in met.items() if v["sum"]),
+            "all_met": bool(ms) and all(v["mape"] and v["sum"] for v in met.values())}
+
+
+def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate: bool = True,
+              max_load: float = MAX_LABEL_LOAD, strict: bool = False, save_calibration=None,
+              progress=None) -> dict:
+    """Score the ``xgb`` cost source against measurements on the product's path.
+
+    For each model: its fused groups (the ``tvm`` candidates of placement, as
+    :func:`tvm_pesto.estimate_costs` costs them) measured by the ``measured`` source (timed
+    now on ``cluster``'s devices, scaled to the whole model's measured time) and predicted
+    by the ``xgb`` source without calibration (raw). With ``calibrate``, each model is also
+    scored with a calibration fitted on the *other* models only (leave one model out, so the
+    score is not the fit), and with the calibration stored next to the model file if there
+    is one (``calibrated_stored``, ``in_fit`` says whether that model was in its fit).
+
+    Parameters
+    ----------
+    modules : dict
+        ``name -> tvm.IRModule`` (or :class:`tvm_pesto.api.Analysis`), e.g. :func:`flow_models`.
+    cluster : str or Cluster
+        Devices on this machine that the model covers.
+    model : path or CostModel, optional
+        Default: the bundled model.
+    cache : MeasureCache, optional
+        Default: a fresh log in a temporary folder, so every label is measured now, under
+        the load this reports (labels found in a given cache were measured earlier, under
+        a load nobody recorded; ``labels_from_cache`` counts them).
+    max_load : float
+        1-minute load average above which a model's labels are flagged ``high_load``.
+    strict : bool
+        Refuse (raise) instead of flagging.
+    save_calibration : path, optional
+        Write the calibration fitted on *all* the models there (see
+        :func:`tvm_pesto.costs.calibration.calibration_path` for where the ``xgb`` source
+        looks for it).
+
+    Returns
+    -------
+    dict
+        ``flow.<model>``: ``mape`` (percent), ``median_ape``, ``p90_ape``, ``within_10pct``,
+        ``sum_ratio`` (sum predicted / sum measured), ``spearman``, ``kendall``, ``n_groups``,
+        ``calibrated`` (False: these are raw), ``load`` (before/after the measurement and the
+        labels' 1-minute value), ``high_load``; ``calibrated_heldout`` (the same figures with
+        the leave-one-model-out calibration, ``calibrated: True``); ``pooled`` over all
+        groups; ``targets`` (which models meet per-group MAPE <= 25 % and sum within 10 %).
+
+    Raises
+    ------
+    CostError
+        For no models, a device the model does not cover, or (``strict``) labels measured
+        above ``max_load``.
+
+    Examples
+    --------
+    >>> res = flow_eval(flow_models(["vgg11", "vit"]), "cpu:2")     # doctest: +SKIP
+    >>> res["flow"]["vit"]["mape"], res["flow"]["vit"]["calibrated_heldout"]["mape"]  # doctest: +SKIP
+    """
+    import tempfile
+
+    from ..api import Analysis, analyze, as_cluster
+    from ..candidates import placement_candidates
+    from . import candidate_costs
+    from .cache import MeasureCache
+    from .calibration import file_sha256, fit_calibration, load_calibration
+    from .features import device_descriptor, device_key
+    from .xgb import MIN_COST_S, CostModel, load_model, predict_candidate_costs
+
+    if not modules:
+        raise CostError("no models to evaluate; name zoo models or models outside the zoo (see flow_models)")
+    if not max_load > 0:
+        raise CostError(f"max_load must be a positive load average, got {max_load!r}")
+    cl = as_cluster(cluster)
+    cm = model if isinstance(model, CostModel) else load_model(model)
+    cols: dict[str, int] = {}  # device key -> first column of that device
+    for j, dev in enumerate(cl.devices):
+        dd = device_descriptor(dev)
+        if not cm.covers(dd):
+            raise CostError(f"cost model {cm.path} was not trained on device {dev.name} ({device_key(dd)}), so the "
+                            f"flow evaluation would score roofline estimates; use a cluster of devices it covers "
+                            f"({', '.join('/'.join(d) for d in cm.meta.get('device_models', []))})")
+        cols.setdefault(device_key(dd), j)
+    fresh = cache is None
+    if fresh:
+        cache = MeasureCache(Path(tempfile.mkdtemp(prefix="pesto-flow-")) / "measurements.jsonl")
+    load_start = _loadavg()
+    per, pairs, cands = {}, {}, {}
+    for name, mod in modules.items():
+        before = _loadavg()
+        if strict and before[0] > max_load:
+            raise CostError(f"load average {before[0]:.2f} is above {max_load} before measuring {name}: the labels "
+                            "would be slowed by other jobs; run on a quieter machine, or raise --max-load / drop --strict")
+        a = mod if isinstance(mod, Analysis) else analyze(mod)
+        cs = placement_candidates(a.rg, a.groups)
+        mct = candidate_costs(cs, cl, "measured", cache=cache, progress=progress)
+        after = _loadavg()
+        label_load = max(before[0], after[0])
+        high = label_load > max_load
+        if strict and high:
+            raise CostError(f"load average rose to {label_load:.2f} (above {max_load}) while measuring {name}; run "
+                            "on a quieter machine, or raise --max-load / drop --strict")
+        raw, _ = predict_candidate_costs(cs, cl, cm, calibration=False)
+        ps, cells = [], []  # (backend, device key, predicted, measured) and its (candidate, column)
+        for dk, j in cols.items():
+            for i, c in enumerate(cs):
+                if np.isfinite(mct.table[i, j]) and np.isfinite(raw[i, j]):
+                    ps.append((c.backend, dk, float(raw[i, j]), float(mct.table[i, j])))
+                    cells.append((i, j))
+        if not ps:
+            raise CostError(f"model {name}: no fused group was both measured and predicted; check that it builds "
+                            "on this machine (tvm-pesto run)")
+        pred, meas = np.array([p[2] for p in ps]), np.array([p[3] for p in ps])
+        rec = {"origin": model_origin(name), "n_groups": len(a.groups), "calibrated": False,
+               **_flow_errors(meas, pred), "load": {"before": before, "after": after, "label_1min": label_load,
+                        "known": bool(fresh or mct.cached == 0)}, "high_load": bool(high),
+               "measured": mct.measured, "labels_from_cache": mct.cached, "measure_s": float(mct.seconds),
+               "whole_model_factor": {str(k): v for k, v in mct.calibration.items()}}
+        per[name], pairs[name], cands[name] = rec, ps, (cs, tuple(np.array(cells).T))
+    res: dict = {"kind": "flow", "model": cm.path, "cluster": cl.name, "devices": sorted(cols),
+                 "cost_source": "xgb", "label_source": "measured (fused groups scaled to the whole model's time)",
+                 "units": UNITS, "max_load": max_load, "cores": os.cpu_count(), "strict": bool(strict),
+                 "fresh_cache": fresh, "load": {"start": load_start, "end": _loadavg()},
+                 "high_load_models": sorted(n for n, r in per.items() if r["high_load"]),
+                 "targets_required": dict(FLOW_TARGETS), "flow": per}
+    res["high_load"] = bool(res["high_load_models"])
+    unknown = sorted(n for n, r in per.items() if not r["load"]["known"])
+    if unknown:
+        res["load_unknown_models"] = unknown  # labels from a given cache: measured earlier, load not recorded
+    if res["high_load"]:
+        res["load_note"] = (f"labels of {', '.join(res['high_load_models'])} were measured above load {max_load} on "
+                            f"{os.cpu_count()} cores (the measurement itself keeps one core busy); other jobs slow "
+                            "the labels, so judge those figures with it")
+    all_meas = np.concatenate([[p[3] for p in pairs[n]] for n in per])
+    all_raw = np.concatenate([[p[2] for p in pairs[n]] for n in per])
+    res["pooled"] = {"raw": _flow_errors(all_meas, all_raw)}
+    res["targets"] = {"raw": _target_summary(per, None)}
+    res["calibration"] = {"fitted": False, "raw_figures_calibrated": False,
+                          "note": "flow.<model> figures are raw; calibrated ones are under calibrated_heldout "
+                                  "(and calibrated_stored)" if calibrate else "calibration off (--no-calibration)"}
+    if calibrate:
+        _flow_calibrate(res, per, pairs, cands, cl, cm)
+        stored = load_calibration(cm)
+        res["calibration"]["stored"] = None if stored is None else stored.path
+        if stored is not None:
+            for name, rec in per.items():
+                cs, cells = cands[name]
+                pred = predict_candidate_costs(cs, cl, cm, calibration=stored)[0][cells]
+                rec["calibrated_stored"] = {"calibrated": True, **_flow_errors(_measured_of(pairs[name]), pred),
+                                            "in_fit": name in (stored.meta.get("models") or [])}
+        if save_calibration is not None:
+            loads = [r["load"]["label_1min"] for r in per.values()]
+            meta = {"model": Path(cm.path).name if cm.path else None,
+                    "model_sha256": file_sha256(cm.path) if cm.path else None,
+                    "cluster": cl.name, "models": sorted(per),
+                    "label_source": res["label_source"],
+                    "label_load": {"max_1min": float(max(loads)), "median_1min": float(np.median(loads)),
+                                   "per_model": {n: r["load"]["label_1min"] for n, r in per.items()},
+                                   "max_load": max_load, "cores": os.cpu_count(),
+                                   "high_load_models": res["high_load_models"],
+                                   "load_unknown_models": unknown}}
+            cal = fit_calibration([p for n in per for p in pairs[n]], meta=meta, floor=MIN_COST_S)
+            res["calibration"]["saved"] = cal.save(save_calibration)
+            res["calibration"]["saved_entries"] = cal.to_json()["entries"]
+    return res
+
+
+def _measured_of(pairs) -> np.ndarray:
+    return np.array([p[3] for p in pairs])
+
+
+def _flow_calibrate(res, per, pairs, cands, cl, cm) -> None:
+    """Leave-one-model-out calibration: fit on the other models' groups, score this one."""
+    from .calibration import METHOD, fit_calibration
+    from .xgb import MIN_COST_S, predict_candidate_costs
+
+    names = list(per)
+    res["calibration"].update(fitted=True, method=METHOD, heldout="leave one model out (fit on the other models)")
+    if len(names) < 2:
+        res["calibration"]["note"] = "one model only: nothing to hold out, no calibrated figures"
+        return
+    all_p, all_m = [], []
+    for name in names:
+        others = [p for n in names if n != name for p in pairs[n]]
+        try:
+            cal = fit_calibration(others, meta={"models": [n for n in names if n != name]}, floor=MIN_COST_S)
+        except CostError as e:
+            per[name]["calibrated_heldout"] = {"calibrated": False, "error": str(e)}
+            continue
+        cs, cells = cands[name]
+        pred, meas = predict_candidate_costs(cs, cl, cm, calibration=cal)[0][cells], _measured_of(pairs[name])
+        all_p.append(pred)
+        all_m.append(meas)
+        per[name]["calibrated_heldout"] = {"calibrated": True, **_flow_errors(meas, pred),
+                                           "fit_models": [n for n in names if n != name],
+                                           "entries": cal.to_json()["entries"]}
+    if all_p:
+        res["pooled"]["calibrated_heldout"] = _flow_errors(np.concatenate(all_m), np.concatenate(all_p))
+        res["targets"]["calibrated_heldout"] = _target_summary(per, "calibrated_heldout")
+
+
+__all__ = ["FLOW_TARGETS", "MAX_LABEL_LOAD", "UNITS", "backend_choice", "cross_validate", "evaluate_model",
+           "flow_eval", "flow_models", "is_zoo_model", "metrics", "model_origin", "noise_floor",
            "plot_predictions", "relabel", "split_by_model"]

@@ -19,6 +19,10 @@ that let a model be trained without the IR (records are appended atomically, so 
 ``model``, ``nodes``, ``load``, ``host``, ``call_overhead_s``
     where it came from, which op-graph nodes, ``os.getloadavg()`` when it was written
     (to judge noise), the host name, the VM call overhead measured in the same run.
+``backend_stamp``
+    for ``tvm-ms`` records, the tuning database they were measured with
+    (:func:`tvm_pesto.costs.cache.backend_stamp`); after more tuning the same
+    subgraphs are measured again.
 
 Records are deduplicated per (key, backend, target, model, run): profiling a model twice
 measures nothing the second time, but a shape shared by two models is measured in both
@@ -44,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CostError, PestoError
-from .cache import MeasureCache, device_key
+from .cache import MeasureCache, current_record, device_key
 from .features import describe_group, device_descriptor
 from .jsonl import read_records
 
@@ -84,7 +88,7 @@ class ProfileLog(MeasureCache):
         self._mine[k + (rec.get("model", ""), rec.get("run", ""))] = rec
 
     def get(self, key: str, backend: str, target: str) -> dict | None:
-        return self._mine.get((key, backend, target, self.model, self.run))
+        return current_record(self._mine.get((key, backend, target, self.model, self.run)), backend)
 
     def put(self, rec: dict) -> None:
         rec = dict(rec)
@@ -106,6 +110,14 @@ class ProfileLog(MeasureCache):
             self._mine[(rec["key"], rec["backend"], rec["target"], self.model, self.run)] = rec
             self.written += 1
         super().put(rec)
+
+
+def default_backends() -> list[str]:
+    """:data:`DEFAULT_BACKENDS`, and ``tvm-ms`` when it has a tuning database
+    (``--ms-db`` or ``TVM_PESTO_MS_DB``)."""
+    from ..backends import backend_status
+
+    return list(DEFAULT_BACKENDS) + (["tvm-ms"] if backend_status(["tvm-ms"])["tvm-ms"][0] else [])
 
 
 @dataclass
@@ -380,5 +392,5 @@ def default_log_path() -> Path:
     return Path(root) / "tvm-pesto" / "profile.jsonl"
 
 
-__all__ = ["DEFAULT_BACKENDS", "MERGED_FIELDS", "ProfileLog", "ProfileResult", "default_log_path", "merge_logs",
-           "profile_module", "profile_zoo"]
+__all__ = ["DEFAULT_BACKENDS", "MERGED_FIELDS", "ProfileLog", "ProfileResult", "default_backends", "default_log_path",
+           "merge_logs", "profile_module", "profile_zoo"]

@@ -27,12 +27,10 @@ Examples
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 import re
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -216,6 +214,27 @@ def check_database_target(work_dir, target: dict) -> None:
                         "TVM_PESTO_MS_DB at it, or keep one target per database")
 
 
+def open_database(work_dir):
+    """MetaSchedule's own reader (``JSONDatabase``) over a work directory, created empty
+    when its files are missing.
+
+    Raises
+    ------
+    CostError
+        When MetaSchedule cannot read it (it refuses a whole file for one bad line).
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    try:
+        return ms.database.JSONDatabase(work_dir=os.fspath(work_dir), allow_missing=True, module_equality="structural")
+    except Exception as e:  # noqa: BLE001 - any parse error of MetaSchedule's reader
+        text = str(e).strip()
+        why = f"{type(e).__name__}: {text.splitlines()[-1][:300]}" if text else type(e).__name__
+        raise CostError(f"MetaSchedule cannot read the database in {os.fspath(work_dir)!r} ({why}); "
+                        "tvm-pesto cost-model train --tuning-db DIR names its malformed lines: remove them, or "
+                        "tune into a new work directory") from e
+
+
 def _read_lines(path: Path, skipped: list) -> list[tuple[int, object]]:
     out = []
     with open(path) as f:
@@ -327,10 +346,9 @@ def read_tuning_db(work_dir, model: str | None = None, device: dict | None = Non
 
 def tune_in_process(mod, target: dict, work_dir, max_trials: int = 8, num_trials_per_iter: int = 4,
                     seed: int = 0):
-    """A short MetaSchedule run with an in-process builder and runner; returns the database.
-
-    LocalBuilder/LocalRunner start worker processes that each import TVM, which takes tens
-    of seconds on a loaded machine; this compiles and times in the calling process.
+    """A short MetaSchedule run of TIR functions with an in-process builder and runner
+    (:class:`tvm_pesto.costs.ms_measure.InProcessMeasurer`); returns the database. Whole models
+    are tuned with :func:`tvm_pesto.costs.tune.tune_model`.
 
     Parameters
     ----------
@@ -345,88 +363,22 @@ def tune_in_process(mod, target: dict, work_dir, max_trials: int = 8, num_trials
     """
     import tvm
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
-    from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerResult
-    from tvm.ir.utils import derived_object
 
-    built: dict[str, object] = {}
-
-    @derived_object
-    class _Builder(PyBuilder):
-        def build(self, build_inputs):
-            from tvm.s_tir.meta_schedule.builder.local_builder import default_build
-
-            out = []
-            for inp in build_inputs:
-                try:
-                    # a real folder: MetaSchedule's RemoveBuildArtifact deletes dirname(path)
-                    name = os.path.join(tempfile.mkdtemp(prefix="pesto-ms-"), "artifact")
-                    built[name] = default_build(inp.mod, inp.target, None)
-                    out.append(BuilderResult(name, None))
-                except Exception as e:  # noqa: BLE001 - reported to MetaSchedule as a failed build
-                    out.append(BuilderResult(None, f"{type(e).__name__}: {e}"))
-            return out
-
-    @derived_object
-    class _Runner(PyRunner):
-        def run(self, runner_inputs):
-            from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
-
-            dev = tvm.cpu(0)
-            futures = []
-            for inp in runner_inputs:
-                try:
-                    rt = built.pop(inp.artifact_path)
-                    args = default_alloc_argument(dev, [a.as_json() for a in inp.args_info], 1)[0]
-                    f = rt.time_evaluator(rt.entry_name, dev, number=3, repeat=1)
-                    res = RunnerResult([float(x) for x in f(*args).results], None)
-                except Exception as e:  # noqa: BLE001 - reported as a failed run
-                    res = RunnerResult(None, f"{type(e).__name__}: {e}")
-                futures.append(RunnerFuture(f_done=lambda: True, f_result=lambda r=res: r))
-            return futures
+    from .ms_measure import InProcessMeasurer, cpu_intrinsics_only
 
     os.makedirs(work_dir, exist_ok=True)
-    with _cpu_intrinsics_only(str(target.get("kind", "llvm")) == "llvm"):
-        return ms.tir_integration.tune_tir(
-            mod, tvm.target.Target(target), str(work_dir), max_trials_global=max_trials,
-            num_trials_per_iter=num_trials_per_iter, builder=_Builder(), runner=_Runner(), cost_model="random",
-            strategy=ms.search_strategy.ReplayTrace(), task_scheduler="round-robin", num_tuning_cores=1, seed=seed)
-
-
-@contextlib.contextmanager
-def _cpu_intrinsics_only(enabled: bool):
-    """Register only the x86 tensor intrinsics while tuning for a CPU.
-
-    MetaSchedule's TuneContext imports ``tvm.s_tir.tensor_intrin``, whose CUDA part parses
-    hundreds of TVMScript functions (a minute or more on a loaded machine) that an
-    ``llvm`` target never uses. While tuning, the package is stood in by a module that
-    shares its ``__path__`` (so ``tensor_intrin.x86`` imports normally); it is removed
-    afterwards, so a later full import still registers everything.
-    """
-    import sys
-    import types
-
-    name = "tvm.s_tir.tensor_intrin"
-    if not enabled or name in sys.modules:
-        yield
-        return
-    import tvm.s_tir
-
-    pkg_dir = os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")
-    stub = types.ModuleType(name)
-    stub.__path__ = [pkg_dir]
-    sys.modules[name] = stub
+    measurer = InProcessMeasurer()
     try:
-        try:
-            import tvm.s_tir.tensor_intrin.x86  # noqa: F401
-        except Exception:  # noqa: BLE001 - without x86 intrinsics tuning still works for fp32
-            pass
-        yield
+        with cpu_intrinsics_only(str(target.get("kind", "llvm")) == "llvm"):
+            return ms.tir_integration.tune_tir(
+                mod, tvm.target.Target(target), str(work_dir), max_trials_global=max_trials,
+                num_trials_per_iter=num_trials_per_iter, builder=measurer.builder, runner=measurer.runner,
+                cost_model="random", strategy=ms.search_strategy.ReplayTrace(), task_scheduler="round-robin",
+                num_tuning_cores=1, seed=seed)
     finally:
-        if sys.modules.get(name) is stub:
-            del sys.modules[name]
+        measurer.close()
 
 
 __all__ = ["FAILED_S", "RECORD_FILE", "TARGET_FIELDS", "WORKLOAD_FILE", "check_database_target", "database_targets",
-           "describe_primfunc", "device_for_target", "device_kind_of", "read_tuning_db", "target_matches",
-           "target_summary", "tune_in_process"]
+           "describe_primfunc", "device_for_target", "device_kind_of", "open_database", "read_tuning_db",
+           "target_matches", "target_summary", "tune_in_process"]

@@ -365,7 +365,8 @@ def load_model(path=None) -> CostModel:
 
 
 # -- cost source ------------------------------------------------------------------------------
-def predict_candidate_costs(cs, cluster, model=None) -> tuple[np.ndarray, list[str]]:
+def predict_candidate_costs(cs, cluster, model=None, calibration=True,
+                            applied: dict | None = None) -> tuple[np.ndarray, list[str]]:
     """``[candidates, devices]`` predicted seconds, and which source made each column.
 
     A device the model covers (its kind and model were in the training data) gets the
@@ -377,6 +378,13 @@ def predict_candidate_costs(cs, cluster, model=None) -> tuple[np.ndarray, list[s
     (:func:`tvm_pesto.costs.roofline.node_seconds`); ``inf`` where the backend does not run
     on the device. Column sources: ``"xgb"``, ``"roofline"``, or ``"xgb+roofline"`` when
     only some candidates of a covered device fell back.
+
+    ``calibration``: ``True`` applies the whole-model calibration stored next to the model
+    file, if any (:mod:`tvm_pesto.costs.calibration`: ``a * predicted + b`` per backend and
+    device, on the floored prediction, then floored by FLOPs at peak only); ``False`` gives the raw predictions; a
+    :class:`~tvm_pesto.costs.calibration.Calibration` applies that one. ``applied``, when
+    given, is filled with device index -> ``{backend: {"a", "b", "file"}}`` for the
+    corrections used.
 
     Examples
     --------
@@ -390,11 +398,13 @@ def predict_candidate_costs(cs, cluster, model=None) -> tuple[np.ndarray, list[s
     ((2, 2), ['roofline', 'roofline'])
     """
     from ..backends import get_backend
+    from .calibration import Calibration, load_calibration
     from .roofline import floor_seconds, node_seconds
 
     graph = cs.rg.graph
     cm = model if isinstance(model, CostModel) else _maybe_load(model, cluster)
     trained = set(cm.meta.get("backends", ["tvm"])) if cm is not None else set()
+    cal = calibration if isinstance(calibration, Calibration) else (load_calibration(cm) if calibration else None)
     out = np.zeros((len(cs), cluster.num_devices))
     sources = []
     descs: dict[int, dict] = {}
@@ -402,7 +412,7 @@ def predict_candidate_costs(cs, cluster, model=None) -> tuple[np.ndarray, list[s
     for j, dev in enumerate(cluster.devices):
         dd = device_descriptor(dev)
         covered = cm is not None and cm.covers(dd)
-        idx, rows, floors, fell_back = [], [], [], 0
+        idx, rows, floors, flop_floors, fell_back = [], [], [], [], 0
         for i, c in enumerate(cs):
             if not get_backend(c.backend).supports_device(dev):
                 out[i, j] = math.inf
@@ -415,12 +425,23 @@ def predict_candidate_costs(cs, cluster, model=None) -> tuple[np.ndarray, list[s
                 idx.append(i)
                 rows.append({"desc": descs[i], "device": dd, "backend": c.backend, "tuned": c.backend == "tvm-ms"})
                 floors.append(floor_seconds(merged[i], dev))
+                flop_floors.append(merged[i].flops / dev.peak_flops)
             else:
                 out[i, j] = node_seconds(merged[i], dev)
                 fell_back += 1
         if rows:
-            pred = cm.predict_rows(rows) - cm.overhead_s(dd)
-            out[idx, j] = np.maximum(np.maximum(pred, np.asarray(floors)), MIN_COST_S)
+            floors = np.maximum(np.asarray(floors), MIN_COST_S)
+            pred = np.maximum(cm.predict_rows(rows) - cm.overhead_s(dd), floors)
+            if cal is not None:
+                # fitted on these raw (floored) predictions against measured groups, which on a CPU
+                # go below bytes / bandwidth for cache-resident tensors and views (a reshape: 0.2 us
+                # measured, 4 us by bandwidth): only the FLOP bound stays a floor
+                bks = [r["backend"] for r in rows]
+                pred = np.maximum(cal.apply(pred, bks, device_key(dd)), np.maximum(flop_floors, MIN_COST_S))
+                if applied is not None:
+                    used = {b: cal.lookup(b, device_key(dd)) for b in sorted(set(bks))}
+                    applied[j] = {b: {"a": ab[0], "b": ab[1], "file": cal.path} for b, ab in used.items() if ab}
+            out[idx, j] = pred
         sources.append("roofline" if not rows else ("xgb+roofline" if fell_back else "xgb"))
     return out, sources
 

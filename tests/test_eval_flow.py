@@ -1,0 +1,207 @@
+"""``cost-model eval --flow``: the xgb cost source scored on fused groups measured on this machine,
+and the whole-model calibration (fit, storage next to the model, application by the xgb source)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import tvm_pesto
+from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
+from tvm_pesto.cli.cost_model import cost_model
+from tvm_pesto.costs import candidate_costs
+from tvm_pesto.costs.cache import MeasureCache
+from tvm_pesto.costs.calibration import (
+    FORMAT,
+    Calibration,
+    calibration_path,
+    file_sha256,
+    fit_affine,
+    fit_calibration,
+    load_calibration,
+)
+from tvm_pesto.costs.evaluate import flow_eval, flow_models
+from tvm_pesto.costs.sweep import sweep_module
+from tvm_pesto.costs.xgb import default_model_path, load_model
+from tvm_pesto.errors import CostError, PestoError
+
+DEV = "cpu/host-cpu/1"
+FLOOR = 2e-7
+
+
+def _loads(value):
+    return lambda: (value, value, value)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """Two tiny models measured for real on cpu:2 (fresh cache), at a quiet load."""
+    cache = MeasureCache(tmp_path_factory.mktemp("flow") / "m.jsonl")
+    mods = {"cnn": tiny_cnn()[0], "mlp": tiny_mlp()[0]}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "getloadavg", _loads(0.25))
+        res = flow_eval(mods, "cpu:2", cache=cache)
+    return res, mods, cache
+
+
+def test_flow_eval_scores_real_fused_groups(measured):
+    res, mods, cache = measured
+    json.dumps(res)  # JSON-ready as returned
+    assert res["kind"] == "flow" and res["cluster"] == "cpu:2" and res["devices"] == [DEV]
+    assert res["high_load"] is False and res["high_load_models"] == []
+    for name, mod in mods.items():
+        r = res["flow"][name]
+        a = tvm_pesto.analyze(mod)
+        assert r["n_groups"] == len(a.groups) == r["n"] and r["calibrated"] is False
+        for k in ("mape", "median_ape", "sum_ratio", "sum_pred_s", "sum_meas_s"):
+            assert isinstance(r[k], float) and r[k] > 0, k
+        assert r["spearman"] is None or -1.0 <= r["spearman"] <= 1.0
+        assert r["load"]["label_1min"] == 0.25 and r["load"]["known"] is True and r["high_load"] is False
+        assert r["measured"] > 0  # labels were measured in this call
+        # the figures are those of the product's path: estimate_costs with the same cache
+        pred, _ = tvm_pesto.estimate_costs(a, "cpu:2", "xgb", calibrate=False)
+        meas, _ = tvm_pesto.estimate_costs(a, "cpu:2", "measured", cache=cache)
+        assert np.isclose(r["sum_ratio"], pred[:, 0].sum() / meas[:, 0].sum())
+        ape = np.abs(pred[:, 0] - meas[:, 0]) / meas[:, 0]
+        assert np.isclose(r["mape"], 100 * ape.mean())
+        # the whole model's measured time is what the groups add up to
+        assert r["whole_model_factor"]["0"] > 0
+        c = r["calibrated_heldout"]
+        assert c["calibrated"] is True and c["fit_models"] == [n for n in mods if n != name]
+        assert isinstance(c["mape"], float) and isinstance(c["sum_ratio"], float)
+        assert c["entries"][0]["backend"] == "tvm" and c["entries"][0]["device"] == DEV
+    assert res["calibration"]["fitted"] is True and res["calibration"]["raw_figures_calibrated"] is False
+    assert set(res["pooled"]) == {"raw", "calibrated_heldout"}
+    assert set(res["targets"]["raw"]) == {"models", "mape_met", "sum_met", "all_met"}
+
+
+def test_high_load_is_flagged_and_strict_refuses(measured, monkeypatch):
+    _, mods, cache = measured
+    monkeypatch.setattr(os, "getloadavg", _loads(3.5))
+    res = flow_eval(mods, "cpu:2", cache=cache, calibrate=False)  # labels cached: no new measurement
+    assert res["high_load"] is True and res["high_load_models"] == sorted(mods)
+    assert "above load 1.0" in res["load_note"]
+    assert all(r["high_load"] and r["load"]["label_1min"] == 3.5 for r in res["flow"].values())
+    assert res["load_unknown_models"] == sorted(mods)  # a given cache: labels from earlier
+    assert res["calibration"]["fitted"] is False and "calibrated_heldout" not in res["flow"]["cnn"]
+    with pytest.raises(CostError, match=r"load average 3\.50 is above 1\.0.*quieter machine"):
+        flow_eval(mods, "cpu:2", cache=cache, strict=True)
+    res = flow_eval(mods, "cpu:2", cache=cache, calibrate=False, max_load=4.0)
+    assert res["high_load"] is False
+
+
+def test_fit_recovers_a_known_correction():
+    rng = np.random.default_rng(0)
+    p = 10 ** rng.uniform(-6.5, -3, 300)
+    a, b = fit_affine(p, 0.4 * p + 3e-6)
+    assert np.isclose(a, 0.4, rtol=1e-6) and np.isclose(b, 3e-6, rtol=1e-5)
+    # a negative per-call term sends the smallest groups to the floor, as measured
+    a, b = fit_affine(p, np.maximum(0.45 * p - 2e-6, FLOOR), floor=FLOOR)
+    assert np.isclose(a, 0.45, rtol=1e-4) and np.isclose(b, -2e-6, rtol=1e-3)
+    cal = fit_calibration([("tvm", DEV, x, y) for x, y in zip(p, 0.4 * p + 3e-6)] + [("torch", DEV, 1e-5, 1e-5)])
+    assert set(cal.entries) == {("tvm", DEV)}  # one torch group: too few to fit, left as predicted
+    assert np.allclose(cal.apply([1e-5, 1e-5], ["tvm", "torch"], DEV), [7e-6, 1e-5])
+
+
+def test_calibration_of_held_out_models_beats_raw_on_synthetic_data():
+    rng = np.random.default_rng(1)
+
+    def model(n):  # predictions 2x too slow plus 3 us of call time; measured with 20 % noise
+        m = 10 ** rng.uniform(-6, -3, n)
+        p = (m / 0.5 + 3e-6) * rng.lognormal(0, 0.2, n)
+        return p, m
+
+    train = [model(40) for _ in range(3)]
+    cal = fit_calibration([("tvm", DEV, x, y) for p, m in train for x, y in zip(p, m)])
+    p, m = model(60)
+    calibrated = np.maximum(cal.apply(p, ["tvm"] * len(p), DEV), FLOOR)
+    mape = lambda q: float(np.mean(np.abs(q - m) / m))
+    assert mape(calibrated) < 0.5 * mape(p)
+    assert abs(calibrated.sum() / m.sum() - 1) < abs(p.sum() / m.sum() - 1)
+
+
+@pytest.fixture
+def model_copy(tmp_path, monkeypatch):
+    """The bundled model copied to a folder of its own (no calibration next to it), as the default."""
+    path = tmp_path / "m.json"
+    shutil.copy(default_model_path(), path)
+    monkeypatch.setenv("TVM_PESTO_COST_MODEL", str(path))
+    return path
+
+
+def _write_cal(model_path, a, b, sha=None, version=1):
+    data = Calibration({("tvm", DEV): (a, b)}, {"model": model_path.name,
+                                                 "model_sha256": sha or file_sha256(model_path)}).to_json()
+    data["version"] = version
+    calibration_path(model_path).write_text(json.dumps(data))
+
+
+def test_xgb_source_applies_the_stored_calibration(model_copy):
+    a = tvm_pesto.analyze(sweep_module("matmul", limit=3))
+    cs = tvm_pesto.make_candidates(a, "cpu:2", "tvm")
+    cl = tvm_pesto.parse_cluster("cpu:2")
+    raw = candidate_costs(cs, cl, "xgb")
+    assert raw.calibration == {} and raw.summary()["calibration"] == {}
+    _write_cal(model_copy, 0.5, 0.0)
+    cal = candidate_costs(cs, cl, "xgb")
+    assert cal.columns == ["xgb", "xgb"]
+    assert np.allclose(cal.table, np.maximum(0.5 * raw.table, FLOOR))
+    assert cal.calibration[0]["tvm"]["a"] == 0.5 and cal.calibration[0]["tvm"]["file"].endswith("m.calibration.json")
+    off = candidate_costs(cs, cl, "xgb", calibrate=False)
+    assert np.array_equal(off.table, raw.table) and off.calibration == {}
+    t, src = tvm_pesto.estimate_costs(a, cl, "xgb")
+    assert src == "xgb" and np.allclose(t, cal.table)
+
+
+def test_stale_or_bad_calibration_files(model_copy):
+    model = load_model(model_copy)
+    assert load_calibration(model) is None  # none stored
+    _write_cal(model_copy, 0.5, 0.0, sha="0" * 64)
+    with pytest.warns(RuntimeWarning, match="another version of .*not applied"):
+        assert load_calibration(model) is None
+    _write_cal(model_copy, 0.5, 0.0, version=99)
+    with pytest.raises(CostError, match="version 99.*refit"):
+        load_calibration(model)
+    calibration_path(model_copy).write_text("{not json")
+    with pytest.raises(CostError, match="not readable JSON.*delete it"):
+        load_calibration(model)
+    calibration_path(model_copy).write_text(json.dumps({"format": FORMAT, "version": 1, "entries": [{"a": 1}]}))
+    with pytest.raises(CostError, match="entry 0 lacks backend"):
+        load_calibration(model)
+
+
+def test_bad_inputs_are_clear_errors(model_copy, tmp_path):
+    with pytest.raises(CostError, match="at least 3 measured groups"):
+        fit_affine([1e-6, 2e-6], [1e-6, 2e-6])
+    with pytest.raises(CostError, match="positive, finite"):
+        fit_affine([1e-6, 2e-6, np.inf], [1e-6, 2e-6, 3e-6])
+    with pytest.raises(CostError, match="all predictions are equal"):
+        fit_affine([1e-6] * 3, [1e-6, 2e-6, 3e-6])
+    with pytest.raises(CostError, match="no backend and device has 3"):
+        fit_calibration([("tvm", DEV, 1e-6, 1e-6)])
+    with pytest.raises(CostError, match="unknown model 'nope'.*zoo.*outside the zoo.*vit"):
+        flow_models(["nope"])
+    with pytest.raises(CostError, match="no models to evaluate"):
+        flow_eval({})
+    with pytest.raises(CostError, match="not trained on device .*V100"):
+        flow_eval({"mlp": tiny_mlp()[0]}, "2xV100-nvlink")
+    run = CliRunner().invoke
+    res = run(cost_model, ["eval", "--flow", "--cv"])
+    assert isinstance(res.exception, PestoError) and "--flow measures models" in str(res.exception)
+    res = run(cost_model, ["eval", "--save-calibration"])
+    assert isinstance(res.exception, PestoError) and "add --flow" in str(res.exception)
+
+
+def test_cli_flow_refuses_under_load_with_strict(model_copy, monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "getloadavg", _loads(2.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = CliRunner().invoke(cost_model, ["eval", "--flow", "--models", "mlp_mixer", "--strict",
+                                              "--json", str(tmp_path / "o.json")])
+    assert isinstance(res.exception, CostError) and "load average 2.00 is above 1.0" in str(res.exception)
+    assert not (tmp_path / "o.json").exists()
