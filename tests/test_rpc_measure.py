@@ -1,8 +1,13 @@
 """Measuring costs on a remote device over TVM RPC: a tracker and a server started here on
 127.0.0.1, the candidate built here, uploaded and timed there; the faults (a tracker that
-refuses, a key nobody serves, a session that times out) fail fast and leave the cache valid."""
+refuses, a key nobody serves, a session that times out) fail fast and leave the cache valid.
+``tvm-pesto tune`` over the same server: schedules built here, timed there, records tagged
+as the remote device's."""
 from __future__ import annotations
 
+import gc
+import json
+import re
 import socket
 import time
 
@@ -11,6 +16,7 @@ import pytest
 
 pytest.importorskip("tornado", reason="TVM RPC needs tornado: pip install 'tvm-pesto[distributed]'")
 
+import tvm  # noqa: E402
 import tvm_pesto  # noqa: E402
 from tvm import relax  # noqa: E402
 from tvm_pesto.cluster import parse_cluster  # noqa: E402
@@ -175,3 +181,97 @@ def test_rpc_exposure_is_loopback(rpc_tracker):
         pytest.skip("listing sockets needs privileges here")
     mine = [c for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == int(port)]
     assert mine and all(c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1") for c in mine)
+
+
+def test_rpc_tune_times_the_schedules_on_the_server(rpc_tracker, tmp_path, monkeypatch):
+    """``tvm-pesto tune --rpc-tracker --rpc-key``: schedules built here, each uploaded as a
+    ``.so`` and timed on the key's server; the records are tagged as that remote device's,
+    tvm-ms applies them for it (the result is run there) and refuses them for a local device."""
+    from click.testing import CliRunner
+    from test_tune import W1, W2, lines, mlp
+    from tvm_pesto.backends.tvm_cpu import TvmMetaScheduleBackend
+    from tvm_pesto.cli.main import cli
+    from tvm_pesto.costs.tune import tune_model
+    from tvm_pesto.costs.tuning_db import FAILED_S, RECORD_FILE, read_tuning_db
+    from tvm_pesto.errors import BuildError, TuningError
+
+    loaded = []
+    load = remote.RemoteRunner.load
+    monkeypatch.setattr(remote.RemoteRunner, "load", lambda self, m, name: loaded.append(name) or load(self, m, name))
+    model = tmp_path / "mlp.tvmscript"
+    model.write_text(mlp().script(show_meta=True))
+    wd, out = tmp_path / "db", tmp_path / "t.json"
+    res = CliRunner().invoke(cli, ["tune", str(model), "--trials", "4", "--work-dir", str(wd), "--strategy", "replay",
+                                   "--trials-per-iter", "2", "--rpc-tracker", rpc_tracker, "--rpc-key", KEY,
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert r["trials_spent"] == 4 and r["rpc"] == {"tracker": rpc_tracker, "key": KEY} and r["target"]["tag"] == \
+        f"rpc:{KEY}"
+    assert all(0 < t["best_s"] < 1e-2 and 0 < t["baseline_s"] < 1e-2 for t in r["tasks"])
+    assert len(loaded) == len(set(loaded)) == 4 + 2  # every trial and both baselines went to the server
+    assert f"--rpc-tracker {rpc_tracker} --rpc-key {KEY} --backends tvm,tvm-ms --ms-db {wd}" in " ".join(
+        res.output.split())
+    recs = [json.loads(ln) for ln in lines(wd / RECORD_FILE)]
+    assert len(recs) == 4 and {rec[1][2].get("tag") for rec in recs} == {f"rpc:{KEY}"}
+    assert all(0 < max(rec[1][1]) < FAILED_S for rec in recs)
+    rows, skipped = read_tuning_db(wd)
+    assert skipped == [] and len(rows) == 2
+    # tvm-ms with this database: built here for the remote device, run on its server
+    far = remote_cluster(parse_cluster("cpu:1"), rpc_tracker, KEY).devices[0]
+    bk = TvmMetaScheduleBackend(database=str(wd))
+    meta = bk.export_artifact(mlp()["main"], far, str(tmp_path), "mlp_ms")
+    x = np.random.default_rng(3).standard_normal((8, 64)).astype("float32")
+
+    def run_there():
+        with remote.remote_session(far) as session:
+            session.sess.upload(str(tmp_path / meta["files"][0]))
+            vm = relax.VirtualMachine(session.sess.load_module(meta["files"][0]), session.dev)
+            return vm["main"](tvm.runtime.tensor(x, device=session.dev)).numpy()
+
+    np.testing.assert_allclose(run_there(), np.maximum(x @ W1, 0) @ W2, rtol=1e-4, atol=1e-3)
+    gc.collect()  # a VM holds its session in a reference cycle: free the server for the next test
+    # ... and not as a local device's: building for one, or tuning one into it, is refused
+    local = parse_cluster("cpu:1").devices[0]
+    with pytest.raises(BuildError, match=rf"rpc_key.*timed over TVM RPC on the servers of key {KEY}"):
+        bk.export_artifact(mlp()["main"], local, str(tmp_path), "mlp_local")
+    with pytest.raises(TuningError, match=rf"tuned for .*\"rpc_key\": \"{KEY}\".*tune into a new --work-dir"):
+        tune_model(mlp(), dict(local.target), wd, 6, strategy="replay", device=local)
+    assert len(lines(wd / RECORD_FILE)) == 4
+
+
+def test_rpc_tune_with_a_key_no_server_serves_fails_fast(rpc_tracker, tmp_path):
+    from click.testing import CliRunner
+    from test_tune import mlp
+    from tvm_pesto.cli.main import cli
+
+    model = tmp_path / "mlp.tvmscript"
+    model.write_text(mlp().script(show_meta=True))
+    t = time.monotonic()
+    res = CliRunner().invoke(cli, ["tune", str(model), "--trials", "2", "--work-dir", str(tmp_path / "db"),
+                                   "--rpc-tracker", rpc_tracker, "--rpc-key", "nobody-serves-this"])
+    assert time.monotonic() - t < 20
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    msg = " ".join(res.output.split())
+    assert re.search(rf"cannot tune over TVM RPC: no RPC server is registered under key 'nobody-serves-this'.*{KEY}"
+                     r".*--rpc-key", msg), msg
+    assert not (tmp_path / "db" / "database_tuning_record.json").exists()
+
+
+def test_rpc_tune_session_that_times_out_stops_clearly(rpc_tracker, tmp_path, monkeypatch):
+    from test_tune import mlp
+    from tvm_pesto.costs.tune import tune_model
+    from tvm_pesto.errors import TuningError
+
+    far = remote_cluster(parse_cluster("cpu:1"), rpc_tracker, KEY).devices[0]
+    monkeypatch.setattr(remote, "SESSION_TIMEOUT_S", 1.0)
+    t = time.monotonic()
+    with pytest.raises(TuningError) as err:  # one timing lasts 3 s: the server ends the session first
+        tune_model(mlp(), dict(far.target), tmp_path / "db", 2, strategy="replay", device=far, min_repeat_ms=3000)
+    assert time.monotonic() - t < 20
+    msg = " ".join(str(err.value).split())
+    assert re.search(r"tuning over TVM RPC stopped at task 1/2 'fused_matmul_relu': the RPC session on "
+                     rf"'{KEY}' .* ended early.*rerun the same command to resume", msg), msg
+    monkeypatch.setattr(remote, "SESSION_TIMEOUT_S", 120.0)  # the server serves again: the rerun tunes
+    res = tune_model(mlp(), dict(far.target), tmp_path / "db", 2, strategy="replay", device=far, min_repeat_ms=0)
+    assert res.trials_spent == 2

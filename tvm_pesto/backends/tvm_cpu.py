@@ -17,7 +17,8 @@ database does not hold stay unscheduled, as in ``tvm``. The database comes from
 backend is unavailable. A database with
 records tuned for another target than the device's is refused when a candidate is built
 (:func:`tvm_pesto.costs.tuning_db.check_database_target`): the build error names both
-targets, and the candidate stays on another backend.
+targets, and the candidate stays on another backend. So is one tuned over TVM RPC
+(``tvm-pesto tune --rpc-tracker``) for any device but one of the same RPC key.
 
 Examples
 --------
@@ -97,13 +98,13 @@ def _tuned_pipeline(tgt, database: str):
     return pipeline
 
 
-def _compile(func: relax.Function, target: dict, database: str | None = None):
+def _compile(func: relax.Function, target: dict, database: str | None = None, rpc_key: str = ""):
     if database is not None:
-        from ..costs.tuning_db import check_database_target
+        from ..costs.tuning_db import check_database_target, rpc_target
         from ..errors import CostError
 
-        try:
-            check_database_target(database, target)  # MetaSchedule itself would apply any target's records
+        try:  # MetaSchedule itself would apply any target's records; a remote device's are tagged
+            check_database_target(database, rpc_target(target, rpc_key))
         except CostError as e:
             raise BuildError(str(e)) from None
     tgt = tvm.target.Target(target)
@@ -145,7 +146,8 @@ class TvmBackend(Backend):
     def make_callable(self, func: relax.Function, device):
         from ..run.loaders import vm_runner
 
-        ex = _compile(func, dict(getattr(device, "target", {"kind": "llvm"})), self._database())
+        ex = _compile(func, dict(getattr(device, "target", {"kind": "llvm"})), self._database(),
+                      getattr(device, "rpc_key", ""))
         dev = device.tvm_device() if hasattr(device, "tvm_device") else tvm.cpu(0)
         return vm_runner(relax.VirtualMachine(ex, dev)["main"], len(func.params), len(output_types(func)))
 
@@ -154,8 +156,8 @@ class TvmBackend(Backend):
         import os
 
         fname = f"{stem}.so"
-        _compile(func, dict(getattr(device, "target", {"kind": "llvm"})), self._database()).export_library(
-            os.path.join(out_dir, fname))
+        _compile(func, dict(getattr(device, "target", {"kind": "llvm"})), self._database(),
+                 getattr(device, "rpc_key", "")).export_library(os.path.join(out_dir, fname))
         return {"kind": "tvm-vm", "files": [fname]}
 
 

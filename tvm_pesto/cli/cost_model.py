@@ -10,7 +10,7 @@ import os
 import click
 
 from ..errors import PestoError
-from .options import ms_db_option
+from .options import ms_db_option, rpc_options
 from .progress import console, step
 
 
@@ -68,9 +68,7 @@ def print_metrics(name: str, m: dict) -> None:
 @click.option("--run", "run_label", default="", help="label of a repeated pass: measures again what another "
               "pass measured (training takes the fastest pass)")
 @click.option("--json", "json_path", default=None, help="write a summary as JSON here")
-@click.option("--rpc-tracker", default=None, metavar="HOST:PORT",
-              help="time the candidates on the remote device served under --rpc-key at this TVM RPC tracker")
-@click.option("--rpc-key", default=None, help="the key the remote device's RPC servers registered under")
+@rpc_options("time the candidates")
 @ms_db_option()
 def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_ms, run_label, json_path,
             rpc_tracker, rpc_key):

@@ -12,7 +12,7 @@ import os
 import click
 
 from ..jsonio import write_json
-from .options import deterministic_option, ms_db_option
+from .options import deterministic_option, ms_db_option, rpc_options
 from .progress import ErrorGroup, console
 
 COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
@@ -142,9 +142,7 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
               help="thread: one pinned thread per device in this process; ray: one Ray actor per device over a Ray "
                    "compiled graph (links measured over Ray first)")
 @click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
-@click.option("--rpc-tracker", default=None, metavar="HOST:PORT",
-              help="measure costs on the remote device served under --rpc-key at this TVM RPC tracker")
-@click.option("--rpc-key", default=None, help="the key the remote device's RPC servers registered under")
+@rpc_options()
 @ms_db_option()
 @deterministic_option(False)
 def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,

@@ -1,4 +1,4 @@
-"""Options that several ``tvm-pesto`` verbs share (``main``, ``profile`` and the ``bench`` verbs).
+"""Options that several ``tvm-pesto`` verbs share (``main``, ``profile``, ``tune`` and the ``bench`` verbs).
 
 Examples
 --------
@@ -48,4 +48,28 @@ def ms_db_option():
     return click.option("--ms-db", default=None, metavar="DIR", expose_value=False, callback=use, help=MS_DB_HELP)
 
 
-__all__ = ["DETERMINISTIC_HELP", "MS_DB_HELP", "deterministic_option", "ms_db_option"]
+def rpc_options(what: str = "measure costs"):
+    """The ``--rpc-tracker HOST:PORT --rpc-key KEY`` pair of a verb that measures on a
+    remote device over TVM RPC (the ``rpc_tracker`` and ``rpc_key`` parameters, None when
+    not given); the verb makes its cluster remote with
+    :func:`tvm_pesto.costs.remote.remote_cluster`, which checks them. ``what`` says what
+    the verb does there (``profile``: time the candidates, ``tune``: time the schedules).
+
+    Examples
+    --------
+    >>> import click
+    >>> cmd = click.command()(rpc_options()(lambda rpc_tracker, rpc_key: None))
+    >>> [p.opts for p in cmd.params]
+    [['--rpc-tracker'], ['--rpc-key']]
+    """
+
+    def add(f):
+        f = click.option("--rpc-key", default=None,
+                         help="the key the remote device's RPC servers registered under")(f)
+        return click.option("--rpc-tracker", default=None, metavar="HOST:PORT",
+                            help=f"{what} on the remote device served under --rpc-key at this TVM RPC tracker")(f)
+
+    return add
+
+
+__all__ = ["DETERMINISTIC_HELP", "MS_DB_HELP", "deterministic_option", "ms_db_option", "rpc_options"]

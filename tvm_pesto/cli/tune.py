@@ -4,9 +4,13 @@ Registered in ``tvm_pesto/cli/main.py`` with one line. The work (task extraction
 resuming) is :func:`tvm_pesto.costs.tune.tune_model`; this verb loads the model, picks the
 device, shows progress and prints what to do with the database.
 
+With ``--rpc-tracker HOST:PORT --rpc-key KEY`` (the options of ``profile`` and ``run``)
+the schedules are built here and timed on a server of the key
+(:mod:`tvm_pesto.costs.remote`); the records are tagged as that remote device's.
+
 JSON (``--json``): :class:`tvm_pesto.costs.tune.TuneResult` as a dict, plus ``model``,
-``device``, ``load_avg`` (1-minute load before and after) and ``use`` (the options that
-apply the database).
+``device``, ``rpc`` (tracker and key, or None), ``load_avg`` (1-minute load here before and
+after) and ``use`` (the options that apply the database).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import os
 
 import click
 
+from .options import rpc_options
 from .progress import console, step
 
 
@@ -36,8 +41,9 @@ from .progress import console, step
 @click.option("--baseline/--no-baseline", default=True, show_default=True,
               help="also time each kernel without a schedule (what the tvm backend runs)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
+@rpc_options("time the schedules")
 def tune(model, size, input_shape, trials, work_dir, cluster_spec, max_tasks, strategy, trials_per_iter, baseline,
-         json_path):
+         json_path, rpc_tracker, rpc_key):
     """Tune MODEL's fused kernels with MetaSchedule into --work-dir, for the tvm-ms backend."""
     from ..cluster import parse_cluster
     from ..costs.tune import check_budget, tune_model
@@ -47,14 +53,19 @@ def tune(model, size, input_shape, trials, work_dir, cluster_spec, max_tasks, st
 
     check_budget(trials, max_tasks, strategy)  # before loading the model: the cheapest errors first
     cluster = parse_cluster(cluster_spec)
-    devs = [d for d in cluster.devices if d.kind == "cpu" and d.present]
+    if rpc_tracker or rpc_key:  # time on the key's servers: the cluster's devices become remote
+        from ..costs.remote import remote_cluster
+
+        cluster = remote_cluster(cluster, rpc_tracker or "", rpc_key or "")
+    devs = [d for d in cluster.devices if d.kind == "cpu" and (d.present or d.remote)]
     if not devs:
         raise TuningError(f"cluster {cluster.name} has no CPU device on this machine to time schedules on; "
                           "tune with --cluster cpu:N (tvm-ms runs on CPU devices)")
     dev = devs[0]
     m = load_model(model, size, input_shapes=parse_input_shapes(input_shape) or None)
     load0 = _load()
-    with step(f"tune {m.name} for {dev.name}") as cb:
+    where = f" over TVM RPC (key {dev.rpc_key} at {dev.rpc_tracker})" if dev.remote else ""
+    with step(f"tune {m.name} for {dev.name}{where}") as cb:
         try:
             res = tune_model(m.mod, dict(dev.target), work_dir, trials, max_tasks=max_tasks, strategy=strategy,
                              trials_per_iter=trials_per_iter, device=dev, measure_baseline=baseline, progress=cb)
@@ -63,8 +74,10 @@ def tune(model, size, input_shape, trials, work_dir, cluster_spec, max_tasks, st
                               "rerun the same command to resume") from None
     out = res.to_dict()
     how = "".join([f" --size {size}" if m.source == "zoo" and size != "small" else ""]
-                  + [f" --input-shape {s}" for s in input_shape])
+                  + [f" --input-shape {s}" for s in input_shape]
+                  + [f" --rpc-tracker {dev.rpc_tracker} --rpc-key {dev.rpc_key}" if dev.remote else ""])
     out.update(model=m.name, model_arg=model, device=dev.name, load_avg=[load0, _load()],
+               rpc={"tracker": dev.rpc_tracker, "key": dev.rpc_key} if dev.remote else None,
                use=f"{how} --backends tvm,tvm-ms --ms-db {res.work_dir}".strip())
     _print(out)
     if json_path:
@@ -88,7 +101,11 @@ def _print(r: dict) -> None:
                       f"{_us(t['baseline_s']):>11s} {_us(t['best_s']):>9s}")
     console.print(f"  trials: {r['trials_spent']} this run, records {r['records_before']} -> {r['records_after']} "
                   f"(--trials {r['trials']})")
-    console.print(f"  time:   {r['seconds']:.1f} s; load average {r['load_avg'][0]} -> {r['load_avg'][1]}")
+    console.print(f"  time:   {r['seconds']:.1f} s; load average {r['load_avg'][0]} -> {r['load_avg'][1]}"
+                  + (" here" if r.get("rpc") else ""))
+    if r.get("rpc"):
+        console.print(f"  timed on the RPC servers of key {r['rpc']['key']} ({r['rpc']['tracker']}); the records are "
+                      "that remote device's: a local device refuses them")
     if not r["trials_spent"] and r["records_before"]:
         console.print("  every task already had its share of --trials in the database: raise --trials to tune more")
     console.print(f"database: {r['work_dir']}")

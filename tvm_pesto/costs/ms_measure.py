@@ -1,8 +1,13 @@
-"""Build and time MetaSchedule's candidate schedules in this process.
+"""Build MetaSchedule's candidate schedules in this process, and time them here or over TVM RPC.
 
 MetaSchedule's LocalBuilder and LocalRunner start worker processes that each import TVM,
 which takes tens of seconds on a loaded machine; :class:`InProcessMeasurer` compiles with
-the same build function and times in one thread of this process, pinned to a device.
+the same build function and times in one thread of this process, pinned to a device. For
+a remote device (``Device.rpc_key``, :func:`tvm_pesto.costs.remote.remote_cluster`) each
+batch of candidates is timed in one session on a server of the key
+(:func:`tvm_pesto.costs.remote.remote_session`): every kernel is exported as a ``.so``,
+uploaded, and timed there with the same ``time_evaluator`` call on arguments filled there
+(MetaSchedule's RPC argument allocator).
 :func:`cpu_intrinsics_only` keeps MetaSchedule from parsing the CUDA tensor intrinsics
 while tuning for a CPU. Used by :func:`tvm_pesto.costs.tune.tune_model` and
 :func:`tvm_pesto.costs.tuning_db.tune_in_process`.
@@ -20,8 +25,17 @@ class InProcessMeasurer:
 
     Timing runs in one worker thread, pinned to ``device``'s cores with a TVM pool of its
     size (:func:`tvm_pesto.cluster.device_thread.enter_device_thread`) when a device is
-    given, else with the calling process's pool. ``builder`` and ``runner`` go to
-    MetaSchedule; :meth:`close` stops the thread.
+    given, else with the calling process's pool. A remote ``device`` is timed on a server
+    of its RPC key instead, one session per batch; the first session is opened here, so a
+    tracker that refuses or a key no server is registered under fails before any tuning.
+    ``builder`` and ``runner`` go to MetaSchedule; :meth:`close` stops the thread.
+    :attr:`error` is the :class:`~tvm_pesto.errors.CostError` that stopped a remote batch
+    (the session ended), which MetaSchedule passes on as its own error.
+
+    Raises
+    ------
+    CostError
+        For a remote device, when no session can be had (:mod:`tvm_pesto.costs.remote`).
 
     Examples
     --------
@@ -36,12 +50,21 @@ class InProcessMeasurer:
         from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerResult
 
         from ..cluster.device_thread import enter_device_thread
+        from ..errors import CostError
 
         self.min_repeat_ms, self.number = int(min_repeat_ms), int(number)
+        self.device, self.remote = device, bool(getattr(device, "remote", False))
+        self.error: CostError | None = None
         self._built: dict[str, object] = {}
+        self._session = None  # the remote session of the batch being timed
+        self._uploads = 0
+        if self.remote:
+            with self.batch():  # the faults of remote.py, before anything is tuned
+                pass
+        local = device is not None and not self.remote
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            1, thread_name_prefix="pesto-ms-timer", initializer=enter_device_thread if device is not None else None,
-            initargs=(device,) if device is not None else ())
+            1, thread_name_prefix="pesto-ms-timer", initializer=enter_device_thread if local else None,
+            initargs=(device,) if local else ())
         me = self
 
         @derived_object
@@ -62,12 +85,20 @@ class InProcessMeasurer:
         class _Runner(PyRunner):
             def run(self, runner_inputs):
                 futures = []
-                for inp in runner_inputs:
-                    try:
-                        res = RunnerResult(me.time_module(me._built.pop(inp.artifact_path), inp.args_info), None)
-                    except Exception as e:  # noqa: BLE001 - reported as a failed run
-                        res = RunnerResult(None, f"{type(e).__name__}: {e}")
-                    futures.append(RunnerFuture(f_done=lambda: True, f_result=lambda r=res: r))
+                try:
+                    with me.batch():
+                        for inp in runner_inputs:
+                            try:
+                                res = RunnerResult(me.time_module(me._built.pop(inp.artifact_path), inp.args_info),
+                                                   None)
+                            except Exception as e:  # noqa: BLE001 - reported as a failed run
+                                if me.remote:  # over RPC it is the session's failure (remote_session says so):
+                                    raise  # stop tuning, the records so far stay
+                                res = RunnerResult(None, f"{type(e).__name__}: {e}")
+                            futures.append(RunnerFuture(f_done=lambda: True, f_result=lambda r=res: r))
+                except CostError as e:
+                    me.error = e
+                    raise
                 return futures
 
         self.builder, self.runner = _Builder(), _Runner()
@@ -79,10 +110,37 @@ class InProcessMeasurer:
 
         return default_build(mod, target, None)
 
+    @contextlib.contextmanager
+    def batch(self):
+        """Time a batch of kernels in one remote session (opened here, or the open one);
+        nothing for a local device.
+
+        Raises
+        ------
+        CostError
+            When the session cannot be had or ends early (any failure inside it).
+        """
+        if not self.remote or self._session is not None:
+            yield
+            return
+        from .remote import remote_session
+
+        with remote_session(self.device) as session:
+            self._session = session
+            try:
+                yield
+            finally:
+                self._session = None
+
     def time_module(self, rt, args_info) -> list[float]:
-        """Seconds per run of a built kernel on random arguments, timed in the device thread."""
+        """Seconds per run of a built kernel on random arguments, timed in the device thread
+        (or, for a remote device, on the server of the current :meth:`batch`)."""
         import tvm
         from tvm.s_tir.meta_schedule.runner.local_runner import default_alloc_argument
+
+        if self.remote:
+            with self.batch():
+                return self._time_remote(rt, args_info)
 
         def work():
             dev = tvm.cpu(0)
@@ -91,6 +149,17 @@ class InProcessMeasurer:
             return [float(x) for x in f(*args).results]
 
         return self._pool.submit(work).result()
+
+    def _time_remote(self, rt, args_info) -> list[float]:
+        from tvm.s_tir.meta_schedule.runner.rpc_runner import default_alloc_argument
+
+        session = self._session
+        self._uploads += 1  # a fresh name per kernel: the server's loader keeps what it loaded by path
+        rmod = session.load(rt, f"pesto_ms_{os.getpid()}_{self._uploads}")
+        args = default_alloc_argument(session.sess, session.dev, [a.as_json() for a in args_info], 1)[0]
+        f = rmod.time_evaluator(rmod.entry_name, session.dev, number=self.number, repeat=1,
+                                min_repeat_ms=self.min_repeat_ms)
+        return [float(x) for x in f(*args).results]
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -7,7 +7,9 @@ runtime and timed with the same ``time_evaluator`` calls as a local device
 (:mod:`tvm_pesto.costs.timing`). Records go to the cache under the remote device's key
 (:func:`tvm_pesto.costs.cache.device_key`), so a local and a remote device of the same
 target never share a measurement. Library backends (ONNX Runtime, PyTorch) run in this
-process only: on a remote device their candidates are not measured (``inf``).
+process only: on a remote device their candidates are not measured (``inf``). ``tvm-pesto
+tune`` times MetaSchedule's schedules the same way, one session per search round
+(:class:`tvm_pesto.costs.ms_measure.InProcessMeasurer`).
 
 The other side is TVM's own::
 
@@ -140,15 +142,20 @@ class RemoteRunner:
         if cfg is not None and device.kind == "cpu":
             cfg(1, max(1, int(device.cores)))  # the device's cores, as a local measurement uses
 
+    def load(self, module, name: str):
+        """Export ``module`` (a built executable or kernel library), upload it as ``name``.so
+        and return the module loaded there (a ``.so``: the server needs no compiler)."""
+        with tempfile.TemporaryDirectory(prefix="tvm-pesto-rpc-") as tmp:
+            path = os.path.join(tmp, f"{name}.so")
+            module.export_library(path)
+            self.sess.upload(path)
+        return self.sess.load_module(f"{name}.so")
+
     def vm(self, executable, name: str):
         """Export ``executable``, upload it as ``name``.so and return its VM on :attr:`dev`."""
         from tvm import relax
 
-        with tempfile.TemporaryDirectory(prefix="tvm-pesto-rpc-") as tmp:
-            path = os.path.join(tmp, f"{name}.so")
-            executable.export_library(path)
-            self.sess.upload(path)
-        return relax.VirtualMachine(self.sess.load_module(f"{name}.so"), self.dev)
+        return relax.VirtualMachine(self.load(executable, name), self.dev)
 
     def close(self) -> None:
         self.sess = None

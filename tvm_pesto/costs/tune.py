@@ -25,6 +25,14 @@ Measuring
     MetaSchedule's LocalBuilder/LocalRunner start worker processes that each import TVM,
     which takes tens of seconds on a loaded machine. Timing runs in a thread pinned to the
     device's cores with a TVM pool of the device's size, as the profiler measures.
+Remote devices
+    A ``device`` measured over TVM RPC (``Device.rpc_key``,
+    :func:`tvm_pesto.costs.remote.remote_cluster`) has its schedules built here and timed on
+    a server of its key, one RPC session per search round (the faults of
+    :mod:`tvm_pesto.costs.remote` stop tuning with a :class:`TuningError`; the records so far
+    stay). Its records are tuned for the target tagged ``rpc:KEY``
+    (:func:`tvm_pesto.costs.tuning_db.rpc_target`), so such a database is never resumed,
+    applied or read as a local device's, nor a local one as the remote device's.
 
 Examples
 --------
@@ -176,8 +184,8 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
     trials_per_iter : int
         Schedules measured per search round.
     device : Device, optional
-        Where schedules are timed (a thread pinned to its cores); default: the calling
-        thread's cores.
+        Where schedules are timed (a thread pinned to its cores, or a remote device's RPC
+        server); default: the calling thread's cores.
     min_repeat_ms : int
         Least milliseconds a timing repeat runs (short kernels are looped).
     measure_baseline : bool
@@ -193,11 +201,16 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
     ------
     TuningError
         ``trials`` < 1, an unknown strategy, a work directory that cannot be written or
-        holds another target's records, a model with nothing to tune, or MetaSchedule
-        failing on a task (the message names the task and its log; records so far stay).
+        holds another target's records, a model with nothing to tune, MetaSchedule failing
+        on a task (the message names the task and its log; records so far stay), or, for a
+        remote device, a tracker that refuses, a key no server is registered under or an
+        RPC session that ends early.
     """
+    from ..errors import CostError
+
     check_budget(trials, max_tasks, strategy)
     t0 = time.perf_counter()
+    target = _rpc_target(target, device)
     work_dir = _writable_dir(work_dir)
     _check_target(work_dir, target)
 
@@ -206,32 +219,39 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
 
     from .ms_measure import InProcessMeasurer, cpu_intrinsics_only
 
-    tasks = tuning_tasks(mod, target)
-    if not tasks:
-        raise TuningError("the model has no kernel to tune (no unscheduled TIR function after legalisation); "
-                          "nothing for tvm-ms to gain")
-    tgt = tvm.target.Target(target)
-    budgets = split_trials(int(trials), len(tasks), max_tasks)
-    db = _open_database(work_dir)
-    res = TuneResult(work_dir=work_dir, target=dict(target), strategy=strategy, trials=int(trials),
-                     records_before=len(db))
-    plan = []
-    for (task, flops), budget in zip(tasks, budgets):
-        tr = TaskResult(name=task.task_name, weight=int(task.weight), flops=flops, budget=budget)
-        tmod = task.dispatched[0]
-        tr.existing = _records_of(db, tmod)
-        tr.best_before_s = tr.best_s = _best_s(db, tmod)
-        res.tasks.append(tr)
-        plan.append((task, tr))
-    todo = sum(max(tr.budget - tr.existing, 0) for _, tr in plan)
-    cores = int(getattr(device, "cores", 0) or 0) or _calling_thread_cores()
-    measurer = InProcessMeasurer(device, min_repeat_ms=min_repeat_ms)
-    counter = _TrialCounter(progress, todo)
+    try:  # first: a remote device's tracker and key are checked before the tasks are extracted
+        measurer = InProcessMeasurer(device, min_repeat_ms=min_repeat_ms)
+    except CostError as e:
+        raise TuningError(f"cannot tune over TVM RPC: {e}") from None
     try:
+        tasks = tuning_tasks(mod, target)
+        if not tasks:
+            raise TuningError("the model has no kernel to tune (no unscheduled TIR function after legalisation); "
+                              "nothing for tvm-ms to gain")
+        tgt = tvm.target.Target(target)
+        budgets = split_trials(int(trials), len(tasks), max_tasks)
+        db = _open_database(work_dir)
+        res = TuneResult(work_dir=work_dir, target=dict(target), strategy=strategy, trials=int(trials),
+                         records_before=len(db))
+        plan = []
+        for (task, flops), budget in zip(tasks, budgets):
+            tr = TaskResult(name=task.task_name, weight=int(task.weight), flops=flops, budget=budget)
+            tmod = task.dispatched[0]
+            tr.existing = _records_of(db, tmod)
+            tr.best_before_s = tr.best_s = _best_s(db, tmod)
+            res.tasks.append(tr)
+            plan.append((task, tr))
+        todo = sum(max(tr.budget - tr.existing, 0) for _, tr in plan)
+        cores = int(getattr(device, "cores", 0) or 0) or _calling_thread_cores()
+        counter = _TrialCounter(progress, todo)
         with cpu_intrinsics_only(str(target.get("kind", "llvm")) == "llvm"), _quiet_console():
             for k, (task, tr) in enumerate(plan):
+                where = f"task {k + 1}/{len(plan)} {tr.name!r}"
                 if measure_baseline:
-                    tr.baseline_s = _time_unscheduled(task.dispatched[0], tgt, measurer)
+                    try:
+                        tr.baseline_s = _time_unscheduled(task.dispatched[0], tgt, measurer)
+                    except CostError as e:
+                        raise _rpc_stopped(e, where, db, work_dir) from None
                 left = tr.budget - tr.existing
                 if left <= 0:
                     continue
@@ -242,10 +262,12 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
                     _tune_one(ms, task, tgt, work_dir, db, left, min(int(trials_per_iter), left), strategy,
                               measurer, counter, cores, seed + k)
                 except Exception as e:  # noqa: BLE001 - anything MetaSchedule raises, explained
+                    if measurer.error is not None:
+                        raise _rpc_stopped(measurer.error, where, db, work_dir) from e
                     raise TuningError(
-                        f"MetaSchedule failed while tuning task {k + 1}/{len(plan)} {tr.name!r} "
-                        f"({_last_line(e)}); the records measured so far ({len(db)}) stay in {work_dir}. See "
-                        f"{os.path.join(work_dir, 'logs')} for the task's log; rerun the same command to resume "
+                        f"MetaSchedule failed while tuning {where} ({_last_line(e)}); the records measured so far "
+                        f"({len(db)}) stay in {work_dir}. See {os.path.join(work_dir, 'logs')} for the task's log; "
+                        "rerun the same command to resume "
                         "(finished tasks are not tuned again), or try --strategy replay") from e
                 tr.spent = len(db) - before
                 tr.best_s = _best_s(db, task.dispatched[0])
@@ -255,6 +277,19 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
     res.records_after = len(db)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _rpc_target(target: dict, device) -> dict:
+    from .tuning_db import rpc_target
+
+    return rpc_target(dict(target), getattr(device, "rpc_key", ""))
+
+
+def _rpc_stopped(err, where: str, db, work_dir: str) -> TuningError:
+    """The error for a remote measurement that stopped tuning (a :class:`CostError` of
+    :mod:`tvm_pesto.costs.remote`)."""
+    return TuningError(f"tuning over TVM RPC stopped at {where}: {err}. The records measured so far ({len(db)}) "
+                       f"stay in {work_dir}: rerun the same command to resume")
 
 
 def _tune_one(ms, task, tgt, work_dir, db, max_trials, per_iter, strategy, measurer, counter, cores, seed):
@@ -382,9 +417,13 @@ def _time_unscheduled(tmod, tgt, measurer) -> float | None:
     """Seconds of the task's kernel as the ``tvm`` backend builds it (no schedule)."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
+    from ..errors import CostError
+
     try:
         rt = measurer.build_module(tmod, tgt)
         return float(np.mean(measurer.time_module(rt, ArgInfo.from_prim_func(tmod["main"]))))
+    except CostError:
+        raise  # a remote session that ended: tuning cannot go on either
     except Exception:  # noqa: BLE001 - a baseline is a report figure, not needed to tune
         return None
 

@@ -143,15 +143,51 @@ def device_for_target(target: dict, device: dict | None = None) -> dict:
 TARGET_FIELDS = ("kind", "arch", "mcpu")
 
 
+#: Records timed on a remote device (over TVM RPC, :mod:`tvm_pesto.costs.remote`) are tuned
+#: for the device's target tagged ``rpc:KEY`` (TVM keeps a target's ``tag`` in each record it
+#: writes); :func:`target_summary` reads it back as ``rpc_key``, the field
+#: :func:`tvm_pesto.costs.cache.device_key` adds to a remote device's measurements.
+RPC_TAG_PREFIX = "rpc:"
+
+
+def rpc_target(target: dict, rpc_key: str = "") -> dict:
+    """The target a database of the device whose RPC key is ``rpc_key`` is tuned for and
+    checked against: ``target`` tagged ``rpc:KEY``, or ``target`` itself for a local device.
+
+    Examples
+    --------
+    >>> rpc_target({"kind": "llvm", "num-cores": 1}, "cpu2")
+    {'kind': 'llvm', 'num-cores': 1, 'tag': 'rpc:cpu2'}
+    >>> rpc_target({"kind": "llvm"})
+    {'kind': 'llvm'}
+    """
+    return {**target, "tag": RPC_TAG_PREFIX + str(rpc_key)} if rpc_key else dict(target)
+
+
 def target_summary(target: dict) -> dict:
-    """The :data:`TARGET_FIELDS` of a target JSON dict (``kind`` defaults to ``llvm``)."""
+    """The :data:`TARGET_FIELDS` of a target JSON dict (``kind`` defaults to ``llvm``), and
+    the ``rpc_key`` of a target tagged by :func:`rpc_target` (or of a summary).
+
+    Examples
+    --------
+    >>> target_summary({"kind": "llvm", "num-cores": 2, "tag": "rpc:cpu2"})
+    {'kind': 'llvm', 'rpc_key': 'cpu2'}
+    >>> target_summary(target_summary({"kind": "llvm", "tag": "rpc:cpu2"}))
+    {'kind': 'llvm', 'rpc_key': 'cpu2'}
+    """
     out = {k: str(target[k]) for k in TARGET_FIELDS if target.get(k)}
     out.setdefault("kind", "llvm")
+    tag = str(target.get("tag") or "")
+    key = str(target.get("rpc_key") or (tag[len(RPC_TAG_PREFIX):] if tag.startswith(RPC_TAG_PREFIX) else ""))
+    if key:
+        out["rpc_key"] = key
     return out
 
 
 def target_matches(record_target: dict, target: dict) -> bool:
-    """Whether schedules tuned for ``record_target`` fit a device whose target is ``target``.
+    """Whether schedules tuned for ``record_target`` fit a device whose target is ``target``
+    (the :data:`TARGET_FIELDS` both give agree, and both are local or both remote with the
+    same RPC key: a remote device's records never stand in for a local one's).
 
     Examples
     --------
@@ -159,9 +195,11 @@ def target_matches(record_target: dict, target: dict) -> bool:
     True
     >>> target_matches({"kind": "cuda", "arch": "sm_90"}, {"kind": "cuda", "arch": "sm_80"})
     False
+    >>> target_matches(rpc_target({"kind": "llvm"}, "cpu2"), {"kind": "llvm"})
+    False
     """
     a, b = target_summary(record_target), target_summary(target)
-    return all(a[k] == b[k] for k in a.keys() & b.keys())
+    return a.get("rpc_key") == b.get("rpc_key") and all(a[k] == b[k] for k in a.keys() & b.keys())
 
 
 def device_kind_of(target: dict) -> str:
@@ -208,8 +246,12 @@ def check_database_target(work_dir, target: dict) -> None:
     others = [t for t in database_targets(work_dir) if not target_matches(t, target)]
     if others:
         shown = ", ".join(json.dumps(t, sort_keys=True) for t in others[:3])
+        mine = target_summary(target)
+        keys = sorted({str(t["rpc_key"]) for t in others if "rpc_key" in t} - {mine.get("rpc_key")})
+        rpc = (f" (records with an rpc_key were timed over TVM RPC on the servers of key {', '.join(keys)}; they "
+               "apply to that remote device only, given as --rpc-tracker HOST:PORT --rpc-key KEY)" if keys else "")
         raise CostError(f"MetaSchedule database {os.fspath(work_dir)!r} holds records tuned for {shown}, not for "
-                        f"this device's target {json.dumps(target_summary(target), sort_keys=True)}; its schedules "
+                        f"this device's target {json.dumps(mine, sort_keys=True)}{rpc}; its schedules "
                         "do not fit here: tune a database for this target (tune_tir/tune_relax) and point "
                         "TVM_PESTO_MS_DB at it, or keep one target per database")
 
@@ -318,8 +360,8 @@ def read_tuning_db(work_dir, model: str | None = None, device: dict | None = Non
         valid = [s for s in secs if 0 < s < FAILED_S]
         if not valid or len(valid) < len(secs):
             continue  # a failed build/run (1e10): not an error in the file, just no time
-        tkey = json.dumps({k: target[k] for k in sorted(target) if k in ("kind", "num-cores", "arch", "mcpu")},
-                          sort_keys=True)
+        tkey = json.dumps({k: target[k] for k in sorted(target) if k in ("kind", "num-cores", "arch", "mcpu", "tag")},
+                          sort_keys=True)  # a remote device's records (tag rpc:KEY) make their own rows
         k = (widx, tkey)
         mean = float(np.mean(valid))
         if k not in best or mean < best[k]["time_s"]:
@@ -379,6 +421,6 @@ def tune_in_process(mod, target: dict, work_dir, max_trials: int = 8, num_trials
         measurer.close()
 
 
-__all__ = ["FAILED_S", "RECORD_FILE", "TARGET_FIELDS", "WORKLOAD_FILE", "check_database_target", "database_targets",
-           "describe_primfunc", "device_for_target", "device_kind_of", "open_database", "read_tuning_db",
-           "target_matches", "target_summary", "tune_in_process"]
+__all__ = ["FAILED_S", "RECORD_FILE", "RPC_TAG_PREFIX", "TARGET_FIELDS", "WORKLOAD_FILE", "check_database_target",
+           "database_targets", "describe_primfunc", "device_for_target", "device_kind_of", "open_database",
+           "read_tuning_db", "rpc_target", "target_matches", "target_summary", "tune_in_process"]
