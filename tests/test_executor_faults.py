@@ -3,6 +3,7 @@ middle of a run, and closing. The placed module runs a Python global function as
 on device 1 (``R.call_dps_packed``) while device 0 waits on its output; what the function
 does (compute, raise, block) is set per test."""
 import _thread
+import signal
 import threading
 import time
 
@@ -198,26 +199,47 @@ def test_a_worker_that_dies_while_the_caller_waits_is_reported(pm):
     assert not w.is_alive() and ex.busy_devices() == []
 
 
+@pytest.fixture
+def ctrl_c():
+    """Python's own Ctrl-C handler while the test runs (what a user's process has): an
+    earlier test or library that changed it would make ``interrupt_main`` do nothing."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _interrupt_when_started(delay_release=0.3):
-    """Ctrl-C in the main thread once the segment runs; release the segment a bit later."""
+    """Ctrl-C in the main thread once the segment runs; release the segment a bit later.
+    ``t.interrupted`` says whether the interrupt was sent (the segment started in time)."""
+    b = B
+
     def go():
-        if B.started.wait(10):
+        t.interrupted = b.started.wait(30)
+        if t.interrupted:
             _thread.interrupt_main()
             time.sleep(delay_release)
-        B.release.set()
+        b.release.set()
 
     t = threading.Thread(target=go, daemon=True)
+    t.interrupted = None
     t.start()
     return t
 
 
-def test_keyboard_interrupt_stops_the_run_cleanly(pm):
+def _no_interrupt(timer) -> str:
+    timer.join(35)
+    return (f"no KeyboardInterrupt: interrupt sent {timer.interrupted}, segment started {B.started.is_set()}, "
+            f"SIGINT handler {signal.getsignal(signal.SIGINT)!r}")
+
+
+def test_keyboard_interrupt_stops_the_run_cleanly(pm, ctrl_c):
     B.mode = "block"
     ex = pm._exec()
     timer = _interrupt_when_started()
     t = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         pm(X)
+        pytest.fail(_no_interrupt(timer))
     assert time.perf_counter() - t < 5
     timer.join(5)
     assert B.returned.is_set()  # the running step finished before the interrupt propagated
@@ -231,7 +253,7 @@ def test_keyboard_interrupt_stops_the_run_cleanly(pm):
     assert pesto_threads(ex) == []
 
 
-def test_keyboard_interrupt_during_a_step_longer_than_the_grace(pm):
+def test_keyboard_interrupt_during_a_step_longer_than_the_grace(pm, ctrl_c):
     B.mode = "block"
     ex = pm._exec()
     ex.abandon_timeout_s = 0.2
@@ -239,6 +261,7 @@ def test_keyboard_interrupt_during_a_step_longer_than_the_grace(pm):
     t = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         pm(X)
+        pytest.fail(_no_interrupt(timer))
     assert time.perf_counter() - t < 1.4  # it did not wait for the step
     assert ex.busy_devices() == [1] and not B.returned.is_set()
     timer.join(5)
