@@ -13,13 +13,6 @@ A bundle (written by :meth:`tvm_pesto.builder.placed.PlacedModule.export`) is a 
 (:func:`register_artifacts`), loads the libraries (:func:`load_library`) and returns a
 :class:`~tvm_pesto.run.runtime.PlacedRuntime`. Nothing here imports TVM's compiler
 (``tvm.relax``), so it works with ``TVM_USE_RUNTIME_LIB=1`` and no ``libtvm_compiler.so``.
-
-Examples
---------
->>> placed = tvm_pesto.build(mod, "cpu:2")         # doctest: +SKIP
->>> placed.export("bundle/")                        # doctest: +SKIP
->>> m = tvm_pesto.load("bundle/")                   # in another process  # doctest: +SKIP
->>> m(x)                                            # doctest: +SKIP
 """
 from __future__ import annotations
 
