@@ -299,6 +299,28 @@ def test_predict_costs_falls_back_to_roofline_per_uncovered_device(tmp_path, swe
     assert src == "xgb" and np.allclose(t2[:, 0], table[:, 0]) and np.allclose(t2[:, 0], t2[:, 1])
 
 
+def test_covers_needs_the_core_count_it_was_trained_on(tmp_path, sweep_descs):
+    """A model trained on one-core devices predicts ``cpu:2``'s devices and falls back to
+    roofline (and says so) on ``cpu:1``'s two-core device."""
+    from tvm_pesto.candidates import placement_candidates
+
+    one = parse_cluster("cpu:2")
+    two = parse_cluster("cpu:1")
+    assert one.devices[0].cores == 1 and two.devices[0].cores == 2
+    host = device_descriptor(one.devices[0])
+    rows = [dict(r, device=host) for r in synthetic_rows(sweep_descs) if r["backend"] == "tvm"]
+    path = tmp_path / "m.json"
+    cmx.train(rows, rounds=20).save(path)
+    model = cmx.load_model(path)
+    assert model.meta["devices"] == ["cpu/host-cpu/1"]
+    assert model.covers(device_descriptor(one.devices[0]))
+    assert not model.covers(device_descriptor(two.devices[0]))
+    cs = placement_candidates(tvm_pesto.analyze(sweep_module("matmul", limit=3)).rg)
+    _, src1 = cmx.predict_candidate_costs(cs, one, model=model, calibration=False)
+    _, src2 = cmx.predict_candidate_costs(cs, two, model=model, calibration=False)
+    assert src1 == ["xgb", "xgb"] and src2 == ["roofline"]
+
+
 def test_missing_model_is_a_clear_error(tmp_path):
     with pytest.raises(CostError, match="cost-model train"):
         cmx.load_model(tmp_path / "nope.json")

@@ -171,9 +171,13 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
                     costs[i] = rec["median_s"]
                 if progress:
                     progress(report.measured, len(jobs))
-    overhead = call_overhead_s(device, cache)
     ext = np.array([i not in native_set for i in range(len(cs))], dtype=bool)
     fin = np.isfinite(costs) & ext
+    if fin.any() and cache.get(OVERHEAD_KEY, "tvm", tkey) is None:
+        # no TVM-native candidate was measured here: time the VM call overhead alone, so a
+        # library candidate's cost never depends on which candidates happened to be measured
+        measure_groups(rg, [], device, cache, repeat=repeat, min_repeat_ms=min_repeat_ms)
+    overhead = call_overhead_s(device, cache)
     costs[fin] = np.maximum(costs[fin] - overhead, MIN_COST_S)
     report.seconds += time.perf_counter() - t0
     return costs

@@ -217,7 +217,22 @@ class CostModel:
         return self.meta["target"]
 
     def covers(self, dev: dict) -> bool:
-        """Whether the model was trained on this kind and model of device."""
+        """Whether the model was trained on this device: its kind, model and number of
+        cores (``kind/model/cores``, :func:`~tvm_pesto.costs.features.device_key`). A model
+        trained on one-core devices does not cover a two-core one: its rows never saw a
+        kernel spread over two threads. Models saved before the ``devices`` list was kept
+        are judged by kind and model only.
+
+        Examples
+        --------
+        >>> cm = load_model()                                   # doctest: +SKIP
+        >>> cm.meta["devices"]                                  # doctest: +SKIP
+        ['cpu/host-cpu/1']
+        >>> cm.covers({"kind": "cpu", "model": "host-cpu", "cores": 2})   # doctest: +SKIP
+        False
+        """
+        if "devices" in self.meta:
+            return device_key(dev) in self.meta["devices"]
         return [dev["kind"], dev["model"]] in [list(x) for x in self.meta.get("device_models", [])]
 
     def overhead_s(self, dev: dict) -> float:
