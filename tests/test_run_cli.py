@@ -49,10 +49,14 @@ def test_run_a_model_file_with_every_backend(kind, files, tmp_path, cache):
 def test_run_sets_a_dynamic_input_shape_and_exports(files, tmp_path, cache):
     bundle = tmp_path / "bundle"
     shape = (2,) + tuple(oz.example_shape("mobilenet_v3", "small")[1:])  # the batch axis is the dynamic one
+    traces = tmp_path / "trace"
     res = _run(tmp_path, files["dynamic"], "--input-shape", f"{oz.input_name('mobilenet_v3')}={','.join(map(str, shape))}",
-               "--costs", "xgb", "--export", str(bundle))
+               "--costs", "xgb", "--export", str(bundle), "--trace-dir", str(traces))
     assert res["max_abs_err"] <= 1e-4 and res["exported_to"] == str(bundle)
     assert (bundle / "manifest.json").is_file()
+    assert res["artifacts"] == ["gantt.png", "plan_trace.json", "run_trace.json"]
+    ran = [e for e in json.loads((traces / "run_trace.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    assert ran and all(e["dur"] >= 0 for e in ran)  # what really ran, one event per step
 
 
 def test_a_dynamic_shape_without_input_shape_names_the_fix(files, tmp_path):

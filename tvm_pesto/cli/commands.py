@@ -11,7 +11,7 @@ from tvm import relax
 from .. import api
 from ..cluster import parse_cluster
 from ..errors import PestoError
-from ..plan.trace import chrome_trace, gantt_png, sim_events, trace_events
+from ..plan.trace import write_trace_dir
 from .progress import step
 
 
@@ -145,14 +145,9 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_
         "load_avg_1m": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
     }
     if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        names = [d.name for d in cluster.devices]
-        srows = sim_events(pl.problem, pl.plan, pl.sim)
-        chrome_trace(srows, os.path.join(out_dir, "plan_trace.json"), names)
-        chrome_trace(trace_events(trace), os.path.join(out_dir, "run_trace.json"), names)
-        gantt_png(srows, os.path.join(out_dir, "gantt.png"), title=f"{lm.name} simulated ({pl.plan.solver})",
-                  device_names=names, compare=trace_events(trace))
-        res["artifacts"] = sorted(os.listdir(out_dir))
+        res["artifacts"] = write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace,
+                                           [d.name for d in cluster.devices],
+                                           f"{lm.name} simulated ({pl.plan.solver})")
     if export_dir:
         if executor != "ray":  # the Ray executor's actors loaded it from there already
             with step(f"export the placed model to {export_dir}"):

@@ -147,17 +147,12 @@ def _fit(tr, steps: int, inputs, targets, label: str):
 
 
 def _write_traces(tr, trace, out_dir: str, res: dict) -> None:
-    from ..plan.trace import chrome_trace, gantt_png, sim_events, trace_events
+    from ..plan.trace import write_trace_dir
 
-    os.makedirs(out_dir, exist_ok=True)
     pl = tr.placement
-    names = [d.name for d in pl.joint.cluster.devices]
-    rows = sim_events(pl.problem, pl.plan, pl.sim)
-    chrome_trace(rows, os.path.join(out_dir, "plan_trace.json"), names)
-    chrome_trace(trace_events(trace), os.path.join(out_dir, "step_trace.json"), names)
-    gantt_png(rows, os.path.join(out_dir, "gantt.png"), title=f"{res['model']} training step ({pl.plan.solver})",
-              device_names=names, compare=trace_events(trace))
-    res["artifacts"] = sorted(os.listdir(out_dir))
+    res["artifacts"] = write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace,
+                                       [d.name for d in pl.joint.cluster.devices],
+                                       f"{res['model']} training step ({pl.plan.solver})", run_file="step_trace.json")
 
 
 def _print(res: dict) -> None:

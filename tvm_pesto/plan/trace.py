@@ -75,3 +75,24 @@ def gantt_png(rows: list[dict], path: str, title: str = "", device_names=None, c
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_trace_dir(out_dir: str, problem, plan, sim, trace, device_names, title: str,
+                    run_file: str = "run_trace.json") -> list[str]:
+    """Write a placement's simulated schedule (``plan_trace.json``), what really ran
+    (``run_file``, from the executor's ``trace``) and both as one Gantt chart
+    (``gantt.png``) into ``out_dir``; returns the folder's file names.
+
+    Examples
+    --------
+    >>> write_trace_dir("trace/", pl.problem, pl.plan, pl.sim, trace, names, "bert")   # doctest: +SKIP
+    ['gantt.png', 'plan_trace.json', 'run_trace.json']
+    """
+    import os
+
+    os.makedirs(out_dir, exist_ok=True)
+    rows, ran = sim_events(problem, plan, sim), trace_events(trace)
+    chrome_trace(rows, os.path.join(out_dir, "plan_trace.json"), device_names)
+    chrome_trace(ran, os.path.join(out_dir, run_file), device_names)
+    gantt_png(rows, os.path.join(out_dir, "gantt.png"), title=title, device_names=device_names, compare=ran)
+    return sorted(os.listdir(out_dir))
