@@ -470,6 +470,17 @@ def bound_kind(lb: dict) -> str:
     return "?"
 
 
+def _ratio_cell(v: dict | None, best: bool, note: str = "") -> str:
+    """A table cell for one solver's result: empty, ``fail``, or its ratio to the bound
+    (bold when best), followed by ``note``."""
+    if v is None:
+        return ""
+    if "error" in v:
+        return "fail"
+    txt = fmt(v["ratio_to_lower_bound"])
+    return (f"**{txt}**" if best else txt) + note
+
+
 def placement_markdown(res: dict, command: str | None = None) -> str:
     """The benchmark as markdown: summary, then ratio, solve-time and memory tables.
 
@@ -506,20 +517,9 @@ def placement_markdown(res: dict, command: str | None = None) -> str:
     rows = []
     for r in res["cases"]:
         best = r["best_heuristic"]
-        cells = []
-        for a in cols:
-            v = r["results"].get(a)
-            if v is None:
-                cells.append("")
-            elif "error" in v:
-                cells.append("fail")
-            else:
-                txt = fmt(v["ratio_to_lower_bound"])
-                if a == best:
-                    txt = f"**{txt}**"
-                if a == "expert" and not v["memory_ok"]:
-                    txt += " (mem)"
-                cells.append(txt)
+        cells = [_ratio_cell(r["results"].get(a), a == best,
+                             " (mem)" if a == "expert" and not r["results"].get(a, {}).get("memory_ok", True) else "")
+                 for a in cols]
         c = r["checks"]
         goal = {None: "–", False: "n/a"}.get(c["heuristics_within_10pct"], "yes" if c["goal_met"] else "**no**")
         rows.append([r["name"], r["nodes"], r["devices"], fmt(r["lower_bound_s"] * 1e3, ".3f"),
@@ -584,16 +584,9 @@ def objectives_markdown(res: dict) -> list[str]:
         trows = []
         for r in rows:
             o = r["objectives"][key]
-            cells = []
-            for a in algs:
-                v = o["results"].get(a)
-                if v is None:
-                    cells.append("")
-                elif "error" in v:
-                    cells.append("fail")
-                else:
-                    txt = fmt(v["ratio_to_lower_bound"])
-                    cells.append(f"**{txt}**" if a == o["best"] else txt + ("" if v["valid"] else " (inv)"))
+            cells = [_ratio_cell(v, a == o["best"], "" if a == o["best"] or v is None or v.get("valid", True)
+                                 else " (inv)")
+                     for a, v in ((a, o["results"].get(a)) for a in algs)]
             extra = [fmt(o.get("ours_over_expert"))] if key == "throughput" else []
             trows.append([r["name"], o["model"], fmt(o["lower_bound_s"] * 1e3, ".3f")] + cells + extra)
         lines += [f"### {title}", "", note + " Bold: our best valid plan.", "",
