@@ -17,7 +17,7 @@ from tvm_pesto.costs.features import (
     FEATURE_NAMES, describe_group, device_descriptor, feature_matrix, feature_vector, roofline_s,
 )
 from tvm_pesto.costs.sweep import FAMILIES, sweep_module
-from tvm_pesto.errors import CostError
+from tvm_pesto.errors import CostError, PestoError
 
 CPU_DEV = {"kind": "cpu", "model": "test-cpu", "peak_flops": 1e11, "mem_bandwidth": 1e10, "memory_bytes": 8e9,
            "cores": 1}
@@ -341,9 +341,98 @@ def test_bundled_default_model_meets_its_held_out_targets(tmp_path):
     for part in ("heldout", "seen"):
         for k in ("mape", "spearman", "within_10pct", "top1_backend_accuracy", "mean_regret"):
             assert k in r[part], (part, k)
-    assert r["heldout"]["n"] > 50 and set(r["heldout_models"]) <= {"resnet50", "gpt2"}
-    # the issue's targets on held-out models (training is deterministic, so these are exact)
+    assert r["heldout"]["n"] > 50 and set(r["heldout_models"]) == {"resnet50", "gpt2"}
+    # the shipped model trained on them; the held-out figures are of the recipe retrained without them
+    meta = cmx.load_model(path).meta
+    assert {"resnet50", "gpt2"} <= set(meta["train_models"]) and r["heldout_scored_by"]["train_rows"] > 1000
+    # two architecture families outside the zoo, never trained on, reported apart
+    assert len(r["heldout_families"]) >= 2 and not set(r["heldout_families"]) & set(meta["train_models"])
+    for fam in r["heldout_families"]:
+        assert r["heldout_family"][fam]["n"] > 100
+    # tuned TVM rows and two device sizes (the 1-core device of cpu:2, the 2-core device of cpu:1)
+    assert "tvm-ms" in meta["backends"] and {d.split("/")[-1] for d in meta["devices"]} == {"1", "2"}
+    # training is deterministic, so these are exact: MAPE 19.8 % (the issue asks for 15), Spearman
+    # 0.984, top-1 94.0 % on the held-out models, labels measured on a quiet machine
     assert r["heldout"]["mape"] <= 20.0
-    assert r["heldout"]["spearman"] >= 0.9
-    assert r["heldout"]["top1_backend_accuracy"] >= 0.85
+    assert r["heldout"]["spearman"] >= 0.95
+    assert r["heldout"]["top1_backend_accuracy"] >= 0.90
     assert r["seen"]["mape"] <= 10.0
+    assert all(d["busy"] == 0 for d in r["noise_floor"]["load_by_device"].values())
+
+
+# -- held-out architecture families and models outside the zoo --------------------------------------
+def test_heldout_families_are_reported_apart_from_heldout_zoo_models(tmp_path, sweep_descs):
+    from click.testing import CliRunner
+
+    from tvm_pesto.cli.cost_model import cost_model
+
+    rows = synthetic_rows(sweep_descs)
+    rename = {"sweep-conv2d": "resnet50", "sweep-attention": "vit"}  # a zoo model and one outside the zoo
+    for r in rows:
+        r["model"] = rename.get(r["model"], r["model"])
+    log = tmp_path / "log.jsonl"
+    write_log(log, rows)
+    out = tmp_path / "m.json"
+    res = CliRunner().invoke(cost_model, ["train", str(log), "-o", str(out), "--heldout", "resnet50,vit",
+                                          "--rounds", "30"])
+    assert res.exit_code == 0, res.output
+    ev_json = tmp_path / "ev.json"
+    res = CliRunner().invoke(cost_model, ["eval", "--model", str(out), "--json", str(ev_json)])
+    assert res.exit_code == 0, res.output
+    assert "held-out family vit" in res.output
+    r = json.loads(ev_json.read_text())
+    n_conv = sum(1 for x in rows if x["model"] == "resnet50")
+    n_att = sum(1 for x in rows if x["model"] == "vit")
+    assert r["heldout_models"] == ["resnet50"] and r["heldout_families"] == ["vit"]
+    assert r["heldout"]["n"] == n_conv  # the family is not pooled into the held-out zoo figures
+    assert r["heldout_family"]["vit"]["n"] == r["heldout_family"]["pooled"]["n"] == n_att
+    assert "vit" not in cmx.load_model(out).meta["train_models"]
+
+
+def test_profile_takes_models_outside_the_zoo(tmp_path):
+    from click.testing import CliRunner
+
+    from tvm_pesto.cli.cost_model import profile
+
+    log = tmp_path / "p.jsonl"
+    res = CliRunner().invoke(profile, ["convnext", "--backends", "tvm", "--cluster", "cpu:2", "--repeat", "1",
+                                       "--min-repeat-ms", "1", "--log", str(log)])
+    assert res.exit_code == 0, res.output
+    recs = [json.loads(s) for s in log.read_text().splitlines()]
+    assert {r.get("model") for r in recs if r["key"] != "__vm_call_overhead__"} == {"convnext"}
+    ds = cmx.load_dataset([log])
+    assert len(ds.rows) > 5
+    res = CliRunner().invoke(profile, ["convnxt", "--log", str(log)])
+    msg = str(res.exception)
+    assert isinstance(res.exception, PestoError) and "unknown model 'convnxt'" in msg and "convnext" in msg
+
+
+def test_eval_heldout_scores_a_retrained_recipe_not_the_shipped_model(tmp_path, sweep_descs):
+    from click.testing import CliRunner
+
+    from tvm_pesto.cli.cost_model import cost_model
+
+    rows = synthetic_rows(sweep_descs)
+    for r in rows:
+        if r["model"] == "sweep-conv2d":
+            r["model"] = "resnet50"
+    log = tmp_path / "log.jsonl"
+    write_log(log, rows)
+    out = tmp_path / "m.json"
+    res = CliRunner().invoke(cost_model, ["train", str(log), "-o", str(out), "--eval-heldout", "resnet50",
+                                          "--rounds", "40"])
+    assert res.exit_code == 0, res.output
+    shipped = cmx.load_model(out)
+    assert "resnet50" in shipped.meta["train_models"]
+    ev_json = tmp_path / "ev.json"
+    res = CliRunner().invoke(cost_model, ["eval", "--model", str(out), "--json", str(ev_json)])
+    assert res.exit_code == 0, res.output
+    r = json.loads(ev_json.read_text())
+    test = [x for x in rows if x["model"] == "resnet50"]
+    assert r["heldout"]["n"] == len(test) and r["heldout_scored_by"]["train_rows"] < len(rows) - len(test) + 1
+    # the shipped model saw these rows: it scores them better than the recipe that did not
+    seen_mape = ev.metrics(test, shipped.predict_rows(test))["mape"]
+    assert seen_mape < r["heldout"]["mape"]
+    res = CliRunner().invoke(cost_model, ["train", str(log), "-o", str(out), "--eval-heldout", "resnet50",
+                                          "--heldout", "resnet50"])
+    assert isinstance(res.exception, PestoError) and "both kept out" in str(res.exception)

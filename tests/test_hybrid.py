@@ -1,20 +1,29 @@
 """The hybrid cost source: predictions everywhere, measurements where the choice is close."""
+import math
+
 import numpy as np
+import pytest
 
 import tvm_pesto
 from tvm_pesto.candidates.examples import tiny_cnn
 from tvm_pesto.costs import candidate_costs
 from tvm_pesto.costs.cache import MeasureCache
-from tvm_pesto.costs.hybrid import uncertain_candidates
+from tvm_pesto.costs.hybrid import DEFAULT_FRACTION, candidate_keys, hybrid_costs, stakes, uncertain_candidates
+from tvm_pesto.errors import CostError
 
 
-def test_hybrid_measures_the_close_calls_and_predicts_the_rest(tmp_path):
+@pytest.fixture(scope="module")
+def tiny():
     mod, _ = tiny_cnn()
     an = tvm_pesto.analyze(mod)
     cl = tvm_pesto.parse_cluster("cpu:1")
-    cs = tvm_pesto.make_candidates(an, cl, "all")
+    return an, cl, tvm_pesto.make_candidates(an, cl, "all")
+
+
+def test_hybrid_measures_the_close_calls_and_predicts_the_rest(tiny, tmp_path):
+    an, cl, cs = tiny
     cache = MeasureCache(tmp_path / "m.jsonl")
-    hyb = candidate_costs(cs, cl, "hybrid", cache=cache)
+    hyb = hybrid_costs(cs, cl, cache=cache, fraction=None)  # every candidate with a stake
     pred = candidate_costs(cs, cl, "xgb")
     picked = uncertain_candidates(an.op_graph, list(cs), pred.table)
     assert 0 < len(picked) < len(cs)
@@ -28,3 +37,47 @@ def test_hybrid_measures_the_close_calls_and_predicts_the_rest(tmp_path):
     rest = sorted(set(range(len(cs))) - set(picked))
     assert not np.allclose(hyb.table[rest, 0], meas.table[rest, 0])
     assert hyb.saved_s > 0
+
+
+def test_the_default_measures_a_fraction_of_the_distinct_candidates(tiny, tmp_path):
+    an, cl, cs = tiny
+    keys = candidate_keys(cs)
+    assert len(set(keys)) < len(keys)  # repeated shapes share a key (and a measurement)
+    hyb = candidate_costs(cs, cl, "hybrid", cache=MeasureCache(tmp_path / "m.jsonl"))
+    budget = math.ceil(DEFAULT_FRACTION * len(set(keys)))
+    assert 0 < hyb.measured <= budget + 1  # (+1: the VM call overhead record)
+    pred = candidate_costs(cs, cl, "xgb").table
+    picked = uncertain_candidates(an.op_graph, list(cs), pred, fraction=DEFAULT_FRACTION, keys=keys)
+    assert len({keys[i] for i in picked}) == budget
+    # the picked keys are those with the largest stakes
+    st = stakes(an.op_graph, list(cs), pred)
+    total = {}
+    for i, k in enumerate(keys):
+        total[k] = total.get(k, 0.0) + st[i]
+    least_picked = min(total[keys[i]] for i in picked)
+    assert all(w <= least_picked for k, w in total.items() if k not in {keys[i] for i in picked})
+    assert hyb.predicted == len(cs) - len(picked)
+
+
+def test_a_fraction_outside_zero_to_one_is_refused(tiny):
+    an, _, cs = tiny
+    with pytest.raises(CostError, match="fraction"):
+        uncertain_candidates(an.op_graph, list(cs), np.ones((len(cs), 1)), fraction=1.5)
+
+
+def test_place_with_hybrid_costs_measures_the_plan_and_plans_again(tiny, tmp_path):
+    an, cl, cs = tiny
+    pl = tvm_pesto.place(an, cl, costs="hybrid", cache=MeasureCache(tmp_path / "m.jsonl"), deterministic=True)
+    ct = pl.costs
+    rounds = ct.calibration["rounds"]
+    assert rounds[0]["why"] == "stakes" and all(r["why"] == "plan" for r in rounds[1:])
+    spent = sum(r["keys"] for r in rounds)
+    assert spent <= ct.calibration["budget"] and ct.measured <= ct.calibration["budget"] + 1
+    # the rounds stopped because the plan is measured, or because the budget is spent
+    meas = candidate_costs(cs, cl, "measured", cache=MeasureCache(tmp_path / "m.jsonl"), calibrate=False).table
+    pos = {id(c): i for i, c in enumerate(pl.joint.candidates)}
+    units = [pos[id(u)] for u in pl.plan.units]
+    measured_units = [i for i in units if np.isfinite(meas[i, 0]) and np.isclose(ct.table[i, 0], meas[i, 0])]
+    assert len(measured_units) == len(units) or spent == ct.calibration["budget"]
+    # the plan is the one its table gives: simulating it under the table reproduces the makespan
+    assert pl.sim.makespan > 0 and np.isfinite(pl.sim.makespan)

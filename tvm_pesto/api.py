@@ -207,6 +207,13 @@ def solver_gap(plan: Plan) -> float | None:
     return info.get("mip_gap", info.get("coarse_mip_gap"))
 
 
+#: ``costs="hybrid"`` in :func:`place`: the share of the measuring budget spent on the close
+#: calls of the predictions (:func:`tvm_pesto.costs.hybrid.hybrid_costs`); the rest goes to
+#: rounds that measure the plan's own predicted units and plan again (at most this many).
+HYBRID_STAKE_SHARE = 1 / 3
+HYBRID_MAX_ROUNDS = 8
+
+
 def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs="auto", cache=None, progress=None,
           time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
           colocate: list[list[int]] | None = None, **solver_options) -> Placement:
@@ -220,9 +227,13 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
     backends : "all", "tvm", or list of str
     solver : str
         Placement solver (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
-    costs : {"auto", "measured", "xgb", "roofline"} or ndarray
+    costs : {"auto", "measured", "xgb", "roofline", "hybrid"} or ndarray
         The cost source, or a ready ``[candidates, devices]`` table for the candidates
-        this call generates.
+        this call generates. ``hybrid`` predicts every candidate, measures the close calls
+        with a third of its budget (:mod:`tvm_pesto.costs.hybrid`), then measures the
+        plan's units that are still predictions and plans again until the plan is
+        measured or the budget (1 in 25 distinct candidates) is spent; the cost table's
+        ``calibration["rounds"]`` lists what each round measured.
     time_limit_s, search_s
         ILP time limit and joint local-search budget (:func:`tvm_pesto.solve.joint.solve_joint`).
     deterministic : bool, optional
@@ -241,19 +252,38 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
     ('work', True)
     """
     from .costs import CostTable, candidate_costs
+    from .costs.hybrid import hybrid_costs
     from .solve.joint import solve_joint
 
     analysis = mod_or_analysis if isinstance(mod_or_analysis, Analysis) else analyze(mod_or_analysis)
     cluster = as_cluster(cluster)
     cs = make_candidates(analysis, cluster, backends)
+    hybrid: list = []
     if isinstance(costs, np.ndarray):
         ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
+    elif costs == "hybrid":  # a third of the budget on the close calls, the rest on the plan's own units
+        ct = hybrid_costs(cs, cluster, cache=cache, progress=progress, stake_share=HYBRID_STAKE_SHARE, state=hybrid)
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
-    jp = JointProblem(analysis.op_graph, cluster, list(cs), ct.table, cost_source=ct.source,
-                      colocate=[list(g) for g in colocate or []])
-    plan, problem = solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s,
-                                deterministic=deterministic, **solver_options)
+
+    def solve(table: CostTable):
+        jp = JointProblem(analysis.op_graph, cluster, list(cs), table.table, cost_source=table.source,
+                          colocate=[list(g) for g in colocate or []])
+        return (jp, *solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s,
+                                 deterministic=deterministic, **solver_options))
+
+    jp, plan, problem = solve(ct)
+    if hybrid:  # measure the plan's units that are predictions, costliest first, and plan again
+        h = hybrid[0]
+        pos = {id(c): i for i, c in enumerate(jp.candidates)}
+        for _ in range(HYBRID_MAX_ROUNDS):
+            units = [pos[id(u)] for u in plan.units]
+            cost = {i: float(np.nanmax(np.where(np.isfinite(h.table[i]), h.table[i], np.nan))) for i in units}
+            if not h.measure(sorted((i for i in units if i not in h.done), key=lambda i: -cost[i])):
+                break
+            ct = h.cost_table()
+            jp, plan, problem = solve(ct)
+        ct = h.cost_table()
     return Placement(analysis, cs, ct, jp, problem, plan, simulate(problem, plan))
 
 

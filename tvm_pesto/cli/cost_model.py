@@ -74,20 +74,26 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
             rpc_tracker, rpc_key):
     """Measure every candidate of MODELS and append the records a cost model trains on.
 
-    MODELS are zoo names, ``zoo`` (all of them), ``sweep`` (all shape-sweep families) or
-    ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
+    MODELS are zoo names, ``zoo`` (all of them), names of models outside the zoo
+    (``tvm_pesto.zoo.outside``), ``outside`` (all of those), ``sweep`` (all shape-sweep
+    families) or ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
     """
     from ..costs.profile import default_backends, default_log_path, profile_zoo
+    from ..costs.sweep import FAMILIES
     from ..zoo import list_models
+    from ..zoo import outside
 
-    zoo_names = list_models()
+    zoo_names, out_names = list_models(), outside.list_models()
+    sweeps = ["sweep"] + [f"sweep-{f}" for f in FAMILIES]
 
     names = []
     for m in models:
-        names.extend(zoo_names if m == "zoo" else [m])
+        names.extend(zoo_names if m == "zoo" else out_names if m == "outside" else [m])
     for m in names:
-        if m not in zoo_names and m != "sweep" and not m.startswith("sweep-"):
-            raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(zoo_names)}), zoo, sweep or sweep-FAMILY")
+        if m not in zoo_names and m not in out_names and m not in sweeps:
+            raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(zoo_names)}), zoo, a model outside "
+                             f"the zoo ({', '.join(out_names)}), outside, sweep or sweep-FAMILY "
+                             f"({', '.join(FAMILIES)})")
     log_path = log_path or str(default_log_path())
     bks = [b.strip() for b in backends.split(",") if b.strip()] if backends else default_backends()
     if rpc_tracker or rpc_key:  # the cluster's devices are measured on the remote servers
@@ -139,9 +145,11 @@ def merge_cmd(logs, output):
 @click.option("--target", default="log_time", show_default=True, type=click.Choice(["log_time", "log_ratio"]),
               help="predict log(time) or log(time / roofline)")
 @click.option("--heldout", default="", help="comma-separated model names kept out of training (eval reports them)")
+@click.option("--eval-heldout", default="", help="comma-separated model names trained on, whose held-out figures "
+              "eval gets by retraining the same recipe without them (the shipped model uses all the data)")
 @click.option("--rounds", default=None, type=int, help="boosting rounds [default: 300]")
 @click.option("--json", "json_path", default=None, help="write the training summary as JSON here")
-def train_cmd(logs, output, tuning_dbs, target, heldout, rounds, json_path):
+def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, json_path):
     """Train a cost model on profiler LOGS (and MetaSchedule databases) and save it."""
     from ..costs.evaluate import metrics, split_by_model
     from ..costs.xgb import DEFAULT_ROUNDS, load_dataset, train
@@ -152,15 +160,20 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, rounds, json_path):
         ds = load_dataset(logs, tuning_dbs)
     _report_skipped(ds.skipped)
     held = [h.strip() for h in heldout.split(",") if h.strip()]
+    recipe = [h.strip() for h in eval_heldout.split(",") if h.strip()]
+    both = sorted(set(held) & set(recipe))
+    if both:
+        raise PestoError(f"{', '.join(both)} cannot be both kept out of training (--heldout) and trained on "
+                         "(--eval-heldout); name each model in one of them")
     train_rows, test_rows = split_by_model(ds.rows, held)
-    missing = [h for h in held if not any(r["model"] == h for r in test_rows)]
+    missing = [h for h in held + recipe if not any(r["model"] == h for r in ds.rows)]
     if missing:
         raise PestoError(f"held-out model(s) {', '.join(missing)} have no rows in the logs; "
                          f"models present: {', '.join(sorted({r['model'] for r in ds.rows}))}")
     out_dir = os.path.dirname(os.path.abspath(output))
     meta = {"logs": [os.path.relpath(os.path.abspath(p), out_dir) for p in logs],
             "tuning_dbs": [os.path.relpath(os.path.abspath(p), out_dir) for p in tuning_dbs],
-            "heldout_models": held}
+            "heldout_models": held, "eval_heldout_models": recipe}
     with step(f"train ({len(train_rows)} rows, target {target})"):
         model = train(train_rows, target=target, rounds=rounds or DEFAULT_ROUNDS, meta=meta, overheads=ds.overheads)
         model.save(output)
@@ -224,6 +237,11 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flo
     console.print(f"[bold]{res['model']}[/] (target {res['target']}; label {label}; held-out models: "
                   f"{', '.join(res['heldout_models']) or 'none'})")
     print_metrics("held-out", res["heldout"])
+    if res.get("heldout_scored_by"):
+        console.print(f"  (held-out: scored by the same recipe retrained without them on "
+                      f"{res['heldout_scored_by']['train_rows']} rows; the shipped model was trained on them)")
+    for fam, m in (res.get("heldout_family") or {}).items():
+        print_metrics(f"held-out family {fam}" if fam != "pooled" else "held-out families (outside the zoo)", m)
     print_metrics("seen", res["seen"])
     nf = res["noise_floor"]
     if nf.get("n_records"):
@@ -232,6 +250,9 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flo
                       + (f"; re-run MAPE {nf['rerun_mape']:.1f}% over {nf['n_rerun_pairs']} pairs"
                          if nf.get("n_rerun_pairs") else "")
                       + (f"; load median {nf['load_median']:.1f}" if "load_median" in nf else ""))
+    for dk, ld in (nf.get("load_by_device") or {}).items():
+        busy = f"  [yellow]{ld['busy']} written while another job ran[/]" if ld["busy"] else ""
+        console.print(f"  labels on {dk}: {ld['n']} records, load median {ld['median']:.2f} max {ld['max']:.2f}{busy}")
     if cv:
         for t, r in res["cv"].items():
             console.print(f"  leave-one-model-out ({t}):")

@@ -10,8 +10,9 @@ both cost sources put under every group::
 
     measured ~= max(a * predicted + b, floor)     (one call per fused group: b is seconds per call)
 
-fitted by least squares on the *relative* residuals, ``sum((max(a*p + b, floor) / m - 1) ** 2)``
-with ``a >= 0`` (:func:`fit_affine`), from the per-group pairs that
+fitted by robust least squares (``soft_l1``) on the *relative* residuals
+``max(a*p + b, floor) / m - 1`` with ``a >= 0``, then both scaled so the fitted groups add up to the measured ones
+(:func:`fit_affine`), from the per-group pairs that
 ``tvm-pesto cost-model eval --flow`` measures. Summed over a model, the correction reads
 ``a * sum(predicted) + b * calls``.
 
@@ -50,14 +51,19 @@ from ..errors import CostError
 FORMAT = "tvm-pesto-xgb-calibration"
 VERSION = 1
 SUFFIX = ".calibration.json"
-METHOD = ("measured ~= max(a * predicted + b per call, floor); least squares of the relative residuals, a >= 0, "
-          "on raw (uncalibrated) predictions")
+METHOD = ("measured ~= max(a * predicted + b per call, floor); robust (soft_l1) least squares of the relative "
+          "residuals, a >= 0, scaled to the measured sum, on raw (uncalibrated) predictions")
+#: Relative residual beyond which a group counts linearly, not squared (``soft_l1`` loss): views
+#: predicted a microsecond above the floor they are measured at must not pull every group down.
+ROBUST_SCALE = 0.2
 #: Fewest fused groups a (backend, device) entry is fitted from.
 MIN_PAIRS = 3
 
 
 def fit_affine(pred, meas, floor: float = 0.0) -> tuple[float, float]:
-    """``(a, b)`` minimising ``sum((max(a * pred + b, floor) / meas - 1) ** 2)`` with ``a >= 0``.
+    """``(a, b)`` minimising the robust (``soft_l1``, scale :data:`ROBUST_SCALE`) sum of the
+    relative residuals ``max(a * pred + b, floor) / meas - 1`` with ``a >= 0``, then scaled
+    together so that ``sum(max(a * pred + b, floor)) == sum(meas)``.
 
     The model fitted is the one applied: the ``xgb`` source floors every cost at
     :data:`tvm_pesto.costs.xgb.MIN_COST_S` (pass it as ``floor``), as the ``measured``
@@ -107,9 +113,14 @@ def fit_affine(pred, meas, floor: float = 0.0) -> tuple[float, float]:
 
     start = np.array([x0[0], x0[1] / b_scale])
     res = least_squares(residuals, start, bounds=([0.0, -np.inf], [np.inf, np.inf]), method="trf",
-                        x_scale=[max(x0[0], 1e-12), 1.0])
+                        x_scale=[max(x0[0], 1e-12), 1.0], loss="soft_l1", f_scale=ROBUST_SCALE)
     best = res.x if res.cost <= 0.5 * float(np.sum(residuals(start) ** 2)) else start
-    return float(best[0]), float(best[1] * b_scale)
+    a, b = float(best[0]), float(best[1] * b_scale)
+    # relative residuals weigh the many small groups; the planner adds groups up, so the
+    # fit is scaled to give the measured total (a no-op when the fit is exact)
+    fitted = float(np.sum(np.maximum(a * p + b, floor)))
+    scale = float(m.sum() / fitted) if fitted > 0 else 1.0
+    return a * scale, b * scale
 
 
 @dataclass

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -109,6 +110,10 @@ def metrics(rows, pred) -> dict:
     return out
 
 
+#: Load above a device's own cores by more than this means another job ran while measuring.
+BUSY_EXTRA_LOAD = 0.5
+
+
 def noise_floor(rows) -> dict:
     """How noisy the measurements are.
 
@@ -116,7 +121,10 @@ def noise_floor(rows) -> dict:
     in one run). ``rerun_*``: |t2 - t1| / t1 between two runs that measured the same
     subgraph on the same backend and device (two profiling passes, or a shape shared by
     two models): the error a perfect model would show against a single measurement.
-    ``load_*``: 1-minute load average when the records were written.
+    ``load_*``: 1-minute load average when the records were written; ``load_by_device``
+    the same per device, with ``busy``: records written while the load was above the
+    device's own cores plus :data:`BUSY_EXTRA_LOAD` (another job was running; the timing
+    loop itself keeps the device's cores busy).
     """
     cvs = []
     for r in rows:
@@ -140,6 +148,14 @@ def noise_floor(rows) -> dict:
                    rerun_within_10pct=float(np.mean(np.array(rerun) <= 0.10 + 1e-9)))
     if loads:
         out.update(load_median=float(np.median(loads)), load_max=float(np.max(loads)))
+        per: dict = defaultdict(list)
+        for r in rows:
+            if isinstance(r.get("load"), (list, tuple)) and r["load"]:
+                per[device_key(r["device"])].append((float(r["load"][0]), int(r["device"].get("cores", 1))))
+        out["load_by_device"] = {k: {"n": len(v), "median": float(np.median([x for x, _ in v])),
+                                     "max": float(max(x for x, _ in v)),
+                                     "busy": int(sum(x > c + BUSY_EXTRA_LOAD for x, c in v))}
+                                 for k, v in sorted(per.items())}
     return out
 
 
@@ -256,7 +272,9 @@ def relabel(rows, label: str) -> list:
 
 def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, tuning_dbs=(),
                    label: str = "min") -> dict:
-    """Evaluate a saved model on its own split: ``heldout`` (models it never saw) and ``seen``.
+    """Evaluate a saved model on its own split: ``heldout`` (zoo models it never saw),
+    ``heldout_family`` (held-out models of :mod:`tvm_pesto.zoo.outside`: architecture
+    families no zoo model has, pooled and per model) and ``seen``.
 
     Parameters
     ----------
@@ -286,17 +304,40 @@ def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, 
             raise CostError(f"cost model {model.path} lists no training logs; pass logs to evaluate on")
     ds = load_dataset(logs, tuning_dbs)
     ds.rows = relabel(ds.rows, label)
-    held = set(model.meta.get("heldout_models", []))
+    held_all = set(model.meta.get("heldout_models", []))
+    families = {m for m in held_all if model_origin(m) == "outside"}  # architectures no zoo model has
+    recipe = set(model.meta.get("eval_heldout_models", []))  # trained on, scored by the recipe without them
+    held = (held_all - families) | recipe
     train_models = set(model.meta.get("train_models", []))
     test = [r for r in ds.rows if r["model"] in held]
-    seen = [r for r in ds.rows if r["model"] in train_models and r["model"] not in held]
-    res: dict = {"model": model.path, "target": model.target, "heldout_models": sorted(held), "label": label,
+    seen = [r for r in ds.rows if r["model"] in train_models and r["model"] not in held_all]
+    res: dict = {"model": model.path, "target": model.target, "heldout_models": sorted(held),
+                 "heldout_families": sorted(families), "label": label,
                  "units": UNITS, "logs": list(logs), "skipped_lines": [list(s) for s in ds.skipped],
                  "rows": len(ds.rows), "records_without_description": ds.no_desc, "infeasible_records": ds.infeasible}
-    p_test = model.predict_rows(test)
+    scorer = model
+    if recipe:
+        from .xgb import train
+
+        t0 = time.perf_counter()
+        train_rows, _ = split_by_model(ds.rows, sorted(held_all | recipe))
+        scorer = train(train_rows, target=model.target, rounds=int(model.meta.get("rounds", 300)),
+                       params=model.meta.get("params"), overheads=ds.overheads)
+        res["heldout_scored_by"] = {
+            "recipe": "the model's own target, rounds and parameters, retrained on its logs without "
+                      f"{', '.join(sorted(recipe))} (and any row sharing a structural key with them); the "
+                      "shipped model was trained on them",
+            "train_rows": len(train_rows), "seconds": time.perf_counter() - t0}
+    p_test = scorer.predict_rows(test)
     p_seen = model.predict_rows(seen)
     res["heldout"] = metrics(test, p_test) if test else {"n": 0}
     res["seen"] = metrics(seen, p_seen) if seen else {"n": 0}
+    if families:
+        fam = [r for r in ds.rows if r["model"] in families]
+        res["heldout_family"] = {"pooled": metrics(fam, model.predict_rows(fam)) if fam else {"n": 0}}
+        for m in sorted(families):
+            rows = [r for r in fam if r["model"] == m]
+            res["heldout_family"][m] = metrics(rows, model.predict_rows(rows)) if rows else {"n": 0}
     res["noise_floor"] = noise_floor(ds.rows)
     res["noise_floor_heldout"] = noise_floor(test)
     if plot:

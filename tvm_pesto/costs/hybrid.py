@@ -1,16 +1,25 @@
 """The ``hybrid`` cost source: predict every candidate, measure only where the choice is uncertain.
 
 1. Every candidate is predicted by the cost model (:func:`tvm_pesto.costs.xgb.predict_candidate_costs`).
-2. Uncertain candidates are picked per op: of the candidates that contain the op, the
-   ``top_k`` cheapest per op (predicted cost divided by their size) whose share is within the
-   model's error (``error``, relative) of the best one; plus, for the ops on the predicted
-   critical path (the longest path with each op at its best predicted share), the ``top_k``
-   cheapest candidates whatever their margin.
-3. Those are measured (:mod:`tvm_pesto.costs.measured`, cached), on the devices that are on
-   this machine, and replace their predictions.
+2. Each candidate gets a *stake*: the predicted seconds that ride on its cost being right.
+   Per op, the candidates containing it are ranked by predicted cost divided by their size
+   (the op's share); when several are within the model's error (``error``, relative) of the
+   best, the op is a close call and its ``top_k`` contenders each add the op's best share to
+   their stake. Ops on the predicted critical path (the longest path with each op at its
+   best share) count twice, and their ``top_k`` cheapest candidates get the stake even
+   without a close call.
+3. Candidates of the same description (backend and subgraph, :func:`~tvm_pesto.costs.features.describe_group`)
+   are one measurement. The budget is ``ceil(fraction * distinct descriptions)``
+   measurements (by default 1 in 25: at least 20x fewer than the ``measured`` source
+   takes). :func:`hybrid_costs` spends ``stake_share`` of it on the descriptions with the
+   largest total stake (:mod:`tvm_pesto.costs.measured`, cached, on the devices that are on
+   this machine); their measurements replace the predictions.
 4. The remaining predictions of each backend on each device are scaled by the median of
    measured / predicted over that backend's measured candidates there (at least
    ``min_samples`` of them): the model's bias on this machine, corrected by what was seen.
+5. :func:`tvm_pesto.place` spends the rest on the plan (:meth:`Hybrid.measure`): it measures
+   the plan's units that are still predictions, costliest first, and plans again, until
+   the plan is measured or the budget is spent (``calibration["rounds"]`` of the table).
 
 The :class:`~tvm_pesto.costs.CostTable` says how many candidates were measured, how many
 predicted, and an estimate of the profiling time saved (measured candidates' mean time to
@@ -24,10 +33,18 @@ Examples
 """
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
+
+from ..errors import CostError
 
 #: Relative error of the model's predictions used to call two candidates "too close".
 DEFAULT_ERROR = 0.25
+#: Share of the distinct candidates that are measured (1 in 25: at least 20x fewer than the
+#: ``measured`` source, whose count of distinct structures is a little lower than of descriptions).
+DEFAULT_FRACTION = 0.04
 
 
 def _best_shares(graph, candidates, table: np.ndarray) -> np.ndarray:
@@ -63,21 +80,22 @@ def critical_ops(graph, shares: np.ndarray) -> list[int]:
     return path[::-1]
 
 
-def uncertain_candidates(graph, candidates, table: np.ndarray, error: float = DEFAULT_ERROR,
-                         top_k: int = 3) -> list[int]:
-    """Indices of the candidates worth measuring (see the module doc).
+def stakes(graph, candidates, table: np.ndarray, error: float = DEFAULT_ERROR, top_k: int = 3) -> np.ndarray:
+    """Per candidate: the predicted seconds that depend on its cost (see the module doc, step 2).
 
     Examples
     --------
     >>> from tvm_pesto.candidates import Candidate
     >>> from tvm_pesto.graph import OpGraph, OpNode
-    >>> g = OpGraph([OpNode("a", "relax.add"), OpNode("b", "relax.add")], [(0, 1, 4)])
-    >>> cands = [Candidate("tvm", (0,)), Candidate("ort", (0,)), Candidate("tvm", (1,)), Candidate("ort", (1,))]
-    >>> t = np.array([[1.0], [1.1], [1.0], [5.0]])   # op a: a close call; op b: tvm clearly wins
-    >>> uncertain_candidates(g, cands, t, top_k=2) == [0, 1, 2, 3]   # b is on the critical path
-    True
-    >>> uncertain_candidates(g, cands, t, top_k=1)
-    [0, 2]
+    >>> g = OpGraph([OpNode("a", "relax.add"), OpNode("b", "relax.add"), OpNode("c", "relax.add")],
+    ...             [(0, 1, 4)])
+    >>> cands = [Candidate("tvm", (0,)), Candidate("ort", (0,)), Candidate("tvm", (1,)), Candidate("ort", (1,)),
+    ...          Candidate("tvm", (2,)), Candidate("ort", (2,))]
+    >>> t = np.array([[1.0], [1.1], [1.0], [5.0], [0.1], [1.0]])  # a: a close call; b: tvm wins; c: off the path
+    >>> stakes(g, cands, t, top_k=2).tolist()   # a and b are on the critical path (weight 2)
+    [2.0, 2.0, 2.0, 2.0, 0.0, 0.0]
+    >>> stakes(g, cands, t, top_k=1).tolist()
+    [2.0, 0.0, 2.0, 0.0, 0.0, 0.0]
     """
     cheapest = np.where(np.isfinite(table), table, np.inf).min(axis=1)
     containing: list[list[int]] = [[] for _ in range(graph.num_nodes)]
@@ -86,61 +104,188 @@ def uncertain_candidates(graph, candidates, table: np.ndarray, error: float = DE
             for v in cand.nodes:
                 containing[v].append(c)
     critical = set(critical_ops(graph, _best_shares(graph, candidates, table)))
-    chosen: set[int] = set()
+    out = np.zeros(len(candidates))
     for v in range(graph.num_nodes):
         ranked = sorted(containing[v], key=lambda c: (cheapest[c] / len(candidates[c].nodes), c))
         if not ranked:
             continue
         best = cheapest[ranked[0]] / len(candidates[ranked[0]].nodes)
         close = [c for c in ranked if cheapest[c] / len(candidates[c].nodes) <= best * (1.0 + error)]
-        chosen.update((ranked if v in critical else close)[:top_k])
-    return sorted(chosen)
+        if v in critical:
+            out[(ranked if len(close) < 2 else close)[:top_k]] += 2.0 * best
+        elif len(close) >= 2:
+            out[close[:top_k]] += best
+    return out
+
+
+def uncertain_candidates(graph, candidates, table: np.ndarray, error: float = DEFAULT_ERROR, top_k: int = 3,
+                         fraction: float | None = None, keys=None, budget: int | None = None) -> list[int]:
+    """Indices of the candidates worth measuring, sorted.
+
+    Without ``fraction`` or ``budget``: every candidate with a stake (:func:`stakes`). With
+    them: the candidates of the ``budget`` keys (default ``ceil(fraction * distinct keys)``;
+    keys default to one per candidate) with the largest total stake; every candidate of a
+    chosen key is returned (one measurement serves them all).
+
+    Examples
+    --------
+    >>> from tvm_pesto.candidates import Candidate
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> g = OpGraph([OpNode("a", "relax.add"), OpNode("b", "relax.add")], [(0, 1, 4)])
+    >>> cands = [Candidate("tvm", (0,)), Candidate("ort", (0,)), Candidate("tvm", (1,)), Candidate("ort", (1,))]
+    >>> t = np.array([[1.0], [1.1], [3.0], [5.0]])
+    >>> uncertain_candidates(g, cands, t, top_k=2)
+    [0, 1, 2, 3]
+    >>> uncertain_candidates(g, cands, t, top_k=2, fraction=0.25)   # the largest stake: op b's share 3.0
+    [2]
+    >>> uncertain_candidates(g, cands, t, top_k=2, budget=1, keys=["x", "y", "x", "z"])
+    [0, 2]
+    """
+    st = stakes(graph, candidates, table, error=error, top_k=top_k)
+    if fraction is None and budget is None:
+        return [int(c) for c in np.flatnonzero(st > 0)]
+    if fraction is not None and not 0 < fraction <= 1:
+        raise CostError(f"the hybrid source's fraction of candidates to measure must be in (0, 1], got {fraction!r}")
+    keys = list(range(len(candidates))) if keys is None else list(keys)
+    total: dict = {}
+    first: dict = {}
+    for c, k in enumerate(keys):
+        total[k] = total.get(k, 0.0) + float(st[c])
+        first.setdefault(k, c)
+    n = budget if budget is not None else max(1, math.ceil(fraction * len(total)))
+    ranked = sorted((k for k, w in total.items() if w > 0), key=lambda k: (-total[k], first[k]))
+    chosen = set(ranked[:n])
+    return [c for c, k in enumerate(keys) if k in chosen]
+
+
+def candidate_keys(cs) -> list[str]:
+    """One key per candidate: its backend and the description the cost model reads, so
+    repeated layers (and repeated shapes) share a key, as they share a measurement."""
+    from .features import describe_group
+
+    graph = cs.rg.graph
+    return [json.dumps([c.backend, describe_group(graph, c.nodes)], sort_keys=True, default=str) for c in cs]
+
+
+class Hybrid:
+    """The state of a hybrid table: predictions, what was measured, and the budget left.
+
+    :func:`hybrid_costs` makes one and spends part of the budget on the candidates with the
+    largest stakes; :meth:`measure` spends more on given candidates (the plan-guided rounds
+    of :func:`tvm_pesto.place`: the units of the plan so far that are still predictions).
+    """
+
+    def __init__(self, cs, cluster, cache=None, progress=None, fraction: float | None = DEFAULT_FRACTION):
+        from .xgb import predict_candidate_costs
+
+        table, self.columns = predict_candidate_costs(cs, cluster)
+        self.cs, self.cluster, self.cache, self.progress = cs, cluster, cache, progress
+        self.table = table.copy()
+        self.keys = candidate_keys(cs) if fraction is not None else [str(i) for i in range(len(cs))]
+        n_keys = len(set(self.keys))
+        self.budget = n_keys if fraction is None else max(1, math.ceil(fraction * n_keys))
+        self.done: set[int] = set()  # candidates whose entries are measurements
+        self.done_keys: set = set()
+        self.present = [j for j, d in enumerate(cluster.devices) if d.present]
+        from .measured import MeasureReport
+
+        self.report = MeasureReport()
+        self._pred: dict = {}  # (candidate, device) -> the prediction a measurement replaced
+        self.corrections: dict = {}
+        self.rounds: list[dict] = []
+
+    @property
+    def left(self) -> int:
+        """Distinct measurements the budget still allows."""
+        return max(self.budget - len(self.done_keys), 0)
+
+    def measure(self, candidates, why: str = "plan") -> list[int]:
+        """Measure the keys of ``candidates`` (in the given order) while the budget lasts;
+        returns the candidates whose entries became measurements."""
+        from ..candidates.generate import CandidateSet
+        from ..cluster.cluster import Cluster
+        from .measured import measure_cost_table
+
+        keys: list = []
+        for c in candidates:
+            k = self.keys[c]
+            if c not in self.done and k not in self.done_keys and k not in keys:
+                keys.append(k)
+        keys = keys[:self.left]
+        if not keys or not self.present:
+            self.rounds.append({"why": why, "keys": 0, "candidates": 0})
+            return []
+        chosen = set(keys)
+        idx = [i for i in range(len(self.cs)) if self.keys[i] in chosen and i not in self.done]
+        sub = CandidateSet(self.cs.rg, [self.cs[i] for i in idx])
+        local = Cluster(self.cluster.name, [self.cluster.devices[j] for j in self.present],
+                        self.cluster.latency[np.ix_(self.present, self.present)],
+                        self.cluster.bandwidth[np.ix_(self.present, self.present)])
+        before = dict(self.report.infeasible)
+        self.report.infeasible = {}
+        got = measure_cost_table(sub, local, self.cache, report=self.report, progress=self.progress)
+        self.report.infeasible = {**before, **{idx[i]: w for i, w in self.report.infeasible.items()}}
+        for jj, j in enumerate(self.present):
+            for r, i in enumerate(idx):
+                self._pred[(i, j)] = self.table[i, j]
+                self.table[i, j] = got[r, jj]
+            self.columns[j] = "hybrid"
+        self.done.update(idx)
+        self.done_keys.update(chosen)
+        self.rounds.append({"why": why, "keys": len(chosen), "candidates": len(idx)})
+        return idx
+
+    def correct_bias(self, min_samples: int = 3) -> None:
+        """Scale the predictions of each backend on each present device by the median
+        measured / predicted of its measured candidates (at least ``min_samples``)."""
+        backends = np.array([c.backend for c in self.cs])
+        done = np.array(sorted(self.done), dtype=int)
+        rest_mask = ~np.isin(np.arange(len(self.cs)), done)
+        for j in self.present:
+            for b in sorted(set(backends[done])) if len(done) else []:
+                sel = [i for i in done if backends[i] == b and np.isfinite(self.table[i, j])
+                       and np.isfinite(self._pred[(i, j)]) and self._pred[(i, j)] > 0]
+                if len(sel) < min_samples:
+                    continue
+                f = float(np.median([self.table[i, j] / self._pred[(i, j)] for i in sel]))
+                self.table[np.flatnonzero((backends == b) & rest_mask), j] *= f
+                self.corrections[f"{j}:{b}"] = f
+
+    def cost_table(self):
+        from .table import CostTable
+
+        n_measured = len(self.done) if self.present else 0
+        per = self.report.seconds / max(self.report.measured, 1)
+        return CostTable(self.table.copy(), list(self.columns), measured=self.report.measured,
+                         cached=self.report.cached, predicted=len(self.cs) - n_measured,
+                         infeasible=dict(self.report.infeasible),
+                         calibration={"bias": dict(self.corrections), "budget": self.budget,
+                                      "rounds": list(self.rounds)},
+                         seconds=self.report.seconds,
+                         saved_s=float(per * (len(self.cs) - n_measured) * len(self.present))
+                         if self.report.measured else 0.0)
 
 
 def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_ERROR, top_k: int = 3,
-                 min_samples: int = 3):
-    """The hybrid table (see the module doc): a :class:`~tvm_pesto.costs.CostTable`."""
-    from .table import CostTable
-    from .measured import MeasureReport, measure_cost_table
-    from .xgb import predict_candidate_costs
+                 min_samples: int = 3, fraction: float | None = DEFAULT_FRACTION, stake_share: float = 1.0,
+                 state: list | None = None):
+    """The hybrid table (see the module doc): a :class:`~tvm_pesto.costs.CostTable`.
 
-    table, columns = predict_candidate_costs(cs, cluster)
-    table = table.copy()
-    graph = cs.rg.graph
-    picked = uncertain_candidates(graph, list(cs), table, error=error, top_k=top_k)
-    present = [j for j, d in enumerate(cluster.devices) if d.present]
-    report = MeasureReport()
-    corrections: dict = {}
-    if picked and present:
-        from ..candidates.generate import CandidateSet
-
-        sub = CandidateSet(cs.rg, [cs[i] for i in picked])
-        from ..cluster.cluster import Cluster
-
-        local = Cluster(cluster.name, [cluster.devices[j] for j in present],
-                        cluster.latency[np.ix_(present, present)], cluster.bandwidth[np.ix_(present, present)])
-        measured = measure_cost_table(sub, local, cache, report=report, progress=progress)
-        backends = np.array([c.backend for c in cs])
-        picked_arr = np.asarray(picked)
-        for jj, j in enumerate(present):
-            pred = table[picked_arr, j].copy()
-            meas = measured[:, jj]
-            table[picked_arr, j] = meas
-            for b in sorted(set(backends[picked_arr])):
-                sel = (backends[picked_arr] == b) & np.isfinite(meas) & np.isfinite(pred) & (pred > 0)
-                if sel.sum() < min_samples:
-                    continue
-                f = float(np.median(meas[sel] / pred[sel]))
-                rest = np.flatnonzero((backends == b) & ~np.isin(np.arange(len(cs)), picked_arr))
-                table[rest, j] *= f
-                corrections[f"{j}:{b}"] = f
-            columns[j] = "hybrid"
-    n_measured = len(picked) if present else 0
-    per = report.seconds / max(report.measured, 1)
-    return CostTable(table, columns, measured=report.measured, cached=report.cached,
-                     predicted=len(cs) - n_measured, infeasible={picked[i]: why for i, why in report.infeasible.items()},
-                     calibration={"bias": corrections}, seconds=report.seconds,
-                     saved_s=float(per * (len(cs) - n_measured) * len(present)) if report.measured else 0.0)
+    ``fraction=None`` measures every candidate with a stake instead of a budget;
+    ``stake_share`` is the part of the budget spent on stakes (the rest is left for
+    :meth:`Hybrid.measure`; the :class:`Hybrid` is appended to ``state`` when given).
+    """
+    if fraction is not None and not 0 < fraction <= 1:
+        raise CostError(f"the hybrid source's fraction of candidates to measure must be in (0, 1], got {fraction!r}")
+    h = Hybrid(cs, cluster, cache=cache, progress=progress, fraction=fraction)
+    budget = None if fraction is None else max(1, math.ceil(stake_share * h.budget))
+    h.measure(uncertain_candidates(cs.rg.graph, list(cs), h.table, error=error, top_k=top_k, keys=h.keys,
+                                   budget=budget), why="stakes")
+    h.correct_bias(min_samples)
+    if state is not None:
+        state.append(h)
+    return h.cost_table()
 
 
-__all__ = ["DEFAULT_ERROR", "critical_ops", "hybrid_costs", "uncertain_candidates"]
+__all__ = ["DEFAULT_ERROR", "DEFAULT_FRACTION", "Hybrid", "candidate_keys", "critical_ops", "hybrid_costs", "stakes",
+           "uncertain_candidates"]

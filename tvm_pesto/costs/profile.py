@@ -263,7 +263,8 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
 def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_models/profile.jsonl",
                 backends=DEFAULT_BACKENDS, progress=None, on_model=None, repeat: int = 5,
                 min_repeat_ms: int = 5, run: str = "") -> list[ProfileResult]:
-    """Profile zoo models (``"sweep"`` or ``"sweep-<family>"`` names profile the shape sweeps).
+    """Profile zoo models and models of :mod:`tvm_pesto.zoo.outside` (``"sweep"`` or
+    ``"sweep-<family>"`` names profile the shape sweeps).
 
     A model that fails is reported in its result's ``errors`` and the others go on.
 
@@ -286,10 +287,11 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
                         on_model(r)
                 continue
             from .. import zoo
+            from ..zoo import outside
 
-            zm = zoo.load(name, size)
+            mod = outside.relax_module(name, size) if name in outside.MODELS else zoo.load(name, size).mod
             label = name if size == "small" else f"{name}:{size}"
-            r = profile_module(zm.mod, label, cluster, log_path, backends, progress, repeat, min_repeat_ms, run)
+            r = profile_module(mod, label, cluster, log_path, backends, progress, repeat, min_repeat_ms, run)
         except PestoError as e:
             r = ProfileResult(model=name, errors={"profile": str(e)})
         out.append(r)

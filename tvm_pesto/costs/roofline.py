@@ -26,11 +26,6 @@ def node_seconds(node, device) -> float:
         + LAUNCH_S.get(device.kind, 2e-6)
 
 
-def floor_seconds(node, device) -> float:
-    """No kernel can beat this: FLOPs at the device's peak, or bytes at its full bandwidth."""
-    return max(node.flops / device.peak_flops, (node.bytes_read + node.bytes_written) / device.mem_bandwidth)
-
-
 def roofline_costs(graph, cluster) -> np.ndarray:
     """``[nodes, devices]`` seconds for every node of ``graph``."""
     return np.array([[node_seconds(nd, dev) for dev in cluster.devices] for nd in graph.nodes]).reshape(

@@ -384,11 +384,12 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
                             applied: dict | None = None) -> tuple[np.ndarray, list[str]]:
     """``[candidates, devices]`` predicted seconds, and which source made each column.
 
-    A device the model covers (its kind and model were in the training data) gets the
-    model's prediction for every candidate whose backend it was trained on (with the
-    training runs' VM call overhead subtracted, as measured costs have it), never below
-    the device's physical floor (:func:`tvm_pesto.costs.roofline.floor_seconds`: a tree
-    model cannot extrapolate to subgraphs far larger than it saw); a device it
+    A device the model covers (its kind, model and core count were in the training data)
+    gets the model's prediction for every candidate whose backend it was trained on (with
+    the training runs' VM call overhead subtracted, as measured costs have it), never below
+    its FLOPs at the device's peak (a tree model cannot extrapolate to subgraphs far larger
+    than it saw; bytes over bandwidth is no floor on a CPU: views and cache-resident tensors
+    are measured below it); a device it
     does not cover, or an untrained backend, gets the roofline estimate
     (:func:`tvm_pesto.costs.roofline.node_seconds`); ``inf`` where the backend does not run
     on the device. Column sources: ``"xgb"``, ``"roofline"``, or ``"xgb+roofline"`` when
@@ -396,7 +397,7 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
 
     ``calibration``: ``True`` applies the whole-model calibration stored next to the model
     file, if any (:mod:`tvm_pesto.costs.calibration`: ``a * predicted + b`` per backend and
-    device, on the floored prediction, then floored by FLOPs at peak only); ``False`` gives the raw predictions; a
+    device, on the floored prediction, floored again); ``False`` gives the raw predictions; a
     :class:`~tvm_pesto.costs.calibration.Calibration` applies that one. ``applied``, when
     given, is filled with device index -> ``{backend: {"a", "b", "file"}}`` for the
     corrections used.
@@ -414,7 +415,7 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
     """
     from ..backends import get_backend
     from .calibration import Calibration, load_calibration
-    from .roofline import floor_seconds, node_seconds
+    from .roofline import node_seconds
 
     graph = cs.rg.graph
     cm = model if isinstance(model, CostModel) else _maybe_load(model, cluster)
@@ -427,7 +428,7 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
     for j, dev in enumerate(cluster.devices):
         dd = device_descriptor(dev)
         covered = cm is not None and cm.covers(dd)
-        idx, rows, floors, flop_floors, fell_back = [], [], [], [], 0
+        idx, rows, floors, fell_back = [], [], [], 0
         for i, c in enumerate(cs):
             if not get_backend(c.backend).supports_device(dev):
                 out[i, j] = math.inf
@@ -439,20 +440,16 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
                     descs[i] = describe_group(graph, c.nodes)
                 idx.append(i)
                 rows.append({"desc": descs[i], "device": dd, "backend": c.backend, "tuned": c.backend == "tvm-ms"})
-                floors.append(floor_seconds(merged[i], dev))
-                flop_floors.append(merged[i].flops / dev.peak_flops)
+                floors.append(merged[i].flops / dev.peak_flops)
             else:
                 out[i, j] = node_seconds(merged[i], dev)
                 fell_back += 1
         if rows:
             floors = np.maximum(np.asarray(floors), MIN_COST_S)
             pred = np.maximum(cm.predict_rows(rows) - cm.overhead_s(dd), floors)
-            if cal is not None:
-                # fitted on these raw (floored) predictions against measured groups, which on a CPU
-                # go below bytes / bandwidth for cache-resident tensors and views (a reshape: 0.2 us
-                # measured, 4 us by bandwidth): only the FLOP bound stays a floor
+            if cal is not None:  # fitted on these raw (floored) predictions against measured groups
                 bks = [r["backend"] for r in rows]
-                pred = np.maximum(cal.apply(pred, bks, device_key(dd)), np.maximum(flop_floors, MIN_COST_S))
+                pred = np.maximum(cal.apply(pred, bks, device_key(dd)), floors)
                 if applied is not None:
                     used = {b: cal.lookup(b, device_key(dd)) for b in sorted(set(bks))}
                     applied[j] = {b: {"a": ab[0], "b": ab[1], "file": cal.path} for b, ab in used.items() if ab}

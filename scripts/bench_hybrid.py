@@ -1,0 +1,154 @@
+"""Plans from ``hybrid`` costs against plans from full measurement, end to end.
+
+For each model: place it on ``--cluster`` with every backend twice through the one flow
+(``tvm_pesto.place``, deterministic budgets, so only the costs differ):
+
+* ``measured``: every distinct candidate is compiled and timed (fresh measurement log, so
+  the count and the profiling time are real);
+* ``hybrid``: every candidate predicted by the bundled cost model, the close calls and
+  then the plan's own predicted units measured, re-planning after each round, within a
+  budget of 1 in 25 distinct candidates (a fresh log too; :func:`tvm_pesto.place`,
+  :mod:`tvm_pesto.costs.hybrid`).
+
+It reports the measurements each made (and the ratio), each plan's makespan simulated under
+the *measured* costs (so the comparison is on one scale), then builds both plans and runs
+them interleaved (round-robin blocks, so slow drifts of the machine hit both alike): the
+median latency of each and hybrid / measured. The load average goes with every timing.
+
+Usage::
+
+    python scripts/bench_hybrid.py --json cost_models/bench_hybrid.json
+    python scripts/bench_hybrid.py --models bert,vit --rounds 4
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+
+def _module(name: str, size: str):
+    from tvm_pesto import zoo
+    from tvm_pesto.zoo import outside
+
+    if name in outside.MODELS:
+        mod = outside.relax_module(name, size)
+        _, inputs = outside.build(name, size)
+        return mod, inputs, "outside"
+    zm = zoo.load(name, size)
+    return zm.mod, zm.example_inputs, "zoo"
+
+
+def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round: int, solver: str) -> dict:
+    import tvm_pesto
+    from tvm_pesto.costs.cache import MeasureCache
+    from tvm_pesto.plan import JointProblem, simulate
+
+    mod, inputs, origin = _module(name, size)
+    cluster = tvm_pesto.parse_cluster(cluster_spec)
+    analysis = tvm_pesto.analyze(mod)
+    cs = tvm_pesto.make_candidates(analysis, cluster, "all")
+    res: dict = {"model": name, "origin": origin, "size": size, "cluster": cluster.name, "candidates": len(cs),
+                 "load_before": list(os.getloadavg())}
+    tables, placements = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for source in ("measured", "hybrid"):
+            cache = MeasureCache(os.path.join(tmp, f"{source}.jsonl"))
+            t = time.perf_counter()
+            pl = tvm_pesto.place(analysis, cluster, backends="all", solver=solver, costs=source, cache=cache,
+                                 deterministic=True)
+            ct = pl.costs
+            res[f"{source}_place_s"] = time.perf_counter() - t
+            res[f"{source}_measure_s"] = float(ct.seconds)
+            res[f"{source}_measurements"] = int(ct.measured)  # distinct timings made
+            res[f"{source}_predicted"] = int(ct.predicted)
+            res[f"{source}_saved_s"] = float(ct.saved_s)
+            if source == "hybrid":
+                res["hybrid_budget"] = ct.calibration.get("budget")
+                res["hybrid_rounds"] = ct.calibration.get("rounds")
+            tables[source], placements[source] = ct, pl
+    res["measurement_ratio"] = res["measured_measurements"] / max(res["hybrid_measurements"], 1)
+    jp = JointProblem(analysis.op_graph, cluster, list(cs), tables["measured"].table)
+    index = {(c.backend, tuple(c.nodes)): i for i, c in enumerate(cs)}
+    for source, pl in placements.items():
+        cover = [index[(u.backend, tuple(u.nodes))] for u in pl.plan.units]
+        under = simulate(jp.contract(cover), pl.plan).makespan
+        res[source] = {"backend_mix": pl.backend_mix, "devices_used": pl.plan.devices_used(),
+                       "simulated_s": float(pl.sim.makespan), "simulated_under_measured_s": float(under)}
+    res["sim_ratio_under_measured"] = (res["hybrid"]["simulated_under_measured_s"]
+                                       / res["measured"]["simulated_under_measured_s"])
+    built = {k: tvm_pesto.build(mod, cluster, plan=pl.plan) for k, pl in placements.items()}
+    ref = None
+    for k, pm in built.items():
+        out = pm(*inputs)
+        out = out[0] if isinstance(out, (list, tuple)) else out
+        out = out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+        ref = out if ref is None else ref
+        res[k]["max_abs_err_vs_measured_plan"] = float(np.max(np.abs(out - ref)))
+    runs: dict = {k: [] for k in built}
+    loads = [os.getloadavg()[0]]
+    for _ in range(rounds):
+        for k, pm in built.items():
+            runs[k].append(pm.benchmark(*inputs, repeat=per_round, warmup=1)["median_s"])
+        loads.append(os.getloadavg()[0])
+    for k, v in runs.items():
+        res[k]["run_median_s"] = float(np.median(v))
+        res[k]["run_rounds_s"] = [float(x) for x in v]
+    res["run_ratio"] = res["hybrid"]["run_median_s"] / res["measured"]["run_median_s"]
+    res["load_while_running"] = [float(min(loads)), float(max(loads))]
+    for pm in built.values():
+        pm.close()
+    return res
+
+
+def main(argv=None) -> int:
+    from tvm_pesto import zoo
+    from tvm_pesto.costs.hybrid import DEFAULT_FRACTION
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="", help="comma-separated zoo / outside-zoo models [default: the zoo]")
+    ap.add_argument("--size", default="small", choices=["small", "full"])
+    ap.add_argument("--cluster", default="cpu:2")
+    ap.add_argument("--solver", default="heft")
+    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds of runs per plan")
+    ap.add_argument("--per-round", type=int, default=10, help="runs per round (the round's median is kept)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    names = [m for m in args.models.split(",") if m] or zoo.list_models()
+    out = {"cluster": args.cluster, "size": args.size, "solver": args.solver, "fraction": DEFAULT_FRACTION,
+           "cores": os.cpu_count(), "load_start": list(os.getloadavg()), "models": {}}
+    print(f"{'model':14s} {'cands':>6s} {'meas full':>9s} {'meas hyb':>8s} {'ratio':>6s} {'sim h/m':>8s} "
+          f"{'run h/m':>8s}  load")
+    for n in names:
+        r = bench_model(n, args.size, args.cluster, args.rounds, args.per_round, args.solver)
+        out["models"][n] = r
+        print(f"{n:14s} {r['candidates']:6d} {r['measured_measurements']:9d} {r['hybrid_measurements']:8d} "
+              f"{r['measurement_ratio']:6.1f} {r['sim_ratio_under_measured']:8.3f} {r['run_ratio']:8.3f}  "
+              f"{r['load_while_running'][0]:.2f}-{r['load_while_running'][1]:.2f}", flush=True)
+    ms = list(out["models"].values())
+    tot_m = sum(r["measured_measurements"] for r in ms)
+    tot_h = sum(r["hybrid_measurements"] for r in ms)
+    out["summary"] = {
+        "measurements_full": tot_m, "measurements_hybrid": tot_h, "ratio": tot_m / max(tot_h, 1),
+        "min_model_ratio": min(r["measurement_ratio"] for r in ms),
+        "worst_sim_ratio": max(r["sim_ratio_under_measured"] for r in ms),
+        "worst_run_ratio": max(r["run_ratio"] for r in ms),
+        "geomean_run_ratio": float(np.exp(np.mean([np.log(r["run_ratio"]) for r in ms]))),
+    }
+    out["load_end"] = list(os.getloadavg())
+    s = out["summary"]
+    print(f"measurements {tot_m} full vs {tot_h} hybrid ({s['ratio']:.1f}x fewer; least per model "
+          f"{s['min_model_ratio']:.1f}x); worst plan hybrid/measured: simulated {s['worst_sim_ratio']:.3f}, "
+          f"run {s['worst_run_ratio']:.3f} (geomean run {s['geomean_run_ratio']:.3f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
