@@ -65,6 +65,11 @@ def _print_run(res):
     mix = ", ".join(f"{b} {n}" for b, n in sorted(res["backend_mix"].items(), key=lambda kv: -kv[1]))
     console.print(f"  backend mix       {mix} (ops)")
     console.print(f"  devices used      {res['devices_used']}")
+    c = res.get("costs") or {}
+    if c:
+        saved = f", profiling saved ~{c['saved_s']:.1f} s" if c.get("saved_s") else ""
+        console.print(f"  candidates        {c.get('measured', 0)} measured now, {c.get('cached', 0)} from the cache, "
+                      f"{c.get('predicted', 0)} predicted{saved}")
     console.print(f"  simulated         {res['simulated_s'] * 1e3:9.3f} ms")
     console.print(f"  measured (median) {res['measured_s'] * 1e3:9.3f} ms  "
                   f"(measured/simulated = {res['measured_over_simulated']:.3f})")

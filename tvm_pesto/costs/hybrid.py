@@ -22,8 +22,8 @@
    the plan is measured or the budget is spent (``calibration["rounds"]`` of the table).
 
 The :class:`~tvm_pesto.costs.CostTable` says how many candidates were measured, how many
-predicted, and an estimate of the profiling time saved (measured candidates' mean time to
-measure, times the ones not measured).
+predicted, and an estimate of the profiling time saved (the mean time of a measurement made,
+times the descriptions not measured, once per distinct device).
 
 Examples
 --------
@@ -182,7 +182,7 @@ class Hybrid:
         self.cs, self.cluster, self.cache, self.progress = cs, cluster, cache, progress
         self.table = table.copy()
         self.keys = candidate_keys(cs) if fraction is not None else [str(i) for i in range(len(cs))]
-        n_keys = len(set(self.keys))
+        self.n_keys = n_keys = len(set(self.keys))
         self.budget = n_keys if fraction is None else max(1, math.ceil(fraction * n_keys))
         self.done: set[int] = set()  # candidates whose entries are measurements
         self.done_keys: set = set()
@@ -256,14 +256,16 @@ class Hybrid:
 
         n_measured = len(self.done) if self.present else 0
         per = self.report.seconds / max(self.report.measured, 1)
+        # what full measurement would have added: every other description, once per distinct device
+        targets = {(str(self.cluster.devices[j].target), self.cluster.devices[j].cores) for j in self.present}
+        skipped = max(self.n_keys - len(self.done_keys), 0) * len(targets)
         return CostTable(self.table.copy(), list(self.columns), measured=self.report.measured,
                          cached=self.report.cached, predicted=len(self.cs) - n_measured,
                          infeasible=dict(self.report.infeasible),
                          calibration={"bias": dict(self.corrections), "budget": self.budget,
                                       "rounds": list(self.rounds)},
                          seconds=self.report.seconds,
-                         saved_s=float(per * (len(self.cs) - n_measured) * len(self.present))
-                         if self.report.measured else 0.0)
+                         saved_s=float(per * skipped) if self.report.measured else 0.0)
 
 
 def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_ERROR, top_k: int = 3,
