@@ -17,6 +17,7 @@ from tvm_pesto.cli.cost_model import cost_model
 from tvm_pesto.costs import candidate_costs
 from tvm_pesto.costs.cache import MeasureCache
 from tvm_pesto.costs.calibration import (
+    CALIBRATION_ENV,
     FORMAT,
     Calibration,
     calibration_path,
@@ -131,6 +132,7 @@ def model_copy(tmp_path, monkeypatch):
     path = tmp_path / "m.json"
     shutil.copy(default_model_path(), path)
     monkeypatch.setenv("TVM_PESTO_COST_MODEL", str(path))
+    monkeypatch.delenv(CALIBRATION_ENV, raising=False)
     return path
 
 
@@ -156,6 +158,34 @@ def test_xgb_source_applies_the_stored_calibration(model_copy):
     assert np.array_equal(off.table, raw.table) and off.calibration == {}
     t, src = tvm_pesto.estimate_costs(a, cl, "xgb")
     assert src == "xgb" and np.allclose(t, cal.table)
+
+
+def test_the_calibration_can_be_named_or_turned_off(model_copy, tmp_path, monkeypatch):
+    from tvm_pesto.cli.main import cli
+
+    a = tvm_pesto.analyze(sweep_module("matmul", limit=3))
+    cs = tvm_pesto.make_candidates(a, "cpu:2", "tvm")
+    cl = tvm_pesto.parse_cluster("cpu:2")
+    raw = candidate_costs(cs, cl, "xgb").table
+    _write_cal(model_copy, 0.5, 0.0)  # next to the model: applied by default
+    other = tmp_path / "other.calibration.json"
+    other.write_text(json.dumps(Calibration({("tvm", DEV): (0.25, 0.0)},
+                                            {"model_sha256": file_sha256(model_copy)}).to_json()))
+    monkeypatch.setenv(CALIBRATION_ENV, "none")
+    off = candidate_costs(cs, cl, "xgb")
+    assert np.array_equal(off.table, raw) and off.calibration == {}
+    monkeypatch.setenv(CALIBRATION_ENV, str(other))
+    named = candidate_costs(cs, cl, "xgb")
+    assert named.calibration[0]["tvm"]["a"] == 0.25 and named.calibration[0]["tvm"]["file"] == str(other.resolve())
+    assert np.allclose(named.table, np.maximum(0.25 * raw, FLOOR))
+    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(CostError, match="does not exist.*none for raw predictions"):
+        candidate_costs(cs, cl, "xgb")
+    # the CLI option sets it for every command of the process
+    monkeypatch.setenv(CALIBRATION_ENV, "")
+    res = CliRunner().invoke(cli, ["--calibration", "none", "cluster", "show", "cpu:1"])
+    assert res.exit_code == 0, res.output
+    assert os.environ[CALIBRATION_ENV] == "none"
 
 
 def test_stale_or_bad_calibration_files(model_copy):

@@ -25,8 +25,16 @@ MODEL_HELP = ("a zoo model name, an ONNX file, a torch.export program (.pt2) or 
 
 @click.group(cls=ErrorGroup)
 @click.version_option(package_name="tvm-pesto")
-def cli():
+@click.option("--calibration", default=None, metavar="PATH|none",
+              help="calibration of the xgb cost model's predictions: a file written by `cost-model eval --flow "
+                   "--save-calibration`, or none for raw predictions [default: the one next to the model file]; "
+                   "sets $TVM_PESTO_CALIBRATION")
+def cli(calibration):
     """Place deep-learning graphs across devices and backends (Apache TVM Relax)."""
+    if calibration is not None:
+        from ..costs.calibration import CALIBRATION_ENV
+
+        os.environ[CALIBRATION_ENV] = calibration
 
 
 def _shapes(specs):

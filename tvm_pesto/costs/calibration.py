@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ from ..errors import CostError
 FORMAT = "tvm-pesto-xgb-calibration"
 VERSION = 1
 SUFFIX = ".calibration.json"
+#: Environment variable naming the calibration file to apply (``none``: raw predictions).
+CALIBRATION_ENV = "TVM_PESTO_CALIBRATION"
 METHOD = ("measured ~= max(a * predicted + b per call, floor); robust (soft_l1) least squares of the relative "
           "residuals, a >= 0, scaled to the measured sum, on raw (uncalibrated) predictions")
 #: Relative residual beyond which a group counts linearly, not squared (``soft_l1`` loss): views
@@ -267,18 +270,28 @@ def _sha256(path: str, mtime: float) -> str:
 
 
 def load_calibration(model) -> Calibration | None:
-    """The calibration stored next to ``model`` (a :class:`~tvm_pesto.costs.xgb.CostModel`),
-    or None when there is none. A calibration fitted for another version of the model file
+    """The calibration of ``model`` (a :class:`~tvm_pesto.costs.xgb.CostModel`): the file
+    named by ``$TVM_PESTO_CALIBRATION`` (``none`` for raw predictions; the CLI's
+    ``tvm-pesto --calibration PATH|none``), else the one stored next to the model file, or
+    None when there is none. A calibration fitted for another version of the model file
     (SHA-256 differs) is not applied: a warning says so, once per file version.
 
     Raises
     ------
     CostError
-        When the file exists but cannot be read (not JSON, another format or version).
+        When the file cannot be read (not JSON, another format or version), or
+        ``$TVM_PESTO_CALIBRATION`` names a file that does not exist.
     """
+    env = os.environ.get(CALIBRATION_ENV, "").strip()
+    if env.lower() in ("none", "off"):
+        return None
     if model is None or not getattr(model, "path", None):
         return None
-    p = calibration_path(model.path)
+    p = Path(env) if env else calibration_path(model.path)
+    if env and not p.is_file():
+        raise CostError(f"calibration file {env} (from ${CALIBRATION_ENV} or --calibration) does not exist; "
+                        "give a file written by `tvm-pesto cost-model eval --flow --save-calibration`, or none for "
+                        "raw predictions")
     if not p.is_file():
         return None
     cal = _load_file(str(p.resolve()), p.stat().st_mtime)
