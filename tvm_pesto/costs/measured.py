@@ -31,8 +31,8 @@ from ..errors import CostError, PestoError
 from .cache import MeasureCache, device_key, measurement_record
 from ..cluster.device_thread import enter_device_thread
 from .timing import OVERHEAD_KEY, call_overhead_s, measurable, measure_groups, random_args
+from .table import MIN_COST_S
 
-MIN_COST_S = 2e-7
 INFEASIBLE = -1.0
 
 

@@ -5,6 +5,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+#: Floor of every cost in seconds, measured or predicted: a group measured at or below the VM
+#: call overhead (a view, a reshape) costs this, so costs stay positive (log targets, the simulator).
+MIN_COST_S = 2e-7
+
 
 @dataclass
 class CostTable:

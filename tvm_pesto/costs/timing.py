@@ -21,10 +21,10 @@ from ..builder.subgraph import group_function, structural_key
 from ..errors import CostError
 from .cache import MeasureCache, device_key, measurement_record
 from ..cluster.device_thread import enter_device_thread
+from .table import MIN_COST_S
 
 BACKEND = "tvm"
 OVERHEAD_KEY = "__vm_call_overhead__"
-MIN_COST_S = 2e-7
 
 
 def random_args(params, dev, rng):

@@ -33,12 +33,12 @@ import numpy as np
 
 from ..errors import CostError
 from .features import FEATURE_NAMES, describe_group, device_descriptor, device_key, feature_matrix, roofline_s
+from .table import MIN_COST_S
 
 MODEL_FORMAT = 1
 TARGETS = ("log_time", "log_ratio")
 DEFAULT_MODEL_NAME = "default.json"
 #: Smallest cost a group gets (as in :mod:`tvm_pesto.costs.timing`).
-MIN_COST_S = 2e-7
 #: XGBoost parameters of the bundled model (fixed seed, one thread: deterministic).
 DEFAULT_PARAMS = {
     "objective": "reg:squarederror", "eta": 0.08, "max_depth": 6, "min_child_weight": 1.0, "subsample": 0.85,
