@@ -1,0 +1,21 @@
+"""Test-suite wide setup: measurements go to a cache of this run, not the user's.
+
+Tests time candidates under the suite's own load (and with tiny repeat counts); written to
+``~/.cache/tvm-pesto`` they would be found later by ``tvm-pesto run`` as if measured on a
+quiet machine. A ``TVM_PESTO_CACHE`` the caller set is kept (to share a cache on purpose).
+"""
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _measurements_of_this_run(tmp_path_factory):
+    if os.environ.get("TVM_PESTO_CACHE"):
+        yield
+        return
+    os.environ["TVM_PESTO_CACHE"] = str(tmp_path_factory.mktemp("measurement-cache"))
+    try:
+        yield
+    finally:
+        os.environ.pop("TVM_PESTO_CACHE", None)
