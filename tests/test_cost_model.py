@@ -361,21 +361,30 @@ def test_bundled_default_model_meets_its_held_out_targets(tmp_path):
 
 
 # -- held-out architecture families and models outside the zoo --------------------------------------
-def test_heldout_families_are_reported_apart_from_heldout_zoo_models(tmp_path, sweep_descs):
+def _train_renamed(tmp_path, sweep_descs, rename: dict, args: list):
+    """Synthetic rows with some sweep families renamed to models, trained from the CLI with ``args``."""
     from click.testing import CliRunner
 
     from tvm_pesto.cli.cost_model import cost_model
 
     rows = synthetic_rows(sweep_descs)
-    rename = {"sweep-conv2d": "resnet50", "sweep-attention": "vit"}  # a zoo model and one outside the zoo
     for r in rows:
         r["model"] = rename.get(r["model"], r["model"])
-    log = tmp_path / "log.jsonl"
+    log, out = tmp_path / "log.jsonl", tmp_path / "m.json"
     write_log(log, rows)
-    out = tmp_path / "m.json"
-    res = CliRunner().invoke(cost_model, ["train", str(log), "-o", str(out), "--heldout", "resnet50,vit",
-                                          "--rounds", "30"])
+    res = CliRunner().invoke(cost_model, ["train", str(log), "-o", str(out), *args])
     assert res.exit_code == 0, res.output
+    return rows, log, out
+
+
+def test_heldout_families_are_reported_apart_from_heldout_zoo_models(tmp_path, sweep_descs):
+    from click.testing import CliRunner
+
+    from tvm_pesto.cli.cost_model import cost_model
+
+    # a zoo model and one outside the zoo
+    rows, log, out = _train_renamed(tmp_path, sweep_descs, {"sweep-conv2d": "resnet50", "sweep-attention": "vit"},
+                                    ["--heldout", "resnet50,vit", "--rounds", "30"])
     ev_json = tmp_path / "ev.json"
     res = CliRunner().invoke(cost_model, ["eval", "--model", str(out), "--json", str(ev_json)])
     assert res.exit_code == 0, res.output
@@ -412,16 +421,8 @@ def test_eval_heldout_scores_a_retrained_recipe_not_the_shipped_model(tmp_path, 
 
     from tvm_pesto.cli.cost_model import cost_model
 
-    rows = synthetic_rows(sweep_descs)
-    for r in rows:
-        if r["model"] == "sweep-conv2d":
-            r["model"] = "resnet50"
-    log = tmp_path / "log.jsonl"
-    write_log(log, rows)
-    out = tmp_path / "m.json"
-    res = CliRunner().invoke(cost_model, ["train", str(log), "-o", str(out), "--eval-heldout", "resnet50",
-                                          "--rounds", "40"])
-    assert res.exit_code == 0, res.output
+    rows, log, out = _train_renamed(tmp_path, sweep_descs, {"sweep-conv2d": "resnet50"},
+                                    ["--eval-heldout", "resnet50", "--rounds", "40"])
     shipped = cmx.load_model(out)
     assert "resnet50" in shipped.meta["train_models"]
     ev_json = tmp_path / "ev.json"
