@@ -34,6 +34,8 @@ def test_second_run_measures_nothing(tmp_path, monkeypatch):
     assert first.shape == (an.graph.num_nodes,) and (first > 0).all()
     lines = (tmp_path / "m.jsonl").read_text().splitlines()
     assert len(lines) == an.graph.num_nodes + 1  # every group + the call overhead record
+    groups = [json.loads(s) for s in lines if "__vm_call_overhead__" not in s]
+    assert all(len(r["load"]) == 3 and r["load"][0] >= 0 for r in groups)  # the load it was measured under
 
     def boom(*a, **k):
         raise AssertionError("compiled although everything was cached")

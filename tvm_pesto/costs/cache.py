@@ -91,13 +91,18 @@ def device_key(device) -> str:
 def measurement_record(key: str, backend: str, target: str, repeats, nodes, device) -> dict:
     """The cache record of one measurement: ``repeats`` (seconds) of the subgraph made of
     the graph ``nodes`` (their ``op``, ``flops``, ``bytes_read``/``bytes_written``), timed
-    with ``backend`` on ``device`` under the cache ``target`` key (:func:`device_key`)."""
+    with ``backend`` on ``device`` under the cache ``target`` key (:func:`device_key`), with
+    the machine's load average (1, 5, 15 minutes) when it was taken: a record timed while
+    other jobs ran is slower than the device, and later readers can tell (``None`` for a
+    device timed over RPC: this machine's load says nothing of the remote one)."""
     reps = [float(x) for x in repeats]
     return {
         "key": key, "backend": backend, "target": target, "median_s": float(np.median(reps)), "repeats": reps,
         "op": "+".join(nd.op for nd in nodes), "flops": float(sum(nd.flops for nd in nodes)),
         "bytes": float(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
         "device": device.model or device.name, "time": time.time(),
+        "load": [round(x, 2) for x in os.getloadavg()]
+        if hasattr(os, "getloadavg") and not getattr(device, "remote", False) else None,
     }
 
 
