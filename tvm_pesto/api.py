@@ -208,7 +208,7 @@ def solver_gap(plan: Plan) -> float | None:
 
 
 #: ``costs="hybrid"`` in :func:`place`: the share of the measuring budget spent on the close
-#: calls of the predictions (:func:`tvm_pesto.costs.hybrid.hybrid_costs`); the rest goes to
+#: calls of the predictions (:meth:`tvm_pesto.costs.hybrid.Hybrid.measure_stakes`); the rest goes to
 #: rounds that measure the plan's own predicted units and plan again (at most this many).
 HYBRID_STAKE_SHARE = 1 / 3
 HYBRID_MAX_ROUNDS = 8
@@ -252,17 +252,18 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
     ('work', True)
     """
     from .costs import CostTable, candidate_costs
-    from .costs.hybrid import hybrid_costs
+    from .costs.hybrid import Hybrid
     from .solve.joint import solve_joint
 
     analysis = mod_or_analysis if isinstance(mod_or_analysis, Analysis) else analyze(mod_or_analysis)
     cluster = as_cluster(cluster)
     cs = make_candidates(analysis, cluster, backends)
-    hybrid: list = []
+    h = None
     if isinstance(costs, np.ndarray):
         ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
     elif costs == "hybrid":  # a third of the budget on the close calls, the rest on the plan's own units
-        ct = hybrid_costs(cs, cluster, cache=cache, progress=progress, stake_share=HYBRID_STAKE_SHARE, state=hybrid)
+        h = Hybrid(cs, cluster, cache=cache, progress=progress).measure_stakes(HYBRID_STAKE_SHARE)
+        ct = h.cost_table()
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
 
@@ -273,8 +274,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
                                  deterministic=deterministic, **solver_options))
 
     jp, plan, problem = solve(ct)
-    if hybrid:  # measure the plan's units that are predictions, costliest first, and plan again
-        h = hybrid[0]
+    if h is not None:  # measure the plan's units that are predictions, costliest first, and plan again
         pos = {id(c): i for i, c in enumerate(jp.candidates)}
         for _ in range(HYBRID_MAX_ROUNDS):
             units = [pos[id(u)] for u in plan.units]

@@ -170,16 +170,21 @@ def candidate_keys(cs) -> list[str]:
 class Hybrid:
     """The state of a hybrid table: predictions, what was measured, and the budget left.
 
-    :func:`hybrid_costs` makes one and spends part of the budget on the candidates with the
-    largest stakes; :meth:`measure` spends more on given candidates (the plan-guided rounds
-    of :func:`tvm_pesto.place`: the units of the plan so far that are still predictions).
+    :meth:`measure_stakes` spends part of the budget on the candidates with the largest
+    stakes; :meth:`measure` spends more on given candidates (the plan-guided rounds of
+    :func:`tvm_pesto.place`: the units of the plan so far that are still predictions);
+    :meth:`cost_table` is the table so far.
     """
 
     def __init__(self, cs, cluster, cache=None, progress=None, fraction: float | None = DEFAULT_FRACTION):
         from .xgb import predict_candidate_costs
 
+        if fraction is not None and not 0 < fraction <= 1:
+            raise CostError(f"the hybrid source's fraction of candidates to measure must be in (0, 1], "
+                            f"got {fraction!r}")
+
         table, self.columns = predict_candidate_costs(cs, cluster)
-        self.cs, self.cluster, self.cache, self.progress = cs, cluster, cache, progress
+        self.cs, self.cluster, self.cache, self.progress, self.fraction = cs, cluster, cache, progress, fraction
         self.table = table.copy()
         self.keys = candidate_keys(cs) if fraction is not None else [str(i) for i in range(len(cs))]
         self.n_keys = n_keys = len(set(self.keys))
@@ -235,6 +240,16 @@ class Hybrid:
         self.rounds.append({"why": why, "keys": len(chosen), "candidates": len(idx)})
         return idx
 
+    def measure_stakes(self, share: float, error: float = DEFAULT_ERROR, top_k: int = 3,
+                       min_samples: int = 3) -> "Hybrid":
+        """Spend ``share`` of the budget (at least one measurement) on the candidates with the
+        largest stakes (:func:`uncertain_candidates`), then correct each backend's bias."""
+        budget = None if self.fraction is None else max(1, math.ceil(share * self.budget))
+        self.measure(uncertain_candidates(self.cs.rg.graph, list(self.cs), self.table, error=error, top_k=top_k,
+                                          keys=self.keys, budget=budget), why="stakes")
+        self.correct_bias(min_samples)
+        return self
+
     def correct_bias(self, min_samples: int = 3) -> None:
         """Scale the predictions of each backend on each present device by the median
         measured / predicted of its measured candidates (at least ``min_samples``)."""
@@ -269,24 +284,12 @@ class Hybrid:
 
 
 def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_ERROR, top_k: int = 3,
-                 min_samples: int = 3, fraction: float | None = DEFAULT_FRACTION, stake_share: float = 1.0,
-                 state: list | None = None):
-    """The hybrid table (see the module doc): a :class:`~tvm_pesto.costs.CostTable`.
-
-    ``fraction=None`` measures every candidate with a stake instead of a budget;
-    ``stake_share`` is the part of the budget spent on stakes (the rest is left for
-    :meth:`Hybrid.measure`; the :class:`Hybrid` is appended to ``state`` when given).
-    """
-    if fraction is not None and not 0 < fraction <= 1:
-        raise CostError(f"the hybrid source's fraction of candidates to measure must be in (0, 1], got {fraction!r}")
+                 min_samples: int = 3, fraction: float | None = DEFAULT_FRACTION):
+    """The hybrid table (see the module doc): a :class:`~tvm_pesto.costs.CostTable`, with
+    the whole budget spent on stakes (``fraction=None``: every candidate with a stake).
+    :func:`tvm_pesto.place` uses :class:`Hybrid` itself, to keep budget for its plan."""
     h = Hybrid(cs, cluster, cache=cache, progress=progress, fraction=fraction)
-    budget = None if fraction is None else max(1, math.ceil(stake_share * h.budget))
-    h.measure(uncertain_candidates(cs.rg.graph, list(cs), h.table, error=error, top_k=top_k, keys=h.keys,
-                                   budget=budget), why="stakes")
-    h.correct_bias(min_samples)
-    if state is not None:
-        state.append(h)
-    return h.cost_table()
+    return h.measure_stakes(1.0, error=error, top_k=top_k, min_samples=min_samples).cost_table()
 
 
 __all__ = ["DEFAULT_ERROR", "DEFAULT_FRACTION", "Hybrid", "candidate_keys", "critical_ops", "hybrid_costs", "stakes",
