@@ -123,3 +123,11 @@ def test_bad_multi_host_specs():
         parse_cluster("2x2xA100-40g")
     with pytest.raises(ClusterError, match="at least 1"):
         parse_cluster("0x8xA100")
+
+
+def test_subset_keeps_the_chosen_devices_and_their_links():
+    c = parse_cluster("4xV100-pcie")
+    sub = c.subset([2, 0])
+    assert [d.name for d in sub.devices] == [c.devices[2].name, c.devices[0].name]
+    assert sub.latency[0, 1] == c.latency[2, 0] and sub.bandwidth[1, 0] == c.bandwidth[0, 2]
+    assert sub.hosts == c.hosts and sub.meta == c.meta and sub.meta is not c.meta

@@ -182,6 +182,12 @@ class Cluster:
         devs = [Device(**{**asdict(dv), "memory_bytes": float(memory_bytes)}) for dv in self.devices]
         return Cluster(self.name, devs, self.latency.copy(), self.bandwidth.copy(), dict(self.meta), list(self.hosts))
 
+    def subset(self, indices) -> "Cluster":
+        """The cluster of the devices ``indices`` (in that order) and the links between them."""
+        idx = [int(i) for i in indices]
+        return Cluster(self.name, [self.devices[i] for i in idx], self.latency[np.ix_(idx, idx)],
+                       self.bandwidth[np.ix_(idx, idx)], dict(self.meta), list(self.hosts))
+
     # -- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = self.num_devices

@@ -334,10 +334,11 @@ def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, 
     res["seen"] = metrics(seen, p_seen) if seen else {"n": 0}
     if families:
         fam = [r for r in ds.rows if r["model"] in families]
-        res["heldout_family"] = {"pooled": metrics(fam, model.predict_rows(fam)) if fam else {"n": 0}}
+        p_fam = model.predict_rows(fam)
+        res["heldout_family"] = {"pooled": metrics(fam, p_fam) if fam else {"n": 0}}
         for m in sorted(families):
-            rows = [r for r in fam if r["model"] == m]
-            res["heldout_family"][m] = metrics(rows, model.predict_rows(rows)) if rows else {"n": 0}
+            sel = [i for i, r in enumerate(fam) if r["model"] == m]
+            res["heldout_family"][m] = metrics([fam[i] for i in sel], p_fam[sel]) if sel else {"n": 0}
     res["noise_floor"] = noise_floor(ds.rows)
     res["noise_floor_heldout"] = noise_floor(test)
     if plot:

@@ -8,12 +8,13 @@
    their stake. Ops on the predicted critical path (the longest path with each op at its
    best share) count twice, and their ``top_k`` cheapest candidates get the stake even
    without a close call.
-3. Candidates of the same description (backend and subgraph, :func:`~tvm_pesto.costs.features.describe_group`)
-   are one measurement. The budget is ``ceil(fraction * distinct descriptions)``
-   measurements (by default 1 in 25: at least 20x fewer than the ``measured`` source
-   takes). :func:`hybrid_costs` spends ``stake_share`` of it on the descriptions with the
-   largest total stake (:mod:`tvm_pesto.costs.measured`, cached, on the devices that are on
-   this machine); their measurements replace the predictions.
+3. Candidates of the same description (backend and subgraph,
+   :func:`~tvm_pesto.costs.features.describe_group`) are one measurement. The budget is
+   ``ceil(fraction * distinct descriptions)`` measurements (by default 1 in 25: at least
+   20x fewer than the ``measured`` source takes). :meth:`Hybrid.measure_stakes` spends a
+   share of it (all of it in :func:`hybrid_costs`) on the descriptions with the largest
+   total stake (:mod:`tvm_pesto.costs.measured`, cached, on the devices that are on this
+   machine); their measurements replace the predictions.
 4. The remaining predictions of each backend on each device are scaled by the median of
    measured / predicted over that backend's measured candidates there (at least
    ``min_samples`` of them): the model's bias on this machine, corrected by what was seen.
@@ -45,6 +46,11 @@ DEFAULT_ERROR = 0.25
 #: Share of the distinct candidates that are measured (1 in 25: at least 20x fewer than the
 #: ``measured`` source, whose count of distinct structures is a little lower than of descriptions).
 DEFAULT_FRACTION = 0.04
+
+
+def _check_fraction(fraction) -> None:
+    if fraction is not None and not 0 < fraction <= 1:
+        raise CostError(f"the hybrid source's fraction of candidates to measure must be in (0, 1], got {fraction!r}")
 
 
 def _best_shares(graph, candidates, table: np.ndarray) -> np.ndarray:
@@ -144,8 +150,7 @@ def uncertain_candidates(graph, candidates, table: np.ndarray, error: float = DE
     st = stakes(graph, candidates, table, error=error, top_k=top_k)
     if fraction is None and budget is None:
         return [int(c) for c in np.flatnonzero(st > 0)]
-    if fraction is not None and not 0 < fraction <= 1:
-        raise CostError(f"the hybrid source's fraction of candidates to measure must be in (0, 1], got {fraction!r}")
+    _check_fraction(fraction)
     keys = list(range(len(candidates))) if keys is None else list(keys)
     total: dict = {}
     first: dict = {}
@@ -179,10 +184,7 @@ class Hybrid:
     def __init__(self, cs, cluster, cache=None, progress=None, fraction: float | None = DEFAULT_FRACTION):
         from .xgb import predict_candidate_costs
 
-        if fraction is not None and not 0 < fraction <= 1:
-            raise CostError(f"the hybrid source's fraction of candidates to measure must be in (0, 1], "
-                            f"got {fraction!r}")
-
+        _check_fraction(fraction)
         table, self.columns = predict_candidate_costs(cs, cluster)
         self.cs, self.cluster, self.cache, self.progress, self.fraction = cs, cluster, cache, progress, fraction
         self.table = table.copy()
@@ -208,7 +210,6 @@ class Hybrid:
         """Measure the keys of ``candidates`` (in the given order) while the budget lasts;
         returns the candidates whose entries became measurements."""
         from ..candidates.generate import CandidateSet
-        from ..cluster.cluster import Cluster
         from .measured import measure_cost_table
 
         keys: list = []
@@ -223,9 +224,7 @@ class Hybrid:
         chosen = set(keys)
         idx = [i for i in range(len(self.cs)) if self.keys[i] in chosen and i not in self.done]
         sub = CandidateSet(self.cs.rg, [self.cs[i] for i in idx])
-        local = Cluster(self.cluster.name, [self.cluster.devices[j] for j in self.present],
-                        self.cluster.latency[np.ix_(self.present, self.present)],
-                        self.cluster.bandwidth[np.ix_(self.present, self.present)])
+        local = self.cluster.subset(self.present)
         before = dict(self.report.infeasible)
         self.report.infeasible = {}
         got = measure_cost_table(sub, local, self.cache, report=self.report, progress=self.progress)
