@@ -114,8 +114,10 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="small", choices=["small", "full"])
     ap.add_argument("--cluster", default="cpu:2")
     ap.add_argument("--solver", default="heft")
-    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds of runs per plan")
-    ap.add_argument("--per-round", type=int, default=10, help="runs per round (the round's median is kept)")
+    # a round of a 0.2-ms model takes milliseconds, and single rounds here swing by +-25 %: many
+    # short rounds make the medians of two identical plans agree within ~1 %
+    ap.add_argument("--rounds", type=int, default=40, help="interleaved rounds of runs per plan")
+    ap.add_argument("--per-round", type=int, default=20, help="runs per round (the round's median is kept)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     names = [m for m in args.models.split(",") if m] or zoo.list_models()

@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 import pytest
+import tvm
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -43,6 +44,47 @@ def test_second_run_measures_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(measure_mod, "_compile", boom)
     again = measure_mod.measure_groups(an.rg, an.groups, dev, MeasureCache(tmp_path / "m.jsonl"))
     np.testing.assert_allclose(again, first)
+
+
+def _dense_gelu(scale: float):
+    w = (np.random.default_rng(0).standard_normal((64, 64)) * scale).astype("float32")
+
+    @I.ir_module
+    class DenseGelu:
+        @R.function
+        def main(x: R.Tensor((8, 64), "float32")):
+            with R.dataflow():
+                y = R.nn.gelu(R.matmul(x, R.const(w)))
+                R.output(y)
+            return y
+
+    return DenseGelu, w
+
+
+def test_groups_are_timed_with_their_own_weights_and_keyed_without_them(tmp_path, monkeypatch):
+    """Kernel times depend on the values (a GELU runs 3x longer on inputs of scale 3 than
+    0.3), so a group is timed with the model's weights bound, as in the model; equal shapes
+    with other weights still share its record."""
+    compiled = []
+    real = measure_mod._compile
+    monkeypatch.setattr(measure_mod, "_compile", lambda mod, target: compiled.append(mod) or real(mod, target))
+    dev = parse_cluster("cpu:1").devices[0]
+    cache = MeasureCache(tmp_path / "m.jsonl")
+    mod, w = _dense_gelu(0.1)
+    an = tvm_pesto.analyze(mod)
+    measure_mod.measure_groups(an.rg, an.groups, dev, cache, repeat=2, min_repeat_ms=1)
+    (timed,) = [f for gv, f in compiled[0].functions.items() if gv.name_hint != "pesto_call_overhead"]
+    assert [p.name for p in timed.params] == ["x"]  # the weight is not a parameter ...
+    consts = []
+    tvm.relax.analysis.post_order_visit(timed.body, lambda e: consts.append(e) if isinstance(e, tvm.ir.Constant)
+                                        else None)
+    assert any(isinstance(c, tvm.ir.Constant) and hasattr(c.value, "numpy") and np.array_equal(c.value.numpy(), w)
+               for c in consts)  # ... it is bound
+    other, _ = _dense_gelu(10.0)
+    an2 = tvm_pesto.analyze(other)
+    n = len(compiled)
+    measure_mod.measure_groups(an2.rg, an2.groups, dev, cache, repeat=2, min_repeat_ms=1)
+    assert len(compiled) == n  # same structure, other weights: the cached record is used
 
 
 def test_matmul_costs_more_than_softmax(tmp_path):

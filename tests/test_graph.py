@@ -73,6 +73,42 @@ def test_tuples_multiple_outputs_and_constants():
     assert g.edges() == [(0, 1, 48), (0, 2, 48), (1, 2, 48)]
 
 
+W_T = np.arange(12, dtype="float32").reshape(3, 4)
+
+
+@I.ir_module
+class ConstantTranspose:
+    @R.function
+    def main(x: R.Tensor((2, 4), "float32")):
+        with R.dataflow():
+            wt = R.permute_dims(R.const(W_T))  # (4, 3): work on constants alone
+            b = R.reshape(R.const(np.ones(3, "float32")), (1, 3))
+            y = R.add(R.matmul(x, wt), b)
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class ConstantTransposeFolded:
+    @R.function
+    def main(x: R.Tensor((2, 4), "float32")):
+        with R.dataflow():
+            y = R.add(R.matmul(x, R.const(np.ascontiguousarray(W_T.T))), R.const(np.ones((1, 3), "float32")))
+            R.output(y)
+        return y
+
+
+def test_calls_on_constants_alone_are_folded_as_the_build_would():
+    """TVM's build pipeline folds a weight's transpose and a reshaped bias: they are not
+    work to place or measure, so the graph has no nodes for them."""
+    rg = from_relax(ConstantTranspose)
+    assert [n.op for n in rg.graph.nodes] == ["relax.matmul", "relax.add"]
+    mm, add = rg.graph.nodes
+    assert mm.param_bytes == 4 * 12 and add.param_bytes == 4 * 3  # the folded values are the weights
+    tvm.ir.assert_structural_equal(rg.func.body.blocks, ConstantTransposeFolded["main"].body.blocks,
+                                   map_free_vars=True)
+
+
 def test_dynamic_shapes_are_rejected_with_a_clear_message():
     n = tvm.tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType((n, 4), "float32"))
@@ -120,7 +156,8 @@ class ConvBiasRelu:
 def test_fusion_groups_conv_bias_relu_like_tvm():
     g = from_relax(ConvBiasRelu).graph
     groups = fusion_groups(g)
-    assert groups == [[0, 1, 2, 3], [4, 5]]
+    assert [n.op for n in g.nodes][:3] == ["relax.nn.conv2d", "relax.add", "relax.nn.relu"]  # the bias is folded
+    assert groups == [[0, 1, 2], [3, 4]]
     cg = g.contract(groups)
     assert cg.num_nodes == 2 and cg.edges() == [(0, 1, 4 * 4 * 8 * 8)]
-    assert cg.nodes[0].flops == sum(g.nodes[i].flops for i in range(4))
+    assert cg.nodes[0].flops == sum(g.nodes[i].flops for i in range(3))

@@ -179,7 +179,52 @@ def test_profile_logs_tvm_ms_rows(tuned, ms_backend, tmp_path):
     ms_recs = [r for r in recs if r["backend"] == "tvm-ms"]
     assert ms_recs and all(r["median_s"] > 0 and "desc" in r and r["backend_stamp"].startswith("db:6:")
                            for r in ms_recs)
+    # the tuned share: the database holds matmul+relu and the last matmul, not their parts
+    assert {tuple(r["nodes"]): r["tuned"] for r in ms_recs} == {(0, 1): 1.0, (2,): 1.0, (0,): 0.0, (1,): 0.0}
+    from tvm_pesto.costs.profile import merge_logs
+    from tvm_pesto.costs.xgb import load_dataset
+
+    merge_logs([log], tmp_path / "merged.jsonl")  # the bundled log is a merged one: the share survives it
+    rows = [r for r in load_dataset([tmp_path / "merged.jsonl"]).rows if r["backend"] == "tvm-ms"]
+    assert sorted(r["tuned"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
     assert profile_module(mlp(), "mlp", "cpu:1", log, ["tvm", "tvm-ms"], repeat=2).measured == 0
+
+
+def _func(mod):
+    return mod["main"]
+
+
+def test_tuned_share_is_the_work_the_database_holds(tuned, ms_backend):
+    """``tuned_fraction``: 1 for the tuned MLP, 0 for kernels the database lacks, the FLOP
+    share in between; 0 without a database; it is the ``tuned`` feature of a candidate."""
+    from tvm_pesto.api import analyze
+    from tvm_pesto.costs.features import FEATURE_NAMES, describe_group, device_descriptor, feature_vector
+
+    assert ms_backend.tuned_fraction(_func(mlp()), TARGET) == 0.0  # no database yet
+    set_tuning_database(tuned[0])
+    assert ms_backend.tuned_fraction(_func(mlp()), TARGET) == 1.0
+
+    def mixed(n_other: int) -> tvm.IRModule:
+        """The MLP followed by a 32 x n_other matmul the database has never seen."""
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType((8, 64), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                h = bb.emit(relax.op.nn.relu(relax.op.matmul(x, relax.const(W1))))
+                h = bb.emit(relax.op.matmul(h, relax.const(W2)))
+                w3 = relax.const(RNG.standard_normal((32, n_other)).astype("float32"))
+                y = bb.emit_output(relax.op.nn.relu(relax.op.matmul(h, w3)))
+            bb.emit_func_output(y)
+        return bb.get()
+
+    share = ms_backend.tuned_fraction(_func(mixed(16)), TARGET)
+    tuned_flops = 2 * 8 * 64 * 64 + 2 * 8 * 64 * 32
+    assert share == pytest.approx(tuned_flops / (tuned_flops + 2 * 8 * 32 * 16), rel=0.05)
+    assert 0 < ms_backend.tuned_fraction(_func(mixed(512)), TARGET) < share  # more untuned work
+    a = analyze(mixed(16))
+    desc = describe_group(a.rg.graph, list(range(a.rg.graph.num_nodes)))
+    col = feature_vector(desc, device_descriptor(CPU), "tvm-ms", share)[FEATURE_NAMES.index("tuned")]
+    assert col == pytest.approx(share)
 
 
 def test_the_default_evolutionary_search_runs(tmp_path):

@@ -30,6 +30,7 @@ from .graph.fusion import fusion_groups
 from .graph.opgraph import OpGraph
 from .graph.relax_import import RelaxGraph, from_relax
 from .plan import JointProblem, Plan, Problem, SimResult, simulate
+from .solve import split
 
 
 @dataclass
@@ -216,7 +217,8 @@ HYBRID_MAX_ROUNDS = 8
 
 def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs="auto", cache=None, progress=None,
           time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
-          colocate: list[list[int]] | None = None, **solver_options) -> Placement:
+          colocate: list[list[int]] | None = None, split_margin: float | None = None,
+          **solver_options) -> Placement:
     """Decide backend, device and order for every subgraph of a module.
 
     Parameters
@@ -244,6 +246,12 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
     colocate : list of list of int, optional
         Groups of op-graph nodes that must share a device (``JointProblem.colocate``), e.g.
         a training step's forward and gradient ops (:mod:`tvm_pesto.train.constraints`).
+    split_margin : float, optional
+        A plan that uses several devices is kept only when it is predicted faster than the
+        best single-device plan by more than this share (default: the cost source's error,
+        :data:`tvm_pesto.solve.split.SPLIT_MARGIN`; 0 keeps every split; ignored with
+        ``colocate``, whose groups were asked for). ``plan.info["split"]`` has both
+        predictions and the decision.
 
     Examples
     --------
@@ -267,10 +275,10 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
 
-    def solve(table: CostTable):
+    def solve(table: CostTable, search=search_s):
         jp = JointProblem(analysis.op_graph, cluster, list(cs), table.table, cost_source=table.source,
                           colocate=[list(g) for g in colocate or []])
-        return (jp, *solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s,
+        return (jp, *solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search,
                                  deterministic=deterministic, **solver_options))
 
     jp, plan, problem = solve(ct)
@@ -284,7 +292,38 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
             ct = h.cost_table()
             jp, plan, problem = solve(ct)
         ct = h.cost_table()
-    return Placement(analysis, cs, ct, jp, problem, plan, simulate(problem, plan))
+    sim = simulate(problem, plan)
+    margin = split.split_margin(ct.source) if split_margin is None else split.check_margin(split_margin)
+    if len(set(plan.assignment.tolist())) > 1 and margin > 0 and not colocate:
+        jp, plan, problem, sim = _keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
+    return Placement(analysis, cs, ct, jp, problem, plan, sim)
+
+
+def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
+    """The split plan, or the best single-device plan when the split's predicted gain is
+    within ``margin`` (:mod:`tvm_pesto.solve.split`); the decision goes to ``plan.info``."""
+    from .costs import CostTable
+    from .errors import InfeasibleError
+
+    d = split.best_single_device(ct.table)
+    one = None
+    if d is not None:
+        try:  # the one-device plan searches covers only: a short search is enough
+            _, p1, _ = solve(CostTable(split.single_device_table(ct.table, d), list(ct.columns)),
+                             search=split.SINGLE_SEARCH_S)
+            pos = {id(c): i for i, c in enumerate(jp.candidates)}
+            prob1 = jp.contract([pos[id(u)] for u in p1.units])  # the real costs, not the masked ones
+            one = (p1, prob1, simulate(prob1, p1))
+        except InfeasibleError:  # no device holds the whole model: the split stays
+            one = None
+    decision = split.split_decision(sim.makespan, one[2].makespan if one else None, margin)
+    decision["device"] = None if d is None else jp.cluster.devices[d].name
+    if decision["keep_split"] or one is None:
+        plan.info["split"] = decision
+        return jp, plan, problem, sim
+    p1, prob1, sim1 = one
+    p1.info["split"] = decision
+    return jp, p1, prob1, sim1
 
 
 def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None, cache=None,

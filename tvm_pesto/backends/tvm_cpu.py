@@ -172,9 +172,31 @@ class TvmMetaScheduleBackend(TvmBackend):
     def __init__(self, database: str | None = None):
         super().__init__()
         self.database = database if database is not None else os.environ.get(MS_DB_ENV)
+        self._tuned: dict[tuple, float] = {}  # (structure, database stamp, target) -> tuned share
 
     def _database(self):
         return self.database
+
+    def tuned_fraction(self, func: relax.Function, target: dict) -> float:
+        """The share of ``func``'s work (estimated TIR FLOPs, one per kernel at least) in the
+        fused kernels the database holds schedules for: 1.0 when every kernel is tuned, 0.0
+        when the candidate runs unscheduled TVM code only (or there is no database).
+
+        One lowering per candidate structure, database version and target (remembered).
+
+        Examples
+        --------
+        >>> TvmMetaScheduleBackend(database=None).tuned_fraction(func, {"kind": "llvm"})  # doctest: +SKIP
+        0.0
+        """
+        if not self.database:
+            return 0.0
+        from ..builder.subgraph import structural_key
+
+        key = (structural_key(func), database_stamp(self.database), repr(sorted(target.items())))
+        if key not in self._tuned:
+            self._tuned[key] = _tuned_share(func, target, self.database)
+        return self._tuned[key]
 
     def measure_stamp(self) -> str | None:
         """Which database a measurement of this backend was made with
@@ -198,6 +220,31 @@ class TvmMetaScheduleBackend(TvmBackend):
         except Exception as e:  # noqa: BLE001
             return False, f"MetaSchedule cannot be imported ({type(e).__name__}: {e}); pip install psutil cloudpickle"
         return True, ""
+
+
+def _tuned_share(func: relax.Function, target: dict, database: str) -> float:
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    tgt = tvm.target.Target(target)
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    try:
+        fused = apply_tuning_database(mod, tgt, database)
+    except Exception as e:  # noqa: BLE001 - TVM raises many types from deep inside
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise BuildError(f"TVM could not lower the subgraph to look it up in tuning database {database!r}: "
+                         f"{msg}") from e
+    tuned = total = 0.0
+    for gv, f in fused.functions.items():
+        if not isinstance(f, tvm.tirx.PrimFunc):
+            continue
+        try:
+            work = max(float(estimate_tir_flops(tvm.IRModule({gv: f}))), 1.0)
+        except Exception:  # noqa: BLE001 - a kernel TVM cannot count weighs as one FLOP
+            work = 1.0
+        total += work
+        if f.attrs is not None and f.attrs.get("tirx.is_scheduled", False):
+            tuned += work
+    return tuned / total if total > 0 else 0.0
 
 
 def database_stamp(path) -> str:

@@ -47,7 +47,7 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
               backends: str = "all", repeat: int = 20, measure_links: bool = True, out_dir: str | None = None,
               input_shapes=None, export_dir: str | None = None, deterministic: bool = False,
               executor: str = "thread", ray_address: str | None = None, rpc_tracker: str | None = None,
-              rpc_key: str | None = None) -> dict:
+              rpc_key: str | None = None, split_margin: float | None = None) -> dict:
     """Place, build and run a model (zoo name or file); compare with the unplaced TVM build.
 
     ``deterministic``: work budgets instead of wall-clock ones (:func:`tvm_pesto.api.place`);
@@ -56,7 +56,8 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
     (:mod:`tvm_pesto.run.ray_executor`; a local Ray on 127.0.0.1, or ``ray_address``), with
     the links measured over Ray first, so the plan and the simulation use Ray's link costs
     (``res["link_model"]``). ``rpc_tracker`` and ``rpc_key`` measure the costs on a
-    remote device over TVM RPC (:mod:`tvm_pesto.costs.remote`)."""
+    remote device over TVM RPC (:mod:`tvm_pesto.costs.remote`). ``split_margin``: see
+    :func:`tvm_pesto.api.place` (``res["split"]`` has the decision)."""
     if executor not in ("thread", "ray"):
         raise PestoError(f"unknown executor {executor!r}; use thread (one pinned thread per device) or ray")
     lm = load_target(model, size, input_shapes)
@@ -73,14 +74,14 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
             session = RaySession(ray_address)
     try:
         return _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_dir, size, export_dir,
-                          deterministic, executor, session)
+                          deterministic, executor, session, split_margin)
     finally:
         if session is not None:
             session.close()
 
 
 def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_dir, size, export_dir, deterministic,
-               executor, session) -> dict:
+               executor, session, split_margin=None) -> dict:
     link_model = {"engine": "spec", "pairs": {}}
     if measure_links and cluster.all_present and cluster.num_devices > 1:
         if executor == "ray":
@@ -96,7 +97,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_
     with step("candidates, costs and plan") as cb:
         analysis = api.analyze(lm.mod)
         pl = api.place(analysis, cluster, backends=backends, solver=solver, costs=costs, progress=cb,
-                       deterministic=deterministic)
+                       deterministic=deterministic, split_margin=split_margin)
     with step(f"build {len(pl.plan.devices_used())} per-device modules") as cb:
         from ..builder.placed import PlacedModule
         from ..builder.rewrite import apply_plan
@@ -139,6 +140,8 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_
         "measured_over_simulated": bench_res["median_s"] / pl.sim.makespan if pl.sim.makespan else None,
         "search": _jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",
                                                               "joint_ilp") if k in pl.plan.info}),
+        "split": pl.plan.info.get("split"),
+        "contention": cluster.meta.get("contention"),
         "links": {"latency_s": cluster.latency.tolist(), "bandwidth_Bps": cluster.bandwidth.tolist()},
         "executor": executor, "link_model": link_model, **({"ray": ray_info} if ray_info else {}),
         # Other processes on these cores make both costs and runs noisy: judge the numbers with it.

@@ -73,6 +73,11 @@ def _print_run(res):
     mix = ", ".join(f"{b} {n}" for b, n in sorted(res["backend_mix"].items(), key=lambda kv: -kv[1]))
     console.print(f"  backend mix       {mix} (ops)")
     console.print(f"  devices used      {res['devices_used']}")
+    sp = res.get("split")
+    if sp and sp.get("single_s"):
+        verdict = "kept" if sp["keep_split"] else f"dropped: all on {sp['device']}"
+        console.print(f"  split             {verdict} (predicted gain {sp['gain']:+.1%} over one device, "
+                      f"margin {sp['margin']:.0%})")
     c = res.get("costs") or {}
     if c:
         saved = f", profiling saved ~{c['saved_s']:.1f} s" if c.get("saved_s") else ""
@@ -155,11 +160,14 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
               help="thread: one pinned thread per device in this process; ray: one Ray actor per device over a Ray "
                    "compiled graph (links measured over Ray first)")
 @click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
+@click.option("--split-margin", default=None, type=click.FloatRange(0.0, 1.0, max_open=True), metavar="SHARE",
+              help="keep a multi-device plan only if it is predicted this much faster than one device "
+                   "(default: the cost source's error, e.g. 0.15 for xgb; 0 keeps every split)")
 @rpc_options()
 @ms_db_option()
 @deterministic_option(False)
 def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
-        objective, microbatches, executor, ray_address, rpc_tracker, rpc_key, deterministic):
+        objective, microbatches, executor, ray_address, split_margin, rpc_tracker, rpc_key, deterministic):
     """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
     from .commands import run_model
 
@@ -182,7 +190,7 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
     res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, repeat=repeat,
                     out_dir=trace_dir, input_shapes=_shapes(input_shape), export_dir=export_dir,
                     deterministic=deterministic, executor=executor, ray_address=ray_address,
-                    rpc_tracker=rpc_tracker, rpc_key=rpc_key)
+                    rpc_tracker=rpc_tracker, rpc_key=rpc_key, split_margin=split_margin)
     _print_run(res)
     if json_path:
         write_json(json_path, res)
@@ -232,13 +240,28 @@ def cluster_show(spec):
 @click.option("--executor", default="thread", show_default=True, type=click.Choice(["thread", "ray"]),
               help="what moves the bytes: the thread executor's hand-off, or Ray channels between actors")
 @click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
-def cluster_bench(cluster_spec, output, executor, ray_address):
-    """Measure link latency and bandwidth between this machine's devices (or their Ray actors)."""
+@click.option("--contention/--no-contention", default=True, show_default=True,
+              help="also time kernels on each device alone and on all at once: how much the devices of a host slow "
+                   "each other (written to meta.contention; the simulator uses it)")
+def cluster_bench(cluster_spec, output, executor, ray_address, contention):
+    """Measure link latency and bandwidth between this machine's devices (or their Ray actors), and how
+    much devices that share a memory system slow each other."""
     from ..cluster import parse_cluster
     from ..cluster.linkbench import measure_links
     from .progress import step
 
     c = parse_cluster(cluster_spec)
+    if contention and sum(d.present and d.kind == "cpu" for d in c.devices) > 1:
+        from ..cluster.contention import measure_contention
+
+        with step("measure contention (each device alone, then all at once)"):
+            cres = measure_contention(c)
+        for name, k in cres["kernels"].items():
+            ratios = ", ".join(f"{dv} {k['together_s'][dv] / k['alone_s'][dv]:.2f}x" for dv in k["alone_s"])
+            console.print(f"  {name} ({k['kind']}-bound): together / alone {ratios} "
+                          f"(overlap {min(k['overlap']):.0%})")
+        console.print(f"  slowdown: compute {cres['compute']:.2f}x, memory {cres['memory']:.2f}x "
+                      f"(load {cres['load'][0]:.2f} -> {cres['load'][1]:.2f})")
     if executor == "ray":
         from ..run.ray_executor import RaySession, measure_ray_links
 

@@ -241,7 +241,7 @@ def _prod(shape) -> float:
     return float(np.prod(shape, dtype=np.float64)) if shape else 1.0
 
 
-def feature_vector(desc: dict, dev: dict, backend: str, tuned: bool = False) -> np.ndarray:
+def feature_vector(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> np.ndarray:
     """The features of ``desc`` run by ``backend`` on device ``dev`` (see :data:`FEATURE_NAMES`).
 
     Parameters
@@ -252,8 +252,10 @@ def feature_vector(desc: dict, dev: dict, backend: str, tuned: bool = False) -> 
         From :func:`device_descriptor`.
     backend : str
         Backend name; names outside :data:`KNOWN_BACKENDS` share the ``backend_other`` column.
-    tuned : bool
-        Whether a tuning record (MetaSchedule) exists for this subgraph.
+    tuned : float
+        The share of the subgraph's work in kernels a MetaSchedule database holds schedules
+        for (``tvm-ms``: :meth:`~tvm_pesto.backends.tvm_cpu.TvmMetaScheduleBackend.tuned_fraction`;
+        1 for a tuning record itself, 0 for untuned code).
 
     Returns
     -------
@@ -336,7 +338,7 @@ def feature_vector(desc: dict, dev: dict, backend: str, tuned: bool = False) -> 
     f += [math.log10(roofline_s(desc, dev)), math.log10(max(flops / peak, TIME_FLOOR_S)),
           math.log10(max((br + bw) / bwd, TIME_FLOOR_S))]
     f += [1.0 if backend == b else 0.0 for b in KNOWN_BACKENDS]
-    f += [0.0 if backend in KNOWN_BACKENDS else 1.0, 1.0 if tuned else 0.0]
+    f += [0.0 if backend in KNOWN_BACKENDS else 1.0, min(max(float(tuned), 0.0), 1.0)]
     arr = np.asarray(f, dtype=np.float64)
     assert arr.shape == (len(FEATURE_NAMES),), (arr.shape, len(FEATURE_NAMES))
     return arr
@@ -346,7 +348,7 @@ def feature_matrix(rows: Sequence[dict]) -> np.ndarray:
     """Stack :func:`feature_vector` over rows with ``desc``, ``device``, ``backend``, ``tuned``."""
     if not rows:
         return np.zeros((0, len(FEATURE_NAMES)))
-    return np.stack([feature_vector(r["desc"], r["device"], r["backend"], bool(r.get("tuned", False)))
+    return np.stack([feature_vector(r["desc"], r["device"], r["backend"], float(r.get("tuned", 0.0)))
                      for r in rows])
 
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CostError, PestoError
+from ..errors import BuildError, CostError, PestoError
 from .cache import MeasureCache, current_record, device_key
 from .features import describe_group, device_descriptor
 from .jsonl import read_records
@@ -79,6 +79,7 @@ class ProfileLog(MeasureCache):
         self.descs: dict[str, dict] = {}  # structural key -> description
         self.nodes: dict[str, list[int]] = {}  # structural key -> op-graph node ids
         self.devices: dict[str, dict] = {}  # target key -> device descriptor
+        self.tuned: dict[tuple, float] = {}  # (structural key, target key) -> tvm-ms tuned share
         self.written = 0
         self._mine: dict[tuple, dict] = {}
         super().__init__(path)
@@ -102,6 +103,9 @@ class ProfileLog(MeasureCache):
         dev = self.devices.get(rec["target"])
         if dev is not None:
             rec["device_desc"] = dev
+        share = self.tuned.get((rec["key"], rec["target"]))
+        if rec["backend"] == "tvm-ms" and share is not None:
+            rec["tuned"] = round(share, 4)
         if isinstance(rec.get("repeats"), list):  # 5 significant digits keep the log small
             rec["repeats"] = [float(f"{x:.5g}") for x in rec["repeats"]]
         rec["load"] = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
@@ -171,6 +175,23 @@ def _register_descs(log: ProfileLog, rg, units) -> None:
         for k in keys:
             log.descs.setdefault(k, desc)
             log.nodes.setdefault(k, list(nodes))
+
+
+def _register_tuned(log: ProfileLog, cs, dev, tk: str) -> None:
+    """Record the tuned share (:func:`tvm_pesto.costs.xgb.tuned_share`) of every ``tvm-ms``
+    candidate on ``dev``, written into its record as ``tuned``."""
+    from ..builder.subgraph import structural_key
+    from ..candidates import candidate_function
+    from .xgb import tuned_share
+
+    for c in cs:
+        if c.backend == "tvm-ms":
+            k = structural_key(candidate_function(cs.rg, list(c.nodes), lift_constants=True).func)
+            if (k, tk) not in log.tuned:
+                try:
+                    log.tuned[(k, tk)] = tuned_share(cs.rg, c, dev)
+                except BuildError:
+                    pass  # it will not build either: measuring records it as infeasible
 
 
 def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profile.jsonl",
@@ -244,6 +265,8 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
             continue
         done.add((tk, dev.cores, dev.kind))
         log.devices[tk] = device_descriptor(dev)
+        if cs is not None:
+            _register_tuned(log, cs, dev, tk)
         before = log.written
         if cs is not None:
             from .measured import MeasureReport, measure_candidates
@@ -302,7 +325,7 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
 
 #: Fields a merged log keeps (what training, evaluation and MeasureCache read).
 MERGED_FIELDS = ("key", "backend", "target", "median_s", "repeats", "runs", "model", "nodes", "desc", "device_desc",
-                 "load", "infeasible")
+                 "load", "infeasible", "tuned")
 
 
 def merge_logs(paths, out, reduce: str = "min") -> dict:

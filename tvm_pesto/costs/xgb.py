@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CostError
+from ..errors import BuildError, CostError
 from .features import FEATURE_NAMES, describe_group, device_descriptor, device_key, feature_matrix, roofline_s
 from .table import MIN_COST_S
 
@@ -115,7 +115,7 @@ def read_log(path, ds: Dataset | None = None) -> Dataset:
                 continue
             try:
                 row = {"desc": desc, "device": dev, "backend": backend,
-                       "tuned": bool(rec.get("tuned", backend == "tvm-ms")), "time_s": max(t, 1e-9),
+                       "tuned": float(rec.get("tuned", backend == "tvm-ms")), "time_s": max(t, 1e-9),
                        "model": str(rec.get("model", "")), "key": key, "repeats": rec.get("repeats") or [],
                        "load": rec.get("load"), "nodes": rec.get("nodes"), "run": str(rec.get("run", "")),
                        "logged_runs": rec.get("runs")}
@@ -438,8 +438,13 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
             if covered and c.backend in trained:
                 if i not in descs:
                     descs[i] = describe_group(graph, c.nodes)
+                try:
+                    tuned = tuned_share(cs.rg, c, dev)
+                except BuildError:  # the backend cannot lower it, so it cannot build it either
+                    out[i, j] = math.inf
+                    continue
                 idx.append(i)
-                rows.append({"desc": descs[i], "device": dd, "backend": c.backend, "tuned": c.backend == "tvm-ms"})
+                rows.append({"desc": descs[i], "device": dd, "backend": c.backend, "tuned": tuned})
                 floors.append(merged[i].flops / dev.peak_flops)
             else:
                 out[i, j] = node_seconds(merged[i], dev)
@@ -456,6 +461,18 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
             out[idx, j] = pred
         sources.append("roofline" if not rows else ("xgb+roofline" if fell_back else "xgb"))
     return out, sources
+
+
+def tuned_share(rg, cand, device) -> float:
+    """The ``tuned`` feature of candidate ``cand`` on ``device``: for ``tvm-ms``, the share of
+    its work the backend's MetaSchedule database holds schedules for; 0 for other backends."""
+    if cand.backend != "tvm-ms":
+        return 0.0
+    from ..backends import get_backend
+    from ..candidates.generate import candidate_function
+
+    func = candidate_function(rg, list(cand.nodes), lift_constants=True).func
+    return get_backend("tvm-ms").tuned_fraction(func, dict(device.target))
 
 
 def predict_costs(analysis, cluster, model=None) -> np.ndarray:
@@ -487,4 +504,4 @@ def _maybe_load(model, cluster):
 
 
 __all__ = ["CostModel", "Dataset", "DEFAULT_PARAMS", "TARGETS", "default_model_path", "load_dataset", "load_model",
-           "model_dirs", "predict_candidate_costs", "predict_costs", "read_log", "train"]
+           "model_dirs", "predict_candidate_costs", "predict_costs", "read_log", "train", "tuned_share"]

@@ -5,6 +5,10 @@ One node per operator call bound in ``main`` (high-level ops, ``call_tir``,
 aliases are not nodes, their dependencies are followed through. Constants and bound
 parameters count as the consuming node's weights (a weight parameter of ``main``, after
 its ``num_input`` data inputs, once: at its first reader). Graph inputs are not nodes.
+
+Calls on constants alone (a weight's transpose, a bias reshaped) are folded first, as TVM's
+build pipeline folds them: they cost nothing when the model runs, so they are not work to
+place or to measure.
 """
 from __future__ import annotations
 
@@ -99,6 +103,23 @@ class RelaxGraph:
     mod: object = None
 
 
+def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every call on constants alone replaced by its value (Relax ``FoldConstant``,
+    the pass TVM's default build pipeline runs).
+
+    Raises
+    ------
+    GraphError
+        When TVM cannot evaluate such a call (the message carries TVM's first line).
+    """
+    try:
+        return relax.transform.FoldConstant()(mod)
+    except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise GraphError(f"TVM could not fold the module's constant expressions ({first}); check that the "
+                         "module builds with tvm.compile, or pass the weights as parameters (num_input)") from e
+
+
 def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
     """Extract the operator graph of ``mod[func_name]``.
 
@@ -123,10 +144,11 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
         others = sorted(names)
         raise GraphError(f"module has no function {func_name!r} (it has {others}); rename the function to place "
                          f"to {func_name!r} (tvm_pesto.analyze also takes func_name={others[0]!r})")
+    if not isinstance(mod[func_name], relax.Function):
+        raise GraphError(f"{func_name!r} is a {type(mod[func_name]).__name__}, not a Relax function; place a module "
+                         f"whose {func_name!r} is a Relax function (a TIR PrimFunc is already lowered)")
+    mod = fold_constants(mod)
     func = mod[func_name]
-    if not isinstance(func, relax.Function):
-        raise GraphError(f"{func_name!r} is a {type(func).__name__}, not a Relax function; place a module whose "
-                         f"{func_name!r} is a Relax function (a TIR PrimFunc is already lowered)")
     num_input = func.attrs["num_input"] if func.attrs is not None and "num_input" in func.attrs else None
     params = list(func.params)
     n_in = int(num_input) if num_input is not None else len(params)

@@ -1,0 +1,112 @@
+"""Issue 11, item 6: devices of one host slow each other (measured, simulated), and a split is
+kept only when its predicted gain beats the cost source's error margin."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import tvm_pesto
+from tvm_pesto.api import make_candidates, place
+from tvm_pesto.cli.main import cli
+from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.cluster.contention import contention_factors, measure_contention
+from tvm_pesto.errors import ClusterError, PestoError
+from tvm_pesto.graph.opgraph import OpGraph, OpNode
+from tvm_pesto.plan import Plan, Problem, simulate
+from tvm_pesto.solve.split import check_margin, split_decision, split_margin
+
+
+@I.ir_module
+class TwoBranches:
+    @R.function
+    def main(x: R.Tensor((64, 64), "float32")):
+        with R.dataflow():
+            a = R.nn.softmax(R.matmul(x, x), axis=-1)
+            b = R.nn.softmax(R.matmul(x, x), axis=-1)
+            c = R.add(a, b)
+            R.output(c)
+        return c
+
+
+def _two_nodes(contention=None, hosts=(0, 0)):
+    """Two independent 1-second compute-bound nodes, one per device."""
+    c = parse_cluster("cpu:2")
+    for dev, h in zip(c.devices, hosts):
+        dev.host = h
+    c = type(c)(c.name, c.devices, c.latency, c.bandwidth, dict(c.meta, **({"contention": contention}
+                                                                           if contention else {})))
+    g = OpGraph([OpNode(n, "op", flops=1e12, bytes_read=8, bytes_written=8) for n in "ab"], [])
+    return Problem(g, c, np.ones((2, 2)))
+
+
+def test_nodes_running_at_once_on_one_host_are_slowed_by_the_measured_factor():
+    plan = Plan(np.array([0, 1], dtype=np.int32), [[0], [1]])
+    assert simulate(_two_nodes(), plan).makespan == pytest.approx(1.0)  # nothing measured: no slowdown
+    sim = simulate(_two_nodes({"compute": 1.6, "memory": 3.0}), plan)
+    assert sim.makespan == pytest.approx(1.6) and sim.slowdown == pytest.approx([1.6, 1.6])  # compute-bound
+    one = Plan(np.array([0, 0], dtype=np.int32), [[0, 1], []])  # one device: nothing overlaps
+    assert simulate(_two_nodes({"compute": 1.6, "memory": 3.0}), one).makespan == pytest.approx(2.0)
+    other_hosts = simulate(_two_nodes({"compute": 1.6, "memory": 3.0}, hosts=(0, 1)), plan)
+    assert other_hosts.makespan == pytest.approx(1.0)  # devices of two machines share nothing
+
+
+def test_contention_is_measured_on_this_machine():
+    c = parse_cluster("cpu:2")
+    res = measure_contention(c, repeat=3, min_repeat_ms=10)
+    assert res["compute"] >= 1.0 and res["memory"] >= 1.0
+    assert contention_factors(c) == {"compute": res["compute"], "memory": res["memory"]}
+    for k in res["kernels"].values():
+        assert set(k["alone_s"]) == {"cpu0", "cpu1"} and all(v > 0 for v in k["together_s"].values())
+        assert min(k["overlap"]) > 0.5  # the "together" runs really ran together
+    with pytest.raises(ClusterError, match="no host with two devices.*cpu:2"):
+        measure_contention(parse_cluster("cpu:1"))
+
+
+def test_cluster_bench_writes_the_contention_the_simulator_reads(tmp_path):
+    out = tmp_path / "c.json"
+    res = CliRunner().invoke(cli, ["cluster", "bench", "--cluster", "cpu:2", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "slowdown: compute" in res.output
+    loaded = parse_cluster(str(out))
+    assert set(json.loads(out.read_text())["meta"]["contention"]) >= {"compute", "memory"}
+    assert contention_factors(loaded)["memory"] >= 1.0
+
+
+def _table(analysis):
+    """2 ms per matmul, 0.1 ms per other op, on either device: the two branches' matmuls are
+    most of the work, and they can run side by side."""
+    cs = make_candidates(analysis, "cpu:2", "tvm")
+    ops = [n.op for n in analysis.op_graph.nodes]
+    return np.array([[sum(2e-3 if ops[v] == "relax.matmul" else 1e-4 for v in c.nodes)] * 2 for c in cs])
+
+
+def test_a_split_is_kept_only_when_its_gain_beats_the_margin():
+    a = tvm_pesto.analyze(TwoBranches)
+    table = _table(a)  # 4.3 ms on one device, ~2.3 ms split: a gain of ~45 %
+    kept = place(a, "cpu:2", backends="tvm", costs=table, split_margin=0.2, deterministic=True)
+    assert len(kept.plan.devices_used()) == 2
+    info = kept.plan.info["split"]
+    assert info["keep_split"] and info["gain"] > 0.2 and info["split_s"] == pytest.approx(kept.sim.makespan)
+    dropped = place(a, "cpu:2", backends="tvm", costs=table, split_margin=0.6, deterministic=True)
+    assert len(dropped.plan.devices_used()) == 1
+    d = dropped.plan.info["split"]
+    assert not d["keep_split"] and d["single_s"] == pytest.approx(dropped.sim.makespan)
+    assert d["split_s"] == pytest.approx(info["split_s"])
+    assert dropped.sim.makespan > kept.sim.makespan  # what the margin gave up, predicted
+    off = place(a, "cpu:2", backends="tvm", costs=table, split_margin=0, deterministic=True)
+    assert "split" not in off.plan.info and len(off.plan.devices_used()) == 2
+
+
+def test_split_margins_and_bad_margins():
+    assert split_margin("roofline") > split_margin("xgb") > split_margin("measured") > split_margin("given") == 0
+    assert split_decision(1.0, None, 0.5)["keep_split"]  # no single device can run it
+    for bad in (-0.1, 1.0, "x", None):
+        with pytest.raises(PestoError, match=r"split margin .* is not a share in \[0, 1\)"):
+            check_margin(bad)
+    res = CliRunner().invoke(cli, ["run", "vgg11", "--split-margin", "1.5"])
+    assert res.exit_code == 2 and "--split-margin" in res.output
