@@ -36,6 +36,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tvm_pesto
+from tvm_pesto.backends.tvm_cpu import TIMING_STAMP
 from tvm_pesto import api
 from tvm_pesto.backends import get_backend
 from tvm_pesto.backends.tvm_cpu import TvmMetaScheduleBackend
@@ -440,7 +441,7 @@ def test_api_truncated_plan_file(two_placed, tmp_path):
     assert_names(str(err.value), r"plan file '.*plan\.json' is not valid JSON", r"save the plan again")
 
 
-GOOD = {"key": "k", "backend": "tvm", "target": "t", "median_s": 1e-3}
+GOOD = {"key": "k", "backend": "tvm", "target": "t", "median_s": 1e-3, "backend_stamp": TIMING_STAMP}
 
 
 def test_api_partial_cost_cache(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tvm_pesto.backends.tvm_cpu import TIMING_STAMP
 from tvm_pesto.costs import jsonl
 from tvm_pesto.costs.cache import MeasureCache
 from tvm_pesto.costs.jsonl import INCOMPLETE, append_record, read_records
@@ -46,7 +47,7 @@ def pad_size(w: int, i: int) -> int:
 
 
 def record(w: int, i: int) -> dict:
-    return {"key": f"w{w}-r{i}", "backend": "tvm", "target": "t", "median_s": 1e-6 * (i + 1),
+    return {"key": f"w{w}-r{i}", "backend": "tvm", "target": "t", "median_s": 1e-6 * (i + 1), "backend_stamp": TIMING_STAMP,
             "pad": chr(ord("a") + w % 26) * pad_size(w, i)}
 
 
@@ -126,8 +127,8 @@ def test_concurrent_profile_log_writers_lose_and_interleave_nothing(tmp_path):
     assert log.get("w0-r7", "tvm", "t") is None  # another model's record
 
 
-GOOD = {"key": "k", "backend": "tvm", "target": "t", "median_s": 1e-3}
-NEW = {"key": "n", "backend": "tvm", "target": "t", "median_s": 2e-3}
+GOOD = {"key": "k", "backend": "tvm", "target": "t", "median_s": 1e-3, "backend_stamp": TIMING_STAMP}
+NEW = {"key": "n", "backend": "tvm", "target": "t", "median_s": 2e-3, "backend_stamp": TIMING_STAMP}
 
 
 @pytest.mark.parametrize("cls", [MeasureCache, ProfileLog])

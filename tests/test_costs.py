@@ -8,6 +8,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import tvm_pesto
+from tvm_pesto.backends.tvm_cpu import TIMING_STAMP
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import MeasureCache, roofline_costs
 from tvm_pesto.costs import timing as measure_mod
@@ -87,6 +88,25 @@ def test_groups_are_timed_with_their_own_weights_and_keyed_without_them(tmp_path
     assert len(compiled) == n  # same structure, other weights: the cached record is used
 
 
+def test_tvm_records_of_the_old_method_are_measured_again(tmp_path):
+    """A ``tvm`` record written before groups were timed with their weights (no stamp) is not
+    trusted: the group is measured again and the new record carries the method's stamp."""
+    from tvm_pesto.backends.tvm_cpu import TIMING_STAMP
+
+    an = tvm_pesto.analyze(Two)
+    dev = parse_cluster("cpu:1").devices[0]
+    path = tmp_path / "m.jsonl"
+    measure_mod.measure_groups(an.rg, an.groups, dev, MeasureCache(path), repeat=2, min_repeat_ms=1)
+    recs = [json.loads(s) for s in path.read_text().splitlines()]
+    assert all(r["backend_stamp"] == TIMING_STAMP for r in recs)
+    old = [{k: v for k, v in r.items() if k != "backend_stamp"} for r in recs]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    cache = MeasureCache(path)
+    assert all(cache.get(r["key"], "tvm", r["target"]) is None for r in old)
+    measure_mod.measure_groups(an.rg, an.groups, dev, cache, repeat=2, min_repeat_ms=1)
+    assert len(path.read_text().splitlines()) == 2 * len(old)  # every group and the overhead again
+
+
 def test_matmul_costs_more_than_softmax(tmp_path):
     an = tvm_pesto.analyze(Two)
     dev = parse_cluster("cpu:1").devices[0]
@@ -99,7 +119,7 @@ def test_matmul_costs_more_than_softmax(tmp_path):
 
 def test_corrupted_line_is_skipped_and_reported(tmp_path):
     p = tmp_path / "m.jsonl"
-    good = {"key": "k", "backend": "tvm", "target": "t", "median_s": 1e-3}
+    good = {"key": "k", "backend": "tvm", "target": "t", "median_s": 1e-3, "backend_stamp": TIMING_STAMP}
     p.write_text(json.dumps(good) + "\n{not json\n" + json.dumps({"key": "x"}) + "\n")
     with pytest.warns(RuntimeWarning, match=r"skipped 2 corrupted line\(s\) \(line 2, 3\)"):
         c = MeasureCache(p)

@@ -41,6 +41,10 @@ from .base import Backend, output_types
 #: Environment variable naming the ``tvm-ms`` backend's MetaSchedule database.
 MS_DB_ENV = "TVM_PESTO_MS_DB"
 
+#: The ``backend_stamp`` of ``tvm`` measurements: groups timed with the model's own weights
+#: bound (:mod:`tvm_pesto.costs.timing`), after calls on constants alone were folded.
+TIMING_STAMP = "weights-bound"
+
 
 def fuse_for_tuning(mod: tvm.IRModule, tgt) -> tvm.IRModule:
     """``mod`` after the library-dispatch, legalisation and fusion passes of TVM's default
@@ -142,6 +146,11 @@ class TvmBackend(Backend):
 
     def _database(self):
         return None
+
+    def measure_stamp(self) -> str | None:
+        """How a measurement of this backend was made (:data:`TIMING_STAMP`): records of the
+        earlier method (weights replaced by random values) are measured again."""
+        return TIMING_STAMP
 
     def make_callable(self, func: relax.Function, device):
         from ..run.loaders import vm_runner

@@ -109,7 +109,8 @@ def measurement_record(key: str, backend: str, target: str, repeats, nodes, devi
 def backend_stamp(name: str) -> str | None:
     """What decides a backend's time besides the subgraph and the device: for ``tvm-ms``
     the version of its tuning database (``measure_stamp``,
-    :func:`tvm_pesto.backends.tvm_cpu.database_stamp`); None for the other backends."""
+    :func:`tvm_pesto.backends.tvm_cpu.database_stamp`), for ``tvm`` the measuring method
+    (:data:`tvm_pesto.backends.tvm_cpu.TIMING_STAMP`); None for the other backends."""
     from ..backends import get_backend
     from ..errors import PestoError
 

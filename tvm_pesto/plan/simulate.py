@@ -62,13 +62,13 @@ def _core():
         return None
 
 
-#: Fixed-point rounds of the contention model (each one re-simulates with the slowdowns
-#: the previous schedule implies; two rounds move the makespan by < 0.5 % in practice).
+#: Fixed-point rounds of the contention model: each re-simulates with the slowdowns the
+#: previous round's schedule implies.
 CONTENTION_ROUNDS = 3
 
 
 def _busy_until(starts: np.ndarray, finishes: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Compute seconds a serial device has done by each time in ``t`` (intervals sorted)."""
+    """Seconds of work a serial device has done by each time in ``t`` (its intervals sorted)."""
     dur = finishes - starts
     done = np.concatenate([[0.0], np.cumsum(dur)])
     k = np.searchsorted(starts, t, side="right") - 1
@@ -76,7 +76,7 @@ def _busy_until(starts: np.ndarray, finishes: np.ndarray, t: np.ndarray) -> np.n
     return done[np.maximum(k, 0)] * (k >= 0) + inside
 
 
-def node_kinds(problem: Problem, assignment: np.ndarray) -> np.ndarray:
+def memory_bound(problem: Problem, assignment: np.ndarray) -> np.ndarray:
     """True where a node is memory-bound on its device (FLOPs per byte below the device's
     ridge point ``peak_flops / mem_bandwidth``)."""
     devs = problem.cluster.devices
@@ -111,7 +111,7 @@ def contention_slowdown(problem: Problem, assignment: np.ndarray, start: np.ndar
             n_other[mine] += 1
     dur = finish - start
     frac = np.where((n_other > 0) & (dur > 0), overlap / np.maximum(n_other, 1) / np.where(dur > 0, dur, 1.0), 0.0)
-    s = np.where(node_kinds(problem, assignment), factors["memory"], factors["compute"])
+    s = np.where(memory_bound(problem, assignment), factors["memory"], factors["compute"])
     return 1.0 + (s - 1.0) * np.clip(frac, 0.0, 1.0)
 
 
