@@ -105,14 +105,18 @@ def interleaved_times(fns: dict, repeat: int = 40, warmup: int = 3, min_sample_s
 
 def bench_clusters(measure_links: bool = True):
     """``cpu:1`` and ``cpu:2`` of this machine; ``cpu:2``'s links measured with the
-    executor's own hand-off (so the 2-device predictions include real synchronisation costs)."""
+    executor's own hand-off and its devices' contention (``tvm-pesto cluster bench``), so the
+    2-device predictions include real synchronisation costs and the slowdown of two devices
+    computing at once."""
     from ..api import as_cluster
 
     c1, c2 = as_cluster("cpu:1"), as_cluster("cpu:2")
     if measure_links and c2.num_devices > 1:
+        from ..cluster.contention import measure_contention
         from ..cluster.linkbench import measure_links as _measure
 
         _measure(c2)
+        measure_contention(c2)
     return c1, c2
 
 
