@@ -13,7 +13,8 @@ from tvm_pesto.cli.main import cli
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
-RUN_KEYS = ("backend_mix", "devices_used", "measured_s", "simulated_s", "max_abs_err", "solver_status")
+RUN_KEYS = ("backend_mix", "devices_used", "measured_s", "simulated_s", "max_abs_err", "solver_status", "split",
+            "contention")  # split: None unless the plan used several devices; contention: the cluster's, if measured
 
 
 @pytest.fixture(scope="module")
