@@ -1,8 +1,27 @@
 """Exceptions raised by tvm-pesto.
 
 Every error a user can cause derives from :class:`PestoError`, so a caller can catch one
-type at the boundary. Each message names the problem and what would fix it.
+type at the boundary. Each message names the problem and what would fix it;
+:func:`error_line` quotes a cause from deep inside TVM, torch or a library in one line.
 """
+
+
+def error_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``, for error messages that quote a cause.
+
+    Torch and TVM errors run to dozens of lines; the first one says what went wrong.
+
+    Examples
+    --------
+    >>> from tvm_pesto.errors import error_line
+    >>> error_line(ValueError("bad shape\\nat line 3"))
+    'ValueError: bad shape'
+    """
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class PestoError(Exception):

@@ -19,7 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .errors import UnsupportedModuleError
+from .errors import UnsupportedModuleError, error_line
 
 __all__ = ["from_torch", "from_exported_program", "from_onnx", "read_onnx", "unsupported_ops",
            "error_line", "check_static", "symbolic_dims"]
@@ -27,24 +27,6 @@ __all__ = ["from_torch", "from_exported_program", "from_onnx", "read_onnx", "uns
 
 def _model_name(model: Any, name: str | None) -> str:
     return name if name else type(model).__name__
-
-
-def error_line(exc: BaseException, limit: int = 300) -> str:
-    """``Type: first line of the message``, for error messages that quote a cause.
-
-    Torch and TVM errors run to dozens of lines; the first one says what went wrong.
-
-    Examples
-    --------
-    >>> from tvm_pesto.frontend import error_line
-    >>> error_line(ValueError("bad shape\\nat line 3"))
-    'ValueError: bad shape'
-    """
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = lines[0] if lines else ""
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _aten_batch_norm(node: Any, importer: Any) -> relax.Var:

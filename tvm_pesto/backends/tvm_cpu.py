@@ -34,7 +34,7 @@ import os
 import tvm
 from tvm import relax
 
-from ..errors import BuildError
+from ..errors import BuildError, error_line
 from .base import Backend, output_types
 
 
@@ -239,9 +239,8 @@ def _tuned_share(func: relax.Function, target: dict, database: str) -> float:
     try:
         fused = apply_tuning_database(mod, tgt, database)
     except Exception as e:  # noqa: BLE001 - TVM raises many types from deep inside
-        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise BuildError(f"TVM could not lower the subgraph to look it up in tuning database {database!r}: "
-                         f"{msg}") from e
+                         f"{error_line(e)}") from e
     tuned = total = 0.0
     for gv, f in fused.functions.items():
         if not isinstance(f, tvm.tirx.PrimFunc):

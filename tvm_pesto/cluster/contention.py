@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ..errors import ClusterError
+from ..errors import ClusterError, error_line
 from .cluster import Cluster
 
 #: The kernels: name -> (kind, builder arguments). 128^3 matmul: ~4 MFLOP on cache-resident
@@ -71,8 +71,7 @@ def _compile(device, name: str):
     try:
         return tvm.compile(mod, target=tgt, relax_pipeline=relax.get_default_pipeline(tgt)), shapes
     except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
-        raise ClusterError(f"TVM could not compile the {name} kernel for {device.name}: {type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+        raise ClusterError(f"TVM could not compile the {name} kernel for {device.name}: {error_line(e)}") from e
 
 
 def _time_on(device, built, barrier, out: dict, repeat: int, min_repeat_ms: int) -> None:

@@ -178,18 +178,20 @@ def _register_descs(log: ProfileLog, rg, units) -> None:
 
 
 def _register_tuned(log: ProfileLog, cs, dev, tk: str) -> None:
-    """Record the tuned share (:func:`tvm_pesto.costs.xgb.tuned_share`) of every ``tvm-ms``
-    candidate on ``dev``, written into its record as ``tuned``."""
+    """Record the tuned share (``TvmMetaScheduleBackend.tuned_fraction``, the ``tuned``
+    feature) of every ``tvm-ms`` candidate on ``dev``, written into its record as ``tuned``."""
+    from ..backends import get_backend
     from ..builder.subgraph import structural_key
     from ..candidates import candidate_function
-    from .xgb import tuned_share
 
+    backend = get_backend("tvm-ms")
     for c in cs:
         if c.backend == "tvm-ms":
-            k = structural_key(candidate_function(cs.rg, list(c.nodes), lift_constants=True).func)
+            func = candidate_function(cs.rg, list(c.nodes), lift_constants=True).func
+            k = structural_key(func)
             if (k, tk) not in log.tuned:
                 try:
-                    log.tuned[(k, tk)] = tuned_share(cs.rg, c, dev)
+                    log.tuned[(k, tk)] = backend.tuned_fraction(func, dict(dev.target))
                 except BuildError:
                     pass  # it will not build either: measuring records it as infeasible
 

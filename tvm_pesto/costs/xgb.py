@@ -425,6 +425,7 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
     sources = []
     descs: dict[int, dict] = {}
     merged: dict[int, object] = {}
+    shares: dict[tuple, float | None] = {}  # (candidate, target) -> tuned share (None: cannot be lowered)
     for j, dev in enumerate(cluster.devices):
         dd = device_descriptor(dev)
         covered = cm is not None and cm.covers(dd)
@@ -438,9 +439,14 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
             if covered and c.backend in trained:
                 if i not in descs:
                     descs[i] = describe_group(graph, c.nodes)
-                try:
-                    tuned = tuned_share(cs.rg, c, dev)
-                except BuildError:  # the backend cannot lower it, so it cannot build it either
+                tk = (i, repr(sorted(dev.target.items())))
+                if tk not in shares:
+                    try:
+                        shares[tk] = tuned_share(cs.rg, c, dev)
+                    except BuildError:  # the backend cannot lower it, so it cannot build it either
+                        shares[tk] = None
+                tuned = shares[tk]
+                if tuned is None:
                     out[i, j] = math.inf
                     continue
                 idx.append(i)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from ..errors import GraphError, UnsupportedModuleError
+from ..errors import GraphError, UnsupportedModuleError, error_line
 from .flops import op_flops
 from .opgraph import OpGraph, OpNode, TensorSpec
 
@@ -115,8 +115,7 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     try:
         return relax.transform.FoldConstant()(mod)
     except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise GraphError(f"TVM could not fold the module's constant expressions ({first}); check that the "
+        raise GraphError(f"TVM could not fold the module's constant expressions ({error_line(e)}); check that the "
                          "module builds with tvm.compile, or pass the weights as parameters (num_input)") from e
 
 

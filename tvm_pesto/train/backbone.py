@@ -159,7 +159,7 @@ def _import(model, inputs: tuple, name: str):
     try:
         ep = torch.export.export(model.train(), args)
     except Exception as exc:  # torch raises many types here
-        from ..frontend import error_line
+        from ..errors import error_line
 
         raise TrainingError(f"torch.export failed for {name!r} in train mode: {error_line(exc)}; make the "
                             "model exportable in train mode (no data-dependent control flow)") from exc
