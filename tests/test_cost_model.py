@@ -14,7 +14,7 @@ from tvm_pesto.cluster import Cluster, parse_cluster
 from tvm_pesto.costs import evaluate as ev
 from tvm_pesto.costs import xgb as cmx
 from tvm_pesto.costs.features import (
-    FEATURE_NAMES, describe_group, device_descriptor, feature_matrix, feature_vector, roofline_s,
+    FEATURE_NAMES, describe_group, device_descriptor, feature_matrix, feature_vector, roofline_s, strided_reduction,
 )
 from tvm_pesto.costs.sweep import FAMILIES, sweep_module
 from tvm_pesto.errors import CostError, PestoError
@@ -92,6 +92,41 @@ def test_features_describe_the_dominant_conv():
     assert (f["conv_kh"], f["conv_kw"], f["conv_stride"], f["dom_conv2d"]) == (3.0, 3.0, 1.0, 1.0)
     assert f["backend_torch"] == 1.0 and f["backend_tvm"] == 0.0
     assert f["log10_roofline_s"] == pytest.approx(np.log10(roofline_s(d, CPU_DEV)))
+
+
+def _single(op, inputs, out, attrs=None):
+    return {"ops": [op], "dominant": {"op": op, "attrs": attrs or {}, "inputs": inputs, "outputs": [out]},
+            "out_shapes": [out], "dtype": "float32", "flops": 1e6, "bytes_read": 4096, "bytes_written": 4096,
+            "param_bytes": 0, "member_bytes": 8192}
+
+
+def test_strided_reduction_counts_the_lines_a_reduction_walks():
+    # 1x1 conv, 32 channels of 32x32: each reduction reads 32 lines 4 KiB apart, all in one L1 set
+    wide = strided_reduction("conv2d", [[1, 32, 32, 32], [16, 32, 1, 1]], {}, 4)
+    assert wide == (4096.0, 32.0, 32.0, 2.0)
+    # the same channels of 8x8: 256 B apart, spread over 16 sets
+    narrow = strided_reduction("conv2d", [[1, 32, 8, 8], [128, 32, 1, 1]], {}, 4)
+    assert narrow[:3] == (256.0, 32.0, 2.0)
+    # padding widens the walked (padded) input; a 3x3 kernel reads three rows per channel
+    padded = strided_reduction("conv2d", [[1, 8, 30, 30], [8, 8, 3, 3]], {"padding": [1, 1, 1, 1]}, 4)
+    assert padded[0] == 32 * 32 * 4 and padded[1] == 8 * 3
+    # a matmul walks B[k, j] at N elements; NHWC convs and other ops have none
+    assert strided_reduction("matmul", [[1, 64, 256], [256, 64]], {}, 4)[:2] == (256.0, 256.0)
+    assert strided_reduction("conv2d", [[1, 8, 8, 32], [16, 1, 1, 32]], {"data_layout": "NHWC"}, 4) == (0.0,) * 4
+    assert strided_reduction("elementwise", [[1, 4]], {}, 4) == (0.0,) * 4
+
+
+def test_transcendental_ops_are_counted_per_element():
+    silu = dict(zip(FEATURE_NAMES, feature_vector(_single("relax.nn.silu", [[1, 16, 16, 16]], [1, 16, 16, 16]),
+                                                  CPU_DEV, "tvm")))
+    relu = dict(zip(FEATURE_NAMES, feature_vector(_single("relax.nn.relu", [[1, 16, 16, 16]], [1, 16, 16, 16]),
+                                                  CPU_DEV, "tvm")))
+    assert silu["n_transcendental"] == 1.0 and relu["n_transcendental"] == 0.0
+    assert silu["log2_transcendental_elems"] == pytest.approx(np.log2(1 + 4096))
+    assert relu["log2_transcendental_elems"] == 0.0
+    bias = dict(zip(FEATURE_NAMES, feature_vector(_single("relax.add", [[1, 16, 8, 8], [1, 16, 1, 1]],
+                                                          [1, 16, 8, 8]), CPU_DEV, "tvm")))
+    assert (bias["dom_n_inputs"], bias["dom_broadcast"]) == (2.0, 1.0)
 
 
 @settings(max_examples=40, deadline=None)

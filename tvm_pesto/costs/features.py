@@ -47,6 +47,21 @@ DOMINANT_KINDS = (
     "concat", "split", "take", "strided_slice", "movement_other", "other",
 )
 
+#: Cache geometry the strided-reduction features count sets with: a 64-byte line, 64 L1
+#: sets and 1,024 L2 sets (the 4 KiB and 64 KiB set spans of current x86 and Arm cores).
+LINE_BYTES, L1_SETS, L2_SETS = 64, 64, 1024
+
+#: Most strided accesses :func:`strided_reduction` enumerates (a longer reduction repeats them).
+MAX_REDUCTION_ACCESSES = 4096
+
+#: Ops that evaluate exp, log, erf or tanh per element: TVM's CPU code calls the scalar
+#: math library for them, so they cost far more per element than an add (SiLU over 4,096
+#: floats: 9 us; ReLU: under 1).
+TRANSCENDENTAL = frozenset({
+    "exp", "log", "sigmoid", "tanh", "erf", "sin", "cos", "power", "nn.silu", "nn.gelu", "nn.gelu_tanh",
+    "nn.softmax", "nn.log_softmax", "nn.softplus", "nn.selu", "nn.elu",
+})
+
 #: Floor for time-like quantities (s) so logs stay finite.
 TIME_FLOOR_S = 1e-9
 
@@ -60,6 +75,8 @@ def _names() -> tuple[str, ...]:
           "log2_mm_m", "log2_mm_n", "log2_mm_k", "log2_mm_batch", "mm_weight_const",
           "out_rank", "log2_out_last", "out_last_mult8", "log2_red_len",
           "n_outputs", "out_last_mult4", "out_last_pow2", "log2_out_last2", "n_anchor_ops"]
+    n += ["log2_red_stride", "log2_red_lines", "log2_red_l1_conflict", "log2_red_l2_conflict",
+          "log2_conv_gemm_k", "dom_n_inputs", "dom_broadcast", "n_transcendental", "log2_transcendental_elems"]
     n += [f"log2_flops_{c}" for c in CATEGORIES] + [f"log2_bytes_{c}" for c in CATEGORIES]
     n += [
           "log10_peak_flops", "log10_bandwidth", "log10_memory", "cores", "is_gpu",
@@ -233,6 +250,46 @@ def dominant_kind(op: str, attrs: dict | None = None, inputs=None) -> str:
     return "other"
 
 
+def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float) -> tuple[float, float, float, float]:
+    """``(stride, lines, l1_conflict, l2_conflict)`` of the strided operand of a conv2d's or
+    matmul's reduction loop as TVM's unscheduled code walks it (the order of the compute
+    definition: the reduction innermost): a conv2d in NCHW reads its (padded) input at a
+    channel stride of H*W elements, a matmul reads B[k, j] at a stride of N. ``lines`` is the
+    number of cache lines one reduction touches, a conflict the lines per cache set they
+    map to (L1 and L2, :data:`L1_SETS`, :data:`L2_SETS`): above the associativity, each
+    reduction misses (a 1x1 conv over 32 channels of 32x32 runs at 2.6 GFLOP/s, one over 8
+    channels at 52). All zeros for other ops.
+
+    Examples
+    --------
+    >>> s, lines, c1, c2 = strided_reduction("conv2d", [[1, 32, 32, 32], [16, 32, 1, 1]], {}, 4)
+    >>> s, lines, c1
+    (4096.0, 32.0, 32.0)
+    >>> strided_reduction("matmul", [[64, 256], [256, 64]], {}, 4)[:2]
+    (256.0, 256.0)
+    """
+    if kind == "conv2d" and len(inputs) >= 2 and len(inputs[0]) == 4 and len(inputs[1]) == 4:
+        if str(attrs.get("data_layout", "NCHW")) != "NCHW":
+            return 0.0, 0.0, 0.0, 0.0
+        pad = [int(p) for p in (attrs.get("padding") or [0])]
+        pad = (pad * 4)[:4] if len(pad) in (1, 2) else pad + [0] * (4 - len(pad))
+        h, w = int(inputs[0][2]) + pad[0] + pad[2], int(inputs[0][3]) + pad[1] + pad[3]
+        groups = max(int(attrs.get("groups", 1) or 1), 1)
+        cin, kh = max(int(inputs[0][1]) // groups, 1), int(inputs[1][2])
+        stride = h * w * dtype_size
+        offsets = [rc * stride + ry * w * dtype_size for rc in range(cin) for ry in range(kh)]
+    elif kind == "matmul" and len(inputs) >= 2 and len(inputs[1]) >= 2:
+        k, n = int(inputs[1][-2]), int(inputs[1][-1])
+        stride = n * dtype_size
+        offsets = [i * stride for i in range(k)]
+    else:
+        return 0.0, 0.0, 0.0, 0.0
+    lines = {int(o) // LINE_BYTES for o in offsets[:MAX_REDUCTION_ACCESSES]}
+    n_lines = float(len(lines))
+    return (float(stride), n_lines, n_lines / len({ln % L1_SETS for ln in lines}),
+            n_lines / len({ln % L2_SETS for ln in lines}))
+
+
 def _l2(x: float) -> float:
     return math.log2(1.0 + max(float(x), 0.0))
 
@@ -324,6 +381,12 @@ def feature_vector(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> n
     last2 = _prod(o0[-2:]) if o0 else 1.0
     f += [float(len(outs)), 1.0 if int(last) % 4 == 0 else 0.0, 1.0 if int(last) & (int(last) - 1) == 0 else 0.0,
           _l2(last2), float(cats.count("anchor"))]
+    f += [_l2(x) for x in strided_reduction(kind, ins, attrs, dtb)]
+    gemm_k = _prod(ins[1][1:]) if kind in ("conv2d", "depthwise_conv2d", "conv_other") and len(ins) >= 2 else 0.0
+    dom_out = _prod(dom["outputs"][0]) if dom.get("outputs") else out_elems
+    f += [_l2(gemm_k), float(len(ins)), 1.0 if any(_prod(s) < dom_out for s in ins[1:]) else 0.0]
+    n_trans = float(sum(_short(o.split("+")[0]) in TRANSCENDENTAL for o in ops))
+    f += [n_trans, _l2(n_trans * max(out_elems, dom_out))]
     # per-category totals (descriptions before version 2 lack them: everything counts as the dominant's)
     cf, cb = desc.get("cat_flops"), desc.get("cat_bytes")
     if cf is None or cb is None:
@@ -352,5 +415,5 @@ def feature_matrix(rows: Sequence[dict]) -> np.ndarray:
                      for r in rows])
 
 
-__all__ = ["DESC_VERSION", "FEATURE_NAMES", "KNOWN_BACKENDS", "describe_group", "device_descriptor", "device_key",
-           "dominant_kind", "feature_matrix", "feature_vector", "roofline_s"]
+__all__ = ["DESC_VERSION", "TRANSCENDENTAL", "FEATURE_NAMES", "KNOWN_BACKENDS", "describe_group", "device_descriptor", "device_key",
+           "dominant_kind", "feature_matrix", "feature_vector", "roofline_s", "strided_reduction"]
