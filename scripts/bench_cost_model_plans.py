@@ -76,7 +76,7 @@ def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round:
     runs: dict = {k: [] for k in placed}
     for _ in range(rounds):
         for k, pm in placed.items():
-            b = pm.benchmark(*zm.example_inputs, repeat=per_round, warmup=1)
+            b = pm.benchmark(*zm.example_inputs, repeat=per_round, warmup=1, min_seconds=0, warmup_seconds=0)
             runs[k].append(b["median_s"])
     for k, pm in placed.items():
         res[k]["latency_median_s"] = float(np.median(runs[k]))

@@ -93,7 +93,8 @@ def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round:
     loads = [os.getloadavg()[0]]
     for _ in range(rounds):
         for k, pm in built.items():
-            runs[k].append(pm.benchmark(*inputs, repeat=per_round, warmup=1)["median_s"])
+            b = pm.benchmark(*inputs, repeat=per_round, warmup=1, min_seconds=0, warmup_seconds=0)  # exact rounds
+            runs[k].append(b["median_s"])
         loads.append(os.getloadavg()[0])
     for k, v in runs.items():
         res[k]["run_median_s"] = float(np.median(v))

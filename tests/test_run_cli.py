@@ -13,8 +13,9 @@ from tvm_pesto.cli.main import cli
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
+# split: None unless the plan used several devices; contention: the cluster's, if measured
 RUN_KEYS = ("backend_mix", "devices_used", "measured_s", "simulated_s", "max_abs_err", "solver_status", "split",
-            "contention")  # split: None unless the plan used several devices; contention: the cluster's, if measured
+            "contention", "measured_runs")
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,7 @@ def test_run_a_model_file_with_every_backend(kind, files, tmp_path, cache):
     res = _run(tmp_path, files[kind])
     for key in RUN_KEYS:
         assert key in res, key
+    assert res["measured_runs"] > 3  # --repeat 3, and more until 0.2 s of runs (a small model: thousands)
     assert res["source"] == kind and res["max_abs_err"] <= 1e-4
     assert sum(res["backend_mix"].values()) == res["num_ops"]
     assert res["cost_source"] == "measured" and res["costs"]["measured"] > 0

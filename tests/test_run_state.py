@@ -63,3 +63,35 @@ def test_program_input_devices_and_state_round_trip():
     del old["input_devices"], old["state"]  # a bundle written before programs had state
     r = Program.from_dict(old)
     assert r.input_devices == [0, 0] and r.state == []
+
+
+def test_benchmark_times_at_least_its_runs_and_its_seconds():
+    """``benchmark`` runs exactly ``repeat`` / ``warmup`` times without time floors, and more
+    when the runs would not last ``min_seconds`` / ``warmup_seconds``."""
+    import time
+
+    from tvm_pesto.run.runtime import PlacedRuntime
+
+    calls = []
+
+    def slow(x):
+        calls.append(1)
+        time.sleep(0.002)
+        return x
+
+    program = Program(["in:x"], [Step("call", "v1:y", ["in:x"], device=0, func="f")], "v1:y", 1, [0], [])
+    rt = PlacedRuntime(program, {0: {"f": slow}}, parse_cluster("cpu:1"))
+    x = np.zeros(2, np.float32)
+    try:
+        exact = rt.benchmark(x, repeat=3, warmup=2, min_seconds=0, warmup_seconds=0)
+        assert (exact["repeat"], exact["warmup"], len(calls)) == (3, 2, 5)
+        assert exact["min_s"] >= 0.002 and exact["min_s"] <= exact["median_s"] <= exact["max_s"]
+        t0 = time.perf_counter()
+        floored = rt.benchmark(x, repeat=3, warmup=2, min_seconds=0.05, warmup_seconds=0.02)
+        wall = time.perf_counter() - t0
+        n, w = floored["repeat"], floored["warmup"]
+        assert n * floored["max_s"] >= 0.05  # the timed runs lasted 50 ms at least ...
+        assert n == 3 or (n - 1) * floored["min_s"] < 0.05  # ... and it stopped once they did
+        assert w >= 2 and wall >= 0.05 + 0.02 and len(calls) == 5 + n + w  # 20 ms of warm-up runs before them
+    finally:
+        rt.close()

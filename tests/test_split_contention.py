@@ -15,9 +15,11 @@ from tvm_pesto.api import make_candidates, place
 from tvm_pesto.cli.main import cli
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.cluster.contention import contention_factors, measure_contention
+from tvm_pesto.cluster.dispatch import DEFAULT_DISPATCH, dispatch_figures, dispatch_s
 from tvm_pesto.errors import ClusterError, PestoError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem, simulate
+from tvm_pesto.run.dispatch import measure_dispatch
 from tvm_pesto.solve.split import check_margin, split_decision, split_margin
 
 
@@ -78,6 +80,55 @@ def test_cluster_bench_writes_the_contention_the_simulator_reads(tmp_path):
     loaded = parse_cluster(str(out))
     written = json.loads(out.read_text())["meta"]["contention"]
     assert contention_factors(loaded) == {"compute": written["compute"], "memory": written["memory"]}
+    assert "dispatch per run" in res.output
+    disp = json.loads(out.read_text())["meta"]["dispatch"]
+    assert dispatch_figures(loaded) == {"run_s": disp["run_s"], "multi_device_s": disp["multi_device_s"],
+                                        "measured": True}
+    assert dispatch_s(loaded, 2) == disp["multi_device_s"]
+
+
+def test_the_simulator_adds_the_dispatch_of_the_devices_a_plan_uses():
+    split = Plan(np.array([0, 1], dtype=np.int32), [[0], [1]])
+    one = Plan(np.array([0, 0], dtype=np.int32), [[0, 1], []])
+    s2, s1 = simulate(_two_nodes(), split), simulate(_two_nodes(), one)
+    assert s2.makespan == pytest.approx(1.0) and s1.makespan == pytest.approx(2.0)  # the schedule: unchanged
+    assert s2.dispatch_s == DEFAULT_DISPATCH["multi_device_s"] and s1.dispatch_s == DEFAULT_DISPATCH["run_s"]
+    # node b on device 1 reads its 8-byte input from device 0 and returns its 8-byte result there
+    assert s1.io_s == 0.0 and s2.io_s == pytest.approx(2 * (30e-6 + 8 / 15e9))
+    assert s2.run_s == pytest.approx(1.0 + s2.io_s + DEFAULT_DISPATCH["multi_device_s"])
+    assert s2.summary()["run_s"] == pytest.approx(s2.run_s)
+    measured = _two_nodes()
+    measured.cluster.meta["dispatch"] = {"run_s": 1e-3, "multi_device_s": 0.25}
+    assert simulate(measured, split).run_s == pytest.approx(1.25 + s2.io_s)
+    assert simulate(measured, one).run_s == pytest.approx(2.001)
+    away = simulate(measured, Plan(np.array([1, 1], dtype=np.int32), [[], [0, 1]]))  # one device, not home
+    # both inputs copied before the run (one after another); a's result goes back while b runs
+    assert away.dispatch_s == 0.25 and away.io_s == pytest.approx(3 * (30e-6 + 8 / 15e9))
+    assert dispatch_figures(parse_cluster("cpu:2"))["measured"] is False
+
+
+def test_a_split_that_saves_less_than_its_dispatch_is_dropped():
+    """Scaled down 30x, the two branches' split schedule is ~39 us shorter than one device's:
+    less than the ~39 us more a run on two devices costs the executor than a run on one, so
+    even a 1 % margin drops it."""
+    a = tvm_pesto.analyze(TwoBranches)
+    table = _table(a) / 30.0  # 143 us on one device; split, with its transfers, 104 us
+    pl = place(a, "cpu:2", backends="tvm", costs=table, split_margin=0.01, deterministic=True)
+    d = pl.plan.info["split"]
+    assert len(pl.plan.devices_used()) == 1 and not d["keep_split"]
+    assert d["split_s"] > d["single_s"] == pytest.approx(pl.sim.run_s)
+    assert d["split_s"] - DEFAULT_DISPATCH["multi_device_s"] < d["single_s"] - DEFAULT_DISPATCH["run_s"]  # schedule
+
+
+def test_dispatch_is_measured_with_the_executor_on_this_machine():
+    c = parse_cluster("cpu:2")
+    res = measure_dispatch(c, repeat=50, rounds=3)
+    assert 0 < res["run_s"] < res["programs_s"]["there"] < res["programs_s"]["back"]
+    assert res["multi_device_s"] == pytest.approx(max(res["programs_s"]["there"] - 2 * res["add_s"]
+                                                      - res["link_latency_s"], 0.0))
+    assert c.meta["dispatch"]["run_s"] == res["run_s"] and dispatch_figures(c)["measured"]
+    with pytest.raises(ClusterError, match="two CPU devices.*cpu:1"):
+        measure_dispatch(parse_cluster("cpu:1"))
 
 
 def _table(analysis):
@@ -94,11 +145,11 @@ def test_a_split_is_kept_only_when_its_gain_beats_the_margin():
     kept = place(a, "cpu:2", backends="tvm", costs=table, split_margin=0.2, deterministic=True)
     assert len(kept.plan.devices_used()) == 2
     info = kept.plan.info["split"]
-    assert info["keep_split"] and info["gain"] > 0.2 and info["split_s"] == pytest.approx(kept.sim.makespan)
+    assert info["keep_split"] and info["gain"] > 0.2 and info["split_s"] == pytest.approx(kept.sim.run_s)
     dropped = place(a, "cpu:2", backends="tvm", costs=table, split_margin=0.6, deterministic=True)
     assert len(dropped.plan.devices_used()) == 1
     d = dropped.plan.info["split"]
-    assert not d["keep_split"] and d["single_s"] == pytest.approx(dropped.sim.makespan)
+    assert not d["keep_split"] and d["single_s"] == pytest.approx(dropped.sim.run_s)
     assert d["split_s"] == pytest.approx(info["split_s"])
     assert dropped.sim.makespan > kept.sim.makespan  # what the margin gave up, predicted
     off = place(a, "cpu:2", backends="tvm", costs=table, split_margin=0, deterministic=True)
@@ -113,3 +164,16 @@ def test_split_margins_and_bad_margins():
             check_margin(bad)
     res = CliRunner().invoke(cli, ["run", "vgg11", "--split-margin", "1.5"])
     assert res.exit_code == 2 and "--split-margin" in res.output
+
+
+def test_a_plan_is_not_put_away_from_home_for_kernels_a_hair_faster_there():
+    """Device 1's kernels 1 % faster: its one-device plan still copies the input from device 0
+    and the result back, and runs on worker threads; the home device's plan is faster."""
+    a = tvm_pesto.analyze(TwoBranches)
+    table = _table(a) / 30.0
+    table[:, 1] *= 0.99
+    pl = place(a, "cpu:2", backends="tvm", costs=table, split_margin=0.01, deterministic=True)
+    d = pl.plan.info["split"]
+    assert pl.plan.devices_used() == [0] and d["device"] == "cpu0" and not d["keep_split"]
+    assert pl.sim.io_s == 0.0 and pl.sim.dispatch_s == DEFAULT_DISPATCH["run_s"]
+    assert d["single_s"] == pytest.approx(pl.sim.run_s) and d["single_s"] < d["split_s"]

@@ -30,6 +30,7 @@ from .graph.fusion import fusion_groups
 from .graph.opgraph import OpGraph
 from .graph.relax_import import RelaxGraph, from_relax
 from .plan import JointProblem, Plan, Problem, SimResult, simulate
+from .plan.simulate import HOME_DEVICE
 from .solve import split
 
 
@@ -154,7 +155,8 @@ class Placement:
     plan : Plan
         Device and order per unit; ``plan.units`` are the chosen candidates.
     sim : SimResult
-        The plan simulated: ``sim.makespan`` is the predicted time.
+        The plan simulated: ``sim.run_s`` is the predicted time of one run (the schedule's
+        ``sim.makespan`` plus the executor's dispatch, :mod:`tvm_pesto.cluster.dispatch`).
     """
 
     analysis: Analysis
@@ -176,7 +178,8 @@ class Placement:
     def summary(self) -> dict:
         return {"backend_mix": self.backend_mix, "solver": self.plan.solver, "solver_status": self.solver_status,
                 "solver_gap": solver_gap(self.plan),
-                "simulated_s": float(self.sim.makespan), "devices_used": self.plan.devices_used(),
+                "simulated_s": float(self.sim.run_s), "simulated_makespan_s": float(self.sim.makespan),
+                "dispatch_s": float(self.sim.dispatch_s), "devices_used": self.plan.devices_used(),
                 "num_ops": self.analysis.op_graph.num_nodes, "num_units": self.problem.num_nodes,
                 "num_candidates": len(self.candidates), "candidates_by_backend": self.candidates.by_backend(),
                 "backends_unavailable": dict(self.candidates.unavailable), "costs": self.costs.summary(),
@@ -294,34 +297,45 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
         ct = h.cost_table()
     sim = simulate(problem, plan)
     margin = split.split_margin(ct.source) if split_margin is None else split.check_margin(split_margin)
-    if len(set(plan.assignment.tolist())) > 1 and margin > 0 and not colocate:
+    away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
+    if (len(set(plan.assignment.tolist())) > 1 or away) and margin > 0 and not colocate:
         jp, plan, problem, sim = _keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
     return Placement(analysis, cs, ct, jp, problem, plan, sim)
 
 
 def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
     """The split plan, or the best single-device plan when the split's predicted gain is
-    within ``margin`` (:mod:`tvm_pesto.solve.split`); the decision goes to ``plan.info``."""
+    within ``margin`` (:mod:`tvm_pesto.solve.split`); the decision goes to ``plan.info``.
+    The single-device plans tried: the device whose kernels add up least, and the home
+    device (a plan elsewhere copies the inputs there and the result back, which its run
+    time, ``SimResult.run_s``, counts). A plan on one device away from home is replaced by
+    the home device's when that one is predicted faster at all."""
     from .costs import CostTable
     from .errors import InfeasibleError
 
-    d = split.best_single_device(ct.table)
+    best = split.best_single_device(ct.table)
     one = None
-    if d is not None:
+    pos = {id(c): i for i, c in enumerate(jp.candidates)}
+    # the device whose kernels add up least, and the home device (no input or result copies)
+    for d in dict.fromkeys(x for x in (best, HOME_DEVICE) if x is not None and np.isfinite(ct.table[:, x]).any()):
         try:  # the one-device plan searches covers only: a short search is enough
             _, p1, _ = solve(CostTable(split.single_device_table(ct.table, d), list(ct.columns)),
                              search=split.SINGLE_SEARCH_S)
-            pos = {id(c): i for i, c in enumerate(jp.candidates)}
             prob1 = jp.contract([pos[id(u)] for u in p1.units])  # the real costs, not the masked ones
-            one = (p1, prob1, simulate(prob1, p1))
-        except InfeasibleError:  # no device holds the whole model: the split stays
-            one = None
-    decision = split.split_decision(sim.makespan, one[2].makespan if one else None, margin)
-    decision["device"] = None if d is None else jp.cluster.devices[d].name
+            cand = (p1, prob1, simulate(prob1, p1), d)
+        except InfeasibleError:  # this device cannot hold the whole model
+            continue
+        if one is None or cand[2].run_s < one[2].run_s:
+            one = cand
+    # run times: the home device's copies and the executor's dispatch included; a plan on one
+    # device away from home is no split (no coin toss): the faster of the two is kept
+    split_plan = len(set(plan.assignment.tolist())) > 1
+    decision = split.split_decision(sim.run_s, one[2].run_s if one else None, margin if split_plan else 0.0)
+    decision["device"] = None if one is None else jp.cluster.devices[one[3]].name
     if decision["keep_split"] or one is None:
         plan.info["split"] = decision
         return jp, plan, problem, sim
-    p1, prob1, sim1 = one
+    p1, prob1, sim1, _ = one
     p1.info["split"] = decision
     return jp, p1, prob1, sim1
 

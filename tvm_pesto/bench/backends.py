@@ -105,9 +105,9 @@ def interleaved_times(fns: dict, repeat: int = 40, warmup: int = 3, min_sample_s
 
 def bench_clusters(measure_links: bool = True):
     """``cpu:1`` and ``cpu:2`` of this machine; ``cpu:2``'s links measured with the
-    executor's own hand-off and its devices' contention (``tvm-pesto cluster bench``), so the
-    2-device predictions include real synchronisation costs and the slowdown of two devices
-    computing at once."""
+    executor's own hand-off, its devices' contention and the executor's dispatch per run
+    (``tvm-pesto cluster bench``), so the 2-device predictions include real synchronisation
+    costs and the slowdown of two devices computing at once."""
     from ..api import as_cluster
 
     c1, c2 = as_cluster("cpu:1"), as_cluster("cpu:2")
@@ -115,8 +115,11 @@ def bench_clusters(measure_links: bool = True):
         from ..cluster.contention import measure_contention
         from ..cluster.linkbench import measure_links as _measure
 
+        from ..run.dispatch import measure_dispatch
+
         _measure(c2)
         measure_contention(c2)
+        measure_dispatch(c2)  # after the links: it subtracts their latency
     return c1, c2
 
 
@@ -142,7 +145,7 @@ def _variant(joint, cluster, costs, solver: str, time_limit_s: float, search_s: 
     jp = JointProblem(joint.graph, cluster, joint.candidates, costs[:, :cluster.num_devices],
                       cost_source=joint.cost_source)
     plan, placed = solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s)
-    return plan, float(simulate(placed, plan).makespan)
+    return plan, float(simulate(placed, plan).run_s)  # the schedule plus the executor's dispatch
 
 
 def bench_model(name: str, size: str = "small", backends=None, cache=None, repeat: int = 40,

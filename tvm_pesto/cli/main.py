@@ -83,7 +83,10 @@ def _print_run(res):
         saved = f", profiling saved ~{c['saved_s']:.1f} s" if c.get("saved_s") else ""
         console.print(f"  candidates        {c.get('measured', 0)} measured now, {c.get('cached', 0)} from the cache, "
                       f"{c.get('predicted', 0)} predicted{saved}")
-    console.print(f"  simulated         {res['simulated_s'] * 1e3:9.3f} ms")
+    disp = res.get("dispatch_s")
+    console.print(f"  simulated         {res['simulated_s'] * 1e3:9.3f} ms"
+                  + (f"  (schedule {res['simulated_makespan_s'] * 1e3:.3f} + dispatch {disp * 1e6:.1f} us)"
+                     if disp else ""))
     console.print(f"  measured (median) {res['measured_s'] * 1e3:9.3f} ms  "
                   f"(measured/simulated = {res['measured_over_simulated']:.3f})")
     console.print(f"  max |err| vs single-device build: {res['max_abs_err']:.3g}")
@@ -147,7 +150,8 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 @click.option("--costs", default="auto", type=click.Choice(COSTS))
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1,D2,...",
               help="static shape of a model input whose shape is dynamic (repeatable)")
-@click.option("--repeat", default=20, show_default=True, help="timed runs")
+@click.option("--repeat", default=20, show_default=True,
+              help="timed runs, at least (more until they last 0.2 s, after 0.05 s of warm-up runs)")
 @click.option("--trace-dir", default=None, help="write Gantt PNG and Chrome traces here")
 @click.option("--export", "export_dir", default=None,
               help="also write the placed model as a bundle here (tvm_pesto.load runs it with TVM's runtime only)")
@@ -243,9 +247,12 @@ def cluster_show(spec):
 @click.option("--contention/--no-contention", default=True, show_default=True,
               help="also time kernels on each device alone and on all at once: how much the devices of a host slow "
                    "each other (written to meta.contention; the simulator uses it)")
-def cluster_bench(cluster_spec, output, executor, ray_address, contention):
-    """Measure link latency and bandwidth between this machine's devices (or their Ray actors), and how
-    much devices that share a memory system slow each other."""
+@click.option("--dispatch/--no-dispatch", default=True, show_default=True,
+              help="also time the thread executor's cost per run on one device and on several (written to "
+                   "meta.dispatch; the simulator adds it to a plan's makespan)")
+def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispatch):
+    """Measure link latency and bandwidth between this machine's devices (or their Ray actors), how
+    much devices that share a memory system slow each other, and what the executor costs per run."""
     from ..cluster import parse_cluster
     from ..cluster.linkbench import measure_links
     from .progress import step
@@ -276,6 +283,15 @@ def cluster_bench(cluster_spec, output, executor, ray_address, contention):
             pts = measure_links(c)
     for k, v in pts.items():
         console.print(f"  {k}: latency {v['latency_s'] * 1e6:.1f} us, bandwidth {v['bandwidth_Bps'] / 1e9:.2f} GB/s")
+    if dispatch and executor == "thread" and sum(d.present and d.kind == "cpu" for d in c.devices) > 1:
+        from ..run.dispatch import measure_dispatch
+
+        with step("measure the executor's dispatch (one device, two): after the links, whose latency it uses"):
+            dres = measure_dispatch(c)
+        console.print(f"  dispatch per run: one device {dres['run_s'] * 1e6:.1f} us, several "
+                      f"{dres['multi_device_s'] * 1e6:.1f} us beyond the transfers (one more transfer "
+                      f"{dres['handoff_s'] * 1e6:.1f} us; link latency {dres['link_latency_s'] * 1e6:.1f} us) "
+                      f"(load {dres['load'][0]:.2f} -> {dres['load'][1]:.2f})")
     d = c.to_dict()
     d["meta"]["link_points"] = pts
     write_json(output, d)

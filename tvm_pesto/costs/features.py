@@ -415,5 +415,5 @@ def feature_matrix(rows: Sequence[dict]) -> np.ndarray:
                      for r in rows])
 
 
-__all__ = ["DESC_VERSION", "TRANSCENDENTAL", "FEATURE_NAMES", "KNOWN_BACKENDS", "describe_group", "device_descriptor", "device_key",
-           "dominant_kind", "feature_matrix", "feature_vector", "roofline_s", "strided_reduction"]
+__all__ = ["DESC_VERSION", "FEATURE_NAMES", "KNOWN_BACKENDS", "TRANSCENDENTAL", "describe_group", "device_descriptor",
+           "device_key", "dominant_kind", "feature_matrix", "feature_vector", "roofline_s", "strided_reduction"]

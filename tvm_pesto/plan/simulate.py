@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster.contention import contention_factors
+from ..cluster.dispatch import dispatch_s
 from ..errors import InfeasibleError
 from .plan import Plan
 from .problem import Problem
@@ -23,7 +24,11 @@ class SimResult:
     """What a simulated run of a plan looks like.
 
     ``transfers`` has one row per cross-device transfer:
-    ``(producer, src_dev, dst_dev, start_s, end_s, bytes)``.
+    ``(producer, src_dev, dst_dev, start_s, end_s, bytes)``. ``makespan`` is the schedule's
+    (what the solvers minimise); ``run_s`` adds what one run of the placed module pays
+    around it: ``io_s``, moving the inputs from and the result to the home device
+    (:data:`HOME_DEVICE`) when nodes run elsewhere, and ``dispatch_s``, the executor's cost
+    per run (:mod:`tvm_pesto.cluster.dispatch`).
     """
 
     start: np.ndarray
@@ -33,6 +38,14 @@ class SimResult:
     peak_memory: np.ndarray
     transfers: np.ndarray
     slowdown: np.ndarray | None = None  # per node, from contention between devices of a host
+    dispatch_s: float = 0.0  # the executor's cost per run for the devices the plan uses
+    io_s: float = 0.0  # inputs from, and the result back to, the home device
+
+    @property
+    def run_s(self) -> float:
+        """Predicted seconds of one run: the makespan, the home device's input and result
+        transfers, and the executor's dispatch."""
+        return self.makespan + self.io_s + self.dispatch_s
 
     def utilization(self) -> np.ndarray:
         return self.busy / self.makespan if self.makespan > 0 else np.zeros_like(self.busy)
@@ -40,6 +53,9 @@ class SimResult:
     def summary(self) -> dict:
         out = {
             "makespan_s": float(self.makespan),
+            "io_s": float(self.io_s),
+            "dispatch_s": float(self.dispatch_s),
+            "run_s": float(self.run_s),
             "busy_s": self.busy.tolist(),
             "peak_memory_bytes": self.peak_memory.tolist(),
             "num_transfers": int(len(self.transfers)),
@@ -60,6 +76,50 @@ def _core():
         return _core
     except ImportError:
         return None
+
+
+#: The device a placed module takes its inputs on and returns its result on
+#: (:func:`tvm_pesto.builder.rewrite.apply_plan`).
+HOME_DEVICE = 0
+
+
+def home_io_s(problem: Problem, assignment: np.ndarray, finish: np.ndarray, makespan: float) -> float:
+    """Seconds a run spends moving data to and from :data:`HOME_DEVICE` beyond the schedule:
+    the executor copies each input a node elsewhere reads before any device starts (one
+    after another, in the caller), and each result made elsewhere back after it is made.
+
+    A node's input bytes are what it reads that is neither a weight nor an edge from another
+    node (``bytes_read - param_bytes -`` its in-edges); a result is a node without successors.
+
+    Examples
+    --------
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> g = OpGraph([OpNode("a", "relax.add", bytes_read=4096, bytes_written=1024)], [])
+    >>> p = Problem(g, parse_cluster("cpu:2"), np.ones((1, 2)))
+    >>> home_io_s(p, np.array([0]), np.array([1.0]), 1.0)
+    0.0
+    >>> round(home_io_s(p, np.array([1]), np.array([1.0]), 1.0) * 1e6, 2)   # 30 us each way, plus bytes
+    60.34
+    """
+    n = problem.num_nodes
+    away = np.flatnonzero(np.asarray(assignment[:n]) != HOME_DEVICE) if n else np.zeros(0, dtype=int)
+    if not len(away):
+        return 0.0
+    in_edge = np.zeros(n)
+    np.add.at(in_edge, problem.dst, problem.ebytes)
+    has_succ = np.zeros(n, dtype=bool)
+    has_succ[problem.src] = True
+    pre, end = 0.0, makespan
+    for v in away:
+        d, nd = int(assignment[v]), problem.graph.nodes[v]
+        ext = max(float(nd.bytes_read) - float(nd.param_bytes) - float(in_edge[v]), 0.0)
+        if ext > 0:
+            pre += float(problem.latency[HOME_DEVICE, d] + ext * problem.inv_bw[HOME_DEVICE, d])
+        if not has_succ[v]:
+            end = max(end, float(finish[v] + problem.latency[d, HOME_DEVICE]
+                                 + nd.output_bytes * problem.inv_bw[d, HOME_DEVICE]))
+    return pre + end - makespan
 
 
 #: Fixed-point rounds of the contention model: each re-simulates with the slowdowns the
@@ -122,7 +182,10 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
     :mod:`tvm_pesto.cluster.contention`) and the plan uses two devices of one host, each
     node is slowed for the share of its run during which the host's other devices compute
     (:func:`contention_slowdown`), to a fixed point of :data:`CONTENTION_ROUNDS` rounds;
-    ``SimResult.slowdown`` holds the factors.
+    ``SimResult.slowdown`` holds the factors. ``SimResult.dispatch_s`` is the executor's
+    dispatch per run for the number of devices the plan uses
+    (:func:`tvm_pesto.cluster.dispatch.dispatch_s`), ``SimResult.io_s`` the home device's
+    input and result transfers (:func:`home_io_s`); ``run_s`` = makespan + io + dispatch.
 
     Raises
     ------
@@ -161,7 +224,12 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
             slowdown = contention_slowdown(problem, plan.assignment, start, finish, factors)
             start, finish, busy, peak, transfers = run(cost * slowdown)
     makespan = float(finish.max()) if n else 0.0
-    res = SimResult(start, finish, makespan, busy, peak, transfers, slowdown)
+    io = home_io_s(problem, plan.assignment, finish, makespan)
+    # a program with any node away from home copies values between devices: the executor runs it
+    # on worker threads (the multi-device dispatch), as it does a program on several devices
+    away = bool(n) and bool((plan.assignment != HOME_DEVICE).any())
+    res = SimResult(start, finish, makespan, busy, peak, transfers, slowdown,
+                    dispatch_s(problem.cluster, 2 if away else len(used)), io)
     if check_memory:
         over = np.flatnonzero(peak > problem.capacity * (1 + 1e-9))
         if len(over):

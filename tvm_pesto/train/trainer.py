@@ -90,7 +90,7 @@ class Trainer:
 
     @property
     def simulated_step_s(self) -> float:
-        return float(self.placement.sim.makespan)
+        return float(self.placement.sim.run_s)
 
     @property
     def peak_memory_bytes(self) -> list[float]:
