@@ -263,7 +263,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
     ('work', True)
     """
     from .costs import CostTable, candidate_costs
-    from .costs.hybrid import Hybrid
+    from .costs.hybrid import Hybrid, plan_units_to_measure
     from .solve.joint import solve_joint
 
     analysis = mod_or_analysis if isinstance(mod_or_analysis, Analysis) else analyze(mod_or_analysis)
@@ -289,8 +289,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
         pos = {id(c): i for i, c in enumerate(jp.candidates)}
         for _ in range(HYBRID_MAX_ROUNDS):
             units = [pos[id(u)] for u in plan.units]
-            cost = {i: float(np.nanmax(np.where(np.isfinite(h.table[i]), h.table[i], np.nan))) for i in units}
-            if not h.measure(sorted((i for i in units if i not in h.done), key=lambda i: -cost[i])):
+            if not h.measure(plan_units_to_measure(h.table, units, h.done)):
                 break
             ct = h.cost_table()
             jp, plan, problem = solve(ct)

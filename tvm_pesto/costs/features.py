@@ -54,9 +54,9 @@ LINE_BYTES, L1_SETS, L2_SETS = 64, 64, 1024
 #: Most strided accesses :func:`strided_reduction` enumerates (a longer reduction repeats them).
 MAX_REDUCTION_ACCESSES = 4096
 
-#: Ops that evaluate exp, log, erf or tanh per element: TVM's CPU code calls the scalar
-#: math library for them, so they cost far more per element than an add (SiLU over 4,096
-#: floats: 9 us; ReLU: under 1).
+#: Ops that evaluate exp, log, erf or tanh per element: TVM's untuned CPU code does not
+#: vectorise them, so they cost far more per element than an add (SiLU over 4,096 floats:
+#: 8.0 us, ReLU 0.7 us; ``scripts/bench_unscheduled_kernels.py``).
 TRANSCENDENTAL = frozenset({
     "exp", "log", "sigmoid", "tanh", "erf", "sin", "cos", "power", "nn.silu", "nn.gelu", "nn.gelu_tanh",
     "nn.softmax", "nn.log_softmax", "nn.softplus", "nn.selu", "nn.elu",
@@ -258,7 +258,7 @@ def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float) -> tupl
     number of cache lines one reduction touches, a conflict the lines per cache set they
     map to (L1 and L2, :data:`L1_SETS`, :data:`L2_SETS`): above the associativity, each
     reduction misses (a 1x1 conv over 32 channels of 32x32 runs at 2.6 GFLOP/s, one over 8
-    channels at 52). All zeros for other ops.
+    channels at 54: ``scripts/bench_unscheduled_kernels.py``). All zeros for other ops.
 
     Examples
     --------

@@ -227,15 +227,16 @@ def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_m
 
 
 def measure_cost_table(cs: CandidateSet, cluster, cache: MeasureCache | None = None,
-                       report: MeasureReport | None = None, progress=None) -> np.ndarray:
-    """``[candidates, devices]`` seconds; devices with the same target/cores share one measurement."""
+                       report: MeasureReport | None = None, progress=None, repeat: int = 5) -> np.ndarray:
+    """``[candidates, devices]`` seconds; devices with the same target/cores share one measurement.
+    ``repeat``: timed repeats (of at least 5 ms each) per candidate, the median kept."""
     cache = cache if cache is not None else MeasureCache()
     out = np.zeros((len(cs), cluster.num_devices))
     done: dict[tuple, np.ndarray] = {}
     for j, dev in enumerate(cluster.devices):
         k = _device_key(dev)
         if k not in done:
-            done[k] = measure_candidates(cs, dev, cache, report=report, progress=progress)
+            done[k] = measure_candidates(cs, dev, cache, repeat=repeat, report=report, progress=progress)
         out[:, j] = done[k]
     return out
 
