@@ -12,6 +12,7 @@ from .. import api
 from ..cluster import parse_cluster
 from ..errors import PestoError
 from ..plan.trace import write_trace_dir
+from ..run.runtime import BENCH_MIN_S
 from .progress import step
 
 
@@ -119,7 +120,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_
         ref, _, _ = reference_output(lm.mod, lm.example_inputs, cluster.devices[0].target
                                      if cluster.devices[0].kind == "cpu" else None)
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    with step(f"run placed model ({repeat} timed runs)"):
+    with step(f"run placed model (at least {repeat} timed runs and {BENCH_MIN_S:g} s of them)"):
         out = pm(*lm.example_inputs)
         err = max_abs_err(out, ref)
         bench_res = pm.benchmark(*lm.example_inputs, repeat=repeat)
