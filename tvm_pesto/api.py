@@ -156,7 +156,8 @@ class Placement:
         Device and order per unit; ``plan.units`` are the chosen candidates.
     sim : SimResult
         The plan simulated: ``sim.run_s`` is the predicted time of one run (the schedule's
-        ``sim.makespan`` plus the executor's dispatch, :mod:`tvm_pesto.cluster.dispatch`).
+        ``sim.makespan``, plus the home device's input and result copies, ``sim.io_s``, and
+        the executor's dispatch, ``sim.dispatch_s``: :mod:`tvm_pesto.cluster.dispatch`).
     """
 
     analysis: Analysis
