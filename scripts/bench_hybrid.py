@@ -29,7 +29,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -125,6 +124,7 @@ def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round:
 def main(argv=None) -> int:
     from tvm_pesto import zoo
     from tvm_pesto.costs.hybrid import DEFAULT_FRACTION
+    from tvm_pesto.jsonio import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="", help="comma-separated zoo / outside-zoo models [default: the zoo]")
@@ -170,8 +170,7 @@ def main(argv=None) -> int:
           f"{s['min_model_ratio']:.1f}x); worst plan hybrid/measured: simulated {s['worst_sim_ratio']:.3f}, "
           f"run {s['worst_run_ratio']:.3f} (geomean run {s['geomean_run_ratio']:.3f})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(args.json, out)
     return 0
 
 

@@ -17,7 +17,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 import numpy as np
@@ -25,6 +24,7 @@ import tvm
 from tvm import relax
 
 from tvm_pesto.costs.features import strided_reduction
+from tvm_pesto.jsonio import write_json
 
 CONVS = [  # (C_in, H, W, C_out)
     (8, 32, 32, 32), (16, 32, 32, 32), (32, 32, 32, 16), (32, 32, 33, 16), (32, 8, 8, 128), (64, 16, 16, 32),
@@ -91,8 +91,7 @@ def main(argv=None) -> int:
     res["load_avg_1m"] = [load0, os.getloadavg()[0]]
     print(f"\nload average {load0:.2f} -> {os.getloadavg()[0]:.2f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        write_json(args.json, res)
     return 0
 
 

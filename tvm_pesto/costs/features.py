@@ -277,11 +277,12 @@ def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float) -> tupl
         groups = max(int(attrs.get("groups", 1) or 1), 1)
         cin, kh = max(int(inputs[0][1]) // groups, 1), int(inputs[1][2])
         stride = h * w * dtype_size
-        offsets = [rc * stride + ry * w * dtype_size for rc in range(cin) for ry in range(kh)]
+        rcs = range(min(cin, -(-MAX_REDUCTION_ACCESSES // max(kh, 1))))  # no more than are kept below
+        offsets = [rc * stride + ry * w * dtype_size for rc in rcs for ry in range(kh)]
     elif kind == "matmul" and len(inputs) >= 2 and len(inputs[1]) >= 2:
         k, n = int(inputs[1][-2]), int(inputs[1][-1])
         stride = n * dtype_size
-        offsets = [i * stride for i in range(k)]
+        offsets = [i * stride for i in range(min(k, MAX_REDUCTION_ACCESSES))]
     else:
         return 0.0, 0.0, 0.0, 0.0
     lines = {int(o) // LINE_BYTES for o in offsets[:MAX_REDUCTION_ACCESSES]}
