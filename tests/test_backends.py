@@ -98,6 +98,38 @@ def test_torch_writes_into_the_dps_output_zero_copy():
     assert np.abs(out.numpy()).sum() > 0
 
 
+def test_onnxruntime_keeps_its_binding_only_while_the_buffers_stay():
+    """The kept binding must follow new buffers (rebind), new contents in the same buffers,
+    and calls from another thread (each thread binds its own)."""
+    from tvm_pesto.backends.onnxruntime import OnnxRuntimeBackend
+
+    mod, inputs = tiny_mlp()
+    fn = OnnxRuntimeBackend().make_callable(mod["main"], CPU)
+
+    def ref(x):
+        return _run_tvm(mod["main"], [x])
+
+    rng = np.random.default_rng(1)
+    x = tvm.runtime.tensor(inputs[0])
+    out = tvm.runtime.empty((8, 16), "float32", tvm.cpu())
+    fn(x, out)
+    np.testing.assert_allclose(out.numpy(), ref(inputs[0]), atol=1e-5, rtol=1e-5)
+    second = rng.standard_normal(inputs[0].shape).astype("float32")
+    x.copyfrom(second)  # same buffer, new values
+    fn(x, out)
+    np.testing.assert_allclose(out.numpy(), ref(second), atol=1e-5, rtol=1e-5)
+    third = rng.standard_normal(inputs[0].shape).astype("float32")
+    x2, out2 = tvm.runtime.tensor(third), tvm.runtime.empty((8, 16), "float32", tvm.cpu())
+    fn(x2, out2)  # new buffers: the old output must not be written
+    np.testing.assert_allclose(out2.numpy(), ref(third), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(out.numpy(), ref(second), atol=1e-5, rtol=1e-5)
+    out3 = tvm.runtime.empty((8, 16), "float32", tvm.cpu())
+    t = threading.Thread(target=fn, args=(x, out3))
+    t.start()
+    t.join()
+    np.testing.assert_allclose(out3.numpy(), ref(second), atol=1e-5, rtol=1e-5)
+
+
 def test_unsupported_op_is_a_build_error():
     x = relax.Var("x", relax.TensorType((4, 4), "float32"))
     bb = relax.BlockBuilder()

@@ -47,6 +47,8 @@ def test_run_a_model_file_with_every_backend(kind, files, tmp_path, cache):
     assert sum(res["backend_mix"].values()) == res["num_ops"]
     assert res["cost_source"] == "measured" and res["costs"]["measured"] > 0
     assert res["solver_status"] == "heuristic" and res["devices_used"]
+    # cpu:2 is on this machine: the executor's dispatch was measured here, not taken from the preset
+    assert res["dispatch"]["measured"] and res["dispatch"]["multi_device_s"] > 0
 
 
 def test_run_sets_a_dynamic_input_shape_and_exports(files, tmp_path, cache):

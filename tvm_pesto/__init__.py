@@ -23,6 +23,7 @@ _LAZY = {
     "PlacementPass": ("api", "PlacementPass"),
     "analyze": ("api", "analyze"),
     "build": ("api", "build"),
+    "calibrate_machine": ("api", "calibrate_machine"),
     "make_candidates": ("api", "make_candidates"),
     "estimate_costs": ("api", "estimate_costs"),
     "place": ("api", "place"),

@@ -134,9 +134,73 @@ def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None
     from .candidates import placement_candidates
     from .costs import candidate_costs
 
-    ct = candidate_costs(placement_candidates(analysis.rg, analysis.groups), as_cluster(cluster), source,
+    cluster = as_cluster(cluster)
+    _fit_machine_if_needed(cluster, source)
+    ct = candidate_costs(placement_candidates(analysis.rg, analysis.groups), cluster, source,
                          cache=cache, progress=progress, calibrate=calibrate)
     return ct.table, ct.source
+
+
+def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool = False):
+    """Fit the ``xgb`` cost model's calibration to this machine and keep it where the
+    ``xgb`` source finds it (:mod:`tvm_pesto.costs.machine`).
+
+    Parameters
+    ----------
+    cluster : Cluster or str
+        Devices of this machine (``cpu:N``); each distinct device size gets its entries.
+    model : CostModel or path, optional
+        The cost model (default: the bundled one).
+    models : sequence of str, optional
+        Zoo models (size ``small``) whose units are timed
+        (default: :data:`tvm_pesto.costs.machine.MACHINE_MODELS`).
+    announce : bool
+        Say on stderr what is measured and where it is kept.
+
+    Returns
+    -------
+    Calibration
+        ``path`` is the file written; ``meta`` has the machine, load and seconds.
+
+    Examples
+    --------
+    >>> cal = calibrate_machine("cpu:2")                     # doctest: +SKIP
+    >>> sorted(cal.entries)[0]                               # doctest: +SKIP
+    ('onnxruntime', 'cpu/host-cpu/1')
+    """
+    from .costs.machine import MACHINE_MODELS, fit_machine_calibration
+    from .costs.xgb import CostModel, load_model
+    from .zoo import load
+
+    cluster = as_cluster(cluster)
+    cm = model if isinstance(model, CostModel) else load_model(model)
+    names = list(models or MACHINE_MODELS)
+
+    def units():
+        out = {}
+        for name in names:
+            a = analyze(load(name, "small").mod)
+            out[name] = (make_candidates(a, cluster, "all"), a.groups)
+        return out
+
+    return fit_machine_calibration(units, cluster, cm, announce=announce)
+
+
+def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
+    """Before the first ``xgb``/``hybrid`` costs on a local CPU device size this machine has
+    no calibration for, fit one (:func:`tvm_pesto.costs.machine.needs_fit`)."""
+    if source not in ("xgb", "hybrid"):
+        return
+    from .costs.machine import needs_fit
+
+    try:
+        from .costs.xgb import load_model
+
+        cm = load_model()
+    except (ImportError, PestoError):  # no xgboost or no model: the cost source says so, with its fix
+        return
+    if needs_fit(cm, cluster):
+        calibrate_machine(cluster, cm, announce=True)
 
 
 @dataclass
@@ -271,6 +335,8 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
     cluster = as_cluster(cluster)
     cs = make_candidates(analysis, cluster, backends)
     h = None
+    if isinstance(costs, str):
+        _fit_machine_if_needed(cluster, costs)
     if isinstance(costs, np.ndarray):
         ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
     elif costs == "hybrid":  # a third of the budget on the close calls, the rest on the plan's own units
@@ -427,5 +493,6 @@ class PlacementPass:
         return legalize_on_devices(apply_plan(pl.analysis.rg, pl.plan, self.cluster))
 
 
-__all__ = ["Analysis", "Placement", "PlacementPass", "analyze", "backend_names", "build", "make_candidates",
+__all__ = ["Analysis", "Placement", "PlacementPass", "analyze", "backend_names", "build", "calibrate_machine",
+           "make_candidates",
            "estimate_costs", "place", "solver_gap", "solver_status"]

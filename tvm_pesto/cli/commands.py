@@ -10,6 +10,7 @@ from tvm import relax
 
 from .. import api
 from ..cluster import parse_cluster
+from ..cluster.dispatch import dispatch_figures
 from ..errors import PestoError
 from ..plan.trace import write_trace_dir
 from ..run.runtime import BENCH_MIN_S
@@ -92,9 +93,13 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_
                 link_model = {"engine": "ray", "pairs": measure_ray_links(cluster, session)}
         else:
             from ..cluster.linkbench import measure_links as bench
+            from ..run.dispatch import measure_dispatch
 
-            with step("measure links between devices"):
+            # the executor's own cost per run is a property of this machine as much as the
+            # links are (one run over both devices of cpu:2: 41.8 us on one VM, 145-190 on another)
+            with step("measure links and the executor's dispatch"):
                 link_model = {"engine": "thread", "pairs": bench(cluster)}
+                measure_dispatch(cluster)
     with step("candidates, costs and plan") as cb:
         analysis = api.analyze(lm.mod)
         pl = api.place(analysis, cluster, backends=backends, solver=solver, costs=costs, progress=cb,
@@ -139,6 +144,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_
         "measured_s": bench_res["median_s"], "measured_min_s": bench_res["min_s"],
         "measured_runs": bench_res["repeat"],
         "simulated_s": pl.sim.run_s, "simulated_makespan_s": pl.sim.makespan, "dispatch_s": pl.sim.dispatch_s,
+        "dispatch": dispatch_figures(cluster),
         "max_abs_err": err, "solve_s": pl.plan.solve_s,
         "measured_over_simulated": bench_res["median_s"] / pl.sim.run_s if pl.sim.run_s else None,
         "search": _jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",

@@ -1,4 +1,4 @@
-"""CLI verbs of the learned cost model: ``profile`` and ``cost-model train|eval``.
+"""CLI verbs of the learned cost model: ``profile`` and ``cost-model train|eval|calibrate``.
 
 Registered in :mod:`tvm_pesto.cli.main` with ``cli.add_command(profile)`` and
 ``cli.add_command(cost_model)``.
@@ -9,6 +9,7 @@ import os
 
 import click
 
+from ..costs.machine import MACHINE_MODELS
 from ..errors import PestoError
 from .options import ms_db_option, rpc_options
 from .progress import console, step
@@ -266,6 +267,32 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flo
         console.print(f"plot: {plot}")
     if json_path:
         _write_json(json_path, res)
+
+
+@cost_model.command("calibrate")
+@click.option("--model", "model_path", default=None, help="cost model file [default: the bundled one]")
+@click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True,
+              help="devices of this machine to fit for (each device size once)")
+@click.option("--models", "names", default=",".join(MACHINE_MODELS), show_default=True,
+              help="comma-separated zoo models (small) whose units are timed")
+@click.option("--json", "json_path", default=None, help="write the fitted calibration here too")
+def calibrate_cmd(model_path, cluster_spec, names, json_path):
+    """Fit the cost model's calibration to this machine (what the xgb source does on first
+    use) and keep it where the xgb source finds it."""
+    from ..api import calibrate_machine
+    from ..costs.xgb import load_model
+
+    model = load_model(model_path)
+    models = [n.strip() for n in names.split(",") if n.strip()]
+    with step(f"time {', '.join(models)} on {cluster_spec} and fit"):
+        cal = calibrate_machine(cluster_spec, model, models=models)
+    console.print(f"[bold]this machine's calibration[/] of {model.path} ({cal.meta['seconds']:.1f} s, load "
+                  f"{cal.meta['label_load']['max_1min']:.2f}): {cal.path}")
+    counts = cal.meta.get("n_groups", {})
+    for (bk, dk), (a, b) in sorted(cal.entries.items()):
+        console.print(f"  {bk:12s} {dk:18s} a = {a:.3f}  b = {b * 1e6:+.2f} us  ({counts.get(f'{bk}|{dk}')} units)")
+    if json_path:
+        _write_json(json_path, cal.to_json())
 
 
 def _fmt(x, spec: str) -> str:

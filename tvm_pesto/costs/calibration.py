@@ -17,7 +17,9 @@ fitted by robust least squares (``soft_l1``) on the *relative* residuals
 ``a * sum(predicted) + b * calls``.
 
 A calibration is stored next to its model file (``default.json`` ->
-``default.calibration.json``): format name and version, the model file's SHA-256 (a
+``default.calibration.json``), and one fitted on this machine
+(:mod:`tvm_pesto.costs.machine`) under the measurement cache's folder
+(:func:`machine_calibration_path`), which the ``xgb`` source prefers: format name and version, the model file's SHA-256 (a
 calibration of another model file is not applied), the models and cluster it was fitted
 on, and the load average while its labels were measured. The ``xgb`` cost source applies it
 (:func:`tvm_pesto.costs.xgb.predict_candidate_costs`, ``calibrate=True``); a backend or
@@ -40,6 +42,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -269,11 +272,47 @@ def _sha256(path: str, mtime: float) -> str:
     return h.hexdigest()
 
 
+def machine_info() -> dict:
+    """What tells this machine apart: CPU model, logical cores, architecture, host name."""
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(), "host": platform.node()}
+
+
+def machine_key(info: dict | None = None) -> str:
+    """12 hex digits of :func:`machine_info` (or ``info``).
+
+    Examples
+    --------
+    >>> len(machine_key()), machine_key() == machine_key()
+    (12, True)
+    """
+    text = json.dumps(info if info is not None else machine_info(), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def machine_calibration_path(model_path) -> Path:
+    """Where this machine's calibration of the model file ``model_path`` lives: the
+    measurement cache's folder (``~/.cache/tvm-pesto``, or ``$TVM_PESTO_CACHE``), under
+    ``calibration/``, named by the model file's SHA-256 and :func:`machine_key`."""
+    from .cache import default_cache_path
+
+    return default_cache_path().parent / "calibration" / f"{file_sha256(model_path)[:12]}-{machine_key()}.json"
+
+
 def load_calibration(model) -> Calibration | None:
     """The calibration of ``model`` (a :class:`~tvm_pesto.costs.xgb.CostModel`): the file
     named by ``$TVM_PESTO_CALIBRATION`` (``none`` for raw predictions; the CLI's
-    ``tvm-pesto --calibration PATH|none``), else the one stored next to the model file, or
-    None when there is none. A calibration fitted for another version of the model file
+    ``tvm-pesto --calibration PATH|none``), else this machine's
+    (:func:`machine_calibration_path`, fitted by :func:`tvm_pesto.calibrate_machine`), else
+    the one stored next to the model file, or None when there is none. A calibration fitted for another version of the model file
     (SHA-256 differs) is not applied: a warning says so, once per file version.
 
     Raises
@@ -287,7 +326,8 @@ def load_calibration(model) -> Calibration | None:
         return None
     if model is None or not getattr(model, "path", None):
         return None
-    p = Path(env) if env else calibration_path(model.path)
+    mine = machine_calibration_path(model.path)
+    p = Path(env) if env else (mine if mine.is_file() else calibration_path(model.path))
     if env and not p.is_file():
         raise CostError(f"calibration file {env} (from ${CALIBRATION_ENV} or --calibration) does not exist; "
                         "give a file written by `tvm-pesto cost-model eval --flow --save-calibration`, or none for "
@@ -321,4 +361,5 @@ def _warn_stale(path: str, mtime: float, model_path: str) -> None:
 
 
 __all__ = ["Calibration", "FORMAT", "METHOD", "MIN_PAIRS", "VERSION", "calibration_path", "file_sha256",
-           "fit_affine", "fit_calibration", "load_calibration"]
+           "fit_affine", "fit_calibration", "load_calibration", "machine_calibration_path", "machine_info",
+           "machine_key"]

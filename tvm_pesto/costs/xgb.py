@@ -395,8 +395,10 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
     on the device. Column sources: ``"xgb"``, ``"roofline"``, or ``"xgb+roofline"`` when
     only some candidates of a covered device fell back.
 
-    ``calibration``: ``True`` applies the whole-model calibration stored next to the model
-    file, if any (:mod:`tvm_pesto.costs.calibration`: ``a * predicted + b`` per backend and
+    ``calibration``: ``True`` applies the calibration
+    :func:`~tvm_pesto.costs.calibration.load_calibration` finds (the file
+    ``$TVM_PESTO_CALIBRATION`` names, this machine's, or the one stored next to the model
+    file), if any (:mod:`tvm_pesto.costs.calibration`: ``a * predicted + b`` per backend and
     device, on the floored prediction, floored again); ``False`` gives the raw predictions; a
     :class:`~tvm_pesto.costs.calibration.Calibration` applies that one. ``applied``, when
     given, is filled with device index -> ``{backend: {"a", "b", "file"}}`` for the
