@@ -135,7 +135,8 @@ def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None
     from .costs import candidate_costs
 
     cluster = as_cluster(cluster)
-    _fit_machine_if_needed(cluster, source)
+    if calibrate:
+        _fit_machine_if_needed(cluster, source)
     ct = candidate_costs(placement_candidates(analysis.rg, analysis.groups), cluster, source,
                          cache=cache, progress=progress, calibrate=calibrate)
     return ct.table, ct.source

@@ -27,7 +27,8 @@ MODEL_HELP = ("a zoo model name, an ONNX file, a torch.export program (.pt2) or 
 @click.version_option(package_name="tvm-pesto")
 @click.option("--calibration", default=None, metavar="PATH|none",
               help="calibration of the xgb cost model's predictions: a file written by `cost-model eval --flow "
-                   "--save-calibration`, or none for raw predictions [default: the one next to the model file]; "
+                   "--save-calibration` or `cost-model calibrate`, or none for raw predictions [default: this machine's "
+                   "(fitted on first use), else the one next to the model file]; "
                    "sets $TVM_PESTO_CALIBRATION")
 def cli(calibration):
     """Place deep-learning graphs across devices and backends (Apache TVM Relax)."""
