@@ -27,8 +27,9 @@ import time
 
 import numpy as np
 
-from ..errors import ClusterError, error_line
+from ..errors import ClusterError
 from .cluster import Cluster
+from .kernels import compile_for
 
 #: The kernels: name -> (kind, builder arguments). 128^3 matmul: ~4 MFLOP on cache-resident
 #: operands; the add streams 3 x 16 MiB.
@@ -63,15 +64,8 @@ def _kernel_module(name: str):
 
 
 def _compile(device, name: str):
-    import tvm
-    from tvm import relax
-
     mod, shapes = _kernel_module(name)
-    tgt = tvm.target.Target(device.target)
-    try:
-        return tvm.compile(mod, target=tgt, relax_pipeline=relax.get_default_pipeline(tgt)), shapes
-    except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
-        raise ClusterError(f"TVM could not compile the {name} kernel for {device.name}: {error_line(e)}") from e
+    return compile_for(device, mod, f"the {name} kernel"), shapes
 
 
 def _time_on(device, built, barrier, out: dict, repeat: int, min_repeat_ms: int) -> None:

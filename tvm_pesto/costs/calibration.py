@@ -274,6 +274,11 @@ def _sha256(path: str, mtime: float) -> str:
 
 def machine_info() -> dict:
     """What tells this machine apart: CPU model, logical cores, architecture, host name."""
+    return dict(_machine_info())
+
+
+@functools.lru_cache(maxsize=1)
+def _machine_info() -> tuple:
     cpu = platform.processor() or ""
     try:
         with open("/proc/cpuinfo") as f:
@@ -283,7 +288,7 @@ def machine_info() -> dict:
                     break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(), "host": platform.node()}
+    return tuple({"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(), "host": platform.node()}.items())
 
 
 def machine_key(info: dict | None = None) -> str:

@@ -24,12 +24,12 @@ import time
 
 import numpy as np
 
-from ..errors import ClusterError, error_line
+from ..cluster.kernels import compile_for
+from ..errors import ClusterError
 
 
 def _kernels(device):
     """``(vm, dev)``: the add and an empty function compiled for ``device``."""
-    import tvm
     from tvm import relax
 
     bb = relax.BlockBuilder()
@@ -41,11 +41,7 @@ def _kernels(device):
     z = relax.Var("z", relax.TensorType((4,), "float32"))
     with bb.function("empty", [z]):
         bb.emit_func_output(z)
-    tgt = tvm.target.Target(device.target)
-    try:
-        ex = tvm.compile(bb.get(), target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
-    except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
-        raise ClusterError(f"TVM could not compile the dispatch kernels for {device.name}: {error_line(e)}") from e
+    ex = compile_for(device, bb.get(), "the dispatch kernels")
     dev = device.tvm_device()
     return relax.VirtualMachine(ex, dev), dev
 
