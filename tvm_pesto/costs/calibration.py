@@ -312,6 +312,21 @@ def machine_calibration_path(model_path) -> Path:
     return default_cache_path().parent / "calibration" / f"{file_sha256(model_path)[:12]}-{machine_key()}.json"
 
 
+def load_machine_calibration(model) -> Calibration | None:
+    """This machine's calibration of ``model``'s file (:func:`machine_calibration_path`), or
+    None when there is none.
+
+    Raises
+    ------
+    CostError
+        When the file cannot be read.
+    """
+    if model is None or not getattr(model, "path", None):
+        return None
+    p = machine_calibration_path(model.path)
+    return _load_file(str(p.resolve()), p.stat().st_mtime) if p.is_file() else None
+
+
 def load_calibration(model) -> Calibration | None:
     """The calibration of ``model`` (a :class:`~tvm_pesto.costs.xgb.CostModel`): the file
     named by ``$TVM_PESTO_CALIBRATION`` (``none`` for raw predictions; the CLI's
@@ -366,5 +381,5 @@ def _warn_stale(path: str, mtime: float, model_path: str) -> None:
 
 
 __all__ = ["Calibration", "FORMAT", "METHOD", "MIN_PAIRS", "VERSION", "calibration_path", "file_sha256",
-           "fit_affine", "fit_calibration", "load_calibration", "machine_calibration_path", "machine_info",
-           "machine_key"]
+           "fit_affine", "fit_calibration", "load_calibration", "load_machine_calibration", "machine_calibration_path",
+           "machine_info", "machine_key"]

@@ -72,30 +72,11 @@ def local_device_keys(model, cluster) -> list[str]:
     return keys
 
 
-def load_machine_calibration(model):
-    """This machine's calibration of ``model``'s file, or None when there is none."""
-    from .calibration import Calibration, machine_calibration_path
-
-    if model is None or not getattr(model, "path", None):
-        return None
-    p = machine_calibration_path(model.path)
-    if not p.is_file():
-        return None
-    import json
-
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CostError(f"this machine's calibration {p} is not readable JSON ({type(e).__name__}: {e}); delete it "
-                        "or refit with `tvm-pesto cost-model calibrate`") from e
-    return Calibration.from_json(data, str(p))
-
-
 def needs_fit(model, cluster) -> bool:
     """Whether the first ``xgb`` costs on ``cluster`` should fit this machine's calibration:
     :func:`auto_enabled`, no file named in ``$TVM_PESTO_CALIBRATION``, and a local device
     size of ``cluster`` without an entry."""
-    from .calibration import CALIBRATION_ENV
+    from .calibration import CALIBRATION_ENV, load_machine_calibration
 
     if not auto_enabled() or os.environ.get(CALIBRATION_ENV, "").strip() or not getattr(model, "path", None):
         return False
@@ -161,8 +142,8 @@ def fit_machine_calibration(units, cluster, model, save: bool = True, announce: 
     import tempfile
 
     from .cache import MeasureCache
-    from .calibration import (Calibration, file_sha256, fit_calibration, machine_calibration_path,
-                              machine_info, machine_key)
+    from .calibration import (Calibration, file_sha256, fit_calibration, load_machine_calibration,
+                              machine_calibration_path, machine_info, machine_key)
     from .xgb import MIN_COST_S
 
     keys = local_device_keys(model, cluster)
@@ -203,5 +184,5 @@ def fit_machine_calibration(units, cluster, model, save: bool = True, announce: 
     return cal
 
 
-__all__ = ["MACHINE_ENV", "MACHINE_MODELS", "auto_enabled", "fit_machine_calibration", "load_machine_calibration",
-           "local_device_keys", "needs_fit", "unit_pairs"]
+__all__ = ["MACHINE_ENV", "MACHINE_MODELS", "auto_enabled", "fit_machine_calibration", "local_device_keys",
+           "needs_fit", "unit_pairs"]
