@@ -94,12 +94,12 @@ def unit_pairs(cs, groups, cluster, model, keys, cache) -> list:
     from .features import device_descriptor, device_key
     from .xgb import predict_candidate_costs
 
-    groups = {tuple(sorted(g)) for g in groups}
-    largest: dict[str, tuple] = {}
+    groups = {frozenset(g) for g in groups}
+    largest: dict[str, frozenset] = {}
     for c in cs:
         if c.backend != "tvm" and len(c.nodes) > len(largest.get(c.backend, ())):
-            largest[c.backend] = tuple(sorted(c.nodes))
-    sub = cs.subset(lambda c: tuple(sorted(c.nodes)) in groups or tuple(sorted(c.nodes)) == largest.get(c.backend))
+            largest[c.backend] = frozenset(c.nodes)
+    sub = cs.subset(lambda c: frozenset(c.nodes) in groups or frozenset(c.nodes) == largest.get(c.backend))
     measured = candidate_costs(sub, cluster, "measured", cache=cache).table
     raw, _ = predict_candidate_costs(sub, cluster, model, calibration=False)
     out, seen = [], set()

@@ -69,6 +69,11 @@ def onnx_runner(model, cores: int) -> Callable:
     n_in = len(in_names)
     kept = threading.local()  # .ios: addresses bound -> their binding, oldest first
 
+    def bindings() -> OrderedDict:
+        if not hasattr(kept, "ios"):
+            kept.ios = OrderedDict()
+        return kept.ios
+
     def bind(args, key):
         io = sess.io_binding()
         for nm, a in zip(in_names, args[:n_in]):
@@ -77,7 +82,7 @@ def onnx_runner(model, cores: int) -> Callable:
         for nm, o in zip(out_names, args[n_in:]):
             arr = np.from_dlpack(o)
             io.bind_output(nm, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
-        ios = kept.__dict__.setdefault("ios", OrderedDict())
+        ios = bindings()
         ios[key] = io
         if len(ios) > KEPT_BINDINGS:
             ios.popitem(last=False)
@@ -85,7 +90,7 @@ def onnx_runner(model, cores: int) -> Callable:
 
     def run(*args):
         key = tuple(_data_ptr(a) for a in args)
-        io = kept.__dict__.get("ios", {}).get(key)
+        io = bindings().get(key)
         sess.run_with_iobinding(io if io is not None else bind(args, key))
 
     return run
