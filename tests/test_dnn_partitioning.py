@@ -94,7 +94,8 @@ def test_heuristic_split_round_trips_through_the_file_format(path, tmp_path):
     g, _, cl, p = build(path)
     plan = solve(p, "heft")
     res = simulate(p, plan)
-    assert res.makespan >= lower_bound(p, lp=False)["best"] * (1 - 1e-9)
+    # the cheap bounds only: the segment MIPs took 32 s on resnet50 (tests/test_comm_bounds.py checks them)
+    assert res.makespan >= lower_bound(p, lp=False, comm=False)["best"] * (1 - 1e-9)
     split = write_split(plan, g, cl)
     assert len(split["fpgas"]) + len(split["cpus"]) == cl.num_devices
     f = tmp_path / "split.json"

@@ -109,6 +109,47 @@ def test_calls_on_constants_alone_are_folded_as_the_build_would():
                                    map_free_vars=True)
 
 
+@I.ir_module
+class LayoutOnConstants:
+    @R.function
+    def main(x: R.Tensor((2, 12), "float32")):
+        with R.dataflow():
+            w = R.permute_dims(R.const(np.arange(24, dtype="float32").reshape(2, 3, 4)), axes=[2, 0, 1])
+            w2 = R.reshape(w, (4, 6))
+            w3 = R.expand_dims(R.permute_dims(w2), axis=0)  # (1, 6, 4), a chain of folds
+            w4 = R.squeeze(w3, axis=[0])
+            b = R.flatten(R.const(np.ones((1, 4), "float32")))
+            e = R.exp(R.const(np.zeros((6, 4), "float32")))  # not a layout op: FoldConstant's
+            y = R.add(R.matmul(R.reshape(x, (4, 6)), R.add(w4, e)), b)
+            R.output(y)
+        return y
+
+
+def test_layout_ops_on_constants_fold_in_numpy_to_what_fold_constant_gives():
+    from tvm_pesto.graph.fold import fold_layout_constants
+
+    before = LayoutOnConstants
+    printed = before.script()
+    mine = fold_layout_constants(before)
+    assert before.script() == printed  # the module given is left as it was
+    ops = [b.value.op.name for b in mine["main"].body.blocks[0].bindings]
+    assert sorted(ops) == ["relax.add", "relax.add", "relax.exp", "relax.matmul", "relax.reshape"]
+    expected = relax.transform.FoldConstant()(before)
+    tvm.ir.assert_structural_equal(relax.transform.FoldConstant()(mine), expected, map_free_vars=True)
+    assert [n.op for n in from_relax(before).graph.nodes] == ["relax.reshape", "relax.matmul", "relax.add"]
+
+
+def test_layout_folding_keeps_a_transformer_stack_as_fold_constant_does():
+    from tvm_pesto.candidates.examples import transformer_stack
+    from tvm_pesto.graph.fold import fold_layout_constants
+
+    mod, _ = transformer_stack(2)
+    mine = fold_layout_constants(mod)
+    assert len(mine["main"].body.blocks[0].bindings) == len(mod["main"].body.blocks[0].bindings) - 12
+    tvm.ir.assert_structural_equal(relax.transform.FoldConstant()(mine), relax.transform.FoldConstant()(mod),
+                                   map_free_vars=True)
+
+
 def test_dynamic_shapes_are_rejected_with_a_clear_message():
     n = tvm.tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType((n, 4), "float32"))

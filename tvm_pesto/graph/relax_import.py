@@ -19,6 +19,7 @@ from tvm import relax
 
 from ..errors import GraphError, UnsupportedModuleError, error_line
 from .flops import op_flops
+from .fold import fold_layout_constants
 from .opgraph import OpGraph, OpNode, TensorSpec
 
 
@@ -105,7 +106,9 @@ class RelaxGraph:
 
 def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every call on constants alone replaced by its value (Relax ``FoldConstant``,
-    the pass TVM's default build pipeline runs).
+    the pass TVM's default build pipeline runs), layout ops first in NumPy
+    (:func:`~tvm_pesto.graph.fold.fold_layout_constants`: the same module, without compiling a
+    kernel per weight transpose).
 
     Raises
     ------
@@ -113,7 +116,7 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
         When TVM cannot evaluate such a call (the message carries TVM's first line).
     """
     try:
-        return relax.transform.FoldConstant()(mod)
+        return relax.transform.FoldConstant()(fold_layout_constants(mod))
     except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
         raise GraphError(f"TVM could not fold the module's constant expressions ({error_line(e)}); check that the "
                          "module builds with tvm.compile, or pass the weights as parameters (num_input)") from e
