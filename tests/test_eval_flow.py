@@ -96,6 +96,44 @@ def test_high_load_is_flagged_and_strict_refuses(measured, monkeypatch):
     assert res["high_load"] is False
 
 
+def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch, tmp_path):
+    import tvm_pesto.costs as costs
+
+    real, calls, first = costs.candidate_costs, [], {}
+
+    def measured_thrice_as_slow_the_second_time(cs, cluster, source, **kw):  # a drifting machine
+        ct = real(cs, cluster, source, **kw)
+        calls.append(kw["cache"].path)
+        if len(calls) == 1:
+            first["table"] = ct.table.copy()
+        else:  # the first run's labels, three times over
+            ct.table = first["table"] * 3.0
+        return ct
+
+    monkeypatch.setattr(costs, "candidate_costs", measured_thrice_as_slow_the_second_time)
+    monkeypatch.setattr(os, "getloadavg", _loads(0.25))
+    mods = {"mlp": tiny_mlp()[0]}
+    once = flow_eval(mods, "cpu:2", calibrate=False)
+    calls.clear()
+    res = flow_eval(mods, "cpu:2", calibrate=False, label_runs=2)
+    col = first["table"][:, 0]  # cpu:2: two devices of one size, scored once (the first)
+    sum_first = float(col[np.isfinite(col)].sum())
+    assert len(calls) == 2 and calls[0] != calls[1]  # each run measured into a fresh log
+    n = res["flow"]["mlp"]["label_noise"]
+    assert n["runs"] == 2 and n["rerun_sum_ratio"] == [pytest.approx(3.0)]
+    assert n["rerun_mape"] == pytest.approx(200.0) and n["above_target"] is True
+    assert res["label_noise"]["above_target_models"] == ["mlp"]
+    assert res["label_noise"]["rerun_mape"] == pytest.approx(200.0)
+    # the labels are the median of the runs (of two: their mean, twice the first run here)
+    assert res["flow"]["mlp"]["sum_meas_s"] == pytest.approx(2.0 * sum_first)
+    assert "label_noise" not in once["flow"]["mlp"] and "label_noise" not in once
+    json.dumps(res)
+    with pytest.raises(CostError, match="label_runs must be"):
+        flow_eval(mods, "cpu:2", label_runs=0)
+    with pytest.raises(CostError, match="cannot reuse a measurement log"):
+        flow_eval(mods, "cpu:2", cache=MeasureCache(tmp_path / "m.jsonl"), label_runs=2)
+
+
 def test_fit_recovers_a_known_correction():
     rng = np.random.default_rng(0)
     p = 10 ** rng.uniform(-6.5, -3, 300)

@@ -212,10 +212,13 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
               help="--flow: flag labels measured above this 1-minute load average")
 @click.option("--strict", is_flag=True, help="--flow: refuse instead of flagging labels measured above --max-load")
 @click.option("--no-calibration", is_flag=True, help="--flow: raw predictions only (no calibration fitted or applied)")
+@click.option("--label-runs", default=1, show_default=True, type=click.IntRange(1, 10),
+              help="--flow: measure the labels this many times (fresh each time); labels are the median, and "
+                   "label_noise says how far the runs differ (what a perfect model would score against one run)")
 @click.option("--save-calibration", is_flag=True, help="--flow: fit the calibration on all the models and store it "
               "next to the model file (NAME.calibration.json), where the xgb cost source applies it")
 def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flow_names, size, cluster_spec,
-             cache_path, max_load, strict, no_calibration, save_calibration):
+             cache_path, max_load, strict, no_calibration, label_runs, save_calibration):
     """Evaluate a cost model on its held-out models and on the models it saw (or, with
     --flow, on whole models through the cost sources)."""
     from ..costs.evaluate import evaluate_model
@@ -227,10 +230,11 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flo
             raise PestoError("--flow measures models on this machine; --logs, --tuning-db, --cv and --plot score the "
                              "profiler's records: run them without --flow")
         _eval_flow(model, flow_names, size, cluster_spec, cache_path, max_load, strict, not no_calibration,
-                   save_calibration, json_path)
+                   save_calibration, json_path, label_runs)
         return
-    if save_calibration or strict or no_calibration or cache_path:
-        raise PestoError("--save-calibration, --strict, --no-calibration and --cache belong to --flow; add --flow")
+    if save_calibration or strict or no_calibration or cache_path or label_runs != 1:
+        raise PestoError("--save-calibration, --strict, --no-calibration, --cache and --label-runs belong to --flow; "
+                         "add --flow")
     with step("evaluate" + (" with cross-validation" if cv else "")):
         res = evaluate_model(model, cv=cv, plot=plot, logs=list(logs) or None, tuning_dbs=tuning_dbs,
                              label=label)
@@ -299,7 +303,17 @@ def _fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, calibrate, save, json_path) -> None:
+def _noise(r) -> str:
+    """` | 17% 1.01`: how far the label runs differ per group, and their sums (with --label-runs)."""
+    n = r.get("label_noise")
+    if not n:
+        return ""
+    sums = "/".join(f"{x:.2f}" for x in n["rerun_sum_ratio"])
+    return f" | {n['rerun_mape']:.0f}% {sums}" + (" [yellow]![/]" if n["above_target"] else "")
+
+
+def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, calibrate, save, json_path,
+               label_runs=1) -> None:
     from ..costs.cache import MeasureCache
     from ..costs.calibration import calibration_path
     from ..costs.evaluate import flow_eval, flow_models
@@ -309,21 +323,28 @@ def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, c
     cache = MeasureCache(cache_path) if cache_path else None
     with step(f"measure and predict {len(mods)} models on {cluster_spec}") as cb:
         res = flow_eval(mods, cluster_spec, model=model, cache=cache, calibrate=calibrate, max_load=max_load,
-                        strict=strict, save_calibration=calibration_path(model.path) if save else None, progress=cb)
+                        strict=strict, save_calibration=calibration_path(model.path) if save else None, progress=cb,
+                        label_runs=label_runs)
     console.print(f"[bold]{res['model']}[/] on the flow ({res['cluster']}; labels: {res['label_source']}); "
                   f"MAPE in %, sum = predicted / measured; calibrated = fitted on the other models")
     console.print(f"  {'model':14s} {'groups':>6s} {'MAPE':>7s} {'sum':>6s} {'Spearman':>8s} | "
-                  f"{'cal MAPE':>8s} {'cal sum':>7s} | load")
+                  f"{'cal MAPE':>8s} {'cal sum':>7s} | load" + (" | runs differ, sum (! above target)"
+                                                              if res.get("label_noise") else ""))
     for name, r in res["flow"].items():
         c = r.get("calibrated_heldout") or {}
-        flag = " [yellow]high load[/]" if r["high_load"] else ""
+        flag = " [yellow]high[/]" if r["high_load"] else ""
         console.print(f"  {name:14s} {r['n_groups']:6d} {_fmt(r['mape'], '7.1f')} {_fmt(r['sum_ratio'], '6.2f')} "
                       f"{_fmt(r['spearman'], '8.3f')} | {_fmt(c.get('mape'), '8.1f')} {_fmt(c.get('sum_ratio'), '7.2f')}"
-                      f" | {r['load']['label_1min']:.2f}{flag}")
+                      f" | {r['load']['label_1min']:.2f}{flag}{_noise(r)}")
     pooled = res["pooled"]
     for k, m in pooled.items():
         console.print(f"  pooled {k}: MAPE {_fmt(m['mape'], '.1f')}%, sum {_fmt(m['sum_ratio'], '.2f')}, "
                       f"Spearman {_fmt(m['spearman'], '.3f')} over {m['n']} groups")
+    if res.get("label_noise"):
+        n = res["label_noise"]
+        console.print(f"  label noise ({n['runs']} runs): the runs differ by {n['rerun_mape']:.1f}% per group (sums "
+                      f"{', '.join(f'{x:.2f}' for x in n['rerun_sum_ratio'])}); beyond a target's tolerance on "
+                      f"{', '.join(n['above_target_models']) or 'no model'}")
     if res.get("load_note"):
         console.print(f"[yellow]{res['load_note']}[/]")
     if res["calibration"].get("saved"):

@@ -412,6 +412,17 @@ def _flow_errors(meas: np.ndarray, pred: np.ndarray) -> dict:
     return out
 
 
+def _label_noise(runs: list) -> dict:
+    """How far repeated measurements of the same groups are from the first run."""
+    first = runs[0]
+    apes = [np.abs(r / first - 1.0) for r in runs[1:]]
+    sums = [float(r.sum() / first.sum()) for r in runs[1:]]
+    mape = float(100 * np.mean(np.concatenate(apes)))
+    return {"runs": len(runs), "rerun_mape": mape, "rerun_sum_ratio": sums,
+            "above_target": bool(mape > FLOW_TARGETS["group_mape_pct"]
+                                 or any(abs(x - 1.0) > FLOW_TARGETS["sum_ratio_tolerance"] for x in sums))}
+
+
 def _meets(m: dict) -> dict:
     ok_mape = m.get("mape") is not None and m["mape"] <= FLOW_TARGETS["group_mape_pct"]
     ok_sum = m.get("sum_ratio") is not None and abs(m["sum_ratio"] - 1.0) <= FLOW_TARGETS["sum_ratio_tolerance"]
@@ -429,7 +440,7 @@ def _target_summary(per: dict, key: str | None) -> dict:
 
 def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate: bool = True,
               max_load: float = MAX_LABEL_LOAD, strict: bool = False, save_calibration=None,
-              progress=None) -> dict:
+              progress=None, label_runs: int = 1) -> dict:
     """Score the ``xgb`` cost source against measurements on the product's path.
 
     For each model: its fused groups (the ``tvm`` candidates of placement, as
@@ -460,6 +471,11 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         Write the calibration fitted on *all* the models there (see
         :func:`tvm_pesto.costs.calibration.calibration_path` for where the ``xgb`` source
         looks for it).
+    label_runs : int
+        Measure each model's labels this many times, each run into a fresh log; a group's
+        label is the median over the runs, and ``label_noise`` says how far the runs were
+        from the first: what a perfect cost model would score against one run. On a
+        shared VM whose speed drifts it can exceed the targets (a fresh cache only).
 
     Returns
     -------
@@ -470,6 +486,12 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         labels' 1-minute value), ``high_load``; ``calibrated_heldout`` (the same figures with
         the leave-one-model-out calibration, ``calibrated: True``); ``pooled`` over all
         groups; ``targets`` (which models meet per-group MAPE <= 25 % and sum within 10 %).
+        With ``label_runs`` > 1, ``flow.<model>.label_noise``: ``runs``, ``rerun_mape``
+        (percent, each later run against the first, mean over groups and runs),
+        ``rerun_sum_ratio`` (each later run's sum over the first's) and ``above_target``
+        (the runs themselves differ by more than a target allows: the model's figures
+        cannot be judged against the targets on this machine); ``label_noise`` the same
+        over all groups, with ``above_target_models``.
 
     Raises
     ------
@@ -496,6 +518,11 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         raise CostError("no models to evaluate; name zoo models or models outside the zoo (see flow_models)")
     if not max_load > 0:
         raise CostError(f"max_load must be a positive load average, got {max_load!r}")
+    if not isinstance(label_runs, int) or label_runs < 1:
+        raise CostError(f"label_runs must be a whole number of runs >= 1, got {label_runs!r}")
+    if label_runs > 1 and cache is not None:
+        raise CostError("label_runs > 1 measures every run afresh, so it cannot reuse a measurement log; drop the "
+                        "cache (--cache) or measure once (--label-runs 1)")
     cl = as_cluster(cluster)
     cm = model if isinstance(model, CostModel) else load_model(model)
     cols: dict[str, int] = {}  # device key -> first column of that device
@@ -510,7 +537,7 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     if fresh:
         cache = MeasureCache(Path(tempfile.mkdtemp(prefix="pesto-flow-")) / "measurements.jsonl")
     load_start = _loadavg()
-    per, pairs, cands = {}, {}, {}
+    per, pairs, cands, run_labels = {}, {}, {}, {}
     for name, mod in modules.items():
         before = _loadavg()
         if strict and before[0] > max_load:
@@ -519,6 +546,12 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         a = mod if isinstance(mod, Analysis) else analyze(mod)
         cs = placement_candidates(a.rg, a.groups)
         mct = candidate_costs(cs, cl, "measured", cache=cache, progress=progress)
+        runs = [mct.table.copy()]
+        for _ in range(1, label_runs):
+            log = MeasureCache(Path(tempfile.mkdtemp(prefix="pesto-flow-")) / "measurements.jsonl")
+            runs.append(candidate_costs(cs, cl, "measured", cache=log, progress=progress).table)
+        if label_runs > 1:
+            mct.table = np.median(np.stack(runs), axis=0)
         after = _loadavg()
         label_load = max(before[0], after[0])
         high = label_load > max_load
@@ -541,6 +574,9 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
                         "known": bool(fresh or mct.cached == 0)}, "high_load": bool(high),
                "measured": mct.measured, "labels_from_cache": mct.cached, "measure_s": float(mct.seconds),
                "whole_model_factor": {str(k): v for k, v in mct.calibration.items()}}
+        if label_runs > 1:
+            run_labels[name] = [r[tuple(np.array(cells).T)] for r in runs]
+            rec["label_noise"] = _label_noise(run_labels[name])
         per[name], pairs[name], cands[name] = rec, ps, (cs, tuple(np.array(cells).T))
     res: dict = {"kind": "flow", "model": cm.path, "cluster": cl.name, "devices": sorted(cols),
                  "cost_source": "xgb", "label_source": "measured (fused groups scaled to the whole model's time)",
@@ -556,6 +592,10 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         res["load_note"] = (f"labels of {', '.join(res['high_load_models'])} were measured above load {max_load} on "
                             f"{os.cpu_count()} cores (the measurement itself keeps one core busy); other jobs slow "
                             "the labels, so judge those figures with it")
+    if label_runs > 1:
+        pooled = [np.concatenate([run_labels[n][k] for n in per]) for k in range(label_runs)]
+        res["label_noise"] = {**_label_noise(pooled),
+                              "above_target_models": sorted(n for n, r in per.items() if r["label_noise"]["above_target"])}
     all_meas = np.concatenate([[p[3] for p in pairs[n]] for n in per])
     all_raw = np.concatenate([[p[2] for p in pairs[n]] for n in per])
     res["pooled"] = {"raw": _flow_errors(all_meas, all_raw)}
