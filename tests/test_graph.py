@@ -150,6 +150,39 @@ def test_layout_folding_keeps_a_transformer_stack_as_fold_constant_does():
                                    map_free_vars=True)
 
 
+def test_a_split_weight_folds_through_its_parts_further_than_fold_constant():
+    """``nn.MultiheadAttention`` exports one packed q/k/v weight, split, then each part
+    transposed. FoldConstant folds the split but leaves the parts' transposes to run at every
+    inference; the NumPy fold takes them too, and the module computes the same."""
+    from tvm_pesto.graph.fold import fold_layout_constants
+
+    c = np.arange(32, dtype="float32").reshape(8, 4)
+    x = relax.Var("x", relax.TensorType((2, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            parts = bb.emit(relax.op.split(relax.const(c), [3], axis=0))
+            w = bb.emit(relax.op.permute_dims(bb.emit(relax.TupleGetItem(parts, 1))))
+            y = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(y)
+    before = bb.get()
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            bb.emit(relax.Tuple([relax.const(c[:3]), relax.const(c[3:])]))
+            y = bb.emit_output(relax.op.matmul(x, relax.const(np.ascontiguousarray(c[3:].T))))
+        bb.emit_func_output(y)
+    tvm.ir.assert_structural_equal(fold_layout_constants(before), bb.get(), map_free_vars=True)
+    assert [n.op for n in from_relax(before).graph.nodes] == ["relax.matmul"]
+    left = relax.transform.FoldConstant()(before)["main"].body.blocks[0].bindings  # FoldConstant alone
+    assert any(isinstance(b.value, relax.Call) and b.value.op.name == "relax.permute_dims" for b in left)
+    xs = np.random.default_rng(0).standard_normal((2, 4)).astype("float32")
+    outs = [relax.VirtualMachine(tvm.compile(m, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(xs)).numpy()
+            for m in (before, fold_layout_constants(before))]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[1], xs @ c[3:].T, rtol=1e-6)
+
+
 def test_dynamic_shapes_are_rejected_with_a_clear_message():
     n = tvm.tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType((n, 4), "float32"))

@@ -6,8 +6,10 @@ for it: about 70 ms a call on 2 cores. A model exported with ``torch.export`` ca
 transformer spent 28 s of its 29 s import there. The calls this module folds only move
 data (a transpose, or a reshape-like op that keeps the element order), so NumPy gives the
 same values bit for bit, in microseconds; the result is structurally the module
-``FoldConstant`` gives (``tests/test_graph.py``). Anything else on constants is left to
-``FoldConstant``.
+``FoldConstant`` gives (``tests/test_graph.py``), except after a ``split`` of a constant
+(``nn.MultiheadAttention``'s packed q/k/v weight): ``FoldConstant`` folds the split but
+leaves the transposes of its parts to run at every inference, and this fold takes them too.
+Anything else on constants is left to ``FoldConstant``.
 
 Examples
 --------
@@ -47,7 +49,7 @@ FOLDERS = {
     "relax.expand_dims": _keep_order,
     "relax.squeeze": _keep_order,
     "relax.flatten": _keep_order,
-}
+}  # and ``relax.split`` (a tuple of constants), with the parts taken from it
 
 
 def _static_shape(ty):
@@ -64,6 +66,7 @@ class _LayoutFolder(PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
         self.folded: dict = {}  # binding var -> the constant it was replaced by
+        self.parts: dict = {}  # binding var of a folded split -> its tuple of constants
 
     def visit_var_(self, op):
         return self.folded.get(op, op)
@@ -75,13 +78,22 @@ class _LayoutFolder(PyExprMutator):
         const = self._fold(binding)
         if const is None:
             return super().visit_var_binding_(binding)
+        if isinstance(const, relax.Tuple):  # kept, bound to its constants, as FoldConstant keeps it
+            self.parts[binding.var] = const
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, const))
+            return None
         self.folded[binding.var] = const  # the binding goes; its uses read the constant
         return None
 
     def _fold(self, binding):
         call = binding.value
+        if isinstance(call, relax.TupleGetItem):  # a part of a folded split
+            parts = self.parts.get(call.tuple_value)
+            return None if parts is None else parts.fields[call.index]
         if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
             return None
+        if call.op.name == "relax.split":
+            return self._split(call, binding.var.ty)
         fold = FOLDERS.get(call.op.name)
         shape = _static_shape(binding.var.ty)
         if fold is None or shape is None or not call.args:
@@ -93,6 +105,21 @@ class _LayoutFolder(PyExprMutator):
         if value.shape != shape:
             return None  # not what the type says: leave it to FoldConstant
         return relax.const(value, binding.var.ty.dtype)
+
+
+    def _split(self, call, ty):
+        """``split`` of a constant (a packed q/k/v projection's weight): a tuple of constants."""
+        data = self.visit_expr(call.args[0])
+        if not isinstance(data, tvm.ir.GenericConst) or not hasattr(data.value, "numpy") \
+                or not isinstance(ty, relax.TupleType):
+            return None
+        how = call.attrs.indices_or_sections
+        cuts = int(how) if isinstance(how, tvm.tirx.IntImm) else [int(i) for i in how]
+        parts = np.split(data.value.numpy(), cuts, axis=int(call.attrs.axis))
+        shapes = [_static_shape(f) for f in ty.fields]
+        if len(parts) != len(shapes) or any(p.shape != sh for p, sh in zip(parts, shapes)):
+            return None
+        return relax.Tuple([relax.const(np.ascontiguousarray(p), f.dtype) for p, f in zip(parts, ty.fields)])
 
 
 def fold_layout_constants(mod: tvm.IRModule) -> tvm.IRModule:
