@@ -129,6 +129,7 @@ class OpGraph:
             raise CycleError(f"graph {name!r} has a cycle ({names}); a placement needs a DAG")
         self.dag = dag
         self._topo: list[int] | None = None
+        self._topo_pos: dict[int, int] | None = None
 
     # -- basic queries -------------------------------------------------------------------
     @property
@@ -278,8 +279,9 @@ class OpGraph:
         >>> m.bytes_read, m.bytes_written, m.members
         (8, 4, (0, 1))
         """
-        order = {v: i for i, v in enumerate(self.topo_order())}
-        members = sorted({int(v) for v in nodes}, key=order.__getitem__)
+        if self._topo_pos is None:  # once per graph: merged() is called for every candidate
+            self._topo_pos = {v: i for i, v in enumerate(self.topo_order())}
+        members = sorted({int(v) for v in nodes}, key=self._topo_pos.__getitem__)
         inside = set(members)
         internal = 0
         exported = {}
