@@ -6,6 +6,7 @@ import warnings
 
 import networkx as nx
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
@@ -163,3 +164,21 @@ def test_validity_rejects_disconnected():
     g = _graph(3, [(0, 1)])
     assert not is_valid(g, [0, 2])
     assert not is_valid(g, [])
+
+
+@pytest.mark.parametrize("name", ["inception_v3", "bert"])
+def test_patterns_indexed_by_root_op_find_what_matching_every_pattern_finds(name, monkeypatch):
+    """Each pattern is tried only at nodes whose op its root can match; every pattern at
+    every node (the index turned off) must give the very same candidates."""
+    import tvm_pesto
+    from tvm_pesto import zoo
+    from tvm_pesto.candidates import generate
+
+    rg = tvm_pesto.analyze(zoo.load(name, "small").mod).rg
+    backends = [b for b in available_backends()[0] if b.name != "tvm-ms"]
+    indexed = generate.generate_candidates(rg, backends)
+    monkeypatch.setattr(generate, "_patterns_by_root", lambda pats: {None: list(pats)})
+    everything = generate.generate_candidates(rg, backends)
+    assert {"torch", "onnxruntime"} <= {c.backend for c in indexed}
+    assert [c.label() for c in indexed] == [c.label() for c in everything]
+    assert indexed.rejected == everything.rejected
