@@ -574,10 +574,11 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
                         "known": bool(fresh or mct.cached == 0)}, "high_load": bool(high),
                "measured": mct.measured, "labels_from_cache": mct.cached, "measure_s": float(mct.seconds),
                "whole_model_factor": {str(k): v for k, v in mct.calibration.items()}}
+        at = tuple(np.array(cells).T)  # the (candidate, column) cells scored
         if label_runs > 1:
-            run_labels[name] = [r[tuple(np.array(cells).T)] for r in runs]
+            run_labels[name] = [r[at] for r in runs]
             rec["label_noise"] = _label_noise(run_labels[name])
-        per[name], pairs[name], cands[name] = rec, ps, (cs, tuple(np.array(cells).T))
+        per[name], pairs[name], cands[name] = rec, ps, (cs, at)
     res: dict = {"kind": "flow", "model": cm.path, "cluster": cl.name, "devices": sorted(cols),
                  "cost_source": "xgb", "label_source": "measured (fused groups scaled to the whole model's time)",
                  "units": UNITS, "max_load": max_load, "cores": os.cpu_count(), "strict": bool(strict),
