@@ -6,8 +6,9 @@ aliases are not nodes, their dependencies are followed through. Constants and bo
 parameters count as the consuming node's weights (a weight parameter of ``main``, after
 its ``num_input`` data inputs, once: at its first reader). Graph inputs are not nodes.
 
-Calls on constants alone (a weight's transpose, a bias reshaped) are folded first, as TVM's
-build pipeline folds them: they cost nothing when the model runs, so they are not work to
+Calls on constants alone (a weight's transpose, a bias reshaped, a packed weight split and
+its parts transposed) are folded first, as TVM's build pipeline folds them (and, for the
+split's parts, further): they cost nothing when the model runs, so they are not work to
 place or to measure.
 """
 from __future__ import annotations
@@ -106,9 +107,10 @@ class RelaxGraph:
 
 def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every call on constants alone replaced by its value (Relax ``FoldConstant``,
-    the pass TVM's default build pipeline runs), layout ops first in NumPy
-    (:func:`~tvm_pesto.graph.fold.fold_layout_constants`: the same module, without compiling a
-    kernel per weight transpose).
+    the pass TVM's default build pipeline runs), layout ops and splits first in NumPy
+    (:func:`~tvm_pesto.graph.fold.fold_layout_constants`: ``FoldConstant``'s module without
+    compiling a kernel per weight transpose, and with a split weight's transposed parts folded
+    too, which ``FoldConstant`` leaves to run at every inference).
 
     Raises
     ------
