@@ -5,7 +5,8 @@
 * Other backends' candidates are built (constants captured), registered as global
   functions, and timed as ``R.call_dps_packed`` calls from a VM in a thread pinned to the
   device, so the cost includes the dispatch into the library, the DLPack views, any layout
-  change the library makes and the copy into the output tensor. The VM's fixed per-call
+  change the library makes and the copy into the output tensor. Both are timed in bursts
+  alternating with reference kernels (:mod:`tvm_pesto.costs.interleave`). The VM's fixed per-call
   overhead is subtracted, as for TVM groups (inside a placed segment, a candidate is one
   call among many, not a VM function call of its own).
 
@@ -27,11 +28,18 @@ from tvm import relax
 from ..backends import get_backend
 from ..builder.subgraph import out_ty_of, structural_key
 from ..candidates.generate import CandidateSet, candidate_function
+from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError, PestoError
 from .cache import MeasureCache, device_key, measurement_record
-from ..cluster.device_thread import enter_device_thread
-from .timing import OVERHEAD_KEY, call_overhead_s, measurable, measure_groups, random_args
+from .interleave import ReferenceTimer, burst_seconds, reference_functions
 from .table import MIN_COST_S
+from .timing import (
+    OVERHEAD_KEY,
+    call_overhead_s,
+    measurable,
+    measure_groups,
+    random_args,
+)
 
 INFEASIBLE = -1.0
 
@@ -154,7 +162,7 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
             wrappers[fname] = _wrapper(gname, real.func.params, out_ty_of(real.func), fname)
             jobs.append((fname, k, bname, idxs, real.func.params))
         if jobs:
-            results = _time_wrappers(wrappers, jobs, device, repeat, min_repeat_ms)
+            results, timings = _time_wrappers(wrappers, jobs, device, repeat, min_repeat_ms)
             for fname, k, bname, idxs, _ in jobs:
                 res = results.get(fname)
                 c = cs[idxs[0]]
@@ -165,6 +173,7 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
                         report.infeasible[i] = res
                     continue
                 rec = measurement_record(k, bname, tkey, res, [rg.graph.nodes[v] for v in c.nodes], device)
+                rec["timing"] = timings[fname]
                 cache.put(rec)
                 report.measured += 1
                 for i in idxs:
@@ -189,31 +198,40 @@ def _record_infeasible(cache, key, backend, tkey, cand, device, reason: str) -> 
                "device": device.model or device.name, "time": time.time()})
 
 
-def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_ms: int) -> dict:
-    """Compile all wrappers in one module and time each in a thread pinned to ``device``.
+def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_ms: int) -> tuple[dict, dict]:
+    """Compile all wrappers in one module and time each in a thread pinned to ``device``,
+    against the reference kernels (:class:`~tvm_pesto.costs.interleave.ReferenceTimer`).
 
-    Returns ``{name: [seconds per repeat]}`` or ``{name: "error text"}`` for a failed call.
+    Returns ``({name: [seconds per round]} or {name: "error text"} for a failed call,
+    {name: how it was timed}``).
     """
     result: dict = {}
+    timings: dict = {}
 
     def work():
         try:
             enter_device_thread(device)
             tgt = tvm.target.Target(device.target)
-            ex = tvm.compile(tvm.IRModule(wrappers), target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+            ex = tvm.compile(tvm.IRModule({**wrappers, **reference_functions()}), target=tgt,
+                             relax_pipeline=relax.get_default_pipeline(tgt))
             dev = device.tvm_device()
             vm = relax.VirtualMachine(ex, dev)
             rng = np.random.default_rng(0)
+            timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(min_repeat_ms), key=device_key(device))
+            timed = {}  # fname -> index in the timer's results
             for fname, _k, _b, _idxs, params in jobs:
                 try:
                     args = random_args(params, dev, rng)
                     vm[fname](*args)  # warm-up (also creates ORT sessions for this thread's cores)
                     vm[fname](*args)
-                    t = vm.time_evaluator(fname, dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
-                    result[fname] = [float(x) for x in t.results]
+                    timed[fname] = timer.time(fname, args)
                 except Exception as e:  # noqa: BLE001 - a failing library call makes it infeasible
                     msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
                     result[fname] = f"the backend failed when run: {msg[:300]}"
+            reps = timer.results()
+            for fname, i in timed.items():
+                result[fname] = reps[i]
+                timings[fname] = timer.describe(i)
         except BaseException as e:  # noqa: BLE001 - reported in the caller's thread
             result["__error__"] = e
 
@@ -223,7 +241,7 @@ def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_m
     if "__error__" in result:
         err = result["__error__"]
         raise CostError(f"measuring backend candidates on {device.name} failed: {type(err).__name__}: {err}") from err
-    return result
+    return result, timings
 
 
 def measure_cost_table(cs: CandidateSet, cluster, cache: MeasureCache | None = None,

@@ -7,7 +7,9 @@ floats takes 20 us on inputs of scale 0.3 and 58 us on scale 3, and a matmul ove
 weights hands the GELU after it values of scale ~sqrt(K)). All
 groups not yet in the cache are compiled in ONE module with the
 default pipeline of the device's target, then each is timed with TVM's C++
-``time_evaluator`` (median of repeats) in a thread pinned to the device's cores. A device
+``time_evaluator`` in a thread pinned to the device's cores, in bursts alternating with a
+reference kernel (:mod:`tvm_pesto.costs.interleave`: the ratio survives the speed changes
+of a shared machine; median of the rounds). A device
 measured over TVM RPC (``Device.rpc_key``) gets the same module uploaded to a server of its
 key and timed there (:func:`device_vm`, :mod:`tvm_pesto.costs.remote`).
 """
@@ -22,9 +24,10 @@ import tvm
 from tvm import relax
 
 from ..builder.subgraph import group_function, structural_key
+from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError
 from .cache import MeasureCache, device_key, measurement_record
-from ..cluster.device_thread import enter_device_thread
+from .interleave import ReferenceTimer, burst_seconds, reference_functions
 from .table import MIN_COST_S
 
 BACKEND = "tvm"
@@ -120,6 +123,7 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
         segs = {gi: group_function(rg, groups[gi], lift_constants=False) for gi in todo.values()}
         funcs = {f"g{n}": segs[gi].func.with_attr("global_symbol", f"g{n}") for n, gi in enumerate(todo.values())}
         funcs["pesto_call_overhead"] = _overhead_func()
+        funcs.update(reference_functions())
         mod = tvm.IRModule(funcs)
         result: dict = {}
 
@@ -143,17 +147,23 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
                            "median_s": float(np.median(reps)), "repeats": reps, "op": "call-overhead",
                            "flops": 0.0, "bytes": 8.0, "device": device.model or device.name,
                            "time": time.time()})
+            if not todo:
+                return
+            timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(min_repeat_ms), key=tkey)
             for n, (k, gi) in enumerate(todo.items()):
                 seg = segs[gi]
                 args = random_args(seg.func.params, dev, rng)
                 fname = f"g{n}"
                 vm[fname](*args)  # warm-up
-                t = vm.time_evaluator(fname, dev, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)(*args)
-                rec = measurement_record(k, BACKEND, tkey, t.results, [rg.graph.nodes[v] for v in groups[gi]], device)
-                cache.put(rec)
-                result[k] = rec["median_s"]
+                timer.time(fname, args)
                 if progress:
                     progress(n + 1, len(todo))
+            # written once the batch is done: the references' medians scale every ratio
+            for i, (reps, (k, gi)) in enumerate(zip(timer.results(), todo.items())):
+                rec = measurement_record(k, BACKEND, tkey, reps, [rg.graph.nodes[v] for v in groups[gi]], device)
+                rec["timing"] = timer.describe(i)
+                cache.put(rec)
+                result[k] = rec["median_s"]
 
         th = threading.Thread(target=work, name=f"measure-{device.name}")
         th.start()
@@ -194,7 +204,7 @@ def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5
     rec = cache.get(key, BACKEND, tkey)
     if rec is not None:
         return float(rec["median_s"])
-    mod = tvm.IRModule({"main": rg.func})
+    mod = tvm.IRModule({"main": rg.func, **reference_functions()})
     box: dict = {}
 
     def work():
@@ -204,8 +214,9 @@ def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5
             with device_vm(ex, device, "pesto_whole") as (vm, dev):
                 args = random_args(rg.func.params, dev, np.random.default_rng(0))
                 vm["main"](*args)
-                t = vm.time_evaluator("main", dev, number=1, repeat=repeat, min_repeat_ms=20)(*args)
-                box["reps"] = [float(x) for x in t.results]
+                timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(20), key=tkey)
+                timer.time("main", args)
+                box["reps"], box["timing"] = timer.results()[0], timer.describe(0)
         except BaseException as e:  # noqa: BLE001
             box["err"] = e
 
@@ -219,7 +230,7 @@ def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5
     med = float(np.median(box["reps"]))
     cache.put({"key": key, "backend": BACKEND, "target": tkey, "median_s": med, "repeats": box["reps"],
                "op": "whole-model", "flops": float(rg.graph.total_flops()), "bytes": 0.0,
-               "device": device.model or device.name, "time": time.time()})
+               "device": device.model or device.name, "time": time.time(), "timing": box["timing"]})
     return med
 
 
