@@ -202,7 +202,9 @@ class ReferenceTimer:
 
     def results(self) -> list:
         """Per timed function (in order): its seconds per call, one value per round (the
-        ratio to its reference times the reference's median over the batch)."""
+        ratio to its reference times :meth:`reference_seconds`). The first call fixes the
+        units and adds the batch's bursts to the process's history, so time every function
+        of the batch before it."""
         if self._norm is None:  # once: the batch's bursts then join the process's history
             self._norm = self.reference_seconds()
             self._remember()
