@@ -131,7 +131,6 @@ class ReferenceTimer:
             self._refs[name] = (args, self._evaluator(name, est), est)
             self._samples[name] = [float(self._refs[name][1](*args).results[0])]
         self._timed: list = []  # (reference name, ratios)
-        self._remembered = False
         self._norm: dict | None = None  # reference seconds the results use, fixed by results()
         if key is not None and key not in _WARMED:
             self._sample_references()
@@ -194,11 +193,10 @@ class ReferenceTimer:
         return out
 
     def _remember(self) -> None:
-        if self.key is None or self._remembered:
+        if self.key is None:
             return
         for r, s in self._samples.items():
             _HISTORY.setdefault((self.key, r), collections.deque(maxlen=HISTORY_LEN)).extend(s)
-        self._remembered = True
 
     def results(self) -> list:
         """Per timed function (in order): its seconds per call, one value per round (the
