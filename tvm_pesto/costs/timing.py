@@ -158,7 +158,7 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
                 timer.time(fname, args)
                 if progress:
                     progress(n + 1, len(todo))
-            # written once the batch is done: the references' medians scale every ratio
+            # written once the batch is done: the references' mean bursts scale every ratio
             for i, (reps, (k, gi)) in enumerate(zip(timer.results(), todo.items())):
                 rec = measurement_record(k, BACKEND, tkey, reps, [rg.graph.nodes[v] for v in groups[gi]], device)
                 rec["timing"] = timer.describe(i)
