@@ -55,3 +55,26 @@ def test_the_ilp_path_runs_the_lns_from_heft_and_says_where_the_plan_came_from(d
     assert span <= heft * (1 + 1e-9)
     assert plan.info["objective_value_s"] == pytest.approx(span)
     assert "lns" in plan.info["source"] or "refine" in plan.info["source"]
+
+
+def test_a_multithreaded_solve_earlier_in_the_process_does_not_change_a_deterministic_one(dag):
+    """HiGHS keeps one scheduler per process, started by the first solve with that solve's
+    threads; a deterministic solve (one thread) after a solve on two threads must still
+    search on one (it ran on two and accepted no window here before the fix)."""
+    import highspy
+    import pulp
+
+    from tvm_pesto.solve.mip import make_backend
+
+    heft = solve(dag, "heft")
+    highspy.Highs.resetGlobalScheduler(True)  # as in a fresh process
+    p = pulp.LpProblem("two_threads", pulp.LpMinimize)
+    x = pulp.LpVariable("x", 0, 10, cat="Integer")
+    p += x
+    p += x >= 1.5
+    p.solve(make_backend("highs", 5.0, threads=2))
+    after_two = lns(dag, heft, time_budget_s=1.5, deterministic=True)
+    highspy.Highs.resetGlobalScheduler(True)
+    fresh = lns(dag, heft, time_budget_s=1.5, deterministic=True)
+    assert after_two.info["lns"]["accepted"] == fresh.info["lns"]["accepted"]
+    assert after_two.assignment.tolist() == fresh.assignment.tolist() and after_two.order == fresh.order

@@ -168,6 +168,28 @@ def _silence_highs_banner() -> None:
 _HIGHS_QUIET = False
 
 
+_HIGHS_THREADS: list = []  # the ``threads`` option HiGHS's process-wide scheduler was started with
+
+
+def _use_highs_threads(model) -> None:
+    """Run ``model`` (a ``highspy.Highs``) with the thread count its ``threads`` option asks.
+
+    HiGHS starts one task scheduler per process, at its first solve, with that solve's
+    thread count, and ignores the option of every later solve: a deterministic solve
+    (``threads=1``) after a wall-clock one (all cores) then searched with all cores, and
+    the LNS of a 300-op graph accepted 0 windows instead of 4 (the same call, the same
+    seed: how it came out depended on what the process had solved before). So the
+    scheduler is started again whenever the thread count changes.
+    """
+    import highspy
+
+    got = model.getOptionValue("threads")  # (status, value) in highspy 1.16; a bare value in some others
+    want = int(got[-1] if isinstance(got, tuple) else got)
+    if _HIGHS_THREADS and _HIGHS_THREADS[0] != want:
+        highspy.Highs.resetGlobalScheduler(True)
+    _HIGHS_THREADS[:] = [want]
+
+
 def _warm_highs_class():
     import highspy
 
@@ -183,6 +205,7 @@ def _warm_highs_class():
             if cols and all(val is not None for val in vals):
                 idx = np.array([v.index for v in cols], dtype=np.int32)
                 lp.solverModel.setSolution(len(cols), idx, np.array(vals, dtype=np.float64))
+            _use_highs_threads(lp.solverModel)
             lp.solverModel.run()
             self.highs_status = lp.solverModel.getModelStatus()
             self.highs_info = lp.solverModel.getInfo()
