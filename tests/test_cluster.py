@@ -131,3 +131,34 @@ def test_subset_keeps_the_chosen_devices_and_their_links():
     assert [d.name for d in sub.devices] == [c.devices[2].name, c.devices[0].name]
     assert sub.latency[0, 1] == c.latency[2, 0] and sub.bandwidth[1, 0] == c.bandwidth[0, 2]
     assert sub.hosts == c.hosts and sub.meta == c.meta and sub.meta is not c.meta
+
+
+def test_cpu_identity_tells_apart_what_the_brand_string_does_not():
+    from tvm_pesto.cluster.host import parse_cpuinfo
+
+    zen1 = parse_cpuinfo("processor : 0\nvendor_id : AuthenticAMD\ncpu family : 23\nmodel : 1\nmodel name : AMD EPYC\n"
+                         "stepping : 2\ncpu MHz : 1996.248\nflags : fpu sse2 fma avx2\n\n"
+                         "processor : 1\nvendor_id : Other\nflags : avx512f\n")
+    zen4 = parse_cpuinfo("vendor_id : AuthenticAMD\ncpu family : 25\nmodel : 17\nmodel name : AMD EPYC\n"
+                         "stepping : 1\ncpu MHz : 2596.12\nflags : fpu sse2 fma avx2 avx512f avx512_vnni\n")
+    assert zen1["name"] == zen4["name"] == "AMD EPYC"
+    assert (zen1["id"], zen4["id"]) == ("AuthenticAMD/23/1/2", "AuthenticAMD/25/17/1")  # the first processor's
+    assert zen1["isa"] == ["avx2", "fma"] and zen4["isa"] == ["avx512_vnni", "avx512f", "avx2", "fma"]
+    assert (zen1["flops_per_cycle"], zen4["flops_per_cycle"]) == (32, 64) and zen1["mhz"] == 1996.248
+    arm = parse_cpuinfo("processor : 0\nFeatures : fp asimd sve\nCPU implementer : 0x41\nCPU architecture: 8\n"
+                        "CPU variant : 0x1\nCPU part : 0xd40\n")
+    assert arm["id"] == "0x41/8/0xd40/0x1" and arm["isa"] == ["sve", "asimd"] and arm["flops_per_cycle"] == 8
+    bare = parse_cpuinfo("")
+    assert bare == {"name": "", "id": "", "isa": [], "mhz": None, "cache": "", "flops_per_cycle": None}
+
+
+def test_cpu_devices_are_priced_from_the_cpu_identity(monkeypatch):
+    from tvm_pesto.cluster import specs
+    from tvm_pesto.cluster.host import parse_cpuinfo
+
+    monkeypatch.setattr(specs, "cpu_identity", lambda: parse_cpuinfo("cpu MHz : 2000\nflags : avx2 fma\n"))
+    assert specs.cpu_info()[1] == pytest.approx(2.0e9 * 32)
+    monkeypatch.setattr(specs, "cpu_identity", lambda: parse_cpuinfo("flags : avx512f\n"))
+    assert specs.cpu_info()[1] == pytest.approx(2.5e9 * 64)  # no clock reported: 2.5 GHz
+    monkeypatch.setattr(specs, "cpu_identity", lambda: parse_cpuinfo(""))
+    assert specs.cpu_info()[1] == pytest.approx(2.5e9 * 16)

@@ -86,3 +86,26 @@ def test_bad_setting_and_clusters_without_local_cpus_are_refused(own_cache, monk
     monkeypatch.setenv(machine.MACHINE_ENV, "off")
     with pytest.raises(CostError, match="no device of this machine"):
         calibrate_machine("2xV100-nvlink", models=ONE)
+
+
+ZEN1 = "vendor_id : AuthenticAMD\ncpu family : 23\nmodel : 1\nmodel name : AMD EPYC\nstepping : 2\nflags : sse2 fma avx2\n"
+ZEN4 = "vendor_id : AuthenticAMD\ncpu family : 25\nmodel : 17\nmodel name : AMD EPYC\nstepping : 1\nflags : sse2 fma avx2 avx512f\n"
+
+
+def test_a_fit_made_on_another_cpu_with_the_same_brand_string_is_not_applied(own_cache, monkeypatch):
+    """Two VMs both read 'AMD EPYC' with host name 'vm' (a Zen 1 with AVX2, a Zen 4 with
+    AVX-512, 3x apart on untuned kernels): a fit made on one must not price the other."""
+    from tvm_pesto.cluster.host import parse_cpuinfo
+    from tvm_pesto.costs import calibration
+
+    cm = load_model()
+    pairs = [("tvm", "cpu/host-cpu/1", p, 3.0 * p) for p in np.geomspace(1e-6, 1e-3, 8)]
+    monkeypatch.setattr(calibration, "cpu_identity", lambda: parse_cpuinfo(ZEN4))
+    zen4 = calibration.fit_calibration(pairs, meta={"machine": calibration.machine_info()})
+    zen4.save(machine_calibration_path(cm.path))
+    assert calibration.load_machine_calibration(cm) is not None  # found on the machine that made it
+    monkeypatch.setattr(calibration, "cpu_identity", lambda: parse_cpuinfo(ZEN1))
+    assert calibration.machine_info()["cpu"] == "AMD EPYC" and calibration.machine_info()["isa"] == ["avx2", "fma"]
+    assert calibration.load_machine_calibration(cm) is None  # not on the other CPU
+    monkeypatch.setenv(machine.MACHINE_ENV, "auto")
+    assert machine.needs_fit(cm, as_cluster("cpu:2"))  # so its first xgb costs fit one of its own

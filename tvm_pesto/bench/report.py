@@ -6,6 +6,8 @@ import os
 import platform
 import tempfile
 
+from ..cluster.host import cpu_identity
+
 
 def machine_info() -> dict:
     """Facts about this machine that a benchmark table should carry.
@@ -13,9 +15,10 @@ def machine_info() -> dict:
     Returns
     -------
     dict
-        ``nproc`` (CPUs this process may use), ``cpu_model`` (from ``/proc/cpuinfo``, or
-        :func:`platform.processor`), ``load_average`` (1, 5, 15 minutes, or None),
-        ``python``, ``platform``.
+        ``nproc`` (CPUs this process may use), ``cpu_model``, ``cpu_id`` and ``cpu_isa``
+        (the brand string, ``vendor/family/model/stepping`` and vector extensions:
+        :func:`~tvm_pesto.cluster.host.cpu_identity`), ``load_average`` (1, 5, 15 minutes,
+        or None), ``python``, ``platform``.
 
     Examples
     --------
@@ -27,21 +30,13 @@ def machine_info() -> dict:
         nproc = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         nproc = os.cpu_count() or 1
-    model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    ident = cpu_identity()
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):
         load = None
-    return {"nproc": nproc, "cpu_model": model or platform.processor() or "unknown", "load_average": load,
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {"nproc": nproc, "cpu_model": ident["name"] or "unknown", "cpu_id": ident["id"], "cpu_isa": ident["isa"],
+            "load_average": load, "python": platform.python_version(), "platform": platform.platform()}
 
 
 def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import ClusterError
 from .cluster import Cluster, Device
+from .host import cpu_identity
 
 GiB = float(1 << 30)
 
@@ -77,16 +78,9 @@ def _multi_host_cluster(hosts: int, per_host: int, model: str, link: str, net: s
 def cpu_info() -> tuple[int, float, float]:
     """(usable cores, peak FLOP/s per core, memory bytes) of this machine."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    ghz, lanes = 2.5, 16
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-        mhz = re.findall(r"cpu MHz\s*:\s*([\d.]+)", text)
-        if mhz:
-            ghz = float(mhz[0]) / 1000.0
-        lanes = 64 if " avx512f" in text else (32 if " avx2" in text else 8)
-    except OSError:
-        pass
+    ident = cpu_identity()
+    ghz = ident["mhz"] / 1000.0 if ident["mhz"] else 2.5  # no clock reported: assume 2.5 GHz
+    lanes = ident["flops_per_cycle"] or 16  # no flags reported: assume a 256-bit unit without FMA
     mem = 8 * GiB
     try:
         mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

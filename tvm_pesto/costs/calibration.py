@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cluster.host import cpu_identity
 from ..errors import CostError
 
 FORMAT = "tvm-pesto-xgb-calibration"
@@ -273,22 +274,13 @@ def _sha256(path: str, mtime: float) -> str:
 
 
 def machine_info() -> dict:
-    """What tells this machine apart: CPU model, logical cores, architecture, host name."""
-    return dict(_machine_info())
-
-
-@functools.lru_cache(maxsize=1)
-def _machine_info() -> tuple:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return tuple({"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(), "host": platform.node()}.items())
+    """What tells this machine apart: the CPU (brand string, ``vendor/family/model/stepping``
+    and vector extensions, :func:`~tvm_pesto.cluster.host.cpu_identity`: VMs of two CPU
+    generations can share a brand string such as ``AMD EPYC``), logical cores, architecture
+    and host name."""
+    ident = cpu_identity()
+    return {"cpu": ident["name"], "cpu_id": ident["id"], "isa": list(ident["isa"]), "cores": os.cpu_count(),
+            "arch": platform.machine(), "host": platform.node()}
 
 
 def machine_key(info: dict | None = None) -> str:

@@ -1,0 +1,94 @@
+"""This machine's CPU as ``/proc/cpuinfo`` describes it: the one reader of that file.
+
+A VM's brand string can hide which CPU it runs on: two 2-core VMs both read ``AMD EPYC``,
+one a Zen 1 with AVX2 only, the other a Zen 4 with AVX-512 and twice the L2, and untuned
+TVM kernels ran 2.5-3.4x slower on the first (``cost_models/README.md``). What tells them
+apart is the family, model and stepping, and the vector extensions in ``flags``.
+
+Examples
+--------
+>>> ident = parse_cpuinfo('''processor : 0
+... vendor_id : AuthenticAMD
+... cpu family : 23
+... model : 1
+... model name : AMD EPYC
+... stepping : 2
+... cpu MHz : 1996.248
+... cache size : 512 KB
+... flags : fpu sse sse2 fma avx avx2
+... ''')
+>>> ident["id"], ident["isa"], ident["mhz"]
+('AuthenticAMD/23/1/2', ['avx2', 'fma'], 1996.248)
+"""
+from __future__ import annotations
+
+import functools
+import platform
+import re
+
+#: Vector extensions that change what a kernel costs, the widest first; ``isa`` lists those present.
+ISA_FLAGS = ("amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2", "fma", "sve", "asimd")
+#: SIMD width in 32-bit lanes times two (one FMA per lane and cycle) of the widest extension present.
+FLOPS_PER_CYCLE = (("avx512f", 64), ("avx2", 32), ("asimd", 8), ("sse2", 8))
+
+
+def parse_cpuinfo(text: str) -> dict:
+    """The identity of the first processor described in ``text`` (``/proc/cpuinfo``'s format).
+
+    Returns
+    -------
+    dict
+        ``name`` (the brand string, or ``""``), ``id`` (``vendor/family/model/stepping``,
+        ``""`` when the file has none of them), ``isa`` (the :data:`ISA_FLAGS` present, in
+        that order), ``mhz`` (float or None), ``cache`` (the ``cache size`` line, or ``""``),
+        ``flops_per_cycle`` (single-precision FLOPs per core and cycle of the widest
+        extension: 64 with AVX-512, 32 with AVX2, 8 with SSE2 or NEON; None without a
+        ``flags`` or ``Features`` line).
+    """
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip().lower(), value.strip())
+    flags = set((fields.get("flags") or fields.get("features") or "").split())
+    parts = [fields.get(k, "") for k in ("vendor_id", "cpu family", "model", "stepping")]
+    if not any(parts):  # Arm: implementer/part instead
+        parts = [fields.get(k, "") for k in ("cpu implementer", "cpu architecture", "cpu part", "cpu variant")]
+    mhz = None
+    if re.fullmatch(r"[\d.]+", fields.get("cpu mhz", "")):
+        mhz = float(fields["cpu mhz"])
+    return {
+        "name": fields.get("model name", ""),
+        "id": "/".join(parts) if any(parts) else "",
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "mhz": mhz,
+        "cache": fields.get("cache size", ""),
+        "flops_per_cycle": next((n for flag, n in FLOPS_PER_CYCLE if flag in flags), 8 if flags else None),
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_identity() -> dict:
+    """:func:`parse_cpuinfo` of this machine (``platform.processor()`` as the name where there
+    is no ``/proc/cpuinfo``). Read once per process; treat the result as read-only.
+
+    Examples
+    --------
+    >>> sorted(cpu_identity()) == ["cache", "flops_per_cycle", "id", "isa", "mhz", "name"]
+    True
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            ident = parse_cpuinfo(f.read())
+    except OSError:
+        ident = parse_cpuinfo("")
+    if not ident["name"]:
+        ident["name"] = platform.processor() or ""
+    return ident
+
+
+__all__ = ["FLOPS_PER_CYCLE", "ISA_FLAGS", "cpu_identity", "parse_cpuinfo"]
