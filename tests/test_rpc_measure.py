@@ -99,7 +99,14 @@ def test_rpc_measurement_equals_local_measurement(rpc_tracker, tmp_path):
     here = measure_groups(an.rg, an.groups, local.devices[0], cache, repeat=7, min_repeat_ms=40)
     there = measure_groups(an.rg, an.groups, far.devices[0], cache, repeat=7, min_repeat_ms=40)
     assert here[0] > 1e-4
-    assert 0.75 < there[0] / here[0] < 1.33, (here, there)
+    # The same kernel in the same units: compared by the fastest of three alternating rounds,
+    # as another job on these cores (a second test worker) slows whichever round it meets.
+    heres, theres = [here[0]], [there[0]]
+    for k in range(2):
+        again = MeasureCache(tmp_path / f"round{k}.jsonl")
+        heres.append(measure_groups(an.rg, an.groups, local.devices[0], again, repeat=7, min_repeat_ms=40)[0])
+        theres.append(measure_groups(an.rg, an.groups, far.devices[0], again, repeat=7, min_repeat_ms=40)[0])
+    assert 0.75 < min(theres) / min(heres) < 1.33, (heres, theres)
     # Cached under the remote device's key, next to the local one: two records, two overheads.
     targets = {r["target"] for r in MeasureCache(tmp_path / "m.jsonl").entries.values()}
     assert targets == {device_key(local.devices[0]), device_key(far.devices[0])}
