@@ -80,7 +80,7 @@ def cpu_info() -> tuple[int, float, float]:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     ident = cpu_identity()
     ghz = ident["mhz"] / 1000.0 if ident["mhz"] else 2.5  # no clock reported: assume 2.5 GHz
-    lanes = ident["flops_per_cycle"] or 16  # no flags reported: assume a 256-bit unit without FMA
+    lanes = ident["flops_per_cycle"] or 16  # no flags reported: the 16 this estimate always assumed
     mem = 8 * GiB
     try:
         mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

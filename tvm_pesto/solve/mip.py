@@ -179,13 +179,14 @@ def _use_highs_threads(model) -> None:
     (``threads=1``) after a wall-clock one (all cores) then searched with all cores, and
     the LNS of a 300-op graph accepted 0 windows instead of 4 (the same call, the same
     seed: how it came out depended on what the process had solved before). So the
-    scheduler is started again whenever the thread count changes.
+    scheduler is started again at this module's first solve and whenever the thread count
+    changes.
     """
     import highspy
 
     got = model.getOptionValue("threads")  # (status, value) in highspy 1.16; a bare value in some others
     want = int(got[-1] if isinstance(got, tuple) else got)
-    if _HIGHS_THREADS and _HIGHS_THREADS[0] != want:
+    if _HIGHS_THREADS != [want]:  # the first solve here too: another caller may have started it
         highspy.Highs.resetGlobalScheduler(True)
     _HIGHS_THREADS[:] = [want]
 
