@@ -143,13 +143,25 @@ def test_cpu_identity_tells_apart_what_the_brand_string_does_not():
                          "stepping : 1\ncpu MHz : 2596.12\nflags : fpu sse2 fma avx2 avx512f avx512_vnni\n")
     assert zen1["name"] == zen4["name"] == "AMD EPYC"
     assert (zen1["id"], zen4["id"]) == ("AuthenticAMD/23/1/2", "AuthenticAMD/25/17/1")  # the first processor's
+    assert (zen1["kind"], zen4["kind"]) == ("AuthenticAMD/23/1", "AuthenticAMD/25/17")  # without the stepping
     assert zen1["isa"] == ["avx2", "fma"] and zen4["isa"] == ["avx512_vnni", "avx512f", "avx2", "fma"]
     assert (zen1["flops_per_cycle"], zen4["flops_per_cycle"]) == (32, 64) and zen1["mhz"] == 1996.248
     arm = parse_cpuinfo("processor : 0\nFeatures : fp asimd sve\nCPU implementer : 0x41\nCPU architecture: 8\n"
                         "CPU variant : 0x1\nCPU part : 0xd40\n")
-    assert arm["id"] == "0x41/8/0xd40/0x1" and arm["isa"] == ["sve", "asimd"] and arm["flops_per_cycle"] == 8
+    assert arm["id"] == "0x41/8/0xd40/0x1" and arm["kind"] == "0x41/8/0xd40" and arm["isa"] == ["sve", "asimd"] and arm["flops_per_cycle"] == 8
     bare = parse_cpuinfo("")
-    assert bare == {"name": "", "id": "", "isa": [], "mhz": None, "cache": "", "flops_per_cycle": None}
+    assert bare == {"name": "", "id": "", "kind": "", "isa": [], "mhz": None, "cache": "",
+                    "flops_per_cycle": None}
+
+
+def test_cpu_devices_carry_their_cpu_kind_through_cluster_json():
+    from tvm_pesto.cluster.host import cpu_identity
+
+    c = parse_cluster("cpu:2")
+    assert {d.cpu_kind for d in c.devices} == {cpu_identity()["kind"]}
+    back = Cluster.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert [d.cpu_kind for d in back.devices] == [d.cpu_kind for d in c.devices]
+    assert parse_cluster("h200").devices[0].cpu_kind == ""
 
 
 def test_cpu_devices_are_priced_from_the_cpu_identity(monkeypatch):

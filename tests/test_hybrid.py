@@ -100,3 +100,56 @@ def test_the_plan_rounds_skip_the_units_too_cheap_to_matter():
     even = np.full((60, 1), 1e-6)  # 60 equal units: one fits in the 2 % tail, 59 are measured
     assert len(plan_units_to_measure(even, range(60))) == 59
     assert plan_units_to_measure(np.array([[1.0, np.inf]]), [0]) == [0]  # the largest finite entry
+
+
+def _decoder():
+    """relu(conv2d_transpose(x, W)) + 1: an op (the transposed convolution) a model trained on
+    tiny_cnn's subgraphs never saw."""
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 8, 8), "float32"))
+    w = relax.const(rng.standard_normal((8, 4, 3, 3)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d_transpose(x, w, strides=2, padding=1)))
+            y = bb.emit_output(relax.op.add(h, relax.const(1.0, "float32")))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_path, monkeypatch):
+    """A model trained on tiny_cnn's subgraphs only: the xgb table names the decoder's
+    ``conv2d_transpose`` candidates as unseen, and hybrid measures their contenders before any
+    stake, keeping them out of the backend bias."""
+    from tvm_pesto.costs import xgb
+    from tvm_pesto.costs.features import describe_group, device_descriptor
+    from tvm_pesto.costs.hybrid import Hybrid, unseen_contenders
+
+    an, cl, cs = tiny
+    dev = device_descriptor(cl.devices[0])
+    rows = [{"desc": describe_group(an.op_graph, c.nodes), "device": dev, "backend": c.backend, "tuned": 0.0,
+             "time_s": 1e-6 * (1 + len(c.nodes)), "model": "tiny", "key": str(k)} for k, c in enumerate(cs)]
+    model = xgb.train(rows, rounds=10)
+    assert "relax.nn.conv2d_transpose" not in model.meta["ops"] and "relax.nn.conv2d" in model.meta["ops"]
+    model.save(tmp_path / "m.json")
+    monkeypatch.setenv("TVM_PESTO_COST_MODEL", str(tmp_path / "m.json"))
+    monkeypatch.setenv("TVM_PESTO_MACHINE_CALIBRATION", "off")
+    dec = tvm_pesto.analyze(_decoder())
+    dcs = tvm_pesto.make_candidates(dec, cl, "all")
+    pred = candidate_costs(dcs, cl, "xgb")
+    holders = {i for i, c in enumerate(dcs)
+               if any(dec.op_graph.nodes[n].op == "relax.nn.conv2d_transpose" for n in c.nodes)}
+    assert holders and set(pred.unseen) == holders
+    assert pred.summary()["unseen_ops"] == {"relax.nn.conv2d_transpose": len(holders)}
+    first = unseen_contenders(dec.op_graph, list(dcs), pred.table, pred.unseen, top_k=2)
+    assert set(first) <= holders and 0 < len(first) <= 2 * len(dec.op_graph.nodes)
+    h = Hybrid(dcs, cl, cache=MeasureCache(tmp_path / "c.jsonl"), fraction=1.0).measure_stakes(1.0, top_k=2)
+    assert h.rounds[0]["why"] == "unseen-ops" and set(first) <= h.done
+    for key, f in h.corrections.items():  # each backend's bias is from the candidates of ops it knew
+        j, b = key.split(":")
+        sel = [i for i in h.done if dcs[i].backend == b and i not in h.unseen and np.isfinite(h.table[i, int(j)])]
+        assert f == pytest.approx(float(np.median([h.table[i, int(j)] / h.raw[i, int(j)] for i in sel])))
+    ct = h.cost_table()
+    assert not set(ct.unseen) & h.done  # what is still a guess is said; the measured are not guesses

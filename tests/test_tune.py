@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,9 +25,11 @@ from tvm_pesto.cli.main import cli
 from tvm_pesto.cli.progress import console
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs.cache import MeasureCache
+from tvm_pesto.costs.features import device_descriptor
 from tvm_pesto.costs.tune import split_trials, tune_model, tuning_tasks
-from tvm_pesto.costs.tuning_db import RECORD_FILE, WORKLOAD_FILE, read_tuning_db
-from tvm_pesto.errors import BuildError, TuningError
+from tvm_pesto.costs.tuning_db import (DEVICE_FILE, RECORD_FILE, WORKLOAD_FILE, read_device_file, read_tuning_db,
+                                     write_device_file)
+from tvm_pesto.errors import BuildError, CostError, TuningError
 
 CPU = parse_cluster("cpu:1").devices[0]
 TARGET = dict(CPU.target)
@@ -95,6 +98,30 @@ def test_tune_writes_a_database_with_every_trial_and_reports_progress(tuned):
         "task 1/2 fused_matmul_relu", "task 2/2 matmul1"}
     rows, skipped = read_tuning_db(wd)  # the cost model reads it as tuned rows
     assert skipped == [] and len(rows) == 2 and {r["backend"] for r in rows} == {"tvm-ms"}
+    # ... of the device it was tuned on, which the folder records for whoever reads it later
+    assert all(r["device"] == device_descriptor(CPU) for r in rows) and CPU.cpu_kind
+    assert read_device_file(wd) == device_descriptor(CPU)
+
+
+def test_a_database_is_read_as_the_device_it_was_tuned_on(tuned, tmp_path):
+    """A database tuned on another machine (the shipped ``ms-small``, tuned on a Zen 4) gives
+    rows of that machine's device, not of the one reading it; one folder holds one device."""
+    import shutil
+
+    wd, _, _ = tuned
+    other = tmp_path / "db"
+    shutil.copytree(wd, other)
+    zen4 = dict(device_descriptor(CPU), cpu_kind="AuthenticAMD/25/17", peak_flops=3.3e11)
+    (other / DEVICE_FILE).write_text(json.dumps(zen4))
+    rows, _ = read_tuning_db(other)
+    assert rows and all(r["device"] == zen4 for r in rows)
+    with pytest.raises(CostError, match="another --work-dir"):
+        write_device_file(other, device_descriptor(CPU))
+    (other / DEVICE_FILE).write_text("[1, 2]")
+    with pytest.raises(CostError, match="not a device descriptor"):
+        read_tuning_db(other)
+    shipped = Path(__file__).resolve().parents[1] / "cost_models" / "ms-small"
+    assert read_device_file(shipped)["cpu_kind"] == "AuthenticAMD/25/17"
 
 
 def test_a_second_run_resumes_and_only_spends_the_remaining_trials(tuned, tmp_path):

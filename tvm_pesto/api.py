@@ -167,7 +167,7 @@ def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool =
     --------
     >>> cal = calibrate_machine("cpu:2")                     # doctest: +SKIP
     >>> sorted(cal.entries)[0]                               # doctest: +SKIP
-    ('onnxruntime', 'cpu/host-cpu/1')
+    ('onnxruntime', 'cpu/host-cpu/1@AuthenticAMD/23/1')
     """
     from .costs.machine import MACHINE_MODELS, fit_machine_calibration
     from .costs.xgb import CostModel, load_model

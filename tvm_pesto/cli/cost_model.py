@@ -128,11 +128,14 @@ def cost_model():
 @cost_model.command("merge")
 @click.argument("logs", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="merged JSON-lines log to write")
-def merge_cmd(logs, output):
+@click.option("--assume-cpu-kind", default=None, metavar="VENDOR/FAMILY/MODEL",
+              help="the CPU kind of CPU records that name none (logged before tvm-pesto recorded it), "
+                   "e.g. AuthenticAMD/25/17 (lscpu's Vendor ID, CPU family, Model)")
+def merge_cmd(logs, output, assume_cpu_kind):
     """Merge profiler LOGS (and repeated passes) into one compact log, one record per subgraph."""
     from ..costs.profile import merge_logs
 
-    res = merge_logs(logs, output)
+    res = merge_logs(logs, output, assume_cpu_kind=assume_cpu_kind)
     _report_skipped(res["skipped"])
     console.print(f"{output}: {res['records']} records from {res['lines']} lines "
                   f"({os.path.getsize(output) / 1e6:.2f} MB)")

@@ -30,7 +30,10 @@ class Device:
     ``cpu_ids`` pins a CPU device to those cores. ``host`` is the index of its host in
     :attr:`Cluster.hosts`. ``rpc_tracker`` (``HOST:PORT``) and ``rpc_key`` name a TVM RPC
     tracker and the key of the device's server there: when set, measured costs of this
-    device are timed on that server (:mod:`tvm_pesto.costs.remote`).
+    device are timed on that server (:mod:`tvm_pesto.costs.remote`). ``cpu_kind`` is a CPU
+    device's microarchitecture as ``vendor/family/model`` (``AuthenticAMD/23/1``; ``""`` where
+    unknown, as for a remote device): two VMs of one brand string can differ 3x in kernel speed,
+    and the cost model tells them apart by it.
     """
 
     name: str
@@ -47,6 +50,7 @@ class Device:
     host: int = 0
     rpc_tracker: str = ""
     rpc_key: str = ""
+    cpu_kind: str = ""
 
     @property
     def remote(self) -> bool:
@@ -224,7 +228,7 @@ class Cluster:
                     index=int(dd.get("index", k)), present=bool(dd.get("present", False)),
                     cpu_ids=tuple(dd.get("cpu_ids", ())), model=str(dd.get("model", "")),
                     host=int(dd.get("host", 0)), rpc_tracker=str(dd.get("rpc_tracker", "")),
-                    rpc_key=str(dd.get("rpc_key", "")),
+                    rpc_key=str(dd.get("rpc_key", "")), cpu_kind=str(dd.get("cpu_kind", "")),
                 ))
             except KeyError as e:
                 raise ClusterError(f"cluster JSON device {k} lacks field {e.args[0]!r} "

@@ -18,8 +18,8 @@ Examples
 ... cache size : 512 KB
 ... flags : fpu sse sse2 fma avx avx2
 ... ''')
->>> ident["id"], ident["isa"], ident["mhz"]
-('AuthenticAMD/23/1/2', ['avx2', 'fma'], 1996.248)
+>>> ident["id"], ident["kind"], ident["isa"], ident["mhz"]
+('AuthenticAMD/23/1/2', 'AuthenticAMD/23/1', ['avx2', 'fma'], 1996.248)
 """
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def parse_cpuinfo(text: str) -> dict:
     -------
     dict
         ``name`` (the brand string, or ``""``), ``id`` (``vendor/family/model/stepping``,
-        ``""`` when the file has none of them), ``isa`` (the :data:`ISA_FLAGS` present, in
+        ``""`` when the file has none of them), ``kind`` (``vendor/family/model``: the
+        microarchitecture, what a kernel's cost depends on; the stepping is left out),
+        ``isa`` (the :data:`ISA_FLAGS` present, in
         that order), ``mhz`` (float or None), ``cache`` (the ``cache size`` line, or ``""``),
         ``flops_per_cycle`` (single-precision FLOPs per core and cycle of the widest
         extension: 64 with AVX-512, 32 with AVX2, 8 with SSE2 or NEON; None without a
@@ -65,6 +67,7 @@ def parse_cpuinfo(text: str) -> dict:
     return {
         "name": fields.get("model name", ""),
         "id": "/".join(parts) if any(parts) else "",
+        "kind": "/".join(parts[:3]) if any(parts[:3]) else "",
         "isa": [f for f in ISA_FLAGS if f in flags],
         "mhz": mhz,
         "cache": fields.get("cache size", ""),
@@ -79,7 +82,7 @@ def cpu_identity() -> dict:
 
     Examples
     --------
-    >>> sorted(cpu_identity()) == ["cache", "flops_per_cycle", "id", "isa", "mhz", "name"]
+    >>> sorted(cpu_identity()) == ["cache", "flops_per_cycle", "id", "isa", "kind", "mhz", "name"]
     True
     """
     try:

@@ -106,7 +106,7 @@ def cpu_cluster(n: int) -> Cluster:
         devs.append(Device(
             name=f"cpu{i}", kind="cpu", target={"kind": "llvm", "num-cores": len(ids)},
             memory_bytes=mem / n, peak_flops=per_core * len(ids), mem_bandwidth=8e9 * len(ids),
-            cores=len(ids), index=i, present=True, cpu_ids=ids, model="host-cpu",
+            cores=len(ids), index=i, present=True, cpu_ids=ids, model="host-cpu", cpu_kind=cpu_identity()["kind"],
         ))
     # Shared memory: a copy is a memcpy plus a hand-off between worker threads. These are
     # defaults; `tvm-pesto cluster bench` measures them on this machine.

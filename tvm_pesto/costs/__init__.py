@@ -51,8 +51,9 @@ def _xgb(cs, cluster, calibrate: bool) -> CostTable:
         raise CostError("the xgb cost source needs xgboost (pip install xgboost-cpu); "
                         "use --costs measured or roofline") from e
     applied: dict = {}
-    table, cols = predict_candidate_costs(cs, cluster, calibration=calibrate, applied=applied)
-    return CostTable(table, cols, predicted=len(cs), calibration=applied)
+    unseen: dict = {}
+    table, cols = predict_candidate_costs(cs, cluster, calibration=calibrate, applied=applied, unseen=unseen)
+    return CostTable(table, cols, predicted=len(cs), calibration=applied, unseen=unseen)
 
 
 def _roofline(cs, cluster) -> CostTable:

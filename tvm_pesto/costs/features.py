@@ -185,16 +185,41 @@ def device_descriptor(device) -> dict:
     >>> device_descriptor(parse_cluster("h200").devices[0])["model"]
     'H200'
     """
-    return {
+    out = {
         "kind": str(device.kind), "model": str(device.model or device.name),
         "peak_flops": float(device.peak_flops), "mem_bandwidth": float(device.mem_bandwidth),
         "memory_bytes": float(device.memory_bytes), "cores": int(device.cores),
     }
+    if getattr(device, "cpu_kind", ""):
+        out["cpu_kind"] = str(device.cpu_kind)
+    return out
+
+
+def device_size_key(dev: dict) -> str:
+    """``kind/model/cores``: the device size, whatever CPU it runs on.
+
+    Examples
+    --------
+    >>> device_size_key({"kind": "cpu", "model": "host-cpu", "cores": 1, "cpu_kind": "AuthenticAMD/23/1"})
+    'cpu/host-cpu/1'
+    """
+    return f"{dev['kind']}/{dev['model']}/{int(dev['cores'])}"
 
 
 def device_key(dev: dict) -> str:
-    """``kind/model/cores``: how devices are told apart in reports and coverage checks."""
-    return f"{dev['kind']}/{dev['model']}/{int(dev['cores'])}"
+    """``kind/model/cores`` and, where the descriptor has one, ``@cpu_kind``: how devices are
+    told apart in training rows, reports, calibrations and coverage checks. A one-core device
+    of a Zen 1 and of a Zen 4 VM are two devices (their kernels differ up to 4.6x).
+
+    Examples
+    --------
+    >>> device_key({"kind": "cpu", "model": "host-cpu", "cores": 1, "cpu_kind": "AuthenticAMD/23/1"})
+    'cpu/host-cpu/1@AuthenticAMD/23/1'
+    >>> device_key({"kind": "gpu", "model": "H200", "cores": 132})
+    'gpu/H200/132'
+    """
+    kind = dev.get("cpu_kind")
+    return device_size_key(dev) + (f"@{kind}" if kind else "")
 
 
 def roofline_s(desc: dict, dev: dict) -> float:
@@ -417,4 +442,5 @@ def feature_matrix(rows: Sequence[dict]) -> np.ndarray:
 
 
 __all__ = ["DESC_VERSION", "FEATURE_NAMES", "KNOWN_BACKENDS", "TRANSCENDENTAL", "describe_group", "device_descriptor",
-           "device_key", "dominant_kind", "feature_matrix", "feature_vector", "roofline_s", "strided_reduction"]
+           "device_key", "device_size_key", "dominant_kind", "feature_matrix", "feature_vector", "roofline_s",
+           "strided_reduction"]

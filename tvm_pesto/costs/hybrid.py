@@ -1,6 +1,9 @@
 """The ``hybrid`` cost source: predict every candidate, measure only where the choice is uncertain.
 
 1. Every candidate is predicted by the cost model (:func:`tvm_pesto.costs.xgb.predict_candidate_costs`).
+   Candidates with an op the model never trained on are measured first: for each such op
+   its ``top_k`` cheapest predicted contenders (:func:`unseen_contenders`), within the
+   budget of step 3, and they are left out of step 4's bias.
 2. Each candidate gets a *stake*: the predicted seconds that ride on its cost being right.
    Per op, the candidates containing it are ranked by predicted cost divided by their size
    (the op's share); when several are within the model's error (``error``, relative) of the
@@ -179,6 +182,36 @@ def uncertain_candidates(graph, candidates, table: np.ndarray, error: float = DE
     return [c for c, k in enumerate(keys) if k in chosen]
 
 
+def unseen_contenders(graph, candidates, table: np.ndarray, unseen: dict, top_k: int = 3) -> list[int]:
+    """Candidates to measure because the model never trained on one of their ops: for each op
+    node that such a candidate covers, the ``top_k`` candidates containing it with the
+    smallest predicted share (cost / size), the ones placement would choose between; most
+    expensive first.
+
+    Examples
+    --------
+    >>> from tvm_pesto.candidates import Candidate
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> g = OpGraph([OpNode("a", "relax.add"), OpNode("b", "relax.nn.conv2d_transpose")], [(0, 1, 4)])
+    >>> cands = [Candidate("tvm", (0,)), Candidate("tvm", (1,)), Candidate("ort", (1,)), Candidate("tvm", (0, 1))]
+    >>> t = np.array([[1.0], [2.0], [3.0], [2.5]])
+    >>> unseen_contenders(g, cands, t, {1: ["relax.nn.conv2d_transpose"], 2: ["relax.nn.conv2d_transpose"],
+    ...                                 3: ["relax.nn.conv2d_transpose"]}, top_k=2)
+    [1, 3]
+    """
+    if not unseen:
+        return []
+    cheapest = np.where(np.isfinite(table), table, np.inf).min(axis=1)
+    nodes = sorted({n for c in unseen for n in candidates[c].nodes
+                    if graph.nodes[n].op in set(unseen[c])})
+    chosen: set = set()
+    for n in nodes:
+        holders = [c for c, cand in enumerate(candidates) if n in cand.nodes and np.isfinite(cheapest[c])]
+        holders.sort(key=lambda c: (cheapest[c] / max(len(candidates[c].nodes), 1), c))
+        chosen.update(holders[:top_k])
+    return sorted(chosen, key=lambda c: (-cheapest[c], c))
+
+
 def plan_units_to_measure(table: np.ndarray, units, done=(), tail_share: float = PLAN_TAIL_SHARE) -> list[int]:
     """The plan's units (candidate indices) worth measuring next, costliest first: those not
     ``done``, less the cheapest units whose costs (the largest finite entry of their row) add
@@ -227,7 +260,8 @@ class Hybrid:
         from .xgb import predict_candidate_costs
 
         _check_fraction(fraction)
-        table, self.columns = predict_candidate_costs(cs, cluster)
+        self.unseen: dict = {}  # candidate -> ops the model never trained on
+        table, self.columns = predict_candidate_costs(cs, cluster, unseen=self.unseen)
         self.cs, self.cluster, self.cache, self.progress, self.fraction = cs, cluster, cache, progress, fraction
         self.table = table.copy()
         self.keys = candidate_keys(cs) if fraction is not None else [str(i) for i in range(len(cs))]
@@ -248,9 +282,9 @@ class Hybrid:
         """Distinct measurements the budget still allows."""
         return max(self.budget - len(self.done_keys), 0)
 
-    def measure(self, candidates, why: str = "plan") -> list[int]:
-        """Measure the keys of ``candidates`` (in the given order) while the budget lasts;
-        returns the candidates whose entries became measurements."""
+    def measure(self, candidates, why: str = "plan", limit: int | None = None) -> list[int]:
+        """Measure the keys of ``candidates`` (in the given order) while the budget lasts (and
+        at most ``limit`` of them); returns the candidates whose entries became measurements."""
         from ..candidates.generate import CandidateSet
         from .measured import measure_cost_table
 
@@ -259,7 +293,7 @@ class Hybrid:
             k = self.keys[c]
             if c not in self.done and k not in self.done_keys and k not in keys:
                 keys.append(k)
-        keys = keys[:self.left]
+        keys = keys[:self.left if limit is None else min(self.left, limit)]
         if not keys or not self.present:
             self.rounds.append({"why": why, "keys": 0, "candidates": 0})
             return []
@@ -283,18 +317,27 @@ class Hybrid:
 
     def measure_stakes(self, share: float, error: float = DEFAULT_ERROR, top_k: int = 3,
                        min_samples: int = 3) -> "Hybrid":
-        """Spend ``share`` of the budget (at least one measurement) on the candidates with the
+        """Spend ``share`` of the budget (at least one measurement) on the contenders of ops
+        the model never trained on (:func:`unseen_contenders`), then on the candidates with the
         largest stakes (:func:`uncertain_candidates`), then correct each backend's bias."""
         budget = None if self.fraction is None else max(1, math.ceil(share * self.budget))
-        self.measure(uncertain_candidates(self.cs.rg.graph, list(self.cs), self.table, error=error, top_k=top_k,
-                                          keys=self.keys, budget=budget), why="stakes")
+        if self.unseen:
+            before = len(self.done_keys)
+            self.measure(unseen_contenders(self.cs.rg.graph, list(self.cs), self.table, self.unseen, top_k=top_k),
+                         why="unseen-ops", limit=budget)
+            if budget is not None:
+                budget -= len(self.done_keys) - before
+        if budget is None or budget > 0:
+            self.measure(uncertain_candidates(self.cs.rg.graph, list(self.cs), self.table, error=error,
+                                              top_k=top_k, keys=self.keys, budget=budget), why="stakes")
         self.correct_bias(min_samples)
         return self
 
     def correct_bias(self, min_samples: int = 3) -> None:
         """Set the unmeasured predictions of each backend on each present device to the
         model's prediction times the median measured / predicted over that backend's
-        candidates measured so far (at least ``min_samples``); it starts from the raw
+        candidates measured so far (at least ``min_samples``; not those with an op the model
+        never trained on: their error is not the model's bias on this machine); it starts from the raw
         predictions, so calling it again does not compound. :meth:`measure_stakes` calls it;
         the plan-guided rounds do not (calling it after each of them, tried 19:08: bert 1.035,
         vgg11 1.051 end to end against 1.022 and 0.997 without)."""
@@ -304,7 +347,7 @@ class Hybrid:
         for j in self.present:
             for b in sorted(set(backends[done])) if len(done) else []:
                 sel = [i for i in done if backends[i] == b and np.isfinite(self.table[i, j])
-                       and np.isfinite(self.raw[i, j]) and self.raw[i, j] > 0]
+                       and np.isfinite(self.raw[i, j]) and self.raw[i, j] > 0 and i not in self.unseen]
                 if len(sel) < min_samples:
                     continue
                 f = float(np.median([self.table[i, j] / self.raw[i, j] for i in sel]))
@@ -326,7 +369,8 @@ class Hybrid:
                          calibration={"bias": dict(self.corrections), "budget": self.budget,
                                       "rounds": list(self.rounds)},
                          seconds=self.report.seconds,
-                         saved_s=float(per * skipped) if self.report.measured else 0.0)
+                         saved_s=float(per * skipped) if self.report.measured else 0.0,
+                         unseen={i: ops for i, ops in self.unseen.items() if i not in self.done})
 
 
 def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_ERROR, top_k: int = 3,
@@ -339,4 +383,4 @@ def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_
 
 
 __all__ = ["DEFAULT_ERROR", "DEFAULT_FRACTION", "PLAN_TAIL_SHARE", "Hybrid", "candidate_keys", "critical_ops",
-           "hybrid_costs", "plan_units_to_measure", "stakes", "uncertain_candidates"]
+           "hybrid_costs", "plan_units_to_measure", "stakes", "uncertain_candidates", "unseen_contenders"]

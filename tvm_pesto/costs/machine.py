@@ -60,14 +60,16 @@ def auto_enabled() -> bool:
 
 
 def local_device_keys(model, cluster) -> list[str]:
-    """Device keys of ``cluster``'s devices on this machine that ``model`` covers (CPUs only:
-    no accelerator is in the training data)."""
+    """Device keys of ``cluster``'s devices on this machine that ``model`` predicts for
+    (:meth:`~tvm_pesto.costs.xgb.CostModel.covers_size`: its CPU kind may be one the model never
+    saw, which is what the fit is for; CPUs only: no accelerator is in the training data)."""
     from .features import device_descriptor, device_key
 
     keys = []
     for dev in cluster.devices:
         dd = device_descriptor(dev)
-        if dev.present and not dev.remote and dev.kind == "cpu" and model.covers(dd) and device_key(dd) not in keys:
+        local = dev.present and not dev.remote and dev.kind == "cpu"
+        if local and model.covers_size(dd) and device_key(dd) not in keys:
             keys.append(device_key(dd))
     return keys
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 import warnings
@@ -330,8 +331,8 @@ MERGED_FIELDS = ("key", "backend", "target", "median_s", "repeats", "runs", "mod
                  "load", "infeasible", "tuned")
 
 
-def merge_logs(paths, out, reduce: str = "min") -> dict:
-    """Write one compact record per (key, backend, target, model) from profiler logs.
+def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = None) -> dict:
+    """Write one compact record per (key, backend, target, CPU kind, model) from profiler logs.
 
     Repeated passes (``run`` labels) are merged: ``median_s`` becomes the smallest
     (``reduce="min"``, default) or the median (``"median"``) of the passes' medians,
@@ -341,7 +342,9 @@ def merge_logs(paths, out, reduce: str = "min") -> dict:
     Fields training does not read (``host``, ``time``, the MeasureCache summary fields
     ``op``/``flops``/``bytes``, which ``desc`` holds) are dropped, so a bundled log stays small.
     Malformed lines (and a last line cut short by a crash) are skipped and reported with
-    their line numbers.
+    their line numbers. Records of two kinds of CPU (``device_desc["cpu_kind"]``) stay apart;
+    ``assume_cpu_kind`` (``vendor/family/model``) is written into the CPU records that have
+    none (logged before tvm-pesto recorded it: say which CPU they were measured on).
 
     Returns
     -------
@@ -354,6 +357,9 @@ def merge_logs(paths, out, reduce: str = "min") -> dict:
     """
     if reduce not in ("min", "median"):
         raise CostError(f"unknown reduction {reduce!r}; use min or median")
+    if assume_cpu_kind is not None and not re.fullmatch(r"[^/@\s]+/[^/@\s]+/[^/@\s]+", assume_cpu_kind):
+        raise CostError(f"CPU kind {assume_cpu_kind!r} is not vendor/family/model (e.g. AuthenticAMD/25/17: "
+                        "lscpu's Vendor ID, CPU family and Model)")
     groups: dict = {}
     skipped: list = []
     lines = 0
@@ -363,8 +369,12 @@ def merge_logs(paths, out, reduce: str = "min") -> dict:
             if why is not None:
                 skipped.append((str(p), lineno, why))
                 continue
+            dev = rec.get("device_desc")
+            if assume_cpu_kind and isinstance(dev, dict) and dev.get("kind") == "cpu" and not dev.get("cpu_kind"):
+                rec["device_desc"] = {**dev, "cpu_kind": assume_cpu_kind}
             try:
-                k = (rec["key"], rec["backend"], rec["target"], rec.get("model", ""))
+                cpu = dev.get("cpu_kind", "") if isinstance(dev, dict) else ""
+                k = (rec["key"], rec["backend"], rec["target"], cpu, rec.get("model", ""))
                 hash(k)
                 float(rec["median_s"])
             except (KeyError, TypeError, ValueError) as e:

@@ -20,7 +20,8 @@ class CostTable:
         ``inf`` where a candidate cannot run on a device.
     columns : list of str
         The source that really produced each device's column (``measured``, ``xgb``,
-        ``roofline``, ``xgb+roofline``).
+        ``roofline``, ``xgb+roofline``, ``xgb-other-cpu``: predicted for a CPU kind the model
+        was not trained on, ``hybrid``).
     measured, cached, predicted : int
         Candidates measured in this call, found in the measurement cache, predicted.
     infeasible : dict
@@ -32,6 +33,9 @@ class CostTable:
         Wall time spent measuring.
     saved_s : float
         ``hybrid``: an estimate of the measuring time the predictions saved.
+    unseen : dict
+        ``xgb``/``hybrid``: candidate index -> the ops of it the cost model never trained on
+        (its prediction is a guess from the other features; ``hybrid`` measures those first).
     """
 
     table: np.ndarray
@@ -43,6 +47,7 @@ class CostTable:
     calibration: dict = field(default_factory=dict)
     seconds: float = 0.0
     saved_s: float = 0.0
+    unseen: dict = field(default_factory=dict)
 
     @property
     def source(self) -> str:
@@ -54,4 +59,13 @@ class CostTable:
         return {"source": self.source, "columns": list(self.columns), "measured": self.measured,
                 "cached": self.cached, "predicted": self.predicted, "infeasible": len(self.infeasible),
                 "measure_s": self.seconds, "saved_s": self.saved_s,
-                "calibration": {str(k): v for k, v in self.calibration.items()}}
+                "calibration": {str(k): v for k, v in self.calibration.items()},
+                "unseen_ops": self.unseen_op_counts()}
+
+    def unseen_op_counts(self) -> dict:
+        """Op name -> how many candidates hold it that the cost model never trained on."""
+        counts: dict = {}
+        for ops in self.unseen.values():
+            for op in ops:
+                counts[op] = counts.get(op, 0) + 1
+        return dict(sorted(counts.items()))

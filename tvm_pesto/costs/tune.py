@@ -213,6 +213,14 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
     target = _rpc_target(target, device)
     work_dir = _writable_dir(work_dir)
     _check_target(work_dir, target)
+    if device is None or not device.remote:  # whose timings the records are (a remote device's are tagged)
+        from .features import device_descriptor
+        from .tuning_db import device_for_target, write_device_file
+
+        try:
+            write_device_file(work_dir, device_descriptor(device) if device is not None else device_for_target(target))
+        except CostError as e:
+            raise TuningError(str(e)) from None
 
     import tvm
     from tvm.s_tir import meta_schedule as ms

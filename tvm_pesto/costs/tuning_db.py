@@ -37,10 +37,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CostError
-from .features import DESC_VERSION
+from .features import DESC_VERSION, device_key
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
+#: The device a database was tuned on (:func:`write_device_file`): its records' timings are
+#: that device's, whatever machine reads them.
+DEVICE_FILE = "tvm_pesto_device.json"
 #: MetaSchedule writes this many seconds for a schedule that failed to build or run.
 FAILED_S = 1e9
 
@@ -120,12 +123,16 @@ def device_for_target(target: dict, device: dict | None = None) -> dict:
         return dict(device)
     kind = str(target.get("kind", "llvm"))
     if kind == "llvm":
+        from ..cluster.host import cpu_identity
         from ..cluster.specs import cpu_info
 
         _, per_core, mem = cpu_info()
         cores = int(target.get("num-cores", 1) or 1)
-        return {"kind": "cpu", "model": "host-cpu", "peak_flops": per_core * cores, "mem_bandwidth": 8e9 * cores,
-                "memory_bytes": mem, "cores": cores}
+        out = {"kind": "cpu", "model": "host-cpu", "peak_flops": per_core * cores, "mem_bandwidth": 8e9 * cores,
+               "memory_bytes": mem, "cores": cores}
+        if cpu_identity()["kind"]:
+            out["cpu_kind"] = cpu_identity()["kind"]
+        return out
     if kind == "cuda":
         from ..cluster.specs import GPU_MODELS
 
@@ -291,6 +298,48 @@ def _read_lines(path: Path, skipped: list) -> list[tuple[int, object]]:
     return out
 
 
+def write_device_file(work_dir, device: dict) -> str:
+    """Record in ``work_dir`` the descriptor of the device its database is tuned on
+    (:data:`DEVICE_FILE`; :func:`tvm_pesto.costs.features.device_descriptor`).
+
+    Raises
+    ------
+    CostError
+        When the folder already records another device (another CPU kind or core count):
+        one database's timings come from one device.
+    """
+    from ..jsonio import write_json
+
+    old = read_device_file(work_dir)
+    if old is not None and device_key(old) != device_key(device):
+        raise CostError(f"{work_dir} holds schedules timed on {device_key(old)}, not on {device_key(device)}; "
+                        "tune this device into another --work-dir")
+    return write_json(str(Path(work_dir) / DEVICE_FILE), dict(device))
+
+
+def read_device_file(work_dir) -> dict | None:
+    """The device descriptor :func:`write_device_file` recorded in ``work_dir``, or None.
+
+    Raises
+    ------
+    CostError
+        When the file is there but is not a descriptor.
+    """
+    p = Path(work_dir) / DEVICE_FILE
+    if not p.is_file():
+        return None
+    try:
+        dev = json.loads(p.read_text())
+        if not isinstance(dev, dict):
+            raise TypeError("not a JSON object")
+        device_key(dev)
+        float(dev["peak_flops"]), float(dev["mem_bandwidth"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CostError(f"{p} is not a device descriptor ({type(e).__name__}: {e}); it needs kind, model, cores, "
+                        "peak_flops and mem_bandwidth; delete it to read the database as this machine's") from None
+    return dev
+
+
 def read_tuning_db(work_dir, model: str | None = None, device: dict | None = None):
     """Training rows from a MetaSchedule work directory, and the lines it skipped.
 
@@ -302,7 +351,8 @@ def read_tuning_db(work_dir, model: str | None = None, device: dict | None = Non
         Name for the held-out split (default ``tuning-db:<folder name>``).
     device : dict, optional
         Device descriptor (see :func:`tvm_pesto.costs.features.device_descriptor`); by
-        default derived from each record's target.
+        default the one the folder records (:data:`DEVICE_FILE`, written by ``tvm-pesto
+        tune``), else derived from each record's target and this machine's CPU.
 
     Returns
     -------
@@ -324,6 +374,7 @@ def read_tuning_db(work_dir, model: str | None = None, device: dict | None = Non
     from tvm.s_tir import meta_schedule as ms
 
     model = model or f"tuning-db:{wd.resolve().name}"
+    device = device if device is not None else read_device_file(wd)
     skipped: list = []
     workloads: dict[int, object] = {}
     hashes: dict[int, str] = {}
@@ -421,6 +472,7 @@ def tune_in_process(mod, target: dict, work_dir, max_trials: int = 8, num_trials
         measurer.close()
 
 
-__all__ = ["FAILED_S", "RECORD_FILE", "RPC_TAG_PREFIX", "TARGET_FIELDS", "WORKLOAD_FILE", "check_database_target",
-           "database_targets", "describe_primfunc", "device_for_target", "device_kind_of", "open_database",
-           "read_tuning_db", "rpc_target", "target_matches", "target_summary", "tune_in_process"]
+__all__ = ["DEVICE_FILE", "FAILED_S", "RECORD_FILE", "RPC_TAG_PREFIX", "TARGET_FIELDS", "WORKLOAD_FILE",
+           "check_database_target", "database_targets", "describe_primfunc", "device_for_target", "device_kind_of", "open_database",
+           "read_device_file", "read_tuning_db", "rpc_target", "target_matches", "target_summary", "tune_in_process",
+           "write_device_file"]

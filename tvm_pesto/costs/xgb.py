@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BuildError, CostError
-from .features import FEATURE_NAMES, describe_group, device_descriptor, device_key, feature_matrix, roofline_s
+from .features import (FEATURE_NAMES, describe_group, device_descriptor, device_key, device_size_key, feature_matrix,
+                       roofline_s)
 from .table import MIN_COST_S
 
 MODEL_FORMAT = 1
@@ -217,31 +218,60 @@ class CostModel:
         return self.meta["target"]
 
     def covers(self, dev: dict) -> bool:
-        """Whether the model was trained on this device: its kind, model and number of
-        cores (``kind/model/cores``, :func:`~tvm_pesto.costs.features.device_key`). A model
-        trained on one-core devices does not cover a two-core one: its rows never saw a
-        kernel spread over two threads. Models saved before the ``devices`` list was kept
-        are judged by kind and model only.
+        """Whether the model was trained on this device: its kind, model, number of cores and,
+        for a CPU, its kind of CPU (:func:`~tvm_pesto.costs.features.device_key`). A model
+        trained on one-core devices does not cover a two-core one (its rows never saw a
+        kernel spread over two threads), nor one trained on Zen 4 VMs a Zen 1 (AVX2 only:
+        kernels 3-4.6x slower). Models saved before the ``devices`` list was kept are judged
+        by kind and model only.
 
         Examples
         --------
         >>> cm = load_model()                                   # doctest: +SKIP
         >>> cm.meta["devices"]                                  # doctest: +SKIP
-        ['cpu/host-cpu/1']
-        >>> cm.covers({"kind": "cpu", "model": "host-cpu", "cores": 2})   # doctest: +SKIP
+        ['cpu/host-cpu/1@AuthenticAMD/23/1', 'cpu/host-cpu/1@AuthenticAMD/25/17', ...]
+        >>> cm.covers({"kind": "cpu", "model": "host-cpu", "cores": 1,
+        ...            "cpu_kind": "GenuineIntel/6/143"})          # doctest: +SKIP
         False
         """
         if "devices" in self.meta:
             return device_key(dev) in self.meta["devices"]
         return [dev["kind"], dev["model"]] in [list(x) for x in self.meta.get("device_models", [])]
 
+    def covers_size(self, dev: dict) -> bool:
+        """Whether the model was trained on a device of this kind, model and number of cores,
+        on any kind of CPU (:func:`~tvm_pesto.costs.features.device_size_key`). The ``xgb``
+        source predicts for such a device (the CPU's peak FLOP/s is a feature; this machine's
+        calibration, :mod:`tvm_pesto.costs.machine`, corrects the rest) and says so: its column
+        is ``xgb-other-cpu`` where :meth:`covers` is false."""
+        if "devices" in self.meta:
+            return device_size_key(dev) in {k.split("@", 1)[0] for k in self.meta["devices"]}
+        return self.covers(dev)
+
+    def unseen_ops(self, desc: dict) -> list[str]:
+        """The ops of a subgraph description that no training row had (sorted; empty for a
+        model saved before the ops were kept). A tree model prices such a subgraph by what
+        its other features resemble: a ``conv2d_transpose`` never trained on was predicted
+        1.0-1.2 ms and measured 12.8-14.3 ms (``cost_models/README.md``)."""
+        seen = self.meta.get("ops")
+        if not seen:
+            return []
+        return sorted(set(desc.get("ops", [])) - set(seen))
+
     def overhead_s(self, dev: dict) -> float:
-        """VM call overhead measured on this device in the training runs (0 if unknown)."""
+        """VM call overhead measured on this device in the training runs: of this device
+        (:func:`~tvm_pesto.costs.features.device_key`), else the median over the devices of its
+        size (any CPU kind), else over its kind and model; 0 if unknown."""
         ov = self.meta.get("overhead_s", {})
         if device_key(dev) in ov:
             return float(ov[device_key(dev)])
-        same = [v for k, v in ov.items() if k.rsplit("/", 1)[0] == f"{dev['kind']}/{dev['model']}"]
-        return float(np.median(same)) if same else 0.0
+        size = device_size_key(dev)
+        for match in (lambda k: k.split("@", 1)[0] == size,
+                      lambda k: k.split("@", 1)[0].rsplit("/", 1)[0] == size.rsplit("/", 1)[0]):
+            same = [v for k, v in ov.items() if match(k)]
+            if same:
+                return float(np.median(same))
+        return 0.0
 
     def predict_rows(self, rows) -> np.ndarray:
         """Predicted seconds (as measured: including the VM call overhead) for each row."""
@@ -324,6 +354,7 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
         "params": p, "n_rows": len(rows), "device_models": [list(d) for d in devs],
         "devices": sorted({device_key(r["device"]) for r in rows}),
         "backends": sorted({r["backend"] for r in rows}),
+        "ops": sorted({op for r in rows for op in r["desc"].get("ops", [])}),
         "train_models": sorted({r["model"] for r in rows}),
         "overhead_s": {k: float(np.median(v)) for k, v in sorted((overheads or {}).items()) if v},
     }
@@ -380,8 +411,8 @@ def load_model(path=None) -> CostModel:
 
 
 # -- cost source ------------------------------------------------------------------------------
-def predict_candidate_costs(cs, cluster, model=None, calibration=True,
-                            applied: dict | None = None) -> tuple[np.ndarray, list[str]]:
+def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: dict | None = None,
+                            unseen: dict | None = None) -> tuple[np.ndarray, list[str]]:
     """``[candidates, devices]`` predicted seconds, and which source made each column.
 
     A device the model covers (its kind, model and core count were in the training data)
@@ -393,7 +424,9 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
     does not cover, or an untrained backend, gets the roofline estimate
     (:func:`tvm_pesto.costs.roofline.node_seconds`); ``inf`` where the backend does not run
     on the device. Column sources: ``"xgb"``, ``"roofline"``, or ``"xgb+roofline"`` when
-    only some candidates of a covered device fell back.
+    only some candidates of a covered device fell back; ``"xgb-other-cpu"`` (``+roofline``) for
+    a CPU device of a size the model was trained on but of a CPU kind it never saw
+    (:meth:`CostModel.covers_size`).
 
     ``calibration``: ``True`` applies the calibration
     :func:`~tvm_pesto.costs.calibration.load_calibration` finds (the file
@@ -402,7 +435,9 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
     device, on the floored prediction, floored again); ``False`` gives the raw predictions; a
     :class:`~tvm_pesto.costs.calibration.Calibration` applies that one. ``applied``, when
     given, is filled with device index -> ``{backend: {"a", "b", "file"}}`` for the
-    corrections used.
+    corrections used. ``unseen``, when given, is filled with candidate index -> the ops of it
+    the model never trained on (:meth:`CostModel.unseen_ops`), for the predicted candidates
+    that have any.
 
     Examples
     --------
@@ -430,7 +465,7 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
     shares: dict[tuple, float | None] = {}  # (candidate, target) -> tuned share (None: cannot be lowered)
     for j, dev in enumerate(cluster.devices):
         dd = device_descriptor(dev)
-        covered = cm is not None and cm.covers(dd)
+        covered = cm is not None and cm.covers_size(dd)
         idx, rows, floors, fell_back = [], [], [], 0
         for i, c in enumerate(cs):
             if not get_backend(c.backend).supports_device(dev):
@@ -441,6 +476,8 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
             if covered and c.backend in trained:
                 if i not in descs:
                     descs[i] = describe_group(graph, c.nodes)
+                    if unseen is not None and cm.unseen_ops(descs[i]):
+                        unseen[i] = cm.unseen_ops(descs[i])
                 tk = (i, repr(sorted(dev.target.items())))
                 if tk not in shares:
                     try:
@@ -467,7 +504,8 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True,
                     used = {b: cal.lookup(b, device_key(dd)) for b in sorted(set(bks))}
                     applied[j] = {b: {"a": ab[0], "b": ab[1], "file": cal.path} for b, ab in used.items() if ab}
             out[idx, j] = pred
-        sources.append("roofline" if not rows else ("xgb+roofline" if fell_back else "xgb"))
+        xgb_name = "xgb" if cm.covers(dd) else "xgb-other-cpu" if rows else "xgb"
+        sources.append("roofline" if not rows else (f"{xgb_name}+roofline" if fell_back else xgb_name))
     return out, sources
 
 
