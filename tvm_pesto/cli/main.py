@@ -84,6 +84,14 @@ def _print_run(res):
         saved = f", profiling saved ~{c['saved_s']:.1f} s" if c.get("saved_s") else ""
         console.print(f"  candidates        {c.get('measured', 0)} measured now, {c.get('cached', 0)} from the cache, "
                       f"{c.get('predicted', 0)} predicted{saved}")
+        unseen = c.get("unseen_ops") or {}
+        if unseen:
+            ops = ", ".join(op.removeprefix("relax.") for op in unseen)
+            hint = ("hybrid measured them first, as far as its budget went" if c.get("source") == "hybrid"
+                    else "--costs hybrid measures them first")
+            console.print(f"  [yellow]never trained on[/] {ops}: {len(unseen)} op kind(s) the cost model never saw, in "
+                          f"{c.get('unseen_candidates', '?')} candidates still predicted ({hint}; --costs measured "
+                          "times every candidate)")
     disp = res.get("dispatch_s")
     console.print(f"  simulated         {res['simulated_s'] * 1e3:9.3f} ms"
                   + (f"  (schedule {res['simulated_makespan_s'] * 1e3:.3f} + dispatch {disp * 1e6:.1f} us)"

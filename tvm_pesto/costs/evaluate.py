@@ -529,9 +529,9 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     for j, dev in enumerate(cl.devices):
         dd = device_descriptor(dev)
         if not cm.covers_size(dd):
-            raise CostError(f"cost model {cm.path} was not trained on a device like {dev.name} ({device_key(dd)}), "
-                            f"so the flow evaluation would score roofline estimates; use a cluster of devices it "
-                            f"covers ({', '.join(cm.meta.get('devices', []))})")
+            raise CostError(f"cost model {cm.path} was not trained on device {dev.name} ({device_key(dd)}) nor on "
+                            f"one of its size, so the flow evaluation would score roofline estimates; use a cluster "
+                            f"of devices it covers ({', '.join(cm.meta.get('devices', []))})")
         cols.setdefault(device_key(dd), j)
     fresh = cache is None
     if fresh:

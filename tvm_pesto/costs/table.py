@@ -60,7 +60,7 @@ class CostTable:
                 "cached": self.cached, "predicted": self.predicted, "infeasible": len(self.infeasible),
                 "measure_s": self.seconds, "saved_s": self.saved_s,
                 "calibration": {str(k): v for k, v in self.calibration.items()},
-                "unseen_ops": self.unseen_op_counts()}
+                "unseen_ops": self.unseen_op_counts(), "unseen_candidates": len(self.unseen)}
 
     def unseen_op_counts(self) -> dict:
         """Op name -> how many candidates hold it that the cost model never trained on."""
