@@ -11,7 +11,7 @@ from tvm_pesto.costs.cache import MeasureCache
 from tvm_pesto.costs.hybrid import (
     DEFAULT_FRACTION, PLAN_TAIL_SHARE, candidate_keys, hybrid_costs, plan_units_to_measure, stakes, uncertain_candidates,
 )
-from tvm_pesto.errors import CostError
+from tvm_pesto.errors import CostError, UnseenOpsWarning
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,8 @@ def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_pa
     monkeypatch.setenv("TVM_PESTO_MACHINE_CALIBRATION", "off")
     dec = tvm_pesto.analyze(_decoder())
     dcs = tvm_pesto.make_candidates(dec, cl, "all")
-    pred = candidate_costs(dcs, cl, "xgb")
+    with pytest.warns(UnseenOpsWarning, match="never trained on .*conv2d_transpose.*hybrid"):
+        pred = candidate_costs(dcs, cl, "xgb")
     holders = {i for i, c in enumerate(dcs)
                if any(dec.op_graph.nodes[n].op == "relax.nn.conv2d_transpose" for n in c.nodes)}
     assert holders and set(pred.unseen) == holders
@@ -153,3 +154,23 @@ def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_pa
         assert f == pytest.approx(float(np.median([h.table[i, int(j)] / h.raw[i, int(j)] for i in sel])))
     ct = h.cost_table()
     assert not set(ct.unseen) & h.done  # what is still a guess is said; the measured are not guesses
+
+
+def test_the_run_report_names_ops_never_trained_on():
+    """The CLI's run report says which op kinds the cost model never saw, and what to do."""
+    from tvm_pesto.cli.main import _print_run
+    from tvm_pesto.cli.progress import console
+
+    res = {"model": "dec", "source": "pt2", "num_ops": 3, "num_candidates": 5, "num_units": 2, "solver": "heft",
+           "solver_status": "heuristic", "cluster": "cpu:2", "cost_source": "xgb", "backend_mix": {"tvm": 3},
+           "devices_used": [0], "simulated_s": 1e-3, "measured_s": 1e-3, "measured_over_simulated": 1.0,
+           "max_abs_err": 0.0, "costs": {"source": "xgb", "measured": 0, "cached": 0, "predicted": 5,
+                                         "unseen_ops": {"relax.nn.conv2d_transpose": 2}, "unseen_candidates": 2}}
+    with console.capture() as cap:
+        _print_run(res)
+    text = " ".join(cap.get().split())
+    assert "never trained on nn.conv2d_transpose" in text and "2 candidates" in text and "--costs hybrid" in text
+    res["costs"]["unseen_ops"] = {}
+    with console.capture() as cap:
+        _print_run(res)
+    assert "never trained on" not in cap.get()

@@ -76,3 +76,8 @@ class ExecutionError(PestoError):
 class TrainingError(PestoError):
     """A training setup is invalid: no trainable parameter, an unknown loss or optimizer,
     a loss that does not fit the model's output."""
+
+
+class UnseenOpsWarning(RuntimeWarning):
+    """Costs predicted for candidates holding ops the cost model never trained on: guesses
+    (the CLI prints its own line for it; ``costs="hybrid"`` measures them first)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import click
 
@@ -32,6 +33,9 @@ MODEL_HELP = ("a zoo model name, an ONNX file, a torch.export program (.pt2) or 
                    "sets $TVM_PESTO_CALIBRATION")
 def cli(calibration):
     """Place deep-learning graphs across devices and backends (Apache TVM Relax)."""
+    from ..errors import UnseenOpsWarning
+
+    warnings.filterwarnings("ignore", category=UnseenOpsWarning)  # `run` prints its own line, the JSONs say it
     if calibration is not None:
         from ..costs.calibration import CALIBRATION_ENV
 

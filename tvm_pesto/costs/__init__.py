@@ -21,7 +21,9 @@ Examples
 """
 from __future__ import annotations
 
-from ..errors import CostError
+import warnings
+
+from ..errors import CostError, UnseenOpsWarning
 from .cache import MeasureCache
 from .roofline import roofline_candidate_costs, roofline_costs
 from .table import CostTable
@@ -53,7 +55,14 @@ def _xgb(cs, cluster, calibrate: bool) -> CostTable:
     applied: dict = {}
     unseen: dict = {}
     table, cols = predict_candidate_costs(cs, cluster, calibration=calibrate, applied=applied, unseen=unseen)
-    return CostTable(table, cols, predicted=len(cs), calibration=applied, unseen=unseen)
+    ct = CostTable(table, cols, predicted=len(cs), calibration=applied, unseen=unseen)
+    if unseen:
+        ops = ", ".join(op.removeprefix("relax.") for op in ct.unseen_op_counts())
+        warnings.warn(f"the cost model never trained on {ops}: the xgb costs of {len(unseen)} candidates holding them "
+                      "are guesses from their other features (an unseen conv2d_transpose was predicted 10x short); "
+                      "costs='hybrid' measures them first, costs='measured' times every candidate",
+                      UnseenOpsWarning, stacklevel=3)
+    return ct
 
 
 def _roofline(cs, cluster) -> CostTable:

@@ -473,6 +473,6 @@ def tune_in_process(mod, target: dict, work_dir, max_trials: int = 8, num_trials
 
 
 __all__ = ["DEVICE_FILE", "FAILED_S", "RECORD_FILE", "RPC_TAG_PREFIX", "TARGET_FIELDS", "WORKLOAD_FILE",
-           "check_database_target", "database_targets", "describe_primfunc", "device_for_target", "device_kind_of", "open_database",
-           "read_device_file", "read_tuning_db", "rpc_target", "target_matches", "target_summary", "tune_in_process",
-           "write_device_file"]
+           "check_database_target", "database_targets", "describe_primfunc", "device_for_target", "device_kind_of",
+           "open_database", "read_device_file", "read_tuning_db", "rpc_target", "target_matches", "target_summary",
+           "tune_in_process", "write_device_file"]
