@@ -382,6 +382,19 @@ def test_a_cpu_kind_the_model_never_saw_is_predicted_and_said(tmp_path, sweep_de
     assert src == ["xgb", "xgb"]
 
 
+def test_a_gpu_cluster_without_any_model_gets_roofline_columns(monkeypatch):
+    """No model file at all: a cluster without CPU devices gets roofline columns, no error."""
+    from tvm_pesto.candidates import placement_candidates
+
+    def no_model(path=None):
+        raise CostError("no model")
+
+    monkeypatch.setattr(cmx, "load_model", no_model)
+    cs = placement_candidates(tvm_pesto.analyze(sweep_module("pool", limit=2)).rg)
+    _, src = cmx.predict_candidate_costs(cs, parse_cluster("2xV100-nvlink"))
+    assert src == ["roofline", "roofline"]
+
+
 def test_rows_of_two_cpu_kinds_stay_apart_when_passes_are_merged(tmp_path, sweep_descs):
     """The same subgraph timed on two kinds of CPU is two rows, not two passes of one (the
     fastest of which would win); ``merge_logs`` keeps them apart and can name the kind of old

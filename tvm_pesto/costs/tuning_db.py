@@ -130,9 +130,8 @@ def device_for_target(target: dict, device: dict | None = None) -> dict:
         cores = int(target.get("num-cores", 1) or 1)
         out = {"kind": "cpu", "model": "host-cpu", "peak_flops": per_core * cores, "mem_bandwidth": 8e9 * cores,
                "memory_bytes": mem, "cores": cores}
-        if cpu_identity()["kind"]:
-            out["cpu_kind"] = cpu_identity()["kind"]
-        return out
+        kind = cpu_identity()["kind"]
+        return {**out, "cpu_kind": kind} if kind else out
     if kind == "cuda":
         from ..cluster.specs import GPU_MODELS
 

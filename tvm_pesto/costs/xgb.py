@@ -253,10 +253,12 @@ class CostModel:
         model saved before the ops were kept). A tree model prices such a subgraph by what
         its other features resemble: a ``conv2d_transpose`` never trained on was predicted
         1.0-1.2 ms and measured 12.8-14.3 ms (``cost_models/README.md``)."""
-        seen = self.meta.get("ops")
-        if not seen:
-            return []
-        return sorted(set(desc.get("ops", [])) - set(seen))
+        seen = self._seen_ops
+        return sorted(set(desc.get("ops", [])) - seen) if seen else []
+
+    @functools.cached_property
+    def _seen_ops(self) -> frozenset:
+        return frozenset(self.meta.get("ops") or ())
 
     def overhead_s(self, dev: dict) -> float:
         """VM call overhead measured on this device in the training runs: of this device
@@ -476,8 +478,9 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
             if covered and c.backend in trained:
                 if i not in descs:
                     descs[i] = describe_group(graph, c.nodes)
-                    if unseen is not None and cm.unseen_ops(descs[i]):
-                        unseen[i] = cm.unseen_ops(descs[i])
+                    new_ops = cm.unseen_ops(descs[i]) if unseen is not None else []
+                    if new_ops:
+                        unseen[i] = new_ops
                 tk = (i, repr(sorted(dev.target.items())))
                 if tk not in shares:
                     try:
@@ -504,8 +507,11 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
                     used = {b: cal.lookup(b, device_key(dd)) for b in sorted(set(bks))}
                     applied[j] = {b: {"a": ab[0], "b": ab[1], "file": cal.path} for b, ab in used.items() if ab}
             out[idx, j] = pred
-        xgb_name = "xgb" if cm.covers(dd) else "xgb-other-cpu" if rows else "xgb"
-        sources.append("roofline" if not rows else (f"{xgb_name}+roofline" if fell_back else xgb_name))
+        if not rows:
+            sources.append("roofline")
+        else:  # rows only come from a model that covers the device's size
+            name = "xgb" if cm.covers(dd) else "xgb-other-cpu"
+            sources.append(f"{name}+roofline" if fell_back else name)
     return out, sources
 
 
