@@ -576,6 +576,26 @@ def test_joint_ilp_gives_a_valid_plan(case):
         check_joint_plan(jp, *res, "ilp")
 
 
+def test_joint_ilp_warm_start_is_never_a_device_that_cannot_run_it():
+    # found by test_joint_ilp_gives_a_valid_plan: the warm start (the cover on the plan's busiest
+    # device) held a unit that cannot run there; when the ILP found nothing better within its
+    # limit, that infeasible warm start came back as the plan
+    jp = random_joint_problem(42784, 15, 4, 0.0, None, 2)
+    for limit in (0.001, 0.05):
+        check_joint_plan(jp, *solve_joint(jp, solver="ilp", time_limit_s=limit, search_s=0.0, refine_s=0.1), "ilp")
+    from tvm_pesto.solve.cover import CoverResult
+    from tvm_pesto.solve.joint_ilp import joint_ilp
+
+    # a region that cannot run on device ``bad``, every other op alone
+    region = next(i for i, c in enumerate(jp.candidates) if not np.isfinite(jp.costs[i]).all())
+    bad = int(np.flatnonzero(~np.isfinite(jp.costs[region]))[0])
+    alone = {c.nodes[0]: i for i, c in enumerate(jp.candidates) if len(c.nodes) == 1}
+    cover = [region] + [alone[v] for v in range(jp.graph.num_nodes) if v not in jp.candidates[region].nodes]
+    with pytest.raises(ValueError, match=f"cannot run on device {bad}"):
+        joint_ilp(jp.graph, [c.nodes for c in jp.candidates], jp.costs, jp.cluster,
+                  warm=CoverResult(cover, 0.0), warm_device=bad, time_limit_s=1.0)
+
+
 def test_joint_ilp_keeps_colocation_groups_together():
     jp = random_joint_problem(0, 2, 3, 0.0, None, 1)  # found by test_joint_ilp_gives_a_valid_plan; optimal in ms
     assert jp.colocate == [[0, 1]]

@@ -133,11 +133,21 @@ def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_l
     if D > 1 and len(concurrent_pairs(g)) * (D - 1) > JOINT_ILP_MAX_PAIRS:
         return None
     node_sets = [c.nodes for c in problem.candidates]
+    # The warm start runs the whole cover on one device: the busiest one of those that can run
+    # every unit of it; with none, the ILP starts cold and its failing keeps ``plan``.
     busy = np.bincount(plan.assignment, minlength=D)
-    warm_dev = int(np.argmax(busy))
-    warm = CoverResult(list(cover), float(problem.costs[list(cover), warm_dev].sum()))
-    jr = joint_ilp(g, node_sets, problem.costs, problem.cluster, warm=warm, warm_device=warm_dev,
-                   time_limit_s=time_limit_s, deterministic=deterministic, colocate=problem.colocate)
+    able = np.isfinite(problem.costs[list(cover)]).all(axis=0)
+    warm = warm_dev = None
+    if able.any():
+        warm_dev = int(np.argmax(np.where(able, busy, -1)))
+        warm = CoverResult(list(cover), float(problem.costs[list(cover), warm_dev].sum()))
+    try:
+        jr = joint_ilp(g, node_sets, problem.costs, problem.cluster, warm=warm, warm_device=warm_dev,
+                       time_limit_s=time_limit_s, deterministic=deterministic, colocate=problem.colocate)
+    except (InfeasibleError, SolverError):
+        if warm is not None:
+            raise
+        return None
     jcover = list(jr.chosen)
     jplaced = problem.contract(jcover)
     start = np.array([jr.start[c] for c in jcover])

@@ -215,6 +215,10 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         if warm_device is None:
             warm_device = int(np.argmin([sum(costs[c, d] for c in warm.chosen) for d in range(D)]))
         wstart, wdev, ub = warm_schedule(graph, sets, costs, warm.chosen, warm_device)
+        if not np.isfinite(ub):
+            raise ValueError(f"the warm start cannot run on device {warm_device}: "
+                             f"{sum(1 for c in warm.chosen if not np.isfinite(costs[c, warm_device]))} of its "
+                             "candidates have an infinite cost there; pass a device that runs all of them")
     if ub is None or not np.isfinite(ub):
         ub = float(sum(min(costs[c, d] for c in cov[v] for d in range(D) if (c, d) in feas) for v in range(n)))
         ub = max(ub, float(sum(np.min(np.where(np.isfinite(costs[c]), costs[c], np.inf)) for c in range(K)
