@@ -9,7 +9,8 @@ units) are compared byte for byte as JSON with sorted keys, and in deterministic
 work counters too:
 
 * the ILP path through ``tvm-pesto place --solver ilp`` on a dnn-partitioning LayerGraph
-  (the MIP stops at its node limit, then the local search polishes);
+  (its stage-DP start meets the lower bound, so no MIP runs; the joint case below has one
+  that stops at its node limit);
 * the local search (:func:`~tvm_pesto.solve.refine.polish`, hence ``refine`` with its
   random kicks) on a random DNN-like DAG;
 * the joint solve of a zoo model with predicted costs (``tvm_pesto.place``).

@@ -213,6 +213,30 @@ def test_registry_entry_point_solves_small_graphs_directly():
     assert plan.info["makespan_s"] == pytest.approx(brute_force(problem), rel=1e-6)
 
 
+def test_a_start_that_meets_the_lower_bound_skips_the_mip():
+    # a chain whose every op is 3x faster on device 0: the heuristics' one-device plan is the
+    # critical path, i.e. the cheap lower bound, so the MIP (and its root) is not built
+    from tvm_pesto.solve.bounds import lower_bound
+
+    n = 8
+    g = OpGraph([OpNode(f"n{i}", "op", bytes_written=1000) for i in range(n)], [(i, i + 1, 1000) for i in range(n - 1)],
+                name="chain")
+    devs = [Device(f"d{i}", "gpu", {"kind": "cuda"}, 1e9, 1e12, 1e11, index=i) for i in range(2)]
+    costs = np.tile([1e-3, 3e-3], (n, 1))
+    problem = Problem(g, Cluster("two", devs, np.full((2, 2), 1e-5), np.full((2, 2), 1e9)), costs)
+    plan = solve(problem, time_limit_s=5)
+    info = plan.info
+    assert info["status"] == "optimal" and info["proven_by"] == "lower bound", info
+    assert "num_vars" not in info and info["source"] == "warm_start"
+    assert info["objective_value_s"] <= lower_bound(problem, lp=False, comm=False)["best"] * (1 + 1e-4)
+    assert plan.assignment.tolist() == [0] * n
+    # without a bound, or asked for a proof (gap 0), the MIP runs and agrees
+    for kw in ({}, {"floor_s": info["lower_bound_s"], "gap": 0}):
+        mip_plan = solve_ilp(problem, time_limit_s=20, **kw)
+        assert "proven_by" not in mip_plan.info and mip_plan.info["num_vars"] > 0
+        assert mip_plan.info["makespan_s"] == pytest.approx(info["makespan_s"], rel=1e-6)
+
+
 def test_solver_crash_falls_back_to_the_other_solver_then_warm_start(monkeypatch):
     problem = make_problem(n=5, d=2, seed=3)
 

@@ -299,3 +299,19 @@ def test_the_stage_mip_repeats_exactly_in_deterministic_mode():
     assert a.assignment.tolist() == b.assignment.tolist()
     ev = evaluate(p, a, "stage", "latency")
     assert ev.valid and ev.objective_value <= a.info["warm_start_value_s"] * (1 + 1e-9)
+
+
+@needs_files
+def test_the_stage_mip_is_skipped_when_its_start_meets_the_lower_bound():
+    # bert24 latency: the DP's split equals the path-memory bound, which sits 1e-6 below its
+    # value; a 1e-6 test missed it and a 1-s budget ran the MIP's root for 15-18 s
+    from tvm_pesto.solve.objective_bounds import objective_lower_bound
+    from tvm_pesto.solve.stage_ilp import solve as stage_ilp
+
+    p = layergraph("latency", "bert24_inference")
+    plan = stage_ilp(p, objective="latency", time_limit_s=1.0, deterministic=True)
+    lb = objective_lower_bound(p, "stage", "latency", lp=False)["best"]
+    assert plan.info["status"] == "optimal" and plan.info["proven_by"] == "lower bound"
+    assert "num_vars" not in plan.info  # no MIP was built
+    value = evaluate(p, plan, "stage", "latency").objective_value
+    assert lb < value <= lb * (1 + 1e-4)

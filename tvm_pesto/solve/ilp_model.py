@@ -504,7 +504,7 @@ def extract_plan(problem: Problem, V: IlpVars) -> Plan:
 def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc", warm_start: Plan | None = None,
               gap: float | None = 1e-4, pairs: int | None = None, msg: bool = False,
               threads: int | None = None, deterministic: bool | None = None, objective: str = "latency",
-              microbatches: int | None = None) -> Plan:
+              microbatches: int | None = None, floor_s: float | None = None) -> Plan:
     """Solve the placement + scheduling ILP and return the best plan found.
 
     Parameters
@@ -530,6 +530,10 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     objective, microbatches
         What to minimise, see :func:`build_ilp`; plans are compared on it (op model), and
         ``info["objective_value_s"]`` is the returned plan's.
+    floor_s : float, optional
+        A lower bound on the objective that the caller knows (seconds). When the warm start
+        is within ``gap`` of it, the MIP is not built: the warm start is returned with
+        ``status`` ``optimal`` and ``proven_by`` ``"lower bound"``.
 
     Returns
     -------
@@ -580,8 +584,20 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
                     info={"status": "optimal", "timed_out": False, "mip_gap": 0.0, "objective": 0.0, "bound": 0.0,
                           "makespan_s": 0.0, "source": "ilp", "note": "empty graph",
                           "budget": mode_name(deterministic), "deterministic": True})
-    prob, V = build_ilp(problem, warm_start, pairs=pairs, objective=objective, microbatches=microbatches)
     score = _scorer(problem, objective, microbatches)
+    if warm_sim is not None and floor_s and gap and score(warm_sim) <= floor_s * (1 + gap):
+        # the MIP could prove no more than the bound does (its root alone can take many seconds)
+        info = {"status": "optimal", "proven_by": "lower bound", "lower_bound_s": float(floor_s), "timed_out": False,
+                "mip_gap": float(score(warm_sim) / floor_s - 1), "source": "warm_start",
+                "makespan_s": warm_sim.makespan, "objective_value_s": score(warm_sim),
+                "warm_start_makespan_s": warm_sim.makespan, "warm_start_solver": warm_start.solver,
+                "time_limit_s": time_limit_s, "optimised": objective, "budget": mode_name(deterministic),
+                "deterministic": True}
+        if heur_spans:
+            info["heuristic_makespans_s"] = heur_spans
+        return Plan(warm_start.assignment.copy(), [list(o) for o in warm_start.order], solver="ilp",
+                    solve_s=time.perf_counter() - t0, info=info)
+    prob, V = build_ilp(problem, warm_start, pairs=pairs, objective=objective, microbatches=microbatches)
     t_build = time.perf_counter() - t0
     res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, threads=threads,
                     deterministic=deterministic)
