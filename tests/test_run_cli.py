@@ -37,15 +37,17 @@ def _run(tmp_path, *args):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("kind", ["onnx", "pt2"])
-def test_run_a_model_file_with_every_backend(kind, files, tmp_path, cache):
-    res = _run(tmp_path, files[kind])
+# Each file form with every backend: the ONNX file with measured costs (each candidate timed
+# here), the torch.export file with the cost model's predictions.
+@pytest.mark.parametrize("kind,costs", [("onnx", "measured"), ("pt2", "xgb")])
+def test_run_a_model_file_with_every_backend(kind, costs, files, tmp_path, cache):
+    res = _run(tmp_path, files[kind], "--costs", costs)
     for key in RUN_KEYS:
         assert key in res, key
     assert res["measured_runs"] > 3  # --repeat 3, and more until 0.2 s of runs (a small model: thousands)
     assert res["source"] == kind and res["max_abs_err"] <= 1e-4
     assert sum(res["backend_mix"].values()) == res["num_ops"]
-    assert res["cost_source"] == "measured" and res["costs"]["measured"] > 0
+    assert res["cost_source"] == costs and res["costs"]["measured" if costs == "measured" else "predicted"] > 0
     assert res["solver_status"] == "heuristic" and res["devices_used"]
     # cpu:2 is on this machine: the executor's dispatch was measured here, not taken from the preset
     assert res["dispatch"]["measured"] and res["dispatch"]["multi_device_s"] > 0
@@ -73,7 +75,7 @@ def test_a_dynamic_shape_without_input_shape_names_the_fix(files, tmp_path):
 def test_place_a_model_file_reports_status_and_backend_mix(files, tmp_path):
     out = tmp_path / "place.json"
     res = CliRunner().invoke(cli, ["place", files["pt2"], "--cluster", "4xV100-pcie", "--costs", "roofline",
-                                   "--solver", "heft,ilp", "--time-limit", "5", "--json", str(out)])
+                                   "--solver", "heft,ilp", "--time-limit", "1", "--json", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert set(data["results"]) == {"heft", "ilp"}
