@@ -84,11 +84,12 @@ def test_case_checks_flag_a_missed_goal_and_a_worse_ilp():
 
 
 def test_scale_quick(tmp_path):
-    res = invoke("scale", "--quick", "--ilp-time-limit", "1", "--json", str(tmp_path / "s.json"),
+    res = invoke("scale", "--quick", "--ilp-time-limit", "0.5", "--lns", "0.5", "--ilp-refine", "0.2",
+                 "--json", str(tmp_path / "s.json"),
                  "--md", str(tmp_path / "s.md"), "--plots", str(tmp_path))
     assert res.exit_code == 0, res.output
     data = json.loads((tmp_path / "s.json").read_text())
-    assert data["settings"]["sizes"] == [300, 1000]
+    assert data["settings"]["sizes"] == [300, 1000] and data["settings"]["lns_s"] == 0.5
     assert [g["n"] for g in data["graphs"]] == [300, 1000]
     algs = {"single", "m-topo", "m-etf", "m-sct", "heft", "ilp"}
     assert {(r["n"], r["algorithm"]) for r in data["rows"]} == {(n, a) for n in (300, 1000) for a in algs}

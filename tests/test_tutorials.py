@@ -13,10 +13,17 @@ def test_there_are_tutorials():
     assert TUTORIALS, "tutorials/ has no scripts"
 
 
+@pytest.fixture(scope="module")
+def measurement_cache(tmp_path_factory):
+    """One measurement cache for the tutorials, as a user's ``~/.cache`` is: the second one
+    that times inception_v3's groups on cpu:2 finds them there."""
+    return tmp_path_factory.mktemp("tutorial-cache")
+
+
 @pytest.mark.parametrize("path", TUTORIALS, ids=lambda p: p.name)
-def test_tutorial_runs(path, tmp_path):
+def test_tutorial_runs(path, tmp_path, measurement_cache):
     env = dict(os.environ, TVM_PESTO_TUTORIAL_SIZE="small", TVM_PESTO_TUTORIAL_OUT=str(tmp_path),
-               TVM_PESTO_CACHE=str(tmp_path / "cache"), MPLBACKEND="Agg")
+               TVM_PESTO_CACHE=str(measurement_cache), MPLBACKEND="Agg")
     proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, f"{path.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
