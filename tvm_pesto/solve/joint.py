@@ -122,8 +122,9 @@ def _place(problem: JointProblem, cover, solver: str, options: dict, determinist
 
 def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_limit_s: float,
                deterministic: bool | None):
-    """The joint ILP warm-started from ``cover`` on its busiest device; ``None`` when the
-    graph is too large for it or it does not beat ``plan``."""
+    """The joint ILP warm-started from ``cover`` on the busiest device that can run all of
+    it; ``None`` when the graph is too large for it, or no device runs the whole cover and
+    the ILP, started cold, finds nothing."""
     from .joint_ilp import concurrent_pairs, joint_ilp
 
     g = problem.graph

@@ -182,6 +182,9 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         model is infeasible (memory).
     SolverError
         When every solver fails, or finds no solution, and there is no warm start.
+    ValueError
+        When ``warm`` holds a candidate that cannot run on ``warm_device`` (infinite cost):
+        such a warm start is no solution to fall back on.
 
     Examples
     --------
