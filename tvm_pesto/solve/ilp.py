@@ -90,10 +90,14 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     score = _scorer(problem, objective, microbatches)
     coarse_only = {k: opts.pop(k) for k in ("fine_heuristics", "weight_cap", "mem_frac", "max_passes") if k in opts}
     large = problem.num_nodes > target
-    # cheap bounds only (no LP, no segment MIPs): the MIP is skipped and the searches stop
-    # early when a plan meets one
+    if lns_s is None:
+        lns_s = time_limit_s if problem.num_nodes > max(target, lns_min_nodes) and objective == "latency" else 0.0
+    if refine_s is None:
+        refine_s = time_limit_s
+    # cheap bounds only (no LP, no segment MIPs), where something uses them: the direct MIP
+    # is skipped, and the searches stop early, when a plan meets one
     floor = 0.0
-    if objective == "latency" and problem.num_nodes:
+    if objective == "latency" and problem.num_nodes and (not large or lns_s > 0 or refine_s > 0):
         floor = max(lower_bound(problem, lp=False, comm=False)["best"], path_memory_bound(problem)["bound_s"])
         floor = floor if np.isfinite(floor) else 0.0
     if not large:
@@ -103,10 +107,6 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
         plan = solve_coarse_ilp(problem, target=target, time_limit_s=time_limit_s, deterministic=deterministic,
                                 objective=objective, microbatches=microbatches, **opts, **coarse_only)
     steps = [(plan.info.get("source", "ilp"), score(simulate(problem, plan)))]
-    if lns_s is None:
-        lns_s = time_limit_s if problem.num_nodes > max(target, lns_min_nodes) and objective == "latency" else 0.0
-    if refine_s is None:
-        refine_s = time_limit_s
     if lns_s > 0 and objective == "latency":
         plan = _lns_step(problem, plan, lns_s, lns_starts, coarse_only.get("fine_heuristics", True), floor,
                          deterministic, lns_options or {}, steps, score)

@@ -585,11 +585,12 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
                           "makespan_s": 0.0, "source": "ilp", "note": "empty graph",
                           "budget": mode_name(deterministic), "deterministic": True})
     score = _scorer(problem, objective, microbatches)
-    if warm_sim is not None and floor_s and gap and score(warm_sim) <= floor_s * (1 + gap):
+    warm_value = score(warm_sim) if warm_sim is not None else None
+    if warm_value is not None and floor_s and gap and warm_value <= floor_s * (1 + gap):
         # the MIP could prove no more than the bound does (its root alone can take many seconds)
         info = {"status": "optimal", "proven_by": "lower bound", "lower_bound_s": float(floor_s), "timed_out": False,
-                "mip_gap": float(score(warm_sim) / floor_s - 1), "source": "warm_start",
-                "makespan_s": warm_sim.makespan, "objective_value_s": score(warm_sim),
+                "mip_gap": float(warm_value / floor_s - 1), "source": "warm_start",
+                "makespan_s": warm_sim.makespan, "objective_value_s": warm_value,
                 "warm_start_makespan_s": warm_sim.makespan, "warm_start_solver": warm_start.solver,
                 "time_limit_s": time_limit_s, "optimised": objective, "budget": mode_name(deterministic),
                 "deterministic": True}
@@ -635,15 +636,15 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         if plan is None:
             info["source"] = "warm_start"
             info["note"] = "the ILP found no usable solution; returning the warm start"
-        elif info["objective_value_s"] > score(warm_sim) * (1 + 1e-9):
+        elif info["objective_value_s"] > warm_value * (1 + 1e-9):
             info["source"] = "warm_start"
             info["note"] = (f"the ILP's plan simulates to {info['objective_value_s']:.6g} s ({objective}), worse "
-                            f"than the warm start's {score(warm_sim):.6g} s; returning the warm start")
+                            f"than the warm start's {warm_value:.6g} s; returning the warm start")
             plan = None
         if plan is None:
             plan = Plan(warm_start.assignment.copy(), [list(o) for o in warm_start.order], solver="ilp")
             info["makespan_s"] = warm_sim.makespan
-            info["objective_value_s"] = score(warm_sim)
+            info["objective_value_s"] = warm_value
         info["warm_start_makespan_s"] = warm_sim.makespan
         info["warm_start_solver"] = warm_start.solver
     elif plan is None:
