@@ -57,7 +57,7 @@ def groups(models: list, passes: int) -> dict:
     import tvm
 
     from tvm_pesto.api import analyze, as_cluster
-    from tvm_pesto.builder.subgraph import group_function
+    from tvm_pesto.candidates import candidate_function
     from tvm_pesto.cluster.device_thread import enter_device_thread
     from tvm_pesto.costs.cache import device_key
     from tvm_pesto.costs.evaluate import flow_models
@@ -75,7 +75,7 @@ def groups(models: list, passes: int) -> dict:
         a = analyze(mod)
         funcs = {}
         for i, grp in enumerate(a.groups):
-            funcs[f"g{i}"] = group_function(a.rg, grp, lift_constants=False).func.with_attr("global_symbol", f"g{i}")
+            funcs[f"g{i}"] = candidate_function(a.rg, grp, lift_constants=False).func.with_attr("global_symbol", f"g{i}")
         tgt = tvm.target.Target(device.target)
         ex = tvm.compile(tvm.IRModule({**funcs, **reference_functions()}), target=tgt,
                          relax_pipeline=tvm.relax.get_default_pipeline(tgt))

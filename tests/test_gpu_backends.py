@@ -39,7 +39,7 @@ from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.cluster import gpu_probe as probe
 from tvm_pesto.run import streams
 from tvm_pesto.backends.onnx_export import OnnxExportError, flatten_args, relax_to_onnx, supports_call
-from tvm_pesto.builder.subgraph import group_function
+from tvm_pesto.candidates import candidate_function
 from tvm_pesto.errors import BuildError, ExecutionError
 from tvm_pesto.graph.relax_import import from_relax
 
@@ -210,7 +210,7 @@ def test_tvm_cuda_groups_for_each_arch_and_nvcc(tmp_path):
 
     rg = _rg("resnet50")
     groups = fusion_groups(rg.graph)[:5]
-    mod = tvm.IRModule({f"g{i}": group_function(rg, g).func.with_attr("global_symbol", f"g{i}")
+    mod = tvm.IRModule({f"g{i}": candidate_function(rg, g).func.with_attr("global_symbol", f"g{i}")
                         for i, g in enumerate(groups)})
     sources = {}
     for arch in ("sm_70", "sm_80", "sm_90"):
@@ -286,7 +286,7 @@ def test_cublas_plans_match_tvm(name):
     rg = _rg(name)
     ms = patterns.match_nodes(rg, "cublas")
     assert ms
-    segs = [group_function(rg, m.nodes, lift_constants=(i % 2 == 0)) for i, m in enumerate(ms)]
+    segs = [candidate_function(rg, m.nodes, lift_constants=(i % 2 == 0)) for i, m in enumerate(ms)]
     vm = _cpu_vm({f"f{i}": s.func for i, s in enumerate(segs)})
     rng = np.random.default_rng(0)
     epilogues = Counter()
@@ -355,7 +355,7 @@ def test_cudnn_plans_match_tvm():
     rg = _rg("vgg11")
     ms = patterns.match_nodes(rg, "cudnn")
     assert [m.pattern for m in ms] == ["cudnn.conv2d.nhwc_ohwi_bias_relu"] * len(ms)
-    funcs = {f"z{i}": group_function(rg, m.nodes, lift_constants=(i % 2 == 0)).func for i, m in enumerate(ms[:4])}
+    funcs = {f"z{i}": candidate_function(rg, m.nodes, lift_constants=(i % 2 == 0)).func for i, m in enumerate(ms[:4])}
     funcs.update({n: _fn(b, s) for n, (b, s) in CONV_CASES.items()})
     vm = _cpu_vm(funcs)
     rng = np.random.default_rng(0)
@@ -382,7 +382,7 @@ def test_tensorrt_regions_export_valid_onnx(name):
     trt_bk = get_backend("tensorrt")
     exported = []
     for r in regions:
-        seg = group_function(rg, r.nodes, lift_constants=False)
+        seg = candidate_function(rg, r.nodes, lift_constants=False)
         calls = [b.value for b in seg.func.body.blocks[0].bindings if isinstance(b.value, relax.Call)]
         assert all(trt_bk.supports_op(c) for c in calls)
         exported.append((seg, tensorrt.export_subgraph(seg.func)))  # raises if onnx.checker rejects it
@@ -830,7 +830,7 @@ def test_gpu_backends_match_tvm_cuda():
             continue
         rg = _rg(model)
         nodes = (patterns.merged_regions(rg, lib) if lib == "tensorrt" else patterns.match_nodes(rg, lib))[0].nodes
-        seg = group_function(rg, nodes, lift_constants=False)
+        seg = candidate_function(rg, nodes, lift_constants=False)
         ex = tvm_cuda.compile_cuda(tvm.IRModule({"main": seg.func}), dev_spec)
         vm = relax.VirtualMachine(ex, dev)
         args = [tvm.runtime.tensor(a, device=dev) for a in _np_args(seg.func.params, np.random.default_rng(0))]

@@ -48,7 +48,8 @@ from tvm_pesto import __version__, zoo
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.backends.onnx_export import flatten_args
 from tvm_pesto.builder.placed import compile_for
-from tvm_pesto.builder.subgraph import group_function, structural_key
+from tvm_pesto.builder.subgraph import structural_key
+from tvm_pesto.candidates import candidate_function
 from tvm_pesto.cluster import gpu_probe
 from tvm_pesto.costs.cache import CACHE_VERSION, target_key
 from tvm_pesto.graph.fusion import fusion_groups
@@ -227,7 +228,7 @@ def prepare_tvm(rg, zm, name: str, folder: Path, target, man: dict, entry: dict,
     row = Row(name, "tvm-cuda")
     funcs, seen = {}, {}
     for g in fusion_groups(rg.graph):
-        seg = group_function(rg, g, lift_constants=True)
+        seg = candidate_function(rg, g, lift_constants=True)
         key = structural_key(seg.func)
         if key in seen:
             seen[key]["count"] += 1
@@ -315,14 +316,14 @@ def prepare_library(rg, name: str, lib: str, folder: Path, entry: dict) -> Row:
     row.add("coverage", "ok", f"{len(matches)} matches cover {len(covered & set(with_op))} of {len(with_op)} {op} nodes")
     seen, subs = {}, []
     for m in matches:
-        key = structural_key(group_function(rg, m.nodes, lift_constants=True).func)
+        key = structural_key(candidate_function(rg, m.nodes, lift_constants=True).func)
         if key in seen:
             seen[key]["count"] += 1
             continue
         sub = {"name": f"s{len(subs)}", "pattern": m.pattern, "count": 1, **_measure_fields(rg, m.nodes, key)}
         seen[key] = sub
         subs.append(sub)
-        sub["_func"] = group_function(rg, m.nodes, lift_constants=False).func
+        sub["_func"] = candidate_function(rg, m.nodes, lift_constants=False).func
         try:
             sub["_plan"] = PLANNERS[lib](sub["_func"])
         except Exception as e:  # noqa: BLE001 - the backend's plan builder failed
@@ -394,7 +395,7 @@ def prepare_tensorrt(rg, name: str, entry: dict) -> Row:
     row.subgraphs = len(regions)
     exported = []
     for k, r in enumerate(regions):
-        seg = group_function(rg, r.nodes, lift_constants=False)
+        seg = candidate_function(rg, r.nodes, lift_constants=False)
         try:
             exported.append((f"r{k}", seg.func, tensorrt.export_subgraph(seg.func)))
         except Exception as e:  # noqa: BLE001

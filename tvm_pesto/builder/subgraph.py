@@ -1,6 +1,7 @@
 """Cut a set of bindings out of a Relax function into a function of its own.
 
-Used to measure one fused group (costs) and to build one per-device segment (build).
+Used to build one per-device segment (build); a candidate or fused group is measured as
+:func:`tvm_pesto.candidates.candidate_function` cuts it (tensor parameters only).
 """
 from __future__ import annotations
 
@@ -162,20 +163,6 @@ def out_ty_of(func: relax.Function):
     if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
         return [relax.TensorType(f.shape, f.dtype) for f in ty.fields]
     return relax.TensorType(ty.shape, ty.dtype) if isinstance(ty, relax.TensorType) else ty
-
-
-def group_function(rg: RelaxGraph, node_ids, lift_constants: bool = True, name: str = "main") -> Segment:
-    """The function of one group of nodes, returning the values the rest of the graph uses
-    (or the last node's value when nothing outside uses them)."""
-    members = set(int(i) for i in node_ids)
-    g = rg.graph
-    outs = []
-    for v in sorted(members):
-        if any(s not in members for s in g.dag.successors(v)) or g.dag.out_degree(v) == 0:
-            outs.append(rg.bindings[rg.node_binding[v]].var)
-    if not outs:
-        outs = [rg.bindings[rg.node_binding[max(members)]].var]
-    return cut_function(rg, [rg.node_binding[v] for v in sorted(members)], outs, lift_constants, name)
 
 
 def structural_key(func: relax.Function) -> str:

@@ -328,17 +328,23 @@ def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, c
         res = flow_eval(mods, cluster_spec, model=model, cache=cache, calibrate=calibrate, max_load=max_load,
                         strict=strict, save_calibration=calibration_path(model.path) if save else None, progress=cb,
                         label_runs=label_runs)
+    applied = res["calibration"].get("applied")
     console.print(f"[bold]{res['model']}[/] on the flow ({res['cluster']}; labels: {res['label_source']}); "
-                  f"MAPE in %, sum = predicted / measured; calibrated = fitted on the other models")
+                  f"MAPE in %, sum = predicted / measured; predictions as estimate_costs gives them, calibrated by "
+                  f"{applied or 'nothing'}; raw = no calibration; LOO = calibration fitted on the other models")
     console.print(f"  {'model':14s} {'groups':>6s} {'MAPE':>7s} {'sum':>6s} {'Spearman':>8s} | "
-                  f"{'cal MAPE':>8s} {'cal sum':>7s} | load" + (" | runs differ, sum (! above target)"
-                                                              if res.get("label_noise") else ""))
+                  f"{'raw MAPE':>8s} {'raw sum':>7s} | {'LOO MAPE':>8s} {'LOO sum':>7s} | load"
+                  + (" | runs differ, sum (! above target)" if res.get("label_noise") else ""))
     for name, r in res["flow"].items():
-        c = r.get("calibrated_heldout") or {}
+        c, w = r.get("calibrated_heldout") or {}, r["raw"]
         flag = " [yellow]high[/]" if r["high_load"] else ""
-        console.print(f"  {name:14s} {r['n_groups']:6d} {_fmt(r['mape'], '7.1f')} {_fmt(r['sum_ratio'], '6.2f')} "
-                      f"{_fmt(r['spearman'], '8.3f')} | {_fmt(c.get('mape'), '8.1f')} {_fmt(c.get('sum_ratio'), '7.2f')}"
+        fit = "*" if r.get("in_fit") else " "
+        console.print(f"  {name:13s}{fit} {r['n_groups']:6d} {_fmt(r['mape'], '7.1f')} {_fmt(r['sum_ratio'], '6.2f')} "
+                      f"{_fmt(r['spearman'], '8.3f')} | {_fmt(w['mape'], '8.1f')} {_fmt(w['sum_ratio'], '7.2f')} | "
+                      f"{_fmt(c.get('mape'), '8.1f')} {_fmt(c.get('sum_ratio'), '7.2f')}"
                       f" | {r['load']['label_1min']:.2f}{flag}{_noise(r)}")
+    if any(r.get("in_fit") for r in res["flow"].values()):
+        console.print("  * among the models the applied calibration was fitted on")
     pooled = res["pooled"]
     for k, m in pooled.items():
         console.print(f"  pooled {k}: MAPE {_fmt(m['mape'], '.1f')}%, sum {_fmt(m['sum_ratio'], '.2f')}, "

@@ -446,10 +446,13 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     For each model: its fused groups (the ``tvm`` candidates of placement, as
     :func:`tvm_pesto.estimate_costs` costs them) measured by the ``measured`` source (timed
     now on ``cluster``'s devices, scaled to the whole model's measured time) and predicted
-    by the ``xgb`` source without calibration (raw). With ``calibrate``, each model is also
-    scored with a calibration fitted on the *other* models only (leave one model out, so the
-    score is not the fit), and with the calibration stored next to the model file if there
-    is one (``calibrated_stored``, ``in_fit`` says whether that model was in its fit).
+    by the ``xgb`` source as :func:`tvm_pesto.estimate_costs` gives them: with the
+    calibration the source applies on this machine (this machine's fit, fitted first if the
+    model has none and ``$TVM_PESTO_MACHINE_CALIBRATION`` allows it, else the one
+    stored next to the model file; ``in_fit`` says whether the model was among those it was
+    fitted on), and raw (``raw``: no calibration). With ``calibrate``, each model is also
+    scored with a calibration fitted on the *other* models' labels of this run only (leave
+    one model out, so the score is not the fit).
 
     Parameters
     ----------
@@ -481,11 +484,14 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     -------
     dict
         ``flow.<model>``: ``mape`` (percent), ``median_ape``, ``p90_ape``, ``within_10pct``,
-        ``sum_ratio`` (sum predicted / sum measured), ``spearman``, ``kendall``, ``n_groups``,
-        ``calibrated`` (False: these are raw), ``load`` (before/after the measurement and the
-        labels' 1-minute value), ``high_load``; ``calibrated_heldout`` (the same figures with
-        the leave-one-model-out calibration, ``calibrated: True``); ``pooled`` over all
-        groups; ``targets`` (which models meet per-group MAPE <= 25 % and sum within 10 %).
+        ``sum_ratio`` (sum predicted / sum measured), ``spearman``, ``kendall``, ``n_groups``
+        of the predictions the product uses, ``calibrated`` (whether a calibration was
+        applied: ``calibration`` at the top level says which file), ``in_fit``, ``load``
+        (before/after the measurement and the labels' 1-minute value), ``high_load``;
+        ``raw`` (the same figures without calibration); ``calibrated_heldout`` (with the
+        leave-one-model-out calibration); ``pooled`` over all groups (``applied``, ``raw``,
+        ``calibrated_heldout``); ``targets`` (which models meet per-group MAPE <= 25 % and
+        sum within 10 %, for each of the three).
         With ``label_runs`` > 1, ``flow.<model>.label_noise``: ``runs``, ``rerun_mape``
         (percent, each later run against the first, mean over groups and runs),
         ``rerun_sum_ratio`` (each later run's sum over the first's) and ``above_target``
@@ -506,7 +512,7 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     """
     import tempfile
 
-    from ..api import Analysis, analyze, as_cluster
+    from ..api import Analysis, analyze, as_cluster, calibrate_machine
     from ..candidates import placement_candidates
     from . import candidate_costs
     from .cache import MeasureCache
@@ -533,11 +539,18 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
                             f"one of its size, so the flow evaluation would score roofline estimates; use a cluster "
                             f"of devices it covers ({', '.join(cm.meta.get('devices', []))})")
         cols.setdefault(device_key(dd), j)
+    applied = None  # the calibration the xgb source applies here, as estimate_costs would
+    if calibrate:
+        from .machine import needs_fit
+
+        if needs_fit(cm, cl):
+            calibrate_machine(cl, cm, announce=True)
+        applied = load_calibration(cm)
     fresh = cache is None
     if fresh:
         cache = MeasureCache(Path(tempfile.mkdtemp(prefix="pesto-flow-")) / "measurements.jsonl")
     load_start = _loadavg()
-    per, pairs, cands, run_labels = {}, {}, {}, {}
+    per, pairs, cands, run_labels, applied_of = {}, {}, {}, {}, {}
     for name, mod in modules.items():
         before = _loadavg()
         if strict and before[0] > max_load:
@@ -568,17 +581,21 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         if not ps:
             raise CostError(f"model {name}: no fused group was both measured and predicted; check that it builds "
                             "on this machine (tvm-pesto run)")
-        pred, meas = np.array([p[2] for p in ps]), np.array([p[3] for p in ps])
-        rec = {"origin": model_origin(name), "n_groups": len(a.groups), "calibrated": False,
-               **_flow_errors(meas, pred), "load": {"before": before, "after": after, "label_1min": label_load,
+        raw_pred, meas = np.array([p[2] for p in ps]), np.array([p[3] for p in ps])
+        at = tuple(np.array(cells).T)  # the (candidate, column) cells scored
+        pred = raw_pred if applied is None else predict_candidate_costs(cs, cl, cm, calibration=applied)[0][at]
+        rec = {"origin": model_origin(name), "n_groups": len(a.groups), "calibrated": applied is not None,
+               **_flow_errors(meas, pred),
+               "in_fit": applied is not None and name in (applied.meta.get("models") or []),
+               "raw": {"calibrated": False, **_flow_errors(meas, raw_pred)},
+               "load": {"before": before, "after": after, "label_1min": label_load,
                         "known": bool(fresh or mct.cached == 0)}, "high_load": bool(high),
                "measured": mct.measured, "labels_from_cache": mct.cached, "measure_s": float(mct.seconds),
                "whole_model_factor": {str(k): v for k, v in mct.calibration.items()}}
-        at = tuple(np.array(cells).T)  # the (candidate, column) cells scored
         if label_runs > 1:
             run_labels[name] = [r[at] for r in runs]
             rec["label_noise"] = _label_noise(run_labels[name])
-        per[name], pairs[name], cands[name] = rec, ps, (cs, at)
+        per[name], pairs[name], cands[name], applied_of[name] = rec, ps, (cs, at), pred
     res: dict = {"kind": "flow", "model": cm.path, "cluster": cl.name, "devices": sorted(cols),
                  "cost_source": "xgb", "label_source": "measured (fused groups scaled to the whole model's time)",
                  "units": UNITS, "max_load": max_load, "cores": os.cpu_count(), "strict": bool(strict),
@@ -599,21 +616,16 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
                               "above_target_models": sorted(n for n, r in per.items() if r["label_noise"]["above_target"])}
     all_meas = np.concatenate([[p[3] for p in pairs[n]] for n in per])
     all_raw = np.concatenate([[p[2] for p in pairs[n]] for n in per])
-    res["pooled"] = {"raw": _flow_errors(all_meas, all_raw)}
-    res["targets"] = {"raw": _target_summary(per, None)}
-    res["calibration"] = {"fitted": False, "raw_figures_calibrated": False,
-                          "note": "flow.<model> figures are raw; calibrated ones are under calibrated_heldout "
-                                  "(and calibrated_stored)" if calibrate else "calibration off (--no-calibration)"}
+    all_applied = np.concatenate([applied_of[n] for n in per])
+    res["pooled"] = {"applied": _flow_errors(all_meas, all_applied), "raw": _flow_errors(all_meas, all_raw)}
+    res["targets"] = {"applied": _target_summary(per, None), "raw": _target_summary(per, "raw")}
+    res["calibration"] = {"fitted": False, "applied": None if applied is None else applied.path,
+                          "note": "flow.<model> figures are the xgb source's as estimate_costs gives them "
+                                  "(calibration applied); raw ones under flow.<model>.raw, leave-one-model-out "
+                                  "ones under calibrated_heldout" if calibrate
+                          else "calibration off (--no-calibration): flow.<model> figures are raw"}
     if calibrate:
         _flow_calibrate(res, per, pairs, cands, cl, cm)
-        stored = load_calibration(cm)
-        res["calibration"]["stored"] = None if stored is None else stored.path
-        if stored is not None:
-            for name, rec in per.items():
-                cs, cells = cands[name]
-                pred = predict_candidate_costs(cs, cl, cm, calibration=stored)[0][cells]
-                rec["calibrated_stored"] = {"calibrated": True, **_flow_errors(_measured_of(pairs[name]), pred),
-                                            "in_fit": name in (stored.meta.get("models") or [])}
         if save_calibration is not None:
             loads = [r["load"]["label_1min"] for r in per.values()]
             meta = {"model": Path(cm.path).name if cm.path else None,

@@ -281,7 +281,8 @@ def calibrate_native(cs: CandidateSet, cluster, table: np.ndarray, cache: Measur
     for j, dev in enumerate(cluster.devices):
         k = _device_key(dev)
         if k not in done:
-            _, done[k] = calibrate(table[groups, j], measure_whole(cs.rg, dev, cache))
+            parts = table[groups, j]
+            _, done[k] = calibrate(parts, measure_whole(cs.rg, dev, cache, expect_s=float(np.sum(parts))))
         factors[j] = float(done[k])
         table[native, j] *= done[k]
     return factors

@@ -150,32 +150,24 @@ def _units(rg, groups, backends):
 
 
 def _register_descs(log: ProfileLog, rg, units) -> None:
-    """Compute structural keys of every unit (both cut styles) and map them to descriptions."""
-    from ..builder.subgraph import group_function, structural_key
+    """Compute the structural key of every unit (the function it is timed as) and map it to
+    its description."""
+    from ..builder.subgraph import structural_key
+    from ..candidates import candidate_function
 
-    try:
-        from ..candidates import candidate_function
-    except ImportError:  # pragma: no cover - the candidates package ships with tvm-pesto
-        candidate_function = None
     seen: set = set()
     for backend, nodes in units:
         nodes = tuple(sorted(nodes))
-        native = backend == "tvm"
-        if (nodes, native) in seen:
+        if nodes in seen:
             continue
-        seen.add((nodes, native))
+        seen.add(nodes)
         desc = describe_group(rg.graph, nodes)
-        keys = []
         try:
-            if native or candidate_function is None:
-                keys.append(structural_key(group_function(rg, list(nodes), lift_constants=True).func))
-            else:
-                keys.append(structural_key(candidate_function(rg, list(nodes), lift_constants=True).func))
+            k = structural_key(candidate_function(rg, list(nodes), lift_constants=True).func)
         except Exception:  # noqa: BLE001 - a unit that cannot be cut is reported by the measuring code
             continue
-        for k in keys:
-            log.descs.setdefault(k, desc)
-            log.nodes.setdefault(k, list(nodes))
+        log.descs.setdefault(k, desc)
+        log.nodes.setdefault(k, list(nodes))
 
 
 def _register_tuned(log: ProfileLog, cs, dev, tk: str) -> None:

@@ -1,6 +1,10 @@
 """Measure each fused group of a Relax graph on a real CPU device.
 
-Every group becomes a small function keyed by its structure with the weights lifted to
+Every group becomes a small function (:func:`~tvm_pesto.candidates.candidate_function`:
+tensor parameters only, so a tuple element read from outside the group, such as a
+``split``'s part or a ``batch_norm``'s result, comes in as the tensor it is in the model;
+a tuple parameter adds the VM's checks of every field, 2.2 us of a view's 0.7 us on a
+Zen 1 core) keyed by its structure with the weights lifted to
 parameters (so equal shapes share one measurement) and timed with its own weights bound
 as constants, as in the model: kernel times depend on the values (TVM's GELU on 8,192
 floats takes 20 us on inputs of scale 0.3 and 58 us on scale 3, and a matmul over N(0, 1)
@@ -23,7 +27,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..builder.subgraph import group_function, structural_key
+from ..builder.subgraph import structural_key
+from ..candidates import candidate_function
 from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError
 from .cache import MeasureCache, device_key, measurement_record
@@ -109,7 +114,7 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
                         "measure it over TVM RPC (--rpc-tracker HOST:PORT --rpc-key KEY)")
     cache = cache if cache is not None else MeasureCache()
     tkey = device_key(device)
-    keys = [structural_key(group_function(rg, grp, lift_constants=True).func) for grp in groups]
+    keys = [structural_key(candidate_function(rg, grp, lift_constants=True).func) for grp in groups]
     times = np.full(len(groups), np.nan)
     todo: dict[str, int] = {}
     for gi, k in enumerate(keys):
@@ -120,7 +125,7 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
             todo[k] = gi
     overhead_rec = cache.get(OVERHEAD_KEY, BACKEND, tkey)
     if todo or overhead_rec is None:
-        segs = {gi: group_function(rg, groups[gi], lift_constants=False) for gi in todo.values()}
+        segs = {gi: candidate_function(rg, groups[gi], lift_constants=False) for gi in todo.values()}
         funcs = {f"g{n}": segs[gi].func.with_attr("global_symbol", f"g{n}") for n, gi in enumerate(todo.values())}
         funcs["pesto_call_overhead"] = _overhead_func()
         funcs.update(reference_functions())
@@ -196,8 +201,20 @@ def _overhead_func():
     return bb.get()["pesto_call_overhead"].with_attr("global_symbol", "pesto_call_overhead")
 
 
-def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5) -> float:
-    """Seconds the whole function takes on ``device`` as one compiled module (cached)."""
+#: A whole-model timing outside this factor of its groups' sum is timed twice more and the
+#: median of the three kept: on the shared VMs one timing of text_encoder came out at 0.27x
+#: its groups and one of mobilenet_v3 at 1.89x, where reruns gave 1.04-1.08x (every other
+#: model: 0.91-1.14x), and the factor rescales every TVM-native cost of that model.
+WHOLE_PLAUSIBLE = (0.5, 2.0)
+
+
+def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5, expect_s: float | None = None) -> float:
+    """Seconds the whole function takes on ``device`` as one compiled module (cached).
+
+    With ``expect_s`` (what its fused groups add up to), a timing outside
+    :data:`WHOLE_PLAUSIBLE` times that is taken twice more and the median of the three
+    kept (the record's ``retimed`` lists them).
+    """
     cache = cache if cache is not None else MeasureCache()
     tkey = device_key(device)
     key = "whole:" + structural_key(rg.func)
@@ -214,9 +231,17 @@ def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5
             with device_vm(ex, device, "pesto_whole") as (vm, dev):
                 args = random_args(rg.func.params, dev, np.random.default_rng(0))
                 vm["main"](*args)
-                timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(20), key=tkey)
-                timer.time("main", args)
-                box["reps"], box["timing"] = timer.results()[0], timer.describe(0)
+
+                def once():
+                    timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(20), key=tkey)
+                    timer.time("main", args)
+                    return timer.results()[0], timer.describe(0)
+
+                runs = [once()]
+                ratio = float(np.median(runs[0][0])) / expect_s if expect_s else 1.0
+                if not WHOLE_PLAUSIBLE[0] <= ratio <= WHOLE_PLAUSIBLE[1]:
+                    runs += [once(), once()]
+                box["runs"] = runs
         except BaseException as e:  # noqa: BLE001
             box["err"] = e
 
@@ -227,11 +252,16 @@ def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5
         if isinstance(box["err"], CostError):
             raise box["err"]
         raise CostError(f"measuring the whole model on {device.name} failed: {box['err']}") from box["err"]
-    med = float(np.median(box["reps"]))
-    cache.put({"key": key, "backend": BACKEND, "target": tkey, "median_s": med, "repeats": box["reps"],
-               "op": "whole-model", "flops": float(rg.graph.total_flops()), "bytes": 0.0,
-               "device": device.model or device.name, "time": time.time(), "timing": box["timing"]})
-    return med
+    meds = [float(np.median(reps)) for reps, _ in box["runs"]]
+    k = int(np.argsort(meds)[len(meds) // 2])  # the median run (the only one when the first was plausible)
+    reps, timing = box["runs"][k]
+    rec = {"key": key, "backend": BACKEND, "target": tkey, "median_s": meds[k], "repeats": reps,
+           "op": "whole-model", "flops": float(rg.graph.total_flops()), "bytes": 0.0,
+           "device": device.model or device.name, "time": time.time(), "timing": timing}
+    if len(meds) > 1:
+        rec["retimed"] = meds
+    cache.put(rec)
+    return meds[k]
 
 
 def calibrate(group_costs: np.ndarray, whole_s: float) -> tuple[np.ndarray, float]:
