@@ -91,6 +91,25 @@ def test_flow_eval_scores_real_fused_groups(measured):
     assert set(res["targets"]["raw"]) == {"models", "mape_met", "sum_met", "all_met"}
 
 
+def test_flow_fits_this_machines_calibration_first_as_estimate_costs_does(measured, monkeypatch):
+    """Where the xgb source would fit this machine's calibration before its first costs, the
+    flow does too, and scores what that calibration then gives (here: the bundled one)."""
+    import tvm_pesto.api as api
+    import tvm_pesto.costs.machine as machine
+
+    _, mods, cache = measured
+    fits = []
+    monkeypatch.setattr(machine, "needs_fit", lambda model, cluster: True)
+    monkeypatch.setattr(api, "calibrate_machine", lambda cluster, model, announce=False: fits.append(cluster.name))
+    res = flow_eval(mods, "cpu:2", cache=cache)
+    assert fits == ["cpu:2"]
+    assert res["calibration"]["applied"] and all(r["calibrated"] for r in res["flow"].values())
+    fits.clear()
+    res = flow_eval(mods, "cpu:2", cache=cache, calibrate=False)
+    assert fits == [] and res["calibration"]["applied"] is None
+    assert all(r["mape"] == r["raw"]["mape"] and r["calibrated"] is False for r in res["flow"].values())
+
+
 def test_high_load_is_flagged_and_strict_refuses(measured, monkeypatch):
     _, mods, cache = measured
     monkeypatch.setattr(os, "getloadavg", _loads(3.5))
