@@ -182,7 +182,8 @@ def main() -> None:
             shift = deltas[size][unit] * scale  # signed: a few new cuts return a fresh tuple and take longer
             floor = overheads[dk]
             r["relabel"] = {"old_key": r["key"], "delta_s": deltas[size][unit], "scale": scale,
-                            "why": "timed with a tuple parameter or result before 2026-12-02 (scripts/relabel_tuple_params.py)"}
+                            "why": "timed with a tuple parameter or result before 2026-12-02 "
+                                   "(scripts/relabel_tuple_params.py)"}
             r["key"] = newkey[unit]
             r["median_s"] = max(r["median_s"] - shift, floor)
             for f in ("repeats", "runs"):

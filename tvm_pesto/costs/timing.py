@@ -204,11 +204,13 @@ def _overhead_func():
 #: A whole-model timing outside this factor of its groups' sum is timed twice more and the
 #: median of the three kept: on the shared VMs one timing of text_encoder came out at 0.27x
 #: its groups and one of mobilenet_v3 at 1.89x, where reruns gave 1.04-1.08x (every other
-#: model: 0.91-1.14x), and the factor rescales every TVM-native cost of that model.
+#: timing in the flow runs of 2026-12-02: 0.91-1.15x), and the factor rescales every
+#: TVM-native cost of that model.
 WHOLE_PLAUSIBLE = (0.5, 2.0)
 
 
-def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5, expect_s: float | None = None) -> float:
+def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5,
+                  expect_s: float | None = None) -> float:
     """Seconds the whole function takes on ``device`` as one compiled module (cached).
 
     With ``expect_s`` (what its fused groups add up to), a timing outside
