@@ -129,10 +129,12 @@ def test_an_implausible_whole_model_timing_is_taken_twice_more(tmp_path, monkeyp
     and the median kept; a plausible one is taken once."""
     real = measure_mod.ReferenceTimer
     made, slow = [], {"on": True}
+    truth = 1e-3  # what every timing says (the kernel still runs: timed, then replaced), so
+    # the plausibility test does not depend on how a loaded machine times a 20-us model
 
     class FirstTooFast(real):  # while "on", each call's first timing says a quarter of the truth
         def results(self):
-            out = super().results()
+            out = [[truth] * len(rs) for rs in super().results()]
             return [[r * 0.25 for r in rs] for rs in out] if slow["on"] and self is made[0] else out
 
         def __init__(self, *a, **k):
