@@ -20,16 +20,26 @@ them interleaved (round-robin blocks, so slow drifts of the machine hit all alik
 median latency of each, hybrid / measured and measured-again / measured. The load average
 goes with every timing.
 
+``--replay DIR`` takes the timer out: each model is measured in full once (``DIR/<model>-<size>-<cluster>.jsonl``,
+kept and reused), and ``hybrid`` places from a copy of that log, so every measurement it
+chooses is served by the same timing the full plan saw. It reports which measurements the
+hybrid made and its plan simulated under the measured costs against the measured plan's, and
+builds and runs nothing: the hybrid's choices alone, a few seconds a model after the first
+pass, for trying a change to :mod:`tvm_pesto.costs.hybrid` on every model before timing one.
+
 Usage::
 
     python scripts/bench_hybrid.py --json cost_models/bench_hybrid.json
     python scripts/bench_hybrid.py --models bert,vit --rounds 4
     python scripts/bench_hybrid.py --noise-floor --json out.json
+    python scripts/bench_hybrid.py --replay /tmp/hybrid-logs --models bert,mlp_mixer
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -121,6 +131,99 @@ def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round:
     return res
 
 
+def replay_model(name: str, size: str, cluster_spec: str, solver: str, log_dir: str) -> tuple[dict, dict]:
+    """``--replay``: the hybrid's plan against the fully measured one, both from one log; and
+    the per-backend lists of measured / predicted (:func:`_prediction_ratios`)."""
+    import tvm_pesto
+    from tvm_pesto.costs.cache import MeasureCache
+    from tvm_pesto.plan import JointProblem, simulate
+
+    mod, _, origin = _module(name, size)
+    cluster = tvm_pesto.parse_cluster(cluster_spec)
+    analysis = tvm_pesto.analyze(mod)
+    os.makedirs(log_dir, exist_ok=True)
+    full = os.path.join(log_dir, f"{name}-{size}-{cluster.name}.jsonl".replace("/", "_").replace(":", "_"))
+    res: dict = {"model": name, "origin": origin, "size": size, "cluster": cluster.name, "log": full,
+                 "load_before": list(os.getloadavg())}
+    pm = tvm_pesto.place(analysis, cluster, backends="all", solver=solver, costs="measured", cache=MeasureCache(full),
+                         deterministic=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "hybrid.jsonl")
+        shutil.copy(full, copy)
+        ph = tvm_pesto.place(analysis, cluster, backends="all", solver=solver, costs="hybrid",
+                             cache=MeasureCache(copy), deterministic=True)
+    cs = pm.candidates
+    jp = JointProblem(analysis.op_graph, cluster, list(cs), pm.costs.table)
+    index = {(c.backend, tuple(c.nodes)): i for i, c in enumerate(cs)}
+
+    def under(pl):
+        return float(simulate(jp.contract([index[(u.backend, tuple(u.nodes))] for u in pl.plan.units]), pl.plan).run_s)
+
+    with open(full) as f:  # the distinct timings of the full pass: its records, less the VM probe and the failures
+        recs = [json.loads(line) for line in f if line.strip()]
+    n_full = sum(1 for r in recs if not str(r.get("key", "")).startswith("__") and float(r.get("median_s", -1)) >= 0)
+    rounds = ph.costs.calibration.get("rounds") or []
+    res.update(candidates=len(cs), measured_measurements=n_full,
+               hybrid_measurements=sum(int(x["keys"]) for x in rounds),
+               hybrid_budget=ph.costs.calibration.get("budget"), hybrid_rounds=ph.costs.calibration.get("rounds"),
+               measured={"backend_mix": pm.backend_mix, "simulated_s": under(pm)},
+               hybrid={"backend_mix": ph.backend_mix, "simulated_s": float(ph.sim.run_s),
+                       "simulated_under_measured_s": under(ph)})
+    res["measurement_ratio"] = res["measured_measurements"] / max(res["hybrid_measurements"], 1)
+    res["sim_ratio_under_measured"] = res["hybrid"]["simulated_under_measured_s"] / res["measured"]["simulated_s"]
+    ratios = _prediction_ratios(cs, cluster, pm.costs.table)
+    res["measured_over_predicted"] = _medians(ratios)
+    return res, ratios
+
+
+def _medians(ratios: dict) -> dict:
+    return {b: {"n": len(v["raw"]), "applied": float(np.median(v["applied"])), "raw": float(np.median(v["raw"]))}
+            for b, v in sorted(ratios.items())}
+
+
+def _prediction_ratios(cs, cluster, measured) -> dict:
+    """Per backend, over every candidate the full pass timed (first device): measured / the
+    ``xgb`` source's prediction, as applied (this machine's calibration) and raw; lists."""
+    from tvm_pesto.costs.xgb import predict_candidate_costs
+
+    applied, _ = predict_candidate_costs(cs, cluster)
+    raw, _ = predict_candidate_costs(cs, cluster, calibration=False)
+    out: dict = {}
+    for i, c in enumerate(cs):
+        m = measured[i, 0]
+        if np.isfinite(m) and m > 0 and np.isfinite(applied[i, 0]) and np.isfinite(raw[i, 0]):
+            o = out.setdefault(c.backend, {"applied": [], "raw": []})
+            o["applied"].append(float(m / applied[i, 0]))
+            o["raw"].append(float(m / raw[i, 0]))
+    return out
+
+
+def _replay(names, args) -> dict:
+    out = {"mode": "replay", "cluster": args.cluster, "size": args.size, "solver": args.solver, "logs": args.replay,
+           "load_start": list(os.getloadavg()), "models": {}}
+    print(f"{'model':14s} {'cands':>6s} {'meas full':>9s} {'meas hyb':>8s} {'ratio':>6s} {'sim h/m':>8s}  rounds")
+    pooled: dict = {}
+    for n in names:
+        r, ratios = replay_model(n, args.size, args.cluster, args.solver, args.replay)
+        out["models"][n] = r
+        for b, v in ratios.items():
+            for k in ("applied", "raw"):
+                pooled.setdefault(b, {"applied": [], "raw": []})[k].extend(v[k])
+        print(f"{n:14s} {r['candidates']:6d} {r['measured_measurements']:9d} {r['hybrid_measurements']:8d} "
+              f"{r['measurement_ratio']:6.1f} {r['sim_ratio_under_measured']:8.3f}  "
+              + " ".join(f"{x['why']}:{x['keys']}" for x in r["hybrid_rounds"] or []), flush=True)
+    ms = list(out["models"].values())
+    out["summary"] = {"worst_sim_ratio": max(r["sim_ratio_under_measured"] for r in ms),
+                      "min_model_ratio": min(r["measurement_ratio"] for r in ms),
+                      "median_measured_over_predicted": _medians(pooled)}
+    out["load_end"] = list(os.getloadavg())
+    print(f"worst hybrid/measured plan, simulated under the measured costs: {out['summary']['worst_sim_ratio']:.3f}")
+    for b, v in out["summary"]["median_measured_over_predicted"].items():
+        print(f"  {b:12s} {v['n']:5d} candidates: measured / predicted (median) {v['applied']:.3f} as applied, "
+              f"{v['raw']:.3f} raw")
+    return out
+
+
 def main(argv=None) -> int:
     from tvm_pesto import zoo
     from tvm_pesto.costs.hybrid import DEFAULT_FRACTION
@@ -137,9 +240,16 @@ def main(argv=None) -> int:
     ap.add_argument("--per-round", type=int, default=20, help="runs per round (the round's median is kept)")
     ap.add_argument("--noise-floor", action="store_true",
                     help="also place with measured costs a second time (another fresh log) and run that plan too")
+    ap.add_argument("--replay", default=None, metavar="DIR",
+                    help="place from full-measurement logs kept in DIR (made on first use); simulate, run nothing")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     names = [m for m in args.models.split(",") if m] or zoo.list_models()
+    if args.replay:
+        out = _replay(names, args)
+        if args.json:
+            write_json(args.json, out)
+        return 0
     out = {"cluster": args.cluster, "size": args.size, "solver": args.solver, "fraction": DEFAULT_FRACTION,
            "cores": os.cpu_count(), "load_start": list(os.getloadavg()), "models": {}}
     print(f"{'model':14s} {'cands':>6s} {'meas full':>9s} {'meas hyb':>8s} {'ratio':>6s} {'sim h/m':>8s} "

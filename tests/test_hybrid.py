@@ -174,3 +174,19 @@ def test_the_run_report_names_ops_never_trained_on():
     with console.capture() as cap:
         _print_run(res)
     assert "never trained on" not in cap.get()
+
+
+def test_a_run_far_from_its_prediction_points_at_the_calibration_and_its_age():
+    """A run whose predicted plan measured more than 15 % off names the calibration applied,
+    when it was fitted, and the command that refits it; a close run or measured costs say nothing."""
+    from tvm_pesto.cli.main import _stale_calibration_hint
+
+    cal = {"0": {"onnxruntime": {"a": 1.25, "b": 0.0, "file": "/c/m.json", "fitted_at": "2026-12-02T18:02:51+0000"},
+                 "tvm": {"a": 1.2, "b": 0.0, "file": "/c/m.json", "fitted_at": "2026-12-02T18:02:51+0000"}}}
+    res = {"measured_over_simulated": 0.8, "costs": {"source": "xgb", "calibration": cal}}
+    hint = _stale_calibration_hint(res)
+    assert "0.80x" in hint and "/c/m.json (fitted 2026-12-02T18:02:51+0000)" in hint and "cost-model calibrate" in hint
+    assert hint.count("/c/m.json") == 1  # one file, said once
+    assert _stale_calibration_hint({**res, "measured_over_simulated": 1.1}) is None
+    assert _stale_calibration_hint({**res, "costs": {"source": "measured", "calibration": {}}}) is None
+    assert "none applied" in _stale_calibration_hint({**res, "costs": {"source": "hybrid", "calibration": {}}})

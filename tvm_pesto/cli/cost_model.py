@@ -151,7 +151,7 @@ def merge_cmd(logs, output, assume_cpu_kind):
 @click.option("--heldout", default="", help="comma-separated model names kept out of training (eval reports them)")
 @click.option("--eval-heldout", default="", help="comma-separated model names trained on, whose held-out figures "
               "eval gets by retraining the same recipe without them (the shipped model uses all the data)")
-@click.option("--rounds", default=None, type=int, help="boosting rounds [default: 300]")
+@click.option("--rounds", default=None, type=int, help="boosting rounds [default: 1000]")
 @click.option("--json", "json_path", default=None, help="write the training summary as JSON here")
 def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, json_path):
     """Train a cost model on profiler LOGS (and MetaSchedule databases) and save it."""
