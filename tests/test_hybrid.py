@@ -153,6 +153,7 @@ def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_pa
         sel = [i for i in h.done if dcs[i].backend == b and i not in h.unseen and np.isfinite(h.table[i, int(j)])]
         assert f == pytest.approx(float(np.median([h.table[i, int(j)] / h.raw[i, int(j)] for i in sel])))
     ct = h.cost_table()
+    assert set(ct.calibration["applied"]) <= {str(j) for j in range(len(h.columns))}  # what its predictions carry
     assert not set(ct.unseen) & h.done  # what is still a guess is said; the measured are not guesses
 
 
@@ -189,4 +190,7 @@ def test_a_run_far_from_its_prediction_points_at_the_calibration_and_its_age():
     assert hint.count("/c/m.json") == 1  # one file, said once
     assert _stale_calibration_hint({**res, "measured_over_simulated": 1.1}) is None
     assert _stale_calibration_hint({**res, "costs": {"source": "measured", "calibration": {}}}) is None
-    assert "none applied" in _stale_calibration_hint({**res, "costs": {"source": "hybrid", "calibration": {}}})
+    assert "no calibration was applied" in _stale_calibration_hint({**res, "costs": {"source": "xgb", "calibration": {}}})
+    # hybrid's table keeps its rounds beside the calibration its predictions carry
+    hybrid = {"source": "hybrid", "calibration": {"bias": {"0:tvm": 0.9}, "budget": 4, "rounds": [], "applied": cal}}
+    assert "/c/m.json (fitted 2026-12-02T18:02:51+0000)" in _stale_calibration_hint({**res, "costs": hybrid})

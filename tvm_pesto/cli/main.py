@@ -121,11 +121,15 @@ def _stale_calibration_hint(res) -> str | None:
     ratio = res.get("measured_over_simulated")
     if c.get("source") not in ("xgb", "hybrid") or ratio is None or abs(ratio - 1.0) <= PREDICTION_OFF:
         return None
-    fits = {(e.get("file"), e.get("fitted_at")) for dev in (c.get("calibration") or {}).values()
+    cal = c.get("calibration") or {}
+    per_device = cal.get("applied", {}) if c["source"] == "hybrid" else cal  # hybrid keeps its own rounds beside
+    fits = {(e.get("file"), e.get("fitted_at")) for dev in per_device.values()
             if isinstance(dev, dict) for e in dev.values() if isinstance(e, dict) and e.get("file")}
-    what = "; ".join(f"{f} (fitted {t or 'at an unknown time'})" for f, t in sorted(fits, key=str)) or "none applied"
-    return (f"measured {ratio:.2f}x the prediction; calibration: {what}. A machine's speed drifts (a VM's by 15 % "
-            "within hours): `tvm-pesto cost-model calibrate` refits it here (about 40 s)")
+    what = "; ".join(f"{f} (fitted {t or 'at an unknown time'})" for f, t in sorted(fits, key=str))
+    what = f"the predictions carry the calibration {what}" if what else "no calibration was applied"
+    return (f"measured {ratio:.2f}x the prediction; {what}. A machine's speed drifts (a VM's by 15 % within hours): "
+            "`tvm-pesto cost-model calibrate` refits it here (about 40 s). If `--costs measured` is as far off, "
+            "the gap is in running the plan, not in its costs")
 
 
 @cli.command()

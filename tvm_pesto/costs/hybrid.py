@@ -264,7 +264,8 @@ class Hybrid:
 
         _check_fraction(fraction)
         self.unseen: dict = {}  # candidate -> ops the model never trained on
-        table, self.columns = predict_candidate_costs(cs, cluster, unseen=self.unseen)
+        self.applied: dict = {}  # device -> the xgb calibration its predictions carry
+        table, self.columns = predict_candidate_costs(cs, cluster, unseen=self.unseen, applied=self.applied)
         self.cs, self.cluster, self.cache, self.progress, self.fraction = cs, cluster, cache, progress, fraction
         self.table = table.copy()
         self.keys = candidate_keys(cs) if fraction is not None else [str(i) for i in range(len(cs))]
@@ -370,6 +371,7 @@ class Hybrid:
                          cached=self.report.cached, predicted=len(self.cs) - n_measured,
                          infeasible=dict(self.report.infeasible),
                          calibration={"bias": dict(self.corrections), "budget": self.budget,
+                                      "applied": {str(j): v for j, v in self.applied.items()},
                                       "rounds": list(self.rounds)},
                          seconds=self.report.seconds,
                          saved_s=float(per * skipped) if self.report.measured else 0.0,
