@@ -165,7 +165,7 @@ def replay_model(name: str, size: str, cluster_spec: str, solver: str, log_dir: 
     rounds = ph.costs.calibration.get("rounds") or []
     res.update(candidates=len(cs), measured_measurements=n_full,
                hybrid_measurements=sum(int(x["keys"]) for x in rounds),
-               hybrid_budget=ph.costs.calibration.get("budget"), hybrid_rounds=ph.costs.calibration.get("rounds"),
+               hybrid_budget=ph.costs.calibration.get("budget"), hybrid_rounds=rounds,
                measured={"backend_mix": pm.backend_mix, "simulated_s": under(pm)},
                hybrid={"backend_mix": ph.backend_mix, "simulated_s": float(ph.sim.run_s),
                        "simulated_under_measured_s": under(ph)})
