@@ -32,7 +32,7 @@ Usage::
     python scripts/bench_hybrid.py --json cost_models/bench_hybrid.json
     python scripts/bench_hybrid.py --models bert,vit --rounds 4
     python scripts/bench_hybrid.py --noise-floor --json out.json
-    python scripts/bench_hybrid.py --replay /tmp/hybrid-logs --models bert,mlp_mixer
+    python scripts/bench_hybrid.py --replay hybrid-logs --models bert,mlp_mixer
 """
 from __future__ import annotations
 

@@ -28,7 +28,10 @@ moves the old records to the new harness without measuring their kernels again:
 
 Usage::
 
-    python scripts/relabel_tuple_params.py cost_models/profile-cpu.jsonl -o relabeled.jsonl --json relabel.json
+    python scripts/relabel_tuple_params.py cost_models/profile-cpu.jsonl.gz -o relabeled.jsonl.gz --json relabel.json
+
+The log is read and written gzip-compressed when its name ends in ``.gz``
+(:func:`tvm_pesto.costs.jsonl.open_log`).
 """
 from __future__ import annotations
 
@@ -135,9 +138,11 @@ def main() -> None:
     from tvm_pesto.candidates import candidate_function
     from tvm_pesto.cluster import parse_cluster
     from tvm_pesto.costs.features import device_key, device_size_key
+    from tvm_pesto.costs.jsonl import open_log
 
     t0 = time.time()
-    recs = [json.loads(line) for line in open(args.log)]
+    with open_log(args.log) as f:
+        recs = [json.loads(line) for line in f]
     overheads = {device_key(r["device_desc"]): r["median_s"] for r in recs
                  if r.get("key") == "__vm_call_overhead__" and r.get("device_desc")}
     by_model = collections.defaultdict(list)
@@ -190,7 +195,7 @@ def main() -> None:
                 if isinstance(r.get(f), list):
                     r[f] = [max(x - shift, floor) for x in r[f]]
             report[dk] += 1
-    with open(args.out, "w") as f:
+    with open_log(args.out, "w") as f:
         for r in recs:
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
     summary = {"units": len(pairs), "records": dict(report), "overhead_here_s": here,

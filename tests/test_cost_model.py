@@ -178,6 +178,33 @@ def test_repeated_passes_are_merged_to_the_fastest(tmp_path, sweep_descs):
     assert nf["n_rerun_pairs"] == 2 and nf["rerun_mape"] == pytest.approx(100 * (2.0 + 1 / 3) / 2)
 
 
+def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, sweep_descs):
+    """A log stored as ``NAME.jsonl.gz`` (the bundled training data) reads under either name,
+    with the rows of the plain file; ``merge_logs`` writes the same gzip bytes twice."""
+    import gzip
+
+    from tvm_pesto.costs.jsonl import append_record, read_records
+    from tvm_pesto.costs.profile import merge_logs
+
+    plain = tmp_path / "plain" / "log.jsonl"
+    plain.parent.mkdir()
+    write_log(plain, synthetic_rows(sweep_descs[:3]))
+    packed = tmp_path / "packed" / "log.jsonl"
+    packed.parent.mkdir()
+    (tmp_path / "packed" / "log.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    want = cmx.load_dataset([plain]).rows
+    for name in (packed, tmp_path / "packed" / "log.jsonl.gz"):
+        assert cmx.load_dataset([name]).rows == want
+        assert [r for _, r, _ in read_records(name)] == [r for _, r, _ in read_records(plain)]
+    a, b = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl.gz"
+    merge_logs([packed], a)
+    merge_logs([plain], b)
+    assert a.read_bytes() == b.read_bytes() and a.read_bytes()[:2] == b"\x1f\x8b"
+    assert len(cmx.load_dataset([a]).rows) == len(want)
+    with pytest.raises(ValueError, match="compressed"):
+        append_record(a, {"key": "k"})
+
+
 def test_profiler_logs_enough_to_rebuild_features_without_the_ir(tmp_path):
     from tvm_pesto.costs.profile import profile_module
 

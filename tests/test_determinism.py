@@ -36,13 +36,13 @@ import numpy as np
 import pytest
 
 from tvm_pesto.bench.random_dag import dnn_like_problem
+from tvm_pesto.graph.dnn_partitioning import benchmark_dir
 from tvm_pesto.solve import budget, solve
 from tvm_pesto.solve.refine import polish, refine
 
 MODE = os.environ.get("TVM_PESTO_DETERMINISM_MODE", "deterministic")
 DETERMINISTIC = MODE != "wall-clock"
-DNN_PARTITIONING = os.environ.get("TVM_PESTO_DNN_PARTITIONING", "/work/shared/benchmarks/dnn-partitioning")
-LAYERGRAPH = os.path.join(DNN_PARTITIONING, "latency-inputs", "LayerGraphs", "bert24_inference.json")
+LAYERGRAPH = str(benchmark_dir() / "latency-inputs" / "LayerGraphs" / "bert24_inference.json")
 
 
 @contextlib.contextmanager
@@ -119,6 +119,7 @@ def test_ilp_place_cli_gives_the_same_plan_in_two_processes():
 LOCAL_SEARCH = """
 import json, sys
 from tvm_pesto.bench.random_dag import dnn_like_problem
+from tvm_pesto.graph.dnn_partitioning import benchmark_dir
 from tvm_pesto.plan import simulate
 from tvm_pesto.solve import solve
 from tvm_pesto.solve.refine import critical_path_splits, polish

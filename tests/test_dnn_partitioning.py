@@ -11,14 +11,14 @@ import pytest
 
 from tvm_pesto.errors import ClusterError, CostError, CycleError, GraphError, PlanError
 from tvm_pesto.graph.dnn_partitioning import (
-    cluster_from_graph, colocation_groups, costs_from_graph, find_expert_split, load_expert_split,
-    load_layer_graph, write_split)
+    BENCHMARK_ENV, benchmark_dir, cluster_from_graph, colocation_groups, costs_from_graph, find_expert_split,
+    load_expert_split, load_layer_graph, write_split)
 from tvm_pesto.plan import Problem, simulate
 from tvm_pesto.solve import lower_bound, solve
 
 warnings.filterwarnings("ignore", message=".*_core is not built.*")
 
-ROOT = "/work/shared/benchmarks/dnn-partitioning"
+ROOT = str(benchmark_dir())
 FILES = sorted(glob.glob(os.path.join(ROOT, "*", "LayerGraphs", "*.json")))
 EXPERTS = sorted(glob.glob(os.path.join(ROOT, "human-experts", "*.json")))
 assert FILES and EXPERTS, f"benchmark files missing under {ROOT}"
@@ -137,6 +137,23 @@ def test_expert_without_cluster_numbers_fpgas_then_cpus():
     g, _ = load_layer_graph(path)
     plan = load_expert_split(find_expert_split(path), g)
     assert plan.num_devices == 7 and set(plan.assignment.tolist()) == set(range(6))
+
+
+def test_shipped_graphs_are_found_without_the_variable(monkeypatch):
+    monkeypatch.delenv(BENCHMARK_ENV, raising=False)
+    root = benchmark_dir()
+    assert root.parent.name == "benchmarks" and root.name == "dnn-partitioning"
+    assert (root / "LICENSE.txt").is_file() and (root / "ABOUT.md").is_file()
+    assert len(list(root.glob("*-inputs/LayerGraphs/*.json"))) == 12
+    assert len(list(root.glob("human-experts/*_expert.json"))) == 6
+
+
+def test_the_variable_names_another_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv(BENCHMARK_ENV, str(tmp_path))
+    assert benchmark_dir() == tmp_path
+    monkeypatch.setenv(BENCHMARK_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(GraphError, match=f"{BENCHMARK_ENV}.*not a folder"):
+        benchmark_dir()
 
 
 # -- errors ------------------------------------------------------------------------------------

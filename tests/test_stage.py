@@ -25,8 +25,7 @@ from tvm_pesto.solve.stage_dp import dp_bound, dp_split
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 MiB = 1 << 20
-ROOT = os.environ.get("TVM_PESTO_DNN_PARTITIONING", "/work/shared/benchmarks/dnn-partitioning")
-needs_files = pytest.mark.skipif(not os.path.isdir(ROOT), reason="dnn-partitioning files not available")
+ROOT = str(dp.benchmark_dir())
 
 
 def layer_file(nodes, edges, fpgas=2, size_per_fpga=1 << 30, cpus=1):
@@ -137,7 +136,6 @@ def paper_max_load(path: str, split: str) -> float:
     return max(load.values())
 
 
-@needs_files
 @pytest.mark.parametrize("name", ["bert24_training", "resnet50_inference", "gnmt_inference"])
 def test_the_expert_splits_cost_what_the_paper_says(name):
     path = os.path.join(ROOT, "throughput-inputs", "LayerGraphs", f"{name}.json")
@@ -203,7 +201,6 @@ def test_dp_follows_backward_twins_and_is_a_bound_for_training(tmp_path):
     check_stage_plan(p, plan)
 
 
-@needs_files
 def test_dp_on_the_layergraphs_beats_the_experts_and_meets_its_bound():
     for name in ("bert24_training", "resnet50_inference", "gnmt_inference"):
         p = layergraph("throughput", name)
@@ -217,7 +214,6 @@ def test_dp_on_the_layergraphs_beats_the_experts_and_meets_its_bound():
 
 
 # -- stage plans from every solver ------------------------------------------------------------
-@needs_files
 @pytest.mark.parametrize("objective", ["throughput", "latency"])
 def test_every_solver_gives_valid_stage_plans(objective):
     p = layergraph("throughput", "bert24_training")
@@ -301,7 +297,6 @@ def test_the_stage_mip_repeats_exactly_in_deterministic_mode():
     assert ev.valid and ev.objective_value <= a.info["warm_start_value_s"] * (1 + 1e-9)
 
 
-@needs_files
 def test_the_stage_mip_is_skipped_when_its_start_meets_the_lower_bound():
     # bert24 latency: the DP's split equals the path-memory bound, which sits 1e-6 below its
     # value; a 1e-6 test missed it and a 1-s budget ran the MIP's root for 15-18 s

@@ -4,7 +4,8 @@
 The lent GPU machine (one H200) has no TVM, no package registry, and takes at most 64 MiB per
 call, working tree included. So the check has two halves::
 
-    python tests/gpu/device_check.py --prepare DIR   # here: build the folder (<= 60 MiB)
+    python tests/gpu/device_check.py --prepare DIR   # here: build the folder (with the working
+                                                     # tree <= 60 MiB, what a device call carries)
     python tests/gpu/device_check.py --run DIR       # GPU machine: run it, write the JSON log
     python tests/gpu/device_check.py --dry-run       # here: --prepare (a temp folder unless
                                                      # --prepare DIR), then its CPU twins runtime-only
@@ -61,6 +62,15 @@ def run_folder(folder: Path, argv: list, env=None, capture: bool = False):
     return r.returncode, out
 
 
+def call_size_line(man: dict) -> str:
+    """What a device call carrying the prepared folder carries, from its manifest."""
+    size, mib = man["call_bytes"], 1 << 20
+    if size["total"] is None:
+        return f"folder {size['folder'] / mib:.1f} MiB (not a git checkout: the working tree's size is unknown)"
+    return (f"a device call carries {size['total'] / mib:.1f} MiB: working tree {size['tree'] / mib:.1f} MiB + "
+            f"folder {size['folder'] / mib:.1f} MiB")
+
+
 def _write_log(path, mode: str, man: dict, rows: list) -> None:
     log = runner.Log(Path(path), mode, man, {"python": sys.version.split()[0]})
     log.data["rows"] = rows
@@ -113,7 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--min-repeat-ms", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=300.0, help="--run: stop timing after this many seconds")
-    ap.add_argument("--max-mib", type=float, default=60.0, help="--prepare: size limit of the folder")
+    ap.add_argument("--max-mib", type=float, default=60.0, help="--prepare: limit on what one device call carries, "
+                    "the working tree plus the folder (at most 64)")
     ap.add_argument("--wheel-cache", default=None, help="--prepare: wheel cache (default ~/.cache/tvm-pesto/wheels)")
     ap.add_argument("--allow-missing-wheels", action="store_true",
                     help="--prepare: go on when a wheel cannot be downloaded (the row says registry-unreachable)")
@@ -140,7 +151,7 @@ def _main(args) -> int:
                 rows += twin_rows(folder)
             runner.print_table(rows)
             kept = f"folder: {folder}" if args.prepare else "folder removed (--prepare DIR keeps it)"
-            print(f"\n{kept}; {man['size_bytes'] / (1 << 20):.1f} MiB")
+            print(f"\n{kept}; {call_size_line(man)}")
             if args.out:
                 _write_log(args.out, "dry-run" if args.dry_run else "prepare", man, rows)
         finally:

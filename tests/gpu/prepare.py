@@ -7,7 +7,8 @@ copied in as ``run_gpu_check.py``). The folder::
 
     manifest.json             what is where, every file's size, the checks done here (rows)
     run_gpu_check.py          the runner: stdlib + NumPy + the folder
-    runtime/tvm/              TVM's package without libtvm_compiler.so and 3rdparty/ (about 19 MB)
+    runtime/tvm/              TVM's package without libtvm_compiler.so, 3rdparty/ and its build-only
+                              folders (about 13 MiB; tvm_pesto.run.runtime_pkg)
     wheels/                   tvm-ffi and cudnn-frontend for CPython 3.12, typing_extensions (which
                               tvm-ffi imports); cached downloads
     lib/                      gpu_probe.py (the project's probes), pesto_cublaslt.py and
@@ -21,8 +22,8 @@ copied in as ``run_gpu_check.py``). The folder::
 Checked here, as rows (see ``gpu_runner.Row``): TVM-CUDA compile, export and nvcc; the CPU
 twin build; pattern coverage; every cuBLAS GEMM plan and cuDNN convolution plan emulated in
 NumPy against TVM's CPU result; every TensorRT region exported to ONNX, passed through
-``onnx.checker`` and run in ONNX Runtime against TVM; the wheels; the folder's size against
-``--max-mib`` and, with the working tree, against the 64 MiB a device call carries.
+``onnx.checker`` and run in ONNX Runtime against TVM; the wheels; what a device call carries
+(:func:`device_call_bytes`: the working tree and the folder) against ``--max-mib``.
 """
 from __future__ import annotations
 
@@ -64,13 +65,20 @@ MIB = 1 << 20
 GPU_PYTHON = "3.12"
 #: cudnn-frontend for the cuDNN backend (the ``gpu`` extra asks for >= 1.10; pinned so the cache hits).
 CUDNN_FRONTEND = ("nvidia-cudnn-frontend", "1.32.0")
-#: Models prepared by default: transformers and CNNs, cuBLAS and cuDNN; 44 MiB, so with the working
-#: tree (7 MiB) they stay well under the 64 MiB a device call carries (mobilenet_v2 adds 10 MiB).
+#: Models prepared by default: transformers and CNNs, cuBLAS and cuDNN (mobilenet_v2 would add 10 MiB).
 DEFAULT_MODELS = ("mlp_mixer", "bert", "vgg11", "resnet50")
-#: Size limit of the folder.
-MAX_MIB = 60.0
-#: What one device call carries at most: the working tree plus the carried folder.
+#: What one device call carries at most (the device tool's limit): the working tree plus the
+#: carried folder.
 CALL_LIMIT_MIB = 64.0
+#: What the check lets a device call carry: the limit less room for what a session adds to
+#: the working tree.
+MAX_MIB = 60.0
+#: The folder's parts in MiB, as ``--prepare`` of :data:`DEFAULT_MODELS` wrote them (TVM
+#: 0.27.0.post1, tvm-ffi 0.1.14.post1, cudnn-frontend 1.32.0): the runtime-only TVM package,
+#: the wheels, the runner with ``lib/`` and the manifest, and each model's modules, kernels
+#: and data. ``tests/test_device_call_size.py`` checks the working tree against them.
+FOLDER_MIB = {"runtime": 13.1, "wheels": 14.23, "runner": 0.25,
+              "mlp_mixer": 2.12, "bert": 2.54, "vgg11": 3.58, "resnet50": 6.48}
 #: Max abs error / max(1, max |reference|): the model against PyTorch, a library call against
 #: TVM's CPU result (TF32-free float32, cuBLASLt's tanh GELU), a plan's NumPy emulation
 #: against TVM (erf vs tanh GELU: plan_gelu), ONNX Runtime against TVM.
@@ -449,9 +457,10 @@ def write_lib(lib: Path) -> None:
         + "class BuildError(RuntimeError):\n    pass\n\n\n" + consts + "\n\n" + inspect.getsource(cublas._Lt))
 
 
-def working_tree_bytes(root: Path, exclude: Path) -> int | None:
-    """What a device call sends besides the carried folder: tracked and untracked-not-ignored
-    files (``git ls-files``, read-only), ``exclude`` left out; None outside a git checkout."""
+def _carried_files(root: Path) -> list[Path] | None:
+    """The working tree's files that a device call sends: tracked and untracked-not-ignored
+    (``git ls-files``, read-only), and the checkout's ``shared/`` folder, ignored or not;
+    None outside a git checkout."""
     try:
         r = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                            capture_output=True, timeout=60)
@@ -459,13 +468,66 @@ def working_tree_bytes(root: Path, exclude: Path) -> int | None:
         return None
     if r.returncode != 0:
         return None
-    total, ex = 0, exclude.resolve()
-    for rel in r.stdout.decode(errors="replace").split("\0"):
-        p = (root / rel) if rel else None
-        if p is None or not p.is_file() or ex == p.resolve() or ex in p.resolve().parents:
+    files = {root / rel for rel in r.stdout.decode(errors="replace").split("\0") if rel}
+    if (root / "shared").is_dir():
+        files |= {p for p in (root / "shared").rglob("*") if p.is_file() or p.is_symlink()}
+    return sorted(p for p in files if p.is_file() or p.is_symlink())
+
+
+def device_call_bytes(root: Path = ROOT, folder: Path | None = None, folder_bytes: int | None = None) -> dict:
+    """What one device call carries: the working tree and the carried folder, in bytes.
+
+    The working tree is what the device tool sends on every call (tracked and
+    untracked-not-ignored files, and ``shared/``); files of ``folder`` among them count once, as
+    the folder's. A symbolic link counts as a link.
+
+    Parameters
+    ----------
+    root : Path
+        The git checkout the call is made from.
+    folder : Path, optional
+        The prepared folder (carried with ``carry``); its files are summed.
+    folder_bytes : int, optional
+        The folder's size instead, e.g. an estimate (:data:`FOLDER_MIB`).
+
+    Returns
+    -------
+    dict
+        ``tree``, ``folder`` and ``total`` bytes (``tree`` and ``total`` None outside a git
+        checkout), and ``largest``: the tree's five largest files as (path, bytes).
+    """
+    ex = Path(folder).resolve() if folder is not None else None
+    if folder_bytes is None:
+        folder_bytes = tree_bytes(folder) if folder is not None else 0
+    files = _carried_files(Path(root))
+    if files is None:
+        return {"tree": None, "folder": folder_bytes, "total": None, "largest": []}
+    sizes = {}
+    for p in files:
+        if ex is not None and (ex == p.resolve() or ex in p.resolve().parents):
             continue
-        total += p.stat().st_size
-    return total
+        sizes[str(p.relative_to(root))] = p.lstat().st_size
+    tree = sum(sizes.values())
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+    return {"tree": tree, "folder": folder_bytes, "total": tree + folder_bytes, "largest": largest}
+
+
+def call_size_check(size: dict, max_mib: float = MAX_MIB, folder_parts: str = "") -> tuple[str, str]:
+    """The row status (``ok`` or ``build_failed``) and detail for a :func:`device_call_bytes`
+    result against ``max_mib`` (at most :data:`CALL_LIMIT_MIB`); ``folder_parts`` follows the
+    folder's size in the detail."""
+    limit = min(max_mib, CALL_LIMIT_MIB)
+    folder = f"folder {size['folder'] / MIB:.1f} MiB{folder_parts}"
+    if size["total"] is None:
+        ok = size["folder"] <= limit * MIB
+        return ("ok" if ok else "build_failed"), (f"{folder} {'<=' if ok else '>'} {limit:g} MiB; not a git checkout: "
+                                                  "the working tree's size is unknown")
+    what = f"working tree {size['tree'] / MIB:.1f} MiB + {folder} = {size['total'] / MIB:.1f} MiB"
+    if size["total"] <= limit * MIB:
+        return "ok", f"{what} <= {limit:g} MiB"
+    largest = ", ".join(f"{p} {n / MIB:.1f}" for p, n in size["largest"])
+    return "build_failed", (f"{what} > {limit:g} MiB (a device call carries at most {CALL_LIMIT_MIB:g}): prepare fewer "
+                            f"models (--models) or shrink the working tree (largest: {largest} MiB)")
 
 
 def _git_commit() -> str | None:
@@ -570,25 +632,13 @@ def _finish(folder: Path, man: dict, rows: list, bundle: Row, max_mib: float) ->
         mpath.write_text(json.dumps(man, indent=1))
 
     write()
-    total = tree_bytes(folder)
+    size = device_call_bytes(ROOT, folder)
     parts = {}
-    for rel, size in man["files"].items():
+    for rel, nbytes in man["files"].items():
         top = rel.split("/")[0]
-        parts[top] = parts.get(top, 0) + size
+        parts[top] = parts.get(top, 0) + nbytes
     biggest = ", ".join(f"{k} {v / MIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:5])
-    man["size_bytes"] = total
-    if total > max_mib * MIB:
-        bundle.add("size", "build_failed", f"{total / MIB:.1f} MiB > {max_mib} MiB ({biggest} MiB): prepare fewer "
-                   "models (--models)")
-    else:
-        bundle.add("size", "ok", f"{total / MIB:.1f} MiB <= {max_mib} MiB ({biggest} MiB)")
-    tree = working_tree_bytes(ROOT, folder)
-    if tree is None:
-        bundle.add("device call size", "ok", "not a git checkout: the working tree's size is unknown")
-    elif tree + total > CALL_LIMIT_MIB * MIB:
-        bundle.add("device call size", "build_failed", f"working tree {tree / MIB:.1f} MiB + folder {total / MIB:.1f} "
-                   f"MiB > the {CALL_LIMIT_MIB:.0f} MiB a device call carries: prepare fewer models")
-    else:
-        bundle.add("device call size", "ok", f"working tree {tree / MIB:.1f} MiB + folder {total / MIB:.1f} MiB "
-                   f"<= {CALL_LIMIT_MIB:.0f} MiB")
+    man["size_bytes"] = size["folder"]
+    man["call_bytes"] = {k: size[k] for k in ("tree", "folder", "total")}
+    bundle.add("device call size", *call_size_check(size, max_mib, f" ({biggest} MiB)"))
     write()

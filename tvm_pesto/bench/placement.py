@@ -49,7 +49,6 @@ import numpy as np
 from ..errors import GraphError, PestoError
 from .report import fmt, machine_info, markdown_table, pyplot, save_figure
 
-DNN_PARTITIONING = os.environ.get("TVM_PESTO_DNN_PARTITIONING", "/work/shared/benchmarks/dnn-partitioning")
 SETTINGS = ("latency", "throughput")
 ZOO_CLUSTERS = ("2xV100-nvlink", "4xV100-pcie", "8xA100-nvlink")
 HEURISTICS = ("single", "m-topo", "m-etf", "m-sct", "heft")
@@ -84,14 +83,15 @@ class Case:
     meta: dict = field(default_factory=dict)
 
 
-def layergraph_cases(root: str = DNN_PARTITIONING, settings: Iterable[str] = SETTINGS,
+def layergraph_cases(root: str | None = None, settings: Iterable[str] = SETTINGS,
                      names: Iterable[str] | None = None) -> list[Case]:
     """The LayerGraph cases under ``root`` (``<setting>-inputs/LayerGraphs/*.json``).
 
     Parameters
     ----------
-    root : str
-        The dnn-partitioning folder (``$TVM_PESTO_DNN_PARTITIONING`` overrides the default).
+    root : str, optional
+        The dnn-partitioning folder (default: :func:`tvm_pesto.graph.dnn_partitioning.benchmark_dir`,
+        the shipped graphs or ``$TVM_PESTO_DNN_PARTITIONING``).
     settings : iterable of {"latency", "throughput"}
     names : iterable of str, optional
         File stems to keep (e.g. ``["bert24_inference"]``); default all.
@@ -110,6 +110,7 @@ def layergraph_cases(root: str = DNN_PARTITIONING, settings: Iterable[str] = SET
     from ..graph import dnn_partitioning as dp
     from ..plan import Problem
 
+    root = str(root) if root is not None else str(dp.benchmark_dir())
     keep = set(names) if names is not None else None
     cases = []
     for setting in settings:
@@ -126,6 +127,7 @@ def layergraph_cases(root: str = DNN_PARTITIONING, settings: Iterable[str] = SET
             expert = dp.find_expert_split(path) if setting == "throughput" else None
             cases.append(Case(f"{setting}/{stem}", "layergraph", problem, expert,
                               {"setting": setting, "file": os.path.relpath(path, root),
+                               "expert": os.path.relpath(expert, root) if expert else None,
                                "accelerators": meta["max_accelerators"], "cpus": meta["max_cpus"]}))
     if not cases:
         raise GraphError(f"no LayerGraph files under {root!r} for settings {list(settings)}"
@@ -319,7 +321,8 @@ def run_objective(case: Case, model: str, objective: str, algorithms: Iterable[s
                          "bottleneck_s": ev.bottleneck_s, "valid": ev.valid,
                          "violations": sorted({v["kind"] for v in ev.violations}),
                          "ratio_to_lower_bound": ev.objective_value / lb["best"] if lb["best"] > 0 else None,
-                         "solve_s": float(wall), "source": plan.info.get("source")}
+                         "solve_s": float(wall),
+                         "source": case.meta.get("expert") if name == "expert" else plan.info.get("source")}
     ours = {k: v["objective_value_s"] for k, v in results.items() if k != "expert" and v.get("valid")}
     best = min(ours, key=ours.get) if ours else None
     out = {"model": model, "objective": objective, "microbatches": None, "lower_bound_s": lb["best"],

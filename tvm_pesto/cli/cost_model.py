@@ -127,7 +127,8 @@ def cost_model():
 
 @cost_model.command("merge")
 @click.argument("logs", nargs=-1, required=True)
-@click.option("-o", "--output", required=True, help="merged JSON-lines log to write")
+@click.option("-o", "--output", required=True, help="merged JSON-lines log to write (gzip-compressed if it ends "
+              "in .gz)")
 @click.option("--assume-cpu-kind", default=None, metavar="VENDOR/FAMILY/MODEL",
               help="the CPU kind of CPU records that name none (logged before tvm-pesto recorded it), "
                    "e.g. AuthenticAMD/25/17 (lscpu's Vendor ID, CPU family, Model)")

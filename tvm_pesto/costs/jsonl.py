@@ -13,6 +13,11 @@ same locked write starts with one, so the new record never joins the broken one.
 its number, parsed or with the reason it could not be: a last line without a newline that
 is not valid JSON is reported as :data:`INCOMPLETE` (a writer was interrupted).
 
+A log that is only read (the bundled training data, ``cost_models/profile-cpu.jsonl.gz``) may be
+gzip-compressed: :func:`log_file` maps a log's name to the file that holds it (``NAME`` or
+``NAME.gz``), and :func:`read_records` and :func:`open_log` read either. :func:`open_log` also
+writes one whole, compressed when the name ends in ``.gz``; appending is for plain files only.
+
 Examples
 --------
 >>> import os, tempfile
@@ -34,9 +39,12 @@ Examples
 """
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 try:  # advisory locks: POSIX only; elsewhere the single O_APPEND write is all we have
     import fcntl
@@ -93,6 +101,9 @@ def append_record(path: str | os.PathLike, rec: dict) -> None:
     >>> open(p).read()
     '{"key":"k","median_s":0.001}\\n{"key":"j","median_s":0.002}\\n'
     """
+    if _compressed(path):
+        raise ValueError(f"cannot append to the gzip-compressed log {path}; append to a plain .jsonl file and "
+                         "compress it when it is complete")
     data = encode_record(rec)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -127,8 +138,9 @@ def read_records(path: str | os.PathLike) -> Iterator[tuple[int, object | None, 
     Parameters
     ----------
     path : path-like
-        An existing JSON-lines file.
+        An existing JSON-lines file, or the name of one stored gzip-compressed (:func:`log_file`).
     """
+    path = log_file(path)
     with open(path, "rb") as f:
         locked = _lock(f.fileno(), exclusive=False)
         try:
@@ -136,6 +148,8 @@ def read_records(path: str | os.PathLike) -> Iterator[tuple[int, object | None, 
         finally:
             if locked:
                 _unlock(f.fileno())
+    if _compressed(path):
+        data = gzip.decompress(data)
     lines = data.split(b"\n")
     last = len(lines)  # lines[-1] is b"" when the file ends with a newline
     for lineno, raw in enumerate(lines, 1):
@@ -147,6 +161,75 @@ def read_records(path: str | os.PathLike) -> Iterator[tuple[int, object | None, 
             yield lineno, None, INCOMPLETE if lineno == last else "not UTF-8 text"
         except json.JSONDecodeError as e:
             yield lineno, None, INCOMPLETE if lineno == last else f"not JSON ({e.msg})"
+
+
+def _compressed(path) -> bool:
+    return str(path).endswith(".gz")
+
+
+def log_file(path: str | os.PathLike) -> Path:
+    """The file holding the log named ``path``: ``path`` itself if it exists, else ``path.gz``
+    if that exists (a log stored compressed keeps the name it was trained and recorded under),
+    else ``path`` (for the caller to report missing).
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with open_log(os.path.join(d, "log.jsonl.gz"), "w") as f:
+    ...     _ = f.write('{"a": 1}\\n')
+    >>> log_file(os.path.join(d, "log.jsonl")).name
+    'log.jsonl.gz'
+    >>> [rec for _, rec, _ in read_records(os.path.join(d, "log.jsonl"))]
+    [{'a': 1}]
+    """
+    p = Path(path)
+    if p.exists() or _compressed(p):
+        return p
+    gz = p.with_name(p.name + ".gz")
+    return gz if gz.is_file() else p
+
+
+def open_log(path: str | os.PathLike, mode: str = "r", compressed: bool | None = None):
+    """Open a JSON-lines log as text, gzip-compressed or not, to read (``"r"``) or write whole (``"w"``).
+
+    Parameters
+    ----------
+    path : path-like
+        Reading: a log's name (:func:`log_file`). Writing: the file to write.
+    mode : {"r", "w"}
+    compressed : bool, optional
+        Whether the file is gzip data; default: whether its name ends in ``.gz`` (give it when
+        writing a temporary file that is renamed afterwards). Written gzip data carry no time
+        stamp or file name, so the same records give the same bytes.
+    """
+    if mode not in ("r", "w"):
+        raise ValueError(f"open_log mode {mode!r}; use 'r' or 'w' (append with append_record)")
+    if mode == "r":
+        path = log_file(path)
+    if not (_compressed(path) if compressed is None else compressed):
+        return open(path, mode, encoding="utf-8")
+    raw = open(path, mode + "b")
+    try:
+        z = gzip.GzipFile(filename="", mode=mode + "b", fileobj=raw, **({"mtime": 0} if mode == "w" else {}))
+    except BaseException:
+        raw.close()
+        raise
+    return _ClosingText(z, raw)
+
+
+class _ClosingText(io.TextIOWrapper):
+    """A text stream over a ``GzipFile`` that also closes the file under it."""
+
+    def __init__(self, z, raw):
+        super().__init__(z, encoding="utf-8")
+        self._raw = raw
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def skipped_note(skipped: list[tuple[int, str]], noun: str = "corrupted") -> str:
@@ -164,4 +247,4 @@ def skipped_note(skipped: list[tuple[int, str]], noun: str = "corrupted") -> str
     return "; ".join(parts)
 
 
-__all__ = ["INCOMPLETE", "append_record", "encode_record", "read_records", "skipped_note"]
+__all__ = ["INCOMPLETE", "append_record", "encode_record", "log_file", "open_log", "read_records", "skipped_note"]

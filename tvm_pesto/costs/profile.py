@@ -31,9 +31,11 @@ the fastest pass; the spread between passes is the run-to-run noise).
 
 Examples
 --------
->>> from tvm_pesto.costs.profile import profile_module            # doctest: +SKIP
->>> res = profile_module(mod, "my-net", "cpu:1", "prof.jsonl")      # doctest: +SKIP
->>> res.measured, res.candidates                                   # doctest: +SKIP
+>>> from tvm_pesto.costs.profile import profile_module
+>>> from tvm_pesto.costs.sweep import sweep_module
+>>> res = profile_module(sweep_module("pool", limit=1), "pool", "cpu:1", "prof.jsonl")
+>>> res.candidates, sorted(res.backends), res.errors
+(3, ['onnxruntime', 'torch', 'tvm'], {})
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ import numpy as np
 from ..errors import BuildError, CostError, PestoError
 from .cache import MeasureCache, current_record, device_key
 from .features import describe_group, device_descriptor
-from .jsonl import read_records
+from .jsonl import open_log, read_records
 
 #: Backends profiled when none are named.
 DEFAULT_BACKENDS = ("tvm", "onnxruntime", "torch")
@@ -219,8 +221,10 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
 
     Examples
     --------
-    >>> from tvm_pesto.costs.sweep import sweep_module                            # doctest: +SKIP
-    >>> profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", "p.jsonl")  # doctest: +SKIP
+    >>> from tvm_pesto.costs.sweep import sweep_module
+    >>> res = profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", "p.jsonl", backends=["tvm"])
+    >>> res.candidates, res.backends    # TVM's fusion groups only
+    (2, {'tvm': 2})
     """
     from ..api import analyze, as_cluster
     from .timing import measure_groups
@@ -288,7 +292,7 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
 
     Examples
     --------
-    >>> profile_zoo(["mlp_mixer"], log_path="p.jsonl")        # doctest: +SKIP
+    >>> profile_zoo(["mlp_mixer"], log_path="p.jsonl")   # measures for minutes  # doctest: +SKIP
     """
     from .sweep import FAMILIES, sweep_module
 
@@ -337,6 +341,8 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
     their line numbers. Records of two kinds of CPU (``device_desc["cpu_kind"]``) stay apart;
     ``assume_cpu_kind`` (``vendor/family/model``) is written into the CPU records that have
     none (logged before tvm-pesto recorded it: say which CPU they were measured on).
+    An ``out`` ending in ``.gz`` is written gzip-compressed (as the bundled log is); ``paths``
+    may be plain or compressed (:func:`tvm_pesto.costs.jsonl.read_records`).
 
     Returns
     -------
@@ -345,7 +351,14 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
 
     Examples
     --------
-    >>> merge_logs(["pass1.jsonl", "pass2.jsonl"], "cost_models/profile-cpu.jsonl")  # doctest: +SKIP
+    >>> from tvm_pesto.costs.jsonl import append_record, read_records
+    >>> rec = {"key": "k", "backend": "tvm", "target": "llvm", "model": "m", "host": "me"}
+    >>> append_record("pass1.jsonl", dict(rec, median_s=2e-3, run="1"))
+    >>> append_record("pass2.jsonl", dict(rec, median_s=1e-3, run="2"))
+    >>> merge_logs(["pass1.jsonl", "pass2.jsonl"], "merged.jsonl.gz")
+    {'records': 1, 'lines': 2, 'skipped': []}
+    >>> [rec for _, rec, _ in read_records("merged.jsonl.gz")]
+    [{'key': 'k', 'backend': 'tvm', 'target': 'llvm', 'median_s': 0.001, 'runs': [0.002, 0.001], 'model': 'm'}]
     """
     if reduce not in ("min", "median"):
         raise CostError(f"unknown reduction {reduce!r}; use min or median")
@@ -379,7 +392,7 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
-    with open(tmp, "w") as f:
+    with open_log(tmp, "w", compressed=str(out).endswith(".gz")) as f:
         for per_run in groups.values():
             recs = list(per_run.values())
             first = dict(recs[0])

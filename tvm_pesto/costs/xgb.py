@@ -16,8 +16,13 @@ roofline estimate, column by column, for the others (GPU presets on this CPU mac
 
 Examples
 --------
->>> from tvm_pesto.costs.xgb import load_model, predict_costs   # doctest: +SKIP
->>> table = predict_costs(tvm_pesto.analyze(mod), parse_cluster("cpu:2"))  # doctest: +SKIP
+>>> import tvm_pesto
+>>> from tvm_pesto.cluster import parse_cluster
+>>> from tvm_pesto.costs.sweep import sweep_module
+>>> from tvm_pesto.costs.xgb import predict_costs
+>>> table = predict_costs(tvm_pesto.analyze(sweep_module("pool", limit=2)), parse_cluster("cpu:2"))
+>>> table.shape   # seconds per fused group and device
+(2, 2)
 """
 from __future__ import annotations
 
@@ -73,26 +78,37 @@ def _is_tuning_db(p: Path) -> bool:
 
 
 def read_log(path, ds: Dataset | None = None) -> Dataset:
-    """Add the rows of one JSON-lines profiler log to ``ds``.
+    """Add the rows of one JSON-lines profiler log to ``ds`` (plain or gzip-compressed: ``path``
+    may name ``NAME.jsonl`` stored as ``NAME.jsonl.gz``, :func:`tvm_pesto.costs.jsonl.log_file`).
 
     A line that is not JSON, or lacks ``key``/``backend``/``target``/``median_s``, is skipped
     and recorded in ``ds.skipped`` with its line number (a warning lists them).
 
     Examples
     --------
-    >>> ds = read_log("cost_models/profile-cpu.jsonl")    # doctest: +SKIP
-    >>> len(ds.rows), ds.skipped                          # doctest: +SKIP
+    >>> from tvm_pesto.costs.jsonl import open_log
+    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
+    >>> with open_log(bundled) as f:
+    ...     record = next(line for line in f if '"desc"' in line)
+    >>> with open("log.jsonl", "w") as out:
+    ...     _ = out.write(record + '{"key": "k"}\\n')
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True):   # it warns about the skipped line
+    ...     ds = read_log("log.jsonl")
+    >>> len(ds.rows), [(line, why) for _, line, why in ds.skipped]
+    (1, [(2, "KeyError: 'backend'")])
     """
+    from .jsonl import log_file, open_log
     from .timing import OVERHEAD_KEY
 
     ds = ds if ds is not None else Dataset()
-    p = Path(path)
+    p = log_file(path)
     if not p.is_file():
         raise CostError(f"log {p} does not exist; give JSON-lines files written by `tvm-pesto profile` "
                         "or MetaSchedule work directories")
     ds.sources.append(str(p))
     before = len(ds.skipped)
-    with open(p) as f:
+    with open_log(p) as f:
         for lineno, line in enumerate(f, 1):
             s = line.strip()
             if not s:
@@ -143,7 +159,14 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
 
     Examples
     --------
-    >>> ds = load_dataset(["cost_models/profile-cpu.jsonl"])    # doctest: +SKIP
+    >>> import itertools
+    >>> from tvm_pesto.costs.jsonl import open_log
+    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
+    >>> with open_log(bundled) as f, open("head.jsonl", "w") as out:
+    ...     _ = out.writelines(itertools.islice(f, 200))
+    >>> ds = load_dataset(["head.jsonl"])
+    >>> len(ds.rows) > 0, ds.skipped
+    (True, [])
     """
     from .tuning_db import read_tuning_db
 
@@ -209,8 +232,16 @@ class CostModel:
 
     Examples
     --------
-    >>> m = CostModel.load("cost_models/default.json")           # doctest: +SKIP
-    >>> m.predict_rows([{"desc": d, "device": dev, "backend": "tvm"}])  # doctest: +SKIP
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.costs.features import describe_group, device_descriptor
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> from tvm_pesto.graph.opgraph import TensorSpec as T
+    >>> g = OpGraph([OpNode("mm", "relax.matmul", {}, (T((64, 32)), T((32, 16))), (T((64, 16)),))], [])
+    >>> dev = device_descriptor(parse_cluster("cpu:1").devices[0])
+    >>> m = CostModel.load(default_model_path())
+    >>> seconds = m.predict_rows([{"desc": describe_group(g, [0]), "device": dev, "backend": "tvm"}])
+    >>> seconds.shape, bool(seconds[0] > 0)
+    ((1,), True)
     """
 
     def __init__(self, booster, meta: dict, path: str | None = None):
@@ -232,11 +263,11 @@ class CostModel:
 
         Examples
         --------
-        >>> cm = load_model()                                   # doctest: +SKIP
-        >>> cm.meta["devices"]                                  # doctest: +SKIP
+        >>> cm = load_model()
+        >>> cm.meta["devices"]
         ['cpu/host-cpu/1@AuthenticAMD/23/1', 'cpu/host-cpu/1@AuthenticAMD/25/17', ...]
         >>> cm.covers({"kind": "cpu", "model": "host-cpu", "cores": 1,
-        ...            "cpu_kind": "GenuineIntel/6/143"})          # doctest: +SKIP
+        ...            "cpu_kind": "GenuineIntel/6/143"})
         False
         """
         if "devices" in self.meta:
@@ -342,7 +373,14 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
 
     Examples
     --------
-    >>> model = train(load_dataset(["prof.jsonl"]).rows)   # doctest: +SKIP
+    >>> import itertools
+    >>> from tvm_pesto.costs.jsonl import open_log
+    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
+    >>> with open_log(bundled) as f, open("head.jsonl", "w") as out:
+    ...     _ = out.writelines(itertools.islice(f, 200))
+    >>> model = train(load_dataset(["head.jsonl"]).rows, rounds=20)
+    >>> model.meta["rounds"], model.meta["n_rows"] > 1
+    (20, True)
     """
     import xgboost as xgb
 
@@ -372,18 +410,11 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
 # -- finding the bundled model ---------------------------------------------------------------
 def model_dirs() -> list[Path]:
     """Folders searched for bundled models: the installed package's ``cost_models`` first,
-    then the source checkout's top-level ``cost_models``."""
-    import tvm_pesto
+    then the source checkout's top-level ``cost_models``
+    (:func:`tvm_pesto.package_data.data_dirs`)."""
+    from ..package_data import data_dirs
 
-    pkg = Path(tvm_pesto.__file__).resolve().parent
-    dirs = [pkg / "cost_models", pkg.parent / "cost_models"]
-    for extra in getattr(tvm_pesto, "__path__", []):
-        dirs.append(Path(extra) / "cost_models")
-    out = []
-    for d in dirs:
-        if d not in out:
-            out.append(d)
-    return out
+    return data_dirs("cost_models")
 
 
 def default_model_path() -> Path:

@@ -29,11 +29,14 @@ How the file maps onto tvm-pesto's model
 * One difference remains: tvm-pesto's memory model also counts received tensors on the
   receiving device, the paper's model counts only node sizes.
 
+The graphs themselves ship with tvm-pesto (``benchmarks/dnn-partitioning/`` in the repository,
+``tvm_pesto/benchmarks/dnn-partitioning/`` in the wheel, MIT licence); :func:`benchmark_dir`
+finds them.
+
 Examples
 --------
->>> import glob
->>> path = sorted(glob.glob("/work/shared/benchmarks/dnn-partitioning/*/LayerGraphs/bert24_inference.json"))[0]
->>> g, meta = load_layer_graph(path)
+>>> path = benchmark_dir() / "latency-inputs" / "LayerGraphs" / "bert24_inference.json"
+>>> g, meta = load_layer_graph(str(path))
 >>> g.num_nodes, meta["max_accelerators"] >= 1
 (32, True)
 """
@@ -43,6 +46,7 @@ import json
 import math
 import os
 import statistics
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -50,11 +54,43 @@ import numpy as np
 
 from ..cluster import Cluster, Device
 from ..errors import ClusterError, CostError, CycleError, GraphError, PlanError
+from ..package_data import data_dirs
 from ..plan.plan import Plan
 from .opgraph import OpGraph, OpNode
 
 DEFAULT_TIME_UNIT_S = 1e-3
 DEFAULT_BYTES_PER_UNIT = float(1 << 30)
+#: Environment variable naming another dnn-partitioning folder (same layout as the shipped one).
+BENCHMARK_ENV = "TVM_PESTO_DNN_PARTITIONING"
+
+
+def benchmark_dir() -> Path:
+    """The dnn-partitioning folder (``latency-inputs/``, ``throughput-inputs/``,
+    ``human-experts/``): ``$TVM_PESTO_DNN_PARTITIONING`` if set, else the copy installed with
+    the package, else the source checkout's ``benchmarks/dnn-partitioning``.
+
+    Raises
+    ------
+    GraphError
+        When ``$TVM_PESTO_DNN_PARTITIONING`` names no folder, or no shipped copy is found.
+
+    Examples
+    --------
+    >>> sorted(p.name for p in benchmark_dir().iterdir() if p.is_dir())
+    ['human-experts', 'latency-inputs', 'throughput-inputs']
+    """
+    env = os.environ.get(BENCHMARK_ENV)
+    if env:
+        if not os.path.isdir(env):
+            raise GraphError(f"${BENCHMARK_ENV} is {env!r}, which is not a folder; point it at a dnn-partitioning "
+                             "folder (with latency-inputs/ and throughput-inputs/) or unset it to use the shipped one")
+        return Path(env)
+    tried = [d / "dnn-partitioning" for d in data_dirs("benchmarks")]
+    for d in tried:
+        if d.is_dir():
+            return d
+    raise GraphError(f"the shipped dnn-partitioning graphs are missing (looked in {', '.join(map(str, tried))}); "
+                     f"reinstall tvm-pesto (`pip install .` from a checkout) or set ${BENCHMARK_ENV} to the folder")
 
 
 def _read_json(path: str, what: str) -> Any:

@@ -2,9 +2,11 @@
 
 An exported module (``export_library``) runs with TVM's runtime alone: ``TVM_USE_RUNTIME_LIB=1``,
 ``tvm.runtime.load_module`` and ``tvm.runtime.vm.VirtualMachine``. The installed ``tvm`` package
-is 305 MB, almost all of it ``lib/libtvm_compiler.so`` and ``3rdparty/``; without them (and
-without ``__pycache__``) it is about 19 MB and keeps ``libtvm_runtime.so`` and
-``libtvm_runtime_cuda.so``. :func:`copy_runtime_package` makes that copy. It locates TVM without
+is 305 MB, almost all of it ``lib/libtvm_compiler.so`` and ``3rdparty/``; without them, without
+``__pycache__`` and without the top-level folders that only building needs (C++ sources and
+headers, the WebAssembly runtime's sources, CMake files) it is about 13 MB and keeps
+``libtvm_runtime.so`` and ``libtvm_runtime_cuda.so``. :func:`copy_runtime_package` makes that
+copy. It locates TVM without
 importing it and imports nothing of TVM's compiler, so it runs anywhere.
 
 Used by ``tests/gpu/device_check.py --prepare`` (the folder carried to the lent GPU machine)
@@ -13,8 +15,10 @@ and by the runtime-only fixture of ``tests/test_deploy.py``.
 Examples
 --------
 >>> from tvm_pesto.run.runtime_pkg import copy_runtime_package
->>> pkg = copy_runtime_package("/tmp/rt")        # doctest: +SKIP
->>> # TVM_USE_RUNTIME_LIB=1 PYTHONPATH=/tmp/rt python -c "import tvm.runtime.vm"
+>>> pkg = copy_runtime_package("rt")
+>>> pkg.name, (pkg / "lib" / "libtvm_compiler.so").exists()
+('tvm', False)
+>>> # TVM_USE_RUNTIME_LIB=1 PYTHONPATH=rt python -c "import tvm.runtime.vm"
 """
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ from ..errors import BuildError
 
 #: What the copy leaves out (``shutil.ignore_patterns`` globs, matched on every level).
 EXCLUDED = ("libtvm_compiler*", "3rdparty", "__pycache__")
+#: Top-level folders of the package the copy leaves out: only building reads them (C++ sources,
+#: headers, the WebAssembly runtime's sources, CMake package files); nothing imports them.
+EXCLUDED_TOP = ("src", "include", "web", "cmake", "lib64")
 
 #: Libraries the copy must hold for loading and running CPU and CUDA modules.
 RUNTIME_LIBS = ("libtvm_runtime.so", "libtvm_runtime_cuda.so")
@@ -73,8 +80,8 @@ def copy_runtime_package(dest, src=None) -> Path:
 
     Examples
     --------
-    >>> pkg = copy_runtime_package(tmp_path)                          # doctest: +SKIP
-    >>> sorted(p.name for p in (pkg / "lib").glob("libtvm_runtime*"))  # doctest: +SKIP
+    >>> pkg = copy_runtime_package("runtime")
+    >>> sorted(p.name for p in (pkg / "lib").glob("libtvm_runtime*"))
     ['libtvm_runtime.so', 'libtvm_runtime_cuda.so', 'libtvm_runtime_extra.so']
     """
     src = Path(src) if src is not None else installed_tvm_dir()
@@ -87,10 +94,24 @@ def copy_runtime_package(dest, src=None) -> Path:
         raise BuildError(f"{target} already exists; give an empty folder or remove it first")
     os.makedirs(dest, exist_ok=True)
     try:
-        shutil.copytree(src, target, ignore=shutil.ignore_patterns(*EXCLUDED))
+        shutil.copytree(src, target, ignore=_ignore(src))
     except OSError as e:
         raise BuildError(f"copying TVM's runtime package from {src} to {target} failed: {e}") from e
     return target
+
+
+def _ignore(src: Path):
+    """``copytree``'s ignore function: :data:`EXCLUDED` everywhere, :data:`EXCLUDED_TOP` in ``src``."""
+    everywhere = shutil.ignore_patterns(*EXCLUDED)
+    top = os.path.realpath(src)
+
+    def ignore(folder, names):
+        out = set(everywhere(folder, names))
+        if os.path.realpath(folder) == top:
+            out |= set(EXCLUDED_TOP) & set(names)
+        return out
+
+    return ignore
 
 
 def tree_bytes(path) -> int:
@@ -110,4 +131,4 @@ def tree_bytes(path) -> int:
     return total
 
 
-__all__ = ["EXCLUDED", "RUNTIME_LIBS", "copy_runtime_package", "installed_tvm_dir", "tree_bytes"]
+__all__ = ["EXCLUDED", "EXCLUDED_TOP", "RUNTIME_LIBS", "copy_runtime_package", "installed_tvm_dir", "tree_bytes"]

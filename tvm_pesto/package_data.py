@@ -1,0 +1,44 @@
+"""The data folders shipped with tvm-pesto, found in the installed package or the source checkout.
+
+The repository's top-level data folders (``cost_models/``, ``benchmarks/``) travel in the wheel
+as package data: the CMake install rules (``CMakeLists.txt``) put them into ``tvm_pesto/`` (see
+``pyproject.toml``, ``[tool.scikit-build]``). So a folder ``NAME`` is looked for in the
+installed package first (``<package>/NAME``), then in the source checkout (``<package>/../NAME``,
+where a checkout or an editable install sees the live folder rather than a copy made at install
+time), then in the other folders of the package's ``__path__`` (an editable install's
+site-packages copy).
+
+Examples
+--------
+>>> from tvm_pesto.package_data import data_dirs
+>>> dirs = data_dirs("cost_models")
+>>> dirs[0].parent.name, dirs[1] == dirs[0].parent.parent / "cost_models"
+('tvm_pesto', True)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def data_dirs(name: str) -> list[Path]:
+    """The places a shipped data folder ``name`` may be, in search order, without duplicates
+    (they need not exist).
+
+    Parameters
+    ----------
+    name : str
+        A top-level data folder of the repository, e.g. ``"cost_models"`` or ``"benchmarks"``.
+    """
+    import tvm_pesto
+
+    pkg = Path(tvm_pesto.__file__).resolve().parent
+    dirs = [pkg / name, pkg.parent / name]
+    dirs += [Path(extra) / name for extra in getattr(tvm_pesto, "__path__", [])]
+    out: list[Path] = []
+    for d in dirs:
+        if d not in out:
+            out.append(d)
+    return out
+
+
+__all__ = ["data_dirs"]
