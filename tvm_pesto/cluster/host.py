@@ -6,6 +6,11 @@ TVM kernels ran 2.5-3.4x slower on the first than on the Zen 4 the cost model wa
 on (``cost_models/README.md``). What tells them apart is the family, model and stepping,
 and the vector extensions in ``flags``.
 
+``TVM_PESTO_CPU_KIND=VENDOR/FAMILY/MODEL`` (:data:`CPU_KIND_ENV`) makes this machine's CPU
+that kind (its ``kind`` and ``id``; the brand string, clock and vector extensions stay as read):
+the cost model and its calibrations then treat it as that kind, e.g. to see what a kind
+the model was trained on, or one it never saw, gives on this machine.
+
 Examples
 --------
 >>> ident = parse_cpuinfo('''processor : 0
@@ -24,9 +29,14 @@ Examples
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import re
 
+from ..errors import ClusterError
+
+#: Environment variable that overrides this machine's CPU kind (``vendor/family/model``).
+CPU_KIND_ENV = "TVM_PESTO_CPU_KIND"
 #: Vector extensions that change what a kernel costs, the widest first; ``isa`` lists those present.
 ISA_FLAGS = ("amx_tile", "avx512_bf16", "avx512_vnni", "avx512f", "avx2", "fma", "sve", "asimd")
 #: SIMD width in 32-bit lanes times two (one FMA per lane and cycle) of the widest extension present.
@@ -75,16 +85,55 @@ def parse_cpuinfo(text: str) -> dict:
     }
 
 
-@functools.lru_cache(maxsize=1)
+def check_cpu_kind(kind: str, where: str, hint: str = "") -> str:
+    """``kind`` if it is a CPU kind, ``vendor/family/model`` (three non-empty parts without
+    spaces, ``/`` or ``@``, as :func:`parse_cpuinfo` writes ``kind``).
+
+    Raises
+    ------
+    ClusterError
+        Naming ``where`` the value came from (and ending with ``hint``), when it is not one.
+
+    Examples
+    --------
+    >>> check_cpu_kind("GenuineIntel/6/143", "--cpu-kind")
+    'GenuineIntel/6/143'
+    """
+    if not re.fullmatch(r"[^/@\s]+/[^/@\s]+/[^/@\s]+", kind):
+        raise ClusterError(f"{where} {kind!r} is not a CPU kind vendor/family/model (the vendor_id, cpu family and "
+                           f"model lines of /proc/cpuinfo, e.g. AuthenticAMD/25/17 or GenuineIntel/6/143){hint}")
+    return kind
+
+
 def cpu_identity() -> dict:
     """:func:`parse_cpuinfo` of this machine (``platform.processor()`` as the name where there
-    is no ``/proc/cpuinfo``). Read once per process; treat the result as read-only.
+    is no ``/proc/cpuinfo``), with ``kind`` and ``id`` set to ``$TVM_PESTO_CPU_KIND`` where
+    that is set and not empty (:data:`CPU_KIND_ENV`). The file is read once per process; the variable at
+    every call. Returns a new dict.
+
+    Raises
+    ------
+    ClusterError
+        When ``$TVM_PESTO_CPU_KIND`` is set but not ``vendor/family/model``.
 
     Examples
     --------
     >>> sorted(cpu_identity()) == ["cache", "flops_per_cycle", "id", "isa", "kind", "mhz", "name"]
     True
     """
+    ident = dict(_cpuinfo())
+    ident["isa"] = list(ident["isa"])
+    kind = os.environ.get(CPU_KIND_ENV, "").strip()
+    if kind:
+        mine = ident["kind"] or "unknown"
+        ident["kind"] = ident["id"] = check_cpu_kind(
+            kind, f"${CPU_KIND_ENV}", f"; unset it for this machine's own kind ({mine})")
+    return ident
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> dict:
+    """:func:`parse_cpuinfo` of ``/proc/cpuinfo``, read once per process (do not change the result)."""
     try:
         with open("/proc/cpuinfo") as f:
             ident = parse_cpuinfo(f.read())
@@ -95,4 +144,4 @@ def cpu_identity() -> dict:
     return ident
 
 
-__all__ = ["FLOPS_PER_CYCLE", "ISA_FLAGS", "cpu_identity", "parse_cpuinfo"]
+__all__ = ["CPU_KIND_ENV", "FLOPS_PER_CYCLE", "ISA_FLAGS", "check_cpu_kind", "cpu_identity", "parse_cpuinfo"]

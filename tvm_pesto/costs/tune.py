@@ -53,12 +53,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import TuningError
+from .ms_logging import MS_LOGGER, foreign_handlers_set_aside
 
 #: Search strategies: MetaSchedule's evolutionary search (with an XGBoost cost model), or
 #: replaying random samples of the design space (no cost model; fast per trial).
 STRATEGIES = ("evolutionary", "replay")
-#: MetaSchedule logs to this logger (and to ``work_dir/logs``).
-MS_LOGGER = "tvm.s_tir.meta_schedule"
 
 
 @dataclass
@@ -305,7 +304,8 @@ def _tune_one(ms, task, tgt, work_dir, db, max_trials, per_iter, strategy, measu
     from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
 
     logging.getLogger(MS_LOGGER).setLevel(logging.WARNING)  # console handler level; files get everything
-    (logger,) = get_loggers_from_work_dir(work_dir, [task.task_name])
+    with foreign_handlers_set_aside():  # the caller's handlers on its logger would make it fail
+        (logger,) = get_loggers_from_work_dir(work_dir, [task.task_name])
     if strategy == "evolutionary":
         from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
 

@@ -20,10 +20,11 @@ malformed or truncated line is skipped and reported with its file and line numbe
 
 Examples
 --------
->>> from tvm_pesto.costs.tuning_db import read_tuning_db    # doctest: +SKIP
->>> rows, skipped = read_tuning_db("my_work_dir")           # doctest: +SKIP
->>> rows[0]["backend"], rows[0]["tuned"]                    # doctest: +SKIP
-('tvm-ms', True)
+>>> from tvm_pesto.costs.tuning_db import read_tuning_db
+>>> from tvm_pesto.costs.xgb import default_model_path
+>>> rows, skipped = read_tuning_db(default_model_path().parent / "ms-small")   # a bundled database
+>>> rows[0]["backend"], rows[0]["tuned"], skipped
+('tvm-ms', True, [])
 """
 from __future__ import annotations
 
@@ -247,7 +248,13 @@ def check_database_target(work_dir, target: dict) -> None:
 
     Examples
     --------
-    >>> check_database_target("ms_work", {"kind": "llvm", "num-cores": 2})   # doctest: +SKIP
+    >>> from tvm_pesto.costs.xgb import default_model_path
+    >>> work_dir = default_model_path().parent / "ms-small"   # a bundled database, tuned for llvm
+    >>> check_database_target(work_dir, {"kind": "llvm", "num-cores": 2})
+    >>> check_database_target(work_dir, {"kind": "cuda", "arch": "sm_80"})
+    Traceback (most recent call last):
+    ...
+    tvm_pesto.errors.CostError: MetaSchedule database '.../ms-small' holds records tuned for {"kind": "llvm"}, ...
     """
     others = [t for t in database_targets(work_dir) if not target_matches(t, target)]
     if others:
@@ -451,17 +458,30 @@ def tune_in_process(mod, target: dict, work_dir, max_trials: int = 8, num_trials
 
     Examples
     --------
-    >>> tune_in_process(tir_mod, {"kind": "llvm", "num-cores": 1}, "ms_work", max_trials=4)  # doctest: +SKIP
+    >>> import tvm
+    >>> from tvm import te
+    >>> a = te.placeholder((16, 16), name="a")
+    >>> b = te.compute((16, 16), lambda i, j: te.max(a[i, j], 0.0), name="b")
+    >>> tir_mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
+    >>> import contextlib, io, tempfile
+    >>> work_dir = tempfile.mkdtemp()
+    >>> with contextlib.redirect_stdout(io.StringIO()):   # MetaSchedule logs its progress to stdout
+    ...     db = tune_in_process(tir_mod, {"kind": "llvm", "num-cores": 1}, work_dir, max_trials=4)
+    >>> rows, skipped = read_tuning_db(work_dir)
+    >>> len(rows), rows[0]["backend"], skipped
+    (1, 'tvm-ms', [])
     """
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
+    from .ms_logging import foreign_handlers_set_aside
     from .ms_measure import InProcessMeasurer, cpu_intrinsics_only
 
     os.makedirs(work_dir, exist_ok=True)
     measurer = InProcessMeasurer()
     try:
-        with cpu_intrinsics_only(str(target.get("kind", "llvm")) == "llvm"):
+        # tune_tir configures MetaSchedule's loggers, which the caller's handlers on them would make fail
+        with cpu_intrinsics_only(str(target.get("kind", "llvm")) == "llvm"), foreign_handlers_set_aside():
             return ms.tir_integration.tune_tir(
                 mod, tvm.target.Target(target), str(work_dir), max_trials_global=max_trials,
                 num_trials_per_iter=num_trials_per_iter, builder=measurer.builder, runner=measurer.runner,
