@@ -12,9 +12,13 @@ both on the CPU).
 
 Examples
 --------
->>> from tvm_pesto.backends.onnx_export import relax_to_onnx, supports_call  # doctest: +SKIP
->>> model = relax_to_onnx(func)                                              # doctest: +SKIP
->>> onnx.checker.check_model(model, full_check=True)                         # doctest: +SKIP
+>>> import onnx
+>>> from tvm_pesto.backends.onnx_export import relax_to_onnx
+>>> from tvm_pesto.candidates.examples import tiny_mlp
+>>> model = relax_to_onnx(tiny_mlp()[0]["main"])
+>>> onnx.checker.check_model(model, full_check=True)
+>>> [n.op_type for n in model.graph.node][:4]
+['LayerNormalization', 'MatMul', 'Add', 'Mul']
 """
 from __future__ import annotations
 

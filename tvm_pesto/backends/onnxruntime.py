@@ -8,8 +8,16 @@ tensor in place (:func:`tvm_pesto.run.loaders.onnx_runner`, which a deployed bun
 
 Examples
 --------
->>> from tvm_pesto.backends import get_backend                     # doctest: +SKIP
->>> gname = get_backend("onnxruntime").build(func, device)         # doctest: +SKIP
+>>> import tvm
+>>> from tvm_pesto.backends import get_backend
+>>> from tvm_pesto.candidates.examples import tiny_mlp
+>>> from tvm_pesto.cluster import parse_cluster
+>>> mod, (x,) = tiny_mlp()
+>>> gname = get_backend("onnxruntime").build(mod["main"], parse_cluster("cpu:1").devices[0])
+>>> out = tvm.runtime.empty((8, 16), "float32", tvm.cpu())
+>>> tvm.get_global_func(gname)(tvm.runtime.tensor(x), out)   # what relax.call_dps_packed(gname, ...) calls
+>>> out.numpy().shape
+(8, 16)
 """
 from __future__ import annotations
 

@@ -7,8 +7,16 @@ into the preallocated output tensor.
 
 Examples
 --------
->>> from tvm_pesto.backends.torch_ops import TorchBackend   # doctest: +SKIP
->>> fn = TorchBackend().make_callable(func, device)        # doctest: +SKIP
+>>> import tvm
+>>> from tvm_pesto.backends.torch_ops import TorchBackend
+>>> from tvm_pesto.candidates.examples import tiny_mlp
+>>> from tvm_pesto.cluster import parse_cluster
+>>> mod, (x,) = tiny_mlp()
+>>> fn = TorchBackend().make_callable(mod["main"], parse_cluster("cpu:1").devices[0])
+>>> out = tvm.runtime.empty((8, 16), "float32", tvm.cpu())
+>>> fn(tvm.runtime.tensor(x), out)    # writes the result into out
+>>> out.numpy().shape
+(8, 16)
 """
 from __future__ import annotations
 

@@ -53,7 +53,10 @@ def fuse_for_tuning(mod: tvm.IRModule, tgt) -> tvm.IRModule:
 
     Examples
     --------
-    >>> fused = fuse_for_tuning(mod, tvm.target.Target({"kind": "llvm"}))   # doctest: +SKIP
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> fused = fuse_for_tuning(tiny_mlp()[0], tvm.target.Target({"kind": "llvm"}))
+    >>> sorted(gv.name_hint for gv, f in fused.functions.items() if isinstance(f, tvm.tirx.PrimFunc))[:3]
+    ['fused_matmul1_add1', 'fused_matmul2_multiply', 'fused_matmul_add_gelu']
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu
 
@@ -83,7 +86,13 @@ def apply_tuning_database(mod: tvm.IRModule, tgt, database: str) -> tvm.IRModule
 
     Examples
     --------
-    >>> tuned = apply_tuning_database(mod, tvm.target.Target({"kind": "llvm"}), "ms_work")  # doctest: +SKIP
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> from tvm_pesto.costs.xgb import default_model_path
+    >>> database = default_model_path().parent / "ms-small"   # a bundled database (zoo models' kernels)
+    >>> tuned = apply_tuning_database(tiny_mlp()[0], tvm.target.Target({"kind": "llvm"}), database)
+    >>> kernels = [f for f in tuned.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    >>> len(kernels), sum(bool(f.attrs and "tirx.is_scheduled" in f.attrs) for f in kernels)   # none is in it
+    (8, 0)
     """
     with tgt, tvm.transform.PassContext(opt_level=3), _database(database):
         return relax.transform.MetaScheduleApplyDatabase()(fuse_for_tuning(mod, tgt))
@@ -195,7 +204,8 @@ class TvmMetaScheduleBackend(TvmBackend):
 
         Examples
         --------
-        >>> TvmMetaScheduleBackend(database=None).tuned_fraction(func, {"kind": "llvm"})  # doctest: +SKIP
+        >>> from tvm_pesto.candidates.examples import tiny_mlp
+        >>> TvmMetaScheduleBackend(database=None).tuned_fraction(tiny_mlp()[0]["main"], {"kind": "llvm"})
         0.0
         """
         if not self.database:
@@ -302,8 +312,17 @@ def set_tuning_database(path) -> str:
 
     Examples
     --------
-    >>> set_tuning_database("ms_work")   # doctest: +SKIP
-    '/home/me/ms_work'
+    >>> from tvm_pesto.backends import get_backend
+    >>> from tvm_pesto.costs.xgb import default_model_path
+    >>> set_tuning_database(default_model_path().parent / "ms-small")   # a bundled database
+    '.../ms-small'
+    >>> get_backend("tvm-ms").available()
+    (True, '')
+    >>> get_backend("tvm-ms").database = None; del os.environ[MS_DB_ENV]   # none again
+    >>> set_tuning_database("no_such_folder")
+    Traceback (most recent call last):
+    ...
+    tvm_pesto.errors.BuildError: '.../no_such_folder' is not a MetaSchedule database: ...
     """
     from ..costs.tuning_db import RECORD_FILE, WORKLOAD_FILE
     from .registry import get_backend

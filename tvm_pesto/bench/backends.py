@@ -11,6 +11,8 @@ variant's output is compared with the TVM-only single-device build.
 
 Examples
 --------
+Not run as a doctest: it builds and times every variant, which takes minutes.
+
 >>> from tvm_pesto.bench.backends import bench_backends          # doctest: +SKIP
 >>> res = bench_backends(["mlp_mixer"], size="small")             # doctest: +SKIP
 >>> res["geomean_speedup_vs_best_single"]                          # doctest: +SKIP

@@ -8,6 +8,8 @@ not, pieces, states), and the plan (backend mix, devices, simulated makespan).
 
 Examples
 --------
+Not run as a doctest: the full-size BERT takes minutes.
+
 >>> from tvm_pesto.bench.search import bench_search     # doctest: +SKIP
 >>> res = bench_search(["bert"], size="full")            # doctest: +SKIP
 >>> res["models"]["bert"]["solve_s"]                     # doctest: +SKIP

@@ -8,6 +8,8 @@ on the GPU presets the same steps are placed and simulated only (costs predicted
 
 Examples
 --------
+Not run as a doctest: it builds and times every solver's plan, which takes minutes.
+
 >>> from tvm_pesto.bench.training import bench_training        # doctest: +SKIP
 >>> res = bench_training(["mlp_mixer"], steps=5)                 # doctest: +SKIP
 >>> res["models"]["mlp_mixer"]["cpu"]["ilp"]["measured_step_s"]  # doctest: +SKIP

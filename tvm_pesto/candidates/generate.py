@@ -13,9 +13,14 @@ supported and passes the pattern's check.
 
 Examples
 --------
->>> from tvm_pesto.candidates import generate_candidates   # doctest: +SKIP
->>> cs = generate_candidates(rg, backends)                  # doctest: +SKIP
->>> len(cs), cs.by_backend()                                # doctest: +SKIP
+>>> from tvm_pesto.backends import get_backend
+>>> from tvm_pesto.candidates import generate_candidates
+>>> from tvm_pesto.candidates.examples import tiny_mlp
+>>> from tvm_pesto.graph.relax_import import from_relax
+>>> rg = from_relax(tiny_mlp()[0])
+>>> cs = generate_candidates(rg, [get_backend("torch")])
+>>> len(cs), cs.by_backend()
+(32, {'tvm': 17, 'torch': 15})
 """
 from __future__ import annotations
 
@@ -404,9 +409,13 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
 
     Examples
     --------
-    >>> from tvm_pesto.backends import available_backends   # doctest: +SKIP
-    >>> bks, why = available_backends()                      # doctest: +SKIP
-    >>> cs = generate_candidates(rg, bks)                    # doctest: +SKIP
+    >>> from tvm_pesto.backends import available_backends
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> from tvm_pesto.graph.relax_import import from_relax
+    >>> bks, why = available_backends(["tvm", "torch", "onnxruntime"])
+    >>> cs = generate_candidates(from_relax(tiny_mlp()[0]), bks)
+    >>> cs.by_backend()
+    {'tvm': 17, 'onnxruntime': 25, 'torch': 15}
     """
     graph = rg.graph
     reach = Reach(graph.dag, graph.num_nodes)

@@ -291,6 +291,8 @@ def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, 
 
     Examples
     --------
+    Reading the model's logs and retraining it without its held-out models takes minutes:
+
     >>> from tvm_pesto.costs.xgb import load_model       # doctest: +SKIP
     >>> evaluate_model(load_model())["heldout"]["mape"]   # doctest: +SKIP
     """
@@ -507,6 +509,8 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
 
     Examples
     --------
+    Measuring both models' fused groups on this machine takes minutes:
+
     >>> res = flow_eval(flow_models(["vgg11", "vit"]), "cpu:2")     # doctest: +SKIP
     >>> res["flow"]["vit"]["mape"], res["flow"]["vit"]["calibrated_heldout"]["mape"]  # doctest: +SKIP
     """

@@ -33,9 +33,15 @@ times the descriptions not measured, once per distinct device).
 
 Examples
 --------
->>> from tvm_pesto.costs import candidate_costs           # doctest: +SKIP
->>> ct = candidate_costs(cs, cluster, "hybrid")            # doctest: +SKIP
->>> ct.measured, ct.predicted, ct.saved_s                  # doctest: +SKIP
+>>> import tvm_pesto
+>>> from tvm_pesto.candidates import placement_candidates
+>>> from tvm_pesto.cluster import parse_cluster
+>>> from tvm_pesto.costs import candidate_costs
+>>> from tvm_pesto.costs.sweep import sweep_module
+>>> cs = placement_candidates(tvm_pesto.analyze(sweep_module("pool", limit=2)).rg)
+>>> ct = candidate_costs(cs, parse_cluster("cpu:1"), "hybrid")   # measures some candidates here
+>>> ct.measured + ct.predicted == len(cs), ct.saved_s >= 0
+(True, True)
 """
 from __future__ import annotations
 

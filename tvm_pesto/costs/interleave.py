@@ -117,9 +117,23 @@ class ReferenceTimer:
 
     Examples
     --------
-    >>> timer = ReferenceTimer(vm, dev, rounds=5)           # doctest: +SKIP
-    >>> i = timer.time("g0", args)                            # doctest: +SKIP
-    >>> timer.results()[i]      # seconds per call, one per round   # doctest: +SKIP
+    >>> import numpy as np
+    >>> x = relax.Var("x", relax.TensorType((4096,), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("g0", [x]):      # the function timed
+    ...     _ = bb.emit_func_output(bb.emit(relax.op.tanh(x)))
+    >>> funcs = dict(reference_functions(), g0=bb.get()["g0"].with_attr("global_symbol", "g0"))
+    >>> tgt = tvm.target.Target({"kind": "llvm"})
+    >>> ex = tvm.compile(tvm.IRModule(funcs), target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+    >>> dev = tvm.cpu()
+    >>> vm = relax.VirtualMachine(ex, dev)
+    >>> args = [tvm.runtime.tensor(np.ones(4096, "float32"), device=dev)]
+    >>> _ = vm["g0"](*args)   # warmed up
+    >>> timer = ReferenceTimer(vm, dev, rounds=5)
+    >>> i = timer.time("g0", args)
+    >>> seconds = timer.results()[i]      # seconds per call, one per round
+    >>> len(seconds), min(seconds) > 0
+    (5, True)
     """
 
     def __init__(self, vm, dev, rounds: int = 5, burst_s: float = MIN_BURST_S, key: str | None = None):

@@ -88,7 +88,14 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
 
     Examples
     --------
-    >>> costs = measure_candidates(cs, parse_cluster("cpu:1").devices[0])   # doctest: +SKIP
+    >>> import tvm_pesto
+    >>> from tvm_pesto.candidates import placement_candidates
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.costs.sweep import sweep_module
+    >>> cs = placement_candidates(tvm_pesto.analyze(sweep_module("movement", limit=2)).rg)
+    >>> costs = measure_candidates(cs, parse_cluster("cpu:1").devices[0])
+    >>> costs.shape, bool((costs > 0).all())
+    ((2,), True)
     """
     t0 = time.perf_counter()
     if not measurable(device):

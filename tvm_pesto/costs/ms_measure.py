@@ -39,9 +39,14 @@ class InProcessMeasurer:
 
     Examples
     --------
-    >>> m = InProcessMeasurer()                                        # doctest: +SKIP
-    >>> ms.tune_tir(mod, target, wd, 8, builder=m.builder, runner=m.runner)  # doctest: +SKIP
-    >>> m.close()                                                      # doctest: +SKIP
+    >>> m = InProcessMeasurer()
+    >>> from tvm.s_tir.meta_schedule.builder import Builder
+    >>> from tvm.s_tir.meta_schedule.runner import Runner
+    >>> isinstance(m.builder, Builder), isinstance(m.runner, Runner)   # for tune_tir(..., builder=, runner=)
+    (True, True)
+    >>> m.close()
+
+    :func:`tvm_pesto.costs.tuning_db.tune_in_process` is a whole tuning run with one.
     """
 
     def __init__(self, device=None, min_repeat_ms: int = 0, number: int = 3):

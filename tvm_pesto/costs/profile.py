@@ -33,7 +33,9 @@ Examples
 --------
 >>> from tvm_pesto.costs.profile import profile_module
 >>> from tvm_pesto.costs.sweep import sweep_module
->>> res = profile_module(sweep_module("pool", limit=1), "pool", "cpu:1", "prof.jsonl")
+>>> import os, tempfile
+>>> log = os.path.join(tempfile.mkdtemp(), "prof.jsonl")
+>>> res = profile_module(sweep_module("pool", limit=1), "pool", "cpu:1", log)
 >>> res.candidates, sorted(res.backends), res.errors
 (3, ['onnxruntime', 'torch', 'tvm'], {})
 """
@@ -222,7 +224,9 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
     Examples
     --------
     >>> from tvm_pesto.costs.sweep import sweep_module
-    >>> res = profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", "p.jsonl", backends=["tvm"])
+    >>> import os, tempfile
+    >>> log = os.path.join(tempfile.mkdtemp(), "p.jsonl")
+    >>> res = profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", log, backends=["tvm"])
     >>> res.candidates, res.backends    # TVM's fusion groups only
     (2, {'tvm': 2})
     """
@@ -353,11 +357,14 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
     --------
     >>> from tvm_pesto.costs.jsonl import append_record, read_records
     >>> rec = {"key": "k", "backend": "tvm", "target": "llvm", "model": "m", "host": "me"}
-    >>> append_record("pass1.jsonl", dict(rec, median_s=2e-3, run="1"))
-    >>> append_record("pass2.jsonl", dict(rec, median_s=1e-3, run="2"))
-    >>> merge_logs(["pass1.jsonl", "pass2.jsonl"], "merged.jsonl.gz")
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> d = Path(tempfile.mkdtemp())
+    >>> append_record(d / "pass1.jsonl", dict(rec, median_s=2e-3, run="1"))
+    >>> append_record(d / "pass2.jsonl", dict(rec, median_s=1e-3, run="2"))
+    >>> merge_logs([d / "pass1.jsonl", d / "pass2.jsonl"], d / "merged.jsonl.gz")
     {'records': 1, 'lines': 2, 'skipped': []}
-    >>> [rec for _, rec, _ in read_records("merged.jsonl.gz")]
+    >>> [rec for _, rec, _ in read_records(d / "merged.jsonl.gz")]
     [{'key': 'k', 'backend': 'tvm', 'target': 'llvm', 'median_s': 0.001, 'runs': [0.002, 0.001], 'model': 'm'}]
     """
     if reduce not in ("min", "median"):

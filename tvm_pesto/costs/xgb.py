@@ -86,15 +86,17 @@ def read_log(path, ds: Dataset | None = None) -> Dataset:
 
     Examples
     --------
+    >>> import os, tempfile
     >>> from tvm_pesto.costs.jsonl import open_log
     >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
     >>> with open_log(bundled) as f:
     ...     record = next(line for line in f if '"desc"' in line)
-    >>> with open("log.jsonl", "w") as out:
+    >>> log = os.path.join(tempfile.mkdtemp(), "log.jsonl")
+    >>> with open(log, "w") as out:
     ...     _ = out.write(record + '{"key": "k"}\\n')
     >>> import warnings
     >>> with warnings.catch_warnings(record=True):   # it warns about the skipped line
-    ...     ds = read_log("log.jsonl")
+    ...     ds = read_log(log)
     >>> len(ds.rows), [(line, why) for _, line, why in ds.skipped]
     (1, [(2, "KeyError: 'backend'")])
     """
@@ -159,12 +161,13 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
 
     Examples
     --------
-    >>> import itertools
+    >>> import itertools, os, tempfile
     >>> from tvm_pesto.costs.jsonl import open_log
     >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
-    >>> with open_log(bundled) as f, open("head.jsonl", "w") as out:
+    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")
+    >>> with open_log(bundled) as f, open(head, "w") as out:
     ...     _ = out.writelines(itertools.islice(f, 200))
-    >>> ds = load_dataset(["head.jsonl"])
+    >>> ds = load_dataset([head])
     >>> len(ds.rows) > 0, ds.skipped
     (True, [])
     """
@@ -373,12 +376,13 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
 
     Examples
     --------
-    >>> import itertools
+    >>> import itertools, os, tempfile
     >>> from tvm_pesto.costs.jsonl import open_log
     >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
-    >>> with open_log(bundled) as f, open("head.jsonl", "w") as out:
+    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")
+    >>> with open_log(bundled) as f, open(head, "w") as out:
     ...     _ = out.writelines(itertools.islice(f, 200))
-    >>> model = train(load_dataset(["head.jsonl"]).rows, rounds=20)
+    >>> model = train(load_dataset([head]).rows, rounds=20)
     >>> model.meta["rounds"], model.meta["n_rows"] > 1
     (20, True)
     """

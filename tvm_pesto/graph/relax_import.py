@@ -134,8 +134,10 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
 
     Examples
     --------
-    >>> rg = from_relax(mod)            # doctest: +SKIP
-    >>> rg.graph.num_nodes               # doctest: +SKIP
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> rg = from_relax(tiny_mlp()[0])
+    >>> rg.graph.num_nodes, rg.graph.nodes[0].op
+    (12, 'relax.nn.layer_norm')
     """
     if not isinstance(mod, tvm.IRModule):
         raise GraphError(f"expected a tvm.IRModule, got {type(mod).__name__}; import a model with "

@@ -86,7 +86,13 @@ def op_loads(problem: Problem, sim: SimResult) -> tuple[np.ndarray, np.ndarray]:
 
     Examples
     --------
-    >>> # busy, links = op_loads(problem, simulate(problem, plan))
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> from tvm_pesto.plan import simulate
+    >>> from tvm_pesto.solve import solve
+    >>> busy, links = op_loads(problem, simulate(problem, solve(problem, "heft")))
+    >>> busy.shape, links.shape
+    ((2,), (2, 2))
     """
     d = problem.num_devices
     links = np.zeros((d, d))
@@ -146,7 +152,13 @@ def evaluate(problem: Problem, plan: Plan, model: str = "op", objective: str = "
 
     Examples
     --------
-    >>> # ev = evaluate(problem, plan, "stage", "throughput"); ev.objective_value, ev.valid
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> from tvm_pesto.solve import solve
+    >>> plan = solve(problem, "stage-dp", model="stage", objective="throughput")
+    >>> ev = evaluate(problem, plan, "stage", "throughput")
+    >>> ev.valid, ev.objective_value > 0
+    (True, True)
     """
     model, objective, microbatches = check_choice(model, objective, microbatches)
     if model == "op":

@@ -207,7 +207,12 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
 
     Examples
     --------
-    >>> # r = evaluate_stages(problem, plan); r.valid, r.latency_s, r.bottleneck_s
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> from tvm_pesto.solve import solve
+    >>> r = evaluate_stages(problem, solve(problem, "stage-dp", model="stage", objective="throughput"))
+    >>> r.valid, r.latency_s >= r.bottleneck_s > 0
+    (True, True)
     """
     n, d = problem.num_nodes, problem.num_devices
     plan.validate(n, d)

@@ -85,7 +85,15 @@ def write_trace_dir(out_dir: str, problem, plan, sim, trace, device_names, title
 
     Examples
     --------
-    >>> write_trace_dir("trace/", pl.problem, pl.plan, pl.sim, trace, names, "bert")   # doctest: +SKIP
+    >>> import tvm_pesto
+    >>> from tvm_pesto.candidates.examples import tiny_cnn
+    >>> mod, (x,) = tiny_cnn()
+    >>> placed = tvm_pesto.build(mod, "cpu:2", costs="roofline")
+    >>> out, trace = placed.run_traced(x)
+    >>> pl = placed.placement
+    >>> import os, tempfile
+    >>> out_dir = os.path.join(tempfile.mkdtemp(), "trace")
+    >>> write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace, ["cpu0", "cpu1"], "tiny_cnn")
     ['gantt.png', 'plan_trace.json', 'run_trace.json']
     """
     import os

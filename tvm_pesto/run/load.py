@@ -3,10 +3,17 @@ TVM's runtime only: no search, no measurement, no compiler.
 
 Examples
 --------
->>> placed = tvm_pesto.build(mod, "cpu:2")         # doctest: +SKIP
->>> placed.export("bundle/")                        # doctest: +SKIP
->>> m = tvm_pesto.load("bundle/")                   # in another process  # doctest: +SKIP
->>> m(x)                                            # doctest: +SKIP
+>>> import numpy as np
+>>> import tvm_pesto
+>>> from tvm_pesto.candidates.examples import tiny_cnn
+>>> mod, (x,) = tiny_cnn()
+>>> placed = tvm_pesto.build(mod, "cpu:2", costs="roofline")
+>>> import tempfile
+>>> bundle = tempfile.mkdtemp()
+>>> _ = placed.export(bundle)
+>>> m = tvm_pesto.load(bundle)                   # e.g. in another process
+>>> np.allclose(m(x), placed(x))
+True
 """
 from __future__ import annotations
 

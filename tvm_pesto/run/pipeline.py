@@ -18,8 +18,14 @@ function of the same values; only the time it starts changes.
 
 Examples
 --------
->>> # outs, facts = run_pipeline(placed_module, [inputs_0, inputs_1, inputs_2, inputs_3])
->>> # facts["time_per_sample_s"], len(outs)
+>>> import tvm_pesto
+>>> from tvm_pesto.candidates.examples import tiny_cnn
+>>> from tvm_pesto.run.pipeline import microbatch_inputs, run_pipeline
+>>> mod, inputs = tiny_cnn()
+>>> placed = tvm_pesto.build(mod, "cpu:2", costs="roofline")
+>>> outs, facts = run_pipeline(placed, microbatch_inputs(inputs, 4))
+>>> len(outs), facts["time_per_sample_s"] > 0
+(4, True)
 """
 from __future__ import annotations
 

@@ -39,7 +39,10 @@ def critical_path(problem: Problem, weights: np.ndarray | None = None) -> float:
 
     Examples
     --------
-    >>> # critical_path(problem)  # seconds
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> critical_path(problem) > 0   # seconds
+    True
     """
     w = _min_costs(problem) if weights is None else np.asarray(weights, dtype=np.float64)
     n = problem.num_nodes
@@ -145,7 +148,13 @@ def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 10
 
     Examples
     --------
-    >>> # lb = lower_bound(problem); lb["best"] <= simulate(problem, plan).makespan
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> from tvm_pesto.plan import simulate
+    >>> from tvm_pesto.solve import solve
+    >>> lb = lower_bound(problem)
+    >>> lb["best"] <= simulate(problem, solve(problem, "heft")).makespan
+    True
     """
     mc = _min_costs(problem)
     cp = critical_path(problem, mc)

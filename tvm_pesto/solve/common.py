@@ -107,7 +107,13 @@ class MemoryState:
 
     Examples
     --------
-    >>> # st = MemoryState(problem); mask = st.fits(v); st.place(v, int(np.argmax(mask)))
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> st = MemoryState(problem)
+    >>> mask = st.fits(0)      # the devices node 0 fits on now
+    >>> st.place(0, int(np.argmax(mask)))
+    >>> bool(st.peak().max() > 0)
+    True
     """
 
     def __init__(self, problem: Problem, arrays: GraphArrays | None = None):

@@ -168,6 +168,10 @@ def solve(problem: Problem, insertion: bool = True, pins: dict | None = None) ->
     Examples
     --------
     >>> from tvm_pesto.solve import solve as run
-    >>> # plan = run(problem, "heft")
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> plan = run(problem, "heft")
+    >>> plan.solver, len(plan.assignment)
+    ('heft', 12)
     """
     return run_solver(problem, NAME, _heft, insertion=insertion, pins=pins)

@@ -10,10 +10,14 @@ searches early :mod:`tvm_pesto.solve.bounds` / :mod:`tvm_pesto.solve.comm_bounds
 
 Examples
 --------
->>> from tvm_pesto.solve.ilp import solve  # doctest: +SKIP
->>> plan = solve(problem, target=40, time_limit_s=5)  # doctest: +SKIP
->>> plan.info["status"], plan.info["source"]  # doctest: +SKIP
-('optimal', 'ilp+refine')
+>>> from tvm_pesto.plan import simulate
+>>> from tvm_pesto.solve import solve as run
+>>> from tvm_pesto.solve.ilp import solve
+>>> from tvm_pesto.bench.random_dag import dnn_like_problem
+>>> problem = dnn_like_problem(8, cluster="2xV100-nvlink")   # 8 ops, 2 GPUs
+>>> plan = solve(problem, target=40, time_limit_s=5, deterministic=True)
+>>> plan.info["status"], simulate(problem, plan).makespan <= simulate(problem, run(problem, "heft")).makespan
+('optimal', True)
 """
 from __future__ import annotations
 
@@ -77,8 +81,11 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
 
     Examples
     --------
-    >>> from tvm_pesto.solve.ilp import solve  # doctest: +SKIP
-    >>> plan = solve(problem, target=40, time_limit_s=5)  # doctest: +SKIP
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(8, cluster="2xV100-nvlink")   # 8 ops, 2 GPUs
+    >>> plan = solve(problem, target=40, time_limit_s=5, deterministic=True)
+    >>> plan.info["budget"], len(plan.assignment)
+    ('work', 8)
     """
     model, objective, microbatches = check_choice(model, objective, microbatches)
     if model == "stage":

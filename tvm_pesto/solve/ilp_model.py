@@ -108,8 +108,9 @@ def generic_upper_bound(problem: Problem) -> float:
 
     Examples
     --------
-    >>> from tvm_pesto.solve.ilp_model import generic_upper_bound  # doctest: +SKIP
-    >>> generic_upper_bound(problem) > 0  # doctest: +SKIP
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(8, cluster="2xV100-nvlink")   # 8 ops, 2 GPUs
+    >>> generic_upper_bound(problem) > 0
     True
     """
     c = np.where(np.isfinite(problem.costs), problem.costs, 0.0).max(axis=1)
@@ -195,8 +196,10 @@ def build_ilp(problem: Problem, warm_start: Plan | None = None, pairs: int | Non
 
     Examples
     --------
-    >>> prob, v = build_ilp(problem)  # doctest: +SKIP
-    >>> prob.numConstraints() > 0  # doctest: +SKIP
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(8, cluster="2xV100-nvlink")   # 8 ops, 2 GPUs
+    >>> prob, v = build_ilp(problem)
+    >>> prob.numConstraints() > 0
     True
     """
     n, D = problem.num_nodes, problem.num_devices
@@ -486,7 +489,15 @@ def extract_plan(problem: Problem, V: IlpVars) -> Plan:
 
     Examples
     --------
-    >>> plan = extract_plan(problem, V)  # doctest: +SKIP
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(8, cluster="2xV100-nvlink")   # 8 ops, 2 GPUs
+    >>> from tvm_pesto.solve.mip import solve_mip
+    >>> prob, V = build_ilp(problem)
+    >>> solve_mip(prob, "cbc", time_limit_s=10).status
+    'optimal'
+    >>> plan = extract_plan(problem, V)
+    >>> len(plan.assignment), sum(len(o) for o in plan.order)
+    (8, 8)
     """
     n, D = problem.num_nodes, problem.num_devices
     xv = np.array([[V.x[v, d].value() or 0.0 for d in range(D)] for v in range(n)]).reshape(n, D)
@@ -562,9 +573,10 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
 
     Examples
     --------
-    >>> from tvm_pesto.solve.ilp_model import solve_ilp  # doctest: +SKIP
-    >>> plan = solve_ilp(problem, time_limit_s=10)  # doctest: +SKIP
-    >>> plan.info["status"]  # doctest: +SKIP
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(8, cluster="2xV100-nvlink")   # 8 ops, 2 GPUs
+    >>> plan = solve_ilp(problem, time_limit_s=10)
+    >>> plan.info["status"]
     'optimal'
     """
     t0 = time.perf_counter()

@@ -26,8 +26,18 @@ any machine.
 
 Examples
 --------
->>> plan, placed = solve_joint(problem, solver="heft")   # doctest: +SKIP
->>> plan.backend_mix(), simulate(placed, plan).makespan   # doctest: +SKIP
+>>> import numpy as np
+>>> from tvm_pesto.candidates import Candidate
+>>> from tvm_pesto.cluster import parse_cluster
+>>> from tvm_pesto.graph import OpGraph, OpNode
+>>> from tvm_pesto.plan import JointProblem
+>>> g = OpGraph([OpNode(c, "relax.add") for c in "abc"], [(0, 1, 4), (1, 2, 4)])   # a -> b -> c
+>>> cands = [Candidate("tvm", (0,)), Candidate("tvm", (1,)), Candidate("tvm", (2,)), Candidate("torch", (0, 1))]
+>>> costs = np.array([[2.0, 2.0], [2.0, 2.0], [1.0, 1.0], [3.0, 3.0]])   # seconds per candidate, device
+>>> problem = JointProblem(g, parse_cluster("2xV100-nvlink"), cands, costs)
+>>> plan, placed = solve_joint(problem, solver="heft")
+>>> plan.backend_mix(), simulate(placed, plan).makespan   # ops per backend: torch runs a and b as one call
+({'torch': 2, 'tvm': 1}, 4.0)
 """
 from __future__ import annotations
 
@@ -66,7 +76,17 @@ def joint_lower_bound(problem: JointProblem) -> dict:
 
     Examples
     --------
-    >>> # joint_lower_bound(problem)["best"] <= simulate(placed, plan).makespan
+    >>> import numpy as np
+    >>> from tvm_pesto.candidates import Candidate
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> from tvm_pesto.plan import JointProblem
+    >>> g = OpGraph([OpNode(c, "relax.add") for c in "abc"], [(0, 1, 4), (1, 2, 4)])   # a -> b -> c
+    >>> cands = [Candidate("tvm", (0,)), Candidate("tvm", (1,)), Candidate("tvm", (2,)), Candidate("torch", (0, 1))]
+    >>> costs = np.array([[2.0, 2.0], [2.0, 2.0], [1.0, 1.0], [3.0, 3.0]])   # seconds per candidate, device
+    >>> problem = JointProblem(g, parse_cluster("2xV100-nvlink"), cands, costs)
+    >>> joint_lower_bound(problem)   # a and b cost at least 3.0 / 2 each, c 1.0
+    {'critical_path_s': 4.0, 'work_s': 2.0, 'best': 4.0}
     """
     n, D = problem.graph.num_nodes, problem.num_devices
     per_op = np.full(n, np.inf)

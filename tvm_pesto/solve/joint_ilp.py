@@ -29,9 +29,19 @@ incumbent, with ``mip_gap``), ``infeasible``, ``no_solution`` or ``solver_failed
 
 Examples
 --------
->>> from tvm_pesto.solve.joint_ilp import joint_ilp       # doctest: +SKIP
->>> res = joint_ilp(graph, node_sets, costs, cluster)        # doctest: +SKIP
->>> res.chosen, res.device                                   # doctest: +SKIP
+>>> import numpy as np
+>>> from tvm_pesto.candidates import Candidate
+>>> from tvm_pesto.cluster import parse_cluster
+>>> from tvm_pesto.graph import OpGraph, OpNode
+>>> from tvm_pesto.plan import JointProblem
+>>> g = OpGraph([OpNode(c, "relax.add") for c in "abc"], [(0, 1, 4), (1, 2, 4)])   # a -> b -> c
+>>> cands = [Candidate("tvm", (0,)), Candidate("tvm", (1,)), Candidate("tvm", (2,)), Candidate("torch", (0, 1))]
+>>> costs = np.array([[2.0, 2.0], [2.0, 2.0], [1.0, 1.0], [3.0, 3.0]])   # seconds per candidate, device
+>>> problem = JointProblem(g, parse_cluster("2xV100-nvlink"), cands, costs)
+>>> from tvm_pesto.solve.joint_ilp import joint_ilp
+>>> res = joint_ilp(g, [c.nodes for c in cands], costs, problem.cluster)
+>>> sorted(res.chosen), res.info["status"], round(res.objective_s, 9)   # torch (a, b), then tvm c
+([2, 3], 'optimal', 4.0)
 """
 from __future__ import annotations
 
@@ -188,7 +198,18 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
 
     Examples
     --------
-    >>> res = joint_ilp(graph, node_sets, costs, parse_cluster("cpu:2"))   # doctest: +SKIP
+    >>> import numpy as np
+    >>> from tvm_pesto.candidates import Candidate
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> from tvm_pesto.plan import JointProblem
+    >>> g = OpGraph([OpNode(c, "relax.add") for c in "abc"], [(0, 1, 4), (1, 2, 4)])   # a -> b -> c
+    >>> cands = [Candidate("tvm", (0,)), Candidate("tvm", (1,)), Candidate("tvm", (2,)), Candidate("torch", (0, 1))]
+    >>> costs = np.array([[2.0, 2.0], [2.0, 2.0], [1.0, 1.0], [3.0, 3.0]])   # seconds per candidate, device
+    >>> problem = JointProblem(g, parse_cluster("2xV100-nvlink"), cands, costs)
+    >>> res = joint_ilp(g, [c.nodes for c in cands], costs, parse_cluster("cpu:2"))
+    >>> sorted(res.chosen)
+    [2, 3]
     """
     t0 = time.perf_counter()
     n, D = graph.num_nodes, cluster.num_devices

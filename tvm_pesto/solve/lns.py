@@ -25,8 +25,12 @@ MIPs' nominal seconds and the simulations, :mod:`tvm_pesto.solve.budget`).
 
 Examples
 --------
->>> # better = lns(problem, solve(problem, "heft"), time_budget_s=20)
->>> # better.info["lns"]["accepted"], better.info["lns"]["makespan_after_s"]
+>>> from tvm_pesto.bench.random_dag import dnn_like_problem
+>>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+>>> from tvm_pesto.solve import solve
+>>> better = lns(problem, solve(problem, "heft"), time_budget_s=0.5, deterministic=True)
+>>> better.info["lns"]["makespan_after_s"] <= better.info["lns"]["makespan_before_s"]
+True
 """
 from __future__ import annotations
 

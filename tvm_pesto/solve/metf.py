@@ -297,6 +297,10 @@ def solve(problem: Problem, contention: bool = True) -> Plan:
     Examples
     --------
     >>> from tvm_pesto.solve import solve as run
-    >>> # plan = run(problem, "m-etf")
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> plan = run(problem, "m-etf")
+    >>> plan.solver, len(plan.assignment)
+    ('m-etf', 12)
     """
     return run_solver(problem, NAME, _metf, contention=contention)

@@ -427,7 +427,13 @@ def solve_mip(prob: pulp.LpProblem, solver: str = "cbc", time_limit_s: float = 3
 
     Examples
     --------
-    >>> # res = solve_mip(prob, "cbc", time_limit_s=10); res.status, res.gap
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(6, cluster="2xV100-nvlink")   # 6 ops, 2 GPUs
+    >>> from tvm_pesto.solve.ilp_model import build_ilp
+    >>> prob, _ = build_ilp(problem)
+    >>> res = solve_mip(prob, "cbc", time_limit_s=10)
+    >>> res.status
+    'optimal'
     """
     log_fd, log_path = tempfile.mkstemp(prefix="pesto_cbc_", suffix=".log")
     os.close(log_fd)

@@ -41,7 +41,11 @@ def favorite_lp(problem: Problem, time_limit_s: float = 60.0) -> tuple[np.ndarra
 
     Examples
     --------
-    >>> # xs, info = favorite_lp(problem); info["lp_status"]  -> 'Optimal'
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> xs, info = favorite_lp(problem)
+    >>> xs.shape == (len(problem.src),), info["lp_status"]   # one x per edge
+    (True, 'Optimal')
     """
     import pulp
 
@@ -145,7 +149,11 @@ def solve(problem: Problem, threshold: float = 0.5, favorite: str = "lp", lp_max
     Examples
     --------
     >>> from tvm_pesto.solve import solve as run
-    >>> # plan = run(problem, "m-sct", threshold=0.5)
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> plan = run(problem, "m-sct", threshold=0.5)
+    >>> plan.solver, len(plan.assignment)
+    ('m-sct', 12)
     """
     t0 = time.perf_counter()
     if favorite not in ("lp", "greedy"):

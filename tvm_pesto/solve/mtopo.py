@@ -107,6 +107,10 @@ def solve(problem: Problem, share: str = "both") -> Plan:
     Examples
     --------
     >>> from tvm_pesto.solve import solve as run
-    >>> # plan = run(problem, "m-topo", share="memory")
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> plan = run(problem, "m-topo", share="memory")
+    >>> plan.solver, len(plan.assignment)
+    ('m-topo', 12)
     """
     return run_solver(problem, NAME, _mtopo, share=share)

@@ -28,8 +28,14 @@ segment bound assumes its transfer rules and is not used.
 
 Examples
 --------
->>> # lb = objective_lower_bound(problem, "stage", "throughput")
->>> # lb["best"] <= evaluate(problem, plan, "stage", "throughput").objective_value
+>>> from tvm_pesto.bench.random_dag import dnn_like_problem
+>>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+>>> from tvm_pesto.plan.objective import evaluate
+>>> from tvm_pesto.solve import solve
+>>> plan = solve(problem, "stage-dp", model="stage", objective="throughput")
+>>> lb = objective_lower_bound(problem, "stage", "throughput")
+>>> lb["best"] <= evaluate(problem, plan, "stage", "throughput").objective_value
+True
 """
 from __future__ import annotations
 
@@ -50,7 +56,11 @@ def bottleneck_lower_bound(problem: Problem, model: str = "op", lp: bool | None 
 
     Examples
     --------
-    >>> # bottleneck_lower_bound(problem, "stage")["best"]
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> b = bottleneck_lower_bound(problem, "stage")
+    >>> b["best"] >= b["work_s"]
+    True
     """
     n, d = problem.num_nodes, problem.num_devices
     mc = _min_costs(problem) if n else np.zeros(0)
@@ -97,7 +107,11 @@ def objective_lower_bound(problem: Problem, model: str = "op", objective: str = 
 
     Examples
     --------
-    >>> # objective_lower_bound(problem, "op", "throughput", microbatches=8)["best"]
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> lb = objective_lower_bound(problem, "op", "throughput", microbatches=8)
+    >>> lb["bottleneck_s"] <= lb["best"] <= lb["latency_s"]   # (latency + 7 bottleneck) / 8
+    True
     """
     model, objective, microbatches = check_choice(model, objective, microbatches)
     bott = bottleneck_lower_bound(problem, model, lp=lp, lp_max_nodes=lp_max_nodes)

@@ -85,8 +85,14 @@ def solve(problem: Problem, name: str = "heft", deterministic: bool | None = Non
 
     Examples
     --------
-    >>> # plan = solve(problem, "ilp", deterministic=True)
-    >>> # plan = solve(problem, "stage-dp", model="stage", objective="throughput")
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(8, cluster="2xV100-nvlink")   # 8 ops, 2 GPUs
+    >>> plan = solve(problem, "ilp", deterministic=True)
+    >>> plan.info["deterministic"], plan.info["objective"]
+    (True, 'latency')
+    >>> plan = solve(problem, "stage-dp", model="stage", objective="throughput")
+    >>> plan.info["model"], plan.info["objective"]
+    ('stage', 'throughput')
     """
     from ..plan.objective import check_choice
 

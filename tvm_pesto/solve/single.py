@@ -88,7 +88,11 @@ def solve(problem: Problem) -> Plan:
     Examples
     --------
     >>> from tvm_pesto.solve import solve as run
-    >>> # plan = run(problem, "single")
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> plan = run(problem, "single")
+    >>> plan.solver, len(plan.assignment)
+    ('single', 12)
     """
     return run_solver(problem, NAME, _single)
 

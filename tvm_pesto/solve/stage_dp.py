@@ -233,7 +233,11 @@ def dp_split(problem: Problem, family: str = "all", order: list[int] | None = No
 
     Examples
     --------
-    >>> # r = dp_split(problem); r.value_s, r.exact
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> r = dp_split(problem)
+    >>> r.value_s > 0, r.exact
+    (True, True)
     """
     t0 = time.perf_counter()
     units = units if units is not None else dp_units(problem, passes, drop_free)
@@ -419,7 +423,12 @@ def dp_bound(problem: Problem, max_ideals: int = MAX_IDEALS) -> dict:
 
     Examples
     --------
-    >>> # dp_bound(problem)["bound_s"] <= evaluate(problem, plan, "stage", "throughput").objective_value
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+    >>> from tvm_pesto.plan.objective import evaluate
+    >>> plan = solve(problem)   # this module's: the stage model, throughput
+    >>> dp_bound(problem)["bound_s"] <= evaluate(problem, plan, "stage", "throughput").objective_value
+    True
     """
     try:
         r = dp_split(problem, "all", max_ideals=max_ideals)

@@ -27,8 +27,11 @@ anything worse.
 
 Examples
 --------
->>> # plan = solve(problem, objective="throughput", time_limit_s=10)
->>> # plan.info["status"], plan.info["objective_value_s"]
+>>> from tvm_pesto.bench.random_dag import dnn_like_problem
+>>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+>>> plan = solve(problem, objective="throughput", time_limit_s=10, deterministic=True)
+>>> plan.info["status"], plan.info["objective_value_s"] > 0
+('optimal', True)
 """
 from __future__ import annotations
 

@@ -23,9 +23,14 @@ count per device, and it is what the solvers keep within each device's memory.
 
 Examples
 --------
+>>> import torch
 >>> from tvm_pesto.train import build_trainer
->>> tr = build_trainer("mlp_mixer", "cross_entropy", "sgd", "cpu:2", costs="roofline")  # doctest: +SKIP
->>> losses = tr.fit(20)                                                                # doctest: +SKIP
+>>> _ = torch.manual_seed(0)
+>>> net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+>>> tr = build_trainer((net, (torch.randn(16, 8),)), "cross_entropy", "sgd", "cpu:2", costs="roofline")
+>>> res = tr.fit(5)
+>>> len(res["losses"]), len(res["step_s"])
+(5, 5)
 """
 from __future__ import annotations
 

@@ -126,8 +126,19 @@ def plan_gemm(func: relax.Function) -> GemmPlan:
 
     Examples
     --------
-    >>> plan = plan_gemm(func)          # doctest: +SKIP
-    >>> (plan.m, plan.n, plan.k)        # doctest: +SKIP
+    >>> import numpy as np
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit(relax.op.matmul(x, relax.const(np.ones((8, 3), "float32"))))
+    ...         y = bb.emit(relax.op.add(y, relax.const(np.ones(3, "float32"))))
+    ...         out = bb.emit_output(relax.op.nn.relu(y))
+    ...     _ = bb.emit_func_output(out)
+    >>> plan = plan_gemm(bb.get()["main"])
+    >>> (plan.m, plan.n, plan.k), plan.epilogue, plan.out_shape   # column-major: m, n swapped
+    ((3, 4, 8), 'relu_bias', (4, 3))
     """
     params = list(func.params)
     binds = function_bindings(func)
@@ -229,7 +240,19 @@ def emulate_gemm(plan: GemmPlan, args: list[np.ndarray]) -> np.ndarray:
 
     Examples
     --------
-    >>> out = emulate_gemm(plan_gemm(func), [x])   # doctest: +SKIP
+    >>> import numpy as np
+    >>> from tvm import relax
+    >>> w = np.arange(24, dtype="float32").reshape(8, 3)
+    >>> x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         out = bb.emit_output(relax.op.matmul(x, relax.const(w)))
+    ...     _ = bb.emit_func_output(out)
+    >>> a = np.ones((4, 8), "float32")
+    >>> out = emulate_gemm(plan_gemm(bb.get()["main"]), [a])
+    >>> out.shape, np.allclose(out, a @ w)
+    ((4, 3), True)
     """
     A = np.ascontiguousarray(plan.a.value(args)).reshape(-1).astype(np.float64)
     B = np.ascontiguousarray(plan.b.value(args)).reshape(-1).astype(np.float64)

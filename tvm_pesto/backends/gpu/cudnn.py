@@ -94,8 +94,19 @@ def plan_conv(func: relax.Function) -> ConvPlan:
 
     Examples
     --------
-    >>> plan = plan_conv(func)     # doctest: +SKIP
-    >>> plan.y_dims                # doctest: +SKIP
+    >>> import numpy as np
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((1, 8, 8, 3), "float32"))
+    >>> w = relax.const(np.ones((4, 3, 3, 3), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> with bb.function("main", [x]):
+    ...     with bb.dataflow():
+    ...         y = bb.emit(relax.op.nn.conv2d(x, w, padding=[1, 1, 1, 1], data_layout="NHWC", kernel_layout="OHWI"))
+    ...         out = bb.emit_output(relax.op.nn.relu(y))
+    ...     _ = bb.emit_func_output(out)
+    >>> plan = plan_conv(bb.get()["main"])
+    >>> plan.y_dims, plan.layout, plan.relu       # dims in N, C, H, W order
+    ((1, 4, 8, 8), 'NHWC', True)
     """
     params = list(func.params)
     binds = function_bindings(func)

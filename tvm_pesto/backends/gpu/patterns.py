@@ -170,9 +170,11 @@ def match_nodes(rg, prefix: str) -> list[PatternMatch]:
 
     Examples
     --------
-    >>> from tvm_pesto import zoo                                   # doctest: +SKIP
-    >>> from tvm_pesto.graph.relax_import import from_relax         # doctest: +SKIP
-    >>> ms = match_nodes(from_relax(zoo.load("bert").mod), "cublas")  # doctest: +SKIP
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> from tvm_pesto.graph.relax_import import from_relax
+    >>> ms = match_nodes(from_relax(tiny_mlp()[0]), "cublas")
+    >>> [(m.pattern, m.nodes) for m in ms][:2]
+    [('cublas.matmul_bias_gelu', (1, 2, 3)), ('cublas.matmul', (4,))]
     """
     from tvm.relax.dpl.pattern import CallPattern
 
@@ -240,8 +242,11 @@ def coverage(rg, prefixes=LIBRARIES) -> dict[str, dict]:
 
     Examples
     --------
-    >>> cov = coverage(rg)                # doctest: +SKIP
-    >>> cov["cudnn"]["nodes"]             # doctest: +SKIP
+    >>> from tvm_pesto.candidates.examples import tiny_cnn
+    >>> from tvm_pesto.graph.relax_import import from_relax
+    >>> cov = coverage(from_relax(tiny_cnn()[0]))
+    >>> cov["cudnn"]["nodes"], cov["cublas"]["per_pattern"]
+    ([0, 3, 4, 8], {'cublas.matmul_bias': 1})
     """
     out = {}
     for p in prefixes:

@@ -64,7 +64,10 @@ def export_subgraph(func: relax.Function, check: bool = True):
 
     Examples
     --------
-    >>> model = export_subgraph(func)   # doctest: +SKIP
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> model = export_subgraph(tiny_mlp()[0]["main"])
+    >>> model.graph.node[0].op_type, len(model.graph.input)
+    ('LayerNormalization', 1)
     """
     import onnx
 

@@ -152,8 +152,11 @@ def compile_cuda(mod: tvm.IRModule, target, database=None, what: str = "module")
 
     Examples
     --------
-    >>> ex = compile_cuda(mod, "sm_80")   # doctest: +SKIP
-    >>> ex.export_library("model.so")      # doctest: +SKIP
+    Not run here: compiling needs the CUDA toolkit (nvcc, or NVRTC from the ``gpu`` extra).
+
+    >>> from tvm_pesto.candidates.examples import tiny_mlp   # doctest: +SKIP
+    >>> ex = compile_cuda(tiny_mlp()[0], "sm_80")            # doctest: +SKIP
+    >>> ex.export_library("model.so")                        # doctest: +SKIP
     """
     tgt = cuda_target(target)
     pipeline = cuda_pipeline(tgt, database)
@@ -169,7 +172,10 @@ def cuda_sources(ex) -> list[str]:
 
     Examples
     --------
-    >>> srcs = cuda_sources(compile_cuda(mod, "sm_80"))   # doctest: +SKIP
+    >>> from tvm_pesto.candidates.examples import tiny_mlp          # CUDA toolkit  # doctest: +SKIP
+    >>> srcs = cuda_sources(compile_cuda(tiny_mlp()[0], "sm_80"))   # doctest: +SKIP
+    >>> len(srcs)                                                   # doctest: +SKIP
+    1
     """
     out = []
 
@@ -200,7 +206,8 @@ def nvcc_check(source: str, arch: str, workdir=None, timeout: float = 300) -> Pa
 
     Examples
     --------
-    >>> nvcc_check("__global__ void k(float* x) { x[0] = 1.f; }", "sm_80")   # doctest: +SKIP
+    >>> nvcc_check("__global__ void k(float* x) { x[0] = 1.f; }", "sm_80")   # needs nvcc  # doctest: +SKIP
+    PosixPath('.../pesto-nvcc-.../kernels_sm_80.cubin')
     """
     nvcc = shutil.which("nvcc")
     if nvcc is None:
