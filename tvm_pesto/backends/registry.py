@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from ..errors import PestoError
-from .base import Backend, BackendUnavailableError
+from ..errors import BuildError, PestoError
+from .base import GLOBAL_PREFIX, Backend, BackendUnavailableError, BuiltUnit
 
 #: Built-in backends: name -> "module:Class" (module relative to ``tvm_pesto.backends``).
 #: Adding a backend is one file in this package and one line here.
@@ -22,6 +22,8 @@ BUILTIN: dict[str, str] = {
     "tvm": "tvm_cpu:TvmBackend",
     "tvm-ms": "tvm_cpu:TvmMetaScheduleBackend",
     "onnxruntime": "onnxruntime:OnnxRuntimeBackend",
+    "onnxruntime-parallel": "onnxruntime:OnnxRuntimeParallelBackend",
+    "openvino": "openvino:OpenVinoBackend",
     "torch": "torch_ops:TorchBackend",
     "tvm-cuda": "gpu.tvm_cuda:TvmCudaBackend",
     "cublas": "gpu.cublas:CublasBackend",
@@ -144,11 +146,43 @@ def available_backends(names=None, device_kind: str = "cpu") -> tuple[list[Backe
     return usable, why
 
 
+def unit_backend(gname: str) -> str | None:
+    """The backend whose unit global name ``gname`` is (``pesto.<backend>.<key>...``), or None
+    for any other global function (one a user registered and calls in a module).
+
+    Examples
+    --------
+    >>> unit_backend("pesto.onnxruntime.9e8446a4f2ed03be.c1"), unit_backend("my.kernel")
+    ('onnxruntime', None)
+    """
+    parts = gname.split(".")
+    if len(parts) >= 3 and parts[0] == GLOBAL_PREFIX and parts[1] in list_backends():
+        return parts[1]
+    return None
+
+
+def built_unit(gname: str) -> BuiltUnit:
+    """What a backend built as ``gname``, for a holder to keep.
+
+    Raises
+    ------
+    BuildError
+        When ``gname`` is not a backend's unit name (:func:`unit_backend`), or its backend
+        did not build it in this process (or released it since).
+    """
+    backend = unit_backend(gname)
+    if backend is None:
+        raise BuildError(f"{gname!r} is not the global name of a backend's unit ({GLOBAL_PREFIX}.<backend>.<key>)")
+    return get_backend(backend).built(gname)
+
+
 def release_all() -> int:
-    """Unregister the global functions every backend instance built so far (frees library
-    sessions and their threads); later builds register them again."""
+    """Unregister the global functions every backend instance built so far and drop the
+    backends' references to them (library sessions and their threads are freed once no
+    one else holds them); later builds register them again. A placed model holds its own
+    units (:class:`~tvm_pesto.backends.base.BuiltUnit`), so it still runs and exports."""
     return sum(b.release() for b in list(_INSTANCES.values()))
 
 
-__all__ = ["BUILTIN", "available_backends", "backend_status", "get_backend", "list_backends", "register_backend",
-           "release_all", "unregister_backend"]
+__all__ = ["BUILTIN", "available_backends", "backend_status", "built_unit", "get_backend", "list_backends",
+           "register_backend", "release_all", "unit_backend", "unregister_backend"]

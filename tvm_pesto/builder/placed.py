@@ -8,6 +8,7 @@ import time
 import tvm
 from tvm import relax
 
+from ..backends.registry import built_unit, get_backend, unit_backend
 from ..errors import BuildError
 from ..run.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
 from ..run.runtime import PlacedRuntime
@@ -57,6 +58,18 @@ class PlacedModule(PlacedRuntime):
     holds the candidates, costs and the simulation; ``placed_mod`` is the rewritten
     IRModule, ``device_mods`` the per-device modules, ``executables`` their builds.
     :meth:`export` writes a bundle that :func:`tvm_pesto.load` runs without the compiler.
+
+    ``units`` maps the global name of each library unit (ONNX Runtime, torch, ...; not the
+    global functions a user's module calls itself) to what its backend built
+    (:class:`~tvm_pesto.backends.base.BuiltUnit`), taken when the model is made: the model
+    holds its units' callables and sources itself, so it runs and exports after
+    :func:`tvm_pesto.backends.release_all` (which drops only the backends' references).
+
+    Raises
+    ------
+    BuildError
+        When a library unit ``placed_mod`` calls is not built in this process (released
+        before the model was made: apply the plan again), or a device's module fails to build.
     """
 
     def __init__(self, placed_mod, cluster, plan=None, placement=None, progress=None):
@@ -64,6 +77,8 @@ class PlacedModule(PlacedRuntime):
         self.plan = plan
         self.placement = placement
         self.device_mods = split_by_device(placed_mod)
+        self.units = {g: built_unit(g) for m in self.device_mods.values() for g in extern_calls(m)
+                      if unit_backend(g) is not None}
         self.executables = {}
         vms = {}
         for k, (d, m) in enumerate(self.device_mods.items()):
@@ -104,11 +119,10 @@ class PlacedModule(PlacedRuntime):
         Raises
         ------
         BuildError
-            When a backend of the plan cannot export its units, or the libraries cannot be
-            written (the message names the part).
+            When a backend of the plan cannot export its units, the module calls a global
+            function no backend built, or the libraries cannot be written (the message names
+            the part).
         """
-        from ..backends import get_backend
-
         os.makedirs(path, exist_ok=True)
         files: list[str] = []
         libs = {}
@@ -124,8 +138,12 @@ class PlacedModule(PlacedRuntime):
         artifacts = []
         for d, m in self.device_mods.items():
             for gname in extern_calls(m):
-                backend = gname.split(".")[1]
-                meta = get_backend(backend).artifact(gname, path, f"extern{len(artifacts)}")
+                unit = self.units.get(gname)
+                if unit is None:
+                    raise BuildError(f"the module of device {d} calls {gname!r}, a global function no backend "
+                                     "built; a bundle cannot carry it: run the model in this process, or make "
+                                     "that function a backend (tvm_pesto.backends.register_backend)")
+                meta = get_backend(unit.backend).artifact(unit, path, f"extern{len(artifacts)}")
                 meta["device"] = int(d)
                 artifacts.append(meta)
                 files.extend(meta["files"])

@@ -28,7 +28,7 @@ from tvm import relax
 from ..errors import PlanError
 from ..graph.relax_import import RelaxGraph
 from .lower import lower_units
-from .subgraph import Remap, cut_function, with_vdevice
+from .subgraph import Remap, cut_function, move_to, with_vdevice
 
 
 @dataclass
@@ -83,11 +83,12 @@ def plan_segments(rg: RelaxGraph, groups, plan) -> list[SegmentSpec]:
     return segs
 
 
-def _vdevices(cluster):
+def cluster_vdevices(cluster) -> list:
+    """One ``relax.VDevice`` per cluster device: its target, ``vdevice_id`` = its index."""
     return [relax.VDevice(tvm.target.Target(dev.target), i, "global") for i, dev in enumerate(cluster.devices)]
 
 
-def apply_plan(rg: RelaxGraph, plan, cluster, state=None) -> tvm.IRModule:
+def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.IRModule:
     """Rewrite ``rg``'s module so that every op runs inside a per-device segment function.
 
     Parameters
@@ -102,12 +103,17 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None) -> tvm.IRModule:
         ``(output field, input index)`` pairs: the output is the next value of that input
         of ``main`` (which must return a tuple). Both live on the device of the input's
         first reader (see the module docstring).
+    vdevices : list of relax.VDevice, optional
+        The vdevices the module's types name, one per cluster device (default:
+        :func:`cluster_vdevices`). TVM tells vdevices apart by identity, so functions placed
+        by several calls can share one module only when the calls share this list.
 
     Raises
     ------
     PlanError
         When the plan has no units, its units do not cover ``rg`` exactly once, its
-        orders deadlock, or ``state`` names fields or inputs ``main`` does not have.
+        orders deadlock, ``state`` names fields or inputs ``main`` does not have, or
+        ``vdevices`` does not hold one per cluster device.
     """
     if plan.units is None:
         raise PlanError("the plan has no units (which ops each plan node runs, on which backend); "
@@ -178,7 +184,10 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None) -> tvm.IRModule:
                         "simulate the plan to find the blocked ops")
     call_order = list(nx.lexicographical_topological_sort(sdag, key=lambda si: (segs[si].position, segs[si].device)))
 
-    vdevs = _vdevices(cluster)
+    vdevs = list(vdevices) if vdevices is not None else cluster_vdevices(cluster)
+    if len(vdevs) != cluster.num_devices:
+        raise PlanError(f"{len(vdevs)} vdevices given for {cluster.name}'s {cluster.num_devices} devices; "
+                        "pass one per device (tvm_pesto.builder.rewrite.cluster_vdevices)")
     seg_funcs = []
     for si, s in enumerate(segs):
         outs = sorted(used_outside[si], key=lambda x: var_binding[x])
@@ -186,7 +195,7 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None) -> tvm.IRModule:
             outs = [bindings[rg.node_binding[s.nodes[-1]]].var]
         cut = cut_function(rg, [rg.node_binding[v] for v in s.nodes], outs, lift_constants=False,
                            name=f"dev{s.device}_seg{s.position}", vdevice=vdevs[s.device],
-                           move_constants=s.device != 0)
+                           move_to_vdevice=s.device != 0)
         fn = cut.func.without_attr("global_symbol")  # private: only main calls it
         fn = fn.with_attr("pesto.device", s.device).with_attr("pesto.position", s.position)
         seg_funcs.append((fn, cut))
@@ -216,7 +225,7 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None) -> tvm.IRModule:
                     if dv != s.device:
                         key = (v, s.device)
                         if key not in on_dev:
-                            on_dev[key] = _move(bb, nv, vdevs[s.device], f"{v.name}_d{s.device}")
+                            on_dev[key] = move_to(bb, nv, vdevs[s.device], f"{v.name}_d{s.device}")
                         nv = on_dev[key]
                     args.append(nv)
                 res = bb.emit(relax.Call(gvs[si], args), name_hint=f"s{si}")
@@ -265,7 +274,7 @@ def _materialize(bb, v, home, bindings, var_binding, vdevs, dev: int = 0):
     if v in home:
         nv, dv = home[v]
         if dv != dev:
-            nv = _move(bb, nv, vdevs[dev], f"{v.name}_d{dev}")
+            nv = move_to(bb, nv, vdevs[dev], f"{v.name}_d{dev}")
             if dev == 0:
                 home[v] = (nv, 0)
         return nv
@@ -275,15 +284,3 @@ def _materialize(bb, v, home, bindings, var_binding, vdevs, dev: int = 0):
     nv = bb.emit(Remap(sub).visit_expr(val), name_hint=v.name)
     home[v] = (nv, dev)
     return nv
-
-
-def _move(bb, value, vdev, name):
-    """``R.to_vdevice`` for a tensor; field by field for a tuple."""
-    ty = value.ty
-    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
-        fields = []
-        for k in range(len(ty.fields)):
-            item = bb.emit(relax.TupleGetItem(value, k), name_hint=f"{name}_{k}")
-            fields.append(_move(bb, item, vdev, f"{name}_{k}"))
-        return bb.emit(relax.Tuple(fields), name_hint=name)
-    return bb.emit(relax.op.to_vdevice(value, vdev), name_hint=name)

@@ -57,11 +57,12 @@ def _used_vars(expr) -> list:
 
 
 def cut_function(rg: RelaxGraph, binding_ids, outputs, lift_constants: bool = False,
-                 name: str = "main", vdevice=None, move_constants: bool = False) -> Segment:
+                 name: str = "main", vdevice=None, move_to_vdevice: bool = False) -> Segment:
     """Make a Relax function that computes ``outputs`` from the bindings ``binding_ids``.
 
     Bindings that only alias values (tuples, ``TupleGetItem``, variable copies, constants,
     shapes) that the cut needs are pulled in too. Free variables become parameters.
+    ``vdevice`` and ``move_to_vdevice`` are :func:`emit_function`'s.
     """
     bindings = rg.bindings
     var_idx = {b.var: k for k, b in enumerate(bindings)}
@@ -91,7 +92,7 @@ def cut_function(rg: RelaxGraph, binding_ids, outputs, lift_constants: bool = Fa
         if v not in defined and v not in seen:
             seen.add(v)
             free.append(v)
-    return emit_function(bindings, order, free, outputs, lift_constants, name, vdevice, move_constants)
+    return emit_function(bindings, order, free, outputs, lift_constants, name, vdevice, move_to_vdevice)
 
 
 def with_vdevice(ty, vdevice):
@@ -103,6 +104,36 @@ def with_vdevice(ty, vdevice):
     return ty
 
 
+def same_vdevice(a, b) -> bool:
+    """Whether two ``relax.VDevice`` (or None) name the same device (``VDevice.same_as``
+    recurses forever in TVM 0.27: compare id, scope and target)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return (int(a.vdevice_id) == int(b.vdevice_id) and str(a.memory_scope) == str(b.memory_scope)
+            and str(a.target) == str(b.target))
+
+
+def on_vdevice(ty, vdevice) -> bool:
+    """Whether every tensor in ``ty`` is declared on ``vdevice`` (tuples field by field)."""
+    if isinstance(ty, relax.TensorType):
+        return same_vdevice(ty.vdevice, vdevice)
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+        return all(on_vdevice(f, vdevice) for f in ty.fields)
+    return True
+
+
+def move_to(bb: relax.BlockBuilder, value, vdevice, name: str):
+    """Emit ``R.to_vdevice(value, vdevice)``; a tuple field by field (rebuilt as a tuple)."""
+    ty = value.ty
+    if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)):
+        fields = []
+        for k in range(len(ty.fields)):
+            item = bb.emit(relax.TupleGetItem(value, k), name_hint=f"{name}_{k}")
+            fields.append(move_to(bb, item, vdevice, f"{name}_{k}"))
+        return bb.emit(relax.Tuple(fields), name_hint=name)
+    return bb.emit(relax.op.to_vdevice(value, vdevice), name_hint=name)
+
+
 def _extern_on(expr, vdevice):
     """An extern call (``R.call_dps_packed``) whose outputs are declared on ``vdevice``."""
     if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_dps_packed":
@@ -111,16 +142,21 @@ def _extern_on(expr, vdevice):
 
 
 def emit_function(bindings, order, free, outputs, lift_constants: bool = False, name: str = "main",
-                  vdevice=None, move_constants: bool = False) -> Segment:
+                  vdevice=None, move_to_vdevice: bool = False) -> Segment:
     """Build the function whose parameters are ``free``, whose body re-emits
     ``bindings[k]`` for ``k`` in ``order``, and which returns ``outputs``.
 
     Constants are lifted first (in binding order) so the parameter list is known before
     the function scope opens. With ``vdevice`` (a ``relax.VDevice``), every parameter and
     result is annotated to live there, as ``tvm.compile`` needs for multi-device modules; a
-    result computed from constants alone is put there with ``R.to_vdevice``. TVM's VM keeps
-    constants on its first device, so ``move_constants`` (for a segment on another device)
-    copies each constant there once per call (``R.to_vdevice``) before its first use.
+    result computed from constants alone is put there with ``R.to_vdevice``.
+
+    TVM's VM keeps constants on its first device and allocates every value whose type names
+    no device there too. ``move_to_vdevice`` (for a segment on another device) puts every
+    value the segment reads or makes on ``vdevice``: each constant is copied there once per
+    call (``R.to_vdevice``) before its first use, and so is the result of an op whose type
+    names no device (an op that reads no tensor: ``arange``, ``zeros``, ``full``), so every
+    operand of every op lives where the op runs.
     """
     var_map = {}
     params = []
@@ -132,6 +168,7 @@ def emit_function(bindings, order, free, outputs, lift_constants: bool = False, 
     lifted_values = [lifter.visit_expr(bindings[k].value) for k in order]
     bb = relax.BlockBuilder()
     moved: dict = {}
+    here = vdevice is not None and move_to_vdevice
 
     def move(const):
         key = const.__chandle__()  # the same constant object, however often it is visited
@@ -139,19 +176,20 @@ def emit_function(bindings, order, free, outputs, lift_constants: bool = False, 
             moved[key] = bb.emit(relax.op.to_vdevice(const, vdevice), name_hint=f"const{len(moved)}")
         return moved[key]
 
-    on_constant = move if (vdevice is not None and move_constants) else None
     with bb.function(name, params + [p for p, _ in lifter.lifted]):
         with bb.dataflow():
             for k, val in zip(order, lifted_values):
                 old = bindings[k].var
-                new = Remap(var_map, on_constant=on_constant).visit_expr(val)
+                new = Remap(var_map, on_constant=move if here else None).visit_expr(val)
                 if vdevice is not None:
                     new = _extern_on(new, vdevice)
-                var_map[old] = bb.emit(new, name_hint=old.name)
+                nv = bb.emit(new, name_hint=old.name)
+                if here and not on_vdevice(nv.ty, vdevice):
+                    nv = move_to(bb, nv, vdevice, f"{old.name}_here")
+                var_map[old] = nv
             outs = [var_map[v] for v in outputs]
             if vdevice is not None:
-                outs = [bb.emit(relax.op.to_vdevice(o, vdevice), name_hint=f"{o.name}_here")
-                        if isinstance(o.ty, relax.TensorType) and o.ty.vdevice is None else o for o in outs]
+                outs = [o if on_vdevice(o.ty, vdevice) else move_to(bb, o, vdevice, f"{o.name}_here") for o in outs]
             ret = bb.emit_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
         bb.emit_func_output(ret)
     return Segment(bb.get()[name], list(free), list(outputs), [c for _, c in lifter.lifted])
