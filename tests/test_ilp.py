@@ -15,6 +15,7 @@ from tvm_pesto.plan import Plan, Problem, simulate
 from tvm_pesto.solve import ilp_model, mip
 from tvm_pesto.solve.ilp import solve
 from tvm_pesto.solve.ilp_model import build_ilp, solve_ilp
+from tvm_pesto.solve.portfolio import HeuristicRuns
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
@@ -164,7 +165,7 @@ def test_no_incumbent_falls_back_to_warm_start(monkeypatch):
     assert "no usable solution" in plan.info["note"]
     assert plan.assignment.tolist() == [0] * 5
     with pytest.raises(SolverError, match="no warm start"):
-        monkeypatch.setattr(ilp_model, "best_heuristic_plan", lambda p: (None, {}))
+        monkeypatch.setattr(ilp_model, "run_heuristics", lambda p: HeuristicRuns())
         solve_ilp(problem, time_limit_s=5)
 
 

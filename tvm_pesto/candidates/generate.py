@@ -11,6 +11,13 @@ A candidate is valid when outlining it cannot create a cycle (it is convex: no p
 it and comes back), it is weakly connected, and (for non-native backends) every operator in it is
 supported and passes the pattern's check.
 
+A check that cannot read a call (:data:`CHECK_READ_ERRORS`: an attribute or annotation the
+call lacks, a symbolic or dynamic shape) says no for that call and is counted. Any other
+exception is a failure of the backend: it is left out of the graph's candidates, named in
+``CandidateSet.unavailable`` with the exception and its count, and a ``RuntimeWarning``
+says so (once per backend per process). So is a backend whose checks could read no call at
+all (a TVM API it reads has changed). :attr:`CandidateSet.check_errors` keeps the counts.
+
 Examples
 --------
 >>> from tvm_pesto.backends import get_backend
@@ -24,6 +31,7 @@ Examples
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -31,6 +39,7 @@ import tvm
 from tvm import relax
 
 from ..backends.base import MatchContext, op_short_name
+from ..errors import BuildError, error_line
 from ..graph.fusion import fusion_groups
 from ..graph.relax_import import RelaxGraph
 
@@ -53,12 +62,25 @@ class Candidate:
 
 @dataclass
 class CandidateSet:
-    """All candidates of a graph, with lookup by node, and what was rejected and why."""
+    """All candidates of a graph, with lookup by node, and what was rejected and why.
+
+    Attributes
+    ----------
+    rejected : dict
+        Why matches were not kept: ``"check"`` (a check said no, or could not read the
+        call), ``"invalid"`` (not single-exit, convex and connected).
+    unavailable : dict
+        Backend name -> why it has no candidates here (it cannot run on this machine, or
+        its checks failed on this graph).
+    check_errors : dict
+        Backend name -> :meth:`BackendChecks.record` for each backend whose checks raised.
+    """
 
     rg: RelaxGraph
     candidates: list[Candidate]
     rejected: dict[str, int] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)
+    check_errors: dict[str, dict] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.candidates)
@@ -88,7 +110,80 @@ class CandidateSet:
     def subset(self, keep) -> "CandidateSet":
         """A new set with the candidates for which ``keep(candidate)`` is true."""
         return CandidateSet(self.rg, [c for c in self.candidates if keep(c)], dict(self.rejected),
-                            dict(self.unavailable))
+                            dict(self.unavailable), dict(self.check_errors))
+
+
+# -- checks -----------------------------------------------------------------------------------
+#: What a check raises when it cannot read a call it was not written for: an attribute or
+#: annotation the call lacks (AttributeError, KeyError), a symbolic value where a number is
+#: read (TypeError, ValueError), fewer arguments than expected (IndexError), a dynamic shape
+#: (:class:`~tvm_pesto.errors.BuildError` from ``static_shape``). The check says no.
+CHECK_READ_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError, BuildError)
+
+_WARNED: set[str] = set()
+
+
+class BackendChecks:
+    """The checks of one backend on one graph: how many answered, how many could not read
+    their call (:data:`CHECK_READ_ERRORS`, a no) and how many failed (any other exception).
+
+    Examples
+    --------
+    >>> checks = BackendChecks("demo")
+    >>> checks.ask(lambda: True, "add"), checks.ask(lambda: {}["x"], "add")
+    (True, False)
+    >>> checks.ask(lambda: 1 / 0, "divide"), checks.failure()
+    (False, 'its checks raised 1 time(s), first at divide: ZeroDivisionError: division by zero')
+    """
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.answered = 0
+        self.unreadable = 0
+        self.failed = 0
+        self.first_unreadable = ""
+        self.first_failure = ""
+        self.failure_exc: BaseException | None = None
+
+    def ask(self, predicate, where: str) -> bool:
+        """``predicate()`` as a bool; False when it raises (``where`` names the call)."""
+        try:
+            ok = bool(predicate())
+        except CHECK_READ_ERRORS as e:
+            self.unreadable += 1
+            self.first_unreadable = self.first_unreadable or f"at {where}: {error_line(e)}"
+            return False
+        except Exception as e:  # noqa: BLE001 - counted, and the backend reported (failure())
+            self.failed += 1
+            if self.failure_exc is None:
+                self.failure_exc = e
+                self.first_failure = f"at {where}: {error_line(e)}"
+            return False
+        self.answered += 1
+        return ok
+
+    def failure(self) -> str | None:
+        """Why the backend's candidates on this graph cannot be trusted, or None: a check
+        raised an unexpected exception, or no check could read any call."""
+        if self.failed:
+            return f"its checks raised {self.failed} time(s), first {self.first_failure}"
+        if self.unreadable and not self.answered:
+            return f"no check could read any call ({self.unreadable} raised, first {self.first_unreadable})"
+        return None
+
+    def record(self) -> dict:
+        """The counts and first exceptions, for :attr:`CandidateSet.check_errors`."""
+        out = {"answered": self.answered, "unreadable": self.unreadable, "failed": self.failed}
+        if self.first_unreadable:
+            out["first_unreadable"] = self.first_unreadable
+        if self.first_failure:
+            out["first_failure"] = self.first_failure
+        return out
+
+
+def _call_name(call) -> str:
+    op = getattr(call, "op", None)
+    return op.name if isinstance(op, tvm.ir.Op) else type(call).__name__
 
 
 # -- reachability -----------------------------------------------------------------------------
@@ -210,9 +305,18 @@ def _patterns_by_root(pats) -> dict:
     return out
 
 
-def pattern_candidates(rg: RelaxGraph, backend, reach: Reach, rejected: dict) -> list[Candidate]:
-    """Every match of every pattern of ``backend`` rooted at every node."""
+def pattern_candidates(rg: RelaxGraph, backend, reach: Reach, rejected: dict,
+                       checks: BackendChecks | None = None) -> list[Candidate]:
+    """Every match of every pattern of ``backend`` rooted at every node.
+
+    ``checks`` counts what the checks raise (see :class:`BackendChecks`); without it, the
+    first unexpected exception of a check is raised once every match has been tried.
+    """
     from tvm.relax.dpl.pattern import CallPattern
+
+    own_checks = checks is None
+    if own_checks:
+        checks = BackendChecks(backend.name)
 
     graph = rg.graph
     var2val = relax.analysis.get_var2val(rg.func)
@@ -250,10 +354,8 @@ def pattern_candidates(rg: RelaxGraph, backend, reach: Reach, rejected: dict) ->
             for c in calls:
                 ann.setdefault(op_short_name(c), c)
             ctx = MatchContext(root=call, calls=calls, annotated_expr=ann, matched=dict(matched))
-            try:
-                ok = (check is None or bool(check(ctx))) and all(backend.supports_op(c) for c in calls)
-            except Exception:  # noqa: BLE001 - a predicate that cannot read the call says no
-                ok = False
+            ok = checks.ask(lambda: (check is None or check(ctx)) and all(backend.supports_op(c) for c in calls),
+                            f"{name} on node {root} ({_call_name(call)})")
             if not ok:
                 rejected["check"] = rejected.get("check", 0) + 1
                 continue
@@ -262,10 +364,13 @@ def pattern_candidates(rg: RelaxGraph, backend, reach: Reach, rejected: dict) ->
                 continue
             seen.add(key)
             out.append(Candidate(backend.name, key, name))
+    if own_checks and checks.failure_exc is not None:
+        raise checks.failure_exc
     return out
 
 
-def _supported_nodes(rg: RelaxGraph, backend) -> set[int]:
+def _supported_nodes(rg: RelaxGraph, backend, checks: BackendChecks) -> set[int]:
+    """The nodes whose call ``backend.supports_op`` and the standard checks accept."""
     from ..backends.base import default_check
 
     ok = set()
@@ -273,13 +378,20 @@ def _supported_nodes(rg: RelaxGraph, backend) -> set[int]:
         call = rg.bindings[rg.node_binding[v]].value
         if not isinstance(call, relax.Call) or not op_short_name(call):
             continue
-        try:
-            ctx = MatchContext(root=call, calls=[call], annotated_expr={op_short_name(call): call})
-            if backend.supports_op(call) and default_check(ctx):
-                ok.add(v)
-        except Exception:  # noqa: BLE001
-            continue
+        ctx = MatchContext(root=call, calls=[call], annotated_expr={op_short_name(call): call})
+        if checks.ask(lambda: backend.supports_op(call) and default_check(ctx), f"node {v} ({_call_name(call)})"):
+            ok.add(v)
     return ok
+
+
+def _report_failure(name: str, why: str) -> None:
+    """Warn once per backend per process that its candidates were left out."""
+    if name in _WARNED:
+        return
+    _WARNED.add(name)
+    warnings.warn(f"backend {name!r} left out of candidate generation: {why}; its subgraphs stay on the "
+                  "other backends (a bug in the backend's checks, or a TVM API it reads has changed)",
+                  RuntimeWarning, stacklevel=3)
 
 
 def convex_regions(graph, supported: set[int]) -> list[list[int]]:
@@ -405,7 +517,9 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
     """All candidates of ``rg`` for the given backends (instances of :class:`Backend`).
 
     ``tvm`` candidates are always included (as the native fallback), whether or not the
-    ``tvm`` backend is in ``backends``.
+    ``tvm`` backend is in ``backends``. A backend whose checks fail on this graph
+    (:meth:`BackendChecks.failure`) gets no candidate: it is named in ``unavailable`` with
+    the exception and a ``RuntimeWarning`` says so, once per backend per process.
 
     Examples
     --------
@@ -420,6 +534,8 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
     graph = rg.graph
     reach = Reach(graph.dag, graph.num_nodes)
     rejected: dict[str, int] = {}
+    unavailable: dict[str, str] = {}
+    check_errors: dict[str, dict] = {}
     cands = tvm_candidates(graph, reach)
     for bk in backends:
         if getattr(bk, "native", False):
@@ -427,10 +543,11 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
         if getattr(bk, "tvm_groups", False):
             cands.extend(Candidate(bk.name, c.nodes, c.pattern) for c in tvm_candidates(graph, reach, bk.name))
             continue
-        own = pattern_candidates(rg, bk, reach, rejected)
+        checks = BackendChecks(bk.name)
+        own = pattern_candidates(rg, bk, reach, rejected, checks)
         if bk.graph_level:
             seen = {c.nodes for c in own}
-            sup = _supported_nodes(rg, bk)
+            sup = _supported_nodes(rg, bk, checks)
             groups = fusion_groups(graph)
             for region in convex_regions(graph, sup):
                 for w in region_windows(graph, region, reach, max_region, groups):
@@ -438,8 +555,15 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
                     if t not in seen:
                         seen.add(t)
                         own.append(Candidate(bk.name, t, "region" if len(w) == len(region) else "window"))
+        if checks.unreadable or checks.failed:
+            check_errors[bk.name] = checks.record()
+        why = checks.failure()
+        if why is not None:
+            unavailable[bk.name] = f"candidate generation failed: {why}"
+            _report_failure(bk.name, why)
+            continue
         cands.extend(own)
-    return CandidateSet(rg, cands, rejected)
+    return CandidateSet(rg, cands, rejected, unavailable, check_errors)
 
 
 # -- outputs of a candidate --------------------------------------------------------------------
@@ -583,6 +707,6 @@ def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name
     return emit_function(bindings, order, free, outputs, lift_constants, name)
 
 
-__all__ = ["Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_outputs", "combined_acyclic",
+__all__ = ["BackendChecks", "CHECK_READ_ERRORS", "Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_outputs", "combined_acyclic",
            "convex_regions", "generate_candidates", "is_valid", "pattern_candidates", "placement_candidates",
            "region_windows", "tvm_candidates"]

@@ -105,10 +105,15 @@ class _Worker(threading.Thread):
         self.jobs: queue.Queue = queue.Queue()
         self.busy = False  # running a job now
         self.exit_error: BaseException | None = None  # why the thread ended, when it did not stop on request
+        self.pinning_error: str | None = None  # why the thread could not be pinned to the device's cores
+        self.entered = threading.Event()  # set once the thread tried to pin itself
 
     def run(self):
         try:
-            enter_device_thread(self.device)
+            try:
+                self.pinning_error = enter_device_thread(self.device)
+            finally:
+                self.entered.set()
             if self.streams is not None and self.device.kind == "gpu":
                 self.streams.bind(self.device.index)  # this thread's kernels go to the device's stream
             while True:
@@ -145,7 +150,8 @@ class Executor:
     executor broken (:attr:`broken` says why): it then refuses to run. After :meth:`close` it
     refuses too; make a new executor (``PlacedRuntime`` does so on its next call). The error
     carries ``device`` (the failing device's index) and ``step`` (the failing
-    :class:`~tvm_pesto.run.program.Step`, None for a worker gone).
+    :class:`~tvm_pesto.run.program.Step`, None for a worker gone). A worker that could not
+    pin itself to its device's cores still runs; :attr:`pinning_errors` says which and why.
     """
 
     #: seconds between the caller's checks that the workers it waits on are alive
@@ -221,6 +227,17 @@ class Executor:
     @property
     def closed(self) -> bool:
         return self.broken == _CLOSED
+
+    @property
+    def pinning_errors(self) -> dict[int, str]:
+        """Device index -> why its worker thread could not be pinned to the device's cores
+        (it runs on any core: run times may differ from the plan's); empty when all were."""
+        out = {}
+        for d, w in self.workers.items():
+            w.entered.wait(self.close_timeout_s)
+            if w.pinning_error is not None:
+                out[d] = w.pinning_error
+        return out
 
     def busy_devices(self) -> list[int]:
         """Devices whose worker is running a job or has one queued."""

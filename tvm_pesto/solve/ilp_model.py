@@ -49,7 +49,7 @@ from ..errors import InfeasibleError, PlanError, SolverError
 from ..plan import Plan, Problem, simulate
 from .budget import mode_name
 from .mip import add_var, lin, solve_mip
-from .portfolio import best_heuristic_plan
+from .portfolio import run_heuristics
 
 _SCALE = 1000.0  # UB in model time units
 
@@ -527,8 +527,8 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         CBC through PuLP (a system ``cbc`` if present, else PuLP's bundled one) or HiGHS
         through highspy. When it crashes, the other one is tried.
     warm_start : Plan, optional
-        Start point and upper bound. Default: the best heuristic's plan
-        (:func:`tvm_pesto.solve.portfolio.best_heuristic_plan`).
+        Start point and upper bound. Default: the best heuristic's plan for ``objective``
+        (:func:`tvm_pesto.solve.portfolio.run_heuristics`).
     gap : float, optional
         Relative MIP gap at which to stop (``0`` proves optimality).
     pairs : int, optional
@@ -562,6 +562,9 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         ``deterministic_reason``), ``num_vars``, ``num_constraints``,
         ``makespan_s`` (simulated) and ``source`` (``"ilp"``, or ``"warm_start"`` when the
         ILP found nothing better). The plan is never worse (simulated) than the warm start.
+        When the warm start is chosen here: ``heuristic_makespans_s`` and, for each heuristic
+        that failed, ``heuristic_errors`` (name -> ``"Type: message"``,
+        :func:`tvm_pesto.solve.portfolio.run_heuristics`).
 
     Raises
     ------
@@ -580,11 +583,13 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     'optimal'
     """
     t0 = time.perf_counter()
-    heur_spans = {}
+    heur_spans, heur_errors = {}, {}
     if warm_start is None:
-        warm_start, heur_spans = best_heuristic_plan(problem)
+        runs = run_heuristics(problem)
+        heur_spans, heur_errors = runs.makespans, runs.errors
+        warm_start = runs.best()
         if objective != "latency":  # the best start for this objective, not for the makespan
-            warm_start = _best_for(problem, objective, microbatches) or warm_start
+            warm_start = runs.best(_scorer(problem, objective, microbatches)) or warm_start
     warm_sim, warm_rejected = None, None
     if warm_start is not None:
         try:
@@ -608,6 +613,8 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
                 "deterministic": True}
         if heur_spans:
             info["heuristic_makespans_s"] = heur_spans
+        if heur_errors:
+            info["heuristic_errors"] = heur_errors
         return Plan(warm_start.assignment.copy(), [list(o) for o in warm_start.order], solver="ilp",
                     solve_s=time.perf_counter() - t0, info=info)
     prob, V = build_ilp(problem, warm_start, pairs=pairs, objective=objective, microbatches=microbatches)
@@ -619,6 +626,8 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
             "time_limit_s": time_limit_s, "upper_bound_s": V.ub_s, **res.info(V.time_scale)}
     if heur_spans:
         info["heuristic_makespans_s"] = heur_spans
+    if heur_errors:
+        info["heuristic_errors"] = heur_errors
     if warm_rejected:
         info["warm_start_rejected"] = warm_rejected
     if res.status == "solver_failed":
@@ -667,23 +676,6 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     info["optimised"] = objective
     plan.info = info
     return plan
-
-
-def _best_for(problem: Problem, objective: str, microbatches) -> Plan | None:
-    """The heuristic plan with the best ``objective`` (op model), or None."""
-    from .portfolio import HEURISTIC_SOLVERS
-
-    score = _scorer(problem, objective, microbatches)
-    best, best_v = None, np.inf
-    for fn in HEURISTIC_SOLVERS.values():
-        try:
-            plan = fn(problem)
-            v = score(simulate(problem, plan))
-        except Exception:  # noqa: BLE001 - one failing heuristic must not stop the others
-            continue
-        if v < best_v:
-            best, best_v = plan, v
-    return best
 
 
 def _scorer(problem: Problem, objective: str, microbatches):

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from ...errors import PestoError, error_line
+
 LIBRARIES = ("cublas", "cudnn", "tensorrt")
 
 
@@ -76,12 +78,9 @@ def _adapt(fp):
     annotations = dict(fp.annotation_patterns)
 
     def run_check(ctx) -> bool:
-        if check is None:
-            return True
-        try:
-            return bool(check(_CheckContext(ctx, annotations)))
-        except Exception:  # noqa: BLE001 - a check that cannot read this match says no
-            return False
+        # what TVM's check raises reaches the candidate generator, which tells a call the
+        # check cannot read (a no) from a failure (tvm_pesto.candidates.generate.BackendChecks)
+        return check is None or bool(check(_CheckContext(ctx, annotations)))
 
     run_check.__name__ = f"check_{fp.name.replace('.', '_')}"
     return run_check
@@ -168,6 +167,13 @@ def match_nodes(rg, prefix: str) -> list[PatternMatch]:
     list of PatternMatch
         One per match, in program order of the root.
 
+    Raises
+    ------
+    PestoError
+        When a check raises anything but what a check that cannot read a call raises
+        (:data:`tvm_pesto.candidates.generate.CHECK_READ_ERRORS`, taken as a no), as
+        ``FuseOpsByPattern`` would let it through.
+
     Examples
     --------
     >>> from tvm_pesto.candidates.examples import tiny_mlp
@@ -177,6 +183,8 @@ def match_nodes(rg, prefix: str) -> list[PatternMatch]:
     [('cublas.matmul_bias_gelu', (1, 2, 3)), ('cublas.matmul', (4,))]
     """
     from tvm.relax.dpl.pattern import CallPattern
+
+    from ...candidates.generate import CHECK_READ_ERRORS
 
     pats = registry_patterns(prefix)
     var2val = relax.analysis.get_var2val(rg.func)
@@ -218,8 +226,12 @@ def match_nodes(rg, prefix: str) -> list[PatternMatch]:
             ctx = _FullCheckContext(call, annotated, mb, usages, value_to_var)
             try:
                 ok = fp.check is None or bool(fp.check(ctx))
-            except Exception:  # noqa: BLE001 - a check that cannot read this match says no
+            except CHECK_READ_ERRORS:  # a check that cannot read this match says no
                 ok = False
+            except Exception as e:
+                op_name = getattr(call.op, "name", call.op)
+                raise PestoError(f"TVM's check of pattern {fp.name!r} raised on node {root} ({op_name}): "
+                                 f"{error_line(e)}; the check or the TVM API it reads has changed") from e
             if ok:
                 claimed |= members
                 found.append(PatternMatch(fp.name, tuple(sorted(members))))
