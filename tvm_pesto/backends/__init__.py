@@ -2,9 +2,10 @@
 
 Built in (:data:`~tvm_pesto.backends.registry.BUILTIN`, one module each): ``tvm``
 (TVM-native, the fallback on every device), ``tvm-ms`` (TVM with a MetaSchedule database,
-when one is given), ``onnxruntime`` (graph-level), ``torch`` (op-level) and, in ``gpu/``,
-``tvm-cuda``, ``cublas``, ``cudnn``, ``tensorrt``. Each is imported on first use; one that
-fails to import is reported by :func:`backend_status` with the module and the error.
+when one is given), ``onnxruntime``, ``onnxruntime-parallel`` and ``openvino`` (graph-level),
+``torch`` (op-level) and, in ``gpu/``, ``tvm-cuda``, ``cublas``, ``cudnn``, ``tensorrt``. Each
+is imported on first use; one that fails to import is reported by :func:`backend_status` with
+the module and the error.
 :func:`register_backend` adds more.
 
 Examples

@@ -1,10 +1,16 @@
-"""The graph-level backend: a whole subgraph becomes one ONNX model run by ONNX Runtime.
+"""The graph-level backends over ONNX: a whole subgraph becomes one ONNX model run by a library.
 
 The subgraph function is exported with :func:`tvm_pesto.backends.onnx_export.relax_to_onnx`
-(the one Relax -> ONNX converter, shared with TensorRT; constants become initializers, so
-ONNX Runtime folds and pre-packs them). At run time inputs and the output are bound by
+(the one Relax -> ONNX converter, shared with TensorRT and OpenVINO; constants become
+initializers, so the library folds and pre-packs them). :class:`OnnxGraphBackend` holds what
+these backends share (which ops, the exported artifact); the library is the subclass's.
+
+``onnxruntime`` runs the model in ONNX Runtime. At run time inputs and the output are bound by
 pointer (IOBinding over DLPack views), so ORT reads TVM's tensors and writes the DPS output
 tensor in place (:func:`tvm_pesto.run.loaders.onnx_runner`, which a deployed bundle uses too).
+``onnxruntime-parallel`` runs it in ONNX Runtime's parallel mode (independent branches of the
+region at once, one thread each); it is offered whole regions only, on devices of two or
+more cores.
 
 Examples
 --------
@@ -25,6 +31,7 @@ import os
 
 from tvm import relax
 
+from ..errors import BuildError
 from .base import Backend, device_cores, op_level_patterns, op_short_name
 from .onnx_export import SUPPORTED_OPS, relax_to_onnx, supports_call
 
@@ -32,7 +39,39 @@ from .onnx_export import SUPPORTED_OPS, relax_to_onnx, supports_call
 SUPPORTED = frozenset(name[len("relax."):] for name in SUPPORTED_OPS)
 
 
-class OnnxRuntimeBackend(Backend):
+class OnnxGraphBackend(Backend):
+    """A CPU library that runs the exported ONNX model of a subgraph (graph-level).
+
+    Subclasses implement :meth:`available` and :meth:`make_callable` (from
+    ``relax_to_onnx(func)``) and name the loader of their artifact in ``artifact_kind``
+    (:data:`tvm_pesto.run.loaders.LOADERS`); :meth:`artifact_meta` adds what the loader reads.
+    """
+
+    device_kinds = ("cpu",)
+    graph_level = True
+    max_ops = 4
+    #: the loader kind of the exported ONNX file
+    artifact_kind = "onnx"
+
+    def patterns(self):
+        return op_level_patterns(self.name, set(SUPPORTED), max_depth=self.max_ops)
+
+    def supports_op(self, call) -> bool:
+        return bool(op_short_name(call)) and supports_call(call)
+
+    def artifact_meta(self) -> dict:
+        """Entries the artifact's loader reads besides the file (none by default)."""
+        return {}
+
+    def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
+        model = relax_to_onnx(func)
+        fname = f"{stem}.onnx"
+        with open(os.path.join(out_dir, fname), "wb") as f:
+            f.write(model.SerializeToString())
+        return {"kind": self.artifact_kind, "files": [fname], **self.artifact_meta()}
+
+
+class OnnxRuntimeBackend(OnnxGraphBackend):
     """ONNX Runtime (CPU execution provider), whole subgraphs at a time (graph-level).
 
     One session with ``intra_op_num_threads`` = the device's core count, created at build
@@ -40,15 +79,8 @@ class OnnxRuntimeBackend(Backend):
     """
 
     name = "onnxruntime"
-    device_kinds = ("cpu",)
-    graph_level = True
-    max_ops = 4
-
-    def patterns(self):
-        return op_level_patterns("onnxruntime", set(SUPPORTED), max_depth=self.max_ops)
-
-    def supports_op(self, call) -> bool:
-        return bool(op_short_name(call)) and supports_call(call)
+    #: ONNX Runtime's parallel execution mode (:func:`tvm_pesto.run.loaders.onnx_session`)
+    parallel = False
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -64,11 +96,32 @@ class OnnxRuntimeBackend(Backend):
     def make_callable(self, func: relax.Function, device):
         from ..run.loaders import onnx_runner
 
-        return onnx_runner(relax_to_onnx(func).SerializeToString(), device_cores(device))
+        return onnx_runner(relax_to_onnx(func).SerializeToString(), device_cores(device), parallel=self.parallel)
 
-    def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
-        model = relax_to_onnx(func)
-        fname = f"{stem}.onnx"
-        with open(os.path.join(out_dir, fname), "wb") as f:
-            f.write(model.SerializeToString())
-        return {"kind": "onnx", "files": [fname]}
+    def artifact_meta(self) -> dict:
+        return {"parallel": True} if self.parallel else {}
+
+
+class OnnxRuntimeParallelBackend(OnnxRuntimeBackend):
+    """ONNX Runtime in its parallel execution mode: ``inter_op_num_threads`` = the device's
+    core count, one intra-op thread each, so independent branches of a region run at once.
+
+    Only whole regions of supported ops (and windows of them) are offered, no op-level
+    chains: a chain has no branches to run side by side. Devices of one core are refused
+    (one inter-op thread is the sequential mode).
+    """
+
+    name = "onnxruntime-parallel"
+    parallel = True
+
+    def patterns(self):
+        return []
+
+    def supports_device(self, device) -> bool:
+        return super().supports_device(device) and device_cores(device) >= 2
+
+    def build(self, func: relax.Function, device, key: str | None = None) -> str:
+        if Backend.supports_device(self, device) and device_cores(device) < 2:
+            raise BuildError(f"backend {self.name!r} needs a device of two or more cores (one inter-op thread "
+                             f"each), and {getattr(device, 'name', device)!r} has one; use 'onnxruntime' there")
+        return super().build(func, device, key)

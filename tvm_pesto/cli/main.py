@@ -100,6 +100,12 @@ def _print_run(res):
     console.print(f"  simulated         {res['simulated_s'] * 1e3:9.3f} ms"
                   + (f"  (schedule {res['simulated_makespan_s'] * 1e3:.3f} + dispatch {disp * 1e6:.1f} us)"
                      if disp else ""))
+    d = res.get("dispatch") or {}
+    if d.get("source"):
+        when = f", fitted {d['fitted_at']}" if d.get("fitted_at") else ""
+        console.print(f"  dispatch          {d['executor']} executor, {d['source']}{when}: one device "
+                      f"{d['run_s'] * 1e6:.1f} us, several {d['multi_device_s'] * 1e6:.1f} us a run"
+                      + (f" ({d['why']})" if d.get("why") else ""))
     console.print(f"  measured (median) {res['measured_s'] * 1e3:9.3f} ms  "
                   f"(measured/simulated = {res['measured_over_simulated']:.3f})")
     console.print(f"  max |err| vs single-device build: {res['max_abs_err']:.3g}")
@@ -256,10 +262,11 @@ def backends_cmd(json_path):
         rows[name] = {"available": ok, "reason": why, "device_kinds": kinds,
                       "module": f"tvm_pesto/backends/{BUILTIN[name].split(':')[0].replace('.', '/')}.py"
                       if name in BUILTIN else "registered"}
+    width = max(map(len, rows), default=12)
     for name, r in rows.items():
         mark = "[green]available  [/]" if r["available"] else "[red]unavailable[/]"
         kinds = ",".join(r["device_kinds"]) or "?"
-        console.print(f"{name:12s} {mark} {kinds:8s} {r['reason']}")
+        console.print(f"{name:{width}s} {mark} {kinds:8s} {r['reason']}")
     if json_path:
         write_json(json_path, rows)
 
