@@ -1,6 +1,9 @@
 """Test-suite wide setup: measurements go to a cache of this run, not the user's, and the
 ``xgb`` source does not fit this machine's calibration on first use (``test_machine_calibration``
 tests that on purpose): tests then see the bundled calibration, the same on every machine.
+``tvm_pesto.build`` keeps the flow's plan without timing it against its alternatives
+(``TVM_PESTO_MEASURE_FINAL=0``; ``test_decide`` times them on purpose): which option a
+measurement picks under the suite's load is not what the other tests check.
 
 Tests time candidates under the suite's own load (and with tiny repeat counts); written to
 ``~/.cache/tvm-pesto`` they would be found later by ``tvm-pesto run`` as if measured on a
@@ -14,6 +17,7 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def _measurements_of_this_run(tmp_path_factory):
     os.environ.setdefault("TVM_PESTO_MACHINE_CALIBRATION", "off")
+    os.environ.setdefault("TVM_PESTO_MEASURE_FINAL", "0")
     if os.environ.get("TVM_PESTO_CACHE"):
         yield
         return
@@ -22,3 +26,27 @@ def _measurements_of_this_run(tmp_path_factory):
         yield
     finally:
         os.environ.pop("TVM_PESTO_CACHE", None)
+
+
+@pytest.fixture(scope="module", params=[("AuthenticAMD/23/1", True), ("GenuineIntel/6/999", False)],
+                ids=["trained-cpu-kind", "unknown-cpu-kind"])
+def cpu_kind(request):
+    """This machine's CPU taken as another kind (``$TVM_PESTO_CPU_KIND``), once per kind: AMD
+    Zen 1 (``trained``: the bundled cost model was trained on it, and its calibration was
+    fitted there) and a kind it never saw. Whatever CPU runs the suite, a test that depends
+    on the kind then checks both outcomes. Module-scoped, so that module fixtures can depend
+    on it: while a kind is set, the module's tests that do not use it may run under it too.
+
+    Yields
+    ------
+    types.SimpleNamespace
+        ``kind`` (``vendor/family/model``) and ``trained`` (bool).
+    """
+    import types
+
+    from tvm_pesto.cluster.host import CPU_KIND_ENV
+
+    kind, trained = request.param
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CPU_KIND_ENV, kind)
+        yield types.SimpleNamespace(kind=kind, trained=trained)

@@ -27,6 +27,7 @@ import tvm
 from tvm import relax
 
 from ..errors import BuildError, PestoError
+from ..run.loaders import register_unit
 
 #: Prefix of every global function a backend registers.
 GLOBAL_PREFIX = "pesto"
@@ -59,6 +60,36 @@ class MatchContext:
     matched: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class BuiltUnit:
+    """One subgraph a backend built: what :meth:`Backend.build` registered, and from what.
+
+    Holding it keeps the callable (its library session, weights and threads) alive, and
+    :meth:`Backend.artifact` exports it, after :meth:`Backend.release` (or
+    :func:`~tvm_pesto.backends.release_all`) has dropped the backend's own reference and
+    unregistered the name: a placed model keeps the units it was built with this way.
+
+    Attributes
+    ----------
+    name : str
+        The global function's name (``pesto.<backend>.<key>.c<cores>``).
+    backend : str
+        The backend's name.
+    func : relax.Function
+        The subgraph function it was built from.
+    device : Device
+        The device it was built for.
+    fn : callable
+        The callable registered under ``name``.
+    """
+
+    name: str
+    backend: str
+    func: relax.Function
+    device: object
+    fn: Callable
+
+
 CheckFn = Callable[[MatchContext], bool]
 PatternEntry = tuple  # (pattern_name: str, pattern: DFPattern, check: CheckFn | None)
 
@@ -74,10 +105,15 @@ class Backend(abc.ABC):
 
     Examples
     --------
-    >>> from tvm_pesto.backends import get_backend       # doctest: +SKIP
-    >>> bk = get_backend("torch")                         # doctest: +SKIP
-    >>> ok, why = bk.available()                          # doctest: +SKIP
-    >>> gname = bk.build(func, device)                    # doctest: +SKIP
+    >>> from tvm_pesto.backends import get_backend
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> func, device = tiny_mlp()[0]["main"], parse_cluster("cpu:1").devices[0]
+    >>> bk = get_backend("torch")
+    >>> ok, why = bk.available()
+    >>> gname = bk.build(func, device)
+    >>> ok, gname
+    (True, 'pesto.torch...')
     >>> # then: relax.call_dps_packed(gname, args, out_ty)
     """
 
@@ -92,10 +128,13 @@ class Backend(abc.ABC):
     #: bump when the backend's converters change: cached "cannot build" marks of another
     #: version are retried
     version: str = "2"
+    #: a backend the cost model stands in for this one until it is trained on it (the ``xgb``
+    #: source predicts its candidates as that backend's; None: the roofline estimate)
+    cost_proxy: str | None = None
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._built: dict[str, tuple] = {}  # global name -> (function, device) it was built from
+        self._built: dict[str, BuiltUnit] = {}  # global name -> what was built under it
 
     # -- what it accepts -------------------------------------------------------------
     @abc.abstractmethod
@@ -162,10 +201,25 @@ class Backend(abc.ABC):
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BuildError(f"backend {self.name!r} cannot build this subgraph: {type(e).__name__}: "
                              f"{msg[:300]}; it stays on another backend") from e
-        tvm.register_global_func(gname, fn, override=True)
+        register_unit(gname, fn)
         with self._lock:
-            self._built[gname] = (func, device)
+            self._built[gname] = BuiltUnit(gname, self.name, func, device, fn)
         return gname
+
+    def built(self, gname: str) -> BuiltUnit:
+        """What this backend built as ``gname`` (and has not released since).
+
+        Raises
+        ------
+        BuildError
+            When it did not build ``gname`` in this process, or released it since.
+        """
+        with self._lock:
+            hit = self._built.get(gname)
+        if hit is None:
+            raise BuildError(f"backend {self.name!r} did not build {gname!r} in this process (or released it "
+                             "since: release_all()); build the placed model again")
+        return hit
 
     # -- deploy -----------------------------------------------------------------------
     def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
@@ -183,21 +237,31 @@ class Backend(abc.ABC):
         raise BuildError(f"backend {self.name!r} cannot export its subgraphs for deployment yet; build the "
                          "model with backends that can (tvm, onnxruntime, torch, tvm-ms)")
 
-    def artifact(self, gname: str, out_dir: str, stem: str) -> dict:
-        """:meth:`export_artifact` for a function this backend built as ``gname``."""
-        with self._lock:
-            hit = self._built.get(gname)
-        if hit is None:
-            raise BuildError(f"backend {self.name!r} did not build {gname!r} in this process; build the placed "
-                             "model again before exporting it")
-        meta = self.export_artifact(hit[0], hit[1], out_dir, stem)
-        meta.update(name=gname, backend=self.name, num_inputs=len(hit[0].params),
-                    num_outputs=len(output_types(hit[0])), cores=device_cores(hit[1]))
+    def artifact(self, unit: BuiltUnit | str, out_dir: str, stem: str) -> dict:
+        """:meth:`export_artifact` for a unit this backend built: a :class:`BuiltUnit` (kept
+        by its holder, whatever was released since), or its global name (looked up with
+        :meth:`built`).
+
+        Raises
+        ------
+        BuildError
+            When ``unit`` is a name this backend does not hold, or another backend's unit.
+        """
+        if isinstance(unit, str):
+            unit = self.built(unit)
+        if unit.backend != self.name:
+            raise BuildError(f"{unit.name!r} was built by backend {unit.backend!r}, not {self.name!r}; export it "
+                             f"with get_backend({unit.backend!r})")
+        meta = self.export_artifact(unit.func, unit.device, out_dir, stem)
+        meta.update(name=unit.name, backend=self.name, num_inputs=len(unit.func.params),
+                    num_outputs=len(output_types(unit.func)), cores=device_cores(unit.device))
         return meta
 
     def release(self) -> int:
-        """Unregister every global function this backend built (their sessions, weights and
-        worker threads are freed with them). Returns how many were removed."""
+        """Unregister every global function this backend built and drop its references to
+        them (their sessions, weights and worker threads are freed once no one else holds
+        them: a placed model keeps the :class:`BuiltUnit` of each of its units). Returns how
+        many were removed."""
         import tvm_ffi
 
         with self._lock:

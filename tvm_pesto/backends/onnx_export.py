@@ -297,6 +297,33 @@ def _check_layout(call, data: str, kernel: str | None = None):
                               "(convert the model to NCHW first)")
 
 
+@_reg("relax.nn.attention", "relax.nn.attention_bias")
+def _attention(e, call, out):
+    # TVM's legalization: q, k, v [B, S, H, D] -> softmax(q k^T * scale (+ bias), causal) v, [B, S, H, Dv]
+    at = call.attrs
+    if getattr(at, "window_size", None) is not None:
+        raise OnnxExportError("sliding-window attention cannot be exported")
+    q, k, v = (e.tensor(a) for a in call.args[:3])
+    b, sq, _, d = _shape(call.args[0].ty, "attention query")
+    skv = _shape(call.args[1].ty, "attention key")[1]
+    dt = _x_dtype(call)
+    scores = e.one("MatMul", [e.one("Transpose", [q], perm=[0, 2, 1, 3]), e.one("Transpose", [k], perm=[0, 2, 3, 1])])
+    scale = float(at.scale.value) if getattr(at, "scale", None) is not None else 1.0 / math.sqrt(d)
+    scores = e.one("Mul", [scores, e.init(np.array(scale, dt))])
+    if len(call.args) > 3:
+        scores = e.one("Add", [scores, e.tensor(call.args[3])])
+    mask = getattr(at, "causal_mask", None)
+    if mask is not None:
+        offset = {"TopLeft": 0, "BottomRight": abs(sq - skv)}.get(str(mask))
+        if offset is None:
+            raise OnnxExportError(f"attention with causal_mask={mask!r} cannot be exported")
+        keep = np.tril(np.ones((sq, skv), bool), k=offset)
+        scores = e.one("Add", [scores, e.init(np.where(keep, 0.0, np.finfo(dt).min).astype(dt), "causal_mask")])
+    probs = e.one("Softmax", [scores], axis=-1)
+    return e.one("Transpose", [e.one("MatMul", [probs, e.one("Transpose", [v], perm=[0, 2, 1, 3])])], out,
+                 perm=[0, 2, 1, 3])
+
+
 @_reg("relax.nn.conv2d", "relax.nn.conv1d")
 def _conv(e, call, out):
     is2d = call.op.name.endswith("conv2d")

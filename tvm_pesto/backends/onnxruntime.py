@@ -113,6 +113,7 @@ class OnnxRuntimeParallelBackend(OnnxRuntimeBackend):
 
     name = "onnxruntime-parallel"
     parallel = True
+    cost_proxy = "onnxruntime"
 
     def patterns(self):
         return []

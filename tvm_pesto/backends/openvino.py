@@ -40,6 +40,7 @@ class OpenVinoBackend(OnnxGraphBackend):
 
     name = "openvino"
     artifact_kind = "openvino"
+    cost_proxy = "onnxruntime"  # another whole-graph CPU library on the same ONNX, until trained on
 
     def available(self) -> tuple[bool, str]:
         try:

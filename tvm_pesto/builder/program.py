@@ -100,7 +100,8 @@ def read_program(placed_mod: tvm.IRModule) -> Program:
             if isinstance(val, relax.Call) and isinstance(val.op, relax.GlobalVar):
                 fn = funcs[val.op.name_hint]
                 dev = int(fn.attrs["pesto.device"])
-                steps.append(Step("call", out, [key[a] for a in val.args], device=dev, func=val.op.name_hint))
+                steps.append(Step("call", out, [key[a] for a in val.args], device=dev, func=val.op.name_hint,
+                                  extern=_one_extern(fn)))
             elif _is_op(val, "relax.to_vdevice"):
                 vd = val.attrs.dst_vdevice
                 dev = vdev_index.get((str(vd.target), int(vd.vdevice_id)), int(vd.vdevice_id))
@@ -120,6 +121,27 @@ def read_program(placed_mod: tvm.IRModule) -> Program:
     return Program(inputs, steps, _out_key(main.body.body, key), len(vdevs) or 1, input_devices, state)
 
 
+def _one_extern(fn: relax.Function) -> str:
+    """The global name of the one ``R.call_dps_packed`` that is all of segment ``fn`` (its
+    parameters in order in, its result out), else ``""``."""
+    body = fn.body
+    binds = [b for block in body.blocks for b in block.bindings]
+    if not binds or not _is_op(binds[0].value, "relax.call_dps_packed"):
+        return ""
+    last = binds[0].var
+    for b in binds[1:]:  # aliases of the result only
+        if not (isinstance(b.value, relax.Var) and b.value.same_as(last)):
+            return ""
+        last = b.var
+    if not body.body.same_as(last):
+        return ""
+    call = binds[0].value
+    args = list(call.args[1].fields) if isinstance(call.args[1], relax.Tuple) else [call.args[1]]
+    if len(args) != len(fn.params) or not all(a.same_as(p) for a, p in zip(args, fn.params)):
+        return ""
+    return str(call.args[0].global_symbol)
+
+
 def _out_key(expr, key):
     if isinstance(expr, relax.Tuple):
         return tuple(_out_key(f, key) for f in expr.fields)
@@ -136,7 +158,10 @@ def legalize_on_devices(placed_mod: tvm.IRModule) -> tvm.IRModule:
     TVM 0.27's legalization of some ops (``conv2d`` among them) drops the vdevice of the
     result, so the VM would allocate it on device 0 and a segment on another device would
     mix devices in one kernel call. Legalizing here and putting every TIR call's outputs on
-    the segment's vdevice keeps each segment on its device.
+    the segment's vdevice keeps each segment on its device. Legalization also folds an op
+    that reads no tensor (``arange``) into a constant, which the VM keeps on device 0: such
+    a constant is copied to the segment's device, and a copy of a value already there
+    (the rewrite's ``R.to_vdevice`` after such an op) becomes an alias.
     """
     vdevs = list(placed_mod.global_infos["vdevice"]) if "vdevice" in placed_mod.global_infos else []
     mod = relax.transform.LegalizeOps()(placed_mod)
@@ -155,7 +180,7 @@ def legalize_on_devices(placed_mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def _outputs_on(func: relax.Function, vdevice, name: str) -> relax.Function:
-    from .subgraph import with_vdevice
+    from .subgraph import on_vdevice, with_vdevice
 
     params = [relax.Var(p.name, p.ty) for p in func.params]
     var_map = dict(zip(func.params, params))
@@ -165,6 +190,11 @@ def _outputs_on(func: relax.Function, vdevice, name: str) -> relax.Function:
             for block in func.body.blocks:
                 for b in block.bindings:
                     val = Remap(var_map).visit_expr(b.value)
+                    if _is_op(val, "relax.to_vdevice") and on_vdevice(val.args[0].ty, vdevice):
+                        var_map[b.var] = val.args[0]
+                        continue
+                    if isinstance(val, tvm.ir.Constant) and isinstance(val.ty, relax.TensorType):
+                        val = relax.op.to_vdevice(val, vdevice)
                     if _is_op(val, "relax.call_tir") and val.ty_args:
                         val = relax.Call(val.op, val.args, val.attrs, [with_vdevice(t, vdevice) for t in val.ty_args])
                     var_map[b.var] = bb.emit(val, name_hint=b.var.name)
@@ -174,4 +204,6 @@ def _outputs_on(func: relax.Function, vdevice, name: str) -> relax.Function:
     for k, v in (func.attrs or {}).items():
         out = out.with_attr(k, v)
     return out
+
+
 __all__ = ["legalize_on_devices", "read_program", "single_device_function", "split_by_device"]

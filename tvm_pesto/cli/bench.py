@@ -90,7 +90,7 @@ def _split(values) -> list[str]:
               "ILP time limit]")
 @click.option("--algorithms", default=None, help="comma-separated solver names (default: all)")
 @click.option("--root", default=None, help="the dnn-partitioning folder (default $TVM_PESTO_DNN_PARTITIONING or "
-              "/work/shared/benchmarks/dnn-partitioning)")
+              "the graphs shipped with tvm-pesto)")
 @click.option("--model", "models", multiple=True, help="zoo model(s) to include (default: all)")
 @click.option("--cluster", "clusters", multiple=True, help="cluster(s) for the zoo models (default: 2xV100-nvlink, "
               "4xV100-pcie, 8xA100-nvlink)")
@@ -117,7 +117,7 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
     cases = []
     if layergraphs:
         kw = {"names": bp.QUICK["layergraphs"], "settings": bp.QUICK["settings"]} if quick else {}
-        cases += bp.layergraph_cases(root or bp.DNN_PARTITIONING, **kw)
+        cases += bp.layergraph_cases(root, **kw)
     if zoo:
         cases += bp.zoo_cases(models, size=size, clusters=clusters, progress=say)
     if not cases:
@@ -179,10 +179,12 @@ def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithm
 
 
 from .bench_backends import backends  # noqa: E402  (verbs that live in their own modules)
+from .bench_peers import peers  # noqa: E402
 from .bench_search import search  # noqa: E402
 from .bench_training import training  # noqa: E402
 
 bench.add_command(backends)
+bench.add_command(peers)
 bench.add_command(search)
 bench.add_command(training)
 __all__ = ["bench"]

@@ -463,7 +463,9 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
     its FLOPs at the device's peak (a tree model cannot extrapolate to subgraphs far larger
     than it saw; bytes over bandwidth is no floor on a CPU: views and cache-resident tensors
     are measured below it); a device it
-    does not cover, or an untrained backend, gets the roofline estimate
+    does not cover, or an untrained backend without a trained ``cost_proxy`` (a backend
+    predicted as another until the model learns it: ``openvino`` and
+    ``onnxruntime-parallel`` as ``onnxruntime``), gets the roofline estimate
     (:func:`tvm_pesto.costs.roofline.node_seconds`); ``inf`` where the backend does not run
     on the device. Column sources: ``"xgb"``, ``"roofline"``, or ``"xgb+roofline"`` when
     only some candidates of a covered device fell back; ``"xgb-other-cpu"`` (``+roofline``) for
@@ -515,7 +517,8 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
                 continue
             if i not in merged:
                 merged[i] = graph.merged(c.nodes)
-            if covered and c.backend in trained:
+            as_backend = c.backend if c.backend in trained else get_backend(c.backend).cost_proxy
+            if covered and as_backend in trained:
                 if i not in descs:
                     descs[i] = describe_group(graph, c.nodes)
                     new_ops = cm.unseen_ops(descs[i]) if unseen is not None else []
@@ -532,7 +535,7 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
                     out[i, j] = math.inf
                     continue
                 idx.append(i)
-                rows.append({"desc": descs[i], "device": dd, "backend": c.backend, "tuned": tuned})
+                rows.append({"desc": descs[i], "device": dd, "backend": as_backend, "tuned": tuned})
                 floors.append(merged[i].flops / dev.peak_flops)
             else:
                 out[i, j] = node_seconds(merged[i], dev)

@@ -7,7 +7,9 @@ backends use the same builders at build time, so the deployed call is the built 
 
 ``LOADERS`` maps an artifact ``kind`` to its loader:
 
-* ``onnx``: an ONNX model run by ONNX Runtime (``onnxruntime`` backend);
+* ``onnx``: an ONNX model run by ONNX Runtime (``onnxruntime``, and ``onnxruntime-parallel``
+  with ``"parallel": true`` in the artifact's description);
+* ``openvino``: an ONNX model compiled by OpenVINO when loaded (``openvino`` backend);
 * ``torch-export``: a ``torch.export`` program (``torch`` backend);
 * ``tvm-vm``: a TVM executable exported as a shared library (``tvm-ms``).
 
@@ -15,11 +17,13 @@ Examples
 --------
 >>> from tvm_pesto.run.loaders import LOADERS
 >>> sorted(LOADERS)
-['onnx', 'torch-export', 'tvm-vm']
+['onnx', 'openvino', 'torch-export', 'tvm-vm']
 """
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 from collections import OrderedDict
 from typing import Callable
 
@@ -38,32 +42,38 @@ def _data_ptr(t) -> int:
     return int(get()) if callable(get) else int(np.from_dlpack(t).ctypes.data)
 
 
-def onnx_runner(model, cores: int) -> Callable:
-    """``f(*inputs, *outputs)`` over an ONNX Runtime session of ``model`` (bytes or a path),
-    with ``cores`` intra-op threads and no spinning workers; tensors bound by pointer.
-
-    Bindings are kept (per calling thread, the last :data:`KEPT_BINDINGS` sets of addresses)
-    and made only for addresses not seen: TVM's VM hands a subgraph the same few buffers call
-    after call (convnext's ONNX Runtime unit: its input and one of three output buffers), and
-    binding through ONNX Runtime's Python API costs more than a small kernel (two bindings and
-    a run of a 4K-float ReLU: 13.6 us on this project's 2-core machine; the run on a kept
-    binding 3.0 us).
-    """
-    import threading
-
+def onnx_session(model, cores: int, parallel: bool = False):
+    """An ONNX Runtime session of ``model`` (bytes or a path) as tvm-pesto runs its units:
+    ``cores`` intra-op threads (``parallel``: ONNX Runtime's parallel mode, ``cores``
+    inter-op threads of one intra-op thread each), all graph optimizations, no spinning
+    workers (they would take cores from the other device, or the next call, while idle)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.intra_op_num_threads = int(cores)
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if parallel:
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        so.inter_op_num_threads, so.intra_op_num_threads = int(cores), 1
+    else:
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.inter_op_num_threads, so.intra_op_num_threads = 1, int(cores)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    # No busy-waiting workers: they would take cores from the other device (or the next
-    # call) while this session is idle.
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
+    """``f(*inputs, *outputs)`` over :func:`onnx_session` of ``model`` (``parallel``: in ONNX
+    Runtime's parallel mode); tensors bound by pointer.
+
+    Bindings are kept (per calling thread, the last :data:`KEPT_BINDINGS` sets of addresses)
+    and made only for addresses not seen: TVM's VM hands a subgraph the same few buffers call
+    after call, and binding through ONNX Runtime's Python API costs more than a small kernel.
+    """
+    import threading
+
+    sess = onnx_session(model, cores, parallel=parallel)
     in_names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]
     n_in = len(in_names)
@@ -93,6 +103,105 @@ def onnx_runner(model, cores: int) -> Callable:
         io = bindings().get(key)
         sess.run_with_iobinding(io if io is not None else bind(args, key))
 
+    def direct(*arrays):
+        return sess.run(None, dict(zip(in_names, arrays)))
+
+    run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
+    return run
+
+
+def openvino_model(model, cores: int):
+    """An OpenVINO model compiled for the CPU from ``model`` (ONNX bytes or a path), as
+    tvm-pesto runs its units: ``cores`` inference threads, the latency hint (one stream),
+    float32 inference (OpenVINO would pick bfloat16 on CPUs that have it) and no CPU pinning.
+
+    OpenVINO's pinning re-pins the thread that calls ``infer`` to cores of its own choosing
+    and afterwards to every core of the process, undoing the device thread's affinity
+    (:func:`tvm_pesto.cluster.device_thread.enter_device_thread`) and putting two devices'
+    units on one core. Without it the calling thread, which computes a one-thread model by
+    itself, stays on its device's cores; OpenVINO's other worker threads (TBB's, shared by
+    every model of the process) may run on any core of the process.
+    """
+    import openvino as ov
+
+    core = _openvino_core()
+    ov_model = core.read_model(bytes(model) if isinstance(model, (bytes, bytearray)) else os.fspath(model))
+    config = {"INFERENCE_NUM_THREADS": int(cores), "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False,
+              "INFERENCE_PRECISION_HINT": ov.Type.f32}
+    return core.compile_model(ov_model, "CPU", config)
+
+
+def onnx_input_names(model) -> list[str]:
+    """The graph input names of an ONNX model (bytes or a path), in order, initializers left out."""
+    import onnx
+
+    m = (onnx.load_from_string(bytes(model)) if isinstance(model, (bytes, bytearray))
+         else onnx.load(os.fspath(model), load_external_data=False))
+    inits = {t.name for t in m.graph.initializer}
+    return [i.name for i in m.graph.input if i.name not in inits]
+
+
+@functools.lru_cache(maxsize=1)
+def _openvino_core():
+    """The process's one ``openvino.Core`` (made on first use)."""
+    import openvino as ov
+
+    return ov.Core()
+
+
+def openvino_runner(model, cores: int) -> Callable:
+    """``f(*inputs, *outputs)`` over :func:`openvino_model` of ``model``; tensors shared.
+
+    Each set of buffer addresses gets an infer request whose input and output tensors are
+    the DPS buffers themselves (``openvino.Tensor(view, shared_memory=True)``): OpenVINO
+    reads TVM's inputs and writes the outputs in place, with no copy and no tensor setting
+    per call (inputs matched by name: OpenVINO drops those the model does not read).
+    Requests are kept per calling thread (an infer request is not thread-safe), the last
+    :data:`KEPT_BINDINGS` sets of addresses, as :func:`onnx_runner` keeps its bindings; a
+    kept request holds its buffers' views, so those buffers live as long as it is kept.
+    """
+    import threading
+
+    import openvino as ov
+
+    compiled = openvino_model(model, cores)
+    names = onnx_input_names(model)
+    n_in = len(names)
+    port = {n: k for k, p in enumerate(compiled.inputs) for n in p.get_names()}
+    # (argument position, OpenVINO input index) of the inputs OpenVINO kept: it drops unused ones
+    used = [(pos, port[n]) for pos, n in enumerate(names) if n in port]
+    kept = threading.local()  # .reqs: addresses -> their infer request, oldest first; .direct
+
+    def requests() -> OrderedDict:
+        if not hasattr(kept, "reqs"):
+            kept.reqs = OrderedDict()
+        return kept.reqs
+
+    def bind(args, key):
+        req = compiled.create_infer_request()
+        for pos, k in used:
+            req.set_input_tensor(k, ov.Tensor(np.from_dlpack(args[pos]), shared_memory=True))
+        for k, o in enumerate(args[n_in:]):
+            req.set_output_tensor(k, ov.Tensor(np.from_dlpack(o), shared_memory=True))
+        reqs = requests()
+        reqs[key] = req
+        if len(reqs) > KEPT_BINDINGS:
+            reqs.popitem(last=False)
+        return req
+
+    def run(*args):
+        key = tuple(_data_ptr(a) for a in args)
+        req = requests().get(key)
+        (req if req is not None else bind(args, key)).infer()
+
+    def direct(*arrays):
+        req = getattr(kept, "direct", None)
+        if req is None:
+            req = kept.direct = compiled.create_infer_request()
+        res = req.infer({k: arrays[pos] for pos, k in used}, share_inputs=True)
+        return list(res.to_tuple())
+
+    run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
     return run
 
 
@@ -142,7 +251,11 @@ def _file(meta: dict, root: str) -> str:
 
 
 def load_onnx(meta: dict, root: str, device) -> Callable:
-    return onnx_runner(_file(meta, root), int(meta.get("cores", 1)))
+    return onnx_runner(_file(meta, root), int(meta.get("cores", 1)), parallel=bool(meta.get("parallel", False)))
+
+
+def load_openvino(meta: dict, root: str, device) -> Callable:
+    return openvino_runner(_file(meta, root), int(meta.get("cores", 1)))
 
 
 def load_torch_export(meta: dict, root: str, device) -> Callable:
@@ -161,7 +274,8 @@ def load_tvm_vm(meta: dict, root: str, device) -> Callable:
     return vm_runner(vm["main"], int(meta["num_inputs"]), int(meta["num_outputs"]))
 
 
-LOADERS: dict[str, Callable] = {"onnx": load_onnx, "torch-export": load_torch_export, "tvm-vm": load_tvm_vm}
+LOADERS: dict[str, Callable] = {"onnx": load_onnx, "openvino": load_openvino, "torch-export": load_torch_export,
+                                 "tvm-vm": load_tvm_vm}
 
 
 def register_artifact(meta: dict, root: str, device) -> str:
@@ -184,8 +298,34 @@ def register_artifact(meta: dict, root: str, device) -> str:
     except Exception as e:  # noqa: BLE001 - a library failure, explained at our boundary
         raise ExecutionError(f"loading {meta.get('backend')} artifact {meta['files'][0]} failed: "
                              f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
-    tvm_ffi.register_global_func(meta["name"], fn, override=True)
+    register_unit(meta["name"], fn)
     return meta["name"]
 
 
-__all__ = ["LOADERS", "flatten", "onnx_runner", "register_artifact", "torch_runner", "vm_runner"]
+#: Global name -> the callable registered under it (weakly: TVM's registry, or a placed
+#: model, keeps it alive).
+_UNITS: "weakref.WeakValueDictionary[str, Callable]" = weakref.WeakValueDictionary()
+
+
+def register_unit(gname: str, fn: Callable) -> None:
+    """Register a unit's ``f(*inputs, *outputs)`` under ``gname`` for ``R.call_dps_packed``
+    (TVM's global function registry) and for :func:`direct_call`."""
+    import tvm_ffi
+
+    tvm_ffi.register_global_func(gname, fn, override=True)
+    _UNITS[gname] = fn
+
+
+def direct_call(gname: str) -> Callable | None:
+    """The unit ``gname``'s call on numpy arrays, ``f(*arrays) -> list of arrays``, when its
+    library has one (ONNX Runtime's ``session.run``); else None.
+
+    A program that is this one unit (:class:`~tvm_pesto.run.runtime.PlacedRuntime`) calls
+    it instead of the VM: no copy into TVM tensors, no VM call, no binding, the library's
+    own call.
+    """
+    return getattr(_UNITS.get(gname), "direct", None)
+
+
+__all__ = ["LOADERS", "direct_call", "flatten", "onnx_input_names", "onnx_runner", "onnx_session", "openvino_model",
+           "openvino_runner", "register_artifact", "register_unit", "torch_runner", "vm_runner"]

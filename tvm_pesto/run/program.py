@@ -27,6 +27,7 @@ class Step:
     func: str = ""
     index: int = 0
     deps: list[str] = field(default_factory=list)
+    extern: str = ""  # a call whose segment is one library unit over its inputs: the unit's global name
 
 
 @dataclass

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..errors import ExecutionError
-from .executor import Executor, to_numpy
+from .executor import Executor, _assemble, to_numpy
 
 #: Least seconds :meth:`PlacedRuntime.benchmark` times and warms up for (a 40-µs model: 5,000
 #: timed runs after 1,250 warm-up runs; a 3-ms one: 67 after 17).
@@ -47,6 +47,9 @@ class PlacedRuntime:
         self._executor = None
         self.last_trace: list = []
         self._state: dict = {}  # input index -> its current value (a TVM tensor on its device)
+        #: What :func:`tvm_pesto.build` weighed before choosing this module (:mod:`tvm_pesto.decide`).
+        self.decision: dict | None = None
+        self._direct = _direct(program)  # held here: the model owns its one unit's call
 
     @property
     def devices_used(self) -> list[int]:
@@ -140,8 +143,36 @@ class PlacedRuntime:
 
     def __call__(self, *args):
         as_numpy = any(isinstance(a, np.ndarray) for a in args)
+        if self._direct_applies(args):
+            return self._call_direct(args)
         res = self._run(self._exec(), self._inputs(args))
         return to_numpy(res) if as_numpy else res
+
+    def _direct_applies(self, args) -> bool:
+        return (self._direct is not None and all(isinstance(a, np.ndarray) for a in args)
+                and (self._executor is None or isinstance(self._executor, Executor)))
+
+    def _call_direct(self, args):
+        """A program that is one library unit, on numpy arrays: the library's own call."""
+        step, fn = self._direct
+        if len(args) != len(self.program.inputs):
+            self._inputs(args)  # raises the usual error
+        try:
+            outs = fn(*[np.asarray(a) for a in args])
+        except Exception as e:  # noqa: BLE001 - the library's error, explained at our boundary
+            text = str(e).strip()
+            raise ExecutionError(f"device {step.device} failed in segment {step.func} ({step.extern}): "
+                                 f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from e
+        env = dict(zip(self.program.inputs, args))
+        env[step.out] = outs[0] if len(outs) == 1 else tuple(outs)
+        for s in self.program.steps:
+            if s.kind == "item":
+                env[s.out] = env[s.args[0]][s.index]
+            elif s.kind == "tuple":
+                env[s.out] = tuple(env[a] for a in s.args)
+            elif s.kind == "alias":
+                env[s.out] = env[s.args[0]]
+        return _assemble(self.program.output, env)
 
     def run_traced(self, *args):
         trace: list = []
@@ -166,17 +197,23 @@ class PlacedRuntime:
             ``median_s``, ``min_s``, ``max_s``, ``repeat`` (the runs timed), ``warmup`` (the
             runs before them).
         """
-        ex = self._exec()
-        inputs = self._inputs(args)
+        if self._direct_applies(args):  # what a call on these numpy arrays runs
+            def once():
+                self._call_direct(args)
+        else:
+            ex, inputs = self._exec(), self._inputs(args)
+
+            def once():
+                self._run(ex, inputs)
         warm, t0 = 0, time.perf_counter()
         while warm < warmup or time.perf_counter() - t0 < warmup_seconds:
-            self._run(ex, inputs)
+            once()
             warm += 1
         times: list[float] = []
         total = 0.0
         while len(times) < repeat or total < min_seconds:
             t = time.perf_counter()
-            self._run(ex, inputs)
+            once()
             times.append(time.perf_counter() - t)
             total += times[-1]
         return {"median_s": float(np.median(times)), "min_s": float(np.min(times)),
@@ -224,6 +261,19 @@ class PlacedRuntime:
             self.close(timeout=1.0)  # a finalizer must not hang on a step that does not end
         except Exception:  # noqa: BLE001
             pass
+
+
+def _direct(program):
+    """``(step, f)`` when ``program`` is one call of a unit with a direct call on numpy
+    arrays (:func:`tvm_pesto.run.loaders.direct_call`) and nothing moves between devices;
+    else None."""
+    from .loaders import direct_call
+
+    calls = program.calls()
+    if len(calls) != 1 or not calls[0].extern or program.state or any(s.kind == "copy" for s in program.steps):
+        return None
+    fn = direct_call(calls[0].extern)
+    return (calls[0], fn) if fn is not None else None
 
 
 __all__ = ["PlacedRuntime"]

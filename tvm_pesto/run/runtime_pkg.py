@@ -15,10 +15,12 @@ and by the runtime-only fixture of ``tests/test_deploy.py``.
 Examples
 --------
 >>> from tvm_pesto.run.runtime_pkg import copy_runtime_package
->>> pkg = copy_runtime_package("rt")
+>>> import os, tempfile
+>>> rt = os.path.join(tempfile.mkdtemp(), "rt")
+>>> pkg = copy_runtime_package(rt)
 >>> pkg.name, (pkg / "lib" / "libtvm_compiler.so").exists()
 ('tvm', False)
->>> # TVM_USE_RUNTIME_LIB=1 PYTHONPATH=rt python -c "import tvm.runtime.vm"
+>>> # TVM_USE_RUNTIME_LIB=1 PYTHONPATH=$rt python -c "import tvm.runtime.vm"
 """
 from __future__ import annotations
 
@@ -80,7 +82,8 @@ def copy_runtime_package(dest, src=None) -> Path:
 
     Examples
     --------
-    >>> pkg = copy_runtime_package("runtime")
+    >>> import tempfile
+    >>> pkg = copy_runtime_package(tempfile.mkdtemp())
     >>> sorted(p.name for p in (pkg / "lib").glob("libtvm_runtime*"))
     ['libtvm_runtime.so', 'libtvm_runtime_cuda.so', 'libtvm_runtime_extra.so']
     """

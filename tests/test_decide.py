@@ -1,0 +1,94 @@
+"""The final choice (:mod:`tvm_pesto.decide`): the flow's plan timed against its alternatives."""
+import numpy as np
+import pytest
+
+import tvm_pesto
+from tvm_pesto import decide
+from tvm_pesto.api import build_placement
+from tvm_pesto.candidates.examples import reference_output, tiny_mlp
+from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.errors import PestoError
+
+
+@pytest.fixture(scope="module")
+def chosen():
+    mod, (x,) = tiny_mlp()
+    placed = tvm_pesto.build(mod, "cpu:2", costs="roofline", measure_final=True, inputs=[x])
+    return placed, mod, x
+
+
+def test_every_option_is_built_timed_and_the_fastest_kept(chosen):
+    placed, mod, x = chosen
+    d = placed.decision
+    names = [o["name"] for o in d["options"]]
+    assert d["measured"] is True and names[0] == "plan" and "one-device" in names
+    assert "library:onnxruntime" in names  # every op of the MLP runs in ONNX Runtime
+    timed = {o["name"]: o["measured_s"] for o in d["options"] if "measured_s" in o}
+    assert set(timed) == set(names) and all(t > 0 for t in timed.values())
+    assert d["chosen"] == min(timed, key=timed.get)
+    kept = next(o for o in d["options"] if o["name"] == d["chosen"])
+    assert placed.cluster.name == kept["cluster"] and placed.cluster.num_devices == kept["devices"]
+    assert placed.plan.solver.startswith("library:") == d["chosen"].startswith("library:")
+    np.testing.assert_allclose(placed(x), reference_output(mod, [x]), atol=1e-5)
+
+
+def test_the_one_device_options_use_every_core_as_one_device(chosen):
+    d = chosen[0].decision
+    plan = d["options"][0]
+    assert plan["cluster"] == "cpu:2" and plan["cores"] == [1, 1]
+    for o in d["options"][1:]:
+        assert o["cluster"] == "cpu:1" and o["cores"] == [sum(plan["cores"])]
+    lib = next(o for o in d["options"] if o["name"] == "library:onnxruntime")
+    assert lib["backend_mix"] == {"onnxruntime": sum(lib["backend_mix"].values())}
+    pred = {o["name"]: o["predicted_s"] for o in d["options"] if o["name"] in ("plan", "one-device")}
+    assert d["shape"] == ("cpu:2" if pred["plan"] <= pred["one-device"] else "cpu:1")
+
+
+def test_the_decision_prints_as_a_table(chosen):
+    text = decide.decision_table(chosen[0].decision)
+    assert "(kept)" in text and "library:onnxruntime" in text and "one-device" in text
+
+
+def test_off_keeps_the_flow_plan_and_says_so():
+    mod, (x,) = tiny_mlp()
+    placed = tvm_pesto.build(mod, "cpu:2", costs="roofline", measure_final=False)
+    d = placed.decision
+    assert d["measured"] is False and d["chosen"] == "plan" and "off" in d["why"]
+    assert placed.cluster.name == "cpu:2" and len(d["options"]) == 1
+
+
+def test_a_cluster_not_of_this_machine_is_not_measured():
+    assert "not this machine's CPU cores" in decide.why_not_measured(parse_cluster("4xV100-pcie"))
+    assert decide.why_not_measured(parse_cluster("cpu:2")) is None
+
+
+def test_the_environment_switch(monkeypatch):
+    monkeypatch.setenv(decide.MEASURE_ENV, "0")
+    assert decide.measure_final_default() is False
+    monkeypatch.setenv(decide.MEASURE_ENV, "1")
+    assert decide.measure_final_default() is True
+    monkeypatch.setenv(decide.MEASURE_ENV, "maybe")
+    with pytest.raises(PestoError, match="TVM_PESTO_MEASURE_FINAL is 'maybe'"):
+        decide.measure_final_default()
+
+
+def test_an_alternative_that_fails_is_reported_and_the_plan_that_fails_raises():
+    mod, (x,) = tiny_mlp()
+    pl = tvm_pesto.place(mod, "cpu:2", costs="roofline")
+    opts = decide.options(pl, pl.joint.cluster, lambda c: tvm_pesto.place(mod, c, costs="roofline"))
+
+    def build(o):
+        if o.name == "one-device":
+            raise RuntimeError("no such luck")
+        return build_placement(o.placement, o.cluster)
+
+    placed, d = decide.choose(opts, build, [x], budget_s=0.3)
+    failed = next(o for o in d["options"] if o["name"] == "one-device")
+    assert failed["error"] == "RuntimeError: no such luck" and "measured_s" not in failed
+    assert d["chosen"] != "one-device"
+
+    def broken(o):
+        raise RuntimeError("the plan itself")
+
+    with pytest.raises(RuntimeError, match="the plan itself"):
+        decide.choose(opts, broken, [x], budget_s=0.3)

@@ -1,0 +1,95 @@
+"""``tvm-pesto bench peers``: the blocks' timing, one model against every peer, the CLI's errors."""
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tvm_pesto.bench.peers import bench_model, bench_peers, markdown
+from tvm_pesto.frontend import from_torch
+from tvm_pesto.run.blocks import time_blocks
+
+
+def test_blocks_rank_a_slow_call_behind_a_fast_one_and_rotate():
+    order = []
+
+    def slow():
+        order.append("slow")
+        time.sleep(0.002)
+
+    def fast():
+        order.append("fast")
+
+    r = time_blocks({"slow": slow, "fast": fast}, rounds=2, warmup_s=0.0, block_s=0.01, min_calls=3)
+    assert r["slow"]["s"] >= 0.002 > r["fast"]["s"]
+    assert len(r["slow"]["blocks_s"]) == 2 and r["slow"]["calls"] >= 6
+    runs = [n for k, n in enumerate(order) if k == 0 or order[k - 1] != n]
+    assert runs == ["slow", "fast", "slow"]  # round 1: slow, fast; round 2 starts with fast
+
+
+def test_a_slow_model_ends_its_block_early():
+    r = time_blocks({"a": lambda: time.sleep(0.02)}, rounds=1, warmup_s=0.0, block_s=10.0, min_calls=100,
+                    max_block_s=0.05)
+    assert 3 <= r["a"]["calls"] < 10
+
+
+def _mlp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
+    x = (np.random.default_rng(0).standard_normal((4, 32)).astype(np.float32),)
+    return model, x, from_torch(model, x, name="mlp")
+
+
+@pytest.fixture(scope="module")
+def one_model():
+    model, x, mod = _mlp()
+    return bench_peers([("mlp", lambda: (model, x, mod))], cores=2, torch_compile=False,
+                       build_options={"costs": "roofline"}, rounds=1)
+
+
+def test_every_peer_is_reported_with_its_time_or_why_not(one_model):
+    m = one_model["models"]["mlp"]
+    v = m["variants"]
+    for name in ("ort", "ort-parallel", "ort-1", "torch", "pesto", "pesto-1dev"):
+        assert v[name]["seconds"] > 0, (name, v[name])
+        assert v[name]["max_abs_err"] < 1e-4, (name, v[name])
+    assert "seconds" in v["openvino"] or "openvino" in v["openvino"]["error"]
+    assert v["torch-compile"]["error"].startswith("not asked for")
+    assert v["ort-parallel"]["threads"] == "inter 2 / intra 1" and v["ort-1"]["threads"] == 1
+
+
+def test_the_ratio_is_the_best_own_library_peer_over_pesto(one_model):
+    m = one_model["models"]["mlp"]
+    secs = {n: r["seconds"] for n, r in m["variants"].items() if "seconds" in r}
+    own = {n: secs[n] for n in ("ort", "ort-parallel", "ort-1", "torch")}
+    assert m["best_peer"] == min(own, key=own.get)
+    assert m["ratio_vs_best_peer"] == pytest.approx(own[m["best_peer"]] / secs["pesto"])
+    every = {n: s for n, s in secs.items() if not n.startswith("pesto")}
+    assert m["best_peer_all"] == min(every, key=every.get)
+    assert one_model["geomean_vs_best_peer"] == pytest.approx(m["ratio_vs_best_peer"])
+    assert one_model["worst_vs_best_peer"] == pytest.approx(m["ratio_vs_best_peer"])
+    assert one_model["max_abs_err"] == m["max_abs_err"]
+    json.dumps(one_model)  # the JSON the CLI writes
+    table = markdown(one_model)
+    assert "| mlp |" in table and f"{m['ratio_vs_best_peer']:.2f}" in table
+
+
+def test_a_peer_that_cannot_run_is_reported_not_fatal():
+    class NoOnnx(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).abs()  # the TorchScript ONNX exporter has no fft
+
+    x = (np.ones((2, 8), np.float32),)
+    r = bench_model("fft", NoOnnx().eval(), x, None, cores=1, torch_compile=False, rounds=1)
+    assert "error" in r["variants"]["ort"] and "error" in r["variants"]["pesto"]
+    assert r["variants"]["torch"]["seconds"] > 0
+    assert r["ratio_vs_best_peer"] is None
+
+
+def test_the_cli_names_an_unknown_model():
+    from tvm_pesto.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["bench", "peers", "--model", "no_such_model"])
+    assert res.exit_code != 0 and "unknown model(s) no_such_model" in res.output and "resnet50" in res.output

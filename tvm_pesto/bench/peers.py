@@ -1,0 +1,307 @@
+"""``tvm-pesto bench peers``: tvm-pesto against what a user of each library runs today.
+
+Per model, in one process, each variant is built once and then timed in blocks:
+
+* ``ort``: ONNX Runtime on the model's own ONNX (:func:`tvm_pesto.zoo.export.to_onnx`),
+  sequential, intra-op threads = the machine's cores;
+* ``ort-parallel``: ONNX Runtime's parallel mode (inter-op threads = cores, intra-op 1);
+* ``ort-1``: ONNX Runtime with one thread;
+* ``torch``: PyTorch eager with cores threads;
+* ``openvino``: OpenVINO's CPU plugin on the same ONNX file, cores threads, latency hint
+  (when ``openvino`` is installed);
+* ``torch-compile``: ``torch.compile`` with Inductor (when a C++ compiler is on the PATH);
+* ``pesto``: ``tvm_pesto.build(mod, "cpu:N")``, the default build, called on numpy arrays;
+* ``pesto-1dev``: the same on ``cpu:1`` (one device of all cores).
+
+Every peer gets the machine's cores in the setting its library is usually run with. Each
+variant runs in its own block (:func:`tvm_pesto.run.blocks.time_blocks`: a warm-up, then
+calls for a fixed time, the median kept) and the order rotates over :data:`ROUNDS`
+rounds; a variant's time is its best block median. Interleaving single calls of two
+libraries would time one library's idle threads inside the other's call.
+
+The ratio of a model is the best peer's seconds over ``pesto``'s (above 1: tvm-pesto is
+faster). ``best_peer`` counts the libraries tvm-pesto has as backends (ONNX Runtime in any
+mode, PyTorch); ``best_peer_all`` every peer. Outputs are compared with PyTorch eager.
+
+Examples
+--------
+>>> from tvm_pesto.bench.peers import geomean
+>>> round(geomean([2.0, 0.5, 1.0]), 6)
+1.0
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..run.blocks import time_blocks
+
+#: Blocks per variant, the order of the variants rotated between them.
+ROUNDS = 3
+#: Peers whose library tvm-pesto has as a backend: ``worst_vs_best_peer`` is over these.
+OWN_LIBRARIES = ("ort", "ort-parallel", "ort-1", "torch")
+
+
+@dataclass
+class Variant:
+    """One way to run the model: ``call()`` runs it once on the bound inputs."""
+
+    name: str
+    call: Callable | None
+    build_s: float
+    output: object = None
+    error: str | None = None
+    info: dict = field(default_factory=dict)
+
+
+def _first(out) -> np.ndarray:
+    while isinstance(out, (tuple, list)):
+        out = out[0]
+    return np.asarray(out.numpy() if hasattr(out, "numpy") and not isinstance(out, np.ndarray) else out)
+
+
+def _built(name: str, make: Callable) -> Variant:
+    """Run ``make() -> (call, info)`` and time it; a failure becomes the variant's error."""
+    t = time.perf_counter()
+    try:
+        call, info = make()
+        out = call()
+    except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
+        return Variant(name, None, time.perf_counter() - t, error=f"{type(e).__name__}: {msg}")
+    return Variant(name, call, time.perf_counter() - t, output=_first(out), info=info)
+
+
+def _ort(path: str, inputs, cores: int, mode: str):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if mode == "parallel":
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        so.inter_op_num_threads, so.intra_op_num_threads = cores, 1
+    else:
+        so.intra_op_num_threads = 1 if mode == "one" else cores
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
+    return (lambda: sess.run(None, feed)), {"threads": {"parallel": f"inter {cores} / intra 1", "one": 1}.get(mode, cores)}
+
+
+def _openvino(path: str, inputs, cores: int):
+    import openvino as ov
+
+    cm = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": cores, "PERFORMANCE_HINT": "LATENCY"})
+    req = cm.create_infer_request()
+    feed = dict(enumerate(inputs))
+    return (lambda: req.infer(feed)[0]), {"version": ov.__version__, "threads": cores}
+
+
+def _torch_eager(model, inputs, cores: int, compiled: bool = False):
+    import torch
+
+    args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs)
+    fn = torch.compile(model, backend="inductor") if compiled else model
+
+    def call():
+        torch.set_num_threads(cores)  # process-wide: other variants may have changed it
+        with torch.no_grad():
+            return fn(*args)
+
+    return call, {"threads": cores}
+
+
+def _pesto(mod, inputs, cluster: str, build_options: dict):
+    import tvm_pesto
+
+    placed = tvm_pesto.build(mod, cluster, **build_options)
+    summary = placed.placement.summary() if placed.placement is not None else {}
+    info = {"cluster": cluster, "backend_mix": summary.get("backend_mix"),
+            "devices_used": len(placed.devices_used), "decided_by": summary.get("decided_by")}
+    return (lambda: placed(*inputs)), info
+
+
+def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: bool = True,
+                  build_options: dict | None = None) -> list[Variant]:
+    """Build every variant of one model (see the module docstring); failures are recorded."""
+    from ..zoo.export import to_onnx
+
+    path = os.path.join(workdir, "model.onnx")
+    out: list[Variant] = []
+    try:
+        t = time.perf_counter()
+        to_onnx(model, inputs, path)
+        export_s = time.perf_counter() - t
+    except Exception as e:  # noqa: BLE001 - no ONNX file: the ONNX peers say why
+        path, export_s = None, 0.0
+        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+    for name, mode in (("ort", "seq"), ("ort-parallel", "parallel"), ("ort-1", "one")):
+        v = _built(name, lambda m=mode: _ort(path, inputs, cores, m)) if path else Variant(name, None, 0.0, error=why)
+        v.build_s += export_s
+        out.append(v)
+    out.append(_built("torch", lambda: _torch_eager(model, inputs, cores)))
+    if not path:
+        out.append(Variant("openvino", None, 0.0, error=why))
+    elif _importable("openvino"):
+        out.append(_built("openvino", lambda: _openvino(path, inputs, cores)))
+    else:
+        out.append(Variant("openvino", None, 0.0, error="not installed (pip install openvino)"))
+    if not torch_compile:
+        out.append(Variant("torch-compile", None, 0.0, error="not asked for (--no-torch-compile)"))
+    elif shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++"):
+        out.append(_built("torch-compile", lambda: _torch_eager(model, inputs, cores, compiled=True)))
+    else:
+        out.append(Variant("torch-compile", None, 0.0, error="no C++ compiler on the PATH (Inductor needs one)"))
+    opts = dict(build_options or {})
+    out.append(_built("pesto", lambda: _pesto(mod, inputs, f"cpu:{cores}", opts)))
+    if cores > 1:
+        out.append(_built("pesto-1dev", lambda: _pesto(mod, inputs, "cpu:1", opts)))
+    return out
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool = True,
+                build_options: dict | None = None, rounds: int = ROUNDS) -> dict:
+    """Every variant of one model, built and timed; the ratios to the best peers."""
+    with tempfile.TemporaryDirectory(prefix="pesto-peers-") as tmp:
+        variants = peer_variants(model, inputs, mod, cores, tmp, torch_compile, build_options)
+        ok = {v.name: v.call for v in variants if v.call is not None}
+        timed = time_blocks(ok, rounds=rounds)
+    ref = _first(_torch_eager(model, inputs, cores)[0]())
+    res: dict = {"variants": {}}
+    for v in variants:
+        rec = {"build_s": round(v.build_s, 3), **v.info}
+        if v.error:
+            rec["error"] = v.error
+        else:
+            rec.update(seconds=timed[v.name]["s"], blocks_s=timed[v.name]["blocks_s"],
+                       max_abs_err=float(np.max(np.abs(v.output.astype(np.float64) - ref))) if v.output.shape == ref.shape
+                       else float("inf"))
+        res["variants"][v.name] = rec
+    secs = {n: r["seconds"] for n, r in res["variants"].items() if "seconds" in r}
+    pesto = secs.get("pesto")
+    for key, pool in (("best_peer", OWN_LIBRARIES), ("best_peer_all", [n for n in secs if not n.startswith("pesto")])):
+        have = {n: secs[n] for n in pool if n in secs}
+        best = min(have, key=have.get) if have else None
+        res[key] = best
+        res[f"ratio_vs_{key}"] = (have[best] / pesto) if best and pesto else None
+    res["max_abs_err"] = res["variants"].get("pesto", {}).get("max_abs_err")
+    res["build_s"] = res["variants"].get("pesto", {}).get("build_s")
+    return res
+
+
+def one_unit_overhead(mod, inputs, cores: int, rounds: int = ROUNDS) -> dict:
+    """What tvm-pesto's call adds to the library's: the whole model as one ONNX Runtime unit
+    on one device of ``cores`` cores, called on numpy arrays, against that unit's own
+    session (the same ONNX and options) called with ``session.run``.
+
+    Returns
+    -------
+    dict
+        ``library_s``, ``pesto_s``, ``overhead_s`` (their difference); ``error`` instead when
+        ONNX Runtime cannot run every op of the model.
+    """
+    from ..api import build_placement, place
+    from ..backends.onnx_export import relax_to_onnx
+    from ..cluster.specs import cpu_cluster
+    from ..decide import whole_model_placement
+    from ..run.loaders import onnx_session
+
+    wide = cpu_cluster(1)
+    lp = whole_model_placement(place(mod, wide, costs="roofline"), "onnxruntime", wide)
+    if lp is None:
+        return {"error": "ONNX Runtime cannot run every op of the model"}
+    placed = build_placement(lp, wide)
+    sess = onnx_session(relax_to_onnx(mod["main"]).SerializeToString(), wide.devices[0].cores)
+    feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
+    timed = time_blocks({"library": lambda: sess.run(None, feed), "pesto": lambda: placed(*inputs)}, rounds=rounds)
+    placed.close()
+    lib, ours = timed["library"]["s"], timed["pesto"]["s"]
+    return {"library_s": lib, "pesto_s": ours, "overhead_s": ours - lib}
+
+
+def geomean(xs) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def bench_peers(models, cores: int | None = None, torch_compile: bool = True, build_options: dict | None = None,
+                rounds: int = ROUNDS, progress=None, overhead: bool = True) -> dict:
+    """Run :func:`bench_model` for ``models`` (``(name, torch_model, inputs, mod)`` tuples,
+    built lazily by a callable each: ``[(name, make)]`` with ``make() -> (torch_model,
+    inputs, mod)``); add the geomeans and the worst ratio.
+
+    Returns
+    -------
+    dict
+        ``models.<name>`` (:func:`bench_model`), ``geomean_vs_best_peer``,
+        ``worst_vs_best_peer``, ``geomean_vs_best_peer_all``, ``worst_vs_best_peer_all``,
+        ``max_abs_err``, ``overhead_median_s`` (:func:`one_unit_overhead`, median over the
+        models; with ``overhead``), ``cores``, ``machine`` and ``load_average`` before and after.
+    """
+    from .report import machine_info
+
+    machine = machine_info()
+    cores = int(cores or machine["nproc"])
+    res: dict = {"cores": cores, "machine": machine, "models": {}}
+    for name, make in models:
+        if progress:
+            progress(name)
+        model, inputs, mod = make()
+        res["models"][name] = bench_model(name, model, inputs, mod, cores, torch_compile, build_options, rounds)
+        if overhead:
+            try:
+                res["models"][name]["overhead"] = one_unit_overhead(mod, inputs, cores, rounds)
+            except Exception as e:  # noqa: BLE001 - reported beside the model, the benchmark goes on
+                res["models"][name]["overhead"] = {"error": f"{type(e).__name__}: {e}"}
+    ms = res["models"].values()
+    for key in ("best_peer", "best_peer_all"):
+        rs = [m[f"ratio_vs_{key}"] for m in ms if m.get(f"ratio_vs_{key}")]
+        res[f"geomean_vs_{key}"] = geomean(rs)
+        res[f"worst_vs_{key}"] = min(rs) if rs else None
+    over = [m["overhead"]["overhead_s"] for m in ms if "overhead_s" in m.get("overhead", {})]
+    res["overhead_median_s"] = float(np.median(over)) if over else None
+    errs = [m["max_abs_err"] for m in ms if m.get("max_abs_err") is not None]
+    res["max_abs_err"] = max(errs) if errs else None
+    res["load_average_after"] = machine_info()["load_average"]
+    return res
+
+
+def markdown(res: dict) -> str:
+    """The result as a markdown table: ms per call of each variant, the best peers, the ratio."""
+    names = ["ort", "ort-parallel", "ort-1", "torch", "openvino", "torch-compile", "pesto", "pesto-1dev"]
+    head = "| model | " + " | ".join(names) + " | best own-library peer | ratio | best peer (all) | ratio | max err |"
+    lines = [head, "|" + "---|" * (len(names) + 6)]
+    for m, r in res["models"].items():
+        cells = [f"{r['variants'][n]['seconds'] * 1e3:.3f}" if "seconds" in r["variants"].get(n, {}) else "—"
+                 for n in names]
+        for key in ("best_peer", "best_peer_all"):
+            ratio = r.get(f"ratio_vs_{key}")
+            cells += [str(r.get(key) or "—"), f"{ratio:.2f}" if ratio else "—"]
+        err = r.get("max_abs_err")
+        cells.append(f"{err:.1e}" if err is not None else "—")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    g, w = res.get("geomean_vs_best_peer"), res.get("worst_vs_best_peer")
+    ga = res.get("geomean_vs_best_peer_all")
+    lines.append("")
+    if res.get("overhead_median_s") is not None:
+        lines.append(f"per-call overhead of a one-unit plan over ONNX Runtime alone: "
+                     f"{res['overhead_median_s'] * 1e6:.1f} us (median over the models)")
+    lines.append(f"geomean vs best own-library peer: {g:.3f}, worst {w:.3f}; geomean vs best peer (all): {ga:.3f}"
+                 if g and w and ga else "no ratio")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["OWN_LIBRARIES", "Variant", "bench_model", "bench_peers", "geomean", "markdown", "one_unit_overhead",
+           "peer_variants"]

@@ -1,0 +1,195 @@
+"""The final choice: the flow's plan against the plans a user could run instead, measured.
+
+The flow predicts, and a prediction can be wrong; a plan slower than the library a user
+already has is a defect. Before :func:`tvm_pesto.build` returns (and in ``tvm-pesto run``)
+the options below are built and timed against each other in blocks
+(:func:`tvm_pesto.run.blocks.time_blocks`, about :data:`BUDGET_S` seconds in all), and the
+fastest is kept:
+
+* ``plan``: the flow's plan on the cluster asked for;
+* ``one-device``: on ``cpu:N`` with N > 1, the flow's plan on the same cores as one device
+  (``cpu:1``, every core in it: the libraries' own intra- and inter-op threads use them);
+* ``library:<backend>``: the whole model as one unit of each library backend (ONNX Runtime
+  in each of its modes, PyTorch, ...) that can run every op, on that device: what a user
+  of that library runs today.
+
+Which core shape (``cpu:N`` or ``cpu:1``) the flow predicts faster is the plan's ``shape``;
+the measurement then decides. ``decision`` lists each option's predicted and measured
+seconds and which one was kept. Only clusters of this machine's CPU cores are measured
+(``cpu:N``); other clusters keep the flow's plan, and ``decision["measured"]`` says why not.
+
+``$TVM_PESTO_MEASURE_FINAL`` (``1``, default; ``0``) sets the default of ``measure_final``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import PestoError
+
+#: Environment variable: ``0`` makes ``build(measure_final=None)`` keep the flow's plan unmeasured.
+MEASURE_ENV = "TVM_PESTO_MEASURE_FINAL"
+#: Rough seconds the timing of the options takes in all (blocks of every option, two rounds).
+BUDGET_S = 2.0
+
+
+@dataclass
+class Option:
+    """One way to run the model: ``placement`` on ``cluster``."""
+
+    name: str
+    cluster: object
+    placement: object
+    predicted_s: float
+
+
+def measure_final_default() -> bool:
+    """Whether ``build`` measures its final choice when not told (:data:`MEASURE_ENV`)."""
+    v = os.environ.get(MEASURE_ENV, "1").strip().lower() or "1"
+    if v not in ("0", "1", "off", "on"):
+        raise PestoError(f"${MEASURE_ENV} is {v!r}; set it to 1 (measure the final choice) or 0 (keep the flow's plan)")
+    return v in ("1", "on")
+
+
+def why_not_measured(cluster) -> str | None:
+    """Why the options cannot be timed on ``cluster`` here (None: they can)."""
+    preset = str(cluster.meta.get("preset", ""))
+    if not preset.startswith("cpu:"):
+        return f"{cluster.name} is not this machine's CPU cores (cpu:N); its plan is kept as the flow chose it"
+    if not all(d.present and d.kind == "cpu" and not d.rpc_key for d in cluster.devices):
+        return f"a device of {cluster.name} is not on this machine"
+    return None
+
+
+def whole_model_placement(placement, backend: str, cluster):
+    """The placement of the whole model as one ``backend`` unit on ``cluster``'s device 0
+    (the flow's solver on a cost table where only that candidate is finite), or None."""
+    from .costs import CostTable
+    from .plan import JointProblem, simulate
+    from .solve.joint import solve_joint
+
+    n = placement.analysis.op_graph.num_nodes
+    table = placement.costs.table
+    whole = [i for i, c in enumerate(placement.candidates)
+             if c.backend == backend and len(c.nodes) == n and np.isfinite(table[i, 0])]
+    if not whole:
+        return None
+    i = whole[0]
+    masked = np.full_like(table, np.inf)
+    masked[i, 0] = table[i, 0]
+    ct = CostTable(masked, list(placement.costs.columns))
+    jp = JointProblem(placement.analysis.op_graph, cluster, list(placement.candidates), masked,
+                      cost_source=placement.costs.source)
+    plan, problem = solve_joint(jp, solver="single", search_s=0)
+    plan.solver = f"library:{backend}"
+    return dataclasses.replace(placement, costs=ct, joint=jp, problem=problem, plan=plan, sim=simulate(problem, plan))
+
+
+def options(placement, cluster, place_one_device) -> list[Option]:
+    """The options to measure: the flow's plan, the one-device plan, the whole-model
+    library plans (see the module docstring). ``place_one_device(cluster) -> Placement``
+    runs the flow on the one-device shape."""
+    from .cluster.specs import cpu_cluster
+
+    out = [Option("plan", cluster, placement, float(placement.sim.run_s))]
+    wide, wide_pl = cluster, placement
+    if cluster.num_devices > 1:
+        wide = cpu_cluster(1)
+        wide_pl = place_one_device(wide)
+        out.append(Option("one-device", wide, wide_pl, float(wide_pl.sim.run_s)))
+    libs = {}
+    for b in sorted({c.backend for c in wide_pl.candidates if c.backend != "tvm"}):
+        lp = whole_model_placement(wide_pl, b, wide)
+        if lp is not None:
+            libs[b] = Option(f"library:{b}", wide, lp, float(lp.sim.run_s))
+    out += [libs[b] for b in sorted(libs)]
+    return out
+
+
+def _close(placed) -> None:
+    try:
+        placed.close(timeout=1.0)
+    except Exception:  # noqa: BLE001 - a worker still in a step ends after it; nothing else holds it
+        pass
+
+
+def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None):
+    """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
+
+    ``build(option) -> PlacedModule``. An option that fails to build or to run is reported
+    in ``decision`` with its error and left out; the flow's plan (the first option) is
+    never left out silently: its failure raises.
+    """
+    from .run.blocks import time_blocks
+
+    built, errors = {}, {}
+    for k, o in enumerate(opts):
+        if progress:
+            progress(k + 1, len(opts))
+        try:
+            pm = build(o)
+            pm(*inputs)
+        except Exception as e:  # noqa: BLE001 - an alternative that does not build is reported
+            if k == 0:
+                raise
+            errors[o.name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            continue
+        built[o.name] = pm
+    rounds = 2
+    per_block = budget_s / (rounds * len(built))
+    timed = time_blocks({n: (lambda p=p: p(*inputs)) for n, p in built.items()}, rounds=rounds,
+                        warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block)
+    best = min(timed, key=lambda n: timed[n]["s"])
+    for n, p in built.items():
+        if n != best:
+            _close(p)
+    decision = {"measured": True, "chosen": best, "options": []}
+    for o in opts:
+        rec = {"name": o.name, "cluster": o.cluster.name, "devices": o.cluster.num_devices,
+               "cores": [d.cores for d in o.cluster.devices], "predicted_s": o.predicted_s,
+               "backend_mix": o.placement.backend_mix}
+        if o.name in timed:
+            rec["measured_s"] = timed[o.name]["s"]
+        else:
+            rec["error"] = errors.get(o.name, "not built")
+        decision["options"].append(rec)
+    pred = {o.name: o.predicted_s for o in opts if o.name in ("plan", "one-device")}
+    decision["shape"] = opts[[o.name for o in opts].index(min(pred, key=pred.get))].cluster.name
+    return built[best], decision
+
+
+def unmeasured(why: str, placement, cluster) -> dict:
+    """The decision of a build that kept the flow's plan without timing it."""
+    return {"measured": False, "why": why, "chosen": "plan", "shape": cluster.name,
+            "options": [{"name": "plan", "cluster": cluster.name, "devices": cluster.num_devices,
+                         "cores": [d.cores for d in cluster.devices], "predicted_s": float(placement.sim.run_s),
+                         "backend_mix": placement.backend_mix}]}
+
+
+def decision_table(decision: dict) -> str:
+    """The decision as a few text lines: each option's shape, predicted and measured time.
+
+    Examples
+    --------
+    >>> print(decision_table({"measured": True, "chosen": "plan", "options": [
+    ...     {"name": "plan", "cluster": "cpu:2", "predicted_s": 1e-3, "measured_s": 1.1e-3, "backend_mix": {"tvm": 3}}]}))
+    option                      shape      predicted ms  measured ms  backends
+    plan (kept)                 cpu:2             1.000        1.100  tvm 3
+    """
+    lines = [f"{'option':28s}{'shape':10s}{'predicted ms':>13s}{'measured ms':>13s}  backends"]
+    for o in decision["options"]:
+        name = o["name"] + (" (kept)" if o["name"] == decision["chosen"] else "")
+        meas = f"{o['measured_s'] * 1e3:13.3f}" if "measured_s" in o else f"{'—':>13s}"
+        mix = ", ".join(f"{b} {k}" for b, k in sorted((o.get("backend_mix") or {}).items()))
+        lines.append(f"{name:28s}{o['cluster']:10s}{o['predicted_s'] * 1e3:13.3f}{meas}  "
+                     f"{mix if 'error' not in o else 'failed: ' + o['error']}")
+    if not decision.get("measured"):
+        lines.append(f"not measured: {decision.get('why')}")
+    return "\n".join(lines)
+
+
+__all__ = ["BUDGET_S", "MEASURE_ENV", "Option", "choose", "decision_table", "measure_final_default", "options",
+           "unmeasured", "whole_model_placement", "why_not_measured"]
