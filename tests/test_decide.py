@@ -92,3 +92,33 @@ def test_an_alternative_that_fails_is_reported_and_the_plan_that_fails_raises():
 
     with pytest.raises(RuntimeError, match="the plan itself"):
         decide.choose(opts, broken, [x], budget_s=0.3)
+
+
+def test_a_whole_model_library_plan_is_called_through_the_library_itself(tmp_path):
+    import tvm
+
+    from tvm_pesto.errors import ExecutionError
+
+    mod, (x,) = tiny_mlp()
+    pl = tvm_pesto.place(mod, "cpu:1", costs="roofline")
+    lp = decide.whole_model_placement(pl, "onnxruntime", pl.joint.cluster)
+    placed = build_placement(lp, pl.joint.cluster)
+    step, _ = placed._direct
+    assert step.extern.startswith("pesto.onnxruntime.")
+    ref = reference_output(mod, [x])
+
+    def no_vm():
+        raise AssertionError("the VM path ran")
+
+    vm_path = placed._exec
+    placed._exec = no_vm  # numpy in: the library's own call, no executor, no VM
+    np.testing.assert_allclose(placed(x), ref, atol=1e-5)
+    assert placed.benchmark(x, repeat=3, min_seconds=0, warmup_seconds=0)["repeat"] == 3
+    with pytest.raises(ExecutionError, match=r"failed in segment .*pesto\.onnxruntime"):
+        placed(x.astype(np.float64))  # the library's complaint, explained at our boundary
+    placed._exec = vm_path
+    np.testing.assert_allclose(placed(tvm.runtime.tensor(x)).numpy(), ref, atol=1e-5)  # TVM tensors: the VM
+    placed.export(str(tmp_path / "bundle"))
+    loaded = tvm_pesto.load(str(tmp_path / "bundle"))
+    assert loaded._direct is not None and loaded._direct[0].extern == step.extern
+    np.testing.assert_allclose(loaded(x), ref, atol=1e-5)
