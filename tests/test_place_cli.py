@@ -127,3 +127,8 @@ def test_zoo_target_with_layergraph_cluster_is_refused(tmp_path):
     out = tmp_path / "r.json"
     res = CliRunner().invoke(cli, ["place", "resnet50", "--cluster", "from-graph", "--json", str(out)])
     assert_clean_failure(res, out, "from-graph only applies to LayerGraph JSON files")
+
+
+def test_split_margin_on_a_layer_graph_is_refused(tmp_path):
+    res, out = run_place(tmp_path, layer_graph(CHAIN, CHAIN_EDGES), "--split-margin", "0.1")
+    assert_clean_failure(res, out, "--split-margin applies to models", "leave --split-margin out")

@@ -94,3 +94,32 @@ def test_place_a_model_file_reports_status_and_backend_mix(files, tmp_path):
         assert r["solver_status"] in ("heuristic", "optimal", "time_limit", "node_limit", "feasible") and r["backend_mix"]
         assert r["makespan_s"] >= data["lower_bound_s"] * (1 - 1e-9)
     assert data["solver_status"] and data["backend_mix"]
+
+
+def test_place_and_run_choose_the_same_plan(tmp_path, cache):
+    """``place`` and ``run`` walk one flow (:func:`tvm_pesto.api.place`): with the same options
+    they choose the same plan, unit for unit. ``run`` goes first: it measures this machine's
+    links and dispatch for cpu:2 and keeps them, and ``place`` plans with those kept figures
+    (the suite keeps the flow's plan in ``run``: ``TVM_PESTO_MEASURE_FINAL=0``)."""
+    opts = ["mlp_mixer", "--size", "small", "--cluster", "cpu:2", "--costs", "xgb", "--solver", "heft",
+            "--deterministic"]
+    bundle, b_json, a_json = tmp_path / "bundle", tmp_path / "b.json", tmp_path / "a.json"
+    ran = CliRunner().invoke(cli, ["run", *opts, "--repeat", "3", "--export", str(bundle), "--json", str(b_json)])
+    assert ran.exit_code == 0, ran.output
+    placed = CliRunner().invoke(cli, ["place", *opts, "--json", str(a_json)])
+    assert placed.exit_code == 0, placed.output
+    a, b = json.loads(a_json.read_text()), json.loads(b_json.read_text())
+    plan = json.loads((bundle / "plan.json").read_text())  # the plan `run` built
+    run_units = [{"backend": u["backend"], "nodes": u["nodes"], "device": d}
+                 for u, d in zip(plan["units"], plan["assignment"].values())]
+    key = lambda u: (u["nodes"], u["backend"])  # noqa: E731
+    assert len(run_units) == b["num_units"] > 1
+    assert sorted(a["units"], key=key) == sorted(run_units, key=key)
+    assert a["results"]["heft"]["units"] == a["units"]
+    for k in ("backend_mix", "devices_used", "solver_status", "split", "cost_source", "num_units"):
+        assert a[k] == b[k], k
+    assert a["simulated_s"] == pytest.approx(b["simulated_s"], rel=1e-9)
+    # the figures `run` measured, kept and applied by `place`
+    assert b["dispatch"]["measured"] and a["dispatch"]["source"] != "assumed"
+    for k in ("run_s", "multi_device_s", "fitted_at"):
+        assert a["dispatch"][k] == b["dispatch"][k], k

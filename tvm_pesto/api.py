@@ -1,7 +1,10 @@
 """The one flow: analyze -> candidates -> costs -> solve -> lower + build -> run.
 
 Every entry point walks it: :func:`build` (Python), :class:`PlacementPass` (inside a TVM
-compile flow), and the CLI verbs ``demo``, ``run`` and ``place``. ``backends`` says which
+compile flow), and the CLI verbs ``demo``, ``run`` and ``place``. :func:`place` is
+:func:`cost_candidates` (candidates and their costs) then :func:`place_from_costs` (solve,
+hybrid rounds, split decision); callers that solve one cost table several times (``place
+--solver all``, the benchmarks' restricted tables) call the two halves. ``backends`` says which
 backends compete for each subgraph: ``"all"`` (every backend available on the cluster's
 devices, the default), ``"tvm"`` (TVM's fusion groups only: placement without backend
 choice), or a list of names (``tvm`` is always kept: it covers every op).
@@ -11,10 +14,14 @@ same plan on any machine; ``plan.info["budget"]`` names the mode used.
 
 Examples
 --------
->>> import tvm_pesto                                   # doctest: +SKIP
->>> placed = tvm_pesto.build(mod, "cpu:2")             # doctest: +SKIP
->>> out = placed(x_numpy)                              # doctest: +SKIP
->>> placed.plan.backend_mix()                          # doctest: +SKIP
+>>> import tvm_pesto
+>>> from tvm_pesto.candidates.examples import tiny_cnn
+>>> mod, (x,) = tiny_cnn()
+>>> placed = tvm_pesto.build(mod, "cpu:2", costs="roofline")   # roofline: nothing measured
+>>> placed(x).shape
+(1, 10)
+>>> set(placed.plan.backend_mix()) <= {"tvm", "torch", "onnxruntime"}
+True
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ import numpy as np
 import tvm
 
 from .cluster import Cluster, parse_cluster
+from .cluster.dispatch import dispatch_info
 from .errors import PestoError
 from .graph.fusion import fusion_groups
 from .graph.opgraph import OpGraph
@@ -120,7 +128,7 @@ def make_candidates(analysis: Analysis, cluster, backends="all", max_region: int
                 warnings.warn(f"backend {n!r} is unavailable ({why[n]}); its subgraphs stay on tvm", RuntimeWarning,
                               stacklevel=3)
     cs = generate_candidates(analysis.rg, usable, max_region=max_region)
-    cs.unavailable = dict(why)
+    cs.unavailable = {**why, **cs.unavailable}  # and those whose checks failed on this graph
     return cs
 
 
@@ -165,9 +173,9 @@ def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool =
 
     Examples
     --------
-    >>> cal = calibrate_machine("cpu:2")                     # doctest: +SKIP
-    >>> sorted(cal.entries)[0]                               # doctest: +SKIP
-    ('onnxruntime', 'cpu/host-cpu/1@AuthenticAMD/23/1')
+    >>> cal = calibrate_machine("cpu:2")     # times zoo models: minutes  # doctest: +SKIP
+    >>> sorted(cal.entries)[0]                                                # doctest: +SKIP
+    ('onnxruntime', 'cpu/host-cpu/1@...')
     """
     from .costs.machine import MACHINE_MODELS, fit_machine_calibration
     from .costs.xgb import CostModel, load_model
@@ -185,6 +193,16 @@ def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool =
         return out
 
     return fit_machine_calibration(units, cluster, cm, announce=announce)
+
+
+def _machine_constants(cluster: Cluster, executor: str) -> None:
+    """Before the first plan of a cluster of this machine's CPU devices, give it the
+    executor's links, dispatch and contention fitted here (kept per machine; fitted now when
+    none is kept, :func:`tvm_pesto.run.dispatch.machine_dispatch`); other clusters get the
+    assumed figures, which their reports name as assumed."""
+    from .run.dispatch import machine_dispatch
+
+    machine_dispatch(cluster, executor)
 
 
 def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
@@ -245,7 +263,8 @@ class Placement:
         return {"backend_mix": self.backend_mix, "solver": self.plan.solver, "solver_status": self.solver_status,
                 "solver_gap": solver_gap(self.plan),
                 "simulated_s": float(self.sim.run_s), "simulated_makespan_s": float(self.sim.makespan),
-                "dispatch_s": float(self.sim.dispatch_s), "devices_used": self.plan.devices_used(),
+                "dispatch_s": float(self.sim.dispatch_s), "dispatch": dispatch_info(self.problem.cluster),
+                "devices_used": self.plan.devices_used(),
                 "num_ops": self.analysis.op_graph.num_nodes, "num_units": self.problem.num_nodes,
                 "num_candidates": len(self.candidates), "candidates_by_backend": self.candidates.by_backend(),
                 "backends_unavailable": dict(self.candidates.unavailable), "costs": self.costs.summary(),
@@ -286,7 +305,7 @@ HYBRID_MAX_ROUNDS = 8
 
 def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs="auto", cache=None, progress=None,
           time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
-          colocate: list[list[int]] | None = None, split_margin: float | None = None,
+          colocate: list[list[int]] | None = None, split_margin: float | None = None, executor: str = "thread",
           **solver_options) -> Placement:
     """Decide backend, device and order for every subgraph of a module.
 
@@ -321,19 +340,83 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
         :data:`tvm_pesto.solve.split.SPLIT_MARGIN`; 0 keeps every split; ignored with
         ``colocate``, whose groups were asked for). ``plan.info["split"]`` has both
         predictions and the decision.
+    executor : {"thread", "ray"}
+        The executor the plan will run on: the simulator charges its links and dispatch
+        (:mod:`tvm_pesto.cluster.dispatch`). For a cluster of this machine's CPU devices they
+        are fitted here on first use and kept per machine (seconds; over Ray, after its
+        actors start; ``$TVM_PESTO_MACHINE_CALIBRATION=off`` turns that off), other clusters
+        get assumed figures: ``Placement.summary()["dispatch"]`` says which.
 
     Examples
     --------
-    >>> pl = place(mod, "cpu:2", costs="roofline", solver="ilp", deterministic=True)  # doctest: +SKIP
-    >>> pl.plan.info["budget"], pl.plan.info["deterministic"]                        # doctest: +SKIP
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> mod, _ = tiny_mlp()
+    >>> pl = place(mod, "cpu:2", costs="roofline", solver="ilp", deterministic=True)
+    >>> pl.plan.info["budget"], pl.plan.info["deterministic"]
     ('work', True)
     """
+    costed = cost_candidates(mod_or_analysis, cluster, backends, costs, cache=cache, progress=progress,
+                             executor=executor)
+    return place_from_costs(costed, solver, time_limit_s=time_limit_s, search_s=search_s,
+                            deterministic=deterministic, colocate=colocate, split_margin=split_margin,
+                            **solver_options)
+
+
+@dataclass
+class CostedCandidates:
+    """A module's candidates on a cluster with their costs: what :func:`place_from_costs`
+    solves (:func:`cost_candidates` makes it).
+
+    Attributes
+    ----------
+    analysis : Analysis
+    cluster : Cluster
+    candidates : CandidateSet
+    costs : CostTable
+        Seconds per (candidate, device). ``dataclasses.replace(costed, costs=...)`` solves the
+        same candidates on other costs (e.g. one backend's alone).
+    hybrid : Hybrid, optional
+        With ``costs="hybrid"``: the source that measures the plan's units in the rounds of
+        :func:`place_from_costs` (it keeps what it measured, for the next solve too).
+    """
+
+    analysis: Analysis
+    cluster: Cluster
+    candidates: object
+    costs: object
+    hybrid: object = None
+
+    def joint(self, table=None, colocate: list[list[int]] | None = None) -> JointProblem:
+        """The joint problem of these candidates with ``table`` (a CostTable; default
+        :attr:`costs`) and the co-location groups ``colocate``."""
+        t = self.costs if table is None else table
+        return JointProblem(self.analysis.op_graph, self.cluster, list(self.candidates), t.table,
+                            cost_source=t.source, colocate=[list(g) for g in colocate or []])
+
+
+def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cache=None, progress=None,
+                    executor: str = "thread") -> CostedCandidates:
+    """The first half of :func:`place`: give ``cluster`` this machine's figures for
+    ``executor`` (fitted on first use), make the candidates of ``backends`` and cost them
+    (``xgb``/``hybrid`` fit this machine's calibration on first use); the arguments are
+    :func:`place`'s.
+
+    Examples
+    --------
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> mod, _ = tiny_mlp()
+    >>> costed = cost_candidates(mod, "cpu:2", costs="roofline")
+    >>> costed.costs.table.shape == (len(costed.candidates), 2)
+    True
+    >>> place_from_costs(costed, "heft").plan.solver
+    'heft'
+    """
     from .costs import CostTable, candidate_costs
-    from .costs.hybrid import Hybrid, plan_units_to_measure
-    from .solve.joint import solve_joint
+    from .costs.hybrid import Hybrid
 
     analysis = mod_or_analysis if isinstance(mod_or_analysis, Analysis) else analyze(mod_or_analysis)
     cluster = as_cluster(cluster)
+    _machine_constants(cluster, executor)
     cs = make_candidates(analysis, cluster, backends)
     h = None
     if isinstance(costs, str):
@@ -345,10 +428,28 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
         ct = h.cost_table()
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
+    return CostedCandidates(analysis, cluster, cs, ct, h)
+
+
+def place_from_costs(costed: CostedCandidates, solver: str = "heft", time_limit_s: float = 30.0,
+                     search_s: float | None = None, deterministic: bool | None = None,
+                     colocate: list[list[int]] | None = None, split_margin: float | None = None,
+                     **solver_options) -> Placement:
+    """The second half of :func:`place`: solve ``costed`` (with ``hybrid`` costs, measure the
+    plan's predicted units and solve again, in rounds), then keep a split only when it beats
+    the best single-device plan by ``split_margin``; the arguments are :func:`place`'s.
+    Several solvers can be run on one :class:`CostedCandidates` (``tvm-pesto place --solver
+    all``); with ``hybrid`` costs each one's rounds add to the measurements the next starts from.
+    """
+    from .costs import CostTable
+    from .costs.hybrid import plan_units_to_measure
+    from .solve.joint import solve_joint
+
+    h = costed.hybrid
+    ct = costed.costs if h is None else h.cost_table()
 
     def solve(table: CostTable, search=search_s):
-        jp = JointProblem(analysis.op_graph, cluster, list(cs), table.table, cost_source=table.source,
-                          colocate=[list(g) for g in colocate or []])
+        jp = costed.joint(table, colocate)
         return (jp, *solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search,
                                  deterministic=deterministic, **solver_options))
 
@@ -367,7 +468,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
     away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
     if (len(set(plan.assignment.tolist())) > 1 or away) and margin > 0 and not colocate:
         jp, plan, problem, sim = _keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
-    return Placement(analysis, cs, ct, jp, problem, plan, sim)
+    return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim)
 
 
 def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
@@ -407,9 +508,43 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
     return jp, p1, prob1, sim1
 
 
+def build_placement(pl: Placement, cluster, progress=None):
+    """The :class:`~tvm_pesto.builder.placed.PlacedModule` of a placement on ``cluster``."""
+    from .builder.placed import PlacedModule
+    from .builder.rewrite import apply_plan
+
+    return PlacedModule(apply_plan(pl.analysis.rg, pl.plan, cluster), cluster, pl.plan, pl, progress=progress)
+
+
+def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_final: bool | None = None,
+                 progress=None):
+    """Build ``pl`` and, where :mod:`tvm_pesto.decide` can measure on ``cluster``, its
+    alternatives (``place_on(cluster) -> Placement`` places the module on another shape of
+    the same cores); the fastest, measured, with ``.decision`` set."""
+    from . import decide
+    from .models import random_inputs
+
+    measure = decide.measure_final_default() if measure_final is None else bool(measure_final)
+    why = decide.why_not_measured(cluster) if measure else "measure_final is off"
+    if why is None and inputs is None:
+        try:
+            inputs = random_inputs(mod)
+        except PestoError as e:
+            why = f"no inputs to time it on ({e})"
+    if why is not None:
+        placed = build_placement(pl, cluster, progress)
+        placed.decision = decide.unmeasured(why, pl, cluster)
+        return placed
+    opts = decide.options(pl, cluster, place_on)
+    placed, decision = decide.choose(opts, lambda o: build_placement(o.placement, o.cluster), list(inputs),
+                                     progress=progress)
+    placed.decision = decision
+    return placed
+
+
 def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None, cache=None,
           progress=None, deterministic: bool | None = None, executor: str = "thread", ray_address: str | None = None,
-          **solver_options):
+          measure_final: bool | None = None, inputs=None, **solver_options):
     """Place ``mod`` on ``cluster`` (or apply a given ``plan``) and build one module per device.
 
     ``deterministic`` and ``solver_options`` go to :func:`place`. ``executor`` runs the
@@ -417,13 +552,29 @@ def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan
     Ray actor per device, :mod:`tvm_pesto.run.ray_executor`: a local Ray on 127.0.0.1, or
     the cluster at ``ray_address``); ``close()`` the module to stop the actors.
 
+    ``measure_final`` (default: on, :data:`tvm_pesto.decide.MEASURE_ENV`): on ``cpu:N``,
+    the flow's plan, its plan on the same cores as one device and the whole model in one
+    library are built and timed against each other on ``inputs`` (default: seeded random
+    inputs) for about two seconds, and the fastest is returned (:mod:`tvm_pesto.decide`);
+    ``placed.decision`` lists each option's predicted and measured time.
+
     Returns
     -------
     PlacedModule
-        Callable on numpy arrays or TVM tensors; ``.plan``, ``.placement``, ``.export(dir)``.
+        Callable on numpy arrays or TVM tensors; ``.plan``, ``.placement``, ``.decision``,
+        ``.export(dir)``.
 
     Examples
     --------
+    >>> import tvm_pesto
+    >>> from tvm_pesto.candidates.examples import tiny_cnn
+    >>> mod, (x,) = tiny_cnn()
+    >>> placed = tvm_pesto.build(mod, "cpu:2", costs="roofline")
+    >>> placed(x).shape
+    (1, 10)
+
+    With ``executor="ray"`` (starts a local Ray cluster, so not run here):
+
     >>> placed = tvm_pesto.build(mod, "cpu:2", executor="ray")   # doctest: +SKIP
     >>> y = placed(x); placed.close()                             # doctest: +SKIP
     """
@@ -434,13 +585,17 @@ def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan
         raise PestoError(f"unknown executor {executor!r}; use 'thread' (one pinned thread per device) or 'ray' "
                          "(one Ray actor per device)")
     cluster = as_cluster(cluster)
-    if plan is None:
-        pl = place(mod, cluster, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,
-                   deterministic=deterministic, **solver_options)
-        analysis, plan = pl.analysis, pl.plan
+    if plan is not None:
+        analysis = analyze(mod)
+        placed = PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, None, progress=progress)
     else:
-        analysis, pl = analyze(mod), None
-    placed = PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, pl, progress=progress)
+        analysis = analyze(mod)
+
+        def place_on(c):
+            return place(analysis, c, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,
+                         deterministic=deterministic, executor=executor, **solver_options)
+
+        placed = final_choice(mod, place_on(cluster), cluster, place_on, inputs, measure_final, progress)
     if executor == "ray":
         placed.use_ray(address=ray_address)
     return placed
@@ -466,9 +621,15 @@ class PlacementPass:
 
     Examples
     --------
-    >>> seq = tvm.transform.Sequential([PlacementPass("cpu:2", costs="roofline")])  # doctest: +SKIP
-    >>> ex = tvm.compile(seq(mod))                                                 # doctest: +SKIP
-    >>> vm = relax.VirtualMachine(ex, [tvm.cpu(0), tvm.cpu(0)])                    # doctest: +SKIP
+    >>> import tvm
+    >>> from tvm import relax
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> mod, (x,) = tiny_mlp()
+    >>> seq = tvm.transform.Sequential([PlacementPass("cpu:2", costs="roofline")])
+    >>> ex = tvm.compile(seq(mod))
+    >>> vm = relax.VirtualMachine(ex, [tvm.cpu(0), tvm.cpu(0)])
+    >>> vm["main"](tvm.runtime.tensor(x)).numpy().shape
+    (8, 16)
     """
 
     def __init__(self, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None,
@@ -494,6 +655,6 @@ class PlacementPass:
         return legalize_on_devices(apply_plan(pl.analysis.rg, pl.plan, self.cluster))
 
 
-__all__ = ["Analysis", "Placement", "PlacementPass", "analyze", "backend_names", "build", "calibrate_machine",
-           "make_candidates",
-           "estimate_costs", "place", "solver_gap", "solver_status"]
+__all__ = ["Analysis", "CostedCandidates", "Placement", "PlacementPass", "analyze", "backend_names", "build",
+           "calibrate_machine", "cost_candidates", "make_candidates",
+           "estimate_costs", "place", "place_from_costs", "solver_gap", "solver_status"]

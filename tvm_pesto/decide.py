@@ -176,15 +176,15 @@ def decision_table(decision: dict) -> str:
     --------
     >>> print(decision_table({"measured": True, "chosen": "plan", "options": [
     ...     {"name": "plan", "cluster": "cpu:2", "predicted_s": 1e-3, "measured_s": 1.1e-3, "backend_mix": {"tvm": 3}}]}))
-    option                      shape      predicted ms  measured ms  backends
-    plan (kept)                 cpu:2             1.000        1.100  tvm 3
+    option                          shape      predicted ms  measured ms  backends
+    plan (kept)                     cpu:2             1.000        1.100  tvm 3
     """
-    lines = [f"{'option':28s}{'shape':10s}{'predicted ms':>13s}{'measured ms':>13s}  backends"]
+    lines = [f"{'option':32s}{'shape':10s}{'predicted ms':>13s}{'measured ms':>13s}  backends"]
     for o in decision["options"]:
         name = o["name"] + (" (kept)" if o["name"] == decision["chosen"] else "")
         meas = f"{o['measured_s'] * 1e3:13.3f}" if "measured_s" in o else f"{'—':>13s}"
         mix = ", ".join(f"{b} {k}" for b, k in sorted((o.get("backend_mix") or {}).items()))
-        lines.append(f"{name:28s}{o['cluster']:10s}{o['predicted_s'] * 1e3:13.3f}{meas}  "
+        lines.append(f"{name:32s}{o['cluster']:10s}{o['predicted_s'] * 1e3:13.3f}{meas}  "
                      f"{mix if 'error' not in o else 'failed: ' + o['error']}")
     if not decision.get("measured"):
         lines.append(f"not measured: {decision.get('why')}")

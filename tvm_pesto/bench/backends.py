@@ -1,7 +1,8 @@
 """``tvm-pesto bench backends``: single backends vs Collage-DP vs the joint solve, measured.
 
 For every zoo model, through the one flow (:mod:`tvm_pesto.api`: candidates -> measured
-costs -> :func:`~tvm_pesto.solve.joint.solve_joint` -> builder -> executor): each backend
+costs -> :func:`~tvm_pesto.api.place_from_costs`, the split decision off -> builder ->
+executor): each backend
 alone (TVM for the ops it has no candidate for) on one CPU device, Collage's cover alone on
 one device (the backend-mix effect), and the joint solve (backend + device + order,
 ``ilp``: the joint ILP on small graphs, cover + placement + joint local search otherwise)
@@ -138,16 +139,18 @@ def restrict_to(joint, backend: str) -> np.ndarray:
     return out
 
 
-def _variant(joint, cluster, costs, solver: str, time_limit_s: float, search_s: float):
-    """Solve one variant of the benchmark: the flow's joint solve on ``cluster`` (whose
-    devices are the first columns of ``joint``) with the given cost table."""
-    from ..plan import JointProblem, simulate
-    from ..solve.joint import solve_joint
+def _variant(costed, table, solver: str, time_limit_s: float, search_s: float):
+    """Solve one variant of the benchmark: the flow's solve of ``costed``
+    (:func:`tvm_pesto.api.place_from_costs`) on ``table`` instead of its costs where given,
+    without the split decision (the benchmark weighs the 1- and 2-device plans itself)."""
+    import dataclasses
 
-    jp = JointProblem(joint.graph, cluster, joint.candidates, costs[:, :cluster.num_devices],
-                      cost_source=joint.cost_source)
-    plan, placed = solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search_s)
-    return plan, float(simulate(placed, plan).run_s)  # the schedule plus the executor's dispatch
+    from ..api import place_from_costs
+
+    if table is not None:
+        costed = dataclasses.replace(costed, costs=dataclasses.replace(costed.costs, table=table))
+    pl = place_from_costs(costed, solver, time_limit_s=time_limit_s, search_s=search_s, split_margin=0.0)
+    return pl.plan, float(pl.sim.run_s)  # the schedule plus the executor's dispatch
 
 
 def bench_model(name: str, size: str = "small", backends=None, cache=None, repeat: int = 40,
@@ -168,7 +171,6 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
     from ..builder.placed import PlacedModule
     from ..builder.rewrite import apply_plan
     from ..costs import candidate_costs
-    from ..plan import JointProblem
 
     def say(msg):
         if progress:
@@ -185,16 +187,16 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
     ct1 = candidate_costs(cs, c1, "measured", cache=cache)
     ct2 = candidate_costs(cs, c2, "measured", cache=cache)
     measure_s = time.perf_counter() - t0
-    joint1 = JointProblem(analysis.op_graph, c1, list(cs), ct1.table, cost_source="measured")
-    joint2 = JointProblem(analysis.op_graph, c2, list(cs), ct2.table, cost_source="measured")
+    costed1, costed2 = api.CostedCandidates(analysis, c1, cs, ct1), api.CostedCandidates(analysis, c2, cs, ct2)
+    joint1 = costed1.joint()
     singles = sorted({c.backend for c in cs})
     variants: dict[str, tuple] = {}
     for b in singles:
-        variants[f"single:{b}"] = (c1, _variant(joint1, c1, restrict_to(joint1, b), "single", time_limit_s, 0))
-    variants["collage_dp"] = (c1, _variant(joint1, c1, joint1.costs, "single", time_limit_s, 0))
+        variants[f"single:{b}"] = (c1, _variant(costed1, restrict_to(joint1, b), "single", time_limit_s, 0))
+    variants["collage_dp"] = (c1, _variant(costed1, None, "single", time_limit_s, 0))
     say(f"{name}: joint solve on 1 and 2 devices")
-    variants["joint_1dev"] = (c1, _variant(joint1, c1, joint1.costs, "ilp", time_limit_s, search_s))
-    variants["joint_2dev"] = (c2, _variant(joint2, c2, joint2.costs, "ilp", time_limit_s, search_s))
+    variants["joint_1dev"] = (c1, _variant(costed1, None, "ilp", time_limit_s, search_s))
+    variants["joint_2dev"] = (c2, _variant(costed2, None, "ilp", time_limit_s, search_s))
     placed, errs, failed = {}, {}, {}
     dev_inputs = {}
     for key, (cl, (plan, _)) in variants.items():

@@ -10,7 +10,8 @@ from tvm import relax
 
 from .. import api
 from ..cluster import parse_cluster
-from ..cluster.dispatch import dispatch_figures
+from ..cluster.device_thread import pinning_failures
+from ..cluster.dispatch import dispatch_info, local_shape
 from ..errors import PestoError
 from ..plan.trace import write_trace_dir
 from ..run.runtime import BENCH_MIN_S
@@ -55,9 +56,12 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
     ``deterministic``: work budgets instead of wall-clock ones (:func:`tvm_pesto.api.place`);
     ``res["deterministic"]`` says which mode was used, ``res["plan_deterministic"]`` whether
     no clock decided the plan. ``executor="ray"`` runs the devices as Ray actors
-    (:mod:`tvm_pesto.run.ray_executor`; a local Ray on 127.0.0.1, or ``ray_address``), with
-    the links measured over Ray first, so the plan and the simulation use Ray's link costs
-    (``res["link_model"]``). ``rpc_tracker`` and ``rpc_key`` measure the costs on a
+    (:mod:`tvm_pesto.run.ray_executor`; a local Ray on 127.0.0.1, or ``ray_address``). With
+    ``measure_links`` and devices of this machine, the executor's links, dispatch and the
+    devices' contention are measured first (:func:`tvm_pesto.run.dispatch.machine_dispatch`,
+    kept as this machine's fit), so the plan and the simulation use what this executor costs
+    here (``res["link_model"]``, ``res["dispatch"]``: figures, source, time of the fit;
+    ``res["contention"]``). ``rpc_tracker`` and ``rpc_key`` measure the costs on a
     remote device over TVM RPC (:mod:`tvm_pesto.costs.remote`). ``split_margin``: see
     :func:`tvm_pesto.api.place` (``res["split"]`` has the decision)."""
     if executor not in ("thread", "ray"):
@@ -84,31 +88,30 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
 
 def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_dir, size, export_dir, deterministic,
                executor, session, split_margin=None) -> dict:
-    link_model = {"engine": "spec", "pairs": {}}
-    if measure_links and cluster.all_present and cluster.num_devices > 1:
-        if executor == "ray":
-            from ..run.ray_executor import measure_ray_links
+    pairs = None
+    if measure_links and cluster.num_devices > 1 and local_shape(cluster) is not None:
+        from ..run.dispatch import machine_dispatch
 
-            with step("measure links between devices over Ray"):
-                link_model = {"engine": "ray", "pairs": measure_ray_links(cluster, session)}
-        else:
-            from ..cluster.linkbench import measure_links as bench
-            from ..run.dispatch import measure_dispatch
+        # the executor's links and its own cost per run are properties of this machine: measured
+        # now, for this run (and kept as this machine's fit)
+        with step(f"measure the {executor} executor's links and dispatch on this machine"):
+            pairs = machine_dispatch(cluster, executor, refit=True, session=session)["links"]
+    analysis = api.analyze(lm.mod)
 
-            # the executor's own cost per run is a property of this machine as much as the
-            # links are (one run over both devices of cpu:2: 41.8 us on one VM, 145-190 on another)
-            with step("measure links and the executor's dispatch"):
-                link_model = {"engine": "thread", "pairs": bench(cluster)}
-                measure_dispatch(cluster)
+    def place_on(c, progress=None):
+        return api.place(analysis, c, backends=backends, solver=solver, costs=costs, progress=progress,
+                         deterministic=deterministic, split_margin=split_margin, executor=executor)
+
     with step("candidates, costs and plan") as cb:
-        analysis = api.analyze(lm.mod)
-        pl = api.place(analysis, cluster, backends=backends, solver=solver, costs=costs, progress=cb,
-                       deterministic=deterministic, split_margin=split_margin)
-    with step(f"build {len(pl.plan.devices_used())} per-device modules") as cb:
-        from ..builder.placed import PlacedModule
-        from ..builder.rewrite import apply_plan
-
-        pm = PlacedModule(apply_plan(analysis.rg, pl.plan, cluster), cluster, pl.plan, pl, progress=cb)
+        pl = place_on(cluster, cb)
+    with step("build the plan (and time it against the one-device and whole-model library plans)") as cb:
+        pm = api.final_choice(lm.mod, pl, cluster, place_on, inputs=lm.example_inputs, progress=cb)
+        asked, (pl, cluster) = cluster.name, (pm.placement, pm.cluster)  # the option kept: its cluster is the core shape used
+    dispatch = dispatch_info(cluster)
+    link_model = {"engine": cluster.meta.get("links_measured", "spec"),
+                  "pairs": pairs or {},
+                  "source": dispatch["source"] if cluster.meta.get("links_measured") else "spec",
+                  "fitted_at": dispatch["fitted_at"] if cluster.meta.get("links_measured") else None}
     ray_info = None
     if executor == "ray":
         from ..run.ray_executor import use_ray
@@ -144,7 +147,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_
         "measured_s": bench_res["median_s"], "measured_min_s": bench_res["min_s"],
         "measured_runs": bench_res["repeat"],
         "simulated_s": pl.sim.run_s, "simulated_makespan_s": pl.sim.makespan, "dispatch_s": pl.sim.dispatch_s,
-        "dispatch": dispatch_figures(cluster),
+        "dispatch": dispatch,
         "max_abs_err": err, "solve_s": pl.plan.solve_s,
         "measured_over_simulated": bench_res["median_s"] / pl.sim.run_s if pl.sim.run_s else None,
         "search": _jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",
@@ -155,6 +158,10 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_
         "executor": executor, "link_model": link_model, **({"ray": ray_info} if ray_info else {}),
         # Other processes on these cores make both costs and runs noisy: judge the numbers with it.
         "load_avg_1m": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "pinning_failed": pinning_failures(),  # device -> why its threads ran unpinned (costs or run)
+        # what was weighed before this plan was kept (tvm_pesto.decide), and the shape of the cores it runs on
+        "decision": pm.decision, "cluster_asked": asked,
+        "core_shape": {"devices": cluster.num_devices, "cores": [d.cores for d in cluster.devices]},
     }
     if out_dir:
         res["artifacts"] = write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace,
@@ -235,10 +242,18 @@ def run_pipelined(model: str, size: str, cluster_spec: str, microbatches: int = 
 def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "small", costs: str = "auto",
               expert: str | None = None, time_limit_s: float = 30.0, backends: str = "all",
               input_shapes=None, deterministic: bool = True, model: str | None = None, objective: str = "latency",
-              microbatches: int | None = None) -> dict:
+              microbatches: int | None = None, split_margin: float | None = None) -> dict:
     """Place a model (zoo name or model file) or a dnn-partitioning LayerGraph file with one
-    or more solvers. Models go through the flow (candidates of ``backends``, costs, joint
-    solve); LayerGraph files are placement problems as the file defines them.
+    or more solvers. Models go through the flow ``tvm-pesto run`` places with:
+    :func:`tvm_pesto.api.cost_candidates` once (candidates of ``backends``, costs, this
+    machine's figures fitted on first use), then :func:`tvm_pesto.api.place_from_costs` per
+    solver (joint solve, ``hybrid`` rounds, split decision with ``split_margin``; for the op
+    model's latency only, since the decision weighs one sample's latency), so one solver's
+    plan is the plan ``run`` builds with the same options. Each result also has its
+    ``simulated_s`` and ``units`` (backend, op nodes and device of each); the top level has
+    what ``run`` reports of the best plan (:meth:`tvm_pesto.api.Placement.summary`, its
+    ``split`` decision, its ``units``). LayerGraph files are placement problems as the file
+    defines them.
 
     ``deterministic`` (the default, as for ``tvm-pesto place``) gives every solver and the
     lower bound work budgets instead of wall-clock ones, so the plans are the same on any
@@ -259,10 +274,14 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
 
     Examples
     --------
-    >>> # res = place_any("resnet50", "2xV100-nvlink", ["heft", "ilp"])
+    >>> res = place_any("mlp_mixer", "2xV100-nvlink", ["heft", "m-topo"])
+    >>> sorted(res["results"]), res["results"]["heft"]["valid"], res["graph"]
+    (['heft', 'm-topo'], True, 'main')
+    >>> res["makespan_s"] >= res["lower_bound_s"] * (1 - 1e-9)
+    True
     """
     from ..errors import InfeasibleError
-    from ..plan import JointProblem, Problem, simulate
+    from ..plan import Problem, simulate
     from ..plan.objective import check_choice, evaluate
     from ..solve import SOLVERS, get_solver, solve
     from ..solve.bounds import lower_bound
@@ -327,10 +346,13 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
             f"(smallest device then {mib(hi * cap.min()):.1f} MiB). Fix: use larger or more devices")
 
     t_load = time.perf_counter()
-    joint, cs, ct = None, None, None
+    costed = None
     if target.endswith(".json"):
         from ..graph import dnn_partitioning as dp
 
+        if split_margin is not None:
+            raise PestoError("--split-margin applies to models (the flow's split decision); a LayerGraph file is "
+                             "placed as the file defines it: leave --split-margin out")
         if cluster_spec != "from-graph":
             raise PestoError("LayerGraph files carry their own devices and costs: use --cluster from-graph")
         graph, meta = dp.load_layer_graph(target)
@@ -340,62 +362,75 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     else:
         if cluster_spec == "from-graph":
             raise PestoError("--cluster from-graph only applies to LayerGraph JSON files; give a spec like cpu:2")
+        if expert:
+            raise PestoError("--expert applies to LayerGraph JSON files (their human-expert splits)")
         cluster = parse_cluster(cluster_spec)
         lm = load_target(target, size, input_shapes)
-        analysis = api.analyze(lm.mod)
-        cs = api.make_candidates(analysis, cluster, backends)
-        with step("costs") as cb:
-            from ..costs import candidate_costs
-
-            ct = candidate_costs(cs, cluster, costs, progress=cb)
-        joint = JointProblem(analysis.op_graph, cluster, list(cs), ct.table, cost_source=ct.source)
-        fixed = joint.fixed_cover()
-        # the fusion groups' placement problem: memory check, and the bound when there is no backend choice
-        problem = joint.contract([i for i, c in enumerate(cs) if c.backend == "tvm" and c.pattern == "fusion_group"])
+        with step("candidates and costs") as cb:
+            costed = api.cost_candidates(api.analyze(lm.mod), cluster, backends, costs, progress=cb)
+        cs = costed.candidates
+        # the fusion groups' placement problem: the memory check before any solver runs
+        problem = costed.joint().contract([i for i, c in enumerate(cs)
+                                           if c.backend == "tvm" and c.pattern == "fusion_group"])
     try:
         problem.check_memory_feasible()
     except InfeasibleError as err:
         raise memory_error(problem, err, str(err).split("; use ")[0]) from None
     load_s = time.perf_counter() - t_load
-    if joint is not None and (model, objective) != ("op", "latency"):
-        if fixed is None:
-            raise PestoError(f"--model {model} --objective {objective} place a fixed set of units; the joint solve "
-                             "(backend choice) optimises one sample's op-level latency only: add --backends tvm, or "
-                             "use --model op --objective latency")
-        joint = None  # no backend choice: the fusion groups' placement problem, for the model and objective asked
-    if joint is not None and fixed is None:
+    op_latency = (model, objective) == ("op", "latency")
+    if split_margin is not None and not op_latency:
+        raise PestoError(f"--split-margin weighs one sample's latency in the op model, not --model {model} "
+                         f"--objective {objective}: leave it out, or use --model op --objective latency")
+    if costed is not None and not op_latency and costed.joint().fixed_cover() is None:
+        raise PestoError(f"--model {model} --objective {objective} place a fixed set of units; the joint solve "
+                         "(backend choice) optimises one sample's op-level latency only: add --backends tvm, or "
+                         "use --model op --objective latency")
+    solved = {}  # solver -> (its placement problem, plan, Placement or None)
+    for name in solvers:
+        with step(f"solve with {name}"):
+            try:
+                if costed is not None:  # the flow's solve, as `run` places
+                    goal = {} if op_latency else {"model": model, "objective": objective, "microbatches": microbatches}
+                    pl = api.place_from_costs(costed, name, time_limit_s=time_limit_s, deterministic=deterministic,
+                                              split_margin=split_margin if op_latency else 0.0, **goal)
+                    solved[name] = (pl.problem, pl.plan, pl)
+                else:
+                    opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}
+                    plan = solve(problem, name, deterministic=deterministic, model=model, objective=objective,
+                                 microbatches=microbatches, **opts)
+                    if model == "op":
+                        simulate(problem, plan)  # memory checked: a plan that does not fit is an error
+                    solved[name] = (problem, plan, None)
+            except InfeasibleError as err:
+                raise memory_error(problem, err, f"{problem.graph.name}: {name} found no plan within the memory "
+                                                 f"of {cluster.name}") from None
+    bound_of = problem
+    if costed is not None:
+        # with hybrid costs the last solver's rounds measured the most: every plan is judged on that table
+        joint = costed.joint(solved[solvers[-1]][2].costs)
+        fixed = joint.fixed_cover()
+        bound_of = None if fixed is None else joint.contract(fixed)
+        if costed.hybrid is not None:
+            pos = {id(c): i for i, c in enumerate(joint.candidates)}
+            solved = {k: (joint.contract([pos[id(u)] for u in plan.units]), plan, pl)
+                      for k, (_, plan, pl) in solved.items()}
+    if bound_of is None:  # backend choice: the bound over every cover
         from ..solve.joint import joint_lower_bound
 
         lb = joint_lower_bound(joint)
     else:
-        lat = lower_bound(problem, deterministic=deterministic) if model == "op" else None
-        lb = objective_lower_bound(problem, model, objective, microbatches, deterministic=deterministic,
+        lat = lower_bound(bound_of, deterministic=deterministic) if model == "op" else None
+        lb = objective_lower_bound(bound_of, model, objective, microbatches, deterministic=deterministic,
                                    latency_bound=lat)
     results = {}
-    for name in solvers:
-        opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}
-        with step(f"solve with {name}"):
-            try:
-                if joint is not None:
-                    from ..solve.joint import solve_joint
-
-                    plan, placed = solve_joint(joint, solver=name, time_limit_s=time_limit_s,
-                                               deterministic=deterministic)
-                else:
-                    plan, placed = solve(problem, name, deterministic=deterministic, model=model, objective=objective,
-                                         microbatches=microbatches, **opts), problem
-                if model == "op":
-                    simulate(placed, plan)  # memory checked: a plan that does not fit is an error
-            except InfeasibleError as err:
-                raise memory_error(problem, err, f"{problem.graph.name}: {name} found no plan within the memory "
-                                                 f"of {cluster.name}") from None
+    for name, (placed, plan, pl) in solved.items():
         results[name] = _result(placed, plan, evaluate(placed, plan, model, objective, microbatches), lb)
         results[name].update(_mode(deterministic, plan.info))
+        if pl is not None:
+            results[name].update(simulated_s=float(pl.sim.run_s), units=_units(plan))
     if expert:
         from ..graph import dnn_partitioning as dp
 
-        if joint is not None:
-            raise PestoError("--expert applies to LayerGraph JSON files (their human-expert splits)")
         plan = dp.load_expert_split(expert, problem.graph, cluster)
         results["expert"] = _result(problem, plan, evaluate(problem, plan, model, objective, microbatches), lb)
     valid = [k for k in results if results[k]["valid"]] or list(results)
@@ -411,11 +446,17 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
            "solver_status": results[best]["solver_status"], "assignment": results[best]["assignment"],
            "order": results[best]["order"], **_mode(deterministic, results[best]),
            "lower_bound_deterministic": bool(lb.get("deterministic", True))}
-    if joint is not None:
-        out.update(num_ops=joint.graph.num_nodes, num_candidates=len(joint.candidates), backends=backends,
-                   backend_mix=results[best]["backend_mix"], candidates_by_backend=cs.by_backend(),
-                   backends_unavailable=dict(cs.unavailable), costs=ct.summary())
+    if costed is not None:  # what `run` reports of the plan: the flow's summary, the split decision, the units
+        pl = solved[best][2]
+        out.update({k: v for k, v in pl.summary().items() if k not in out})
+        out.update(backends=backends, split=_jsonable(pl.plan.info.get("split")), units=results[best]["units"])
     return out
+
+
+def _units(plan) -> list[dict]:
+    """The units of a flow's plan: each one's backend, op-graph nodes and device."""
+    return [{"backend": u.backend, "nodes": [int(v) for v in u.nodes], "device": int(d)}
+            for u, d in zip(plan.units, plan.assignment)]
 
 
 def _result(problem, plan, ev, lb) -> dict:

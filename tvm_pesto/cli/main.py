@@ -13,7 +13,7 @@ import warnings
 import click
 
 from ..jsonio import write_json
-from .options import deterministic_option, ms_db_option, rpc_options
+from .options import deterministic_option, ms_db_option, rpc_options, split_margin_option
 from .progress import ErrorGroup, console
 
 COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
@@ -109,6 +109,12 @@ def _print_run(res):
     console.print(f"  measured (median) {res['measured_s'] * 1e3:9.3f} ms  "
                   f"(measured/simulated = {res['measured_over_simulated']:.3f})")
     console.print(f"  max |err| vs single-device build: {res['max_abs_err']:.3g}")
+    if res.get("decision"):
+        from ..decide import decision_table
+
+        console.print("  weighed before keeping this plan (measured in blocks, the fastest kept):")
+        for line in decision_table(res["decision"]).splitlines():
+            click.echo(f"    {line}")  # a table: not wrapped to the terminal's width
     hint = _stale_calibration_hint(res)
     if hint:
         console.print(f"  [yellow]calibration[/]       {hint}")
@@ -138,6 +144,26 @@ def _stale_calibration_hint(res) -> str | None:
             "the gap is in running the plan, not in its costs")
 
 
+def _gap_line(res) -> str | None:
+    """For ``place --solver ...,ilp,...`` on a graph file: the best heuristic, the ILP (its
+    status, and why it has no MIP result where it has none), the tightest lower bound (the
+    place bound, or the stage ILP's own where larger) and how far above it the ILP is at most."""
+    rs = res["results"]
+    heur = {k: r for k, r in rs.items() if k not in ("ilp", "expert") and r["valid"]}
+    ilp = rs.get("ilp")
+    if ilp is None or not heur:
+        return None
+    own = ilp["info"].get("lower_bound_s") if ilp["info"].get("model") == "stage" else None
+    bound = max(res["lower_bound_s"], own or 0.0)
+    low = min(r["objective_value"] for r in heur.values())
+    best = ", ".join(k for k, r in heur.items() if r["objective_value"] <= low * (1 + 1e-9))  # ties: all of them
+    why = ilp["info"].get("reason")
+    gap = f"ilp within {(ilp['objective_value'] / bound - 1) * 100:.1f} % of optimal" if bound > 0 else "no bound"
+    return (f"  gap: best heuristic {best} {low * 1e3:.3f} ms, ilp "
+            f"{ilp['objective_value'] * 1e3:.3f} ms ({ilp['solver_status']}{': ' + why if why else ''}), lower bound "
+            f"{bound * 1e3:.3f} ms: {gap}")
+
+
 @cli.command()
 @click.argument("target")
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True,
@@ -161,16 +187,18 @@ def _stale_calibration_hint(res) -> str | None:
                    "it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @ms_db_option()
+@split_margin_option()
 @deterministic_option(True)
 def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, objective, exec_model,
-          microbatches, time_limit, json_path, deterministic):
+          microbatches, time_limit, json_path, split_margin, deterministic):
     """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
     from .commands import place_any
 
     solvers = ["all"] if solver == "all" else [s.strip() for s in solver.split(",") if s.strip()]
     res = place_any(target, cluster_spec, solvers, size=size, costs=costs, expert=expert, time_limit_s=time_limit,
                     backends=backends, input_shapes=_shapes(input_shape), deterministic=deterministic,
-                    model=exec_model, objective=objective, microbatches=microbatches or None)
+                    model=exec_model, objective=objective, microbatches=microbatches or None,
+                    split_margin=split_margin)
     what = res["objective"] + (f" ({res['microbatches']} microbatches)" if res["microbatches"] else
                                " (steady state)" if res["objective"] == "throughput" else "")
     console.print(f"[bold]{res['graph']}[/]: {res.get('num_ops', res['num_nodes'])} nodes on {res['cluster']}; "
@@ -183,6 +211,9 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
                       + (f"  ({mix})" if mix else "") if ratio else f"  {name}: {r['objective_value']}")
         for v in r["violations"]:
             console.print(f"    [red]invalid[/] ({v['kind']}): {v['message']}")
+    gap = _gap_line(res) if target.endswith(".json") else None
+    if gap:
+        console.print(gap)
     if json_path:
         write_json(json_path, res)
 
@@ -210,9 +241,7 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
               help="thread: one pinned thread per device in this process; ray: one Ray actor per device over a Ray "
                    "compiled graph (links measured over Ray first)")
 @click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
-@click.option("--split-margin", default=None, type=click.FloatRange(0.0, 1.0, max_open=True), metavar="SHARE",
-              help="keep a multi-device plan only if it is predicted this much faster than one device "
-                   "(default: the cost source's error, e.g. 0.15 for xgb; 0 keeps every split)")
+@split_margin_option()
 @rpc_options()
 @ms_db_option()
 @deterministic_option(False)

@@ -24,6 +24,15 @@ def deterministic_option(default: bool):
                         help=DETERMINISTIC_HELP)
 
 
+def split_margin_option():
+    """The ``--split-margin SHARE`` option of a verb that places a model with the flow (the
+    ``split_margin`` parameter, None when not given: :func:`tvm_pesto.api.place`'s default)."""
+    return click.option("--split-margin", default=None, type=click.FloatRange(0.0, 1.0, max_open=True),
+                        metavar="SHARE",
+                        help="keep a multi-device plan only if it is predicted this much faster than one device "
+                             "(default: the cost source's error, e.g. 0.15 for xgb; 0 keeps every split)")
+
+
 MS_DB_HELP = ("MetaSchedule database for the tvm-ms backend (a --work-dir of tvm-pesto tune); the same as setting "
               "TVM_PESTO_MS_DB")
 
@@ -72,4 +81,5 @@ def rpc_options(what: str = "measure costs"):
     return add
 
 
-__all__ = ["DETERMINISTIC_HELP", "MS_DB_HELP", "deterministic_option", "ms_db_option", "rpc_options"]
+__all__ = ["DETERMINISTIC_HELP", "MS_DB_HELP", "deterministic_option", "ms_db_option", "rpc_options",
+           "split_margin_option"]

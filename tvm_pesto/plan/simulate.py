@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster.contention import contention_factors
-from ..cluster.dispatch import dispatch_s
+from ..cluster.dispatch import dispatch_info, dispatch_s
 from ..errors import InfeasibleError
 from .plan import Plan
 from .problem import Problem
@@ -106,20 +106,51 @@ def home_io_s(problem: Problem, assignment: np.ndarray, finish: np.ndarray, make
     away = np.flatnonzero(np.asarray(assignment[:n]) != HOME_DEVICE) if n else np.zeros(0, dtype=int)
     if not len(away):
         return 0.0
-    in_edge = np.zeros(n)
-    np.add.at(in_edge, problem.dst, problem.ebytes)
-    has_succ = np.zeros(n, dtype=bool)
-    has_succ[problem.src] = True
+    external, has_succ = _external_io(problem)
     pre, end = 0.0, makespan
     for v in away:
         d, nd = int(assignment[v]), problem.graph.nodes[v]
-        ext = max(float(nd.bytes_read) - float(nd.param_bytes) - float(in_edge[v]), 0.0)
+        ext = external[v]
         if ext > 0:
             pre += float(problem.latency[HOME_DEVICE, d] + ext * problem.inv_bw[HOME_DEVICE, d])
         if not has_succ[v]:
             end = max(end, float(finish[v] + problem.latency[d, HOME_DEVICE]
                                  + nd.output_bytes * problem.inv_bw[d, HOME_DEVICE]))
     return pre + end - makespan
+
+
+def _external_io(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Per node, the input bytes it reads from outside the graph (``bytes_read`` less its
+    weights and its in-edges), and whether it has successors (a node without is a result)."""
+    n = problem.num_nodes
+    in_edge = np.zeros(n)
+    np.add.at(in_edge, problem.dst, problem.ebytes)
+    has_succ = np.zeros(n, dtype=bool)
+    has_succ[problem.src] = True
+    read = np.array([float(nd.bytes_read) - float(nd.param_bytes) for nd in problem.graph.nodes], dtype=np.float64)
+    return np.maximum(read - in_edge, 0.0), has_succ
+
+
+def caller_io_s(problem: Problem, seconds_per_byte: float) -> float:
+    """Seconds the Ray executor's caller spends on the bytes of its hops, beyond the hop
+    itself (its dispatch): each input written to the actor that reads it and each result read
+    back from the actor that made it, at ``seconds_per_byte``
+    (:func:`tvm_pesto.cluster.dispatch.dispatch_info`'s ``caller_s_per_byte``).
+
+    Examples
+    --------
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> g = OpGraph([OpNode("a", "relax.add", bytes_read=4096, bytes_written=1024)], [])
+    >>> p = Problem(g, parse_cluster("cpu:2"), np.ones((1, 2)))
+    >>> round(caller_io_s(p, 1e-9) * 1e6, 3)   # 4 KiB in, 1 KiB out at a nanosecond a byte
+    5.12
+    """
+    if not problem.num_nodes:
+        return 0.0
+    external, has_succ = _external_io(problem)
+    results = sum(float(nd.output_bytes) for nd, s in zip(problem.graph.nodes, has_succ) if not s)
+    return float(seconds_per_byte) * (float(external.sum()) + results)
 
 
 #: Fixed-point rounds of the contention model: each re-simulates with the slowdowns the
@@ -184,8 +215,12 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
     (:func:`contention_slowdown`), to a fixed point of :data:`CONTENTION_ROUNDS` rounds;
     ``SimResult.slowdown`` holds the factors. ``SimResult.dispatch_s`` is the executor's
     dispatch per run for the number of devices the plan uses
-    (:func:`tvm_pesto.cluster.dispatch.dispatch_s`), ``SimResult.io_s`` the home device's
-    input and result transfers (:func:`home_io_s`); ``run_s`` = makespan + io + dispatch.
+    (:func:`tvm_pesto.cluster.dispatch.dispatch_s`: the figures of the executor the cluster's
+    figures are for, fitted on this machine or assumed), ``SimResult.io_s`` the home device's
+    input and result transfers (:func:`home_io_s`; under the Ray executor, whose caller talks
+    to every device's actor directly, the bytes of those hops at the fitted rate,
+    :func:`caller_io_s`);
+    ``run_s`` = makespan + io + dispatch.
 
     Raises
     ------
@@ -224,12 +259,19 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
             slowdown = contention_slowdown(problem, plan.assignment, start, finish, factors)
             start, finish, busy, peak, transfers = run(cost * slowdown)
     makespan = float(finish.max()) if n else 0.0
-    io = home_io_s(problem, plan.assignment, finish, makespan)
-    # a program with any node away from home copies values between devices: the executor runs it
-    # on worker threads (the multi-device dispatch), as it does a program on several devices
-    away = bool(n) and bool((plan.assignment != HOME_DEVICE).any())
-    res = SimResult(start, finish, makespan, busy, peak, transfers, slowdown,
-                    dispatch_s(problem.cluster, 2 if away else len(used)), io)
+    disp = dispatch_info(problem.cluster)
+    if disp["executor"] == "ray":
+        # the caller sends each input to the actor that reads it and reads each result from the
+        # actor that made it: no home-device copy; the hops are the Ray dispatch, their bytes io
+        io, devices = caller_io_s(problem, disp["caller_s_per_byte"]), len(used)
+    else:
+        io = home_io_s(problem, plan.assignment, finish, makespan)
+        # a program with any node away from home copies values between devices: the executor runs
+        # it on worker threads (the multi-device dispatch), as it does a program on several devices
+        away = bool(n) and bool((plan.assignment != HOME_DEVICE).any())
+        devices = 2 if away else len(used)
+    res = SimResult(start, finish, makespan, busy, peak, transfers, slowdown, dispatch_s(problem.cluster, devices),
+                    io)
     if check_memory:
         over = np.flatnonzero(peak > problem.capacity * (1 + 1e-9))
         if len(over):
