@@ -13,8 +13,8 @@ share: variables, solver backends, real solver status), ``ilp_model`` (the place
 ``coarsen`` (supernodes + coarse MIP), ``bounds`` / ``comm_bounds`` (lower bounds),
 ``refine`` (local search), ``lns`` (MIP windows of a schedule), ``ilp`` (the registry's ILP:
 coarsen, solve, LNS, refine), ``stage_dp`` (contiguous splits by DP, solver and bound),
-``stage_ilp`` (the stage model's MIP), ``objective_bounds`` (bounds for every model and
-objective),
+``stage_ilp`` (the stage model's MIP), ``stage_bounds`` (the stage model's chain bound on
+latency), ``objective_bounds`` (bounds for every model and objective),
 ``cover`` (Collage's covering search), ``joint_ilp`` (backend + device + order MIP),
 ``joint_search`` (local search over backend and device) and ``joint`` (the flow's solver:
 cover, placement, joint search), ``registry`` (solvers by name).

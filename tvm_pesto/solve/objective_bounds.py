@@ -23,8 +23,9 @@ bottleneck in both models. Op model: also :func:`tvm_pesto.solve.bounds.lower_bo
 with free transfers, the LP with start times (a block runs its ops one after another, so
 their starts satisfy it) and the path-memory bound in the stage model's terms
 (:func:`tvm_pesto.solve.comm_bounds.path_memory_bound` with ``stage=True``: runs hold only
-their nodes' memory, a change of device costs an out and an in phase); the op model's
-segment bound assumes its transfer rules and is not used.
+their nodes' memory, a change of device costs an out and an in phase) and the chain bound of
+:mod:`tvm_pesto.solve.stage_bounds` (at most one stage per device and pass limits how much
+runs side by side); the op model's segment bound assumes its transfer rules and is not used.
 
 Examples
 --------
@@ -46,6 +47,7 @@ from ..plan.problem import Problem
 from .bounds import _min_costs, critical_path, lower_bound, lp_bound
 from .budget import mode_name
 from .comm_bounds import path_memory_bound
+from .stage_bounds import stage_latency_bound
 
 _SAFETY = 1e-6  # relative margin against LP solver tolerances
 
@@ -123,7 +125,8 @@ def objective_lower_bound(problem: Problem, model: str = "op", objective: str = 
         lat_parts = {k: lat.get(k) for k in ("critical_path_s", "work_s", "lp_s", "segment_s", "path_memory_s")}
     else:
         lat_parts = {"critical_path_s": critical_path(problem) if problem.num_nodes else 0.0, "lp_s": None,
-                     "path_memory_s": path_memory_bound(problem, stage=True)["bound_s"] if problem.num_nodes else 0.0}
+                     "path_memory_s": path_memory_bound(problem, stage=True)["bound_s"] if problem.num_nodes else 0.0,
+                     "stage_chain_s": stage_latency_bound(problem)["bound_s"]}
         if (problem.num_nodes <= lp_max_nodes if lp is None else lp) and problem.num_nodes:
             val, _ = lp_bound(problem)
             if val is not None:

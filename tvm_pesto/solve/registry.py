@@ -106,16 +106,9 @@ def solve(problem: Problem, name: str = "heft", deterministic: bool | None = Non
     elif key == "stage-dp":
         options.update(objective=objective, microbatches=microbatches)
     if model == "stage" and key not in MODEL_AWARE:
-        import copy
+        from .stage_dp import heuristic_stage_plan
 
-        import numpy as np
-
-        from .stage_dp import as_stage_plan
-
-        # the heuristic gives the order only: the stage split checks memory the stage model's way
-        free = copy.copy(problem)
-        free.capacity = np.full(problem.num_devices, 1e30)
-        plan = as_stage_plan(problem, fn(free, **options), objective, microbatches)
+        plan = heuristic_stage_plan(problem, fn, objective, microbatches, **options)
     else:
         plan = fn(problem, **options)
     plan.info.update(model=model, objective=objective, microbatches=microbatches)

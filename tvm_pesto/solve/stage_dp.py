@@ -41,6 +41,7 @@ Examples
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 
@@ -543,6 +544,16 @@ def as_stage_plan(problem: Problem, plan: Plan, objective: str = "throughput", m
     return Plan(split.assignment, split.order, solver=plan.solver, solve_s=plan.solve_s, info=info)
 
 
+def heuristic_stage_plan(problem: Problem, heuristic, objective: str = "throughput", microbatches=None,
+                         **options) -> Plan:
+    """The plan of ``heuristic`` (a placement heuristic's solve function) as a stage plan: it
+    places with the memory unchecked, since the split checks memory the stage model's way,
+    and :func:`as_stage_plan` splits its schedule order into contiguous stages."""
+    free = copy.copy(problem)
+    free.capacity = np.full(problem.num_devices, 1e30)
+    return as_stage_plan(problem, heuristic(free, **options), objective, microbatches)
+
+
 def solve(problem: Problem, objective: str = "throughput", microbatches=None, max_ideals: int = MAX_IDEALS,
           deterministic: bool | None = None, time_limit_s: float | None = None, **_ignored) -> Plan:
     """Registry entry ``stage-dp``: the exact DP when the graph has at most ``max_ideals``
@@ -590,4 +601,5 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ma
 
 
 __all__ = ["DpResult", "MAX_IDEALS", "MAX_PAIRS", "Units", "all_ideals", "as_stage_plan", "device_classes",
-           "device_orders", "dp_bound", "dp_split", "dp_units", "linearized_split", "prefix_ideals", "solve", "stage_plan"]
+           "device_orders", "dp_bound", "dp_split", "dp_units", "heuristic_stage_plan", "linearized_split",
+           "prefix_ideals", "solve", "stage_plan"]

@@ -22,8 +22,10 @@ Variables and constraints (all names in the model; times scaled so the upper bou
 
 Objective: ``B`` (steady state), ``T`` (latency) or ``(T + (K - 1) B) / K``. The plans it
 returns are judged exactly by :func:`tvm_pesto.plan.objective.evaluate`; the MIP is warm
-started from the contiguous-split DP (:mod:`tvm_pesto.solve.stage_dp`) and never returns
-anything worse.
+started from the best of the contiguous-split DP (:mod:`tvm_pesto.solve.stage_dp`) and every
+heuristic's stage plan (:func:`stage_starts`) and never returns anything worse. Where it is
+not built (too large) or finds nothing, the result says so: ``status`` ``heuristic``, with
+``reason`` and ``start`` (whose plan it is).
 
 Examples
 --------
@@ -42,7 +44,7 @@ import networkx as nx
 import numpy as np
 import pulp
 
-from ..errors import InfeasibleError, PestoError
+from ..errors import InfeasibleError, PestoError, error_line
 from ..plan.objective import check_choice, evaluate
 from ..plan.plan import Plan
 from ..plan.problem import Problem
@@ -51,13 +53,19 @@ from .budget import combine, mode_name
 from .common import colocation_index
 from .mip import add_var, lin, solve_mip
 from .portfolio import HEURISTIC_SOLVERS
-from .stage_dp import as_stage_plan, device_orders, solve as dp_solve
+from .stage_dp import device_orders, heuristic_stage_plan
+from .stage_dp import solve as dp_solve
 
 _SCALE = 1000.0
 MAX_ROWS = 15_000
 #: Relative MIP gap at which the stage MIP stops; a start this close to the lower bound is
 #: returned without a MIP.
 GAP = 1e-4
+_SAFETY = 1e-6  # relative margin on the MIP's dual bound, as the other bounds keep
+
+
+class ModelTooLarge(PestoError):
+    """The stage MIP has more constraints than it may (``max_rows`` of :func:`build_stage_ilp`)."""
 
 
 def _upper_bound(problem: Problem, lat: np.ndarray, inv: np.ndarray) -> float:
@@ -71,9 +79,23 @@ def _upper_bound(problem: Problem, lat: np.ndarray, inv: np.ndarray) -> float:
     return float(c + io) or 1.0
 
 
-def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatches=None, warm: Plan | None = None):
+def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatches=None, warm: Plan | None = None,
+                    max_rows: int | None = None):
     """The MIP of the module docstring; returns ``(prob, vars)`` with ``vars`` a dict of the
-    variable groups and the time scale (``ts``: model units per second)."""
+    variable groups and the time scale (``ts``: model units per second).
+
+    Raises
+    ------
+    ModelTooLarge
+        As soon as the model has more than ``max_rows`` constraints (None: no limit); the
+        message says how many it had when building stopped.
+    """
+
+    def check_size(part: str) -> None:
+        if max_rows is not None and prob.numConstraints() > max_rows:
+            raise ModelTooLarge(f"it has more than max_rows={max_rows} constraints ({prob.numConstraints()} after "
+                                f"its {part} constraints)")
+
     n, D = problem.num_nodes, problem.num_devices
     passes = node_passes(problem.graph)
     P = sorted(set(passes.tolist()))
@@ -118,6 +140,7 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
                 f"zdown_{u}_{w}_{d}"
             prob += pulp.LpConstraint(lin([(z[w, d], 1.0), (x[w, d], -1.0), (x[u, d], 1.0)]), pulp.LpConstraintLE,
                                       rhs=1.0), f"zcut_{u}_{w}_{d}"
+    check_size("contiguity")
     # acyclic stage graph: node ranks equal to their stage's rank, increasing across stages
     R = float(len(P) * D)
     q = {(d, p): add_var(prob, f"q_{d}_{p}", 0, R) for d in range(D) for p in P}
@@ -142,6 +165,7 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
         terms = [(pi[w], 1.0), (pi[u], -1.0)] + ([] if isinstance(dl, float) else [(dl, -1.0)])
         prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintGE, rhs=dl if isinstance(dl, float) else 0.0), \
             f"rank_{u}_{w}"
+    check_size("acyclicity")
     # communication
     succ: dict[int, list[tuple[int, float]]] = {}
     for u, w, b in edges:
@@ -168,6 +192,7 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
                         if passes[w] == p:
                             prob += pulp.LpConstraint(lin([(cinp[u, d, p], 1.0), (x[w, d], -1.0), (x[u, d], 1.0)]),
                                                       pulp.LpConstraintGE, rhs=0.0), f"cinp_{u}_{w}_{d}"
+    check_size("communication")
     k_lat = lat * ts
     k_inv = inv * ts / bs
     B = add_var(prob, "B", 0, UB)
@@ -217,6 +242,7 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
                     terms.append((dl, -UB))
                     rhs -= UB
                 prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintGE, rhs=rhs), f"after_{u}_{w}_{d}"
+        check_size("timing")
         V.update(T=T, s=s, f=f, fn=fn)
         if objective == "latency":
             prob.setObjective(lin([(T, 1.0)]))
@@ -326,22 +352,67 @@ def _extract(problem: Problem, V: dict) -> np.ndarray:
     return xv.argmax(axis=1) if n else np.zeros(0, dtype=np.int64)
 
 
+#: The plans the MIP starts from: the contiguous-split DP and every heuristic, each made a
+#: stage plan as the registry makes it (:func:`tvm_pesto.solve.stage_dp.heuristic_stage_plan`).
+START_SOLVERS = ("stage-dp",) + tuple(HEURISTIC_SOLVERS)
+
+
+def stage_starts(problem: Problem, objective: str = "throughput", microbatches=None,
+                 warm_start: Plan | None = None) -> tuple[list[tuple[float, str, Plan]], dict[str, str]]:
+    """Every start of :data:`START_SOLVERS` (and ``warm_start``) that is a valid stage plan,
+    as ``(objective value, name, plan)``, best first (the earlier name on a tie), and the
+    error of each solver that gave no plan (``Type: message``)."""
+    scored, errors = [], {}
+    cands = [(name, None) for name in START_SOLVERS] + ([("warm_start", warm_start)] if warm_start is not None else [])
+    for rank, (name, plan) in enumerate(cands):
+        if plan is None:
+            try:
+                plan = dp_solve(problem, objective=objective, microbatches=microbatches) if name == "stage-dp" else \
+                    heuristic_stage_plan(problem, HEURISTIC_SOLVERS[name], objective, microbatches)
+            except PestoError as e:  # no plan within the memory, no LP solver for m-sct: said in info
+                errors[name] = error_line(e)
+                continue
+        ev = evaluate(problem, plan, "stage", objective, microbatches)
+        if ev.valid:
+            scored.append((ev.objective_value, rank, name, plan))
+        else:
+            errors[name] = f"invalid stage plan ({ev.violations[0]['kind']}): {ev.violations[0]['message']}"
+    scored.sort(key=lambda t: (t[0], t[1]))
+    return [(v, name, plan) for v, _r, name, plan in scored], errors
+
+
+def mip_bound_is_valid(problem: Problem, objective: str, microbatches) -> bool:
+    """Whether the MIP's optimum (so its dual bound) is a lower bound in the stage model: its
+    loads are the model's exactly, and so are its block times when no edge runs between the
+    passes (otherwise it charges a received tensor once per pass that needs it, where the
+    model charges it once per device)."""
+    if objective == "throughput" and microbatches is None:
+        return True
+    passes = node_passes(problem.graph)
+    return bool((passes[problem.src] == passes[problem.dst]).all()) if len(problem.src) else True
+
+
 def solve(problem: Problem, objective: str = "throughput", microbatches=None, time_limit_s: float = 10.0,
           solver: str = "highs", deterministic: bool | None = None, msg: bool = False, warm_start: Plan | None = None,
           max_rows: int = MAX_ROWS, **_ignored) -> Plan:
     """The ``ilp`` solver in the stage model: the MIP of the module docstring, warm started
-    from the best valid stage plan among the DP's (:func:`tvm_pesto.solve.stage_dp.solve`),
-    the heuristics' turned into stage plans (:func:`~tvm_pesto.solve.stage_dp.as_stage_plan`)
-    and ``warm_start``; never worse than that start.
+    from the best valid stage plan among :func:`stage_starts` (the DP, every heuristic and
+    ``warm_start``, judged by ``objective``), so never worse than any of them.
 
-    The MIP is skipped (``info["mip"]`` says so) when it has more than ``max_rows``
-    constraints: HiGHS's root alone then takes minutes on the LayerGraphs (Inception: 25k
-    rows, 110 s for 5 nominal seconds), and the start, the DP's split, is returned; the same
-    when the start meets the stage model's lower bound (``proven_by``).
+    No MIP is solved when the start meets the lower bound (``status`` ``optimal``,
+    ``proven_by``), nor when the MIP has more than ``max_rows`` constraints (HiGHS's root LP
+    alone then outlasts any sensible budget); the start is then returned with ``status``
+    ``heuristic`` and ``reason``. The same when the MIP ran but gave nothing usable
+    (``mip_status`` says what it ended with).
 
-    ``info``: ``status`` (the MIP's real outcome, :mod:`tvm_pesto.solve.mip`), ``source``
-    (``ilp`` or the start's name), ``objective_value_s``, ``warm_start_value_s``,
-    ``num_vars``, ``num_constraints``, ``budget``, ``deterministic``.
+    ``info``: ``status`` (``optimal``, ``time_limit``, ``node_limit``: the MIP's real outcome,
+    :mod:`tvm_pesto.solve.mip`; ``heuristic``: no MIP result), ``reason`` (why not, where
+    none), ``start`` (the start's solver) and ``start_values_s`` (every start's value),
+    ``start_errors`` (starts that gave no valid plan), ``source`` (``ilp`` when the MIP found
+    a better plan, else the start's name), ``objective_value_s``, ``lower_bound_s`` (the
+    cheap bound, or the MIP's dual bound where that is larger and valid:
+    :func:`mip_bound_is_valid`), ``gap`` (value / bound - 1), ``num_vars``,
+    ``num_constraints``, ``budget``, ``deterministic``.
 
     Raises
     ------
@@ -350,49 +421,40 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     """
     model, objective, microbatches = check_choice("stage", objective, microbatches)
     t0 = time.perf_counter()
-    starts: list[tuple[str, Plan]] = []
-    for name, fn in [("stage-dp", lambda: dp_solve(problem, objective=objective, microbatches=microbatches))] + \
-            [(h, (lambda h=h: as_stage_plan(problem, HEURISTIC_SOLVERS[h](problem), objective, microbatches)))
-             for h in ("heft", "m-etf")]:
-        try:
-            starts.append((name, fn()))
-        except PestoError:
-            continue
-    if warm_start is not None:
-        starts.append(("warm_start", warm_start))
-    scored = []
-    for name, plan in starts:
-        ev = evaluate(problem, plan, "stage", objective, microbatches)
-        if ev.valid:
-            scored.append((ev.objective_value, name, plan))
+    scored, errors = stage_starts(problem, objective, microbatches, warm_start)
     if not scored:
         raise InfeasibleError(f"{problem.graph.name}: no valid stage plan to start the stage MIP from (no contiguous "
                               f"split fits the memory of {problem.cluster.name}); use devices with more memory")
-    scored.sort(key=lambda t: t[0])
     warm_value, warm_name, warm = scored[0]
     from .objective_bounds import objective_lower_bound
 
     lb = objective_lower_bound(problem, "stage", objective, microbatches, lp=False)["best"]
+    info = {"start": warm_name, "warm_start_value_s": warm_value, "warm_start_solver": warm_name,
+            "start_values_s": {name: v for v, name, _ in scored}, "start_errors": errors, "lower_bound_s": lb,
+            "model": "stage", "objective": objective, "microbatches": microbatches, "budget": mode_name(deterministic)}
+
+    def done(plan: Plan, source: str, value: float, **facts) -> Plan:
+        info.update(facts, source=source, objective_value_s=value)
+        info["gap"] = value / info["lower_bound_s"] - 1.0 if info["lower_bound_s"] > 0 else None
+        return Plan(plan.assignment, plan.order, solver="ilp", solve_s=time.perf_counter() - t0, info=info)
+
     # The start meets the lower bound within the MIP's own gap: the MIP could only prove what
-    # the bound does (the bounds sit 1e-6 below their value against solver tolerances, so a
-    # 1e-6 test here missed a start that was exactly optimal, and a 2-s budget ran 15 s).
+    # the bound does (the bounds sit 1e-6 below their value against solver tolerances).
     if warm_value <= lb * (1 + GAP):
-        info = {"status": "optimal", "proven_by": "lower bound", "lower_bound_s": lb, "source": warm_name,
-                "objective_value_s": warm_value, "warm_start_value_s": warm_value, "warm_start_solver": warm_name,
-                "start_values_s": {name: v for v, name, _ in scored}, "model": "stage", "objective": objective,
-                "microbatches": microbatches, "budget": mode_name(deterministic), "deterministic": True}
-        return Plan(warm.assignment, warm.order, solver="ilp", solve_s=time.perf_counter() - t0, info=info)
-    prob, V = build_stage_ilp(problem, objective, microbatches, warm)
-    info = {"num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(), "time_limit_s": time_limit_s,
-            "warm_start_value_s": warm_value, "warm_start_solver": warm_name,
-            "start_values_s": {name: v for v, name, _ in scored}, "lower_bound_s": lb}
-    if prob.numConstraints() > max_rows:  # its root LP alone outlasts any sensible budget: keep the start
-        info.update(source=warm_name, objective_value_s=warm_value, model="stage", objective=objective,
-                    microbatches=microbatches, budget=mode_name(deterministic), deterministic=True,
-                    mip=f"skipped: {prob.numConstraints()} constraints > max_rows={max_rows}")
-        return Plan(warm.assignment, warm.order, solver="ilp", solve_s=time.perf_counter() - t0, info=info)
+        return done(warm, warm_name, warm_value, status="optimal", proven_by="lower bound", deterministic=True)
+    try:
+        prob, V = build_stage_ilp(problem, objective, microbatches, warm, max_rows=max_rows)
+    except ModelTooLarge as e:  # its root LP alone outlasts any sensible budget: keep the start
+        return done(warm, warm_name, warm_value, status="heuristic", deterministic=True, mip=f"skipped: {e}",
+                    reason=f"the stage MIP was not built: {e}; the plan is {warm_name}'s, the best start")
+    info.update(num_vars=len(prob.variables()), num_constraints=prob.numConstraints(), time_limit_s=time_limit_s)
     res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=GAP, msg=msg, deterministic=deterministic)
-    info.update(res.info(V["ts"]))
+    facts = res.info(V["ts"])
+    facts["mip_status"] = facts["status"]
+    if res.bound is not None and mip_bound_is_valid(problem, objective, microbatches):
+        mb = max(0.0, facts["bound"] * (1 - _SAFETY) - 1e-12)
+        facts["mip_bound_s"] = mb
+        info["lower_bound_s"] = max(lb, mb)
     best, source, value = warm, warm_name, warm_value
     if res.has_solution:
         a = _extract(problem, V)
@@ -401,10 +463,15 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
         if ev.valid and ev.objective_value < warm_value * (1 - 1e-9):
             best, source, value = cand, "ilp", ev.objective_value
         elif not ev.valid:
-            info["extract_error"] = ev.violations[0]["message"]
-    info.update(source=source, objective_value_s=value, model="stage", objective=objective,
-                microbatches=microbatches, budget=mode_name(deterministic), **combine(res.determinism))
-    return Plan(best.assignment, best.order, solver="ilp", solve_s=time.perf_counter() - t0, info=info)
+            facts.update(extract_error=ev.violations[0]["message"], status="heuristic",
+                         reason=f"the stage MIP's solution is not a valid stage plan; the plan is {warm_name}'s, "
+                                "the best start")
+    elif res.status != "optimal":
+        facts.update(status="heuristic", reason=f"the stage MIP ended without a solution ({res.status}); the plan is "
+                                                f"{warm_name}'s, the best start")
+    facts.update(combine(res.determinism))
+    return done(best, source, value, **facts)
 
 
-__all__ = ["build_stage_ilp", "solve"]
+__all__ = ["GAP", "MAX_ROWS", "ModelTooLarge", "START_SOLVERS", "build_stage_ilp", "mip_bound_is_valid", "solve",
+           "stage_starts"]
