@@ -77,8 +77,8 @@ def test_first_use_fits_once_and_a_new_device_size_is_added(own_cache, monkeypat
     estimate_costs(a, "cpu:2", "xgb")
     assert path.is_file() and "fitting the xgb cost model to this machine" in capsys.readouterr().err
     stamp = path.stat().st_mtime_ns
-    pl = place(a, "cpu:2", costs="xgb")
-    assert path.stat().st_mtime_ns == stamp and capsys.readouterr().err == ""
+    pl = place(a, "cpu:2", costs="xgb")  # may fit the executor's figures (tests/test_machine_constants.py), not this
+    assert path.stat().st_mtime_ns == stamp and "fitting the xgb cost model" not in capsys.readouterr().err
     assert pl.costs.calibration[0]["tvm"]["file"] == str(path)
     # cpu:1 is one device of both cores: another size, fitted and added, the first kept
     place(a, "cpu:1", costs="xgb")

@@ -88,7 +88,8 @@ def dispatch_info(cluster: Cluster) -> dict:
     assumed = ASSUMED_DISPATCH.get(executor, DEFAULT_DISPATCH)
     figures = ({k: max(float(m[k]), 0.0) for k in FIGURES} if have else dict(assumed))
     if executor == "ray":  # a fit without a per-byte figure (an older one) gets the assumed one
-        figures["caller_s_per_byte"] = max(float(m.get("caller_s_per_byte") or assumed["caller_s_per_byte"]), 0.0)
+        figures["caller_s_per_byte"] = max(float(m["caller_s_per_byte"] if m.get("caller_s_per_byte") is not None
+                                                  else assumed["caller_s_per_byte"]), 0.0)
     out = {**figures, "executor": executor, "source": source, "fitted_at": m.get("fitted_at") if have else None,
            "measured": source != "assumed"}
     if source == "assumed":
