@@ -14,7 +14,6 @@ Examples
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 # The builders live in the package (cost-model eval --flow scores these models too).
+from tvm_pesto.zoo.export import to_onnx
 from tvm_pesto.zoo.outside import MODELS, PRESETS, SIZES, build, example_shape, list_models  # noqa: F401
 
 
@@ -52,19 +52,6 @@ def _torch_args(inputs) -> tuple:
     return tuple(torch.from_numpy(a) for a in inputs)
 
 
-@contextlib.contextmanager
-def _no_fastpath():
-    """Trace the Python path of ``nn.TransformerEncoderLayer`` in eval mode. Without this the
-    TorchScript ONNX exporter sees the fused ``aten::_transformer_encoder_layer_fwd``, which it
-    cannot export (torch.export traces the Python path anyway)."""
-    old = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(old)
-
-
 def write_onnx(name: str, directory: str | os.PathLike, size: str = "small", dynamic_batch: bool = False,
                opset: int = 17) -> str:
     """Export model ``name`` with the TorchScript ONNX exporter (``dynamo=False``).
@@ -81,10 +68,7 @@ def write_onnx(name: str, directory: str | os.PathLike, size: str = "small", dyn
     in_name = input_name(name)
     path = os.path.join(os.fspath(directory), f"{name}_{size}{'_dynamic' if dynamic_batch else ''}.onnx")
     axes = {in_name: {0: "batch"}, "y": {0: "batch"}} if dynamic_batch else None
-    with torch.no_grad(), _no_fastpath():
-        torch.onnx.export(model, _torch_args(inputs), path, dynamo=False, input_names=[in_name],
-                          output_names=["y"], dynamic_axes=axes, opset_version=opset)
-    return path
+    return to_onnx(model, inputs, path, input_names=[in_name], dynamic_axes=axes, opset=opset)
 
 
 def write_pt2(name: str, directory: str | os.PathLike, size: str = "small", dynamic_batch: bool = False) -> str:

@@ -42,11 +42,28 @@ def _data_ptr(t) -> int:
     return int(get()) if callable(get) else int(np.from_dlpack(t).ctypes.data)
 
 
+def owns_every_core(cores: int) -> bool:
+    """Whether a device of ``cores`` cores has every core this process may use (no other
+    device of this machine to take cores from).
+
+    Examples
+    --------
+    >>> owns_every_core(1 << 20), owns_every_core(0)
+    (True, False)
+    """
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count() or 1
+    return int(cores) >= usable
+
+
 def onnx_session(model, cores: int, parallel: bool = False):
     """An ONNX Runtime session of ``model`` (bytes or a path) as tvm-pesto runs its units:
     ``cores`` intra-op threads (``parallel``: ONNX Runtime's parallel mode, ``cores``
-    inter-op threads of one intra-op thread each), all graph optimizations, no spinning
-    workers (they would take cores from the other device, or the next call, while idle)."""
+    inter-op threads of one intra-op thread each), all graph optimizations. Idle workers
+    spin (ONNX Runtime's default, the lower latency between calls) only on a device of
+    every core (:func:`owns_every_core`); beside other devices they would take their cores."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -58,8 +75,9 @@ def onnx_session(model, cores: int, parallel: bool = False):
         so.inter_op_num_threads, so.intra_op_num_threads = 1, int(cores)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    spin = "1" if int(cores) > 1 and owns_every_core(cores) else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+    so.add_session_config_entry("session.inter_op.allow_spinning", spin)
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
@@ -327,5 +345,5 @@ def direct_call(gname: str) -> Callable | None:
     return getattr(_UNITS.get(gname), "direct", None)
 
 
-__all__ = ["LOADERS", "direct_call", "flatten", "onnx_input_names", "onnx_runner", "onnx_session", "openvino_model",
+__all__ = ["LOADERS", "direct_call", "flatten", "onnx_input_names", "onnx_runner", "onnx_session", "owns_every_core", "openvino_model",
            "openvino_runner", "register_artifact", "register_unit", "torch_runner", "vm_runner"]
