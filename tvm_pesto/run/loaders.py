@@ -42,6 +42,39 @@ def _data_ptr(t) -> int:
     return int(get()) if callable(get) else int(np.from_dlpack(t).ctypes.data)
 
 
+def kept_per_address(make: Callable) -> Callable:
+    """``get(args)``: what ``make(args)`` made for these arguments' addresses on this thread,
+    made once (the last :data:`KEPT_BINDINGS` sets of addresses kept per thread, oldest
+    dropped first). A library's binding of given buffers is made once, not per call.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> made = []
+    >>> get = kept_per_address(lambda args: made.append(1) or len(made))
+    >>> a = np.zeros(3)
+    >>> get([a]), get([a]), len(made)
+    (1, 1, 1)
+    """
+    import threading
+
+    kept = threading.local()  # .objs: addresses -> what was made for them, oldest first
+
+    def get(args):
+        objs = getattr(kept, "objs", None)
+        if objs is None:
+            objs = kept.objs = OrderedDict()
+        key = tuple(_data_ptr(a) for a in args)
+        obj = objs.get(key)
+        if obj is None:
+            obj = objs[key] = make(args)
+            if len(objs) > KEPT_BINDINGS:
+                objs.popitem(last=False)
+        return obj
+
+    return get
+
+
 def owns_every_core(cores: int) -> bool:
     """Whether a device of ``cores`` cores has every core this process may use (no other
     device of this machine to take cores from).
@@ -89,20 +122,12 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     and made only for addresses not seen: TVM's VM hands a subgraph the same few buffers call
     after call, and binding through ONNX Runtime's Python API costs more than a small kernel.
     """
-    import threading
-
     sess = onnx_session(model, cores, parallel=parallel)
     in_names = [i.name for i in sess.get_inputs()]
     out_names = [o.name for o in sess.get_outputs()]
     n_in = len(in_names)
-    kept = threading.local()  # .ios: addresses bound -> their binding, oldest first
 
-    def bindings() -> OrderedDict:
-        if not hasattr(kept, "ios"):
-            kept.ios = OrderedDict()
-        return kept.ios
-
-    def bind(args, key):
+    def bind(args):
         io = sess.io_binding()
         for nm, a in zip(in_names, args[:n_in]):
             arr = np.from_dlpack(a)
@@ -110,16 +135,12 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
         for nm, o in zip(out_names, args[n_in:]):
             arr = np.from_dlpack(o)
             io.bind_output(nm, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
-        ios = bindings()
-        ios[key] = io
-        if len(ios) > KEPT_BINDINGS:
-            ios.popitem(last=False)
         return io
 
+    binding = kept_per_address(bind)
+
     def run(*args):
-        key = tuple(_data_ptr(a) for a in args)
-        io = bindings().get(key)
-        sess.run_with_iobinding(io if io is not None else bind(args, key))
+        sess.run_with_iobinding(binding(args))
 
     def direct(*arrays):
         return sess.run(None, dict(zip(in_names, arrays)))
@@ -188,29 +209,20 @@ def openvino_runner(model, cores: int) -> Callable:
     port = {n: k for k, p in enumerate(compiled.inputs) for n in p.get_names()}
     # (argument position, OpenVINO input index) of the inputs OpenVINO kept: it drops unused ones
     used = [(pos, port[n]) for pos, n in enumerate(names) if n in port]
-    kept = threading.local()  # .reqs: addresses -> their infer request, oldest first; .direct
+    kept = threading.local()  # .direct: this thread's request for direct calls
 
-    def requests() -> OrderedDict:
-        if not hasattr(kept, "reqs"):
-            kept.reqs = OrderedDict()
-        return kept.reqs
-
-    def bind(args, key):
+    def bind(args):
         req = compiled.create_infer_request()
         for pos, k in used:
             req.set_input_tensor(k, ov.Tensor(np.from_dlpack(args[pos]), shared_memory=True))
         for k, o in enumerate(args[n_in:]):
             req.set_output_tensor(k, ov.Tensor(np.from_dlpack(o), shared_memory=True))
-        reqs = requests()
-        reqs[key] = req
-        if len(reqs) > KEPT_BINDINGS:
-            reqs.popitem(last=False)
         return req
 
+    request = kept_per_address(bind)
+
     def run(*args):
-        key = tuple(_data_ptr(a) for a in args)
-        req = requests().get(key)
-        (req if req is not None else bind(args, key)).infer()
+        request(args).infer()
 
     def direct(*arrays):
         req = getattr(kept, "direct", None)
@@ -345,5 +357,5 @@ def direct_call(gname: str) -> Callable | None:
     return getattr(_UNITS.get(gname), "direct", None)
 
 
-__all__ = ["LOADERS", "direct_call", "flatten", "onnx_input_names", "onnx_runner", "onnx_session", "owns_every_core", "openvino_model",
+__all__ = ["LOADERS", "direct_call", "flatten", "onnx_input_names", "kept_per_address", "onnx_runner", "onnx_session", "owns_every_core", "openvino_model",
            "openvino_runner", "register_artifact", "register_unit", "torch_runner", "vm_runner"]
