@@ -443,10 +443,31 @@ def _check_batch_norm(ctx: MatchContext) -> bool:
     return c is None or (int(call_attrs(c).get("axis", 1)) == 1 and not call_attrs(c).get("training", False))
 
 
+def _check_layouts(ctx: MatchContext) -> bool:
+    return _check_conv2d(ctx) and _check_pool(ctx) and _check_layer_norm(ctx) and _check_batch_norm(ctx)
+
+
 def default_check(ctx: MatchContext) -> bool:
     """All standard predicates together."""
-    return (_check_float32(ctx) and _check_conv2d(ctx) and _check_pool(ctx) and _check_layer_norm(ctx)
-            and _check_batch_norm(ctx))
+    return _check_float32(ctx) and _check_layouts(ctx)
+
+
+#: ops that only move, select or convert values: a graph-level library runs them on any tensor
+#: type its converter accepts (token ids, index arithmetic), not only float32
+DATA_MOVEMENT = frozenset({"astype", "reshape", "permute_dims", "expand_dims", "squeeze", "flatten",
+                           "strided_slice", "concat", "broadcast_to", "take", "split"})
+
+
+def region_check(ctx: MatchContext) -> bool:
+    """The standard predicates for one call of a graph-level region (``ctx.calls`` is that call).
+
+    Arithmetic must compute float32, as in :func:`default_check`; a :data:`DATA_MOVEMENT` op
+    may carry any dtype, which the backend's ``supports_op`` has accepted. A model whose input
+    is integer (token ids cast and reshaped before an embedding) can so run as one region.
+    """
+    if not all(op_short_name(c) in DATA_MOVEMENT for c in ctx.calls) and not _check_float32(ctx):
+        return False
+    return _check_layouts(ctx)
 
 
 def op_level_patterns(prefix: str, ops: set[str], max_depth: int = 4) -> list[PatternEntry]:

@@ -229,12 +229,12 @@ def _silu(e, call, out):
 
 @_reg("relax.nn.gelu")
 def _gelu(e, call, out):
-    # 0.5 * x * (1 + erf(x / sqrt(2)))  (TVM's legalization)
+    # (x * (1 + erf(x / sqrt(2)))) * 0.5: the form ONNX Runtime and OpenVINO fuse into one Gelu
     x = e.tensor(call.args[0])
     dt = _x_dtype(call)
-    t = e.one("Erf", [e.one("Mul", [x, e.init(np.array(1 / math.sqrt(2), dt))])])
+    t = e.one("Erf", [e.one("Div", [x, e.init(np.array(math.sqrt(2), dt))])])
     t = e.one("Add", [t, e.init(np.array(1.0, dt))])
-    return e.one("Mul", [e.one("Mul", [x, e.init(np.array(0.5, dt))]), t], out)
+    return e.one("Mul", [e.one("Mul", [x, t]), e.init(np.array(0.5, dt))], out)
 
 
 @_reg("relax.nn.gelu_tanh")

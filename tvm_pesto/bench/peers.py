@@ -216,14 +216,15 @@ def one_unit_overhead(mod, inputs, cores: int, rounds: int = ROUNDS) -> dict:
     from ..backends.onnx_export import relax_to_onnx
     from ..cluster.specs import cpu_cluster
     from ..decide import whole_model_placement
-    from ..run.loaders import onnx_session
+    from ..run.loaders import onnx_session, owns_every_core
 
     wide = cpu_cluster(1)
     lp = whole_model_placement(place(mod, wide, costs="roofline"), "onnxruntime", wide)
     if lp is None:
         return {"error": "ONNX Runtime cannot run every op of the model"}
     placed = build_placement(lp, wide)
-    sess = onnx_session(relax_to_onnx(mod["main"]).SerializeToString(), wide.devices[0].cores)
+    cores = wide.devices[0].cores
+    sess = onnx_session(relax_to_onnx(mod["main"]).SerializeToString(), cores, spin=owns_every_core(cores) and cores > 1)
     feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
     timed = time_blocks({"library": lambda: sess.run(None, feed), "pesto": lambda: placed(*inputs)}, rounds=rounds)
     placed.close()

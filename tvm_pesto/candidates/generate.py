@@ -38,7 +38,7 @@ import networkx as nx
 import tvm
 from tvm import relax
 
-from ..backends.base import MatchContext, op_short_name
+from ..backends.base import MatchContext, op_short_name, region_check
 from ..errors import BuildError, error_line
 from ..graph.fusion import fusion_groups
 from ..graph.relax_import import RelaxGraph
@@ -370,16 +370,14 @@ def pattern_candidates(rg: RelaxGraph, backend, reach: Reach, rejected: dict,
 
 
 def _supported_nodes(rg: RelaxGraph, backend, checks: BackendChecks) -> set[int]:
-    """The nodes whose call ``backend.supports_op`` and the standard checks accept."""
-    from ..backends.base import default_check
-
+    """The nodes whose call ``backend.supports_op`` and the region checks accept."""
     ok = set()
     for v in range(rg.graph.num_nodes):
         call = rg.bindings[rg.node_binding[v]].value
         if not isinstance(call, relax.Call) or not op_short_name(call):
             continue
         ctx = MatchContext(root=call, calls=[call], annotated_expr={op_short_name(call): call})
-        if checks.ask(lambda: backend.supports_op(call) and default_check(ctx), f"node {v} ({_call_name(call)})"):
+        if checks.ask(lambda: backend.supports_op(call) and region_check(ctx), f"node {v} ({_call_name(call)})"):
             ok.add(v)
     return ok
 

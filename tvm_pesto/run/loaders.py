@@ -91,12 +91,15 @@ def owns_every_core(cores: int) -> bool:
     return int(cores) >= usable
 
 
-def onnx_session(model, cores: int, parallel: bool = False):
+def onnx_session(model, cores: int, parallel: bool = False, spin: bool = False):
     """An ONNX Runtime session of ``model`` (bytes or a path) as tvm-pesto runs its units:
     ``cores`` intra-op threads (``parallel``: ONNX Runtime's parallel mode, ``cores``
-    inter-op threads of one intra-op thread each), all graph optimizations. Idle workers
-    spin (ONNX Runtime's default, the lower latency between calls) only on a device of
-    every core (:func:`owns_every_core`); beside other devices they would take their cores."""
+    inter-op threads of one intra-op thread each), all graph optimizations.
+
+    Idle workers spin (ONNX Runtime's default: lower latency between calls) only with
+    ``spin``, which :func:`onnx_runner` asks for when the session runs alone on a device of
+    every core. Beside other units or devices, spinning workers take the cores those need.
+    """
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -108,9 +111,9 @@ def onnx_session(model, cores: int, parallel: bool = False):
         so.inter_op_num_threads, so.intra_op_num_threads = 1, int(cores)
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    spin = "1" if int(cores) > 1 and owns_every_core(cores) else "0"
-    so.add_session_config_entry("session.intra_op.allow_spinning", spin)
-    so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+    flag = "1" if spin else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", flag)
+    so.add_session_config_entry("session.inter_op.allow_spinning", flag)
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
@@ -121,6 +124,12 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     Bindings are kept (per calling thread, the last :data:`KEPT_BINDINGS` sets of addresses)
     and made only for addresses not seen: TVM's VM hands a subgraph the same few buffers call
     after call, and binding through ONNX Runtime's Python API costs more than a small kernel.
+
+    ``f.direct(*arrays)`` is the library's own call on numpy arrays (:func:`direct_call`),
+    used when this unit is the whole program. On a device of two or more cores that has
+    every core (:func:`owns_every_core`) it runs a second session whose workers spin, made
+    on its first call: nothing else runs beside it then. The DPS call keeps the session
+    without spinning, which shares its device with other units.
     """
     sess = onnx_session(model, cores, parallel=parallel)
     in_names = [i.name for i in sess.get_inputs()]
@@ -142,8 +151,12 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     def run(*args):
         sess.run_with_iobinding(binding(args))
 
+    alone: list = [] if int(cores) > 1 and owns_every_core(cores) else [sess]
+
     def direct(*arrays):
-        return sess.run(None, dict(zip(in_names, arrays)))
+        if not alone:
+            alone.append(onnx_session(model, cores, parallel=parallel, spin=True))
+        return alone[0].run(None, dict(zip(in_names, arrays)))
 
     run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
     return run

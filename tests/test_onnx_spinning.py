@@ -1,0 +1,63 @@
+"""ONNX Runtime's workers spin only where the session runs alone on every core: the direct
+call of a one-unit program; never the DPS call that shares its device with other units."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_pesto.backends.onnx_export import relax_to_onnx
+from tvm_pesto.candidates.examples import tiny_mlp
+from tvm_pesto.run import loaders
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture
+def model_bytes():
+    mod, inputs = tiny_mlp()
+    return relax_to_onnx(mod["main"]).SerializeToString(), inputs
+
+
+def _record(monkeypatch):
+    made = []
+    real = loaders.onnx_session
+
+    def session(model, cores, parallel=False, spin=False):
+        sess = real(model, cores, parallel=parallel, spin=spin)
+        made.append(sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning"))
+        return sess
+
+    monkeypatch.setattr(loaders, "onnx_session", session)
+    return made
+
+
+@pytest.mark.parametrize("owns", [True, False])
+def test_only_the_direct_call_on_every_core_spins(monkeypatch, model_bytes, owns):
+    model, inputs = model_bytes
+    made = _record(monkeypatch)
+    monkeypatch.setattr(loaders, "owns_every_core", lambda cores: owns)
+    run = loaders.onnx_runner(model, 2)
+    assert made == ["0"]  # the DPS session, shared with other units
+    (out,) = run.direct(*inputs)
+    (again,) = run.direct(*inputs)
+    assert made == (["0", "1"] if owns else ["0"])  # the spinning session is made once, on first use
+    np.testing.assert_array_equal(out, again)
+
+
+def test_one_core_never_spins(monkeypatch, model_bytes):
+    model, inputs = model_bytes
+    made = _record(monkeypatch)
+    monkeypatch.setattr(loaders, "owns_every_core", lambda cores: True)
+    loaders.onnx_runner(model, 1).direct(*inputs)
+    assert made == ["0"]
+
+
+def test_direct_and_dps_calls_agree(model_bytes):
+    import tvm
+
+    model, inputs = model_bytes
+    run = loaders.onnx_runner(model, 2)
+    (want,) = run.direct(*inputs)
+    out = tvm.runtime.empty(want.shape, "float32", tvm.cpu())
+    run(*[tvm.runtime.tensor(a) for a in inputs], out)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6)
