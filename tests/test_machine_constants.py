@@ -132,6 +132,21 @@ def test_devices_not_here_or_too_few_get_assumed_figures_that_say_so(spec, execu
     assert np.array_equal(c.latency, latency)  # its spec's links stay
 
 
+@pytest.mark.parametrize("executor", ["thread", "ray"])
+def test_one_device_takes_the_dispatch_of_the_kept_fit(executor, own_cache, monkeypatch):
+    calls = []
+    monkeypatch.setattr(rd, "fit_constants", _fake_fit(calls))
+    rd.machine_dispatch(parse_cluster("cpu:2"), executor, session=object(), announce=False)
+    monkeypatch.setattr(rd, "fit_constants", lambda *a, **k: pytest.fail("one device: nothing to fit"))
+    one = parse_cluster("cpu:1")
+    info = rd.machine_dispatch(one, executor)
+    assert info["source"] == "cached" and info["fitted_at"] == "fit-1" and info["links"] is None
+    assert info["run_s"] == pytest.approx(7e-6 if executor == "thread" else 400e-6)
+    assert one.meta["dispatch"]["from_shape"] == "cpu:2"
+    other = "ray" if executor == "thread" else "thread"  # the other executor has no fit kept: assumed
+    assert rd.machine_dispatch(parse_cluster("cpu:1"), other)["source"] == "assumed"
+
+
 def test_a_gpu_preset_placement_says_its_figures_are_assumed(own_cache):
     mod, _ = tiny_mlp()
     pl = place(mod, "4xV100-pcie", costs="roofline", deterministic=True)

@@ -246,7 +246,7 @@ def test_ray_cli_run_json(ray_session, tmp_path):
     out = tmp_path / "out.json"
     res = CliRunner().invoke(cli, ["run", "mlp_mixer", "--size", "small", "--cluster", "cpu:2", "--backends", "tvm",
                                    "--costs", "roofline", "--solver", "m-topo", "--executor", "ray", "--repeat", "3",
-                                   "--json", str(out)])
+                                   "--refit", "--json", str(out)])
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())
     assert r["executor"] == "ray" and r["max_abs_err"] <= 1e-4

@@ -32,7 +32,7 @@ def cache(tmp_path, monkeypatch):
 
 def _run(tmp_path, *args):
     out = tmp_path / "run.json"
-    res = CliRunner().invoke(cli, ["run", *args, "--cluster", "cpu:2", "--repeat", "3", "--json", str(out)])
+    res = CliRunner().invoke(cli, ["run", *args, "--cluster", "cpu:2", "--repeat", "3", "--refit", "--json", str(out)])
     assert res.exit_code == 0, res.output
     return json.loads(out.read_text())
 
@@ -98,13 +98,14 @@ def test_place_a_model_file_reports_status_and_backend_mix(files, tmp_path):
 
 def test_place_and_run_choose_the_same_plan(tmp_path, cache):
     """``place`` and ``run`` walk one flow (:func:`tvm_pesto.api.place`): with the same options
-    they choose the same plan, unit for unit. ``run`` goes first: it measures this machine's
-    links and dispatch for cpu:2 and keeps them, and ``place`` plans with those kept figures
+    they choose the same plan, unit for unit. ``run --refit`` goes first: it measures this
+    machine's links and dispatch for cpu:2 and keeps them, and ``place`` plans with those kept figures
     (the suite keeps the flow's plan in ``run``: ``TVM_PESTO_MEASURE_FINAL=0``)."""
     opts = ["mlp_mixer", "--size", "small", "--cluster", "cpu:2", "--costs", "xgb", "--solver", "heft",
             "--deterministic"]
     bundle, b_json, a_json = tmp_path / "bundle", tmp_path / "b.json", tmp_path / "a.json"
-    ran = CliRunner().invoke(cli, ["run", *opts, "--repeat", "3", "--export", str(bundle), "--json", str(b_json)])
+    ran = CliRunner().invoke(cli, ["run", *opts, "--repeat", "3", "--refit", "--export", str(bundle),
+                                   "--json", str(b_json)])
     assert ran.exit_code == 0, ran.output
     placed = CliRunner().invoke(cli, ["place", *opts, "--json", str(a_json)])
     assert placed.exit_code == 0, placed.output

@@ -47,7 +47,7 @@ def max_abs_err(a, b) -> float:
 
 
 def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", costs: str = "auto",
-              backends: str = "all", repeat: int = 20, measure_links: bool = True, out_dir: str | None = None,
+              backends: str = "all", repeat: int = 20, refit: bool = False, out_dir: str | None = None,
               input_shapes=None, export_dir: str | None = None, deterministic: bool = False,
               executor: str = "thread", ray_address: str | None = None, rpc_tracker: str | None = None,
               rpc_key: str | None = None, split_margin: float | None = None) -> dict:
@@ -57,11 +57,12 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
     ``res["deterministic"]`` says which mode was used, ``res["plan_deterministic"]`` whether
     no clock decided the plan. ``executor="ray"`` runs the devices as Ray actors
     (:mod:`tvm_pesto.run.ray_executor`; a local Ray on 127.0.0.1, or ``ray_address``). With
-    ``measure_links`` and devices of this machine, the executor's links, dispatch and the
-    devices' contention are measured first (:func:`tvm_pesto.run.dispatch.machine_dispatch`,
-    kept as this machine's fit), so the plan and the simulation use what this executor costs
-    here (``res["link_model"]``, ``res["dispatch"]``: figures, source, time of the fit;
-    ``res["contention"]``). ``rpc_tracker`` and ``rpc_key`` measure the costs on a
+    devices of this machine, the executor's links, dispatch and the devices' contention are
+    this machine's fit (:func:`tvm_pesto.run.dispatch.machine_dispatch`: the one kept, or
+    measured on first use; ``refit`` measures them again now and keeps them), so the plan and
+    the simulation use what this executor costs here (``res["link_model"]``,
+    ``res["dispatch"]``: figures, source, time of the fit; ``res["contention"]``).
+    ``rpc_tracker`` and ``rpc_key`` measure the costs on a
     remote device over TVM RPC (:mod:`tvm_pesto.costs.remote`). ``split_margin``: see
     :func:`tvm_pesto.api.place` (``res["split"]`` has the decision)."""
     if executor not in ("thread", "ray"):
@@ -79,23 +80,24 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
         with step("start Ray" if not ray_address else f"connect to Ray at {ray_address}"):
             session = RaySession(ray_address)
     try:
-        return _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_dir, size, export_dir,
+        return _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, size, export_dir,
                           deterministic, executor, session, split_margin)
     finally:
         if session is not None:
             session.close()
 
 
-def _run_model(lm, cluster, solver, costs, backends, repeat, measure_links, out_dir, size, export_dir, deterministic,
+def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, size, export_dir, deterministic,
                executor, session, split_margin=None) -> dict:
     pairs = None
-    if measure_links and cluster.num_devices > 1 and local_shape(cluster) is not None:
+    if cluster.num_devices > 1 and local_shape(cluster) is not None:
         from ..run.dispatch import machine_dispatch
 
-        # the executor's links and its own cost per run are properties of this machine: measured
-        # now, for this run (and kept as this machine's fit)
-        with step(f"measure the {executor} executor's links and dispatch on this machine"):
-            pairs = machine_dispatch(cluster, executor, refit=True, session=session)["links"]
+        # the executor's links and its own cost per run are properties of this machine: the fit
+        # kept for it (measured on first use), or measured again now with ``refit``
+        what = "measure" if refit else "this machine's fit of"
+        with step(f"{what} the {executor} executor's links and dispatch"):
+            pairs = machine_dispatch(cluster, executor, refit=refit, session=session)["links"]
     analysis = api.analyze(lm.mod)
 
     def place_on(c, progress=None):

@@ -239,14 +239,16 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
               help="microbatches per stream for --objective throughput")
 @click.option("--executor", default="thread", show_default=True, type=click.Choice(["thread", "ray"]),
               help="thread: one pinned thread per device in this process; ray: one Ray actor per device over a Ray "
-                   "compiled graph (links measured over Ray first)")
+                   "compiled graph (its links and dispatch fitted over Ray on first use)")
 @click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
+@click.option("--refit", is_flag=True, help="measure the executor's links, dispatch and contention on this machine "
+              "again now and keep them (default: the fit kept for this machine, measured on first use)")
 @split_margin_option()
 @rpc_options()
 @ms_db_option()
 @deterministic_option(False)
 def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
-        objective, microbatches, executor, ray_address, split_margin, rpc_tracker, rpc_key, deterministic):
+        objective, microbatches, executor, ray_address, refit, split_margin, rpc_tracker, rpc_key, deterministic):
     """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
     from .commands import run_model
 
@@ -269,7 +271,7 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
     res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, repeat=repeat,
                     out_dir=trace_dir, input_shapes=_shapes(input_shape), export_dir=export_dir,
                     deterministic=deterministic, executor=executor, ray_address=ray_address,
-                    rpc_tracker=rpc_tracker, rpc_key=rpc_key, split_margin=split_margin)
+                    rpc_tracker=rpc_tracker, rpc_key=rpc_key, split_margin=split_margin, refit=refit)
     _print_run(res)
     if json_path:
         write_json(json_path, res)

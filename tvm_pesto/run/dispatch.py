@@ -383,15 +383,36 @@ def load_constants(path: Path) -> dict | None:
     return rec
 
 
+def _one_device(cluster, executor: str) -> dict:
+    """A cluster of one device of this machine has no links to fit, and the executor's cost
+    per run on one device is a figure of every fit of several: the newest fit kept for this
+    machine and executor gives it (source ``cached``, ``from_shape`` naming the fit's
+    devices); with none kept, the assumed figures."""
+    from ..costs.cache import default_cache_path
+    from ..costs.calibration import machine_key
+
+    kept = sorted((default_cache_path().parent / "machine").glob(f"{check_executor(executor)}-{machine_key()}-*.json"),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in kept:
+        rec = load_constants(path)
+        set_dispatch(cluster, rec["dispatch"], executor, "cached", rec.get("fitted_at"), load=rec.get("load"),
+                     file=str(path), from_shape=rec.get("cluster"))
+        return {**dispatch_info(cluster), "links": None, "file": str(path)}
+    assume_dispatch(cluster, executor, "one device, and no fit of this executor on this machine kept yet (it is "
+                    "fitted on the first cluster of two or more of its devices)")
+    return {**dispatch_info(cluster), "links": None, "file": None}
+
+
 def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, session=None,
                      announce: bool = True) -> dict:
     """Give ``cluster`` this machine's figures for ``executor``: links, dispatch, contention.
 
     * A cluster that carries figures for ``executor`` already (a fit earlier in this process,
       or a file of ``tvm-pesto cluster bench``) keeps them, unless ``refit``.
-    * A cluster whose devices are not all CPU devices of this machine, or that has fewer
-      than two, gets the assumed figures (:data:`tvm_pesto.cluster.dispatch.ASSUMED_DISPATCH`),
-      and its links stay as its spec gives them.
+    * A cluster whose devices are not all CPU devices of this machine gets the assumed
+      figures (:data:`tvm_pesto.cluster.dispatch.ASSUMED_DISPATCH`), and its links stay as
+      its spec gives them. One device of this machine takes the dispatch figures of the
+      newest fit kept for the executor (it has no links), else the assumed ones.
     * Otherwise the fit kept for this machine, executor and device shape is applied
       (source ``cached``); without one, and unless ``$TVM_PESTO_MACHINE_CALIBRATION`` is
       ``off``, the figures are measured now (:func:`fit_constants`; said on stderr when
@@ -425,10 +446,10 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
     if info["executor"] == executor and info["source"] != "assumed" and not refit:
         return {**info, "links": None, "file": cluster.meta["dispatch"].get("file")}
     shape = local_shape(cluster)
-    if shape is None or len(shape) < 2:
-        why = ("fewer than two devices: nothing to fit the executor on" if shape is not None
-               else "devices not on this machine")
-        assume_dispatch(cluster, executor, why)
+    if shape is not None and len(shape) == 1:
+        return _one_device(cluster, executor)
+    if shape is None:
+        assume_dispatch(cluster, executor, "devices not on this machine")
         return {**dispatch_info(cluster), "links": None, "file": None}
     path = constants_path(cluster, executor)
     rec = None if refit else load_constants(path)
