@@ -1,5 +1,8 @@
 """Plans from predicted costs vs plans from measured costs, measured end to end.
 
+Run it before relying on ``--costs xgb`` on a new machine (are plans from predicted costs as
+fast as plans from measured ones here?), and after retraining the cost model.
+
 For each zoo model: place its fused groups on ``cpu:2`` with
 
 * ``measured`` costs: every group is compiled and timed (fresh measurement log, so the

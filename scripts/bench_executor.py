@@ -2,6 +2,9 @@
 
     python scripts/bench_executor.py
 
+Run it on a new machine, or after a TVM or Python upgrade, before trusting multi-device CPU
+plans: if the threads do not overlap there, placing on two devices cannot pay.
+
 Builds two independent matmul chains, places them on one device and on two, and times
 both. With the GIL released during TVM calls the two-device run takes about half.
 """

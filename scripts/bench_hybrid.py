@@ -1,5 +1,8 @@
 """Plans from ``hybrid`` costs against plans from full measurement, end to end.
 
+Run it before relying on ``--costs hybrid`` on a new machine (are its plans as fast as fully
+measured ones here?), and after a change to :mod:`tvm_pesto.costs.hybrid` or the cost model.
+
 For each model: place it on ``--cluster`` with every backend twice through the one flow
 (``tvm_pesto.place``, deterministic budgets, so only the costs differ):
 

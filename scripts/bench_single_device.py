@@ -2,6 +2,9 @@
 
     python scripts/bench_single_device.py [--models inception_v3,resnet50,bert] [--size small] [--repeat 30]
 
+Run it on a new machine, or after a change to the builder or the executor, to see what
+placing costs when the plan is a single device.
+
 Prints a markdown table; ratio = plain / placed (>= 0.97 is the target: placing on one
 device must cost at most 3%). Runs are interleaved so drift hits both sides alike.
 """

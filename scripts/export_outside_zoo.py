@@ -4,7 +4,8 @@ as model files a user would have: ONNX and torch.export programs.
     python scripts/export_outside_zoo.py --size full --dir outside-zoo/
     tvm-pesto bench search outside-zoo/*.pt2 --json search.json
 
-Nothing is downloaded; the weights are random (seeded).
+Run it to get model files to try tvm-pesto on as a user would (``tvm-pesto run FILE``,
+``tvm-pesto bench search FILE``). Nothing is downloaded; the weights are random (seeded).
 """
 import argparse
 import os

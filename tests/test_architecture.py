@@ -1,6 +1,8 @@
 """The import structure of ``tvm_pesto``: no import circle anywhere, ``solve`` imports no later
-stage, nothing imports another package's private names, and the runtime side (``run``)
-never reaches TVM's compiler.
+stage, nothing imports another package's private names, the runtime side (``run``) never
+reaches TVM's compiler, every package imports only its own layer and below
+(docs/architecture.md, "Layers"), only the cost-model CLI imports the lab, and every import
+inside a function says why it waits.
 
 Every import counts, including the ones inside functions (a lazy import hides a circle
 from Python, not from the design) and ``importlib.import_module`` with a constant name.
@@ -164,3 +166,174 @@ def test_the_runtime_side_never_imports_the_compiler():
         path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
         relax = [i for i in imports_of(path) if i == "tvm.relax" or i.startswith("tvm.relax.")]
         assert not relax, f"{m} imports {relax}"
+
+
+# -- layers (docs/architecture.md, "Layers") ----------------------------------------------------------
+#: Package -> layer: a package imports only packages of its own layer or below. ``tvm_pesto``
+#: is the root package (``__version__``, names imported lazily on first use).
+LAYERS = {
+    "tvm_pesto": 0, "errors": 0, "jsonio": 0, "package_data": 0, "_core": 0,  # utilities
+    "frontend": 0, "models": 0, "zoo": 0,  # where a model comes from: a Relax module, nothing of the flow
+    "graph": 1, "cluster": 1,
+    "candidates": 2, "backends": 2,
+    "costs": 3, "lab": 3,  # the lab sits beside costs; only the CLI imports it
+    "plan": 4,
+    "solve": 5,
+    "builder": 6,
+    "run": 7,
+    "decide": 8, "api": 8, "train": 8,  # train builds a step and places it with api
+    "cli": 9, "bench": 9,
+}
+#: (importing package, imported module): why it may point up a layer. The list only shrinks
+#: (:func:`test_every_allowed_upward_import_is_still_there`).
+ALLOWED_UPWARD = {
+    ("tvm_pesto.backends", "tvm_pesto.run.loaders"):
+        "a library backend builds the callable the deployed bundle's loader registers (one function in one "
+        "place); the loaders are the runtime side, which must not import the compiler side "
+        "(test_the_runtime_side_never_imports_the_compiler), so they cannot move down into backends",
+    ("tvm_pesto.builder", "tvm_pesto.run.bundle"):
+        "the builder writes the bundle the runtime reads; the format stays with its reader, which must not "
+        "import the builder",
+    ("tvm_pesto.builder", "tvm_pesto.run.runtime"):
+        "a built PlacedModule runs through the deployed runtime's PlacedRuntime, so a built and a loaded "
+        "bundle run alike; the runtime must not import the builder",
+    ("tvm_pesto.builder", "tvm_pesto.run.program"):
+        "the builder makes the Program the runtime executes; the runtime must not import the builder",
+}
+
+
+def package_of(module: str) -> str:
+    """``tvm_pesto.X`` for a module of package ``X`` (or top-level module ``X``); ``tvm_pesto``
+    for the root package."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer_of(module: str) -> int:
+    return LAYERS[package_of(module).removeprefix("tvm_pesto.") if module != "tvm_pesto" else "tvm_pesto"]
+
+
+def upward_imports(g: nx.DiGraph) -> list[tuple[str, str]]:
+    """Edges of ``g`` from a package to a package of a higher layer."""
+    return sorted((u, v) for u, v in g.edges if layer_of(v) > layer_of(u))
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(m) for m in package_graph()}
+    missing = sorted(p for p in packages if p.removeprefix("tvm_pesto.") not in LAYERS and p != "tvm_pesto")
+    assert not missing, f"{missing} have no layer; add them to LAYERS (and to docs/architecture.md, 'Layers')"
+
+
+def test_packages_import_only_their_layer_and_below():
+    bad = [(u, v) for u, v in upward_imports(package_graph()) if (package_of(u), v) not in ALLOWED_UPWARD]
+    assert not bad, (f"imports that point up a layer: {bad}; move the code to the layer of its users (or, if it "
+                     "must stay, add the pair to ALLOWED_UPWARD with the reason)")
+
+
+def test_every_allowed_upward_import_is_still_there():
+    used = {(package_of(u), v) for u, v in upward_imports(package_graph())}
+    stale = sorted(set(ALLOWED_UPWARD) - used)
+    assert not stale, f"{stale} no longer import upward: remove them from ALLOWED_UPWARD"
+
+
+def test_the_layer_check_catches_an_upward_import():
+    g = nx.DiGraph([("tvm_pesto.costs.x", "tvm_pesto.api"), ("tvm_pesto.api", "tvm_pesto.costs.x"),
+                    ("tvm_pesto.builder.placed", "tvm_pesto.run.bundle")])
+    assert upward_imports(g) == [("tvm_pesto.builder.placed", "tvm_pesto.run.bundle"),
+                                 ("tvm_pesto.costs.x", "tvm_pesto.api")]
+
+
+def test_only_the_cost_model_cli_imports_the_lab():
+    """The lab makes and judges the cost model; the product never needs it."""
+    importers = sorted({u for u, v in package_graph().edges if (v == "tvm_pesto.lab" or v.startswith("tvm_pesto.lab."))
+                        and not u.startswith("tvm_pesto.lab")})
+    assert importers == ["tvm_pesto.cli.cost_model"], importers
+
+
+# -- imports inside functions ------------------------------------------------------------------------
+#: Third-party modules slow to import or needed by one feature only: a function may import them
+#: where it needs them without saying why.
+HEAVY = {"tvm", "tvm_ffi", "torch", "onnx", "onnxruntime", "onnxscript", "ray", "openvino", "xgboost", "pulp",
+         "highspy", "matplotlib", "scipy", "tensorrt", "cudnn", "cuda", "nvidia", "triton"}
+LAZY_MARK = "# lazy:"
+
+
+def function_imports(source: str) -> list[ast.stmt]:
+    """The import statements inside the functions of ``source``."""
+    out = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.extend(n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return sorted(set(out), key=lambda n: n.lineno)
+
+
+def imports_heavy_only(node: ast.stmt) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level == 0 and node.module.split(".")[0] in HEAVY
+    return all(alias.name.split(".")[0] in HEAVY for alias in node.names)
+
+
+def unexplained_function_imports(source: str) -> list[int]:
+    """Lines of the function-level imports of ``source`` that are neither of a :data:`HEAVY`
+    module nor explained by a ``# lazy: <reason>`` comment. A comment explains the import on
+    its line and the imports that follow it without a line between: it stands in the comment
+    lines right above a run of imports, or on one of the run's lines up to this import's."""
+    lines = source.splitlines()
+    nodes = function_imports(source)
+    ends = {n.end_lineno: n for n in nodes}
+
+    def marked(first: int, last: int) -> bool:
+        return any(LAZY_MARK in lines[i - 1] and lines[i - 1].split(LAZY_MARK, 1)[1].strip()
+                   for i in range(max(first, 1), last + 1))
+
+    bad = []
+    for node in nodes:
+        if imports_heavy_only(node):
+            continue
+        start = node
+        while start.lineno - 1 in ends:  # back to the first import of the run
+            start = ends[start.lineno - 1]
+        above = start.lineno - 1
+        while above > 1 and lines[above - 2].lstrip().startswith("#"):  # the comment block above the run
+            above -= 1
+        if not marked(above, node.end_lineno):
+            bad.append(node.lineno)
+    return bad
+
+
+def test_every_import_inside_a_function_says_why():
+    """An import belongs at the top of its module unless it must wait: a heavy optional library,
+    or a module the importer should not load at import time (say which and why)."""
+    bad = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        lines = unexplained_function_imports(path.read_text())
+        if lines:
+            bad[str(path.relative_to(ROOT))] = lines
+    assert not bad, (f"imports inside functions without a reason: {bad}; move each to the top of its module, or "
+                     f"say why it waits with a '{LAZY_MARK} <reason>' comment on its line or the line above")
+
+
+def test_the_lazy_import_check_reads_comments_and_blocks():
+    source = '''
+def f():
+    import torch
+    import os
+    from . import a  # lazy: a loads torch
+    from .b import c
+    x = 1
+    from .d import e
+
+
+def g():
+    # lazy: the registry imports backends on first use
+    from .backends import get_backend
+    from .candidates import x
+    # lazy:
+    from .plan import y
+
+
+def h():
+    # lazy: two lines of reason,
+    # this one and the one above
+    from .solve import z
+'''
+    assert unexplained_function_imports(source) == [4, 8, 16]

@@ -37,16 +37,17 @@ from tvm.script import relax as R
 
 import tvm_pesto
 from tvm_pesto.backends.tvm_cpu import TIMING_STAMP
-from tvm_pesto import api
 from tvm_pesto.backends import get_backend
+from tvm_pesto.backends.ms_database import RECORD_FILE, WORKLOAD_FILE, check_database_target
 from tvm_pesto.backends.tvm_cpu import TvmMetaScheduleBackend
+from tvm_pesto.candidates import flow as candidates_flow
 from tvm_pesto.cli.main import cli
 from tvm_pesto.cli.progress import console
 from tvm_pesto.cluster import Cluster, parse_cluster
 from tvm_pesto.costs import MeasureCache
-from tvm_pesto.costs.tuning_db import RECORD_FILE, WORKLOAD_FILE, check_database_target, read_tuning_db
 from tvm_pesto.errors import (BuildError, ClusterError, CostError, ExecutionError, GraphError, InfeasibleError,
                               PestoError, PlanError, SolverError, UnsupportedModuleError)
+from tvm_pesto.lab.tuning_rows import read_tuning_db
 from tvm_pesto.models import load_model
 from tvm_pesto.plan import Plan
 from tvm_pesto.run.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
@@ -548,7 +549,7 @@ def test_api_bundle_with_a_corrupt_manifest(tmp_path):
 
 
 def test_api_unavailable_backend_warns_once_and_names_what_stands_in(monkeypatch):
-    monkeypatch.setattr(api, "_WARNED", set())  # other tests may have had the warning already
+    monkeypatch.setattr(candidates_flow, "_WARNED", set())  # other tests may have had the warning already
     monkeypatch.setattr(get_backend("tvm-ms"), "database", None)  # whatever TVM_PESTO_MS_DB says here
     an = tvm_pesto.analyze(Two)
     with warnings.catch_warnings(record=True) as rec:

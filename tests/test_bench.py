@@ -7,7 +7,7 @@ import warnings
 import pytest
 from click.testing import CliRunner
 
-from tvm_pesto.bench.placement import case_checks
+from tvm_pesto.bench.placement_case import case_checks
 from tvm_pesto.cli.bench import bench
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)

@@ -14,7 +14,8 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import PlanError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem, simulate
-from tvm_pesto.solve.coarsen import coarsen, expand_plan, solve_coarse_ilp
+from tvm_pesto.solve.coarse_ilp import solve_coarse_ilp
+from tvm_pesto.solve.coarsen import coarsen, expand_plan
 from tvm_pesto.solve.ilp import solve
 from tvm_pesto.solve.portfolio import best_heuristic_plan
 

@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 
 import tvm_pesto
 from tvm_pesto.cluster import Cluster, parse_cluster
-from tvm_pesto.costs import evaluate as ev
 from tvm_pesto.costs import xgb as cmx
 from tvm_pesto.costs.features import (
     FEATURE_NAMES, describe_group, device_descriptor, device_key, device_size_key, feature_matrix, feature_vector,
     roofline_s, strided_reduction,
 )
-from tvm_pesto.costs.sweep import FAMILIES, sweep_module
 from tvm_pesto.errors import CostError, PestoError
+from tvm_pesto.lab import dataset, fit
+from tvm_pesto.lab import evaluate as ev
+from tvm_pesto.lab import metrics as lab_metrics
+from tvm_pesto.lab.sweep import FAMILIES, sweep_module
 
 CPU_DEV = {"kind": "cpu", "model": "test-cpu", "peak_flops": 1e11, "mem_bandwidth": 1e10, "memory_bytes": 8e9,
            "cores": 1}
@@ -159,7 +161,7 @@ def test_malformed_and_truncated_lines_are_skipped_with_line_numbers(tmp_path, s
     with open(log, "a") as f:
         f.write((tmp_path / "b.jsonl").read_text())
     with pytest.warns(RuntimeWarning, match=r"skipped 3 malformed line\(s\) \(line 2, 3, 5\)"):
-        ds = cmx.read_log(log)
+        ds = dataset.read_log(log)
     assert [n for _, n, _ in ds.skipped] == [2, 3, 5]
     assert len(ds.rows) == 2
 
@@ -171,10 +173,10 @@ def test_repeated_passes_are_merged_to_the_fastest(tmp_path, sweep_descs):
     lines = log.read_text().splitlines()
     tagged = [json.dumps(dict(json.loads(line), run=f"r{k}")) for k, line in enumerate(lines)]
     log.write_text("\n".join(tagged) + "\n")
-    ds = cmx.load_dataset([log])
+    ds = dataset.load_dataset([log])
     assert len(ds.rows) == 1 and ds.rows[0]["time_s"] == pytest.approx(1e-5)
     assert sorted(ds.rows[0]["runs"]) == pytest.approx([1e-5, 2e-5, 3e-5])
-    nf = ev.noise_floor(ds.rows)
+    nf = lab_metrics.noise_floor(ds.rows)
     assert nf["n_rerun_pairs"] == 2 and nf["rerun_mape"] == pytest.approx(100 * (2.0 + 1 / 3) / 2)
 
 
@@ -184,7 +186,7 @@ def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, swe
     import gzip
 
     from tvm_pesto.costs.jsonl import append_record, read_records
-    from tvm_pesto.costs.profile import merge_logs
+    from tvm_pesto.lab.profile import merge_logs
 
     plain = tmp_path / "plain" / "log.jsonl"
     plain.parent.mkdir()
@@ -192,21 +194,21 @@ def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, swe
     packed = tmp_path / "packed" / "log.jsonl"
     packed.parent.mkdir()
     (tmp_path / "packed" / "log.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes()))
-    want = cmx.load_dataset([plain]).rows
+    want = dataset.load_dataset([plain]).rows
     for name in (packed, tmp_path / "packed" / "log.jsonl.gz"):
-        assert cmx.load_dataset([name]).rows == want
+        assert dataset.load_dataset([name]).rows == want
         assert [r for _, r, _ in read_records(name)] == [r for _, r, _ in read_records(plain)]
     a, b = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl.gz"
     merge_logs([packed], a)
     merge_logs([plain], b)
     assert a.read_bytes() == b.read_bytes() and a.read_bytes()[:2] == b"\x1f\x8b"
-    assert len(cmx.load_dataset([a]).rows) == len(want)
+    assert len(dataset.load_dataset([a]).rows) == len(want)
     with pytest.raises(ValueError, match="compressed"):
         append_record(a, {"key": "k"})
 
 
 def test_profiler_logs_enough_to_rebuild_features_without_the_ir(tmp_path):
-    from tvm_pesto.costs.profile import profile_module
+    from tvm_pesto.lab.profile import profile_module
 
     mod = sweep_module("pool", limit=2)
     log = tmp_path / "p.jsonl"
@@ -216,7 +218,7 @@ def test_profiler_logs_enough_to_rebuild_features_without_the_ir(tmp_path):
     assert again.measured == 0  # a second run of the same model measures nothing
     recs = [json.loads(line) for line in log.read_text().splitlines()]
     assert all("load" in r and "device_desc" in r for r in recs)
-    ds = cmx.read_log(log)
+    ds = dataset.read_log(log)
     dev = device_descriptor(parse_cluster("cpu:2").devices[0])
     assert len(ds.rows) == 2 and list(ds.overheads) == [device_key(dev)]
     a = tvm_pesto.analyze(mod)
@@ -228,8 +230,8 @@ def test_profiler_logs_enough_to_rebuild_features_without_the_ir(tmp_path):
 # -- training and metrics on the fixed small dataset -------------------------------------------------
 def test_training_is_deterministic(tmp_path, sweep_descs):
     rows = synthetic_rows(sweep_descs)
-    m1 = cmx.train(rows, rounds=40)
-    m2 = cmx.train(rows, rounds=40)
+    m1 = fit.train(rows, rounds=40)
+    m2 = fit.train(rows, rounds=40)
     m1.save(tmp_path / "a.json")
     m2.save(tmp_path / "b.json")
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
@@ -242,14 +244,14 @@ def test_metrics_on_the_fixed_small_dataset(sweep_descs, target):
     rows = synthetic_rows(sweep_descs)
     train, test = ev.split_by_model(rows, ["sweep-attention"])
     assert test and not {r["key"] for r in train} & {r["key"] for r in test}
-    model = cmx.train(train, target=target, rounds=200)
-    m = ev.metrics(test, model.predict_rows(test))
+    model = fit.train(train, target=target, rounds=200)
+    m = lab_metrics.metrics(test, model.predict_rows(test))
     assert m["n"] == len(test)
     assert m["mape"] < 20.0, m
     assert m["spearman"] > 0.93, m
     assert m["top1_backend_accuracy"] >= 0.8, m
     assert m["mean_regret"] < 0.05, m
-    seen = ev.metrics(train, model.predict_rows(train))
+    seen = lab_metrics.metrics(train, model.predict_rows(train))
     assert seen["mape"] < 10.0 and seen["within_10pct"] > 0.6, seen
 
 
@@ -260,7 +262,7 @@ def test_metrics_detect_a_useless_model(sweep_descs):
     times = [r["time_s"] for r in train]
     np.random.default_rng(1).shuffle(times)
     shuffled = [dict(r, time_s=t) for r, t in zip(train, times)]
-    m = ev.metrics(test, cmx.train(shuffled, rounds=60).predict_rows(test))
+    m = lab_metrics.metrics(test, fit.train(shuffled, rounds=60).predict_rows(test))
     assert m["spearman"] < 0.6 and m["mape"] > 35.0
 
 
@@ -269,7 +271,7 @@ def test_metric_definitions_by_hand():
     rows = [{"time_s": t, "backend": b, "device": dev, "model": "m", "nodes": [k // 2], "key": str(k),
              "repeats": [t, 1.2 * t]} for k, (t, b) in enumerate([(1.0, "tvm"), (2.0, "torch"),
                                                                    (4.0, "tvm"), (3.0, "torch")])]
-    m = ev.metrics(rows, np.array([1.0, 2.2, 3.0, 3.5]))
+    m = lab_metrics.metrics(rows, np.array([1.0, 2.2, 3.0, 3.5]))
     apes = [0.0, 0.1, 0.25, 0.5 / 3]
     assert m["mape"] == pytest.approx(100 * np.mean(apes))
     assert m["median_ape"] == pytest.approx(100 * (0.1 + 0.5 / 3) / 2)
@@ -277,7 +279,7 @@ def test_metric_definitions_by_hand():
     # subgraph 0: tvm is best and predicted best; subgraph 1: torch (3 s) is best, tvm (4 s) predicted
     assert m["n_choices"] == 2 and m["top1_backend_accuracy"] == pytest.approx(0.5)
     assert m["mean_regret"] == pytest.approx((0 + (4.0 / 3.0 - 1)) / 2)
-    nf = ev.noise_floor(rows)
+    nf = lab_metrics.noise_floor(rows)
     assert nf["cv_median"] == pytest.approx(np.std([1, 1.2], ddof=1) / 1.1)
 
 
@@ -303,7 +305,8 @@ def test_train_on_a_metaschedule_database_from_a_short_tuning_run(tmp_path, swee
     from click.testing import CliRunner
 
     from tvm_pesto.cli.cost_model import cost_model
-    from tvm_pesto.costs.tuning_db import RECORD_FILE, read_tuning_db, tune_in_process
+    from tvm_pesto.backends.ms_database import RECORD_FILE
+    from tvm_pesto.lab.tuning_rows import read_tuning_db, tune_in_process
 
     work = tmp_path / "ms"
     tune_in_process(_tiny_tir_module(), {"kind": "llvm", "num-cores": 1}, work, max_trials=4, num_trials_per_iter=4)
@@ -339,7 +342,7 @@ def test_predict_costs_falls_back_to_roofline_per_uncovered_device(tmp_path, swe
     cpu = parse_cluster("cpu:2")
     host = device_descriptor(cpu.devices[0])
     rows = [dict(r, device=host) for r in synthetic_rows(sweep_descs) if r["backend"] == "tvm"]
-    model = cmx.train(rows, rounds=60, overheads={"cpu/host-cpu/1": [2e-6]})
+    model = fit.train(rows, rounds=60, overheads={"cpu/host-cpu/1": [2e-6]})
     path = tmp_path / "m.json"
     model.save(path)
     gpu = parse_cluster("2xV100-nvlink")
@@ -373,7 +376,7 @@ def test_covers_needs_the_core_count_it_was_trained_on(tmp_path, sweep_descs):
     host = device_descriptor(one.devices[0])
     rows = [dict(r, device=host) for r in synthetic_rows(sweep_descs) if r["backend"] == "tvm"]
     path = tmp_path / "m.json"
-    cmx.train(rows, rounds=20).save(path)
+    fit.train(rows, rounds=20).save(path)
     model = cmx.load_model(path)
     assert model.meta["devices"] == [device_key(host)]
     assert model.covers(device_descriptor(one.devices[0]))
@@ -395,7 +398,7 @@ def test_a_cpu_kind_the_model_never_saw_is_predicted_and_said(tmp_path, sweep_de
     assert host["cpu_kind"] and device_key(host) == f"cpu/host-cpu/1@{host['cpu_kind']}"
     other = dict(host, cpu_kind="VendorX/1/2", peak_flops=3 * host["peak_flops"])
     rows = [dict(r, device=other) for r in synthetic_rows(sweep_descs) if r["backend"] == "tvm"]
-    model = cmx.train(rows, rounds=20, overheads={device_key(other): [1e-6]})
+    model = fit.train(rows, rounds=20, overheads={device_key(other): [1e-6]})
     assert model.meta["devices"] == ["cpu/host-cpu/1@VendorX/1/2"]
     assert not model.covers(host) and model.covers_size(host) and model.covers(other)
     assert not model.covers_size(device_descriptor(parse_cluster("cpu:1").devices[0]))  # two cores: never seen
@@ -403,7 +406,7 @@ def test_a_cpu_kind_the_model_never_saw_is_predicted_and_said(tmp_path, sweep_de
     cs = placement_candidates(tvm_pesto.analyze(sweep_module("matmul", limit=3)).rg)
     table, src = cmx.predict_candidate_costs(cs, one, model=model, calibration=False)
     assert src == ["xgb-other-cpu", "xgb-other-cpu"] and np.all(np.isfinite(table))
-    both = cmx.train(rows + [dict(r, device=host) for r in rows], rounds=20)
+    both = fit.train(rows + [dict(r, device=host) for r in rows], rounds=20)
     assert both.meta["devices"] == sorted([device_key(host), device_key(other)])
     _, src = cmx.predict_candidate_costs(cs, one, model=both, calibration=False)
     assert src == ["xgb", "xgb"]
@@ -426,13 +429,13 @@ def test_rows_of_two_cpu_kinds_stay_apart_when_passes_are_merged(tmp_path, sweep
     """The same subgraph timed on two kinds of CPU is two rows, not two passes of one (the
     fastest of which would win); ``merge_logs`` keeps them apart and can name the kind of old
     records that have none."""
-    from tvm_pesto.costs.profile import merge_logs
+    from tvm_pesto.lab.profile import merge_logs
 
     row = synthetic_rows(sweep_descs[:1])[0]
     zen1 = dict(row["device"], cpu_kind="AuthenticAMD/23/1")
     log = tmp_path / "log.jsonl"
     write_log(log, [dict(row, time_s=1e-5), dict(row, device=zen1, time_s=3e-5)])
-    ds = cmx.load_dataset([log])
+    ds = dataset.load_dataset([log])
     assert sorted(r["time_s"] for r in ds.rows) == pytest.approx([1e-5, 3e-5])
     out = tmp_path / "merged.jsonl"
     merge_logs([log], out, assume_cpu_kind="AuthenticAMD/25/17")
@@ -532,7 +535,7 @@ def test_profile_takes_models_outside_the_zoo(tmp_path):
     assert res.exit_code == 0, res.output
     recs = [json.loads(s) for s in log.read_text().splitlines()]
     assert {r.get("model") for r in recs if r["key"] != "__vm_call_overhead__"} == {"convnext"}
-    ds = cmx.load_dataset([log])
+    ds = dataset.load_dataset([log])
     assert len(ds.rows) > 5
     res = CliRunner().invoke(profile, ["convnxt", "--log", str(log)])
     msg = str(res.exception)
@@ -555,7 +558,7 @@ def test_eval_heldout_scores_a_retrained_recipe_not_the_shipped_model(tmp_path, 
     test = [x for x in rows if x["model"] == "resnet50"]
     assert r["heldout"]["n"] == len(test) and r["heldout_scored_by"]["train_rows"] < len(rows) - len(test) + 1
     # the shipped model saw these rows: it scores them better than the recipe that did not
-    seen_mape = ev.metrics(test, shipped.predict_rows(test))["mape"]
+    seen_mape = lab_metrics.metrics(test, shipped.predict_rows(test))["mape"]
     assert seen_mape < r["heldout"]["mape"]
     res = CliRunner().invoke(cost_model, ["train", str(log), "-o", str(out), "--eval-heldout", "resnet50",
                                           "--heldout", "resnet50"])

@@ -12,7 +12,8 @@ import pytest
 from tvm_pesto.errors import ClusterError, CostError, CycleError, GraphError, PlanError
 from tvm_pesto.graph.dnn_partitioning import (
     BENCHMARK_ENV, benchmark_dir, cluster_from_graph, colocation_groups, costs_from_graph, find_expert_split,
-    load_expert_split, load_layer_graph, write_split)
+    load_layer_graph)
+from tvm_pesto.plan.expert_split import load_expert_split, write_split
 from tvm_pesto.plan import Problem, simulate
 from tvm_pesto.solve import lower_bound, solve
 

@@ -27,11 +27,11 @@ from tvm_pesto.costs.calibration import (
     fit_calibration,
     load_calibration,
 )
-from tvm_pesto.costs.evaluate import flow_eval, flow_models
 from tvm_pesto.costs.features import device_descriptor, device_key
-from tvm_pesto.costs.sweep import sweep_module
 from tvm_pesto.costs.xgb import default_model_path, load_model
 from tvm_pesto.errors import CostError, PestoError
+from tvm_pesto.lab.flow_eval import flow_eval, flow_models
+from tvm_pesto.lab.sweep import sweep_module
 
 FLOOR = 2e-7
 
@@ -108,13 +108,12 @@ def test_flow_eval_scores_real_fused_groups(measured, cpu_kind):
 def test_flow_fits_this_machines_calibration_first_as_estimate_costs_does(measured, monkeypatch):
     """Where the xgb source would fit this machine's calibration before its first costs, the
     flow does too, and scores what that calibration then gives (here: the bundled one)."""
-    import tvm_pesto.api as api
     import tvm_pesto.costs.machine as machine
 
     _, mods, cache = measured
     fits = []
     monkeypatch.setattr(machine, "needs_fit", lambda model, cluster: True)
-    monkeypatch.setattr(api, "calibrate_machine", lambda cluster, model, announce=False: fits.append(cluster.name))
+    monkeypatch.setattr(machine, "calibrate_machine", lambda cluster, model, announce=False: fits.append(cluster.name))
     res = flow_eval(mods, "cpu:2", cache=cache)
     assert fits == ["cpu:2"]
     assert res["calibration"]["applied"] and all(r["calibrated"] for r in res["flow"].values())
@@ -140,9 +139,9 @@ def test_high_load_is_flagged_and_strict_refuses(measured, monkeypatch):
 
 
 def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch, tmp_path):
-    import tvm_pesto.costs as costs
+    import tvm_pesto.lab.flow_eval as fe
 
-    real, calls, first = costs.candidate_costs, [], {}
+    real, calls, first = fe.candidate_costs, [], {}
 
     def measured_thrice_as_slow_the_second_time(cs, cluster, source, **kw):  # a drifting machine
         ct = real(cs, cluster, source, **kw)
@@ -153,7 +152,7 @@ def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch,
             ct.table = first["table"] * 3.0
         return ct
 
-    monkeypatch.setattr(costs, "candidate_costs", measured_thrice_as_slow_the_second_time)
+    monkeypatch.setattr(fe, "candidate_costs", measured_thrice_as_slow_the_second_time)
     monkeypatch.setattr(os, "getloadavg", _loads(0.25))
     mods = {"mlp": tiny_mlp()[0]}
     once = flow_eval(mods, "cpu:2", calibrate=False)

@@ -16,7 +16,8 @@ from tvm_pesto.backends.gpu import patterns
 from tvm_pesto.backends.gpu.cublas import CublasBackend
 from tvm_pesto.backends.torch_ops import TorchBackend
 from tvm_pesto.bench.random_dag import dnn_like_problem
-from tvm_pesto.candidates import generate
+from tvm_pesto.candidates import checks, generate
+from tvm_pesto.candidates.convex import Reach
 from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.cluster import device_thread, parse_cluster
 from tvm_pesto.errors import InfeasibleError, PestoError
@@ -24,7 +25,7 @@ from tvm_pesto.graph.relax_import import from_relax
 from tvm_pesto.run.executor import Executor
 from tvm_pesto.run.program import Program, Step
 from tvm_pesto.solve import portfolio
-from tvm_pesto.solve.ilp_model import solve_ilp
+from tvm_pesto.solve.ilp_solve import solve_ilp
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def rg():
 @pytest.fixture(autouse=True)
 def fresh_records(monkeypatch):
     """Each test sees its own once-per-process warnings and pinning record."""
-    monkeypatch.setattr(generate, "_WARNED", set())
+    monkeypatch.setattr(checks, "_WARNED", set())
     monkeypatch.setattr(device_thread, "_FAILURES", {})
 
 
@@ -119,7 +120,7 @@ def test_a_backend_whose_checks_read_no_call_at_all_is_reported(rg):
 
 
 def test_pattern_candidates_without_a_record_raise_the_failure(rg):
-    reach = generate.Reach(rg.graph.dag, rg.graph.num_nodes)
+    reach = Reach(rg.graph.dag, rg.graph.num_nodes)
     with pytest.raises(RuntimeError, match="supports_op bug"):
         generate.pattern_candidates(rg, RaisingTorch(RuntimeError("supports_op bug")), reach, {})
 

@@ -38,7 +38,8 @@ from tvm_pesto.backends.base import MatchContext
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.cluster import gpu_probe as probe
 from tvm_pesto.run import streams
-from tvm_pesto.backends.onnx_export import OnnxExportError, flatten_args, relax_to_onnx, supports_call
+from tvm_pesto.backends.onnx_export import OnnxExportError, flatten_args, relax_to_onnx
+from tvm_pesto.backends.onnx_ops import supports_call
 from tvm_pesto.candidates import candidate_function
 from tvm_pesto.errors import BuildError, ExecutionError
 from tvm_pesto.graph.relax_import import from_relax

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tvm_pesto.candidates import Candidate
-from tvm_pesto.candidates.generate import Reach, is_valid
+from tvm_pesto.candidates.convex import Reach, is_valid
 from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import InfeasibleError, SolverError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode

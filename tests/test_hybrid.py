@@ -123,15 +123,15 @@ def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_pa
     """A model trained on tiny_cnn's subgraphs only: the xgb table names the decoder's
     ``conv2d_transpose`` candidates as unseen, and hybrid measures their contenders before any
     stake, keeping them out of the backend bias."""
-    from tvm_pesto.costs import xgb
     from tvm_pesto.costs.features import describe_group, device_descriptor
     from tvm_pesto.costs.hybrid import Hybrid, unseen_contenders
+    from tvm_pesto.lab.fit import train
 
     an, cl, cs = tiny
     dev = device_descriptor(cl.devices[0])
     rows = [{"desc": describe_group(an.op_graph, c.nodes), "device": dev, "backend": c.backend, "tuned": 0.0,
              "time_s": 1e-6 * (1 + len(c.nodes)), "model": "tiny", "key": str(k)} for k, c in enumerate(cs)]
-    model = xgb.train(rows, rounds=10)
+    model = train(rows, rounds=10)
     assert "relax.nn.conv2d_transpose" not in model.meta["ops"] and "relax.nn.conv2d" in model.meta["ops"]
     model.save(tmp_path / "m.json")
     monkeypatch.setenv("TVM_PESTO_COST_MODEL", str(tmp_path / "m.json"))

@@ -12,9 +12,10 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import InfeasibleError, SolverError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem, simulate
-from tvm_pesto.solve import ilp_model, mip
+from tvm_pesto.solve import ilp_solve, mip
 from tvm_pesto.solve.ilp import solve
-from tvm_pesto.solve.ilp_model import build_ilp, solve_ilp
+from tvm_pesto.solve.ilp_model import build_ilp
+from tvm_pesto.solve.ilp_solve import solve_ilp
 from tvm_pesto.solve.portfolio import HeuristicRuns
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -165,7 +166,7 @@ def test_no_incumbent_falls_back_to_warm_start(monkeypatch):
     assert "no usable solution" in plan.info["note"]
     assert plan.assignment.tolist() == [0] * 5
     with pytest.raises(SolverError, match="no warm start"):
-        monkeypatch.setattr(ilp_model, "run_heuristics", lambda p: HeuristicRuns())
+        monkeypatch.setattr(ilp_solve, "run_heuristics", lambda p: HeuristicRuns())
         solve_ilp(problem, time_limit_s=5)
 
 

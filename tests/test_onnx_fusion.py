@@ -39,8 +39,44 @@ def test_gelu_is_fused_by_onnx_runtime_and_matches_tvm(tmp_path):
     model = relax_to_onnx(mod["main"]).SerializeToString()
     ops = _optimized_ops(model, tmp_path)
     assert ops["Gelu"] == 1 and ops["Erf"] == 0, dict(ops)
+    want, got = _tvm_and_ort(mod, model, x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _tvm_and_ort(mod, model_bytes, x):
+    """(TVM's output, ONNX Runtime's output) of ``mod`` and its export on ``x``."""
     tgt = tvm.target.Target({"kind": "llvm"})
     ex = tvm.compile(mod, target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
     want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: x})[0], want, rtol=1e-5, atol=1e-5)
+    sess = ort.InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    return want, sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
+
+def _hard_sigmoid(shape, result):
+    """``x + 3 -> clip(0, 6) -> / 6`` (torch's hardsigmoid as the importer writes it), then
+    ``result(x, clipped, h)`` as the function's result."""
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.add(x, relax.const(np.float32(3.0))))
+            c = bb.emit(relax.op.clip(a, 0, 6))
+            h = bb.emit(relax.op.divide(c, relax.const(np.float32(6.0))))
+            y = bb.emit_output(result(x, c, h))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+@pytest.mark.parametrize("mul,op", [(False, "HardSigmoid"), (True, "HardSwish")])
+def test_hard_activations_export_as_one_op_and_match_tvm(mul, op):
+    mod = _hard_sigmoid((2, 8), lambda x, c, h: relax.op.multiply(x, h) if mul else h)
+    model = relax_to_onnx(mod["main"])
+    assert [n.op_type for n in model.graph.node] == [op]
+    xs = (np.random.default_rng(0).standard_normal((2, 8)) * 5).astype("float32")
+    want, got = _tvm_and_ort(mod, model.SerializeToString(), xs)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_intermediate_the_graph_returns_is_not_fused_away():
+    mod = _hard_sigmoid((4,), lambda x, c, h: relax.Tuple([c, h]))
+    assert [n.op_type for n in relax_to_onnx(mod["main"]).graph.node] == ["Add", "Clip", "Div"]

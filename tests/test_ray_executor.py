@@ -214,7 +214,9 @@ def test_ray_links_are_measured_and_used(ray_session):
     assert set(pts) == {"0->1", "1->0"} and c.meta["links_measured"] == "ray"
     for i, j in [(0, 1), (1, 0)]:
         p = pts[f"{i}->{j}"]
-        assert p["latency_s"] == c.latency[i, j] and 0 < c.latency[i, j] < 0.5 and c.bandwidth[i, j] > 1e7
+        # bytes per second (a copy through Ray's object store: hundreds of MB/s on a quiet machine,
+        # a few MB/s while other jobs load both cores; a unit slip to MB/s would give ~1e2)
+        assert p["latency_s"] == c.latency[i, j] and 0 < c.latency[i, j] < 0.5 and c.bandwidth[i, j] > 1e5
         # a real hand-over between processes: each point between 1 us and 0.5 s (seconds, not
         # another unit; a point passed 50 ms while another test worker loaded both cores)
         assert all(1e-6 < t < 0.5 for t in p["points"].values()), p["points"]

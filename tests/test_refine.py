@@ -103,7 +103,7 @@ def test_heft_pins_and_keeps_others_off_pinned_devices():
 
 
 def test_critical_path_splits_pin_the_path_in_runs():
-    from tvm_pesto.solve.refine import critical_path_splits
+    from tvm_pesto.solve.polish import critical_path_splits
 
     n = 9
     edges = [(i, i + 1, 10) for i in range(n - 1)] + [(0, n, 10), (n, n - 1, 10)]
@@ -117,7 +117,7 @@ def test_critical_path_splits_pin_the_path_in_runs():
 
 
 def test_polish_keeps_the_best_start_and_stops_at_the_bound():
-    from tvm_pesto.solve.refine import polish
+    from tvm_pesto.solve.polish import polish
 
     p = two_chains()
     bad = Plan(np.zeros(6, dtype=np.int32), [[0, 1, 2, 3, 4, 5], []], solver="single")

@@ -18,10 +18,11 @@ from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.graph import dnn_partitioning as dp
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem
+from tvm_pesto.plan.expert_split import load_expert_split
 from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.plan.stage import evaluate_stages, io_rates, node_passes
 from tvm_pesto.solve import solve
-from tvm_pesto.solve.stage_dp import dp_bound, dp_split
+from tvm_pesto.solve.ideal_dp import dp_bound, dp_split
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 MiB = 1 << 20
@@ -141,7 +142,7 @@ def test_the_expert_splits_cost_what_the_paper_says(name):
     path = os.path.join(ROOT, "throughput-inputs", "LayerGraphs", f"{name}.json")
     split = dp.find_expert_split(path)
     p = layergraph("throughput", name)
-    ev = evaluate(p, dp.load_expert_split(split, p.graph, p.cluster), "stage", "throughput")
+    ev = evaluate(p, load_expert_split(split, p.graph, p.cluster), "stage", "throughput")
     assert ev.valid, ev.violations
     assert ev.objective_value == pytest.approx(paper_max_load(path, split) * 1e-3, rel=1e-9)
 
@@ -208,7 +209,7 @@ def test_dp_on_the_layergraphs_beats_the_experts_and_meets_its_bound():
         ev = evaluate(p, plan, "stage", "throughput")
         check_stage_plan(p, plan)
         assert ev.valid and ev.objective_value <= dp_bound(p)["bound_s"] * (1 + 1e-6), name
-        expert = dp.load_expert_split(dp.find_expert_split(os.path.join(ROOT, "throughput-inputs", "LayerGraphs",
+        expert = load_expert_split(dp.find_expert_split(os.path.join(ROOT, "throughput-inputs", "LayerGraphs",
                                                                         f"{name}.json")), p.graph, p.cluster)
         assert ev.objective_value < evaluate(p, expert, "stage", "throughput").objective_value, name
 

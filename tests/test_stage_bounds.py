@@ -16,6 +16,7 @@ from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.graph import dnn_partitioning as dp
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem
+from tvm_pesto.plan.expert_split import load_expert_split
 from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.solve.bounds import critical_path
 from tvm_pesto.solve.objective_bounds import objective_lower_bound
@@ -111,7 +112,7 @@ def test_on_the_layergraphs_it_is_below_the_experts_and_above_the_critical_path(
         g, meta = dp.load_layer_graph(os.path.join(ROOT, "throughput-inputs", "LayerGraphs", f"{name}.json"))
         cl = dp.cluster_from_graph(meta)
         p = Problem(g, cl, dp.costs_from_graph(g, cl), colocate=dp.colocation_groups(g))
-        expert = dp.load_expert_split(dp.find_expert_split(os.path.join(ROOT, "throughput-inputs", "LayerGraphs",
+        expert = load_expert_split(dp.find_expert_split(os.path.join(ROOT, "throughput-inputs", "LayerGraphs",
                                                                         f"{name}.json")), g, cl)
         ev = evaluate(p, expert, "stage", "latency")
         lb = stage_latency_bound(p)["bound_s"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Sequence
 
@@ -61,8 +62,6 @@ def library_path() -> Path:
     # Running from a source checkout (e.g. `python -c` in the repository root) imports the
     # source tree, which holds no library; the installed distribution may have one.
     try:
-        from importlib.metadata import PackageNotFoundError, distribution
-
         path = Path(distribution("tvm-pesto").locate_file(f"tvm_pesto/{LIB_NAME}"))
         if path.is_file():
             return path

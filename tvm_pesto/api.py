@@ -25,111 +25,31 @@ True
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import tvm
 
-from .cluster import Cluster, parse_cluster
+from . import decide
+from .builder.placed import PlacedModule
+from .builder.program import legalize_on_devices
+from .builder.rewrite import apply_plan
+from .candidates import placement_candidates
+from .candidates.flow import backend_names, make_candidates
+from .cluster import Cluster, as_cluster
 from .cluster.dispatch import dispatch_info
-from .errors import PestoError
-from .graph.fusion import fusion_groups
-from .graph.opgraph import OpGraph
-from .graph.relax_import import RelaxGraph, from_relax
+from .costs import CostTable, candidate_costs
+from .costs.hybrid import Hybrid, plan_units_to_measure
+from .costs.machine import calibrate_machine, needs_fit
+from .costs.xgb import load_model
+from .errors import InfeasibleError, PestoError
+from .graph.analysis import Analysis, analyze
+from .models import random_inputs
 from .plan import JointProblem, Plan, Problem, SimResult, simulate
 from .plan.simulate import HOME_DEVICE
+from .run.dispatch import machine_dispatch
 from .solve import split
-
-
-@dataclass
-class Analysis:
-    """A module's op graph, its fusion groups and the grouped graph."""
-
-    rg: RelaxGraph
-    groups: list[list[int]]
-    graph: OpGraph  # one node per fusion group
-
-    @property
-    def op_graph(self) -> OpGraph:
-        return self.rg.graph
-
-
-def analyze(mod: tvm.IRModule, func_name: str = "main") -> Analysis:
-    """Extract the op graph of ``mod`` and group it into fusion groups."""
-    rg = from_relax(mod, func_name)
-    groups = fusion_groups(rg.graph)
-    return Analysis(rg, groups, rg.graph.contract(groups, name=rg.graph.name))
-
-
-def as_cluster(cluster) -> Cluster:
-    return cluster if isinstance(cluster, Cluster) else parse_cluster(cluster)
-
-
-def backend_names(backends) -> list[str] | None:
-    """``"all"`` -> None (every registered backend); ``"tvm"`` -> ["tvm"]; a comma-separated
-    string or a list -> that list (``tvm`` added: it covers every op).
-
-    Raises
-    ------
-    PestoError
-        For an unknown backend name (the message lists the known ones).
-    """
-    from .backends import get_backend
-
-    if backends is None or backends == "all":
-        return None
-    names = [b.strip() for b in backends.split(",")] if isinstance(backends, str) else [str(b) for b in backends]
-    names = [n for n in names if n]
-    if not names:
-        raise PestoError("no backend named; use --backends all, tvm, or a comma-separated list of backend names")
-    for n in names:
-        get_backend(n)  # unknown names fail here, listing the known ones
-    return ["tvm"] + [n for n in names if n != "tvm"]
-
-
-_WARNED: set = set()
-
-
-def make_candidates(analysis: Analysis, cluster, backends="all", max_region: int = 40):
-    """The candidates of the flow: which subgraphs each available backend could run.
-
-    ``backends="tvm"`` gives TVM's fusion groups only (one candidate per group). Backends
-    asked for by name that cannot run here are reported once with a warning that names
-    what stands in (TVM); with ``"all"`` they are only listed in ``unavailable``.
-
-    Returns
-    -------
-    CandidateSet
-        ``unavailable`` maps each backend left out to the reason.
-    """
-    from .backends import available_backends
-    from .candidates import generate_candidates, placement_candidates
-
-    cluster = as_cluster(cluster)
-    names = backend_names(backends)
-    if names == ["tvm"]:
-        return placement_candidates(analysis.rg, analysis.groups)
-    usable, why, seen = [], {}, set()
-    for kind in sorted({d.kind for d in cluster.devices}):
-        got, reasons = available_backends(names, device_kind=kind)
-        for b in got:
-            if b.name not in seen:
-                seen.add(b.name)
-                usable.append(b)
-        for k, v in reasons.items():
-            why.setdefault(k, v)
-    for b in usable:
-        why.pop(b.name, None)
-    if names is not None:
-        for n in names:
-            if n in why and n not in _WARNED:
-                _WARNED.add(n)
-                warnings.warn(f"backend {n!r} is unavailable ({why[n]}); its subgraphs stay on tvm", RuntimeWarning,
-                              stacklevel=3)
-    cs = generate_candidates(analysis.rg, usable, max_region=max_region)
-    cs.unavailable = {**why, **cs.unavailable}  # and those whose checks failed on this graph
-    return cs
+from .solve.joint import solve_joint
 
 
 def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None, progress=None,
@@ -139,9 +59,6 @@ def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None
     The costs of placement alone: :func:`tvm_pesto.costs.candidate_costs` on the ``tvm``
     candidates (one per fusion group).
     """
-    from .candidates import placement_candidates
-    from .costs import candidate_costs
-
     cluster = as_cluster(cluster)
     if calibrate:
         _fit_machine_if_needed(cluster, source)
@@ -150,58 +67,11 @@ def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None
     return ct.table, ct.source
 
 
-def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool = False):
-    """Fit the ``xgb`` cost model's calibration to this machine and keep it where the
-    ``xgb`` source finds it (:mod:`tvm_pesto.costs.machine`).
-
-    Parameters
-    ----------
-    cluster : Cluster or str
-        Devices of this machine (``cpu:N``); each distinct device size gets its entries.
-    model : CostModel or path, optional
-        The cost model (default: the bundled one).
-    models : sequence of str, optional
-        Zoo models (size ``small``) whose units are timed
-        (default: :data:`tvm_pesto.costs.machine.MACHINE_MODELS`).
-    announce : bool
-        Say on stderr what is measured and where it is kept.
-
-    Returns
-    -------
-    Calibration
-        ``path`` is the file written; ``meta`` has the machine, load and seconds.
-
-    Examples
-    --------
-    >>> cal = calibrate_machine("cpu:2")     # times zoo models: minutes  # doctest: +SKIP
-    >>> sorted(cal.entries)[0]                                                # doctest: +SKIP
-    ('onnxruntime', 'cpu/host-cpu/1@...')
-    """
-    from .costs.machine import MACHINE_MODELS, fit_machine_calibration
-    from .costs.xgb import CostModel, load_model
-    from .zoo import load
-
-    cluster = as_cluster(cluster)
-    cm = model if isinstance(model, CostModel) else load_model(model)
-    names = list(models or MACHINE_MODELS)
-
-    def units():
-        out = {}
-        for name in names:
-            a = analyze(load(name, "small").mod)
-            out[name] = (make_candidates(a, cluster, "all"), a.groups)
-        return out
-
-    return fit_machine_calibration(units, cluster, cm, announce=announce)
-
-
 def _machine_constants(cluster: Cluster, executor: str) -> None:
     """Before the first plan of a cluster of this machine's CPU devices, give it the
     executor's links, dispatch and contention fitted here (kept per machine; fitted now when
     none is kept, :func:`tvm_pesto.run.dispatch.machine_dispatch`); other clusters get the
     assumed figures, which their reports name as assumed."""
-    from .run.dispatch import machine_dispatch
-
     machine_dispatch(cluster, executor)
 
 
@@ -210,11 +80,7 @@ def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
     no calibration for, fit one (:func:`tvm_pesto.costs.machine.needs_fit`)."""
     if source not in ("xgb", "hybrid"):
         return
-    from .costs.machine import needs_fit
-
     try:
-        from .costs.xgb import load_model
-
         cm = load_model()
     except (ImportError, PestoError):  # no xgboost or no model: the cost source says so, with its fix
         return
@@ -411,9 +277,6 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
     >>> place_from_costs(costed, "heft").plan.solver
     'heft'
     """
-    from .costs import CostTable, candidate_costs
-    from .costs.hybrid import Hybrid
-
     analysis = mod_or_analysis if isinstance(mod_or_analysis, Analysis) else analyze(mod_or_analysis)
     cluster = as_cluster(cluster)
     _machine_constants(cluster, executor)
@@ -441,10 +304,6 @@ def place_from_costs(costed: CostedCandidates, solver: str = "heft", time_limit_
     Several solvers can be run on one :class:`CostedCandidates` (``tvm-pesto place --solver
     all``); with ``hybrid`` costs each one's rounds add to the measurements the next starts from.
     """
-    from .costs import CostTable
-    from .costs.hybrid import plan_units_to_measure
-    from .solve.joint import solve_joint
-
     h = costed.hybrid
     ct = costed.costs if h is None else h.cost_table()
 
@@ -478,9 +337,6 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
     device (a plan elsewhere copies the inputs there and the result back, which its run
     time, ``SimResult.run_s``, counts). A plan on one device away from home is replaced by
     the home device's when that one is predicted faster at all."""
-    from .costs import CostTable
-    from .errors import InfeasibleError
-
     best = split.best_single_device(ct.table)
     one = None
     pos = {id(c): i for i, c in enumerate(jp.candidates)}
@@ -510,9 +366,6 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
 
 def build_placement(pl: Placement, cluster, progress=None):
     """The :class:`~tvm_pesto.builder.placed.PlacedModule` of a placement on ``cluster``."""
-    from .builder.placed import PlacedModule
-    from .builder.rewrite import apply_plan
-
     return PlacedModule(apply_plan(pl.analysis.rg, pl.plan, cluster), cluster, pl.plan, pl, progress=progress)
 
 
@@ -521,9 +374,6 @@ def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_fin
     """Build ``pl`` and, where :mod:`tvm_pesto.decide` can measure on ``cluster``, its
     alternatives (``place_on(cluster) -> Placement`` places the module on another shape of
     the same cores); the fastest, measured, with ``.decision`` set."""
-    from . import decide
-    from .models import random_inputs
-
     measure = decide.measure_final_default() if measure_final is None else bool(measure_final)
     why = decide.why_not_measured(cluster) if measure else "measure_final is off"
     if why is None and inputs is None:
@@ -578,9 +428,6 @@ def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan
     >>> placed = tvm_pesto.build(mod, "cpu:2", executor="ray")   # doctest: +SKIP
     >>> y = placed(x); placed.close()                             # doctest: +SKIP
     """
-    from .builder.placed import PlacedModule
-    from .builder.rewrite import apply_plan
-
     if executor not in ("thread", "ray"):
         raise PestoError(f"unknown executor {executor!r}; use 'thread' (one pinned thread per device) or 'ray' "
                          "(one Ray actor per device)")
@@ -644,9 +491,6 @@ class PlacementPass:
         self.last_placement: Placement | None = None
 
     def transform_module(self, mod, ctx):
-        from .builder.program import legalize_on_devices
-        from .builder.rewrite import apply_plan
-
         if self.plan is not None:
             return legalize_on_devices(apply_plan(analyze(mod).rg, self.plan, self.cluster))
         pl = place(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,

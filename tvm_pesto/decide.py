@@ -28,7 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .cluster.specs import cpu_cluster
+from .costs import CostTable
 from .errors import PestoError
+from .plan import JointProblem, simulate
+from .solve.joint import solve_joint
 
 #: Environment variable: ``0`` makes ``build(measure_final=None)`` keep the flow's plan unmeasured.
 MEASURE_ENV = "TVM_PESTO_MEASURE_FINAL"
@@ -67,10 +71,6 @@ def why_not_measured(cluster) -> str | None:
 def whole_model_placement(placement, backend: str, cluster):
     """The placement of the whole model as one ``backend`` unit on ``cluster``'s device 0
     (the flow's solver on a cost table where only that candidate is finite), or None."""
-    from .costs import CostTable
-    from .plan import JointProblem, simulate
-    from .solve.joint import solve_joint
-
     n = placement.analysis.op_graph.num_nodes
     table = placement.costs.table
     whole = [i for i, c in enumerate(placement.candidates)
@@ -92,8 +92,6 @@ def options(placement, cluster, place_one_device) -> list[Option]:
     """The options to measure: the flow's plan, the one-device plan, the whole-model
     library plans (see the module docstring). ``place_one_device(cluster) -> Placement``
     runs the flow on the one-device shape."""
-    from .cluster.specs import cpu_cluster
-
     out = [Option("plan", cluster, placement, float(placement.sim.run_s))]
     wide, wide_pl = cluster, placement
     if cluster.num_devices > 1:
@@ -123,6 +121,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     in ``decision`` with its error and left out; the flow's plan (the first option) is
     never left out silently: its failure raises.
     """
+    # lazy: loads TVM, which importing this module does not
     from .run.blocks import time_blocks
 
     built, errors = {}, {}

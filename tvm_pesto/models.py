@@ -195,6 +195,7 @@ def load_model(target: str | os.PathLike, size: str = "small",
 
 def _load_zoo(text: str, size: str, shapes: dict[str, tuple], suffix: str) -> LoadedModel:
     """A zoo model, or the error for a target that is neither a zoo name nor a known file type."""
+    # lazy: the zoo loads PyTorch, which only a zoo model name needs
     from . import zoo
 
     if text in zoo.MODELS:

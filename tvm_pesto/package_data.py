@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import tvm_pesto
+
 
 def data_dirs(name: str) -> list[Path]:
     """The places a shipped data folder ``name`` may be, in search order, without duplicates
@@ -29,8 +31,6 @@ def data_dirs(name: str) -> list[Path]:
     name : str
         A top-level data folder of the repository, e.g. ``"cost_models"`` or ``"benchmarks"``.
     """
-    import tvm_pesto
-
     pkg = Path(tvm_pesto.__file__).resolve().parent
     dirs = [pkg / name, pkg.parent / name]
     dirs += [Path(extra) / name for extra in getattr(tvm_pesto, "__path__", [])]

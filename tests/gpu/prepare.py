@@ -49,7 +49,7 @@ from tvm_pesto import __version__, zoo
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.backends.onnx_export import flatten_args
 from tvm_pesto.builder.placed import compile_for
-from tvm_pesto.builder.subgraph import structural_key
+from tvm_pesto.graph.subgraph import structural_key
 from tvm_pesto.candidates import candidate_function
 from tvm_pesto.cluster import gpu_probe
 from tvm_pesto.costs.cache import CACHE_VERSION, target_key

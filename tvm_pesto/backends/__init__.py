@@ -3,9 +3,9 @@
 Built in (:data:`~tvm_pesto.backends.registry.BUILTIN`, one module each): ``tvm``
 (TVM-native, the fallback on every device), ``tvm-ms`` (TVM with a MetaSchedule database,
 when one is given), ``onnxruntime``, ``onnxruntime-parallel`` and ``openvino`` (graph-level),
-``torch`` (op-level) and, in ``gpu/``, ``tvm-cuda``, ``cublas``, ``cudnn``, ``tensorrt``. Each
-is imported on first use; one that fails to import is reported by :func:`backend_status` with
-the module and the error.
+``torch`` (op-level), ``inductor`` (TorchInductor, graph-level; only when named) and, in
+``gpu/``, ``tvm-cuda``, ``cublas``, ``cudnn``, ``tensorrt``. Each is imported on first use;
+one that fails to import is reported by :func:`backend_status` with the module and the error.
 :func:`register_backend` adds more.
 
 Examples

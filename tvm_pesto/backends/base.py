@@ -18,6 +18,8 @@ subgraphs with different weights get different global names.
 from __future__ import annotations
 
 import abc
+import hashlib
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,6 +29,7 @@ import tvm
 from tvm import relax
 
 from ..errors import BuildError, PestoError
+from ..graph.relax_import import attrs_dict
 from ..run.loaders import register_unit
 
 #: Prefix of every global function a backend registers.
@@ -288,8 +291,6 @@ def instance_key(func: relax.Function) -> str:
 
     relax.analysis.post_order_visit(func.body, visit)
     if consts:  # structural hashing does not look at tensor contents: fold them in
-        import hashlib
-
         m = hashlib.blake2b(digest_size=8)
         m.update(h.to_bytes(8, "little"))
         for c in consts:
@@ -308,8 +309,6 @@ def device_cores(device) -> int:
 
 def calling_thread_cores() -> int:
     """How many cores the calling thread may run on (its affinity), at least 1."""
-    import os
-
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -343,8 +342,6 @@ def op_short_name(call) -> str:
 
 def call_attrs(call) -> dict:
     """The call's attributes as plain Python values."""
-    from ..graph.relax_import import attrs_dict
-
     return attrs_dict(call.attrs) if isinstance(call.op, tvm.ir.Op) else {}
 
 

@@ -32,8 +32,10 @@ import os
 from tvm import relax
 
 from ..errors import BuildError
+from ..run.loaders import onnx_runner
 from .base import Backend, device_cores, op_level_patterns, op_short_name
-from .onnx_export import SUPPORTED_OPS, relax_to_onnx, supports_call
+from .onnx_export import relax_to_onnx
+from .onnx_ops import SUPPORTED_OPS, supports_call
 
 #: Short op names (``"nn.conv2d"``) the exporter converts.
 SUPPORTED = frozenset(name[len("relax."):] for name in SUPPORTED_OPS)
@@ -94,8 +96,6 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
         return True, ""
 
     def make_callable(self, func: relax.Function, device):
-        from ..run.loaders import onnx_runner
-
         return onnx_runner(relax_to_onnx(func).SerializeToString(), device_cores(device), parallel=self.parallel)
 
     def artifact_meta(self) -> dict:

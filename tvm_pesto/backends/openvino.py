@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from tvm import relax
 
+from ..run.loaders import openvino_runner
 from .base import device_cores
 from .onnx_export import relax_to_onnx
 from .onnxruntime import OnnxGraphBackend
@@ -59,6 +60,4 @@ class OpenVinoBackend(OnnxGraphBackend):
         return True, ""
 
     def make_callable(self, func: relax.Function, device):
-        from ..run.loaders import openvino_runner
-
         return openvino_runner(relax_to_onnx(func).SerializeToString(), device_cores(device))

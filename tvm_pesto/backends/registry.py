@@ -6,7 +6,7 @@ Examples
 --------
 >>> from tvm_pesto.backends.registry import BUILTIN
 >>> sorted(BUILTIN)[:3]
-['cublas', 'cudnn', 'onnxruntime']
+['cublas', 'cudnn', 'inductor']
 """
 from __future__ import annotations
 
@@ -25,11 +25,17 @@ BUILTIN: dict[str, str] = {
     "onnxruntime-parallel": "onnxruntime:OnnxRuntimeParallelBackend",
     "openvino": "openvino:OpenVinoBackend",
     "torch": "torch_ops:TorchBackend",
+    "inductor": "inductor:InductorBackend",
     "tvm-cuda": "gpu.tvm_cuda:TvmCudaBackend",
     "cublas": "gpu.cublas:CublasBackend",
     "cudnn": "gpu.cudnn:CudnnBackend",
     "tensorrt": "gpu.tensorrt:TensorRTBackend",
 }
+
+#: Backends that ``all`` (``available_backends(None)``) leaves out: offered only when named
+#: (``--backends inductor,tvm``). Each Inductor candidate is a C++ compile of seconds, and
+#: measured costs build every candidate (hundreds in a zoo model).
+NAMED_ONLY: frozenset[str] = frozenset({"inductor"})
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
 _INSTANCES: dict[str, Backend] = {}
@@ -127,11 +133,12 @@ def backend_status(names=None) -> dict[str, tuple[bool, str]]:
 
 
 def available_backends(names=None, device_kind: str = "cpu") -> tuple[list[Backend], dict[str, str]]:
-    """The usable backends among ``names`` for a device kind, and why the others are not.
+    """The usable backends among ``names`` (None: every backend but :data:`NAMED_ONLY`) for a
+    device kind, and why the others are not.
 
     ``tvm`` is always first when usable (it is the fallback that covers every op).
     """
-    names = list(names) if names is not None else list_backends()
+    names = list(names) if names is not None else [n for n in list_backends() if n not in NAMED_ONLY]
     usable, why = [], {}
     for n, (ok, reason) in backend_status(names).items():
         if not ok:
@@ -184,5 +191,5 @@ def release_all() -> int:
     return sum(b.release() for b in list(_INSTANCES.values()))
 
 
-__all__ = ["BUILTIN", "available_backends", "backend_status", "built_unit", "get_backend", "list_backends",
-           "register_backend", "release_all", "unit_backend", "unregister_backend"]
+__all__ = ["BUILTIN", "NAMED_ONLY", "available_backends", "backend_status", "built_unit", "get_backend",
+           "list_backends", "register_backend", "release_all", "unit_backend", "unregister_backend"]

@@ -21,12 +21,14 @@ Examples
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 import tvm
 from tvm import relax
 
 from ..errors import BuildError
+from ..run.loaders import flatten, torch_runner
 from .base import (
     Backend, call_attrs, device_cores, function_bindings, op_level_patterns, op_short_name, pads4,
     prim_value, shape_value, static_shape,
@@ -333,36 +335,44 @@ class TorchBackend(Backend):
         return True, ""
 
     def make_callable(self, func: relax.Function, device):
-        from ..run.loaders import torch_runner
-
         prog = TorchProgram(func)
         return torch_runner(lambda *xs: prog(list(xs)), len(func.params), device_cores(device))
 
     def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
         """The subgraph as a ``torch.export`` program (``.pt2``): the same torch calls, with
-        the build-time constants as the program's constants."""
-        import os
+        the build-time constants as the program's constants (:func:`exported_subgraph`)."""
+        import torch  # lazy: PyTorch is optional
 
-        import torch
-
-        prog = TorchProgram(func)
-
-        class Subgraph(torch.nn.Module):
-            def forward(self, *xs):
-                return tuple(_flat(prog(list(xs))))
-
-        args = tuple(torch.zeros(static_shape(p.ty), dtype=_tdtype(p.ty.dtype)) for p in func.params)
-        try:
-            ep = torch.export.export(Subgraph(), args)
-        except Exception as e:  # noqa: BLE001 - torch.export's own error, explained
-            raise BuildError(f"torch.export could not trace the torch subgraph: {type(e).__name__}: "
-                             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
         fname = f"{stem}.pt2"
-        torch.export.save(ep, os.path.join(out_dir, fname))
+        torch.export.save(exported_subgraph(func), os.path.join(out_dir, fname))
         return {"kind": "torch-export", "files": [fname]}
 
 
-def _flat(vals) -> list:
-    from ..run.loaders import flatten
+def exported_subgraph(func: relax.Function):
+    """``func`` as a ``torch.export`` program of the ``torch`` backend's calls, traced on
+    zeros of the parameters' static shapes (the build-time constants become the program's).
 
+    Raises
+    ------
+    BuildError
+        When a parameter has no static shape or ``torch.export`` cannot trace the calls.
+    """
+    import torch  # lazy: PyTorch is optional
+
+    prog = TorchProgram(func)
+
+    class Subgraph(torch.nn.Module):
+        def forward(self, *xs):
+            return tuple(_flat(prog(list(xs))))
+
+    args = tuple(torch.zeros(static_shape(p.ty), dtype=_tdtype(p.ty.dtype)) for p in func.params)
+    try:
+        with torch.no_grad():
+            return torch.export.export(Subgraph(), args)
+    except Exception as e:  # noqa: BLE001 - torch.export's own error, explained
+        raise BuildError(f"torch.export could not trace the subgraph: {type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+
+
+def _flat(vals) -> list:
     return flatten(vals)

@@ -16,7 +16,7 @@ database does not hold stay unscheduled, as in ``tvm``. The database comes from
 ``--ms-db DIR`` or ``TVM_PESTO_MS_DB`` (:func:`set_tuning_database`); without one the
 backend is unavailable. A database with
 records tuned for another target than the device's is refused when a candidate is built
-(:func:`tvm_pesto.costs.tuning_db.check_database_target`): the build error names both
+(:func:`tvm_pesto.backends.ms_database.check_database_target`): the build error names both
 targets, and the candidate stays on another backend. So is one tuned over TVM RPC
 (``tvm-pesto tune --rpc-tracker``) for any device but one of the same RPC key.
 
@@ -29,13 +29,18 @@ Examples
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 
 import tvm
 from tvm import relax
 
-from ..errors import BuildError, error_line
+from ..errors import BuildError, CostError, error_line
+from ..graph.subgraph import structural_key
+from ..run.loaders import vm_runner
 from .base import Backend, output_types
+from .ms_database import RECORD_FILE, WORKLOAD_FILE, check_database_target, open_database, rpc_target
+from .registry import get_backend
 
 
 #: Environment variable naming the ``tvm-ms`` backend's MetaSchedule database.
@@ -68,14 +73,10 @@ def fuse_for_tuning(mod: tvm.IRModule, tgt) -> tvm.IRModule:
 @functools.lru_cache(maxsize=4)
 def _read_database(path: str, stamp: tuple):
     """The database at ``path`` as MetaSchedule reads it, once per version of its files."""
-    from ..costs.tuning_db import open_database
-
     return open_database(path)
 
 
 def _database(path: str):
-    from ..costs.tuning_db import RECORD_FILE, WORKLOAD_FILE
-
     stats = [os.stat(os.path.join(path, f)) for f in (WORKLOAD_FILE, RECORD_FILE)]
     return _read_database(os.path.abspath(path), tuple((st.st_mtime_ns, st.st_size) for st in stats))
 
@@ -113,9 +114,6 @@ def _tuned_pipeline(tgt, database: str):
 
 def _compile(func: relax.Function, target: dict, database: str | None = None, rpc_key: str = ""):
     if database is not None:
-        from ..costs.tuning_db import check_database_target, rpc_target
-        from ..errors import CostError
-
         try:  # MetaSchedule itself would apply any target's records; a remote device's are tagged
             check_database_target(database, rpc_target(target, rpc_key))
         except CostError as e:
@@ -162,8 +160,6 @@ class TvmBackend(Backend):
         return TIMING_STAMP
 
     def make_callable(self, func: relax.Function, device):
-        from ..run.loaders import vm_runner
-
         ex = _compile(func, dict(getattr(device, "target", {"kind": "llvm"})), self._database(),
                       getattr(device, "rpc_key", ""))
         dev = device.tvm_device() if hasattr(device, "tvm_device") else tvm.cpu(0)
@@ -171,8 +167,6 @@ class TvmBackend(Backend):
 
     def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
         """The subgraph compiled (with the tuning database) and exported as a shared library."""
-        import os
-
         fname = f"{stem}.so"
         _compile(func, dict(getattr(device, "target", {"kind": "llvm"})), self._database(),
                  getattr(device, "rpc_key", "")).export_library(os.path.join(out_dir, fname))
@@ -210,8 +204,6 @@ class TvmMetaScheduleBackend(TvmBackend):
         """
         if not self.database:
             return 0.0
-        from ..builder.subgraph import structural_key
-
         key = (structural_key(func), database_stamp(self.database), repr(sorted(target.items())))
         if key not in self._tuned:
             self._tuned[key] = _tuned_share(func, target, self.database)
@@ -274,8 +266,6 @@ def database_stamp(path) -> str:
     >>> database_stamp("/nonexistent/ms")
     'ms:missing'
     """
-    from ..costs.tuning_db import RECORD_FILE
-
     path = os.path.abspath(os.fspath(path))
     rec = os.path.join(path, RECORD_FILE)
     try:
@@ -287,8 +277,6 @@ def database_stamp(path) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _stamp_of(rec_file: str, mtime_ns: int, size: int) -> str:
-    import hashlib
-
     h = hashlib.blake2b(digest_size=4)
     lines = 0
     with open(rec_file, "rb") as f:
@@ -324,9 +312,6 @@ def set_tuning_database(path) -> str:
     ...
     tvm_pesto.errors.BuildError: '.../no_such_folder' is not a MetaSchedule database: ...
     """
-    from ..costs.tuning_db import RECORD_FILE, WORKLOAD_FILE
-    from .registry import get_backend
-
     path = os.path.abspath(os.fspath(path))
     missing = [f for f in (WORKLOAD_FILE, RECORD_FILE) if not os.path.isfile(os.path.join(path, f))]
     if missing:

@@ -20,6 +20,8 @@ Not run as a doctest: it builds and times every variant, which takes minutes.
 """
 from __future__ import annotations
 
+import dataclasses
+import gc
 import math
 import os
 import platform
@@ -27,6 +29,9 @@ import time
 
 import numpy as np
 
+from ..cluster.contention import measure_contention
+from ..cluster.linkbench import measure_links as _measure
+from ..costs import candidate_costs
 from ..errors import PestoError
 
 
@@ -111,13 +116,12 @@ def bench_clusters(measure_links: bool = True):
     executor's own hand-off, its devices' contention and the executor's dispatch per run
     (``tvm-pesto cluster bench``), so the 2-device predictions include real synchronisation
     costs and the slowdown of two devices computing at once."""
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..api import as_cluster
 
     c1, c2 = as_cluster("cpu:1"), as_cluster("cpu:2")
     if measure_links and c2.num_devices > 1:
-        from ..cluster.contention import measure_contention
-        from ..cluster.linkbench import measure_links as _measure
-
+        # lazy: loads TVM, which importing this module does not
         from ..run.dispatch import measure_dispatch
 
         _measure(c2)
@@ -143,8 +147,7 @@ def _variant(costed, table, solver: str, time_limit_s: float, search_s: float):
     """Solve one variant of the benchmark: the flow's solve of ``costed``
     (:func:`tvm_pesto.api.place_from_costs`) on ``table`` instead of its costs where given,
     without the split decision (the benchmark weighs the 1- and 2-device plans itself)."""
-    import dataclasses
-
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..api import place_from_costs
 
     if table is not None:
@@ -162,15 +165,13 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
     ``"measured"`` (the lower minimum over a separate short interleaved timing of the two,
     not reused for the reported numbers) or ``"predicted"`` (lower simulated makespan).
     """
-    import gc
-
     import tvm
 
+    # lazy: loads TVM's compiler and PyTorch, which importing this module does not
     from .. import api, zoo
     from ..backends import release_all
     from ..builder.placed import PlacedModule
     from ..builder.rewrite import apply_plan
-    from ..costs import candidate_costs
 
     def say(msg):
         if progress:
@@ -292,6 +293,7 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
         ``max_abs_err``, ...), ``geomean_speedup_vs_best_single``, ``worst_ratio_vs_best_single``.
     """
     quiet_openmp()
+    # lazy: loads TVM and PyTorch, which importing this module does not
     from .. import zoo
 
     names = list(models) if models else zoo.list_models()

@@ -31,6 +31,7 @@ Examples
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import shutil
@@ -41,7 +42,13 @@ from typing import Callable
 
 import numpy as np
 
+import tvm_pesto
+
+from ..cluster.specs import cpu_cluster
+from ..decide import whole_model_placement
 from ..run.blocks import time_blocks
+from ..run.loaders import onnx_session, owns_every_core
+from .report import machine_info
 
 #: Blocks per variant, the order of the variants rotated between them.
 ROUNDS = 3
@@ -118,8 +125,6 @@ def _torch_eager(model, inputs, cores: int, compiled: bool = False):
 
 
 def _pesto(mod, inputs, cluster: str, build_options: dict):
-    import tvm_pesto
-
     placed = tvm_pesto.build(mod, cluster, **build_options)
     summary = placed.placement.summary() if placed.placement is not None else {}
     info = {"cluster": cluster, "backend_mix": summary.get("backend_mix"),
@@ -130,6 +135,7 @@ def _pesto(mod, inputs, cluster: str, build_options: dict):
 def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: bool = True,
                   build_options: dict | None = None) -> list[Variant]:
     """Build every variant of one model (see the module docstring); failures are recorded."""
+    # lazy: loads PyTorch, which importing this module does not
     from ..zoo.export import to_onnx
 
     path = os.path.join(workdir, "model.onnx")
@@ -166,8 +172,6 @@ def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: b
 
 
 def _importable(name: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(name) is not None
 
 
@@ -212,11 +216,9 @@ def one_unit_overhead(mod, inputs, cores: int, rounds: int = ROUNDS) -> dict:
         ``library_s``, ``pesto_s``, ``overhead_s`` (their difference); ``error`` instead when
         ONNX Runtime cannot run every op of the model.
     """
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..api import build_placement, place
     from ..backends.onnx_export import relax_to_onnx
-    from ..cluster.specs import cpu_cluster
-    from ..decide import whole_model_placement
-    from ..run.loaders import onnx_session, owns_every_core
 
     wide = cpu_cluster(1)
     lp = whole_model_placement(place(mod, wide, costs="roofline"), "onnxruntime", wide)
@@ -251,8 +253,6 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
         ``max_abs_err``, ``overhead_median_s`` (:func:`one_unit_overhead`, median over the
         models; with ``overhead``), ``cores``, ``machine`` and ``load_average`` before and after.
     """
-    from .report import machine_info
-
     machine = machine_info()
     cores = int(cores or machine["nproc"])
     res: dict = {"cores": cores, "machine": machine, "models": {}}

@@ -13,9 +13,9 @@ Cases
   :func:`tvm_pesto.api.analyze` with roofline costs on ``2xV100-nvlink``, ``4xV100-pcie`` and
   ``8xA100-nvlink``.
 
-For each case and algorithm: simulated makespan, makespan / lower bound
-(:func:`tvm_pesto.solve.bounds.lower_bound`, LP relaxation up to ``lp_max_nodes`` nodes),
-wall-clock solve time and peak memory per device. Each case also records the checks of
+For each case and algorithm (:mod:`tvm_pesto.bench.placement_case` runs one case): simulated
+makespan, makespan / lower bound (:func:`tvm_pesto.solve.bounds.lower_bound`, LP relaxation up
+to ``lp_max_nodes`` nodes), wall-clock solve time and peak memory per device. Each case also records the checks of
 issue 3: the ILP plan is never worse than the best heuristic, and it is within 5 % of the
 lower bound wherever the best heuristic is within 10 % of it.
 
@@ -38,49 +38,27 @@ True
 from __future__ import annotations
 
 import glob
+import inspect
 import os
 import time
-import warnings
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
 
-from ..errors import GraphError, PestoError
+from ..cluster import parse_cluster
+from ..costs.roofline import roofline_costs
+from ..errors import GraphError
+from ..graph import dnn_partitioning as dp
+from ..plan import Problem
+from ..solve import get_solver
+from .placement_case import ALGORITHMS, HEURISTIC_SLACK, ILP_GOAL, Case, run_case
 from .report import fmt, machine_info, markdown_table, pyplot, save_figure
 
 SETTINGS = ("latency", "throughput")
 ZOO_CLUSTERS = ("2xV100-nvlink", "4xV100-pcie", "8xA100-nvlink")
-HEURISTICS = ("single", "m-topo", "m-etf", "m-sct", "heft")
-ALGORITHMS = HEURISTICS + ("ilp",)
 #: The quick subset (``--quick``): two small LayerGraphs and one small zoo model.
 QUICK = {"layergraphs": ["bert24_inference"], "settings": ["latency", "throughput"], "models": ["mlp_mixer"],
          "size": "small", "clusters": ["2xV100-nvlink"]}
-HEURISTIC_SLACK = 0.10  # "the heuristics are within 10 % of the bound"
-ILP_GOAL = 0.05  # "the ILP is within 5 % of the bound"
-
-
-@dataclass
-class Case:
-    """One benchmark problem.
-
-    Attributes
-    ----------
-    name : str
-        ``"<setting>/<graph>"`` for LayerGraphs, ``"zoo/<model>@<cluster>"`` for zoo models.
-    source : {"layergraph", "zoo"}
-    problem : Problem
-    expert : str or None
-        Path of a human-expert split to evaluate.
-    meta : dict
-        Facts for the report (setting, file, model size, number of ops before fusion).
-    """
-
-    name: str
-    source: str
-    problem: object
-    expert: str | None = None
-    meta: dict = field(default_factory=dict)
 
 
 def layergraph_cases(root: str | None = None, settings: Iterable[str] = SETTINGS,
@@ -107,9 +85,6 @@ def layergraph_cases(root: str | None = None, settings: Iterable[str] = SETTINGS
     >>> [c.name for c in cases]  # doctest: +SKIP
     ['latency/bert24_inference', 'throughput/bert24_inference']
     """
-    from ..graph import dnn_partitioning as dp
-    from ..plan import Problem
-
     root = str(root) if root is not None else str(dp.benchmark_dir())
     keep = set(names) if names is not None else None
     cases = []
@@ -146,10 +121,8 @@ def zoo_cases(models: Iterable[str] | None = None, size: str = "full",
     >>> cases[0].name  # doctest: +SKIP
     'zoo/vgg11@2xV100-nvlink'
     """
+    # lazy: loads TVM's compiler and PyTorch, which importing this module does not
     from .. import api, zoo
-    from ..cluster import parse_cluster
-    from ..costs.roofline import roofline_costs
-    from ..plan import Problem
 
     say = progress or (lambda _m: None)
     clusters = [parse_cluster(c) if isinstance(c, str) else c for c in clusters]
@@ -166,200 +139,6 @@ def zoo_cases(models: Iterable[str] | None = None, size: str = "full",
                               {"model": name, "size": size, "cluster_spec": spec,
                                "ops": analysis.op_graph.num_nodes}))
     return cases
-
-
-def _timed(fn):
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
-
-
-def _ilp_facts(info: dict) -> dict:
-    keys = ("source", "status", "timed_out", "mip_gap", "coarse_nodes", "coarse_status", "coarse_timed_out",
-            "coarse_mip_gap", "coarse_solver_backend", "solver_backend", "coarsen_s", "ilp_s", "note",
-            "num_vars", "coarse_num_vars", "refine")
-    return {k: info[k] for k in keys if k in info}
-
-
-def run_case(case: Case, algorithms: Iterable[str] = ALGORITHMS, ilp_time_limit_s: float = 10.0,
-             ilp_target: int | None = None, lp_max_nodes: int = 1000, ilp_options: dict | None = None,
-             objectives: bool = True, objective_ilp_s: float = 5.0) -> dict:
-    """Run every algorithm (and the expert split, if any) on one case.
-
-    Returns
-    -------
-    dict
-        ``name``, ``source``, ``graph``, ``nodes``, ``edges``, ``cluster``, ``devices``,
-        ``capacity_bytes``, ``lower_bound`` (all bounds), ``lower_bound_s``, ``results``
-        (per algorithm: ``makespan_s``, ``ratio_to_lower_bound``, ``solve_s``,
-        ``peak_memory_bytes`` per device, ``memory_ok``, ``devices_used``; or ``error``),
-        ``best_heuristic``, ``best_heuristic_makespan_s`` and ``checks``; with ``objectives``,
-        ``objectives``: :func:`run_objective` for each of :func:`case_objectives` (the
-        ILP there with ``objective_ilp_s`` seconds).
-
-    Examples
-    --------
-    >>> row = run_case(case, ilp_time_limit_s=2)  # doctest: +SKIP
-    >>> row["checks"]["ilp_not_worse_than_heuristics"]  # doctest: +SKIP
-    True
-    """
-    from ..plan import simulate
-    from ..solve import get_solver, lower_bound
-
-    p = case.problem
-    lb, lb_s = _timed(lambda: lower_bound(p, lp_max_nodes=lp_max_nodes))
-    lat = lb
-    cap = p.capacity
-    results: dict[str, dict] = {}
-    runs = list(algorithms) + (["expert"] if case.expert else [])
-    for name in runs:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                if name == "expert":
-                    from ..graph.dnn_partitioning import load_expert_split
-
-                    plan, wall = _timed(lambda: load_expert_split(case.expert, p.graph, p.cluster))
-                    sim = simulate(p, plan, check_memory=False)
-                else:
-                    opts = {}
-                    if name == "ilp":
-                        opts = dict(ilp_options or {}, time_limit_s=ilp_time_limit_s)
-                        if ilp_target is not None:
-                            opts["target"] = ilp_target
-                    plan, wall = _timed(lambda: get_solver(name)(p, **opts))
-                    sim = simulate(p, plan)
-        except PestoError as e:
-            results[name] = {"error": f"{type(e).__name__}: {e}"}
-            continue
-        peak = np.asarray(sim.peak_memory, dtype=np.float64)
-        r = {"makespan_s": float(sim.makespan),
-             "ratio_to_lower_bound": float(sim.makespan / lb["best"]) if lb["best"] > 0 else None,
-             "solve_s": float(wall), "peak_memory_bytes": peak.tolist(),
-             "peak_memory_fraction": float(np.max(peak / cap)) if len(cap) else 0.0,
-             "memory_ok": bool((peak <= cap * (1 + 1e-9)).all()), "devices_used": plan.devices_used()}
-        if name == "ilp":
-            r["ilp"] = _ilp_facts(plan.info)
-        if name == "expert":
-            r["split"] = os.path.basename(case.expert)
-        results[name] = r
-    heur = {k: v["makespan_s"] for k, v in results.items() if k in HEURISTICS and "makespan_s" in v}
-    best_h = min(heur, key=heur.get) if heur else None
-    out = {"name": case.name, "source": case.source, "graph": p.graph.name, "nodes": p.num_nodes,
-           "edges": p.graph.num_edges, "cluster": p.cluster.name, "devices": p.num_devices,
-           "capacity_bytes": cap.tolist(), "meta": case.meta, "lower_bound": lb, "lower_bound_s": lb["best"],
-           "lower_bound_time_s": lb_s, "results": results, "best_heuristic": best_h,
-           "best_heuristic_makespan_s": heur.get(best_h)}
-    out["checks"] = case_checks(out)
-    if objectives:
-        out["objectives"] = {}
-        for key, model, objective in case_objectives(case):
-            out["objectives"][key] = run_objective(case, model, objective, algorithms, objective_ilp_s, lp_max_nodes,
-                                                   lat if model == "op" else None)
-    return out
-
-
-def case_objectives(case: Case) -> list[tuple[str, str, str]]:
-    """``(key, model, objective)`` of the extra objectives a case is judged on: the
-    throughput (time per sample, steady state) in the case's own model (stage for the
-    LayerGraphs, whose files define it; op for the zoo) and, for the latency LayerGraphs,
-    the latency in the file's stage model.
-
-    Examples
-    --------
-    >>> case_objectives(Case("zoo/vgg11@2xV100-nvlink", "zoo", None))
-    [('throughput', 'op', 'throughput')]
-    """
-    if case.source != "layergraph":
-        return [("throughput", "op", "throughput")]
-    out = [("throughput", "stage", "throughput")]
-    if case.meta.get("setting") == "latency":
-        out.append(("stage_latency", "stage", "latency"))
-    return out
-
-
-def run_objective(case: Case, model: str, objective: str, algorithms: Iterable[str] = ALGORITHMS,
-                  ilp_time_limit_s: float = 5.0, lp_max_nodes: int = 1000, latency_bound: dict | None = None) -> dict:
-    """Every algorithm (plus ``stage-dp`` and the expert split, if any) for one objective in
-    one model (:mod:`tvm_pesto.plan.objective`), against the bound valid for both
-    (:func:`tvm_pesto.solve.objective_bounds.objective_lower_bound`).
-
-    Returns
-    -------
-    dict
-        ``model``, ``objective``, ``lower_bound_s``, ``lower_bound`` (its parts), ``results``
-        (per algorithm: ``objective_value_s``, ``ratio_to_lower_bound``, ``valid``,
-        ``violations`` (kinds), ``solve_s``; or ``error``), ``best`` (our best valid plan's
-        algorithm) and, with an expert split, ``expert_value_s``, ``ours_over_expert`` and
-        ``beats_expert``.
-    """
-    from ..plan.objective import evaluate
-    from ..solve import solve
-    from ..solve.objective_bounds import objective_lower_bound
-
-    p = case.problem
-    lb, lb_s = _timed(lambda: objective_lower_bound(p, model, objective, lp_max_nodes=lp_max_nodes,
-                                                    latency_bound=latency_bound))
-    results: dict[str, dict] = {}
-    names = list(dict.fromkeys(list(algorithms) + ["stage-dp"])) + (["expert"] if case.expert else [])
-    for name in names:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                if name == "expert":
-                    from ..graph.dnn_partitioning import load_expert_split
-
-                    plan, wall = _timed(lambda: load_expert_split(case.expert, p.graph, p.cluster))
-                else:
-                    opts = {"time_limit_s": ilp_time_limit_s} if name == "ilp" else {}
-                    plan, wall = _timed(lambda: solve(p, name, model=model, objective=objective, **opts))
-                ev = evaluate(p, plan, model, objective)
-        except PestoError as e:
-            results[name] = {"error": f"{type(e).__name__}: {e}"}
-            continue
-        results[name] = {"objective_value_s": ev.objective_value, "latency_s": ev.latency_s,
-                         "bottleneck_s": ev.bottleneck_s, "valid": ev.valid,
-                         "violations": sorted({v["kind"] for v in ev.violations}),
-                         "ratio_to_lower_bound": ev.objective_value / lb["best"] if lb["best"] > 0 else None,
-                         "solve_s": float(wall),
-                         "source": case.meta.get("expert") if name == "expert" else plan.info.get("source")}
-    ours = {k: v["objective_value_s"] for k, v in results.items() if k != "expert" and v.get("valid")}
-    best = min(ours, key=ours.get) if ours else None
-    out = {"model": model, "objective": objective, "microbatches": None, "lower_bound_s": lb["best"],
-           "lower_bound": lb, "lower_bound_time_s": lb_s, "results": results, "best": best,
-           "best_value_s": ours.get(best)}
-    ex = results.get("expert", {})
-    if "objective_value_s" in ex and best is not None:
-        out.update(expert_value_s=ex["objective_value_s"], expert_valid=ex["valid"],
-                   ours_over_expert=ours[best] / ex["objective_value_s"],
-                   beats_expert=bool(ours[best] < ex["objective_value_s"] * (1 - 1e-9)))
-    return out
-
-
-def case_checks(row: dict) -> dict:
-    """The issue-3 checks for one case row of :func:`run_case`.
-
-    ``ilp_not_worse_than_heuristics``: ILP makespan <= best heuristic makespan (1e-9 relative
-    slack); ``heuristics_within_10pct`` / ``ilp_within_5pct``: best heuristic / ILP over the
-    lower bound; ``goal_met``: the 5 % goal holds or does not apply. None where the ILP or
-    every heuristic failed.
-
-    Examples
-    --------
-    >>> case_checks({"lower_bound_s": 1.0, "best_heuristic_makespan_s": 1.08,
-    ...              "results": {"ilp": {"makespan_s": 1.04}}})["goal_met"]
-    True
-    """
-    lb = row["lower_bound_s"]
-    bh = row.get("best_heuristic_makespan_s")
-    ilp = row["results"].get("ilp", {}).get("makespan_s")
-    if ilp is None or bh is None or not lb or lb <= 0:
-        return {"ilp_not_worse_than_heuristics": None, "heuristics_within_10pct": None, "ilp_within_5pct": None,
-                "goal_met": None, "ilp_over_best_heuristic": None}
-    h10 = bh <= lb * (1 + HEURISTIC_SLACK)
-    i5 = ilp <= lb * (1 + ILP_GOAL)
-    return {"ilp_not_worse_than_heuristics": bool(ilp <= bh * (1 + 1e-9)), "heuristics_within_10pct": bool(h10),
-            "ilp_within_5pct": bool(i5), "goal_met": bool(i5 or not h10), "ilp_over_best_heuristic": ilp / bh}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -390,8 +169,8 @@ def run_placement(cases: list[Case], algorithms: Iterable[str] = ALGORITHMS, ilp
                   ilp_target: int | None = None, lp_max_nodes: int = 1000, ilp_options: dict | None = None,
                   progress: Callable[[str], None] | None = None, objectives: bool = True,
                   objective_ilp_s: float | None = None) -> dict:
-    """Run :func:`run_case` on every case; returns ``machine``, ``settings``, ``cases`` and
-    ``summary`` (:func:`summarize`).
+    """Run :func:`~tvm_pesto.bench.placement_case.run_case` on every case; returns ``machine``,
+    ``settings``, ``cases`` and ``summary`` (:func:`summarize`).
 
     Examples
     --------
@@ -399,8 +178,6 @@ def run_placement(cases: list[Case], algorithms: Iterable[str] = ALGORITHMS, ilp
     >>> res["summary"]["cases"]  # doctest: +SKIP
     2
     """
-    from ..solve import get_solver
-
     algorithms = list(algorithms)
     for name in algorithms:
         get_solver(name)  # unknown names fail before any work
@@ -424,8 +201,7 @@ def run_placement(cases: list[Case], algorithms: Iterable[str] = ALGORITHMS, ilp
             + (f", ours / expert {fmt(thr['ours_over_expert'])}" if "ours_over_expert" in thr else "")
             + f" ({time.perf_counter() - t:.1f} s)")
     try:
-        import inspect
-
+        # lazy: loads PuLP (the MIP solvers), which importing this module does not
         from ..solve.ilp import solve as ilp_solve
 
         default_target = inspect.signature(ilp_solve).parameters["target"].default
@@ -575,7 +351,7 @@ _OBJECTIVE_TITLES = {
 
 
 def objectives_markdown(res: dict) -> list[str]:
-    """The tables of the extra objectives (:func:`case_objectives`): ratio to the bound
+    """The tables of the extra objectives (:func:`~tvm_pesto.bench.placement_case.case_objectives`): ratio to the bound
     per algorithm, and for the throughput LayerGraphs our best plan against the expert's."""
     lines = []
     for key, (title, note) in _OBJECTIVE_TITLES.items():

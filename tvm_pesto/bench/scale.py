@@ -20,11 +20,15 @@ Examples
 """
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from typing import Callable
 
 from ..errors import PestoError
+from ..plan import simulate
+from ..solve import get_solver, lower_bound
+from ..solve.coarsen import coarsen
 from .random_dag import dnn_like_problem
 from .report import fmt, machine_info, markdown_table, pyplot, save_figure
 
@@ -37,8 +41,7 @@ def _ilp_row(problem, target: int, time_limit_s: float, solver: str, lns_s: floa
              lower_bound_s: float) -> dict:
     """The ILP path on one graph: coarsen + MIP + expand, HEFT on the fine graph, the LNS from
     the better of the two, the local search; with each step's ratio to the bound."""
-    from ..plan import simulate
-    from ..solve.coarsen import coarsen
+    # lazy: loads PuLP (the MIP solvers), which importing this module does not
     from ..solve.ilp import solve
 
     t = time.perf_counter()
@@ -104,9 +107,6 @@ def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: floa
     >>> res["rows"][0]["algorithm"]
     'heft'
     """
-    from ..plan import simulate
-    from ..solve import get_solver, lower_bound
-
     say = progress or (lambda _m: None)
     for name in algorithms:
         get_solver(name)  # unknown names fail before any work
@@ -215,8 +215,6 @@ def scale_plots(res: dict, out_dir: str) -> list[str]:
     >>> scale_plots(res, tempfile.mkdtemp())
     ['.../scale_wall_time.png']
     """
-    import os
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for a in res["settings"]["algorithms"]:

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import time
 
+from ..costs import candidate_costs
 from .report import machine_info
 
 
 def bench_model(target: str, size: str = "full", cluster: str = "cpu:2", costs: str = "xgb",
                 backends: str = "all", solver: str = "heft", search_s: float = 5.0, progress=None) -> dict:
     """Time every stage of the flow up to the plan for one model (no build, no run)."""
+    # lazy: loads TVM's compiler, which importing this module does not
     from .. import api
-    from ..costs import candidate_costs
     from ..models import load_model
 
     t0 = time.perf_counter()

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from ..cluster.linkbench import measure_links
 from .report import fmt, machine_info, markdown_table
 
 MODELS = ("mlp_mixer", "bert", "resnet50")
@@ -48,6 +49,7 @@ def bench_model(name: str, size: str = "small", cluster: str = "cpu:2", solvers=
                 progress=None) -> dict:
     """Every solver's plan of one model's training step: built, run and simulated on
     ``cluster``, simulated on each of ``gpu_clusters``."""
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..api import as_cluster
     from ..train import build_step, build_trainer, place_step
 
@@ -92,8 +94,8 @@ def bench_training(models=MODELS, size: str = "small", cluster: str = "cpu:2", s
                    gpu_clusters=GPU_CLUSTERS, steps: int = 10, optimizer: str = "sgd", costs: str = "auto",
                    gpu_costs: str = "auto", progress=None) -> dict:
     """:func:`bench_model` for every model, with the machine's facts before and after."""
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..api import as_cluster
-    from ..cluster.linkbench import measure_links
 
     cl = as_cluster(cluster)
     if cl.all_present and cl.num_devices > 1:

@@ -27,7 +27,7 @@ from ..backends import get_backend
 from ..candidates.generate import candidate_function
 from ..errors import PlanError
 from ..graph.relax_import import RelaxGraph, from_relax
-from .subgraph import Remap, out_ty_of
+from ..graph.subgraph import Remap, out_ty_of
 
 
 @dataclass
@@ -100,9 +100,6 @@ def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
         When a backend cannot build a unit (the message names the backend and why).
     """
     _check_units(rg, units)
-    bindings = rg.bindings
-    node_of_binding = {k: v for v, k in enumerate(rg.node_binding)}
-    unit_of_node = {v: k for k, u in enumerate(units) for v in u.nodes}
     ext = []  # (unit index, segment, global name)
     for k, u in enumerate(units):
         bk = get_backend(u.backend)
@@ -112,11 +109,34 @@ def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
         ext.append((k, seg, bk.build(seg.func, devices[k])))
     if not ext:  # placement only: the graph is the module as it is
         return Lowered(rg, [sorted(u.nodes) for u in units], {})
+    order, dead = _item_order(rg, units, ext)
+    mod, unit_of_var, externs = _emit_main(rg, units, ext, [item for item in order if item not in dead])
+    if rg.mod is not None:
+        for gv in rg.mod.get_global_vars():
+            if gv.name_hint != "main":
+                mod[gv.name_hint] = rg.mod[gv]
+    low = from_relax(mod)
+    unit_nodes: list[list[int]] = [[] for _ in units]
+    for v, nd in enumerate(low.graph.nodes):
+        unit_nodes[unit_of_var[nd.extra["var"]]].append(v)
+    return Lowered(low, unit_nodes, externs)
 
+
+def _item_order(rg: RelaxGraph, units, ext) -> tuple[list, set]:
+    """The items of the new ``main`` in emission order: ``("b", k)`` an original binding kept,
+    ``("u", e)`` the extern call of ``ext[e]``; and the alias bindings that are dead after
+    lowering (they read a removed value that no unit outputs).
+
+    Raises
+    ------
+    PlanError
+        When the outlined units form a cycle.
+    """
+    bindings = rg.bindings
     var_binding = {b.var: k for k, b in enumerate(bindings)}
     removed = {rg.node_binding[v] for k, _, _ in ext for v in units[k].nodes}
     ext_of_binding = {rg.node_binding[v]: e for e, (k, _, _) in enumerate(ext) for v in units[k].nodes}
-    # items: ("b", k) an original binding kept; ("u", e) an extern call. Dependencies by variables.
+    # dependencies by variables
     producer: dict = {}
     for k, b in enumerate(bindings):
         producer[b.var] = ("u", ext_of_binding[k]) if k in removed else ("b", k)
@@ -157,8 +177,15 @@ def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
                              and var_binding[u] in removed):
                 dead.add(item)
                 break
-    order = list(nx.lexicographical_topological_sort(dag, key=lambda it: (pos[it], it[0])))
+    return list(nx.lexicographical_topological_sort(dag, key=lambda it: (pos[it], it[0]))), dead
 
+
+def _emit_main(rg: RelaxGraph, units, ext, items: list):
+    """The new ``main`` with ``items`` (:func:`_item_order`, dead ones left out) emitted in
+    order: ``(module, call binding name -> unit index, extern global name -> unit index)``."""
+    bindings = rg.bindings
+    node_of_binding = {k: v for v, k in enumerate(rg.node_binding)}
+    unit_of_node = {v: k for k, u in enumerate(units) for v in u.nodes}
     params = [relax.Var(p.name, p.ty) for p in rg.func.params]
     var_map = dict(zip(rg.func.params, params))
     unit_of_var: dict[str, int] = {}  # call binding name in the new main -> unit index
@@ -177,9 +204,7 @@ def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
     attrs = dict(rg.func.attrs) if rg.func.attrs is not None else {}
     with bb.function("main", params, attrs=attrs or None):
         with bb.dataflow():
-            for item in order:
-                if item in dead:
-                    continue
+            for item in items:
                 if item[0] == "b":
                     b = bindings[item[1]]
                     nm = fresh(b.var.name)
@@ -200,16 +225,7 @@ def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
                         var_map[ov] = bb.emit(relax.TupleGetItem(call, j), name_hint=fresh(ov.name))
             out = bb.emit_output(Remap(var_map).visit_expr(rg.output))
         bb.emit_func_output(out)
-    mod = bb.get()
-    if rg.mod is not None:
-        for gv in rg.mod.get_global_vars():
-            if gv.name_hint != "main":
-                mod[gv.name_hint] = rg.mod[gv]
-    low = from_relax(mod)
-    unit_nodes: list[list[int]] = [[] for _ in units]
-    for v, nd in enumerate(low.graph.nodes):
-        unit_nodes[unit_of_var[nd.extra["var"]]].append(v)
-    return Lowered(low, unit_nodes, externs)
+    return bb.get(), unit_of_var, externs
 
 
 __all__ = ["Lowered", "lower_units"]

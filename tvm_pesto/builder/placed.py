@@ -5,9 +5,12 @@ import json
 import os
 import time
 
+import numpy as np
 import tvm
 from tvm import relax
 
+from .. import __version__
+from ..backends.gpu import tvm_cuda
 from ..backends.registry import built_unit, get_backend, unit_backend
 from ..errors import BuildError
 from ..run.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
@@ -22,8 +25,6 @@ def compile_for(mod: tvm.IRModule, target: dict, what: str, database=None):
     GPU schedules, a MetaSchedule database when given).
     """
     if target.get("kind") == "cuda":
-        from ..backends.gpu import tvm_cuda
-
         return tvm_cuda.compile_cuda(mod, target, database=database, what=what)
     tgt = tvm.target.Target(target)
     try:
@@ -86,8 +87,6 @@ class PlacedModule(PlacedRuntime):
             self.executables[d] = compile_for(m, dev.target, f"the module of device {d} ({dev.name})")
             if dev.present:
                 if dev.kind == "gpu":
-                    from ..backends.gpu import tvm_cuda
-
                     tvm_cuda.use_available_jit()
                 vms[d] = relax.VirtualMachine(self.executables[d], dev.tvm_device())
             if progress:
@@ -154,8 +153,6 @@ class PlacedModule(PlacedRuntime):
             with open(os.path.join(path, name), "w") as f:
                 json.dump(data, f, indent=1, default=_jsonable)
             files.append(name)
-        from .. import __version__
-
         manifest = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "tvm_pesto": __version__,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "libraries": libs,
                     "artifacts": artifacts, "files": {f: sha256(os.path.join(path, f)) for f in files}}
@@ -165,8 +162,6 @@ class PlacedModule(PlacedRuntime):
 
 
 def _jsonable(x):
-    import numpy as np
-
     if isinstance(x, (np.floating, np.integer)):
         return x.item()
     if isinstance(x, np.ndarray):

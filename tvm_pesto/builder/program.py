@@ -10,8 +10,8 @@ import tvm
 from tvm import relax
 
 from ..errors import BuildError
+from ..graph.subgraph import Remap, on_vdevice, with_vdevice
 from ..run.program import Program, Step
-from .subgraph import Remap
 
 
 def _plain(ty):
@@ -180,8 +180,6 @@ def legalize_on_devices(placed_mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def _outputs_on(func: relax.Function, vdevice, name: str) -> relax.Function:
-    from .subgraph import on_vdevice, with_vdevice
-
     params = [relax.Var(p.name, p.ty) for p in func.params]
     var_map = dict(zip(func.params, params))
     bb = relax.BlockBuilder()

@@ -27,8 +27,8 @@ from tvm import relax
 
 from ..errors import PlanError
 from ..graph.relax_import import RelaxGraph
+from ..graph.subgraph import Remap, cut_function, move_to, with_vdevice
 from .lower import lower_units
-from .subgraph import Remap, cut_function, move_to, with_vdevice
 
 
 @dataclass
@@ -126,14 +126,43 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.
     low = lower_units(rg, plan.units, [cluster.devices[int(d)] for d in plan.assignment])
     rg, groups = low.rg, low.unit_nodes
     segs = plan_segments(rg, groups, plan)
-    bindings = rg.bindings
-    var_binding = {b.var: k for k, b in enumerate(bindings)}
+    var_binding = {b.var: k for k, b in enumerate(rg.bindings)}
     seg_of_binding = {}
     for si, s in enumerate(segs):
         for v in s.nodes:
             seg_of_binding[rg.node_binding[v]] = si
-    # Which variables each segment must return: call results used by another segment or
-    # by the function's result.
+    used_outside, seg_inputs = _segment_io(rg, segs, var_binding, seg_of_binding)
+    call_order = _call_order(segs, seg_inputs, var_binding, seg_of_binding)
+
+    vdevs = list(vdevices) if vdevices is not None else cluster_vdevices(cluster)
+    if len(vdevs) != cluster.num_devices:
+        raise PlanError(f"{len(vdevs)} vdevices given for {cluster.name}'s {cluster.num_devices} devices; "
+                        "pass one per device (tvm_pesto.builder.rewrite.cluster_vdevices)")
+    seg_funcs = []
+    for si, s in enumerate(segs):
+        outs = sorted(used_outside[si], key=lambda x: var_binding[x])
+        if not outs:  # a segment nobody reads: keep its last value so it still runs
+            outs = [rg.bindings[rg.node_binding[s.nodes[-1]]].var]
+        cut = cut_function(rg, [rg.node_binding[v] for v in s.nodes], outs, lift_constants=False,
+                           name=f"dev{s.device}_seg{s.position}", vdevice=vdevs[s.device],
+                           move_to_vdevice=s.device != 0)
+        fn = cut.func.without_attr("global_symbol")  # private: only main calls it
+        fn = fn.with_attr("pesto.device", s.device).with_attr("pesto.position", s.position)
+        seg_funcs.append((fn, cut))
+    bb = relax.BlockBuilder()
+    gvs = {si: bb.add_func(fn, f"dev{segs[si].device}_seg{segs[si].position}") for si, (fn, _) in enumerate(seg_funcs)}
+    state = [(int(o), int(i)) for o, i in (state or [])]
+    in_dev = _state_devices(rg, state, [seg_funcs[si][1] for si in call_order], [segs[si].device for si in call_order])
+    _emit_main(bb, rg, segs, seg_funcs, gvs, call_order, state, in_dev, vdevs, var_binding)
+    out_mod = bb.get()
+    out_mod.update_global_info("vdevice", vdevs)
+    return out_mod
+
+
+def _segment_io(rg: RelaxGraph, segs, var_binding: dict, seg_of_binding: dict) -> tuple[dict, list]:
+    """Per segment, the call results it must return (used by another segment or by the
+    function's result, in first-use order) and the call results of other segments it reads."""
+    bindings = rg.bindings
     used_outside: dict[int, list] = {si: [] for si in range(len(segs))}
     final_free = set(relax.analysis.free_vars(rg.output)) if not isinstance(rg.output, relax.Var) else {rg.output}
 
@@ -167,7 +196,17 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.
         sj = seg_of_binding[var_binding[w]]
         if w not in used_outside[sj]:
             used_outside[sj].append(w)
-    # Segment dependency DAG, to call segments in a valid order.
+    return used_outside, seg_inputs
+
+
+def _call_order(segs, seg_inputs: list, var_binding: dict, seg_of_binding: dict) -> list[int]:
+    """The segments in an order that respects their data and each device's order.
+
+    Raises
+    ------
+    PlanError
+        When the per-device orders contradict the data dependencies.
+    """
     sdag = nx.DiGraph()
     sdag.add_nodes_from(range(len(segs)))
     for si in range(len(segs)):
@@ -182,29 +221,15 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.
     if not nx.is_directed_acyclic_graph(sdag):
         raise PlanError("the plan's per-device orders contradict the data dependencies (segments deadlock); "
                         "simulate the plan to find the blocked ops")
-    call_order = list(nx.lexicographical_topological_sort(sdag, key=lambda si: (segs[si].position, segs[si].device)))
+    return list(nx.lexicographical_topological_sort(sdag, key=lambda si: (segs[si].position, segs[si].device)))
 
-    vdevs = list(vdevices) if vdevices is not None else cluster_vdevices(cluster)
-    if len(vdevs) != cluster.num_devices:
-        raise PlanError(f"{len(vdevs)} vdevices given for {cluster.name}'s {cluster.num_devices} devices; "
-                        "pass one per device (tvm_pesto.builder.rewrite.cluster_vdevices)")
-    seg_funcs = []
-    for si, s in enumerate(segs):
-        outs = sorted(used_outside[si], key=lambda x: var_binding[x])
-        if not outs:  # a segment nobody reads: keep its last value so it still runs
-            outs = [bindings[rg.node_binding[s.nodes[-1]]].var]
-        cut = cut_function(rg, [rg.node_binding[v] for v in s.nodes], outs, lift_constants=False,
-                           name=f"dev{s.device}_seg{s.position}", vdevice=vdevs[s.device],
-                           move_to_vdevice=s.device != 0)
-        fn = cut.func.without_attr("global_symbol")  # private: only main calls it
-        fn = fn.with_attr("pesto.device", s.device).with_attr("pesto.position", s.position)
-        seg_funcs.append((fn, cut))
-    bb = relax.BlockBuilder()
-    gvs = {si: bb.add_func(fn, f"dev{segs[si].device}_seg{segs[si].position}") for si, (fn, _) in enumerate(seg_funcs)}
-    state = [(int(o), int(i)) for o, i in (state or [])]
-    in_dev = _state_devices(rg, state, [seg_funcs[si][1] for si in call_order], [segs[si].device for si in call_order])
-    # New main: the original inputs (on device 0, state on its reader's device), then
-    # segment calls in call_order.
+
+def _emit_main(bb, rg: RelaxGraph, segs, seg_funcs, gvs, call_order, state, in_dev, vdevs, var_binding) -> None:
+    """The new ``main`` into ``bb``: the original inputs (on device 0, state on its reader's
+    device), then the segment calls in ``call_order``, each argument moved to the segment's
+    device once, then the result rebuilt from the original output expression on device 0 (the
+    next value of a state input on that input's device)."""
+    bindings = rg.bindings
     params = [relax.Var(p.name, with_vdevice(p.ty, vdevs[in_dev.get(k, 0)])) for k, p in enumerate(rg.func.params)]
     pmap = dict(zip(rg.func.params, params))
     attrs = {"pesto.placed": True, "num_input": len(rg.inputs)} if rg.weight_params else {"pesto.placed": True}
@@ -234,8 +259,6 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.
                 else:
                     for k, v in enumerate(cut.outputs):
                         home[v] = (bb.emit(relax.TupleGetItem(res, k), name_hint=v.name), s.device)
-            # Rebuild the result from the original output expression, on device 0 (the
-            # next value of a state input on that input's device).
             out_dev = {o: in_dev[i] for o, i in state}
             if state:
                 out = bb.emit_output(relax.Tuple([
@@ -247,9 +270,6 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.
                     final_map[v] = _materialize(bb, v, home, bindings, var_binding, vdevs)
                 out = bb.emit_output(Remap(final_map).visit_expr(rg.output))
         bb.emit_func_output(out)
-    out_mod = bb.get()
-    out_mod.update_global_info("vdevice", vdevs)
-    return out_mod
 
 
 def _state_devices(rg: RelaxGraph, state, cuts, devices) -> dict[int, int]:

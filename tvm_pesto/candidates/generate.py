@@ -11,7 +11,7 @@ A candidate is valid when outlining it cannot create a cycle (it is convex: no p
 it and comes back), it is weakly connected, and (for non-native backends) every operator in it is
 supported and passes the pattern's check.
 
-A check that cannot read a call (:data:`CHECK_READ_ERRORS`: an attribute or annotation the
+A check that cannot read a call (:data:`~tvm_pesto.candidates.checks.CHECK_READ_ERRORS`: an attribute or annotation the
 call lacks, a symbolic or dynamic shape) says no for that call and is counted. Any other
 exception is a failure of the backend: it is left out of the graph's candidates, named in
 ``CandidateSet.unavailable`` with the exception and its count, and a ``RuntimeWarning``
@@ -31,17 +31,18 @@ Examples
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
-import networkx as nx
 import tvm
 from tvm import relax
 
 from ..backends.base import MatchContext, op_short_name, region_check
-from ..errors import BuildError, error_line
 from ..graph.fusion import fusion_groups
 from ..graph.relax_import import RelaxGraph
+from ..graph.subgraph import emit_function
+from .checks import BackendChecks, report_failure
+from .convex import Reach, is_valid
+from .regions import convex_regions, region_windows
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Candidate:
 
 @dataclass
 class CandidateSet:
-    """All candidates of a graph, with lookup by node, and what was rejected and why.
+    """All candidates of a graph, and what was rejected and why.
 
     Attributes
     ----------
@@ -73,7 +74,8 @@ class CandidateSet:
         Backend name -> why it has no candidates here (it cannot run on this machine, or
         its checks failed on this graph).
     check_errors : dict
-        Backend name -> :meth:`BackendChecks.record` for each backend whose checks raised.
+        Backend name -> :meth:`~tvm_pesto.candidates.checks.BackendChecks.record` for each backend whose
+        checks raised.
     """
 
     rg: RelaxGraph
@@ -91,16 +93,6 @@ class CandidateSet:
     def __getitem__(self, i) -> Candidate:
         return self.candidates[i]
 
-    def covering(self, v: int) -> list[int]:
-        """Indices of the candidates that contain node ``v``."""
-        if not hasattr(self, "_cover"):
-            cov: dict[int, list[int]] = {}
-            for i, c in enumerate(self.candidates):
-                for u in c.nodes:
-                    cov.setdefault(u, []).append(i)
-            self._cover = cov
-        return self._cover.get(v, [])
-
     def by_backend(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for c in self.candidates:
@@ -113,144 +105,9 @@ class CandidateSet:
                             dict(self.unavailable), dict(self.check_errors))
 
 
-# -- checks -----------------------------------------------------------------------------------
-#: What a check raises when it cannot read a call it was not written for: an attribute or
-#: annotation the call lacks (AttributeError, KeyError), a symbolic value where a number is
-#: read (TypeError, ValueError), fewer arguments than expected (IndexError), a dynamic shape
-#: (:class:`~tvm_pesto.errors.BuildError` from ``static_shape``). The check says no.
-CHECK_READ_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError, BuildError)
-
-_WARNED: set[str] = set()
-
-
-class BackendChecks:
-    """The checks of one backend on one graph: how many answered, how many could not read
-    their call (:data:`CHECK_READ_ERRORS`, a no) and how many failed (any other exception).
-
-    Examples
-    --------
-    >>> checks = BackendChecks("demo")
-    >>> checks.ask(lambda: True, "add"), checks.ask(lambda: {}["x"], "add")
-    (True, False)
-    >>> checks.ask(lambda: 1 / 0, "divide"), checks.failure()
-    (False, 'its checks raised 1 time(s), first at divide: ZeroDivisionError: division by zero')
-    """
-
-    def __init__(self, backend: str):
-        self.backend = backend
-        self.answered = 0
-        self.unreadable = 0
-        self.failed = 0
-        self.first_unreadable = ""
-        self.first_failure = ""
-        self.failure_exc: BaseException | None = None
-
-    def ask(self, predicate, where: str) -> bool:
-        """``predicate()`` as a bool; False when it raises (``where`` names the call)."""
-        try:
-            ok = bool(predicate())
-        except CHECK_READ_ERRORS as e:
-            self.unreadable += 1
-            self.first_unreadable = self.first_unreadable or f"at {where}: {error_line(e)}"
-            return False
-        except Exception as e:  # noqa: BLE001 - counted, and the backend reported (failure())
-            self.failed += 1
-            if self.failure_exc is None:
-                self.failure_exc = e
-                self.first_failure = f"at {where}: {error_line(e)}"
-            return False
-        self.answered += 1
-        return ok
-
-    def failure(self) -> str | None:
-        """Why the backend's candidates on this graph cannot be trusted, or None: a check
-        raised an unexpected exception, or no check could read any call."""
-        if self.failed:
-            return f"its checks raised {self.failed} time(s), first {self.first_failure}"
-        if self.unreadable and not self.answered:
-            return f"no check could read any call ({self.unreadable} raised, first {self.first_unreadable})"
-        return None
-
-    def record(self) -> dict:
-        """The counts and first exceptions, for :attr:`CandidateSet.check_errors`."""
-        out = {"answered": self.answered, "unreadable": self.unreadable, "failed": self.failed}
-        if self.first_unreadable:
-            out["first_unreadable"] = self.first_unreadable
-        if self.first_failure:
-            out["first_failure"] = self.first_failure
-        return out
-
-
 def _call_name(call) -> str:
     op = getattr(call, "op", None)
     return op.name if isinstance(op, tvm.ir.Op) else type(call).__name__
-
-
-# -- reachability -----------------------------------------------------------------------------
-class Reach:
-    """Ancestor/descendant bitmasks of a DAG (Python ints), for convexity tests."""
-
-    def __init__(self, dag: nx.DiGraph, n: int):
-        order = list(nx.topological_sort(dag))
-        self.n = n
-        self.desc = [0] * n
-        self.anc = [0] * n
-        for v in reversed(order):
-            m = 0
-            for w in dag.successors(v):
-                m |= (1 << w) | self.desc[w]
-            self.desc[v] = m
-        for v in order:
-            m = 0
-            for u in dag.predecessors(v):
-                m |= (1 << u) | self.anc[u]
-            self.anc[v] = m
-
-    def convex(self, nodes) -> bool:
-        """No node outside ``nodes`` lies on a path between two nodes of it."""
-        mask = 0
-        for v in nodes:
-            mask |= 1 << v
-        d = a = 0
-        for v in nodes:
-            d |= self.desc[v]
-            a |= self.anc[v]
-        return (d & a & ~mask) == 0
-
-
-def is_valid(graph, nodes, reach: Reach | None = None) -> bool:
-    """Whether ``nodes`` can be outlined without a cycle: convex and weakly connected.
-
-    Examples
-    --------
-    >>> from tvm_pesto.graph import OpGraph, OpNode
-    >>> g = OpGraph([OpNode(str(i), "relax.add") for i in range(3)], [(0, 1, 4), (1, 2, 4), (0, 2, 4)])
-    >>> is_valid(g, [0, 2]), is_valid(g, [0, 1, 2])
-    (False, True)
-    """
-    nodes = list(nodes)
-    if not nodes:
-        return False
-    reach = reach or Reach(graph.dag, graph.num_nodes)
-    if not reach.convex(nodes):
-        return False
-    return len(nodes) == 1 or nx.is_weakly_connected(graph.dag.subgraph(nodes))
-
-
-def combined_acyclic(graph, groups) -> bool:
-    """Whether contracting the disjoint ``groups`` (other nodes stay single) leaves a DAG."""
-    owner = {}
-    for gi, grp in enumerate(groups):
-        for v in grp:
-            owner[v] = ("g", gi)
-    q = nx.DiGraph()
-    for v in range(graph.num_nodes):
-        q.add_node(owner.get(v, ("n", v)))
-    for u, v in graph.dag.edges():
-        a, b = owner.get(u, ("n", u)), owner.get(v, ("n", v))
-        if a != b:
-            q.add_edge(a, b)
-    return nx.is_directed_acyclic_graph(q)
 
 
 # -- generation -------------------------------------------------------------------------------
@@ -295,7 +152,8 @@ def _pattern_roots(pat) -> set | None:
 def _patterns_by_root(pats) -> dict:
     """Root key -> the entries of ``pats`` that can match there, in their order; under None the
     entries that can match anything (or at a root no pattern names). Matching every pattern
-    at every node was 566,820 ``match`` calls and 9 s on a 2,010-op transformer."""
+    at every node would make one ``match`` call per (pattern, node) pair: hundreds of
+    thousands on a 2,000-op transformer."""
     keys = {}
     for entry in pats:
         keys[id(entry)] = _pattern_roots(entry[1])
@@ -309,7 +167,7 @@ def pattern_candidates(rg: RelaxGraph, backend, reach: Reach, rejected: dict,
                        checks: BackendChecks | None = None) -> list[Candidate]:
     """Every match of every pattern of ``backend`` rooted at every node.
 
-    ``checks`` counts what the checks raise (see :class:`BackendChecks`); without it, the
+    ``checks`` counts what the checks raise (see :class:`~tvm_pesto.candidates.checks.BackendChecks`); without it, the
     first unexpected exception of a check is raised once every match has been tried.
     """
     from tvm.relax.dpl.pattern import CallPattern
@@ -382,96 +240,6 @@ def _supported_nodes(rg: RelaxGraph, backend, checks: BackendChecks) -> set[int]
     return ok
 
 
-def _report_failure(name: str, why: str) -> None:
-    """Warn once per backend per process that its candidates were left out."""
-    if name in _WARNED:
-        return
-    _WARNED.add(name)
-    warnings.warn(f"backend {name!r} left out of candidate generation: {why}; its subgraphs stay on the "
-                  "other backends (a bug in the backend's checks, or a TVM API it reads has changed)",
-                  RuntimeWarning, stacklevel=3)
-
-
-def convex_regions(graph, supported: set[int]) -> list[list[int]]:
-    """Split the supported nodes into maximal convex, weakly connected regions.
-
-    A node's rank is the largest number of unsupported nodes on a path from a source to it;
-    nodes of one rank that are connected through supported nodes of that rank form a region.
-    Any path between two nodes of a region through an unsupported node would raise the rank,
-    so regions are convex.
-    """
-    rank = {}
-    for v in graph.topo_order():
-        r = 0
-        for u in graph.dag.predecessors(v):
-            r = max(r, rank[u] + (0 if u in supported else 1))
-        rank[v] = r
-    h = nx.Graph()
-    h.add_nodes_from(supported)
-    for u, v in graph.dag.edges():
-        if u in supported and v in supported and rank[u] == rank[v]:
-            h.add_edge(u, v)
-    regions = [sorted(c) for c in nx.connected_components(h)]
-    regions.sort(key=lambda r: r[0])
-    return regions
-
-
-WINDOW_UNITS = (2, 3, 4, 6, 8, 12, 16)
-
-
-def region_windows(graph, region: list[int], reach: Reach, max_region: int = 40,
-                   groups: list[list[int]] | None = None) -> list[list[int]]:
-    """The whole region and its windows between cut points.
-
-    A cut point is a position in the region's topological order where at most one tensor of
-    the region crosses from the prefix to the suffix and (when ``groups`` are given) no
-    fusion group is split. Windows span 2, 3, 4, 6, 8, 12 or 16 consecutive cut intervals and
-    at most ``max_region`` ops (single intervals are the op-level patterns' job).
-    """
-    order = sorted(region)
-    rs = set(order)
-    group_of = {}
-    for gi, grp in enumerate(groups or []):
-        for v in grp:
-            group_of[v] = gi
-    # walk the order once, keeping what crosses from the prefix to the rest of the region:
-    # how many prefix ops still feed a later op (live tensors), and how many edges inside one
-    # fusion group cross
-    cuts, prefix, waiting, live, split = [0], set(), {}, 0, 0
-    for k in range(1, len(order)):
-        v = order[k - 1]
-        prefix.add(v)
-        for u in graph.dag.predecessors(v):
-            if u in waiting:
-                waiting[u] -= 1
-                live -= waiting[u] == 0
-                split -= u in group_of and group_of[u] == group_of.get(v)
-        later = [w for w in graph.dag.successors(v) if w in rs and w not in prefix]
-        waiting[v] = len(later)
-        live += bool(later)
-        if v in group_of:
-            split += sum(group_of.get(w) == group_of[v] for w in later)
-        if live <= 1 and not split:
-            cuts.append(k)
-    cuts.append(len(order))
-    out, seen = [order], {tuple(order)}
-    for i, a in enumerate(cuts):
-        for units in WINDOW_UNITS:
-            if i + units >= len(cuts):
-                break
-            b = cuts[i + units]
-            if b - a > max_region:
-                break
-            w = order[a:b]
-            t = tuple(w)
-            if t in seen:
-                continue
-            if reach.convex(w) and nx.is_weakly_connected(graph.dag.subgraph(w)):
-                seen.add(t)
-                out.append(w)
-    return out
-
-
 def tvm_candidates(graph, reach: Reach, name: str = "tvm", max_chain: int = 8) -> list[Candidate]:
     """TVM fusion groups, their contiguous sub-chains (up to ``max_chain`` ops), single ops."""
     out, seen = [], set()
@@ -516,7 +284,7 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
 
     ``tvm`` candidates are always included (as the native fallback), whether or not the
     ``tvm`` backend is in ``backends``. A backend whose checks fail on this graph
-    (:meth:`BackendChecks.failure`) gets no candidate: it is named in ``unavailable`` with
+    (:meth:`~tvm_pesto.candidates.checks.BackendChecks.failure`) gets no candidate: it is named in ``unavailable`` with
     the exception and a ``RuntimeWarning`` says so, once per backend per process.
 
     Examples
@@ -558,7 +326,7 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
         why = checks.failure()
         if why is not None:
             unavailable[bk.name] = f"candidate generation failed: {why}"
-            _report_failure(bk.name, why)
+            report_failure(bk.name, why)
             continue
         cands.extend(own)
     return CandidateSet(rg, cands, rejected, unavailable, check_errors)
@@ -648,15 +416,13 @@ def candidate_outputs(rg: RelaxGraph, nodes) -> list:
 
 
 def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name: str = "main"):
-    """The candidate as a function (a :class:`~tvm_pesto.builder.subgraph.Segment`).
+    """The candidate as a function (a :class:`~tvm_pesto.graph.subgraph.Segment`).
 
-    Unlike :func:`~tvm_pesto.builder.subgraph.cut_function`, a ``t[i]`` read of a tuple
+    Unlike :func:`~tvm_pesto.graph.subgraph.cut_function`, a ``t[i]`` read of a tuple
     computed outside the candidate becomes a tensor parameter (not a tuple parameter), so
     every parameter is a tensor that a library can take through DLPack. Alias bindings
     are pulled in only when they build tuples/aliases or read tuples computed inside.
     """
-    from ..builder.subgraph import emit_function
-
     gi = graph_index(rg)
     bindings = rg.bindings
     var_binding = gi.var_binding
@@ -705,6 +471,5 @@ def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name
     return emit_function(bindings, order, free, outputs, lift_constants, name)
 
 
-__all__ = ["BackendChecks", "CHECK_READ_ERRORS", "Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_outputs", "combined_acyclic",
-           "convex_regions", "generate_candidates", "is_valid", "pattern_candidates", "placement_candidates",
-           "region_windows", "tvm_candidates"]
+__all__ = ["Candidate", "CandidateSet", "candidate_function", "candidate_outputs", "generate_candidates",
+           "pattern_candidates", "placement_candidates", "tvm_candidates"]

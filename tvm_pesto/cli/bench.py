@@ -30,7 +30,10 @@ import shlex
 
 import click
 
+from ..bench import placement as bp, scale as bs
 from ..errors import PestoError
+from ..jsonio import write_json, write_text
+from ..solve import get_solver
 from ..solve.budget import deterministic_mode
 from .options import deterministic_option
 from .progress import ErrorGroup, console
@@ -60,8 +63,6 @@ def _command_line(ctx: click.Context) -> str:
 
 
 def _write_outputs(res: dict, json_path, md_path, plots_dir, markdown, plots) -> None:
-    from ..jsonio import write_json, write_text
-
     if json_path:
         write_json(json_path, res)
         console.print(f"JSON: {json_path}")
@@ -102,9 +103,6 @@ def _split(values) -> list[str]:
 def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, ilp_refine, algorithms, root, models,
               clusters, size, layergraphs, zoo, deterministic):
     """Every solver on every LayerGraph and zoo model: makespan / lower bound, solve time, memory."""
-    from ..bench import placement as bp
-    from ..solve import get_solver
-
     ctx = click.get_current_context()
     algs = _split([algorithms]) if algorithms else list(bp.ALGORITHMS)
     for a in algs:
@@ -158,8 +156,6 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
 def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithms, target, solver, seed, lns_s,
           refine_s, deterministic):
     """Wall time of every solver and of coarsen+ILP on random DNN-like DAGs of 1k, 10k, 100k ops."""
-    from ..bench import scale as bs
-
     ctx = click.get_current_context()
     try:
         ns = [int(x) for x in _split([sizes])] if sizes else list(bs.QUICK_SIZES if quick else bs.DEFAULT_SIZES)

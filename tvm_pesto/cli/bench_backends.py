@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import click
 
+from ..bench.backends import bench_backends, quiet_openmp
+from ..costs.cache import MeasureCache
+from ..jsonio import write_json
 from ..solve.budget import deterministic_mode
 from .options import deterministic_option
 from .progress import console
@@ -28,12 +31,7 @@ def backends(models, size, backends, repeat, time_limit, select_by, cache_path, 
     """Each backend alone vs Collage's DP vs the joint backend/placement ILP, for every zoo model.
 
     The joint solves run with work budgets unless --wall-clock (the JSON says which)."""
-    from ..bench.backends import bench_backends, quiet_openmp
-
     quiet_openmp()  # before anything imports torch
-    from ..costs.cache import MeasureCache
-    from ..jsonio import write_json
-
     names = [b.strip() for b in backends.split(",")] if backends else None
     cache = MeasureCache(cache_path) if cache_path else MeasureCache()
     if cache.skipped:

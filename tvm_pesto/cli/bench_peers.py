@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import click
 
+from ..bench.backends import quiet_openmp
+from ..errors import PestoError
+from ..jsonio import write_json, write_text
 from .progress import console
 
 
 def _models(zoo_names, sizes, outside: bool):
     """``[(label, make)]``: zoo models at each size, then the models of ``zoo.outside``."""
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .. import zoo
     from ..frontend import from_torch
     from ..zoo import outside
@@ -47,13 +51,10 @@ def _zoo(m):
 def peers(models, sizes, cores, costs, torch_compile, rounds, json_path, md_path):
     """Each model in ONNX Runtime (sequential, parallel, one thread), PyTorch, OpenVINO,
     torch.compile and tvm-pesto (cpu:N and cpu:1), in one process, timed in blocks."""
-    from ..bench.backends import quiet_openmp
-
     quiet_openmp()  # before anything imports torch
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .. import zoo
     from ..bench.peers import bench_peers, markdown
-    from ..errors import PestoError
-    from ..jsonio import write_json, write_text
     from ..zoo import outside
 
     known_zoo, known_out = zoo.list_models(), outside.list_models()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from ..bench.search import bench_search
+from ..jsonio import write_json
 from .progress import console
 
 
@@ -17,8 +19,7 @@ from .progress import console
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 def search(targets, size, cluster_spec, costs, backends, solver, search_s, json_path):
     """Time candidates + costs + joint solve for TARGETS (zoo names or model files; default: the zoo)."""
-    from ..bench.search import bench_search
-    from ..jsonio import write_json
+    # lazy: loads TVM and PyTorch; the CLI imports a verb's code when the verb runs
     from ..zoo import list_models
 
     res = bench_search(list(targets) or list_models(), size=size, cluster=cluster_spec, costs=costs,

@@ -11,6 +11,8 @@ import sys
 
 import click
 
+from ..bench import training as bt
+from ..jsonio import write_json, write_text
 from ..solve.budget import deterministic_mode
 from .options import deterministic_option
 from .progress import console
@@ -34,9 +36,6 @@ def training(models, size, cluster_spec, solvers, gpu_clusters, steps, optimizer
              md_path, deterministic):
     """Step time of each solver's plan for training steps: measured vs simulated on --cluster,
     simulated on GPU presets."""
-    from ..bench import training as bt
-    from ..jsonio import write_json, write_text
-
     split = lambda v, d: [x.strip() for x in v.split(",") if x.strip()] if v else list(d)  # noqa: E731
     with deterministic_mode(deterministic):
         res = bt.bench_training(list(models) or list(bt.MODELS), size=size, cluster=cluster_spec,

@@ -1,6 +1,8 @@
 """What the CLI verbs do, as plain functions returning JSON-ready dicts."""
 from __future__ import annotations
 
+import copy
+import math
 import os
 import time
 
@@ -9,33 +11,43 @@ import tvm
 from tvm import relax
 
 from .. import api
+from ..builder.placed import PlacedModule, compile_for
+from ..builder.rewrite import apply_plan
 from ..cluster import parse_cluster
 from ..cluster.device_thread import pinning_failures
 from ..cluster.dispatch import dispatch_info, local_shape
-from ..errors import PestoError
+from ..costs.remote import remote_cluster
+from ..errors import InfeasibleError, PestoError
+from ..graph import dnn_partitioning as dp
+from ..models import load_model
+from ..plan import Problem, simulate
+from ..plan.expert_split import load_expert_split
+from ..plan.objective import check_choice, evaluate
 from ..plan.trace import write_trace_dir
+from ..run.dispatch import machine_dispatch
+from ..run.executor import to_numpy
+from ..run.pipeline import microbatch_inputs, run_pipeline
+from ..run.ray_executor import RaySession, use_ray
 from ..run.runtime import BENCH_MIN_S
+from ..solve import SOLVERS, get_solver, solve
+from ..solve.bounds import lower_bound
+from ..solve.common import memory_lower_bound_factor
+from ..solve.joint import joint_lower_bound
 from .progress import step
 
 
 def load_target(target: str, size: str = "small", input_shapes=None):
     """A zoo model or a model file (ONNX, ``.pt2``, TVMScript) as a static module with inputs."""
-    from ..models import load_model
-
     with step(f"load {target}" + (f" ({size})" if "." not in os.path.basename(target) else "")):
         return load_model(target, size, input_shapes=input_shapes)
 
 
 def reference_output(mod, inputs, target=None):
     """Output of ``mod`` compiled whole for one CPU device (the numerical reference)."""
-    from ..builder.placed import compile_for
-
     target = target or {"kind": "llvm", "num-cores": 1}
     ex = compile_for(mod, target, "the whole model (reference)")
     vm = relax.VirtualMachine(ex, tvm.cpu(0))
     out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs])
-    from ..run.executor import to_numpy
-
     return to_numpy(out), vm, ex
 
 
@@ -70,13 +82,9 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", co
     lm = load_target(model, size, input_shapes)
     cluster = parse_cluster(cluster_spec)
     if rpc_tracker or rpc_key:
-        from ..costs.remote import remote_cluster
-
         cluster = remote_cluster(cluster, rpc_tracker or "", rpc_key or "")
     session = None
     if executor == "ray":
-        from ..run.ray_executor import RaySession
-
         with step("start Ray" if not ray_address else f"connect to Ray at {ray_address}"):
             session = RaySession(ray_address)
     try:
@@ -91,8 +99,6 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
                executor, session, split_margin=None) -> dict:
     pairs = None
     if cluster.num_devices > 1 and local_shape(cluster) is not None:
-        from ..run.dispatch import machine_dispatch
-
         # the executor's links and its own cost per run are properties of this machine: the fit
         # kept for it (measured on first use), or measured again now with ``refit``
         what = "measure" if refit else "this machine's fit of"
@@ -116,8 +122,6 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
                   "fitted_at": dispatch["fitted_at"] if cluster.meta.get("links_measured") else None}
     ray_info = None
     if executor == "ray":
-        from ..run.ray_executor import use_ray
-
         if export_dir:
             with step(f"export the placed model to {export_dir}"):
                 pm.export(export_dir)
@@ -186,11 +190,6 @@ def run_pipelined(model: str, size: str, cluster_spec: str, microbatches: int = 
     and report the measured time per sample (median of ``repeat`` streams) against the
     simulated one and against running the microbatches one by one, and the largest
     difference between pipelined and one-by-one outputs (and the unplaced module's)."""
-    from ..builder.placed import PlacedModule
-    from ..builder.rewrite import apply_plan
-    from ..plan.objective import check_choice, evaluate
-    from ..run.pipeline import microbatch_inputs, run_pipeline
-
     _, _, k = check_choice("stage", "throughput", microbatches)
     if k is None:
         raise PestoError("--microbatches must be at least 1 for a pipelined run (0 means steady state, which a "
@@ -282,12 +281,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     >>> res["makespan_s"] >= res["lower_bound_s"] * (1 - 1e-9)
     True
     """
-    from ..errors import InfeasibleError
-    from ..plan import Problem, simulate
-    from ..plan.objective import check_choice, evaluate
-    from ..solve import SOLVERS, get_solver, solve
-    from ..solve.bounds import lower_bound
-    from ..solve.common import memory_lower_bound_factor
+    # lazy: loads PuLP (the MIP solvers); the CLI imports a verb's code when the verb runs
     from ..solve.objective_bounds import objective_lower_bound
 
     model, objective, microbatches = check_choice(model or ("stage" if target.endswith(".json") else "op"),
@@ -304,9 +298,6 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         """The error for a problem that does not fit: a bound, and the smallest uniform scale
         of every device's memory (bisection) with which a heuristic finds a plan. ``err`` is
         returned unchanged when even ample memory does not help (e.g. co-location)."""
-        import copy
-        import math
-
         cap = problem.capacity
 
         def works(f: float) -> bool:
@@ -350,8 +341,6 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     t_load = time.perf_counter()
     costed = None
     if target.endswith(".json"):
-        from ..graph import dnn_partitioning as dp
-
         if split_margin is not None:
             raise PestoError("--split-margin applies to models (the flow's split decision); a LayerGraph file is "
                              "placed as the file defines it: leave --split-margin out")
@@ -417,8 +406,6 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
             solved = {k: (joint.contract([pos[id(u)] for u in plan.units]), plan, pl)
                       for k, (_, plan, pl) in solved.items()}
     if bound_of is None:  # backend choice: the bound over every cover
-        from ..solve.joint import joint_lower_bound
-
         lb = joint_lower_bound(joint)
     else:
         lat = lower_bound(bound_of, deterministic=deterministic) if model == "op" else None
@@ -431,9 +418,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         if pl is not None:
             results[name].update(simulated_s=float(pl.sim.run_s), units=_units(plan))
     if expert:
-        from ..graph import dnn_partitioning as dp
-
-        plan = dp.load_expert_split(expert, problem.graph, cluster)
+        plan = load_expert_split(expert, problem.graph, cluster)
         results["expert"] = _result(problem, plan, evaluate(problem, plan, model, objective, microbatches), lb)
     valid = [k for k in results if results[k]["valid"]] or list(results)
     best = min(valid, key=lambda k: results[k]["objective_value"])

@@ -9,15 +9,21 @@ import os
 
 import click
 
-from ..costs.machine import MACHINE_MODELS
+from ..cluster import parse_cluster
+from ..costs.cache import MeasureCache
+from ..costs.calibration import calibration_path
+from ..costs.machine import MACHINE_MODELS, calibrate_machine
+from ..costs.remote import remote_cluster
+from ..costs.xgb import load_model
 from ..errors import PestoError
+from ..jsonio import write_json
+from ..lab.fit import DEFAULT_ROUNDS, train
+from ..lab.metrics import metrics
 from .options import ms_db_option, rpc_options
 from .progress import console, step
 
 
 def _write_json(path: str, data: dict) -> None:
-    from ..jsonio import write_json
-
     write_json(path, data)
 
 
@@ -79,8 +85,9 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
     (``tvm_pesto.zoo.outside``), ``outside`` (all of those), ``sweep`` (all shape-sweep
     families) or ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
     """
-    from ..costs.profile import default_backends, default_log_path, profile_zoo
-    from ..costs.sweep import FAMILIES
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from ..lab.profile import default_backends, default_log_path, profile_zoo
+    from ..lab.sweep import FAMILIES
     from ..zoo import list_models
     from ..zoo import outside
 
@@ -98,9 +105,6 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
     log_path = log_path or str(default_log_path())
     bks = [b.strip() for b in backends.split(",") if b.strip()] if backends else default_backends()
     if rpc_tracker or rpc_key:  # the cluster's devices are measured on the remote servers
-        from ..cluster import parse_cluster
-        from ..costs.remote import remote_cluster
-
         cluster_spec = remote_cluster(parse_cluster(cluster_spec), rpc_tracker or "", rpc_key or "")
     results = []
     for name in names:
@@ -134,7 +138,8 @@ def cost_model():
                    "e.g. AuthenticAMD/25/17 (lscpu's Vendor ID, CPU family, Model)")
 def merge_cmd(logs, output, assume_cpu_kind):
     """Merge profiler LOGS (and repeated passes) into one compact log, one record per subgraph."""
-    from ..costs.profile import merge_logs
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from ..lab.profile import merge_logs
 
     res = merge_logs(logs, output, assume_cpu_kind=assume_cpu_kind)
     _report_skipped(res["skipped"])
@@ -156,8 +161,9 @@ def merge_cmd(logs, output, assume_cpu_kind):
 @click.option("--json", "json_path", default=None, help="write the training summary as JSON here")
 def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, json_path):
     """Train a cost model on profiler LOGS (and MetaSchedule databases) and save it."""
-    from ..costs.evaluate import metrics, split_by_model
-    from ..costs.xgb import DEFAULT_ROUNDS, load_dataset, train
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from ..lab.dataset import load_dataset
+    from ..lab.evaluate import split_by_model
 
     if not logs and not tuning_dbs:
         raise PestoError("no training data: give profiler logs (tvm-pesto profile ...) and/or --tuning-db DIR")
@@ -225,8 +231,8 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flo
              cache_path, max_load, strict, no_calibration, label_runs, save_calibration):
     """Evaluate a cost model on its held-out models and on the models it saw (or, with
     --flow, on whole models through the cost sources)."""
-    from ..costs.evaluate import evaluate_model
-    from ..costs.xgb import load_model
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from ..lab.evaluate import evaluate_model
 
     model = load_model(model_path)
     if flow:
@@ -287,9 +293,6 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flo
 def calibrate_cmd(model_path, cluster_spec, names, json_path):
     """Fit the cost model's calibration to this machine (what the xgb source does on first
     use) and keep it where the xgb source finds it."""
-    from ..api import calibrate_machine
-    from ..costs.xgb import load_model
-
     model = load_model(model_path)
     models = [n.strip() for n in names.split(",") if n.strip()]
     with step(f"time {', '.join(models)} on {cluster_spec} and fit"):
@@ -318,9 +321,8 @@ def _noise(r) -> str:
 
 def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, calibrate, save, json_path,
                label_runs=1) -> None:
-    from ..costs.cache import MeasureCache
-    from ..costs.calibration import calibration_path
-    from ..costs.evaluate import flow_eval, flow_models
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from ..lab.flow_eval import flow_eval, flow_models
 
     with step("build models"):
         mods = flow_models([n.strip() for n in names.split(",") if n.strip()], size)

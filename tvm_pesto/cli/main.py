@@ -12,13 +12,20 @@ import warnings
 
 import click
 
+from ..cluster import parse_cluster
+from ..cluster.contention import measure_contention
+from ..cluster.linkbench import measure_links
+from ..costs.calibration import CALIBRATION_ENV
+from ..decide import decision_table
+from ..errors import UnseenOpsWarning
 from ..jsonio import write_json
 from .options import deterministic_option, ms_db_option, rpc_options, split_margin_option
-from .progress import ErrorGroup, console
+from .progress import ErrorGroup, console, step
 
 COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
 BACKENDS_HELP = ("backends that compete for each subgraph: all (every backend available on the cluster's "
-                 "devices), tvm (TVM's fusion groups only: placement without backend choice), or a "
+                 "devices but inductor, whose every candidate is a compile of seconds: name it, as in "
+                 "tvm,onnxruntime,inductor), tvm (TVM's fusion groups only: placement without backend choice), or a "
                  "comma-separated list such as tvm,onnxruntime")
 MODEL_HELP = ("a zoo model name, an ONNX file, a torch.export program (.pt2) or a Relax module as "
               "TVMScript (.py, .tvmscript)")
@@ -33,16 +40,13 @@ MODEL_HELP = ("a zoo model name, an ONNX file, a torch.export program (.pt2) or 
                    "sets $TVM_PESTO_CALIBRATION")
 def cli(calibration):
     """Place deep-learning graphs across devices and backends (Apache TVM Relax)."""
-    from ..errors import UnseenOpsWarning
-
     warnings.filterwarnings("ignore", category=UnseenOpsWarning)  # `run` prints its own line, the JSONs say it
     if calibration is not None:
-        from ..costs.calibration import CALIBRATION_ENV
-
         os.environ[CALIBRATION_ENV] = calibration
 
 
 def _shapes(specs):
+    # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from ..models import parse_input_shapes
 
     return parse_input_shapes(specs) or None
@@ -61,6 +65,7 @@ def _shapes(specs):
 @deterministic_option(False)
 def demo(model, size, cluster_spec, backends, solver, costs, out_dir, deterministic):
     """Place a model over this machine's CPU devices (backend, device, order), run it, compare with the plan."""
+    # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import run_model
 
     res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, out_dir=out_dir,
@@ -110,8 +115,6 @@ def _print_run(res):
                   f"(measured/simulated = {res['measured_over_simulated']:.3f})")
     console.print(f"  max |err| vs single-device build: {res['max_abs_err']:.3g}")
     if res.get("decision"):
-        from ..decide import decision_table
-
         console.print("  weighed before keeping this plan (measured in blocks, the fastest kept):")
         for line in decision_table(res["decision"]).splitlines():
             click.echo(f"    {line}")  # a table: not wrapped to the terminal's width
@@ -127,8 +130,8 @@ PREDICTION_OFF = 0.15
 
 def _stale_calibration_hint(res) -> str | None:
     """What to do when a run with ``xgb``/``hybrid`` costs measured far from its plan: the
-    calibration applied and when it was fitted (a VM's speed drifts: on the 2-core EPYC VM the
-    fit of 18:02 scaled ONNX Runtime by 1.247, a refit at 20:35 by 1.068)."""
+    calibration applied and when it was fitted (a machine's speed drifts, and a fit made at
+    another time or load drifts from it)."""
     c = res.get("costs") or {}
     ratio = res.get("measured_over_simulated")
     if c.get("source") not in ("xgb", "hybrid") or ratio is None or abs(ratio - 1.0) <= PREDICTION_OFF:
@@ -192,6 +195,7 @@ def _gap_line(res) -> str | None:
 def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, objective, exec_model,
           microbatches, time_limit, json_path, split_margin, deterministic):
     """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
+    # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import place_any
 
     solvers = ["all"] if solver == "all" else [s.strip() for s in solver.split(",") if s.strip()]
@@ -250,9 +254,11 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
         objective, microbatches, executor, ray_address, refit, split_margin, rpc_tracker, rpc_key, deterministic):
     """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
+    # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import run_model
 
     if objective == "throughput":
+        # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
         from .commands import run_pipelined
 
         res = run_pipelined(model, size, cluster_spec, microbatches, solver="stage-dp" if solver == "heft" else solver,
@@ -281,6 +287,7 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
 @click.option("--json", "json_path", default=None, help="write the table as JSON here")
 def backends_cmd(json_path):
     """List every backend: available or not, and why (package missing, no driver, import error)."""
+    # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from ..backends import backend_status, get_backend
     from ..backends.registry import BUILTIN
 
@@ -311,8 +318,6 @@ def cluster():
 @click.argument("spec")
 def cluster_show(spec):
     """Print a cluster spec as JSON."""
-    from ..cluster import parse_cluster
-
     click.echo(json.dumps(parse_cluster(spec).to_dict(), indent=1))
 
 
@@ -331,14 +336,8 @@ def cluster_show(spec):
 def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispatch):
     """Measure link latency and bandwidth between this machine's devices (or their Ray actors), how
     much devices that share a memory system slow each other, and what the executor costs per run."""
-    from ..cluster import parse_cluster
-    from ..cluster.linkbench import measure_links
-    from .progress import step
-
     c = parse_cluster(cluster_spec)
     if contention and sum(d.present and d.kind == "cpu" for d in c.devices) > 1:
-        from ..cluster.contention import measure_contention
-
         with step("measure contention (each device alone, then all at once)"):
             cres = measure_contention(c)
         for name, k in cres["kernels"].items():
@@ -348,6 +347,7 @@ def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispa
         console.print(f"  slowdown: compute {cres['compute']:.2f}x, memory {cres['memory']:.2f}x "
                       f"(load {cres['load'][0]:.2f} -> {cres['load'][1]:.2f})")
     if executor == "ray":
+        # lazy: loads TVM; the CLI imports a verb's code when the verb runs
         from ..run.ray_executor import RaySession, measure_ray_links
 
         session = RaySession(ray_address)
@@ -362,6 +362,7 @@ def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispa
     for k, v in pts.items():
         console.print(f"  {k}: latency {v['latency_s'] * 1e6:.1f} us, bandwidth {v['bandwidth_Bps'] / 1e9:.2f} GB/s")
     if dispatch and executor == "thread" and sum(d.present and d.kind == "cpu" for d in c.devices) > 1:
+        # lazy: loads TVM; the CLI imports a verb's code when the verb runs
         from ..run.dispatch import measure_dispatch
 
         with step("measure the executor's dispatch (one device, two): after the links, whose latency it uses"):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import click
 
+from ..errors import PestoError
+
 DETERMINISTIC_HELP = ("--deterministic: work budgets (MIP node limits, counted simulations) and fixed seeds, so "
                       "the same input gives the same plan on any machine; --wall-clock: budgets in seconds")
 
@@ -45,8 +47,8 @@ def ms_db_option():
 
     def use(ctx, param, value):
         if value is not None:
+            # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
             from ..backends.tvm_cpu import set_tuning_database
-            from ..errors import PestoError
 
             try:
                 set_tuning_database(value)

@@ -11,6 +11,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..errors import PestoError
+
 console = Console(stderr=True)
 
 
@@ -18,8 +20,6 @@ class ErrorGroup(click.Group):
     """A click group whose commands print a :class:`PestoError` as one line and exit with 2."""
 
     def invoke(self, ctx):
-        from ..errors import PestoError
-
         try:
             return super().invoke(ctx)
         except PestoError as e:

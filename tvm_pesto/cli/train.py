@@ -18,11 +18,18 @@ norm-wise error against autograd, :func:`tvm_pesto.train.check.gradient_check`),
 from __future__ import annotations
 
 import os
+import time
 
 import click
 import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..cluster import parse_cluster
+from ..cluster.linkbench import measure_links
 from ..costs import SOURCES
+from ..errors import TrainingError
+from ..jsonio import write_json
+from ..plan.trace import write_trace_dir
 from .options import deterministic_option
 from .progress import console, step
 
@@ -54,8 +61,6 @@ from .progress import console, step
 def train(model, size, cluster_spec, steps, optimizer, loss, lr, batch, solver, costs, backends, check,
           compare_single, trace_dir, json_path, deterministic):
     """Train MODEL (a zoo name) for --steps steps with its step placed over --cluster."""
-    from ..jsonio import write_json
-
     res = run_training(model, size, cluster_spec, steps, optimizer, loss, lr=lr, batch=batch, solver=solver,
                        costs=costs, backends=backends, check=check, compare_single=compare_single,
                        trace_dir=trace_dir, deterministic=deterministic)
@@ -69,16 +74,13 @@ def run_training(model: str, size: str, cluster_spec: str, steps: int, optimizer
                  backends: str = "tvm", check: bool = True, compare_single: bool = False,
                  trace_dir: str | None = None, deterministic: bool = False) -> dict:
     """What ``tvm-pesto train`` does, as a dict (the ``--json`` content)."""
-    from ..cluster import parse_cluster
-    from ..errors import TrainingError
+    # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from ..train import build_step, build_trainer, gradient_check
 
     if steps < 1:
         raise TrainingError(f"--steps must be >= 1, not {steps}")
     cluster = parse_cluster(cluster_spec)
     if cluster.all_present and cluster.num_devices > 1:
-        from ..cluster.linkbench import measure_links
-
         with step("measure links between devices"):
             measure_links(cluster)
     with step("training step: import, gradient, optimizer"):
@@ -126,10 +128,6 @@ def _load():
 
 def _fit(tr, steps: int, inputs, targets, label: str):
     """Run the steps with a progress bar (loss and step time); trace the last one."""
-    import time
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     losses, times, trace = [], [], []
     with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("loss {task.fields[loss]}  {task.fields[ms]} ms/step"), console=console,
@@ -147,8 +145,6 @@ def _fit(tr, steps: int, inputs, targets, label: str):
 
 
 def _write_traces(tr, trace, out_dir: str, res: dict) -> None:
-    from ..plan.trace import write_trace_dir
-
     pl = tr.placement
     res["artifacts"] = write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace,
                                        [d.name for d in pl.joint.cluster.devices],

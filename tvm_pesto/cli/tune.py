@@ -18,6 +18,11 @@ import os
 
 import click
 
+from ..cluster import parse_cluster
+from ..costs.remote import remote_cluster
+from ..costs.tune import check_budget, tune_model
+from ..errors import TuningError
+from ..jsonio import write_json
 from .options import rpc_options
 from .progress import console, step
 
@@ -45,17 +50,12 @@ from .progress import console, step
 def tune(model, size, input_shape, trials, work_dir, cluster_spec, max_tasks, strategy, trials_per_iter, baseline,
          json_path, rpc_tracker, rpc_key):
     """Tune MODEL's fused kernels with MetaSchedule into --work-dir, for the tvm-ms backend."""
-    from ..cluster import parse_cluster
-    from ..costs.tune import check_budget, tune_model
-    from ..errors import TuningError
-    from ..jsonio import write_json
+    # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from ..models import load_model, parse_input_shapes
 
     check_budget(trials, max_tasks, strategy)  # before loading the model: the cheapest errors first
     cluster = parse_cluster(cluster_spec)
     if rpc_tracker or rpc_key:  # time on the key's servers: the cluster's devices become remote
-        from ..costs.remote import remote_cluster
-
         cluster = remote_cluster(cluster, rpc_tracker or "", rpc_key or "")
     devs = [d for d in cluster.devices if d.kind == "cpu" and (d.present or d.remote)]
     if not devs:

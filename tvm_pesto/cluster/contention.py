@@ -22,6 +22,7 @@ Examples
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -72,6 +73,7 @@ def _time_on(device, built, barrier, out: dict, repeat: int, min_repeat_ms: int)
     import tvm
     from tvm import relax
 
+    # lazy: loads TVM, which importing this module does not
     from .device_thread import enter_device_thread
 
     try:
@@ -134,8 +136,6 @@ def measure_contention(cluster: Cluster, repeat: int = 7, min_repeat_ms: int = 4
     ClusterError
         When no host has two present devices (nothing can contend), or a kernel fails.
     """
-    import os
-
     hosts: dict[int, list] = {}
     for d in cluster.devices:
         if d.present and d.kind == "cpu":

@@ -1,9 +1,9 @@
 """This machine's CPU as ``/proc/cpuinfo`` describes it: the one reader of that file.
 
 A VM's brand string can hide which CPU it runs on: two 2-core VMs both read ``AMD EPYC``,
-one a Zen 1 with AVX2 only, the other a Zen 4 with AVX-512 and twice the L2, and untuned
-TVM kernels ran 2.5-3.4x slower on the first than on the Zen 4 the cost model was trained
-on (``cost_models/README.md``). What tells them apart is the family, model and stepping,
+one a Zen 1 with AVX2 only, the other a Zen 4 with AVX-512 and twice the L2, and the same
+untuned TVM kernels run several times slower on the first (docs/cost_model.md, "Kinds of
+CPU"). What tells them apart is the family, model and stepping,
 and the vector extensions in ``flags``.
 
 ``TVM_PESTO_CPU_KIND=VENDOR/FAMILY/MODEL`` (:data:`CPU_KIND_ENV`) makes this machine's CPU

@@ -24,6 +24,7 @@ def _one_pair(src_dev, dst_dev, sizes, repeat):
     with two persistent pinned threads handing values over by events (as the executor does)."""
     import tvm
 
+    # lazy: loads TVM, which importing this module does not
     from .device_thread import enter_device_thread
 
     jobs = [(n, k) for n in sizes for k in range(repeat + 2)]

@@ -15,7 +15,7 @@ from dataclasses import asdict
 import numpy as np
 
 from ..errors import ClusterError
-from .cluster import Cluster, Device
+from .cluster import Cluster, Device, Host
 from .host import cpu_identity
 
 GiB = float(1 << 30)
@@ -60,8 +60,6 @@ def _gpu_cluster(model: str, count: int, link: str) -> Cluster:
 
 def _multi_host_cluster(hosts: int, per_host: int, model: str, link: str, net: str) -> Cluster:
     """``hosts`` hosts of ``per_host`` GPUs each: ``link`` inside a host, ``net`` between."""
-    from .cluster import Host
-
     one = _gpu_cluster(model, per_host, link)
     n = hosts * per_host
     devs = [Device(**{**asdict(one.devices[k % per_host]), "name": f"h{k // per_host}.gpu{k % per_host}",
@@ -169,3 +167,14 @@ def parse_cluster(spec: str) -> Cluster:
     if s.upper() in GPU_MODELS:
         return _gpu_cluster(s.upper(), 1, "nvlink")
     raise ClusterError(f"unknown cluster spec {spec!r}; use one of {', '.join(PRESET_NAMES)} or a JSON file")
+
+
+def as_cluster(cluster) -> Cluster:
+    """``cluster`` itself if it is a :class:`Cluster`, else :func:`parse_cluster` of it.
+
+    Examples
+    --------
+    >>> as_cluster("cpu:2").name, as_cluster(as_cluster("cpu:1")).num_devices
+    ('cpu:2', 1)
+    """
+    return cluster if isinstance(cluster, Cluster) else parse_cluster(cluster)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import PestoError
 from .jsonl import INCOMPLETE, append_record, read_records, skipped_note
 
 
@@ -111,8 +112,8 @@ def backend_stamp(name: str) -> str | None:
     the version of its tuning database (``measure_stamp``,
     :func:`tvm_pesto.backends.tvm_cpu.database_stamp`), for ``tvm`` the measuring method
     (:data:`tvm_pesto.backends.tvm_cpu.TIMING_STAMP`); None for the other backends."""
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..backends import get_backend
-    from ..errors import PestoError
 
     try:
         stamp = getattr(get_backend(name), "measure_stamp", None)

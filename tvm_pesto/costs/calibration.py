@@ -52,6 +52,8 @@ import numpy as np
 
 from ..cluster.host import cpu_identity
 from ..errors import CostError
+from ..jsonio import write_json
+from .cache import default_cache_path
 
 FORMAT = "tvm-pesto-xgb-calibration"
 VERSION = 1
@@ -173,8 +175,6 @@ class Calibration:
         return {"format": FORMAT, "version": VERSION, "method": METHOD, **meta, "entries": rows}
 
     def save(self, path) -> str:
-        from ..jsonio import write_json
-
         self.path = write_json(str(path), self.to_json())
         return self.path
 
@@ -299,8 +299,6 @@ def machine_calibration_path(model_path) -> Path:
     """Where this machine's calibration of the model file ``model_path`` lives: the
     measurement cache's folder (``~/.cache/tvm-pesto``, or ``$TVM_PESTO_CACHE``), under
     ``calibration/``, named by the model file's SHA-256 and :func:`machine_key`."""
-    from .cache import default_cache_path
-
     return default_cache_path().parent / "calibration" / f"{file_sha256(model_path)[:12]}-{machine_key()}.json"
 
 

@@ -55,8 +55,8 @@ LINE_BYTES, L1_SETS, L2_SETS = 64, 64, 1024
 MAX_REDUCTION_ACCESSES = 4096
 
 #: Ops that evaluate exp, log, erf or tanh per element: TVM's untuned CPU code does not
-#: vectorise them, so they cost far more per element than an add (SiLU over 4,096 floats:
-#: 8.0 us, ReLU 0.7 us; ``scripts/bench_unscheduled_kernels.py``).
+#: vectorise them, so they cost far more per element than an add (a SiLU against a ReLU of
+#: the same shape: ``python -m tvm_pesto.lab.unscheduled_kernels`` measures both).
 TRANSCENDENTAL = frozenset({
     "exp", "log", "sigmoid", "tanh", "erf", "sin", "cos", "power", "nn.silu", "nn.gelu", "nn.gelu_tanh",
     "nn.softmax", "nn.log_softmax", "nn.softplus", "nn.selu", "nn.elu",
@@ -209,7 +209,7 @@ def device_size_key(dev: dict) -> str:
 def device_key(dev: dict) -> str:
     """``kind/model/cores`` and, where the descriptor has one, ``@cpu_kind``: how devices are
     told apart in training rows, reports, calibrations and coverage checks. A one-core device
-    of a Zen 1 and of a Zen 4 VM are two devices (their kernels differ up to 4.6x).
+    of two kinds of CPU are two devices (the same kernels run at different speeds on them).
 
     Examples
     --------
@@ -282,8 +282,8 @@ def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float) -> tupl
     channel stride of H*W elements, a matmul reads B[k, j] at a stride of N. ``lines`` is the
     number of cache lines one reduction touches, a conflict the lines per cache set they
     map to (L1 and L2, :data:`L1_SETS`, :data:`L2_SETS`): above the associativity, each
-    reduction misses (a 1x1 conv over 32 channels of 32x32 runs at 2.6 GFLOP/s, one over 8
-    channels at 54: ``scripts/bench_unscheduled_kernels.py``). All zeros for other ops.
+    reduction misses (a 1x1 conv over 32 channels of 32x32 runs many times slower per FLOP
+    than one over 8 channels: ``python -m tvm_pesto.lab.unscheduled_kernels`` measures both). All zeros for other ops.
 
     Examples
     --------

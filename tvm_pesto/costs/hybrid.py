@@ -37,8 +37,8 @@ Examples
 >>> from tvm_pesto.candidates import placement_candidates
 >>> from tvm_pesto.cluster import parse_cluster
 >>> from tvm_pesto.costs import candidate_costs
->>> from tvm_pesto.costs.sweep import sweep_module
->>> cs = placement_candidates(tvm_pesto.analyze(sweep_module("pool", limit=2)).rg)
+>>> from tvm_pesto.candidates.examples import tiny_mlp
+>>> cs = placement_candidates(tvm_pesto.analyze(tiny_mlp()[0]).rg)
 >>> ct = candidate_costs(cs, parse_cluster("cpu:1"), "hybrid")   # measures some candidates here
 >>> ct.measured + ct.predicted == len(cs), ct.saved_s >= 0
 (True, True)
@@ -51,21 +51,22 @@ import math
 import numpy as np
 
 from ..errors import CostError
+from .features import describe_group
+from .table import CostTable
+from .xgb import predict_candidate_costs
 
 #: Relative error of the model's predictions used to call two candidates "too close".
 DEFAULT_ERROR = 0.25
 #: The plan's cheapest units whose predicted costs add up to at most this share of the plan's
 #: are not measured in the plan-guided rounds (:func:`plan_units_to_measure`): their whole cost
-#: is inside the plan's noise, and a budget of 4-10 measurements has none to spare (vgg11's
-#: first plan round spent five of its six on TVM views of 0.2 us).
+#: is inside the plan's noise, and a budget of 4-10 measurements has none to spare for
+#: sub-microsecond views.
 PLAN_TAIL_SHARE = 0.02
 
 #: Timed repeats (of at least 5 ms each; the median kept) per candidate the hybrid source
 #: measures: three times the ``measured`` source's 5. With 4-12 measurements a run, one
-#: inflated by a burst of another job decides the plan (mobilenet_v2's hybrid plan ran 1.21x
-#: the measured one in a run where a second fully measured plan was 1.000, and the same
-#: placement a minute later chose the measured plan); a median over a 75-ms window instead of
-#: 25 ms outlasts such bursts, for a fraction of a second.
+#: inflated by a burst of another job decides the plan; a median over three times the window
+#: outlasts such bursts, for a fraction of a second.
 HYBRID_REPEAT = 15
 
 #: Share of the distinct candidates that are measured (1 in 25: at least 20x fewer than the
@@ -250,8 +251,6 @@ def plan_units_to_measure(table: np.ndarray, units, done=(), tail_share: float =
 def candidate_keys(cs) -> list[str]:
     """One key per candidate: its backend and the description the cost model reads, so
     repeated layers (and repeated shapes) share a key, as they share a measurement."""
-    from .features import describe_group
-
     graph = cs.rg.graph
     return [json.dumps([c.backend, describe_group(graph, c.nodes)], sort_keys=True, default=str) for c in cs]
 
@@ -266,8 +265,6 @@ class Hybrid:
     """
 
     def __init__(self, cs, cluster, cache=None, progress=None, fraction: float | None = DEFAULT_FRACTION):
-        from .xgb import predict_candidate_costs
-
         _check_fraction(fraction)
         self.unseen: dict = {}  # candidate -> ops the model never trained on
         self.applied: dict = {}  # device -> the xgb calibration its predictions carry
@@ -280,6 +277,7 @@ class Hybrid:
         self.done: set[int] = set()  # candidates whose entries are measurements
         self.done_keys: set = set()
         self.present = [j for j, d in enumerate(cluster.devices) if d.present]
+        # lazy: loads TVM's compiler, which importing this module does not
         from .measured import MeasureReport
 
         self.report = MeasureReport()
@@ -295,6 +293,7 @@ class Hybrid:
     def measure(self, candidates, why: str = "plan", limit: int | None = None) -> list[int]:
         """Measure the keys of ``candidates`` (in the given order) while the budget lasts (and
         at most ``limit`` of them); returns the candidates whose entries became measurements."""
+        # lazy: loads TVM's compiler, which importing this module does not
         from ..candidates.generate import CandidateSet
         from .measured import measure_cost_table
 
@@ -366,8 +365,6 @@ class Hybrid:
                 self.corrections[f"{j}:{b}"] = f
 
     def cost_table(self):
-        from .table import CostTable
-
         n_measured = len(self.done) if self.present else 0
         per = self.report.seconds / max(self.report.measured, 1)
         # what full measurement would have added: every other description, once per distinct device

@@ -1,18 +1,16 @@
 """Timing against reference kernels: a function's time as its ratio to a fixed kernel timed
 in alternating bursts next to it, scaled by that kernel's mean time in this process.
 
-Why: a CPU shared with other jobs changes speed under the timer. On the 2-core VMs of this
-project an ``exp`` loop's medians over 250 ms windows sit in two levels about 1.25x apart,
-each for 0.25-2 s (``python scripts/bench_timing_noise.py states``). A function timed back
-to back (``repeat`` x ``min_repeat_ms``, some 25 ms) lands in one of them, so the same fused
-groups timed in three passes differed by 7-18 % per group. Timed in bursts of about a
-millisecond alternating with a reference kernel, the function and the reference share the
-state and their ratio does not; the mean of the reference's bursts (over the batch and
-every earlier batch of the process on that device, so over many states) turns the ratio
-back into seconds of the machine's typical state: 5.5-11.5 % between passes
-(``python scripts/bench_timing_noise.py groups``; cost_models/README.md, "Timing against
-reference kernels"). What it cannot remove: phases of minutes in which some kernels slow
-down and the references do not.
+Why: a CPU shared with other jobs changes speed under the timer, in levels that can last from
+a fraction of a second to seconds (``python -m tvm_pesto.lab.timing_noise states`` shows them
+on a machine). A function timed back to back (``repeat`` x ``min_repeat_ms``) lands in one of
+them, so the same fused groups timed in separate passes differ per group. Timed in bursts of
+about a millisecond alternating with a reference kernel, the function and the reference share
+the state and their ratio does not; the mean of the reference's bursts (over the batch and
+every earlier batch of the process on that device, so over many states) turns the ratio back
+into seconds of the machine's typical state (``python -m tvm_pesto.lab.timing_noise groups``
+compares both ways; docs/cost_model.md, "What is predicted"). What it cannot remove: phases of
+minutes in which some kernels slow down and the references do not.
 
 The references are ``exp`` loops and square matmuls of :data:`REFERENCES` elements,
 compiled into the measured module by the caller (:func:`reference_functions`); each
@@ -37,8 +35,8 @@ import tvm
 from tvm import relax
 
 #: Reference kernels: ``exp`` over these many float32 elements and square matmuls of these
-#: many elements (8x8 to 128x128). One core of this project's VMs, untuned TVM (the timer's
-#: own estimates, load 0.75): exp 1, 9, 124 and 496 us; matmul 0.7, 2, 128 and 1,290 us.
+#: many elements (8x8 to 128x128), spanning about three orders of magnitude of time, so a
+#: function is paired with a reference of about its own length.
 REFERENCES = {"exp": (256, 4096, 65536, 262144), "matmul": (64, 576, 4096, 16384)}
 REF_PREFIX = "pesto_ref_"
 #: (device key, reference name) -> seconds per call of its bursts in this process (the last
@@ -48,7 +46,7 @@ HISTORY_LEN = 20000
 _WARMED: set = set()  # device keys whose first timer sampled the references alone
 #: Seconds the first timer of a device in a process spends timing the references alone.
 WARM_S = 1.5
-#: Shortest burst: the speed states last 0.25 s and more, so a pair of 1 ms bursts shares one.
+#: Shortest burst: short against a speed state, so a function's burst and its reference's share one.
 MIN_BURST_S = 1e-3
 
 
@@ -156,7 +154,7 @@ class ReferenceTimer:
 
     def _sample_references(self) -> None:
         """The first timer of a device in this process times the references in turn for
-        :data:`WARM_S`: a state lasts up to 2 s, and the first batch (often under a second)
+        :data:`WARM_S`: a state can last seconds, and the first batch (often under a second)
         would otherwise take its units from whatever state it fell in."""
         names, t0, i = list(self._refs), time.perf_counter(), 0
         while time.perf_counter() - t0 < WARM_S:

@@ -1,12 +1,10 @@
 """This machine's calibration of the ``xgb`` cost model: the bundled model, fitted here.
 
 The bundled model and its calibration (:mod:`tvm_pesto.costs.calibration`) were trained and
-fitted on one machine. Another machine of the same kind can be far from it: on a 2-core
-AMD EPYC VM of the same type (same CPU model, caches and core count), untuned TVM kernels
-ran 1.5-2.5x slower and ONNX Runtime 1.6x slower than on the machine the labels came from,
-and ``tvm-pesto run inception_v3 --costs xgb`` measured 1.69x its prediction (1.03 on the
-training machine; ``cost_models/README.md``). A tree model cannot learn a dependence on a
-machine it never saw, so the correction is measured: a few small zoo models' units are timed
+fitted on the machines the labels came from. Another machine, even one that reads the same
+CPU model, caches and core count, can run the same kernels at another speed, and its
+predictions are then off by a factor per backend (docs/cost_model.md, "Calibration"). A tree
+model cannot learn a dependence on a machine it never saw, so the correction is measured: a few small zoo models' units are timed
 here through the ``measured`` source (the TVM fusion groups, every library candidate that
 covers exactly one of them, each library backend's largest candidate) and an affine
 correction per backend and device is fitted on the raw predictions, as the bundled one was
@@ -18,23 +16,32 @@ The fit is kept per model file and machine
 :func:`tvm_pesto.calibrate_machine` (``tvm-pesto cost-model calibrate``) fits it; with
 :data:`MACHINE_ENV` unset or ``auto``, :func:`tvm_pesto.place` and
 :func:`tvm_pesto.estimate_costs` fit it before their first ``xgb`` or ``hybrid`` costs for a
-local CPU device size that has none (once per machine and device size; about 30 s on 2
-cores, announced on stderr); ``off`` never fits one (a fit made earlier still applies).
+local CPU device size that has none (once per machine and device size, announced on
+stderr); ``off`` never fits one (a fit made earlier still applies).
 ``$TVM_PESTO_CALIBRATION`` (the CLI's ``--calibration``) overrides both.
 
-This module measures and fits; which models it times and how their candidates are made is
-the caller's (:func:`tvm_pesto.api.calibrate_machine`).
+:func:`calibrate_machine` makes the units (the flow's candidates of :data:`MACHINE_MODELS`,
+:func:`tvm_pesto.candidates.flow.make_candidates`); :func:`fit_machine_calibration` measures
+and fits any units it is given.
 """
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ..cluster import as_cluster
 from ..errors import CostError
+from . import candidate_costs
+from .cache import MeasureCache
+from .calibration import (CALIBRATION_ENV, Calibration, file_sha256, fit_calibration, load_machine_calibration,
+                          machine_calibration_path, machine_info, machine_key)
+from .features import device_descriptor, device_key
+from .xgb import MIN_COST_S, CostModel, load_model, predict_candidate_costs
 
 #: Environment variable: ``auto`` (default) fits this machine's calibration on first use,
 #: ``off`` never does.
@@ -63,8 +70,6 @@ def local_device_keys(model, cluster) -> list[str]:
     """Device keys of ``cluster``'s devices on this machine that ``model`` predicts for
     (:meth:`~tvm_pesto.costs.xgb.CostModel.covers_size`: its CPU kind may be one the model never
     saw, which is what the fit is for; CPUs only: no accelerator is in the training data)."""
-    from .features import device_descriptor, device_key
-
     keys = []
     for dev in cluster.devices:
         dd = device_descriptor(dev)
@@ -78,8 +83,6 @@ def needs_fit(model, cluster) -> bool:
     """Whether the first ``xgb`` costs on ``cluster`` should fit this machine's calibration:
     :func:`auto_enabled`, no file named in ``$TVM_PESTO_CALIBRATION``, and a local device
     size of ``cluster`` without an entry."""
-    from .calibration import CALIBRATION_ENV, load_machine_calibration
-
     if not auto_enabled() or os.environ.get(CALIBRATION_ENV, "").strip() or not getattr(model, "path", None):
         return False
     keys = local_device_keys(model, cluster)
@@ -92,10 +95,6 @@ def unit_pairs(cs, groups, cluster, model, keys, cache) -> list:
     """(backend, device key, raw predicted, measured) of one model's calibration units: the
     candidates of ``cs`` whose nodes are one of ``groups`` (the fusion groups) and each
     library backend's largest candidate, on the first device of each key in ``keys``."""
-    from . import candidate_costs
-    from .features import device_descriptor, device_key
-    from .xgb import predict_candidate_costs
-
     groups = {frozenset(g) for g in groups}
     largest: dict[str, frozenset] = {}
     for c in cs:
@@ -141,13 +140,6 @@ def fit_machine_calibration(units, cluster, model, save: bool = True, announce: 
         When no device of ``cluster`` is a local CPU the model covers, or no unit could be
         both measured and predicted.
     """
-    import tempfile
-
-    from .cache import MeasureCache
-    from .calibration import (Calibration, file_sha256, fit_calibration, load_machine_calibration,
-                              machine_calibration_path, machine_info, machine_key)
-    from .xgb import MIN_COST_S
-
     keys = local_device_keys(model, cluster)
     if not keys:
         trained = ", ".join("/".join(map(str, d)) for d in model.meta.get("device_models", []))
@@ -186,5 +178,51 @@ def fit_machine_calibration(units, cluster, model, save: bool = True, announce: 
     return cal
 
 
-__all__ = ["MACHINE_ENV", "MACHINE_MODELS", "auto_enabled", "fit_machine_calibration", "local_device_keys",
-           "needs_fit", "unit_pairs"]
+def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool = False):
+    """Fit the ``xgb`` cost model's calibration to this machine and keep it where the
+    ``xgb`` source finds it (:func:`tvm_pesto.calibrate_machine` is this function).
+
+    Parameters
+    ----------
+    cluster : Cluster or str
+        Devices of this machine (``cpu:N``); each distinct device size gets its entries.
+    model : CostModel or path, optional
+        The cost model (default: the bundled one).
+    models : sequence of str, optional
+        Zoo models (size ``small``) whose units are timed (default: :data:`MACHINE_MODELS`).
+    announce : bool
+        Say on stderr what is measured and where it is kept.
+
+    Returns
+    -------
+    Calibration
+        ``path`` is the file written; ``meta`` has the machine, load and seconds.
+
+    Examples
+    --------
+    >>> cal = calibrate_machine("cpu:2")     # times zoo models: minutes  # doctest: +SKIP
+    >>> sorted(cal.entries)[0]                                                # doctest: +SKIP
+    ('onnxruntime', 'cpu/host-cpu/1@...')
+    """
+    # lazy: candidates and the zoo load TVM's compiler and PyTorch, which the measuring and fitting
+    # above (and run.dispatch, which imports this module) do without
+    from ..candidates.flow import make_candidates
+    from ..graph.analysis import analyze
+    from ..zoo import load
+
+    cluster = as_cluster(cluster)
+    cm = model if isinstance(model, CostModel) else load_model(model)
+    names = list(models or MACHINE_MODELS)
+
+    def units():
+        out = {}
+        for name in names:
+            a = analyze(load(name, "small").mod)
+            out[name] = (make_candidates(a, cluster, "all"), a.groups)
+        return out
+
+    return fit_machine_calibration(units, cluster, cm, announce=announce)
+
+
+__all__ = ["MACHINE_ENV", "MACHINE_MODELS", "auto_enabled", "calibrate_machine", "fit_machine_calibration",
+           "local_device_keys", "needs_fit", "unit_pairs"]

@@ -10,14 +10,19 @@ uploaded, and timed there with the same ``time_evaluator`` call on arguments fil
 (MetaSchedule's RPC argument allocator).
 :func:`cpu_intrinsics_only` keeps MetaSchedule from parsing the CUDA tensor intrinsics
 while tuning for a CPU. Used by :func:`tvm_pesto.costs.tune.tune_model` and
-:func:`tvm_pesto.costs.tuning_db.tune_in_process`.
+:func:`tvm_pesto.lab.tuning_rows.tune_in_process`.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
 import os
+import sys
 import tempfile
+import types
+
+from ..errors import CostError
+from .remote import remote_session
 
 
 class InProcessMeasurer:
@@ -46,7 +51,7 @@ class InProcessMeasurer:
     (True, True)
     >>> m.close()
 
-    :func:`tvm_pesto.costs.tuning_db.tune_in_process` is a whole tuning run with one.
+    :func:`tvm_pesto.lab.tuning_rows.tune_in_process` is a whole tuning run with one.
     """
 
     def __init__(self, device=None, min_repeat_ms: int = 0, number: int = 3):
@@ -54,8 +59,8 @@ class InProcessMeasurer:
         from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
         from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerResult
 
+        # lazy: loads TVM, which importing this module does not
         from ..cluster.device_thread import enter_device_thread
-        from ..errors import CostError
 
         self.min_repeat_ms, self.number = int(min_repeat_ms), int(number)
         self.device, self.remote = device, bool(getattr(device, "remote", False))
@@ -128,8 +133,6 @@ class InProcessMeasurer:
         if not self.remote or self._session is not None:
             yield
             return
-        from .remote import remote_session
-
         with remote_session(self.device) as session:
             self._session = session
             try:
@@ -181,9 +184,6 @@ def cpu_intrinsics_only(enabled: bool):
     shares its ``__path__`` (so ``tensor_intrin.x86`` imports normally); it is removed
     afterwards, so a later full import still registers everything.
     """
-    import sys
-    import types
-
     name = "tvm.s_tir.tensor_intrin"
     if not enabled or name in sys.modules:
         yield

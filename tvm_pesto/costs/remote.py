@@ -42,6 +42,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import replace
 
+from ..cluster.cluster import Cluster
 from ..errors import CostError
 
 #: Seconds to reach the tracker and get its answers.
@@ -76,8 +77,6 @@ def remote_cluster(cluster, tracker: str, key: str):
     parse_tracker(tracker)
     if not str(key).strip():
         raise CostError("an RPC measurement needs the key its servers registered under: give --rpc-key KEY")
-    from ..cluster.cluster import Cluster
-
     devs = [replace(d, rpc_tracker=str(tracker), rpc_key=str(key).strip()) for d in cluster.devices]
     return Cluster(cluster.name, devs, cluster.latency.copy(), cluster.bandwidth.copy(), dict(cluster.meta),
                    list(cluster.hosts))

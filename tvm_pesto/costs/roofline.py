@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..graph.flops import op_category
+
 # A kernel launch / dispatch costs at least this much, even when it does no work.
 LAUNCH_S = {"gpu": 5e-6, "cpu": 2e-6}
 # Fraction of peak a well-scheduled kernel reaches, by op category.
@@ -17,8 +19,6 @@ EFFICIENCY = {"anchor": 0.6, "default": 0.5}
 
 def node_seconds(node, device) -> float:
     """The roofline estimate for one (possibly merged) op-graph node on ``device``."""
-    from ..graph.flops import op_category
-
     cat = op_category(node.op.split("+")[0])
     eff = EFFICIENCY.get(cat, EFFICIENCY["default"])
     nbytes = node.bytes_read + node.bytes_written
@@ -35,6 +35,7 @@ def roofline_costs(graph, cluster) -> np.ndarray:
 def roofline_candidate_costs(cs, cluster) -> np.ndarray:
     """``[candidates, devices]`` seconds; ``inf`` where the candidate's backend does not run
     on the device's kind."""
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..backends import get_backend
 
     graph = cs.rg.graph

@@ -3,12 +3,12 @@
 Every group becomes a small function (:func:`~tvm_pesto.candidates.candidate_function`:
 tensor parameters only, so a tuple element read from outside the group, such as a
 ``split``'s part or a ``batch_norm``'s result, comes in as the tensor it is in the model;
-a tuple parameter adds the VM's checks of every field: gpt2's views timed 2.3 us that
-way and 0.6 us this way, net of the call, on a Zen 1 core) keyed by its structure with the weights lifted to
-parameters (so equal shapes share one measurement) and timed with its own weights bound
-as constants, as in the model: kernel times depend on the values (TVM's GELU on 8,192
-floats takes 20 us on inputs of scale 0.3 and 58 us on scale 3, and a matmul over N(0, 1)
-weights hands the GELU after it values of scale ~sqrt(K)). All
+a tuple parameter would add the VM's checks of every field, which can cost more than a
+view itself) keyed by its structure with the weights lifted to parameters (so equal shapes
+share one measurement) and timed with its own weights bound as constants, as in the model:
+kernel times depend on the values (TVM's GELU is several times slower on inputs of scale 3
+than of scale 0.3, and a matmul over N(0, 1) weights hands the GELU after it values of scale
+~sqrt(K)). All
 groups not yet in the cache are compiled in ONE module with the
 default pipeline of the device's target, then each is timed with TVM's C++
 ``time_evaluator`` in a thread pinned to the device's cores, in bursts alternating with a
@@ -27,12 +27,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..builder.subgraph import structural_key
 from ..candidates import candidate_function
 from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError
+from ..graph.subgraph import structural_key
 from .cache import MeasureCache, device_key, measurement_record
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
+from .remote import remote_session
 from .table import MIN_COST_S
 
 BACKEND = "tvm"
@@ -81,8 +82,6 @@ def device_vm(executable, device, name: str = "pesto_measure"):
     server of its RPC key (the session ends with the block; an RPC failure inside raises
     :class:`~tvm_pesto.errors.CostError`)."""
     if device.remote:
-        from .remote import remote_session
-
         with remote_session(device) as runner:
             yield runner.vm(executable, name), runner.dev
         return

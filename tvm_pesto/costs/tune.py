@@ -5,7 +5,7 @@
 distinct fused PrimFunc, and tunes the tasks one after the other into a JSON database in
 ``work_dir``. That database is what the ``tvm-ms`` backend applies (``--ms-db DIR`` or
 ``TVM_PESTO_MS_DB``) and what the cost model reads as tuned rows
-(:func:`tvm_pesto.costs.tuning_db.read_tuning_db`).
+(:func:`tvm_pesto.lab.tuning_rows.read_tuning_db`).
 
 Budget
     ``trials`` is the number of measured schedules over all tasks. It is split evenly over
@@ -31,7 +31,7 @@ Remote devices
     a server of its key, one RPC session per search round (the faults of
     :mod:`tvm_pesto.costs.remote` stop tuning with a :class:`TuningError`; the records so far
     stay). Its records are tuned for the target tagged ``rpc:KEY``
-    (:func:`tvm_pesto.costs.tuning_db.rpc_target`), so such a database is never resumed,
+    (:func:`tvm_pesto.backends.ms_database.rpc_target`), so such a database is never resumed,
     applied or read as a local device's, nor a local one as the remote device's.
 
 Examples
@@ -52,8 +52,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..errors import TuningError
+from ..errors import CostError, TuningError
+from .features import device_descriptor
 from .ms_logging import MS_LOGGER, foreign_handlers_set_aside
+from .ms_measure import InProcessMeasurer, cpu_intrinsics_only
+from .tuning_db import device_for_target, write_device_file
 
 #: Search strategies: MetaSchedule's evolutionary search (with an XGBoost cost model), or
 #: replaying random samples of the design space (no cost model; fast per trial).
@@ -109,6 +112,7 @@ def tuning_tasks(mod, target: dict) -> list:
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..backends.tvm_cpu import fuse_for_tuning
 
     tgt = tvm.target.Target(target)
@@ -205,17 +209,12 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
         remote device, a tracker that refuses, a key no server is registered under or an
         RPC session that ends early.
     """
-    from ..errors import CostError
-
     check_budget(trials, max_tasks, strategy)
     t0 = time.perf_counter()
     target = _rpc_target(target, device)
     work_dir = _writable_dir(work_dir)
     _check_target(work_dir, target)
     if device is None or not device.remote:  # whose timings the records are (a remote device's are tagged)
-        from .features import device_descriptor
-        from .tuning_db import device_for_target, write_device_file
-
         try:
             write_device_file(work_dir, device_descriptor(device) if device is not None else device_for_target(target))
         except CostError as e:
@@ -223,8 +222,6 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
 
     import tvm
     from tvm.s_tir import meta_schedule as ms
-
-    from .ms_measure import InProcessMeasurer, cpu_intrinsics_only
 
     try:  # first: a remote device's tracker and key are checked before the tasks are extracted
         measurer = InProcessMeasurer(device, min_repeat_ms=min_repeat_ms)
@@ -287,7 +284,8 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
 
 
 def _rpc_target(target: dict, device) -> dict:
-    from .tuning_db import rpc_target
+    # lazy: loads TVM's compiler, which importing this module does not
+    from ..backends.ms_database import rpc_target
 
     return rpc_target(dict(target), getattr(device, "rpc_key", ""))
 
@@ -377,8 +375,8 @@ def _writable_dir(work_dir) -> str:
 
 
 def _check_target(work_dir: str, target: dict) -> None:
-    from ..errors import CostError
-    from .tuning_db import check_database_target
+    # lazy: loads TVM's compiler, which importing this module does not
+    from ..backends.ms_database import check_database_target
 
     try:
         check_database_target(work_dir, target)
@@ -387,8 +385,8 @@ def _check_target(work_dir: str, target: dict) -> None:
 
 
 def _open_database(work_dir: str):
-    from ..errors import CostError
-    from .tuning_db import open_database
+    # lazy: loads TVM's compiler, which importing this module does not
+    from ..backends.ms_database import open_database
 
     try:
         return open_database(work_dir)
@@ -409,7 +407,8 @@ def _records_of(db, tmod) -> int:
 
 
 def _best_s(db, tmod) -> float | None:
-    from .tuning_db import FAILED_S
+    # lazy: loads TVM's compiler, which importing this module does not
+    from ..backends.ms_database import FAILED_S
 
     w = _workload(db, tmod)
     if w is None:
@@ -425,8 +424,6 @@ def _time_unscheduled(tmod, tgt, measurer) -> float | None:
     """Seconds of the task's kernel as the ``tvm`` backend builds it (no schedule)."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from ..errors import CostError
-
     try:
         rt = measurer.build_module(tmod, tgt)
         return float(np.mean(measurer.time_module(rt, ArgInfo.from_prim_func(tmod["main"]))))
@@ -437,6 +434,7 @@ def _time_unscheduled(tmod, tgt, measurer) -> float | None:
 
 
 def _calling_thread_cores() -> int:
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..backends.base import calling_thread_cores
 
     return calling_thread_cores()

@@ -1,10 +1,9 @@
 """The learned cost model: XGBoost on subgraph/backend/device features.
 
-Training data are rows ``{desc, device, backend, tuned, time_s, model, ...}`` read from
-profiler logs (:mod:`tvm_pesto.costs.profile`) and MetaSchedule databases
-(:mod:`tvm_pesto.costs.tuning_db`). The model predicts either ``log(time)`` or
-``log(time / roofline)`` (the ``target`` option) with a fixed seed and one thread, so the
-same data give the same model file.
+The model predicts either ``log(time)`` or ``log(time / roofline)`` (the ``target`` it was
+trained for) of a subgraph on a backend and device, from :mod:`tvm_pesto.costs.features`.
+It is trained off line, from profiler logs and MetaSchedule databases, by the cost-model lab
+(:mod:`tvm_pesto.lab.fit`, ``tvm-pesto cost-model train``); this module loads and applies it.
 
 A model is one XGBoost JSON file (``Booster.save_model``) whose ``pesto_meta`` attribute
 holds the target, the feature names, the devices and backends it was trained on, the
@@ -17,12 +16,13 @@ roofline estimate, column by column, for the others (GPU presets on this CPU mac
 Examples
 --------
 >>> import tvm_pesto
+>>> from tvm_pesto.candidates.examples import tiny_mlp
 >>> from tvm_pesto.cluster import parse_cluster
->>> from tvm_pesto.costs.sweep import sweep_module
 >>> from tvm_pesto.costs.xgb import predict_costs
->>> table = predict_costs(tvm_pesto.analyze(sweep_module("pool", limit=2)), parse_cluster("cpu:2"))
->>> table.shape   # seconds per fused group and device
-(2, 2)
+>>> a = tvm_pesto.analyze(tiny_mlp()[0])
+>>> table = predict_costs(a, parse_cluster("cpu:2"))
+>>> table.shape == (len(a.groups), 2)   # seconds per fused group and device
+True
 """
 from __future__ import annotations
 
@@ -30,199 +30,26 @@ import functools
 import json
 import math
 import os
-import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import BuildError, CostError
+from ..package_data import data_dirs
+from .calibration import Calibration, load_calibration
 from .features import (FEATURE_NAMES, describe_group, device_descriptor, device_key, device_size_key, feature_matrix,
                        roofline_s)
+from .roofline import node_seconds
 from .table import MIN_COST_S
 
+#: Version of the model file's ``pesto_meta``; a file of another is refused (retrain it).
 MODEL_FORMAT = 1
+#: What a model's trees predict: ``log(time)`` or ``log(time / roofline)``.
 TARGETS = ("log_time", "log_ratio")
 DEFAULT_MODEL_NAME = "default.json"
-#: Smallest cost a group gets (as in :mod:`tvm_pesto.costs.timing`).
-#: XGBoost parameters of the bundled model (fixed seed, one thread: deterministic).
-DEFAULT_PARAMS = {
-    "objective": "reg:squarederror", "eta": 0.08, "max_depth": 6, "min_child_weight": 1.0, "subsample": 0.85,
-    "colsample_bytree": 0.85, "lambda": 1.0, "seed": 0, "nthread": 1, "tree_method": "hist",
-}
-#: Boosting rounds. With the shipped data and recipe (cost_models/README.md, "How the data were
-#: made"; `tvm-pesto cost-model eval`, Zen 1 VM, 2026-12-02): 300 rounds 14.3 % held-out MAPE and
-#: 15.7 % on the families never trained on, 600 rounds 13.4 / 15.2, 1000 rounds 13.2 / 14.8; the
-#: model file grows from 1.8 to 6.2 MB, prediction time stays in the featurizing (0.47 s for
-#: inception_v3's 1,043 candidates either way).
-DEFAULT_ROUNDS = 1000
-
-
-# -- data ------------------------------------------------------------------------------------
-@dataclass
-class Dataset:
-    """Rows read from logs, and what was skipped while reading them."""
-
-    rows: list = field(default_factory=list)
-    skipped: list = field(default_factory=list)  # (file, line number, reason) for malformed lines
-    no_desc: int = 0  # well-formed records without a feature description (not profiler records)
-    infeasible: int = 0  # records of candidates a backend could not build (median_s < 0)
-    overheads: dict = field(default_factory=dict)  # device key -> [VM call overhead seconds]
-    sources: list = field(default_factory=list)
-
-
-def _is_tuning_db(p: Path) -> bool:
-    from .tuning_db import RECORD_FILE, WORKLOAD_FILE
-
-    return p.is_dir() and (p / WORKLOAD_FILE).is_file() and (p / RECORD_FILE).is_file()
-
-
-def read_log(path, ds: Dataset | None = None) -> Dataset:
-    """Add the rows of one JSON-lines profiler log to ``ds`` (plain or gzip-compressed: ``path``
-    may name ``NAME.jsonl`` stored as ``NAME.jsonl.gz``, :func:`tvm_pesto.costs.jsonl.log_file`).
-
-    A line that is not JSON, or lacks ``key``/``backend``/``target``/``median_s``, is skipped
-    and recorded in ``ds.skipped`` with its line number (a warning lists them).
-
-    Examples
-    --------
-    >>> import os, tempfile
-    >>> from tvm_pesto.costs.jsonl import open_log
-    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
-    >>> with open_log(bundled) as f:
-    ...     record = next(line for line in f if '"desc"' in line)
-    >>> log = os.path.join(tempfile.mkdtemp(), "log.jsonl")
-    >>> with open(log, "w") as out:
-    ...     _ = out.write(record + '{"key": "k"}\\n')
-    >>> import warnings
-    >>> with warnings.catch_warnings(record=True):   # it warns about the skipped line
-    ...     ds = read_log(log)
-    >>> len(ds.rows), [(line, why) for _, line, why in ds.skipped]
-    (1, [(2, "KeyError: 'backend'")])
-    """
-    from .jsonl import log_file, open_log
-    from .timing import OVERHEAD_KEY
-
-    ds = ds if ds is not None else Dataset()
-    p = log_file(path)
-    if not p.is_file():
-        raise CostError(f"log {p} does not exist; give JSON-lines files written by `tvm-pesto profile` "
-                        "or MetaSchedule work directories")
-    ds.sources.append(str(p))
-    before = len(ds.skipped)
-    with open_log(p) as f:
-        for lineno, line in enumerate(f, 1):
-            s = line.strip()
-            if not s:
-                continue
-            try:
-                rec = json.loads(s)
-                if not isinstance(rec, dict):
-                    raise ValueError("not a JSON object")
-                key, backend = str(rec["key"]), str(rec["backend"])
-                t = float(rec["median_s"])
-                str(rec["target"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                ds.skipped.append((str(p), lineno, f"{type(e).__name__}: {str(e)[:100]}"))
-                continue
-            dev = rec.get("device_desc")
-            if key == OVERHEAD_KEY:
-                if dev is not None and t > 0:
-                    ds.overheads.setdefault(device_key(dev), []).append(t)
-                continue
-            if t < 0:
-                ds.infeasible += 1
-                continue
-            desc = rec.get("desc")
-            if desc is None or dev is None:
-                ds.no_desc += 1
-                continue
-            try:
-                row = {"desc": desc, "device": dev, "backend": backend,
-                       "tuned": float(rec.get("tuned", backend == "tvm-ms")), "time_s": max(t, 1e-9),
-                       "model": str(rec.get("model", "")), "key": key, "repeats": rec.get("repeats") or [],
-                       "load": rec.get("load"), "nodes": rec.get("nodes"), "run": str(rec.get("run", "")),
-                       "logged_runs": rec.get("runs")}
-                feature_matrix([row])  # validates the description
-            except Exception as e:  # noqa: BLE001 - a description we cannot read is a malformed line
-                ds.skipped.append((str(p), lineno, f"bad description ({type(e).__name__}: {str(e)[:80]})"))
-                continue
-            ds.rows.append(row)
-    new = ds.skipped[before:]
-    if new:
-        head = ", ".join(str(n) for _, n, _ in new[:10])
-        warnings.warn(f"log {p}: skipped {len(new)} malformed line(s) (line {head}{', ...' if len(new) > 10 else ''})",
-                      RuntimeWarning, stacklevel=2)
-    return ds
-
-
-def load_dataset(paths, tuning_dbs=()) -> Dataset:
-    """Rows from logs and MetaSchedule work directories (a directory in ``paths`` counts as one).
-
-    Examples
-    --------
-    >>> import itertools, os, tempfile
-    >>> from tvm_pesto.costs.jsonl import open_log
-    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
-    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")
-    >>> with open_log(bundled) as f, open(head, "w") as out:
-    ...     _ = out.writelines(itertools.islice(f, 200))
-    >>> ds = load_dataset([head])
-    >>> len(ds.rows) > 0, ds.skipped
-    (True, [])
-    """
-    from .tuning_db import read_tuning_db
-
-    ds = Dataset()
-    for p in list(paths) + list(tuning_dbs):
-        pp = Path(p)
-        if _is_tuning_db(pp):
-            rows, skipped = read_tuning_db(pp)
-            ds.rows.extend(rows)
-            ds.skipped.extend(skipped)
-            ds.sources.append(str(pp))
-        elif pp.is_dir():
-            raise CostError(f"{pp} is a folder but not a MetaSchedule database (no database_workload.json and "
-                            "database_tuning_record.json)")
-        else:
-            read_log(pp, ds)
-    ds.rows = merge_runs(ds.rows)
-    return ds
-
-
-def merge_runs(rows, reduce: str = "min") -> list:
-    """One row per (key, backend, device, model): repeated profiling passes (``run``) of the
-    same subgraph are merged, ``time_s`` becoming the smallest (``reduce="min"``) or the
-    median of the passes' medians and ``runs`` listing them (a later record of the same
-    pass replaces an earlier one). Interference on a shared machine only adds time, so
-    the fastest pass is the most reproducible label (see docs/cost_model.md)."""
-    groups: dict = {}
-    for r in rows:
-        k = (r["key"], r["backend"], device_key(r["device"]), r["model"])
-        groups.setdefault(k, {})[r.get("run", "")] = r
-    out = []
-    for per_run in groups.values():
-        rs = list(per_run.values())
-        row = dict(rs[-1])
-        if len(rs) == 1 and rs[0].get("logged_runs"):  # a merged log (merge_logs) already holds the passes
-            row["runs"] = [float(x) for x in rs[0]["logged_runs"]]
-        else:
-            row["runs"] = [x["time_s"] for x in rs]
-            row["time_s"] = float(np.min(row["runs"]) if reduce == "min" else np.median(row["runs"]))
-        row.pop("logged_runs", None)
-        out.append(row)
-    return out
 
 
 # -- model -----------------------------------------------------------------------------------
-def _target_values(rows, target: str) -> np.ndarray:
-    t = np.array([r["time_s"] for r in rows], dtype=np.float64)
-    if target == "log_time":
-        return np.log(t)
-    base = np.array([roofline_s(r["desc"], r["device"]) for r in rows])
-    return np.log(t / base)
-
-
 def _from_target(rows, y: np.ndarray, target: str) -> np.ndarray:
     if target == "log_time":
         return np.exp(y)
@@ -260,8 +87,8 @@ class CostModel:
         """Whether the model was trained on this device: its kind, model, number of cores and,
         for a CPU, its kind of CPU (:func:`~tvm_pesto.costs.features.device_key`). A model
         trained on one-core devices does not cover a two-core one (its rows never saw a
-        kernel spread over two threads), nor one trained on Zen 4 VMs a Zen 1 (AVX2 only:
-        kernels 3-4.6x slower). Models saved before the ``devices`` list was kept are judged
+        kernel spread over two threads), nor one trained on one kind of CPU another kind (their
+        vector units and caches differ, and so do their kernels' times). Models saved before the ``devices`` list was kept are judged
         by kind and model only.
 
         Examples
@@ -290,8 +117,8 @@ class CostModel:
     def unseen_ops(self, desc: dict) -> list[str]:
         """The ops of a subgraph description that no training row had (sorted; empty for a
         model saved before the ops were kept). A tree model prices such a subgraph by what
-        its other features resemble: a ``conv2d_transpose`` never trained on was predicted
-        1.0-1.2 ms and measured 12.8-14.3 ms (``cost_models/README.md``)."""
+        its other features resemble, which can be off by an order of magnitude (the cost table
+        lists such ops as ``unseen_ops``; docs/cost_model.md, "Ops never trained on")."""
         seen = self._seen_ops
         return sorted(set(desc.get("ops", [])) - seen) if seen else []
 
@@ -361,63 +188,11 @@ class CostModel:
         return cls(b, meta, str(p))
 
 
-def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: dict | None = None,
-          meta: dict | None = None, overheads: dict | None = None) -> CostModel:
-    """Fit a model on ``rows`` (deterministic: fixed seed, one thread).
-
-    Parameters
-    ----------
-    rows : list of dict
-        Training rows (see :class:`Dataset`).
-    target : {"log_time", "log_ratio"}
-        What the trees predict: ``log(time)`` or ``log(time / roofline)``.
-    overheads : dict, optional
-        Device key -> list of measured VM call overheads (seconds).
-
-    Examples
-    --------
-    >>> import itertools, os, tempfile
-    >>> from tvm_pesto.costs.jsonl import open_log
-    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
-    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")
-    >>> with open_log(bundled) as f, open(head, "w") as out:
-    ...     _ = out.writelines(itertools.islice(f, 200))
-    >>> model = train(load_dataset([head]).rows, rounds=20)
-    >>> model.meta["rounds"], model.meta["n_rows"] > 1
-    (20, True)
-    """
-    import xgboost as xgb
-
-    if target not in TARGETS:
-        raise CostError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
-    if len(rows) < 2:
-        raise CostError(f"only {len(rows)} usable training row(s); profile more models with `tvm-pesto profile`")
-    X = feature_matrix(rows)
-    y = _target_values(rows, target)
-    p = dict(DEFAULT_PARAMS)
-    p.update(params or {})
-    booster = xgb.train(p, xgb.DMatrix(X, label=y, feature_names=list(FEATURE_NAMES)), num_boost_round=int(rounds))
-    devs = sorted({(r["device"]["kind"], r["device"]["model"]) for r in rows})
-    m = {
-        "format": MODEL_FORMAT, "target": target, "feature_names": list(FEATURE_NAMES), "rounds": int(rounds),
-        "params": p, "n_rows": len(rows), "device_models": [list(d) for d in devs],
-        "devices": sorted({device_key(r["device"]) for r in rows}),
-        "backends": sorted({r["backend"] for r in rows}),
-        "ops": sorted({op for r in rows for op in r["desc"].get("ops", [])}),
-        "train_models": sorted({r["model"] for r in rows}),
-        "overhead_s": {k: float(np.median(v)) for k, v in sorted((overheads or {}).items()) if v},
-    }
-    m.update(meta or {})
-    return CostModel(booster, m)
-
-
 # -- finding the bundled model ---------------------------------------------------------------
 def model_dirs() -> list[Path]:
     """Folders searched for bundled models: the installed package's ``cost_models`` first,
     then the source checkout's top-level ``cost_models``
     (:func:`tvm_pesto.package_data.data_dirs`)."""
-    from ..package_data import data_dirs
-
     return data_dirs("cost_models")
 
 
@@ -488,15 +263,14 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
     >>> import tvm_pesto
     >>> from tvm_pesto.candidates import placement_candidates
     >>> from tvm_pesto.cluster import parse_cluster
-    >>> from tvm_pesto.costs.sweep import sweep_module
-    >>> cs = placement_candidates(tvm_pesto.analyze(sweep_module("pool", limit=2)).rg)
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> cs = placement_candidates(tvm_pesto.analyze(tiny_mlp()[0]).rg)
     >>> table, src = predict_candidate_costs(cs, parse_cluster("2xV100-nvlink"))
-    >>> table.shape, src
-    ((2, 2), ['roofline', 'roofline'])
+    >>> table.shape == (len(cs), 2), src
+    (True, ['roofline', 'roofline'])
     """
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..backends import get_backend
-    from .calibration import Calibration, load_calibration
-    from .roofline import node_seconds
 
     graph = cs.rg.graph
     cm = model if isinstance(model, CostModel) else _maybe_load(model, cluster)
@@ -564,6 +338,7 @@ def tuned_share(rg, cand, device) -> float:
     its work the backend's MetaSchedule database holds schedules for; 0 for other backends."""
     if cand.backend != "tvm-ms":
         return 0.0
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..backends import get_backend
     from ..candidates.generate import candidate_function
 
@@ -579,11 +354,12 @@ def predict_costs(analysis, cluster, model=None) -> np.ndarray:
     --------
     >>> import tvm_pesto
     >>> from tvm_pesto.cluster import parse_cluster
-    >>> from tvm_pesto.costs.sweep import sweep_module
-    >>> a = tvm_pesto.analyze(sweep_module("pool", limit=2))
-    >>> predict_costs(a, parse_cluster("2xV100-nvlink")).shape   # GPU preset: roofline columns
-    (2, 2)
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> a = tvm_pesto.analyze(tiny_mlp()[0])
+    >>> predict_costs(a, parse_cluster("2xV100-nvlink")).shape == (len(a.groups), 2)   # GPU preset: roofline
+    True
     """
+    # lazy: loads TVM's compiler, which importing this module does not
     from ..candidates.generate import placement_candidates
 
     return predict_candidate_costs(placement_candidates(analysis.rg, analysis.groups), cluster, model)[0]
@@ -599,5 +375,5 @@ def _maybe_load(model, cluster):
         return None
 
 
-__all__ = ["CostModel", "Dataset", "DEFAULT_PARAMS", "TARGETS", "default_model_path", "load_dataset", "load_model",
-           "model_dirs", "predict_candidate_costs", "predict_costs", "read_log", "train", "tuned_share"]
+__all__ = ["CostModel", "DEFAULT_MODEL_NAME", "MODEL_FORMAT", "TARGETS", "default_model_path", "load_model",
+           "model_dirs", "predict_candidate_costs", "predict_costs", "tuned_share"]

@@ -53,9 +53,8 @@ import networkx as nx
 import numpy as np
 
 from ..cluster import Cluster, Device
-from ..errors import ClusterError, CostError, CycleError, GraphError, PlanError
+from ..errors import ClusterError, CostError, CycleError, GraphError
 from ..package_data import data_dirs
-from ..plan.plan import Plan
 from .opgraph import OpGraph, OpNode
 
 DEFAULT_TIME_UNIT_S = 1e-3
@@ -93,7 +92,14 @@ def benchmark_dir() -> Path:
                      f"reinstall tvm-pesto (`pip install .` from a checkout) or set ${BENCHMARK_ENV} to the folder")
 
 
-def _read_json(path: str, what: str) -> Any:
+def read_json_file(path: str, what: str) -> Any:
+    """The JSON in ``path``; ``what`` names the file in the errors.
+
+    Raises
+    ------
+    GraphError
+        When the file is missing, truncated or not JSON.
+    """
     if not os.path.isfile(path):
         raise GraphError(f"{what} {path!r} does not exist (working directory {os.getcwd()!r}); check the path")
     try:
@@ -123,6 +129,61 @@ def _setting(path: str) -> str | None:
         if part.endswith("-inputs"):
             return part[: -len("-inputs")]
     return None
+
+
+def _nodes_by_id(raw_nodes: list, where: str) -> dict[int, dict]:
+    """The file's nodes by id, each checked (an id, latencies and a size that are numbers >= 0).
+
+    Raises
+    ------
+    GraphError, CostError
+        The first node that breaks a rule (``where`` names the file).
+    """
+    by_id: dict[int, dict] = {}
+    for k, nd in enumerate(raw_nodes):
+        if not isinstance(nd, dict) or "id" not in nd:
+            raise GraphError(f"{where}: node #{k} has no 'id'")
+        nid = int(nd["id"])
+        if nid in by_id:
+            raise GraphError(f"{where}: node id {nid} appears twice; ids must be unique")
+        for field in ("cpuLatency", "fpgaLatency"):
+            if field not in nd:
+                raise GraphError(f"{where}: node {nid} has no {field!r}")
+            val = _number(nd[field], f"{where}: node {nid} {field}")
+            if val < 0:
+                raise CostError(f"{where}: node {nid} has negative {field} {val}; latencies are times >= 0")
+        size = _number(nd.get("size", 0.0), f"{where}: node {nid} size")
+        if size < 0:
+            raise GraphError(f"{where}: node {nid} has negative size {size}; sizes are bytes >= 0")
+        by_id[nid] = nd
+    return by_id
+
+
+def _checked_edges(raw_edges: list, by_id: dict, where: str) -> list[tuple[int, int, float]]:
+    """The file's edges as ``(source id, destination id, cost)``, each checked.
+
+    Raises
+    ------
+    GraphError, CycleError, CostError
+        The first edge that breaks a rule (``where`` names the file).
+    """
+    edges: list[tuple[int, int, float]] = []
+    for k, e in enumerate(raw_edges):
+        try:
+            s, t = int(e["sourceId"]), int(e["destId"])
+        except (KeyError, TypeError, ValueError):
+            raise GraphError(f"{where}: edge #{k} needs integer 'sourceId' and 'destId', got {e!r}") from None
+        for end in (s, t):
+            if end not in by_id:
+                raise GraphError(f"{where}: edge #{k} ({s} -> {t}) names unknown node {end}; "
+                                 "every edge end must be a node id")
+        if s == t:
+            raise CycleError(f"{where}: edge #{k} ({s} -> {t}) is a self-loop; a placement needs a DAG")
+        cost = _number(e.get("cost", 0.0), f"{where}: edge #{k} ({s} -> {t}) cost")
+        if cost < 0:
+            raise CostError(f"{where}: edge #{k} ({s} -> {t}) has negative cost {cost}; costs are times >= 0")
+        edges.append((s, t, cost))
+    return edges
 
 
 def load_layer_graph(path: str, time_unit_s: float = DEFAULT_TIME_UNIT_S) -> tuple[OpGraph, dict]:
@@ -155,7 +216,7 @@ def load_layer_graph(path: str, time_unit_s: float = DEFAULT_TIME_UNIT_S) -> tup
     --------
     >>> # g, meta = load_layer_graph("throughput-inputs/LayerGraphs/resnet50_inference.json")
     """
-    data = _read_json(path, "graph file")
+    data = read_json_file(path, "graph file")
     where = os.path.basename(path)
     if not isinstance(data, dict):
         raise GraphError(f"{where}: the top level must be an object with 'nodes' and 'edges'")
@@ -165,41 +226,9 @@ def load_layer_graph(path: str, time_unit_s: float = DEFAULT_TIME_UNIT_S) -> tup
                              "maxSizePerFPGA, maxCPUs)")
     if time_unit_s <= 0:
         raise GraphError(f"time_unit_s must be > 0, not {time_unit_s}")
-    raw_nodes = data["nodes"]
     raw_edges = data["edges"]
-    by_id: dict[int, dict] = {}
-    for k, nd in enumerate(raw_nodes):
-        if not isinstance(nd, dict) or "id" not in nd:
-            raise GraphError(f"{where}: node #{k} has no 'id'")
-        nid = int(nd["id"])
-        if nid in by_id:
-            raise GraphError(f"{where}: node id {nid} appears twice; ids must be unique")
-        for field in ("cpuLatency", "fpgaLatency"):
-            if field not in nd:
-                raise GraphError(f"{where}: node {nid} has no {field!r}")
-            val = _number(nd[field], f"{where}: node {nid} {field}")
-            if val < 0:
-                raise CostError(f"{where}: node {nid} has negative {field} {val}; latencies are times >= 0")
-        size = _number(nd.get("size", 0.0), f"{where}: node {nid} size")
-        if size < 0:
-            raise GraphError(f"{where}: node {nid} has negative size {size}; sizes are bytes >= 0")
-        by_id[nid] = nd
-    edges: list[tuple[int, int, float]] = []
-    for k, e in enumerate(raw_edges):
-        try:
-            s, t = int(e["sourceId"]), int(e["destId"])
-        except (KeyError, TypeError, ValueError):
-            raise GraphError(f"{where}: edge #{k} needs integer 'sourceId' and 'destId', got {e!r}") from None
-        for end in (s, t):
-            if end not in by_id:
-                raise GraphError(f"{where}: edge #{k} ({s} -> {t}) names unknown node {end}; "
-                                 "every edge end must be a node id")
-        if s == t:
-            raise CycleError(f"{where}: edge #{k} ({s} -> {t}) is a self-loop; a placement needs a DAG")
-        cost = _number(e.get("cost", 0.0), f"{where}: edge #{k} ({s} -> {t}) cost")
-        if cost < 0:
-            raise CostError(f"{where}: edge #{k} ({s} -> {t}) has negative cost {cost}; costs are times >= 0")
-        edges.append((s, t, cost))
+    by_id = _nodes_by_id(data["nodes"], where)
+    edges = _checked_edges(raw_edges, by_id, where)
     dag = nx.DiGraph()
     dag.add_nodes_from(by_id)
     dag.add_edges_from((s, t) for s, t, _ in edges)
@@ -344,85 +373,6 @@ def colocation_groups(graph: OpGraph, forward_backward: bool = True) -> list[lis
             if label.endswith("grad") and label[:-4] in by_label:
                 classes.setdefault(label[:-4], []).extend([by_label[label[:-4]], v])
     return sorted(sorted(set(g)) for g in classes.values() if len(set(g)) > 1)
-
-
-def _split_devices(cluster: Cluster | None, n_fpgas: int, n_cpus: int) -> tuple[list[int], list[int], int]:
-    if cluster is None:
-        return list(range(n_fpgas)), list(range(n_fpgas, n_fpgas + n_cpus)), n_fpgas + n_cpus
-    acc = [i for i, dev in enumerate(cluster.devices) if dev.kind != "cpu"]
-    cpus = [i for i, dev in enumerate(cluster.devices) if dev.kind == "cpu"]
-    return acc, cpus, cluster.num_devices
-
-
-def _node_ids(graph: OpGraph) -> list[int]:
-    return [int(nd.extra.get("id", v)) for v, nd in enumerate(graph.nodes)]
-
-
-def load_expert_split(path: str, graph: OpGraph, cluster: Cluster | None = None) -> Plan:
-    """Read a split file (``{"fpgas": [{"nodes": [ids]}, ...], "cpus": [...]}``) as a Plan.
-
-    The k-th ``fpgas`` entry goes to the cluster's k-th accelerator, the k-th ``cpus`` entry
-    to its k-th CPU (without a cluster: accelerators first, then CPUs). Each device runs its
-    nodes in the graph's topological order.
-
-    Raises
-    ------
-    PlanError
-        Unknown or repeated ids, nodes the split leaves out, or more non-empty entries than
-        the cluster has devices of that kind.
-
-    Examples
-    --------
-    >>> # plan = load_expert_split("human-experts/resnet50_inference_expert.json", g, cluster)
-    """
-    data = _read_json(path, "split file")
-    where = os.path.basename(path)
-    if not isinstance(data, dict) or "fpgas" not in data:
-        raise PlanError(f"{where}: a split needs an 'fpgas' list (and optionally 'cpus')")
-    fpgas, cpus = data.get("fpgas") or [], data.get("cpus") or []
-    acc_devs, cpu_devs, d = _split_devices(cluster, len(fpgas), len(cpus))
-    index = {nid: v for v, nid in enumerate(_node_ids(graph))}
-    assignment = np.full(graph.num_nodes, -1, dtype=np.int64)
-    for kind, entries, devs in (("fpgas", fpgas, acc_devs), ("cpus", cpus, cpu_devs)):
-        for k, entry in enumerate(entries):
-            ids = entry.get("nodes", []) if isinstance(entry, dict) else entry
-            if not ids:
-                continue
-            if k >= len(devs):
-                raise PlanError(f"{where}: {kind}[{k}] has nodes but the cluster has only {len(devs)} "
-                                f"{'accelerators' if kind == 'fpgas' else 'CPUs'}; use a cluster with more")
-            for nid in ids:
-                v = index.get(int(nid))
-                if v is None:
-                    raise PlanError(f"{where}: {kind}[{k}] names node id {nid}, which {graph.name} does not have")
-                if assignment[v] >= 0:
-                    raise PlanError(f"{where}: node id {nid} is placed twice; each node needs one device")
-                assignment[v] = devs[k]
-    missing = np.flatnonzero(assignment < 0)
-    if len(missing):
-        ids = [graph.nodes[v].extra.get("id", v) for v in missing[:8]]
-        raise PlanError(f"{where}: {len(missing)} nodes of {graph.name} are in no entry (ids {ids}"
-                        f"{', ...' if len(missing) > 8 else ''}); a split must place every node")
-    pos = np.empty(graph.num_nodes, dtype=np.int64)
-    pos[graph.topo_order()] = np.arange(graph.num_nodes)
-    return Plan.from_assignment(assignment, pos, d, solver="expert", info={"source": os.path.abspath(path)})
-
-
-def write_split(plan: Plan, graph: OpGraph, cluster: Cluster) -> dict:
-    """The plan in the split format, with original node ids, in each device's order.
-
-    Examples
-    --------
-    >>> # json.dump(write_split(plan, g, cluster), open("split.json", "w"))
-    """
-    if plan.num_devices != cluster.num_devices:
-        raise PlanError(f"plan has {plan.num_devices} devices; cluster {cluster.name} has {cluster.num_devices}")
-    ids = _node_ids(graph)
-    acc, cpus, _ = _split_devices(cluster, 0, 0)
-    return {
-        "fpgas": [{"nodes": [ids[v] for v in plan.order[k]]} for k in acc],
-        "cpus": [{"nodes": [ids[v] for v in plan.order[k]]} for k in cpus],
-    }
 
 
 def find_expert_split(graph_path: str) -> str | None:

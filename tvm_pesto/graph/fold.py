@@ -1,9 +1,9 @@
 """Fold layout ops on constants in NumPy, before Relax ``FoldConstant`` sees them.
 
 ``FoldConstant`` evaluates each call on constants by legalizing it and compiling a kernel
-for it: about 70 ms a call on 2 cores. A model exported with ``torch.export`` carries one
-``permute_dims`` of a constant per linear layer (the weight's transpose), so a 67-layer
-transformer spent 28 s of its 29 s import there. The calls this module folds only move
+for it, which costs a compile per call. A model exported with ``torch.export`` carries one
+``permute_dims`` of a constant per linear layer (the weight's transpose), so on a deep
+transformer those compiles are most of the import. The calls this module folds only move
 data (a transpose, or a reshape-like op that keeps the element order), so NumPy gives the
 same values bit for bit, in microseconds; the result is structurally the module
 ``FoldConstant`` gives (``tests/test_graph.py``), except after a ``split`` of a constant

@@ -139,20 +139,7 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
     >>> rg.graph.num_nodes, rg.graph.nodes[0].op
     (12, 'relax.nn.layer_norm')
     """
-    if not isinstance(mod, tvm.IRModule):
-        raise GraphError(f"expected a tvm.IRModule, got {type(mod).__name__}; import a model with "
-                         "tvm_pesto.frontend.from_torch or from_onnx first")
-    names = [gv.name_hint for gv in mod.get_global_vars()]
-    if not names:
-        raise GraphError(f"the module is empty: it has no function {func_name!r} to place; give a module whose "
-                         f"{func_name!r} is a Relax function (e.g. from tvm_pesto.frontend.from_torch or from_onnx)")
-    if func_name not in names:
-        others = sorted(names)
-        raise GraphError(f"module has no function {func_name!r} (it has {others}); rename the function to place "
-                         f"to {func_name!r} (tvm_pesto.analyze also takes func_name={others[0]!r})")
-    if not isinstance(mod[func_name], relax.Function):
-        raise GraphError(f"{func_name!r} is a {type(mod[func_name]).__name__}, not a Relax function; place a module "
-                         f"whose {func_name!r} is a Relax function (a TIR PrimFunc is already lowered)")
+    _check_module(mod, func_name)
     mod = fold_constants(mod)
     func = mod[func_name]
     num_input = func.attrs["num_input"] if func.attrs is not None and "num_input" in func.attrs else None
@@ -162,20 +149,8 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
     for p in params:
         tensor_specs(p.ty, f"parameter {p.name!r}")  # raises on dynamic shapes
     weight_set = set(weight_params)
-
     body = func.body
-    if not isinstance(body, relax.SeqExpr):
-        raise UnsupportedModuleError(f"{func_name} has no binding blocks; nothing to place")
-    bindings = []
-    for block in body.blocks:
-        for b in block.bindings:
-            if not isinstance(b, relax.VarBinding):
-                raise UnsupportedModuleError(
-                    f"binding of {b.var.name!r} is a {type(b).__name__}; tvm-pesto handles plain "
-                    "bindings only (match_cast usually means dynamic shapes: export with static shapes)")
-            if isinstance(b.value, relax.If):
-                raise UnsupportedModuleError(f"{b.var.name!r} is bound to an If; control flow cannot be placed")
-            bindings.append(b)
+    bindings = _plain_bindings(body, func_name)
 
     nodes: list[OpNode] = []
     node_binding: list[int] = []
@@ -213,31 +188,8 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
                 alias[b.var] = val
             # constants, shapes and prim values bound to vars need no node
             continue
-        op = _op_name(val)
-        ins, params_bytes = [], 0
-        arg_exprs = list(val.args)
-        if op.startswith("call_tir:") or op.startswith("extern:"):
-            arg_exprs = list(val.args[1].fields) if isinstance(val.args[1], relax.Tuple) else [val.args[1]]
-        flat = []
-        for a in arg_exprs:
-            flat.extend(a.fields if isinstance(a, relax.Tuple) else [a])
-        for a in flat:
-            specs = tensor_specs(a.ty, f"argument of {b.var.name!r}") if hasattr(a, "ty") else []
-            ins.extend(specs)
-            weight = isinstance(a, relax.Var) and a in weight_set and a not in weights_seen
-            if isinstance(a, tvm.ir.Constant) or weight:
-                params_bytes += sum(t.nbytes for t in specs)
-                if weight:
-                    weights_seen.add(a)  # a weight parameter counts once, at its first reader
-        outs = tensor_specs(b.var.ty, f"result {b.var.name!r}")
-        attrs = attrs_dict(val.attrs) if isinstance(val.op, tvm.ir.Op) else {}
         nid = len(nodes)
-        nodes.append(OpNode(
-            name=f"{b.var.name}:{op.split('.')[-1]}", op=op, attrs=attrs, inputs=tuple(ins),
-            outputs=tuple(outs), flops=op_flops(op, attrs, ins, outs),
-            bytes_read=int(sum(t.nbytes for t in ins)), bytes_written=int(sum(t.nbytes for t in outs)),
-            param_bytes=int(params_bytes), extra={"var": b.var.name},
-        ))
+        nodes.append(_op_node(b, weight_set, weights_seen))
         node_binding.append(bi)
         for a in val.args:
             for src, nb in producers(a):
@@ -247,3 +199,74 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
         raise UnsupportedModuleError(f"{func_name} has no operator calls; nothing to place")
     graph = OpGraph(nodes, edges, name=str(func_name))
     return RelaxGraph(graph, func, bindings, node_binding, inputs, weight_params, body.body, mod)
+
+
+def _check_module(mod, func_name: str) -> None:
+    """Raise a :class:`GraphError` unless ``mod[func_name]`` is a Relax function."""
+    if not isinstance(mod, tvm.IRModule):
+        raise GraphError(f"expected a tvm.IRModule, got {type(mod).__name__}; import a model with "
+                         "tvm_pesto.frontend.from_torch or from_onnx first")
+    names = [gv.name_hint for gv in mod.get_global_vars()]
+    if not names:
+        raise GraphError(f"the module is empty: it has no function {func_name!r} to place; give a module whose "
+                         f"{func_name!r} is a Relax function (e.g. from tvm_pesto.frontend.from_torch or from_onnx)")
+    if func_name not in names:
+        others = sorted(names)
+        raise GraphError(f"module has no function {func_name!r} (it has {others}); rename the function to place "
+                         f"to {func_name!r} (tvm_pesto.analyze also takes func_name={others[0]!r})")
+    if not isinstance(mod[func_name], relax.Function):
+        raise GraphError(f"{func_name!r} is a {type(mod[func_name]).__name__}, not a Relax function; place a module "
+                         f"whose {func_name!r} is a Relax function (a TIR PrimFunc is already lowered)")
+
+
+def _plain_bindings(body, func_name: str) -> list:
+    """The bindings of ``body``'s blocks, in order.
+
+    Raises
+    ------
+    UnsupportedModuleError
+        When the body has no blocks, or a binding is a ``match_cast`` or an ``If``.
+    """
+    if not isinstance(body, relax.SeqExpr):
+        raise UnsupportedModuleError(f"{func_name} has no binding blocks; nothing to place")
+    bindings = []
+    for block in body.blocks:
+        for b in block.bindings:
+            if not isinstance(b, relax.VarBinding):
+                raise UnsupportedModuleError(
+                    f"binding of {b.var.name!r} is a {type(b).__name__}; tvm-pesto handles plain "
+                    "bindings only (match_cast usually means dynamic shapes: export with static shapes)")
+            if isinstance(b.value, relax.If):
+                raise UnsupportedModuleError(f"{b.var.name!r} is bound to an If; control flow cannot be placed")
+            bindings.append(b)
+    return bindings
+
+
+def _op_node(b, weight_set: set, weights_seen: set) -> OpNode:
+    """The node of the call binding ``b``; a weight parameter counts in ``param_bytes`` of its
+    first reader only (``weights_seen`` is updated)."""
+    val = b.value
+    op = _op_name(val)
+    ins, params_bytes = [], 0
+    arg_exprs = list(val.args)
+    if op.startswith("call_tir:") or op.startswith("extern:"):
+        arg_exprs = list(val.args[1].fields) if isinstance(val.args[1], relax.Tuple) else [val.args[1]]
+    flat = []
+    for a in arg_exprs:
+        flat.extend(a.fields if isinstance(a, relax.Tuple) else [a])
+    for a in flat:
+        specs = tensor_specs(a.ty, f"argument of {b.var.name!r}") if hasattr(a, "ty") else []
+        ins.extend(specs)
+        weight = isinstance(a, relax.Var) and a in weight_set and a not in weights_seen
+        if isinstance(a, tvm.ir.Constant) or weight:
+            params_bytes += sum(t.nbytes for t in specs)
+            if weight:
+                weights_seen.add(a)  # a weight parameter counts once, at its first reader
+    outs = tensor_specs(b.var.ty, f"result {b.var.name!r}")
+    attrs = attrs_dict(val.attrs) if isinstance(val.op, tvm.ir.Op) else {}
+    return OpNode(
+        name=f"{b.var.name}:{op.split('.')[-1]}", op=op, attrs=attrs, inputs=tuple(ins),
+        outputs=tuple(outs), flops=op_flops(op, attrs, ins, outs),
+        bytes_read=int(sum(t.nbytes for t in ins)), bytes_written=int(sum(t.nbytes for t in outs)),
+        param_bytes=int(params_bytes), extra={"var": b.var.name},
+    )

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import PlanError
+from ..errors import GraphError, PlanError
+from ..jsonio import write_json
 
 
 @dataclass
@@ -133,8 +134,6 @@ class Plan:
 
     def save(self, path: str, graph=None) -> None:
         """Write :meth:`to_dict` as JSON (whole or not at all); :meth:`load` reads it back."""
-        from ..jsonio import write_json
-
         write_json(path, self.to_dict(graph))
 
     # -- input -------------------------------------------------------------------------
@@ -179,6 +178,7 @@ class Plan:
             order = [[index[str(nm)] for nm in seq] for seq in data["order"]]
             units = None
             if data.get("units") is not None:
+                # lazy: loads TVM's compiler, which importing this module does not
                 from ..candidates.generate import Candidate
 
                 units = [Candidate(str(u["backend"]), tuple(int(v) for v in u["nodes"]), str(u.get("pattern", "")))
@@ -223,8 +223,6 @@ class Plan:
 
     def _check_graph(self, graph, names: list[str], where: str) -> None:
         """Raise :class:`PlanError` if the plan does not fit ``graph`` (see :meth:`from_dict`)."""
-        from ..errors import GraphError
-
         fix = f"place {graph.name!r} again (tvm_pesto.place) or load the plan saved for it"
         n = graph.num_nodes
         if self.units is not None:

@@ -29,6 +29,21 @@ import numpy as np
 from ..errors import PlanError
 
 
+def _sends(src, dst, ebytes, assignment) -> tuple[dict, dict]:
+    """The transfers a placement needs: ``need`` maps (producer, destination device) to the
+    bytes of its largest edge there, ``dests`` each producer to its destination devices in
+    increasing order."""
+    need: dict[tuple[int, int], float] = {}
+    for u, v, b in zip(src.tolist(), dst.tolist(), ebytes.tolist()):
+        du, dv = int(assignment[u]), int(assignment[v])
+        if du != dv:
+            need[(u, dv)] = max(need.get((u, dv), 0.0), b)
+    dests: dict[int, list[int]] = {}
+    for (u, dv) in sorted(need):
+        dests.setdefault(u, []).append(dv)
+    return need, dests
+
+
 def simulate_reference(n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices, hosts=None):
     """Returns (start, finish, busy, peak_mem, transfers) with transfers as rows
     ``(producer, src_dev, dst_dev, start, end, bytes)``; ``hosts`` gives each device's host
@@ -39,11 +54,7 @@ def simulate_reference(n, src, dst, ebytes, assignment, order, cost, latency, in
     preds = [[] for _ in range(n)]
     for u, v in zip(src.tolist(), dst.tolist()):
         preds[v].append(u)
-    need: dict[tuple[int, int], float] = {}
-    for u, v, b in zip(src.tolist(), dst.tolist(), ebytes.tolist()):
-        du, dv = int(assignment[u]), int(assignment[v])
-        if du != dv:
-            need[(u, dv)] = max(need.get((u, dv), 0.0), b)
+    need, dests = _sends(src, dst, ebytes, assignment)
     start = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     arrive: dict[tuple[int, int], float] = {}
@@ -55,9 +66,6 @@ def simulate_reference(n, src, dst, ebytes, assignment, order, cost, latency, in
     for v in range(n):
         peak[assignment[v]] += mem[v]
     transfers = []
-    dests = {}
-    for (u, dv) in sorted(need):
-        dests.setdefault(u, []).append(dv)
 
     def ready_time(v):
         d = int(assignment[v])

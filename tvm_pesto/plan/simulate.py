@@ -71,6 +71,7 @@ _warned = False
 
 def _core():
     try:
+        # lazy: the C++ core library (tvm-ffi) loads on first use
         from .. import _core  # type: ignore[attr-defined]
 
         return _core

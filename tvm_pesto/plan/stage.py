@@ -218,16 +218,7 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
     plan.validate(n, d)
     a = np.asarray(plan.assignment, dtype=np.int64)
     passes = node_passes(problem.graph) if passes is None else np.asarray(passes, dtype=np.int64)
-    cluster = problem.cluster
-    violations: list[dict] = []
-    if n:
-        cost = problem.costs[np.arange(n), a]
-        for v in np.flatnonzero(~np.isfinite(cost)).tolist():
-            violations.append({"kind": "placement", "node": int(v), "device": int(a[v]),
-                               "message": f"node {_name(problem, v)} is on {cluster.devices[a[v]].name}, where it "
-                                          "cannot run (infinite cost); move it to a device that runs it"})
-    else:
-        cost = np.zeros(0)
+    cost = problem.costs[np.arange(n), a] if n else np.zeros(0)
     keys = sorted({(int(a[v]), int(passes[v])) for v in range(n)})
     index = {key: k for k, key in enumerate(keys)}
     stage_of = np.array([index[(int(a[v]), int(passes[v]))] for v in range(n)], dtype=np.int64)
@@ -238,9 +229,29 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
     succ: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     for u, v, b in zip(problem.src.tolist(), problem.dst.tolist(), problem.ebytes.tolist()):
         succ[u].append((v, b))
-    succ_ids = [[v for v, _ in s] for s in succ]
+    sg = nx.DiGraph()
+    sg.add_nodes_from(range(len(stages)))
+    sg.add_edges_from({(int(stage_of[u]), int(stage_of[v])) for u, v in zip(problem.src.tolist(), problem.dst.tolist())
+                       if stage_of[u] != stage_of[v]})
+    cyclic = not nx.is_directed_acyclic_graph(sg)
+    # memory (the graph's own sizes, no received tensors)
+    memory = np.bincount(a, weights=problem.mem, minlength=d).astype(np.float64) if n else np.zeros(d)
+    violations = _violations(problem, a, cost, stages, stage_of, succ, sg, cyclic, memory)
+    load, latency = _block_times(problem, a, cost, stages, stage_of, succ, sg, cyclic)
+    return StageResult(stages, stage_of, sorted(sg.edges), latency, load, memory, problem.capacity.copy(), violations)
 
-    # contiguity
+
+def _violations(problem: Problem, a: np.ndarray, cost: np.ndarray, stages: list[Stage], stage_of: np.ndarray,
+                succ, sg: nx.DiGraph, cyclic: bool, memory: np.ndarray) -> list[dict]:
+    """What breaks the stage model's rules: placement, contiguity, acyclicity, memory and
+    co-location, in that order (:attr:`StageResult.violations`)."""
+    cluster = problem.cluster
+    violations: list[dict] = []
+    for v in np.flatnonzero(~np.isfinite(cost)).tolist():
+        violations.append({"kind": "placement", "node": int(v), "device": int(a[v]),
+                           "message": f"node {_name(problem, v)} is on {cluster.devices[a[v]].name}, where it "
+                                      "cannot run (infinite cost); move it to a device that runs it"})
+    succ_ids = [[v for v, _ in s] for s in succ]
     for k, st in enumerate(stages):
         bad = _contiguity(succ_ids, stage_of, k, st.nodes)
         if bad is not None:
@@ -250,20 +261,12 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
                               "back; put the nodes on that path on the same device, or the ends elsewhere")
             bad["path"] = [_name(problem, v) for v in path]
             violations.append(bad)
-    # stage graph and acyclicity
-    sg = nx.DiGraph()
-    sg.add_nodes_from(range(len(stages)))
-    sg.add_edges_from({(int(stage_of[u]), int(stage_of[v])) for u, v in zip(problem.src.tolist(), problem.dst.tolist())
-                       if stage_of[u] != stage_of[v]})
-    cyclic = not nx.is_directed_acyclic_graph(sg)
     if cyclic:
         cycle = [u for u, _ in nx.find_cycle(sg)]
         names = " -> ".join(stages[k].label(cluster) for k in cycle + cycle[:1])
         violations.append({"kind": "acyclicity", "stages": [stages[k].label(cluster) for k in cycle],
                            "message": f"the stage graph has a cycle ({names}): those blocks would wait on each other "
                                       "forever; split the work so that data flows one way between stages"})
-    # memory (the graph's own sizes, no received tensors)
-    memory = np.bincount(a, weights=problem.mem, minlength=d).astype(np.float64) if n else np.zeros(d)
     cap = problem.capacity
     for k in np.flatnonzero(memory > cap * (1 + _TOL)).tolist():
         violations.append({"kind": "memory", "device": int(k), "memory_bytes": float(memory[k]),
@@ -271,7 +274,6 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
                            "message": f"{cluster.devices[k].name} holds {memory[k] / 2**20:.1f} MiB of nodes but has "
                                       f"{cap[k] / 2**20:.1f} MiB; move {(memory[k] - cap[k]) / 2**20:.1f} MiB of nodes "
                                       "elsewhere"})
-    # co-location
     for grp in problem.colocate:
         devs = sorted({int(a[v]) for v in grp})
         if len(devs) > 1:
@@ -279,9 +281,15 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
             violations.append({"kind": "colocation", "nodes": [_name(problem, v) for v in grp],
                                "message": f"co-located nodes [{names}{', ...' if len(grp) > 6 else ''}] are split over "
                                           f"{', '.join(cluster.devices[k].name for k in devs)}; put them on one device"})
+    return violations
 
-    # block times
-    lat, inv = io_rates(cluster)
+
+def _block_times(problem: Problem, a: np.ndarray, cost: np.ndarray, stages: list[Stage], stage_of: np.ndarray,
+                 succ, sg: nx.DiGraph, cyclic: bool) -> tuple[np.ndarray, float]:
+    """Fill each stage's work, input and output times and (when the stage graph is acyclic)
+    its start and finish; returns the device loads and the latency (inf when cyclic)."""
+    n, d = problem.num_nodes, problem.num_devices
+    lat, inv = io_rates(problem.cluster)
     device_order = _device_order(sg, stages, cyclic)
     first_of: dict[tuple[int, int], int] = {}  # (producer, device) -> the first stage there that needs it
     rank = {k: i for i, k in enumerate(device_order)}
@@ -318,7 +326,7 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
             st.finish_s = st.start_s + st.block_s
             free[st.device] = st.finish_s
         latency = max((st.finish_s for st in stages), default=0.0)
-    return StageResult(stages, stage_of, sorted(sg.edges), latency, load, memory, cap.copy(), violations)
+    return load, latency
 
 
 def _device_order(sg: nx.DiGraph, stages: list, cyclic: bool) -> list[int]:

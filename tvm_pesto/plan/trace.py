@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
@@ -96,8 +97,6 @@ def write_trace_dir(out_dir: str, problem, plan, sim, trace, device_names, title
     >>> write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace, ["cpu0", "cpu1"], "tiny_cnn")
     ['gantt.png', 'plan_trace.json', 'run_trace.json']
     """
-    import os
-
     os.makedirs(out_dir, exist_ok=True)
     rows, ran = sim_events(problem, plan, sim), trace_events(trace)
     chrome_trace(rows, os.path.join(out_dir, "plan_trace.json"), device_names)

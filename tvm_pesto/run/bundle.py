@@ -21,6 +21,7 @@ import json
 import os
 
 from ..errors import ExecutionError
+from .loaders import register_artifact
 
 MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "tvm-pesto-bundle"
@@ -102,8 +103,6 @@ def device_files(man: dict, d: int) -> list[str]:
 
 def register_artifacts(path: str, man: dict, cluster, device: int | None = None) -> None:
     """Register the backend functions of the bundle's artifacts (of ``device`` only, when given)."""
-    from .loaders import register_artifact
-
     for meta in man.get("artifacts", []):
         d = int(meta.get("device", 0))
         if device is None or d == int(device):

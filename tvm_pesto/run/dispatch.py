@@ -49,9 +49,20 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cluster.contention import measure_contention
 from ..cluster.dispatch import FIGURES, assume_dispatch, check_executor, dispatch_info, local_shape, set_dispatch
 from ..cluster.kernels import compile_for
+from ..cluster.linkbench import fit_links, measure_links
+from ..costs.cache import default_cache_path
+from ..costs.calibration import machine_info, machine_key
+from ..costs.machine import MACHINE_ENV, auto_enabled
 from ..errors import ClusterError
+from ..jsonio import write_json
+from .executor import Executor
+from .program import Program, Step
+from .ray_dispatch import time_ray_programs
+from .ray_executor import measure_ray_links
+from .ray_session import RaySession
 
 #: Format name and version of a kept fit.
 FORMAT = "tvm-pesto-machine-constants"
@@ -108,8 +119,6 @@ def _two_cpu_devices(cluster, what: str) -> tuple[int, int]:
 def dispatch_programs(cluster, a: int, b: int) -> dict:
     """The three measuring programs (``one``, ``there``, ``back``) on devices ``a`` and ``b``
     of ``cluster``, each taking one four-float input on ``a``."""
-    from .program import Program, Step
-
     def call(out, arg, d):
         return Step("call", out, [arg], device=d, func="add")
 
@@ -184,8 +193,6 @@ def measure_dispatch(cluster, repeat: int = 300, rounds: int = 7) -> dict:
     """
     import tvm
 
-    from .executor import Executor
-
     a, b = _two_cpu_devices(cluster, "the executor's dispatch")
     load0 = os.getloadavg()[0]
     built = {k: _kernels(cluster.devices[k]) for k in (a, b)}
@@ -240,8 +247,6 @@ def measure_ray_dispatch(cluster, session=None, programs=("one", "there", "back"
     """
     import tvm
 
-    from .ray_dispatch import time_ray_programs
-
     a, b = _two_cpu_devices(cluster, "the Ray executor's dispatch")
     load0 = os.getloadavg()[0]
     built = {k: _kernels(cluster.devices[k]) for k in (a, b)}
@@ -279,9 +284,6 @@ def constants_path(cluster, executor: str) -> Path:
     ClusterError
         When ``cluster`` has a device that is not a CPU device of this machine.
     """
-    from ..costs.cache import default_cache_path
-    from ..costs.calibration import machine_key
-
     shape = local_shape(cluster)
     if shape is None:
         raise ClusterError(f"{cluster.name} has devices that are not this machine's CPUs; its executor's figures "
@@ -297,19 +299,12 @@ def fit_constants(cluster, executor: str, session=None) -> dict:
     on a machine other jobs share, two devices pinned to their cores get less of them than
     one), write them into ``cluster`` and return them as a record :func:`apply_constants`
     reads (what :func:`machine_dispatch` keeps)."""
-    from ..cluster.contention import measure_contention
-    from ..costs.calibration import machine_info
-
     check_executor(executor)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     if executor == "ray":
-        from .ray_executor import measure_ray_links
-
         links = measure_ray_links(cluster, session)
         res = measure_ray_dispatch(cluster, session)
     else:
-        from ..cluster.linkbench import measure_links
-
         links = measure_links(cluster)
         res = measure_dispatch(cluster)
     cont = measure_contention(cluster)
@@ -337,8 +332,6 @@ def apply_constants(cluster, record: dict, source: str, path: str | None = None)
         "link_latency_s"}``: ``latency_s`` with the excess, ``link_latency_s`` the link
         fit's), or None when the cluster's own stay.
     """
-    from ..cluster.linkbench import fit_links
-
     executor = record["executor"]
     if source == "cached" and cluster.meta.get("links_measured") == executor:
         applied = None
@@ -388,9 +381,6 @@ def _one_device(cluster, executor: str) -> dict:
     per run on one device is a figure of every fit of several: the newest fit kept for this
     machine and executor gives it (source ``cached``, ``from_shape`` naming the fit's
     devices); with none kept, the assumed figures."""
-    from ..costs.cache import default_cache_path
-    from ..costs.calibration import machine_key
-
     kept = sorted((default_cache_path().parent / "machine").glob(f"{check_executor(executor)}-{machine_key()}-*.json"),
                   key=lambda p: p.stat().st_mtime, reverse=True)
     for path in kept:
@@ -439,8 +429,6 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
     CostError
         When ``$TVM_PESTO_MACHINE_CALIBRATION`` holds anything but ``auto`` or ``off``.
     """
-    from ..costs.machine import MACHINE_ENV, auto_enabled
-
     check_executor(executor)
     info = dispatch_info(cluster)
     if info["executor"] == executor and info["source"] != "assumed" and not refit:
@@ -466,16 +454,12 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
               f"${MACHINE_ENV}=off skips it.", file=sys.stderr, flush=True)
     own = None
     if executor == "ray" and session is None:
-        from .ray_session import RaySession
-
         session = own = RaySession()
     try:
         rec = fit_constants(cluster, executor, session)
     finally:
         if own is not None:
             own.close()
-    from ..jsonio import write_json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(str(path), rec)
     links = apply_constants(cluster, rec, "measured", path)

@@ -31,6 +31,7 @@ import tvm
 from ..cluster.device_thread import enter_device_thread
 from ..errors import ExecutionError
 from .program import Program
+from .streams import StreamSet
 
 
 def _copy(value, dev):
@@ -216,8 +217,6 @@ class Executor:
         # GPUs: one stream per device, cross-device copies ordered by stream events.
         self.streams = None
         if any(cluster.devices[d].kind == "gpu" for d in self.per_dev):
-            from .streams import StreamSet
-
             self.streams = StreamSet(self.tvm_devs)
         self.workers = {d: _Worker(cluster.devices[d], self.streams) for d in self.per_dev}
         for w in self.workers.values():

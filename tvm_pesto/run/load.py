@@ -20,8 +20,11 @@ from __future__ import annotations
 import json
 import os
 
+from ..cluster.cluster import Cluster
 from ..errors import ExecutionError
 from .bundle import load_library, read_manifest, register_artifacts
+from .program import Program
+from .runtime import PlacedRuntime
 
 
 def _read_json(path: str, name: str):
@@ -47,10 +50,6 @@ def load(path: str, executor: str = "thread", ray_address: str | None = None):
         For a missing or corrupt file (named), an artifact that cannot be loaded, or a
         library TVM's runtime refuses.
     """
-    from ..cluster.cluster import Cluster
-    from .program import Program
-    from .runtime import PlacedRuntime
-
     if executor not in ("thread", "ray"):
         raise ExecutionError(f"unknown executor {executor!r}; use 'thread' (one thread per device) or 'ray' (one Ray "
                              "actor per device)")

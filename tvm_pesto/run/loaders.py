@@ -11,18 +11,20 @@ backends use the same builders at build time, so the deployed call is the built 
   with ``"parallel": true`` in the artifact's description);
 * ``openvino``: an ONNX model compiled by OpenVINO when loaded (``openvino`` backend);
 * ``torch-export``: a ``torch.export`` program (``torch`` backend);
+* ``inductor-aoti``: an AOTInductor package, compiled when exported (``inductor`` backend);
 * ``tvm-vm``: a TVM executable exported as a shared library (``tvm-ms``).
 
 Examples
 --------
 >>> from tvm_pesto.run.loaders import LOADERS
 >>> sorted(LOADERS)
-['onnx', 'openvino', 'torch-export', 'tvm-vm']
+['inductor-aoti', 'onnx', 'openvino', 'torch-export', 'tvm-vm']
 """
 from __future__ import annotations
 
 import functools
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Callable
@@ -56,8 +58,6 @@ def kept_per_address(make: Callable) -> Callable:
     >>> get([a]), get([a]), len(made)
     (1, 1, 1)
     """
-    import threading
-
     kept = threading.local()  # .objs: addresses -> what was made for them, oldest first
 
     def get(args):
@@ -212,8 +212,6 @@ def openvino_runner(model, cores: int) -> Callable:
     :data:`KEPT_BINDINGS` sets of addresses, as :func:`onnx_runner` keeps its bindings; a
     kept request holds its buffers' views, so those buffers live as long as it is kept.
     """
-    import threading
-
     import openvino as ov
 
     compiled = openvino_model(model, cores)
@@ -308,6 +306,15 @@ def load_torch_export(meta: dict, root: str, device) -> Callable:
     return torch_runner(module, int(meta["num_inputs"]), int(meta.get("cores", 1)))
 
 
+def load_inductor_aoti(meta: dict, root: str, device) -> Callable:
+    """An AOTInductor package (``.pt2``) as ``f(*inputs, *outputs)``: the library compiled at
+    export, loaded without compiling."""
+    import torch
+
+    model = torch._inductor.aoti_load_package(_file(meta, root))
+    return torch_runner(model, int(meta["num_inputs"]), int(meta.get("cores", 1)))
+
+
 def load_tvm_vm(meta: dict, root: str, device) -> Callable:
     import tvm
     import tvm.runtime.vm  # not imported by ``import tvm`` in runtime-only mode
@@ -318,7 +325,7 @@ def load_tvm_vm(meta: dict, root: str, device) -> Callable:
 
 
 LOADERS: dict[str, Callable] = {"onnx": load_onnx, "openvino": load_openvino, "torch-export": load_torch_export,
-                                 "tvm-vm": load_tvm_vm}
+                                 "inductor-aoti": load_inductor_aoti, "tvm-vm": load_tvm_vm}
 
 
 def register_artifact(meta: dict, root: str, device) -> str:

@@ -93,11 +93,11 @@ def run_pipeline(runtime, batches: list, depth: int = 2, poll_s: float = 0.1, tr
         ex.close()
 
 
-def _stream(ex: Executor, batches, depth, poll_s, trace):
+def _microbatch_envs(ex: Executor, batches) -> list[dict]:
+    """The inputs of each microbatch on their devices, and the caller's copies of them."""
     program = ex.program
-    k = len(batches)
     inputs = []
-    for args in batches:  # the inputs of each microbatch on their devices, and the caller's copies
+    for args in batches:
         args = list(args)
         if len(args) != len(program.inputs):
             raise ExecutionError(f"a microbatch has {len(args)} inputs; the module takes {len(program.inputs)}")
@@ -105,9 +105,13 @@ def _stream(ex: Executor, batches, depth, poll_s, trace):
         for s in ex.pre:
             env[s.out] = _copy(env[s.args[0]], ex.tvm_devs[s.device]) if s.kind == "copy" else _value(s, env)
         inputs.append(env)
-    per_dev = ex.per_dev
+    return inputs
+
+
+def _crossing_queues(per_dev: dict, depth: int):
+    """A queue of ``depth`` slots for every (value, consuming device) that crosses devices,
+    and per value the queues its producer puts it in."""
     where = {s.out: d for d, lst in per_dev.items() for s in lst}
-    # a queue for every (value, consuming device) that crosses devices
     queues: dict[tuple[str, int], queue.Queue] = {}
     for d, lst in per_dev.items():
         for s in lst:
@@ -118,6 +122,15 @@ def _stream(ex: Executor, batches, depth, poll_s, trace):
     sends: dict[str, list[queue.Queue]] = {}
     for (a, _d), q in queues.items():
         sends.setdefault(a, []).append(q)
+    return queues, sends
+
+
+def _stream(ex: Executor, batches, depth, poll_s, trace):
+    program = ex.program
+    k = len(batches)
+    inputs = _microbatch_envs(ex, batches)
+    per_dev = ex.per_dev
+    queues, sends = _crossing_queues(per_dev, depth)
     post = list(getattr(ex, "post", []))  # light steps the executor leaves to the caller, after the workers
     outputs_of = _keys(program.output) | {a for st in post for a in st.args}
     results: list[dict] = [dict() for _ in range(k)]

@@ -7,8 +7,10 @@ belongs on a trusted network only (docs/distributed.md).
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
 from contextlib import contextmanager
 
 from ..errors import ExecutionError
@@ -99,9 +101,6 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> bool:
     """Fail at once when nothing listens at a ``HOST:PORT`` (or ``ray://HOST:PORT``) Ray
     address (``ray.init`` retries an absent cluster for minutes); True when the host is
     this machine's loopback."""
-    import ipaddress
-    import socket
-
     hostport = address.split("://", 1)[-1]
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit():

@@ -65,8 +65,6 @@ def schedule(program: Program) -> Schedule:
         When a step reads a value that no earlier step makes (a malformed program).
     """
     steps = program.steps
-    made = {s.out: k for k, s in enumerate(steps)}
-    inputs = {key: i for i, key in enumerate(program.inputs)}
     loc: dict[str, int] = dict(zip(program.inputs, program.input_devices))
     for s in steps:
         missing = [a for a in s.args if a not in loc]
@@ -74,112 +72,124 @@ def schedule(program: Program) -> Schedule:
             raise ExecutionError(f"the program's step {s.out} reads {missing[0]}, which no earlier step makes; "
                                  "export the placed model again")
         loc[s.out] = s.device if s.kind in ("call", "copy") else (loc[s.args[0]] if s.args else 0)
-    tasks: dict[int, list[Task]] = {}
-    have: dict[int, dict[str, int]] = {}  # device -> key -> index of the task after which it is there
-    order: list[tuple[int, int]] = []
+    cut = _Cutter(program, loc)
+    for k, s in enumerate(steps):
+        if s.kind != "call":
+            continue
+        d = s.device
+        cut.tasks.setdefault(d, [])
+        cut.have.setdefault(d, {})
+        task = Task(d, len(cut.tasks[d]))
+        cut.tasks[d].append(task)
+        cut.order.append((d, task.index))
+        for a in s.args:
+            cut.ensure(a, d, task)
+        task.ops.append(("step", k))
+        cut.have[d][s.out] = task.index
+    return Schedule(cut.tasks, cut.order, cut.resolve_out(program.output))
 
-    def ready_at(key, d):
+
+class _Cutter:
+    """The state of :func:`schedule` while it cuts a program: the tasks so far per device,
+    their bind order, and on which device each value is available after which task."""
+
+    def __init__(self, program: Program, loc: dict[str, int]):
+        self.steps = program.steps
+        self.made = {s.out: k for k, s in enumerate(self.steps)}
+        self.inputs = {key: i for i, key in enumerate(program.inputs)}
+        self.loc = loc  # value -> the device that holds it
+        self.tasks: dict[int, list[Task]] = {}
+        self.have: dict[int, dict[str, int]] = {}  # device -> key -> index of the task after which it is there
+        self.order: list[tuple[int, int]] = []
+
+    def ready_at(self, key, d):
         """Index of the task of ``d`` after which ``key`` can be computed on ``d`` from
         values already there (None when it needs values from elsewhere)."""
-        if key in have.get(d, {}):
-            return have[d][key]
-        s = steps[made[key]] if key in made else None
-        if s is None or s.kind in ("call", "copy") or loc[key] != d:
+        if key in self.have.get(d, {}):
+            return self.have[d][key]
+        s = self.steps[self.made[key]] if key in self.made else None
+        if s is None or s.kind in ("call", "copy") or self.loc[key] != d:
             return None
-        at = [ready_at(a, d) for a in s.args]
+        at = [self.ready_at(a, d) for a in s.args]
         return None if any(a is None for a in at) else max(at, default=-1)
 
-    def materialize(key, d, at):
+    def materialize(self, key, d, at):
         """Append to task ``at`` of ``d`` the light steps that compute ``key`` there."""
-        if key in have.get(d, {}):
+        if key in self.have.get(d, {}):
             return
-        s = steps[made[key]]
+        s = self.steps[self.made[key]]
         for a in s.args:
-            materialize(a, d, at)
-        tasks[d][at].ops.append(("step", made[key]))
-        have[d][key] = at
+            self.materialize(a, d, at)
+        self.tasks[d][at].ops.append(("step", self.made[key]))
+        self.have[d][key] = at
 
-    def fetch(key, d, task):
+    def fetch(self, key, d, task):
         """Make ``key`` (held by another device) available in ``task``: received from the
         task that makes it, or computed here from its arguments."""
-        a = loc[key]
-        at = ready_at(key, a) if tasks.get(a) else None
+        a = self.loc[key]
+        at = self.ready_at(key, a) if self.tasks.get(a) else None
         if at is not None and at >= 0:
-            materialize(key, a, at)
-            tasks[a][at].send(key)
+            self.materialize(key, a, at)
+            self.tasks[a][at].send(key)
             pos = task.source(("task", a, at))
             task.ops.append(("recv", pos, key))
-            have[d][key] = task.index
+            self.have[d][key] = task.index
             return
-        s = steps[made[key]]
+        s = self.steps[self.made[key]]
         if s.kind == "call":
             raise ExecutionError(f"segment output {key} of device {a} is needed on device {d} before it is made; "
                                  "export the placed model again")
         for arg in s.args:
-            ensure(arg, d, task)
-        task.ops.append(("step", made[key]))
-        have[d][key] = task.index
+            self.ensure(arg, d, task)
+        task.ops.append(("step", self.made[key]))
+        self.have[d][key] = task.index
 
-    def ensure(key, d, task):
+    def ensure(self, key, d, task):
         """Make ``key`` available on device ``d`` by the time ``task`` runs its call."""
-        if key in have[d]:
+        if key in self.have[d]:
             return
-        if key in inputs:  # every device reads the caller's inputs directly
-            task.ops.append(("recv", task.source(("input", inputs[key])), key))
-            have[d][key] = task.index
+        if key in self.inputs:  # every device reads the caller's inputs directly
+            task.ops.append(("recv", task.source(("input", self.inputs[key])), key))
+            self.have[d][key] = task.index
             return
-        s = steps[made[key]]
-        if s.kind == "copy" or (s.kind == "alias" and loc[key] == d):
-            ensure(s.args[0], d, task)
-            task.ops.append(("step", made[key]))
-        elif loc[key] != d:
-            fetch(key, d, task)
+        s = self.steps[self.made[key]]
+        if s.kind == "copy" or (s.kind == "alias" and self.loc[key] == d):
+            self.ensure(s.args[0], d, task)
+            task.ops.append(("step", self.made[key]))
+        elif self.loc[key] != d:
+            self.fetch(key, d, task)
             return
         elif s.kind == "call":
             raise ExecutionError(f"segment output {key} is read on device {d} before its call; export the placed "
                                  "model again")
         else:
             for a in s.args:
-                ensure(a, d, task)
-            task.ops.append(("step", made[key]))
-        have[d][key] = task.index
+                self.ensure(a, d, task)
+            task.ops.append(("step", self.made[key]))
+        self.have[d][key] = task.index
 
-    for k, s in enumerate(steps):
-        if s.kind != "call":
-            continue
-        d = s.device
-        tasks.setdefault(d, [])
-        have.setdefault(d, {})
-        task = Task(d, len(tasks[d]))
-        tasks[d].append(task)
-        order.append((d, task.index))
-        for a in s.args:
-            ensure(a, d, task)
-        task.ops.append(("step", k))
-        have[d][s.out] = task.index
-
-    def resolve(key):
-        if key in inputs:
-            return ("input", inputs[key])
-        s = steps[made[key]]
+    def resolve(self, key):
+        """How the caller gets ``key`` (see :class:`Schedule`'s ``output``)."""
+        if key in self.inputs:
+            return ("input", self.inputs[key])
+        s = self.steps[self.made[key]]
         if s.kind in ("copy", "alias"):
-            return resolve(s.args[0])
-        a = loc[key]
-        at = ready_at(key, a) if tasks.get(a) else None
+            return self.resolve(s.args[0])
+        a = self.loc[key]
+        at = self.ready_at(key, a) if self.tasks.get(a) else None
         if at is not None and at >= 0:
-            materialize(key, a, at)
-            tasks[a][at].send(key)
+            self.materialize(key, a, at)
+            self.tasks[a][at].send(key)
             return ("task", a, at, key)
         if s.kind == "item":
-            return ("item", resolve(s.args[0]), s.index)
+            return ("item", self.resolve(s.args[0]), s.index)
         if s.kind == "tuple":
-            return ("tuple", [resolve(x) for x in s.args])
+            return ("tuple", [self.resolve(x) for x in s.args])
         raise ExecutionError(f"the program's output {key} is never made; export the placed model again")
 
-    def resolve_out(out):
-        return ("tuple", [resolve_out(o) for o in out]) if isinstance(out, tuple) else resolve(out)
-
-    return Schedule(tasks, order, resolve_out(program.output))
+    def resolve_out(self, out):
+        """:meth:`resolve` over a (nested tuple of) output key(s)."""
+        return ("tuple", [self.resolve_out(o) for o in out]) if isinstance(out, tuple) else self.resolve(out)
 
 
 __all__ = ["Schedule", "Task", "schedule"]

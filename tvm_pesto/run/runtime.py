@@ -12,6 +12,8 @@ import numpy as np
 
 from ..errors import ExecutionError
 from .executor import Executor, _assemble, to_numpy
+from .loaders import direct_call
+from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
 
 #: Least seconds :meth:`PlacedRuntime.benchmark` times and warms up for (a 40-µs model: 5,000
 #: timed runs after 1,250 warm-up runs; a 3-ms one: 67 after 17).
@@ -187,9 +189,8 @@ class PlacedRuntime:
         ``warmup_seconds``.
 
         A small model's first runs after a build are slower (caches, ONNX Runtime's first
-        allocations): convnext at size small measures 49.5 µs over 20 runs after 3 warm-up
-        runs, 41.5 µs over 200. The time floors make the figure independent of the model's
-        size; ``min_seconds=0, warmup_seconds=0`` runs exactly ``repeat`` and ``warmup``.
+        allocations), so a few runs of a model of tens of microseconds overstate its time.
+        The time floors make the figure independent of the model's size; ``min_seconds=0, warmup_seconds=0`` runs exactly ``repeat`` and ``warmup``.
 
         Returns
         -------
@@ -244,8 +245,6 @@ class PlacedRuntime:
         -------
         RayExecutor
         """
-        from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
-
         return use_ray(self, address=address, session=session, bundle=bundle,
                        timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
 
@@ -267,8 +266,6 @@ def _direct(program):
     """``(step, f)`` when ``program`` is one call of a unit with a direct call on numpy
     arrays (:func:`tvm_pesto.run.loaders.direct_call`) and nothing moves between devices;
     else None."""
-    from .loaders import direct_call
-
     calls = program.calls()
     if len(calls) != 1 or not calls[0].extern or program.state or any(s.kind == "copy" for s in program.steps):
         return None

@@ -10,10 +10,13 @@ Modules: ``budget`` (how much a solver may do: wall-clock budgets, or work budge
 deterministic mode), ``common`` (shared heuristic machinery), ``single``, ``heft``, ``mtopo``, ``metf``,
 ``msct`` (heuristics), ``portfolio`` (all heuristics, best plan), ``mip`` (what both ILPs
 share: variables, solver backends, real solver status), ``ilp_model`` (the placement MIP),
-``coarsen`` (supernodes + coarse MIP), ``bounds`` / ``comm_bounds`` (lower bounds),
-``refine`` (local search), ``lns`` (MIP windows of a schedule), ``ilp`` (the registry's ILP:
-coarsen, solve, LNS, refine), ``stage_dp`` (contiguous splits by DP, solver and bound),
-``stage_ilp`` (the stage model's MIP), ``stage_bounds`` (the stage model's chain bound on
+``ilp_constraints`` (its constraint families), ``ilp_warm`` (its warm start), ``ilp_solve`` (the
+MIP solved from a warm start), ``coarsen`` (supernodes), ``coarse_ilp`` (the MIP on supernodes),
+``bounds`` / ``comm_bounds`` (lower bounds), ``refine`` (local search), ``polish`` (it from
+several starts), ``lns`` (MIP windows of a schedule), ``ilp`` (the registry's ILP:
+coarsen, solve, LNS, refine), ``ideal_dp`` (contiguous splits by DP over ideals, and its bound),
+``stage_dp`` (the ``stage-dp`` solver built on it), ``stage_model`` (the stage model's MIP),
+``stage_ilp`` (it solved from the best start), ``stage_bounds`` (the stage model's chain bound on
 latency), ``objective_bounds`` (bounds for every model and objective),
 ``cover`` (Collage's covering search), ``joint_ilp`` (backend + device + order MIP),
 ``joint_search`` (local search over backend and device) and ``joint`` (the flow's solver:

@@ -69,7 +69,7 @@ def lp_bound(problem: Problem, time_limit_s: float = 30.0, precedence: bool = Tr
     """
     import pulp
 
-    from .mip import lp_backend  # PuLP only when the LP is asked for
+    from .mip import lp_backend  # lazy: PuLP only when the LP is asked for
 
     n, d = problem.num_nodes, problem.num_devices
     if n == 0:
@@ -171,7 +171,7 @@ def lower_bound(problem: Problem, lp: bool | None = None, lp_max_nodes: int = 10
     if comm is None:
         comm = problem.num_nodes <= comm_max_nodes
     if comm and problem.num_nodes:
-        from .comm_bounds import path_memory_bound, segment_bound  # imports the MIP (PuLP) only when asked
+        from .comm_bounds import path_memory_bound, segment_bound  # lazy: imports the MIP (PuLP) only when asked
 
         seg = segment_bound(problem, deterministic=deterministic)
         out["segment_s"] = seg["bound_s"]

@@ -18,8 +18,9 @@ same thing everywhere:
     with more than :data:`MIP_REFERENCE_ROWS` constraints: a node's LP costs about its row
     count), one thread and a fixed random seed.
 
-  The rates were calibrated on the project's 2-core development machine, where a nominal
-  second takes about one second for mid-sized problems. They are rough: the root node and
+  The rates were set so that, on the 2-vCPU VM they were fitted on, a nominal second took
+  about one second for mid-sized problems; on another machine a nominal second takes longer
+  or shorter, and the plan is the same. They are rough: the root node and
   the first, strong-branching nodes of a MIP cost more than later ones, so a small MIP
   budget on a large model takes several times longer than in wall-clock mode. A wall-clock
   *cap* (:func:`cap_s`, ten times the budget plus a minute) stays as a safety net only:

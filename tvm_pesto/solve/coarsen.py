@@ -22,7 +22,7 @@ cap (``mem_frac`` of the largest device they may use), so the ILP keeps room to 
 Co-location groups map to groups of supernodes that the ILP keeps on one device.
 
 Everything runs in plain Python loops over adjacency sets plus NumPy; see the module's
-benchmark (``tvm-pesto bench scale``, or ``scripts/bench_scale.py``) for timings.
+benchmark (``tvm-pesto bench scale``) for timings.
 """
 from __future__ import annotations
 
@@ -32,10 +32,7 @@ import numpy as np
 
 from ..errors import PestoError, PlanError
 from ..graph.opgraph import OpGraph
-from ..plan import Plan, Problem, simulate
-from .budget import combine
-from .ilp_model import _scorer, solve_ilp
-from .portfolio import best_heuristic_plan
+from ..plan import Plan, Problem
 
 
 class _UnionFind:
@@ -117,51 +114,87 @@ def coarsen(problem: Problem, target: int, weight_cap: float = 2.0, mem_frac: fl
         raise PestoError(f"coarsening target must be at least 1, not {target}")
     if n <= target:
         return problem, [[v] for v in range(n)]
-    masks = _device_masks(problem).tolist()
-    cap_of = _mask_capacity(problem.capacity)
-    costs = problem.costs
-    weight = np.where(np.isfinite(costs), costs, np.inf).min(axis=1)
-    mem = problem.mem
-    total_w = float(weight.sum())
-    cap_w = max(weight_cap * total_w / target, float(weight.max()) if n else 0.0)
+    weight = np.where(np.isfinite(problem.costs), problem.costs, np.inf).min(axis=1)
+    cap_w = max(weight_cap * float(weight.sum()) / target, float(weight.max()) if n else 0.0)
+    s = _Supernodes(problem, weight, cap_w, mem_frac)
+    s.merge_edges(problem, target, max_passes)  # phase 1
 
-    # co-location classes over fine nodes: mask = AND, mem = sum
-    cls = _UnionFind(n)
-    for grp in problem.colocate:
-        grp = [int(v) for v in grp]
-        for v in grp[1:]:
-            a, b = cls.find(grp[0]), cls.find(v)
-            if a != b:
-                cls.parent[b] = a
-    cmask = list(masks)
-    cmem = mem.tolist()
-    if problem.colocate:
-        cmask = [-1] * n
-        cmem = [0.0] * n
-        for v in range(n):
-            r = cls.find(v)
-            cmask[r] &= masks[v]
-            cmem[r] += float(mem[v])
+    rep_arr = np.asarray(s.rep, dtype=np.int64)
+    roots = np.unique(rep_arr)
+    topo = problem.graph.topo_order()
+    topo_pos = np.empty(n, dtype=np.int64)
+    topo_pos[topo] = np.arange(n)
+    first_arr = np.full(n, n, dtype=np.int64)
+    np.minimum.at(first_arr, rep_arr, topo_pos)
+    roots = roots[np.argsort(first_arr[roots], kind="stable")]
 
-    has_coloc = bool(problem.colocate)
-    rep = list(range(n))  # rep[v]: the supernode (a node id) v belongs to
-    members: list[list[int] | None] = [[v] for v in range(n)]
-    sw = weight.tolist()
-    sm = mem.tolist()
-    smask = list(masks)
-    succ: list[set | None] = [set() for _ in range(n)]
-    pred: list[set | None] = [set() for _ in range(n)]
-    src, dst = problem.src.tolist(), problem.dst.tolist()
-    for u, v in zip(src, dst):
-        succ[u].add(v)
-        pred[v].add(u)
-    count = n
+    if stats is not None:
+        stats.update(after_edge_merging=s.count, used_ranges=s.count > target)
+    lookup = np.empty(n, dtype=np.int64)
+    if s.count > target:  # phase 2
+        seq = _dfs_topological(roots.tolist(), s.succ, s.pred, first_arr.tolist())
+        labels = _range_partition(seq, s.sw, s.sm, s.smask, target, s.cap_of, mem_frac,
+                                  (s.cls, s.cmask, s.cmem) if s.has_coloc else None,
+                                  needs_masks=s.has_coloc or any(m != s.masks[0] for m in s.masks))
+        lookup[seq] = labels
+    else:
+        lookup[roots] = np.arange(len(roots))
+    owner = lookup[rep_arr]
+    k = int(owner.max()) + 1
+    groups = _groups_from_owner(owner, topo_pos, k)
+    coarse = contract_problem(problem, groups, owner)
+    if stats is not None:
+        stats["seconds"] = time.perf_counter() - t0
+    return coarse, groups
 
-    def can_merge(a: int, b: int) -> bool:
-        m = smask[a] & smask[b]
-        if not m or sw[a] + sw[b] > cap_w or sm[a] + sm[b] > mem_frac * cap_of(m):
+
+class _Supernodes:
+    """The supernode graph of phase 1: ``rep[v]`` the supernode (a node id) ``v`` belongs to,
+    per supernode its members, compute ``sw``, memory ``sm``, device mask ``smask`` and
+    adjacency sets; the co-location classes (``cls``, with mask ``cmask`` and memory ``cmem``
+    per class root) merge along with them."""
+
+    def __init__(self, problem: Problem, weight: np.ndarray, cap_w: float, mem_frac: float):
+        n = problem.num_nodes
+        self.masks = _device_masks(problem).tolist()
+        self.cap_of = _mask_capacity(problem.capacity)
+        self.cap_w, self.mem_frac = cap_w, mem_frac
+        mem = problem.mem
+        # co-location classes over fine nodes: mask = AND, mem = sum
+        self.cls = cls = _UnionFind(n)
+        for grp in problem.colocate:
+            grp = [int(v) for v in grp]
+            for v in grp[1:]:
+                a, b = cls.find(grp[0]), cls.find(v)
+                if a != b:
+                    cls.parent[b] = a
+        self.cmask, self.cmem = list(self.masks), mem.tolist()
+        if problem.colocate:
+            self.cmask, self.cmem = [-1] * n, [0.0] * n
+            for v in range(n):
+                r = cls.find(v)
+                self.cmask[r] &= self.masks[v]
+                self.cmem[r] += float(mem[v])
+        self.has_coloc = bool(problem.colocate)
+        self.rep = list(range(n))
+        self.members: list[list[int] | None] = [[v] for v in range(n)]
+        self.sw, self.sm, self.smask = weight.tolist(), mem.tolist(), list(self.masks)
+        self.succ: list[set | None] = [set() for _ in range(n)]
+        self.pred: list[set | None] = [set() for _ in range(n)]
+        for u, v in zip(problem.src.tolist(), problem.dst.tolist()):
+            self.succ[u].add(v)
+            self.pred[v].add(u)
+        self.count = n
+
+    def can_merge(self, a: int, b: int) -> bool:
+        """Whether supernodes ``a`` and ``b`` may become one (device, compute, memory and
+        co-location limits)."""
+        sw, sm, cap_of = self.sw, self.sm, self.cap_of
+        m = self.smask[a] & self.smask[b]
+        if not m or sw[a] + sw[b] > self.cap_w or sm[a] + sm[b] > self.mem_frac * cap_of(m):
             return False
-        if has_coloc:
+        if self.has_coloc:
+            cls, cmask, cmem = self.cls, self.cmask, self.cmem
             ca, cb = cls.find(a), cls.find(b)
             if ca != cb:
                 cm = cmask[ca] & cmask[cb]
@@ -169,7 +202,9 @@ def coarsen(problem: Problem, target: int, weight_cap: float = 2.0, mem_frac: fl
                     return False
         return True
 
-    def merge(a: int, b: int) -> None:
+    def merge(self, a: int, b: int) -> None:
+        """Contract supernodes ``a`` and ``b`` (the smaller one is relabelled)."""
+        members, succ, pred = self.members, self.succ, self.pred
         if len(members[a]) < len(members[b]):
             a, b = b, a  # relabel the smaller supernode
         sa, pa = succ[a], pred[a]
@@ -188,70 +223,48 @@ def coarsen(problem: Problem, target: int, weight_cap: float = 2.0, mem_frac: fl
         sa.discard(b)
         pa.discard(b)
         succ[b] = pred[b] = None
+        rep = self.rep
         for v in members[b]:
             rep[v] = a
         members[a].extend(members[b])
         members[b] = None
-        sw[a] += sw[b]
-        sm[a] += sm[b]
-        smask[a] &= smask[b]
-        if has_coloc:
+        self.sw[a] += self.sw[b]
+        self.sm[a] += self.sm[b]
+        self.smask[a] &= self.smask[b]
+        if self.has_coloc:
+            cls, cmask, cmem = self.cls, self.cmask, self.cmem
             ca, cb = cls.find(a), cls.find(b)
             if ca != cb:
                 cls.parent[cb] = ca
                 cmask[ca] &= cmask[cb]
                 cmem[ca] += cmem[cb]
+        self.count -= 1
 
-    # phase 1: edge merging, largest tensors first
-    eorder = np.argsort(-problem.ebytes, kind="stable").tolist()
-    # Tier 1 merges pure chain links (U's only successor is V and V's only predecessor is U),
-    # which cost no parallelism; tier 2 also merges a node into its only consumer or its only
-    # producer (e.g. a branch into its join), which can serialise branches.
-    for both in (True, False):
-        for _ in range(max_passes):
-            merged = 0
-            for k in eorder:
-                if count <= target:
+    def merge_edges(self, problem: Problem, target: int, max_passes: int) -> None:
+        """Phase 1: contract edges, largest tensors first, until ``target`` supernodes remain
+        or nothing merges. Tier 1 merges pure chain links (U's only successor is V and V's
+        only predecessor is U), which cost no parallelism; tier 2 also merges a node into its
+        only consumer or its only producer (e.g. a branch into its join), which can
+        serialise branches."""
+        eorder = np.argsort(-problem.ebytes, kind="stable").tolist()
+        src, dst = problem.src.tolist(), problem.dst.tolist()
+        rep, succ, pred = self.rep, self.succ, self.pred
+        for both in (True, False):
+            for _ in range(max_passes):
+                merged = 0
+                for k in eorder:
+                    if self.count <= target:
+                        break
+                    a, b = rep[src[k]], rep[dst[k]]
+                    if a == b:
+                        continue
+                    one_out, one_in = len(succ[a]) == 1, len(pred[b]) == 1
+                    if (both and not (one_out and one_in)) or not (one_out or one_in) or not self.can_merge(a, b):
+                        continue
+                    self.merge(a, b)
+                    merged += 1
+                if merged == 0 or self.count <= target:
                     break
-                a, b = rep[src[k]], rep[dst[k]]
-                if a == b:
-                    continue
-                one_out, one_in = len(succ[a]) == 1, len(pred[b]) == 1
-                if (both and not (one_out and one_in)) or not (one_out or one_in) or not can_merge(a, b):
-                    continue
-                merge(a, b)
-                count -= 1
-                merged += 1
-            if merged == 0 or count <= target:
-                break
-
-    rep_arr = np.asarray(rep, dtype=np.int64)
-    roots = np.unique(rep_arr)
-    topo = problem.graph.topo_order()
-    topo_pos = np.empty(n, dtype=np.int64)
-    topo_pos[topo] = np.arange(n)
-    first_arr = np.full(n, n, dtype=np.int64)
-    np.minimum.at(first_arr, rep_arr, topo_pos)
-    roots = roots[np.argsort(first_arr[roots], kind="stable")]
-
-    if stats is not None:
-        stats.update(after_edge_merging=count, used_ranges=count > target)
-    lookup = np.empty(n, dtype=np.int64)
-    if count > target:
-        seq = _dfs_topological(roots.tolist(), succ, pred, first_arr.tolist())
-        labels = _range_partition(seq, sw, sm, smask, target, cap_of, mem_frac,
-                                  (cls, cmask, cmem) if has_coloc else None,
-                                  needs_masks=has_coloc or any(m != masks[0] for m in masks))
-        lookup[seq] = labels
-    else:
-        lookup[roots] = np.arange(len(roots))
-    owner = lookup[rep_arr]
-    k = int(owner.max()) + 1
-    groups = _groups_from_owner(owner, topo_pos, k)
-    coarse = contract_problem(problem, groups, owner)
-    if stats is not None:
-        stats["seconds"] = time.perf_counter() - t0
-    return coarse, groups
 
 
 def _dfs_topological(roots, succ, pred, first) -> list[int]:
@@ -412,6 +425,7 @@ def expand_plan(plan: Plan, groups: list[list[int]], fine_problem: Problem) -> P
     --------
     >>> from tvm_pesto.bench.random_dag import dnn_like_problem
     >>> problem = dnn_like_problem(100, cluster="2xV100-nvlink")   # 100 ops, 2 GPUs
+    >>> from tvm_pesto.plan import simulate
     >>> from tvm_pesto.solve import solve
     >>> coarse, groups = coarsen(problem, target=40)
     >>> fine_plan = expand_plan(solve(coarse, "heft"), groups, problem)
@@ -441,95 +455,3 @@ def expand_plan(plan: Plan, groups: list[list[int]], fine_problem: Problem) -> P
     flat = order_all.tolist()
     order = [flat[bounds[d]:bounds[d + 1]] for d in range(fine_problem.num_devices)]
     return Plan(assignment, order, solver=plan.solver, solve_s=plan.solve_s, info=dict(plan.info))
-
-
-def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3.0, solver: str = "cbc",
-                     warm_start: Plan | None = None, gap: float | None = 1e-4, pairs: int | None = None,
-                     fine_heuristics: bool = True, msg: bool = False, threads: int | None = None,
-                     deterministic: bool | None = None, objective: str = "latency", microbatches: int | None = None,
-                     **coarsen_opts) -> Plan:
-    """Coarsen, solve the ILP on the supernodes, expand, and re-simulate on the fine graph.
-
-    The returned plan is the best (simulated on the fine graph) of: the expanded ILP plan,
-    the expanded coarse warm start, ``warm_start`` and, when ``fine_heuristics``, the
-    heuristics run on the fine graph, so it is never worse than any of them.
-
-    ``info`` holds the coarse solve's info with a ``coarse_`` prefix: ``coarse_status`` is
-    the coarse MIP's real outcome (``optimal``, ``time_limit``, ``infeasible``, ...; see
-    :func:`~tvm_pesto.solve.ilp_model.solve_ilp`), ``coarse_timed_out``, ``coarse_mip_gap``;
-    ``budget`` and ``deterministic`` (with ``deterministic_reason`` when False) are the
-    coarse MIP's, unprefixed.
-
-    Parameters
-    ----------
-    problem : Problem
-    target : int
-        Supernodes for the ILP.
-    time_limit_s : float
-        Limit for the MIP solver.
-    solver, gap, pairs, msg, threads, deterministic, objective, microbatches
-        Passed to :func:`tvm_pesto.solve.ilp_model.solve_ilp` (``deterministic``: a node
-        limit instead of the time limit, see :mod:`tvm_pesto.solve.budget`); the candidates
-        are compared on ``objective`` (op model).
-    warm_start : Plan, optional
-        A plan of the fine problem to compare against.
-    fine_heuristics : bool
-        Also run the heuristics (:mod:`tvm_pesto.solve.portfolio`) on the fine graph (about
-        20 s for 100k nodes).
-    **coarsen_opts
-        ``weight_cap``, ``mem_frac``, ``max_passes`` of :func:`coarsen`.
-
-    Examples
-    --------
-    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
-    >>> problem = dnn_like_problem(100, cluster="2xV100-nvlink")   # 100 ops, 2 GPUs
-    >>> plan = solve_coarse_ilp(problem, target=10, time_limit_s=5, deterministic=True)
-    >>> plan.info["coarse_nodes"] <= 10, len(plan.assignment)
-    (True, 100)
-    """
-    t0 = time.perf_counter()
-    coarse, groups = coarsen(problem, target, **coarsen_opts)
-    t_coarsen = time.perf_counter() - t0
-    cwarm, _ = best_heuristic_plan(coarse)
-    cplan = solve_ilp(coarse, time_limit_s=time_limit_s, solver=solver, warm_start=cwarm, gap=gap, pairs=pairs,
-                      msg=msg, threads=threads, deterministic=deterministic, objective=objective,
-                      microbatches=microbatches)
-    score = _scorer(problem, objective, microbatches)
-    t_ilp = time.perf_counter() - t0 - t_coarsen
-    info = {f"coarse_{k}": v for k, v in cplan.info.items()}
-    info.update(budget=cplan.info.get("budget"), **combine(cplan.info))
-    info.update(coarse_nodes=coarse.num_nodes, fine_nodes=problem.num_nodes, coarsen_s=t_coarsen, ilp_s=t_ilp)
-
-    candidates: list[tuple[str, Plan]] = [("ilp", expand_plan(cplan, groups, problem))]
-    if cwarm is not None:
-        candidates.append((f"coarse_{cwarm.solver}", expand_plan(cwarm, groups, problem)))
-    if warm_start is not None:
-        candidates.append(("warm_start", warm_start))
-    if fine_heuristics:
-        t1 = time.perf_counter()
-        hplan, spans = best_heuristic_plan(problem)
-        info["fine_heuristic_s"] = time.perf_counter() - t1
-        info["fine_heuristic_makespans_s"] = spans
-        if hplan is not None:
-            candidates.append((hplan.solver, hplan))
-    best = None
-    spans: dict[str, float] = {}
-    for name, cand in candidates:
-        try:
-            span = score(simulate(problem, cand))
-        except PestoError as e:
-            info[f"rejected_{name}"] = str(e)
-            continue
-        spans[name] = span
-        if best is None or span < spans[best[0]]:
-            best = (name, cand)
-    if best is None:
-        raise PlanError(f"{problem.graph.name}: neither the expanded ILP plan nor any heuristic plan is feasible "
-                        "on the fine graph; the coarse memory model undercounts received tensors; "
-                        "use a larger target or devices with more memory")
-    name, chosen = best
-    info.update(candidate_makespans_s=spans, source=name, objective_value_s=spans[name],
-                makespan_s=simulate(problem, chosen).makespan if objective != "latency" else spans[name])
-    if name != "ilp":
-        info["note"] = f"the expanded ILP plan was not the best on the fine graph; returning {name}'s plan"
-    return Plan(chosen.assignment, chosen.order, solver="ilp", solve_s=time.perf_counter() - t0, info=info)

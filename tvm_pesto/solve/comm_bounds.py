@@ -44,8 +44,9 @@ import numpy as np
 from ..errors import PestoError
 from ..graph.opgraph import OpGraph, OpNode
 from ..plan.problem import Problem
+from ..plan.stage import io_rates
 from .budget import Meter, combine
-from .ilp_model import solve_ilp
+from .ilp_solve import solve_ilp
 
 _SAFETY = 1e-6  # relative margin against MIP solver tolerances
 
@@ -312,8 +313,6 @@ def path_memory_bound(problem: Problem, path: list[int] | None = None, max_state
     L = len(path)
     trans = np.full((max(L - 1, 0), ncls, ncls), np.inf)
     if stage:
-        from ..plan.stage import io_rates
-
         io_lat, io_inv = io_rates(problem.cluster)
     for i in range(L - 1):
         b = problem.graph.edge_bytes(path[i], path[i + 1])

@@ -327,7 +327,8 @@ def brute_force_cover(graph, node_sets, costs) -> CoverResult:
     >>> brute_force_cover(g, [[0], [1], [0, 1]], [1.0, 1.0, 1.5]).cost
     1.5
     """
-    from ..candidates.generate import combined_acyclic
+    # lazy: loads TVM's compiler, which importing this module does not
+    from ..candidates.convex import combined_acyclic
 
     t0 = time.perf_counter()
     k = len(node_sets)

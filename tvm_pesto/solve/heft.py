@@ -152,7 +152,7 @@ def solve(problem: Problem, insertion: bool = True, pins: dict | None = None) ->
         Let a node use an idle gap between two already-scheduled nodes (classic HEFT).
     pins : dict, optional
         ``{node: device}`` for nodes that go to a given device whenever it can hold them
-        (e.g. a critical path cut into runs, see :func:`tvm_pesto.solve.refine.critical_path_splits`);
+        (e.g. a critical path cut into runs, see :func:`tvm_pesto.solve.polish.critical_path_splits`);
         the other nodes keep off the pinned devices while another device can take them.
 
     Returns

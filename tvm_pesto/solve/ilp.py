@@ -3,7 +3,8 @@ expand, re-optimise windows of the schedule (large-neighbourhood search), and po
 plan with local search.
 
 This module only orchestrates. The MIP itself (one problem -> one MIP -> a plan) is
-:mod:`tvm_pesto.solve.ilp_model`, coarsening :mod:`tvm_pesto.solve.coarsen`, the window
+:mod:`tvm_pesto.solve.ilp_model` (solved by :mod:`tvm_pesto.solve.ilp_solve`), coarsening
+:mod:`tvm_pesto.solve.coarsen` (the MIP on supernodes :mod:`tvm_pesto.solve.coarse_ilp`), the window
 search :mod:`tvm_pesto.solve.lns`, the local search :mod:`tvm_pesto.solve.refine`, the
 stage-model MIP :mod:`tvm_pesto.solve.stage_ilp` and the cheap lower bounds that stop the
 searches early :mod:`tvm_pesto.solve.bounds` / :mod:`tvm_pesto.solve.comm_bounds`.
@@ -30,12 +31,13 @@ from ..plan import Plan, Problem, simulate
 from ..plan.objective import check_choice
 from .bounds import lower_bound
 from .budget import combine, mode_name
-from .coarsen import solve_coarse_ilp
+from .coarse_ilp import solve_coarse_ilp
 from .comm_bounds import path_memory_bound
-from .ilp_model import _scorer, solve_ilp
+from .ilp_solve import _scorer, solve_ilp
 from .lns import lns
 from .portfolio import HEURISTIC_SOLVERS
-from .refine import critical_path_splits, polish
+from .polish import critical_path_splits, polish
+from .stage_ilp import solve as stage_solve
 
 
 def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_s: float | None = None,
@@ -52,8 +54,8 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     off) from the best of the
     expanded plan and the heuristics in ``lns_starts`` (run on the fine graph unless
     ``fine_heuristics`` already did); then polish the plan for up to ``refine_s`` seconds
-    (default: ``time_limit_s``; 0 turns it off): :func:`tvm_pesto.solve.refine.polish` from
-    the plan and from :func:`~tvm_pesto.solve.refine.critical_path_splits`. Stage model: the
+    (default: ``time_limit_s``; 0 turns it off): :func:`tvm_pesto.solve.polish.polish` from
+    the plan and from :func:`~tvm_pesto.solve.polish.critical_path_splits`. Stage model: the
     stage MIP of :mod:`tvm_pesto.solve.stage_ilp`.
 
     ``info["refine"]`` and ``info["lns"]`` say what the searches did; ``info["source"]``
@@ -62,7 +64,7 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     an improvement came from.
 
     ``info["status"]`` (direct solve) or ``info["coarse_status"]`` (coarsened graph) is the
-    MIP's real outcome, see :func:`~tvm_pesto.solve.ilp_model.solve_ilp`; a coarse
+    MIP's real outcome, see :func:`~tvm_pesto.solve.ilp_solve.solve_ilp`; a coarse
     ``optimal`` is optimal for the supernode graph only, so a coarsened solve carries no
     top-level ``status``.
 
@@ -73,7 +75,7 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     the mode, ``info["deterministic"]`` says whether no clock decided the plan (else
     ``info["deterministic_reason"]`` says which one did).
 
-    ``opts`` go to :func:`~tvm_pesto.solve.ilp_model.solve_ilp` (``solver``, ``gap``,
+    ``opts`` go to :func:`~tvm_pesto.solve.ilp_solve.solve_ilp` (``solver``, ``gap``,
     ``pairs``, ``warm_start``, ``msg``) and, for coarsened graphs, to
     :func:`tvm_pesto.solve.coarsen.solve_coarse_ilp` (``fine_heuristics``, ``weight_cap``,
     ``mem_frac``, ``max_passes``); ``lns_options`` to :func:`~tvm_pesto.solve.lns.lns`
@@ -89,8 +91,6 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     """
     model, objective, microbatches = check_choice(model, objective, microbatches)
     if model == "stage":
-        from .stage_ilp import solve as stage_solve
-
         return stage_solve(problem, objective=objective, microbatches=microbatches, time_limit_s=time_limit_s,
                            deterministic=deterministic, **{k: v for k, v in opts.items() if k in ("msg", "warm_start")})
     t0 = time.perf_counter()

@@ -51,7 +51,8 @@ from ..plan.problem import JointProblem, Problem
 from ..plan.simulate import simulate
 from .budget import combine, mode_name
 from .cover import CoverResult, best_cover
-from .registry import solve as place_units
+from .joint_search import improve
+from .registry import get_solver, solve as place_units
 
 #: Graphs up to this many ops (and with few unordered pairs) may go to the joint ILP.
 JOINT_ILP_MAX_NODES = 60
@@ -145,6 +146,7 @@ def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_l
     """The joint ILP warm-started from ``cover`` on the busiest device that can run all of
     it; ``None`` when the graph is too large for it, or no device runs the whole cover and
     the ILP, started cold, finds nothing."""
+    # lazy: loads TVM's compiler and PuLP (the MIP solvers), which importing this module does not
     from .joint_ilp import concurrent_pairs, joint_ilp
 
     g = problem.graph
@@ -185,6 +187,24 @@ def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_l
     return jplan, jplaced, jcover, span, jr.info
 
 
+def _candidate_covers(problem: JointProblem) -> dict[tuple, CoverResult]:
+    """The cheapest cover on each kind of device, for each candidate size cap of
+    :func:`cover_caps` (``info["cap"]``), by the sorted candidates it chooses."""
+    covers: dict[tuple, CoverResult] = {}
+    node_sets = [c.nodes for c in problem.candidates]
+    sizes = np.array([len(c.nodes) for c in problem.candidates])
+    for d in device_kinds(problem):
+        for cap in cover_caps(sizes, problem.num_devices):
+            costs = np.where(sizes <= cap, problem.costs[:, d], np.inf)
+            try:
+                cr = best_cover(problem.graph, node_sets, costs, exact_work=0 if cap < sizes.max() else 2_000_000)
+            except PestoError:
+                continue
+            cr.info["cap"] = int(cap)
+            covers.setdefault(tuple(sorted(cr.chosen)), cr)
+    return covers
+
+
 def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float = 30.0, search_s: float | None = None,
                 deterministic: bool | None = None, **solver_options) -> tuple[Plan, Problem]:
     """Choose a cover, place and order its units, and improve both together.
@@ -218,8 +238,6 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     InfeasibleError
         When no cover fits the devices' memory or some op cannot run anywhere.
     """
-    from .registry import get_solver
-
     t0 = time.perf_counter()
     get_solver(solver)  # an unknown name fails here, listing the known ones
     options = dict(solver_options)
@@ -237,18 +255,7 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     # 1. the cheapest cover on each kind of device, placed; with several devices also the
     #    cheapest covers by smaller candidates (a large call can block parallelism); keep the best
     best = None
-    covers: dict[tuple, CoverResult] = {}
-    node_sets = [c.nodes for c in problem.candidates]
-    sizes = np.array([len(c.nodes) for c in problem.candidates])
-    for d in device_kinds(problem):
-        for cap in cover_caps(sizes, problem.num_devices):
-            costs = np.where(sizes <= cap, problem.costs[:, d], np.inf)
-            try:
-                cr = best_cover(problem.graph, node_sets, costs, exact_work=0 if cap < sizes.max() else 2_000_000)
-            except PestoError:
-                continue
-            cr.info["cap"] = int(cap)
-            covers.setdefault(tuple(sorted(cr.chosen)), cr)
+    covers = _candidate_covers(problem)
     reports = [{"deterministic": True}]  # each budgeted step's report: did a clock decide it?
     errors: list[PestoError] = []
     for cr in covers.values():
@@ -274,8 +281,6 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     # 2. joint local search: devices and backends together ("single" is the one-device baseline)
     budget = 5.0 if search_s is None else float(search_s)
     if budget > 0 and solver != "single":
-        from .joint_search import improve
-
         plan, placed, cover, span, sinfo = improve(problem, plan, placed, cover, budget_s=budget,
                                                    deterministic=deterministic)
         info["search"] = sinfo

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pulp
 
-from ..candidates.generate import Reach
+from ..candidates.convex import Reach
 from ..errors import InfeasibleError, PestoError, SolverError
 from .cover import CoverResult, collage_dp
 from .mip import add_var, lin, solve_mip
@@ -214,8 +214,60 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
     t0 = time.perf_counter()
     n, D = graph.num_nodes, cluster.num_devices
     costs = np.asarray(costs, dtype=np.float64).reshape(len(node_sets), D)
-    K = len(node_sets)
     sets = [tuple(sorted(s)) for s in node_sets]
+    keep, cov = _kept_candidates(graph, sets, costs, prune, warm)
+    feas = {(c, d) for c in sorted(keep) for d in range(D) if np.isfinite(costs[c, d]) and sets[c]}
+    wstart, wdev, ub = _warm_and_bound(graph, sets, costs, cov, feas, warm, warm_device)
+    ub_s = ub * (1 + 1e-6) + 1e-12
+    ts = _SCALE / ub_s
+    m = _build_model(graph, sets, costs, cluster, keep, cov, feas, ts, ub_s * ts, memory, colocate)
+    if wstart is not None:
+        m.set_warm(warm.chosen, sets, costs, wstart, wdev, ub)
+    build_s = time.perf_counter() - t0
+    res = solve_mip(m.prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, deterministic=deterministic)
+    info = {"candidates_kept": len(keep), "num_vars": len(m.prob.variables()),
+            "num_constraints": m.prob.numConstraints(), "build_s": build_s, "order_binaries": len(m.o),
+            "time_limit_s": time_limit_s, **res.info(ts)}
+    if wstart is None:
+        _check_without_warm(graph, res)
+    if res.has_solution:
+        chosen, device, start, obj = m.solution(sets)
+        if _is_cover(n, sets, chosen) and (wstart is None or obj <= ub * (1 + 1e-6)):
+            chosen.sort(key=lambda c: (round(start[c], 12), sets[c][0]))
+            info["source"] = "ilp"
+            return JointResult(chosen, device, start, obj, time.perf_counter() - t0, info)
+        info["note"] = "the ILP's answer was not a valid cover; returning the warm start"
+    if wstart is None:
+        raise SolverError(f"the joint ILP found no solution within its {time_limit_s} s budget (status {res.status}) "
+                          "and there is no warm start; raise time_limit_s or pass the Collage-DP cover as warm start")
+    if not res.has_solution:
+        info["note"] = f"the ILP ended {res.status} without a solution; returning the warm start"
+    info["source"] = "warm_start"
+    return JointResult(list(warm.chosen), dict(wdev), dict(wstart), float(ub), time.perf_counter() - t0, info)
+
+
+def _check_without_warm(graph, res) -> None:
+    """Raise when the MIP solvers failed or the model is infeasible: with no warm start,
+    there is nothing to return."""
+    if res.status == "solver_failed":
+        raise SolverError(f"the MIP solvers failed on the joint model ({'; '.join(res.failures)}); "
+                          "pass the Collage-DP cover as warm start")
+    if res.status == "infeasible":
+        raise InfeasibleError(f"{graph.name}: the joint ILP has no feasible choice of candidates and devices; "
+                              "most likely the weights and outputs do not fit the devices' memory; add devices "
+                              "or memory, or pass memory=False")
+
+
+def _kept_candidates(graph, sets, costs: np.ndarray, prune: bool, warm) -> tuple[set, list[list[int]]]:
+    """The candidates the model keeps (undominated ones and the warm start's, with ``prune``)
+    and, per node, the kept candidates with a finite cost that cover it.
+
+    Raises
+    ------
+    InfeasibleError
+        When a node has no candidate with a finite cost.
+    """
+    n, K = graph.num_nodes, len(sets)
     cov: list[list[int]] = [[] for _ in range(n)]
     for c in range(K):
         if np.isfinite(costs[c]).any():
@@ -230,9 +282,13 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         if warm is not None:
             keep |= set(warm.chosen)
         cov = [[c for c in cv if c in keep] for cv in cov]
-    feas = {(c, d) for c in sorted(keep) for d in range(D) if np.isfinite(costs[c, d]) and sets[c]}
+    return keep, cov
 
-    # warm start and upper bound
+
+def _warm_and_bound(graph, sets, costs: np.ndarray, cov, feas: set, warm, warm_device):
+    """The warm start's schedule (start and device per chosen candidate; None without one)
+    and the makespan bound: the warm start's makespan, else every node at its cheapest."""
+    n, K, D = graph.num_nodes, len(sets), costs.shape[1]
     wstart = wdev = None
     ub = None
     if warm is not None:
@@ -247,136 +303,146 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         ub = float(sum(min(costs[c, d] for c in cov[v] for d in range(D) if (c, d) in feas) for v in range(n)))
         ub = max(ub, float(sum(np.min(np.where(np.isfinite(costs[c]), costs[c], np.inf)) for c in range(K)
                                if np.isfinite(costs[c]).any())))
-    ub_s = ub * (1 + 1e-6) + 1e-12
-    ts = _SCALE / ub_s
-    UB = ub_s * ts
+    return wstart, wdev, ub
 
+
+@dataclass
+class _Model:
+    """The joint MIP (module docstring): its problem and variables, ``cov[v]`` the kept
+    candidates that cover node ``v``, ``ts`` model units per second, ``UB`` the bound."""
+
+    prob: pulp.LpProblem
+    x: dict
+    S: list
+    F: list
+    M: pulp.LpVariable
+    cov: list
+    ts: float
+    UB: float
+    num_devices: int
+    o: dict = field(default_factory=dict)
+
+    def X(self, v, d) -> list:
+        """Terms of node ``v``'s device indicator for device ``d``."""
+        return [(self.x[c, d], 1.0) for c in self.cov[v] if (c, d) in self.x]
+
+    def same(self, u, w) -> list:
+        """Terms that sum to 1 when ``u`` and ``w`` are in one chosen candidate."""
+        common = set(self.cov[u]) & set(self.cov[w])
+        return [(self.x[c, d], 1.0) for c in sorted(common) for d in range(self.num_devices) if (c, d) in self.x]
+
+    def add(self, terms, sense, rhs: float, name: str) -> None:
+        """The constraint ``sum(terms) <sense> rhs`` named ``name``."""
+        self.prob += pulp.LpConstraint(lin(terms), sense, rhs=rhs), name
+
+    def set_warm(self, chosen, sets, costs, wstart: dict, wdev: dict, ub: float) -> None:
+        """Every variable's value in the warm start (``chosen`` on ``wdev``, starting at ``wstart``)."""
+        ts, UB = self.ts, self.UB
+        chosen_of = {}
+        for c in chosen:
+            for v in sets[c]:
+                chosen_of[v] = c
+        for (c, d), var in self.x.items():
+            var.setInitialValue(1.0 if (c in wdev and wdev[c] == d) else 0.0)
+        for v in range(len(self.S)):
+            c = chosen_of[v]
+            self.S[v].setInitialValue(min(wstart[c] * ts, UB))
+            self.F[v].setInitialValue(min((wstart[c] + costs[c, wdev[c]]) * ts, UB))
+        self.M.setInitialValue(min(ub * ts, UB))
+        for (u, w), var in self.o.items():
+            var.setInitialValue(1.0 if wstart[chosen_of[u]] <= wstart[chosen_of[w]] else 0.0)
+
+    def solution(self, sets) -> tuple[list[int], dict, dict, float]:
+        """The chosen candidates, their devices and start times (seconds) and the makespan."""
+        xv = {(c, d): (var.value() or 0.0) for (c, d), var in self.x.items()}
+        chosen, device = [], {}
+        for (c, d), val in xv.items():
+            if val > 0.5:
+                chosen.append(c)
+                device[c] = d
+        start = {c: float((self.S[sets[c][0]].value() or 0.0) / self.ts) for c in chosen}
+        return chosen, device, start, float((self.M.value() or 0.0) / self.ts)
+
+
+def _build_model(graph, sets, costs, cluster, keep: set, cov, feas: set, ts: float, UB: float, memory: bool,
+                 colocate) -> _Model:
+    """The variables and constraints of the module docstring, in its order."""
+    n, D = graph.num_nodes, cluster.num_devices
     prob = pulp.LpProblem(f"joint_{re.sub(r'[^A-Za-z0-9_]', '_', graph.name)}", pulp.LpMinimize)
     x = {(c, d): add_var(prob, f"x_{c}_{d}", 0, 1, pulp.LpBinary) for (c, d) in sorted(feas)}
     S = [add_var(prob, f"S_{v}", 0, UB) for v in range(n)]
     F = [add_var(prob, f"F_{v}", 0, UB) for v in range(n)]
     M = add_var(prob, "M", 0, UB)
     prob += lin([(M, 1.0)]), "makespan"
-
-    def X(v, d):
-        return [(x[c, d], 1.0) for c in cov[v] if (c, d) in x]
-
-    def same(u, w):
-        common = set(cov[u]) & set(cov[w])
-        return [(x[c, d], 1.0) for c in sorted(common) for d in range(D) if (c, d) in x]
-
+    m = _Model(prob, x, S, F, M, cov, ts, UB, D)
     for v in range(n):
-        prob += pulp.LpConstraint(lin([(x[c, d], 1.0) for c in cov[v] for d in range(D) if (c, d) in x]),
-                                  pulp.LpConstraintEQ, rhs=1.0), f"cover_{v}"
+        m.add([(x[c, d], 1.0) for c in cov[v] for d in range(D) if (c, d) in x], pulp.LpConstraintEQ, 1.0,
+              f"cover_{v}")
         terms = [(F[v], 1.0), (S[v], -1.0)] + [(x[c, d], -costs[c, d] * ts) for c in cov[v]
                                                for d in range(D) if (c, d) in x]
-        prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintGE, rhs=0.0), f"dur_{v}"
-        prob += pulp.LpConstraint(lin([(M, 1.0), (F[v], -1.0)]), pulp.LpConstraintGE, rhs=0.0), f"span_{v}"
+        m.add(terms, pulp.LpConstraintGE, 0.0, f"dur_{v}")
+        m.add([(M, 1.0), (F[v], -1.0)], pulp.LpConstraintGE, 0.0, f"span_{v}")
     for c in sorted(keep):
         ys = [(x[c, d], 1.0) for d in range(D) if (c, d) in x]
         if not ys or len(sets[c]) < 2:
             continue
         for k, (a, b) in enumerate(zip(sets[c], sets[c][1:])):
             yterm = [(var, UB) for var, _ in ys]
-            prob += pulp.LpConstraint(lin([(S[a], 1.0), (S[b], -1.0)] + yterm), pulp.LpConstraintLE,
-                                      rhs=UB), f"sync_{c}_{k}"
-            prob += pulp.LpConstraint(lin([(S[b], 1.0), (S[a], -1.0)] + yterm), pulp.LpConstraintLE,
-                                      rhs=UB), f"syncr_{c}_{k}"
-    edges = [(int(u), int(v), int(b)) for u, v, b in graph.edges()]
-    for u, v, b in edges:
-        sm = [(var, UB) for var, _ in same(u, v)]
-        prob += pulp.LpConstraint(lin([(S[v], 1.0), (F[u], -1.0)] + sm), pulp.LpConstraintGE, rhs=0.0), \
-            f"prec_{u}_{v}"
-        if D > 1:
-            for a in range(D):
-                for e in range(D):
-                    if a == e:
-                        continue
-                    tr = cluster.transfer_s(a, e, b) * ts
-                    big = UB + tr  # relaxes S[v] - F[u] >= tr down to -UB (always true)
-                    terms = [(S[v], 1.0), (F[u], -1.0)] + [(var, -big) for var, _ in X(u, a)] + \
-                        [(var, -big) for var, _ in X(v, e)]
-                    prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintGE, rhs=tr - 2 * big), \
-                        f"comm_{u}_{v}_{a}_{e}"
-    o = {}
+            m.add([(S[a], 1.0), (S[b], -1.0)] + yterm, pulp.LpConstraintLE, UB, f"sync_{c}_{k}")
+            m.add([(S[b], 1.0), (S[a], -1.0)] + yterm, pulp.LpConstraintLE, UB, f"syncr_{c}_{k}")
+    _add_edges(m, graph, cluster)
     if D > 1:
-        for u, w in concurrent_pairs(graph):
-            o[u, w] = var = add_var(prob, f"o_{u}_{w}", 0, 1, pulp.LpBinary)
-            sm = [(s_, UB) for s_, _ in same(u, w)]
-            for a in range(D):
-                xs = [(t, -UB) for t, _ in X(u, a)] + [(t, -UB) for t, _ in X(w, a)]
-                if not X(u, a) or not X(w, a):
-                    continue
-                # o = 1: u before w; o = 0: w before u (relaxed unless both on device a, different candidates)
-                prob += pulp.LpConstraint(lin([(S[w], 1.0), (F[u], -1.0), (var, -UB)] + xs + sm),
-                                          pulp.LpConstraintGE, rhs=-3 * UB), f"ord_{u}_{w}_{a}"
-                prob += pulp.LpConstraint(lin([(S[u], 1.0), (F[w], -1.0), (var, UB)] + xs + sm),
-                                          pulp.LpConstraintGE, rhs=-2 * UB), f"ordr_{u}_{w}_{a}"
+        _add_orders(m, graph)
     for d in range(D):
         terms = [(x[c, d], -costs[c, d] * ts) for c in sorted(keep) if (c, d) in x]
-        prob += pulp.LpConstraint(lin([(M, 1.0)] + terms), pulp.LpConstraintGE, rhs=0.0), f"load_{d}"
+        m.add([(M, 1.0)] + terms, pulp.LpConstraintGE, 0.0, f"load_{d}")
     if memory:
         mem = graph.memory_array()
         caps = cluster.capacities()
         bs = 1.0 / max(float(mem.max()), 1.0)
         for d in range(D):
             terms = [(x[c, d], float(sum(mem[v] for v in sets[c])) * bs) for c in sorted(keep) if (c, d) in x]
-            prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintLE, rhs=float(caps[d]) * bs), f"mem_{d}"
+            m.add(terms, pulp.LpConstraintLE, float(caps[d]) * bs, f"mem_{d}")
     for g, grp in enumerate(colocate):  # ops that must share a device: the same device indicator
         for k, (u, w) in enumerate(zip(grp, grp[1:])):
             for d in range(D):
-                terms = X(u, d) + [(var, -1.0) for var, _ in X(w, d)]
-                prob += pulp.LpConstraint(lin(terms), pulp.LpConstraintEQ, rhs=0.0), f"coloc_{g}_{k}_{d}"
+                m.add(m.X(u, d) + [(var, -1.0) for var, _ in m.X(w, d)], pulp.LpConstraintEQ, 0.0,
+                      f"coloc_{g}_{k}_{d}")
+    return m
 
-    if wstart is not None:
-        chosen_of = {}
-        for c in warm.chosen:
-            for v in sets[c]:
-                chosen_of[v] = c
-        for (c, d), var in x.items():
-            var.setInitialValue(1.0 if (c in wdev and wdev[c] == d) else 0.0)
-        for v in range(n):
-            c = chosen_of[v]
-            S[v].setInitialValue(min(wstart[c] * ts, UB))
-            F[v].setInitialValue(min((wstart[c] + costs[c, wdev[c]]) * ts, UB))
-        M.setInitialValue(min(ub * ts, UB))
-        for (u, w), var in o.items():
-            var.setInitialValue(1.0 if wstart[chosen_of[u]] <= wstart[chosen_of[w]] else 0.0)
 
-    build_s = time.perf_counter() - t0
-    res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, deterministic=deterministic)
-    info = {"candidates_kept": len(keep), "num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(),
-            "build_s": build_s, "order_binaries": len(o), "time_limit_s": time_limit_s, **res.info(ts)}
-    if wstart is None and res.status == "solver_failed":
-        raise SolverError(f"the MIP solvers failed on the joint model ({'; '.join(res.failures)}); "
-                          "pass the Collage-DP cover as warm start")
-    if wstart is None and res.status == "infeasible":
-        raise InfeasibleError(f"{graph.name}: the joint ILP has no feasible choice of candidates and devices; "
-                              "most likely the weights and outputs do not fit the devices' memory; add devices "
-                              "or memory, or pass memory=False")
-    has = res.has_solution
-    if has:
-        xv = {(c, d): (var.value() or 0.0) for (c, d), var in x.items()}
-        chosen, device = [], {}
-        for (c, d), val in xv.items():
-            if val > 0.5:
-                chosen.append(c)
-                device[c] = d
-        start = {c: float((S[sets[c][0]].value() or 0.0) / ts) for c in chosen}
-        obj = float((M.value() or 0.0) / ts)
-        ok = _is_cover(n, sets, chosen)
-        if ok and (wstart is None or obj <= ub * (1 + 1e-6)):
-            chosen.sort(key=lambda c: (round(start[c], 12), sets[c][0]))
-            info["source"] = "ilp"
-            return JointResult(chosen, device, start, obj, time.perf_counter() - t0, info)
-        info["note"] = "the ILP's answer was not a valid cover; returning the warm start"
-    if wstart is None:
-        raise SolverError(f"the joint ILP found no solution within its {time_limit_s} s budget (status {res.status}) "
-                          "and there is no warm start; raise time_limit_s or pass the Collage-DP cover as warm start")
-    if not has:
-        info["note"] = f"the ILP ended {res.status} without a solution; returning the warm start"
-    info["source"] = "warm_start"
-    return JointResult(list(warm.chosen), dict(wdev), dict(wstart), float(ub), time.perf_counter() - t0, info)
+def _add_edges(m: _Model, graph, cluster) -> None:
+    """``prec_u_v`` per edge and, with several devices, ``comm_u_v_a_e`` per pair of devices."""
+    D, UB, S, F = cluster.num_devices, m.UB, m.S, m.F
+    edges = [(int(u), int(v), int(b)) for u, v, b in graph.edges()]
+    for u, v, b in edges:
+        sm = [(var, UB) for var, _ in m.same(u, v)]
+        m.add([(S[v], 1.0), (F[u], -1.0)] + sm, pulp.LpConstraintGE, 0.0, f"prec_{u}_{v}")
+        if D > 1:
+            for a in range(D):
+                for e in range(D):
+                    if a == e:
+                        continue
+                    tr = cluster.transfer_s(a, e, b) * m.ts
+                    big = UB + tr  # relaxes S[v] - F[u] >= tr down to -UB (always true)
+                    terms = [(S[v], 1.0), (F[u], -1.0)] + [(var, -big) for var, _ in m.X(u, a)] + \
+                        [(var, -big) for var, _ in m.X(v, e)]
+                    m.add(terms, pulp.LpConstraintGE, tr - 2 * big, f"comm_{u}_{v}_{a}_{e}")
+
+
+def _add_orders(m: _Model, graph) -> None:
+    """``o[u,w]`` per concurrent pair, with ``ord_u_w_a``/``ordr_u_w_a`` per device."""
+    UB, S, F = m.UB, m.S, m.F
+    for u, w in concurrent_pairs(graph):
+        m.o[u, w] = var = add_var(m.prob, f"o_{u}_{w}", 0, 1, pulp.LpBinary)
+        sm = [(s_, UB) for s_, _ in m.same(u, w)]
+        for a in range(m.num_devices):
+            xs = [(t, -UB) for t, _ in m.X(u, a)] + [(t, -UB) for t, _ in m.X(w, a)]
+            if not m.X(u, a) or not m.X(w, a):
+                continue
+            # o = 1: u before w; o = 0: w before u (relaxed unless both on device a, different candidates)
+            m.add([(S[w], 1.0), (F[u], -1.0), (var, -UB)] + xs + sm, pulp.LpConstraintGE, -3 * UB, f"ord_{u}_{w}_{a}")
+            m.add([(S[u], 1.0), (F[w], -1.0), (var, UB)] + xs + sm, pulp.LpConstraintGE, -2 * UB, f"ordr_{u}_{w}_{a}")
 
 
 def _is_cover(n: int, sets, chosen) -> bool:

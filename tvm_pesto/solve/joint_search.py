@@ -169,20 +169,56 @@ def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int]
     meter = Meter(budget_s, deterministic, "the joint search", clock_only=True)
     mv = _Moves(problem)
     D = problem.num_devices
-    sim = simulate(placed, plan)
-    best = sim.makespan
-    start_span = best
-    info = {"evaluations": 0, "accepted": {"swap": 0, "split": 0, "merge": 0, "refine": 0}, "rounds": 0}
+    s = _Incumbent(problem, plan, placed, cover, meter, max_evals)
+    start_span = s.best
+    info = s.info
     refine_s = max(0.2, budget_s / 10) if refine_s is None else refine_s
+    improved = True
+    while improved and not s.out_of_budget():
+        improved = False
+        info["rounds"] += 1
+        chain = critical_chain(s.placed, s.plan, s.sim)
+        unit_of = {v: k for k, c in enumerate(s.cover) for v in mv.sets[c]}
+        for k in list(dict.fromkeys(chain)):
+            if s.out_of_budget() or improved:
+                break
+            improved = s.move_unit(k, mv, unit_of)
+        if not improved and D > 1 and not s.out_of_budget():
+            # its own work budget; a clock stop (deadline or cap) counts here too
+            r = refine(s.placed, s.plan, meter=meter.share(seconds=refine_s, where="the joint search's refine",
+                                                           charge_here=False))
+            rs = simulate(s.placed, r)
+            if rs.makespan < s.best * (1 - _REL):
+                s.plan = Plan(r.assignment, r.order, solver=s.plan.solver, info=s.plan.info)
+                s.sim, s.best = rs, rs.makespan
+                info["accepted"]["refine"] += 1
+                improved = True
+    info.update(meter.report(), seconds=meter.elapsed_s(), makespan_before_s=float(start_span),
+                makespan_after_s=float(s.best))
+    plan = Plan(s.plan.assignment, s.plan.order, solver=s.plan.solver, solve_s=s.plan.solve_s, info=dict(s.plan.info))
+    return plan, s.placed, s.cover, s.best, info
 
-    def out_of_budget() -> bool:
-        return info["evaluations"] >= max_evals or meter.spent()
 
-    def evaluate(removed, added, devices):
+class _Incumbent:
+    """The best cover of :func:`improve` so far (its plan, placement problem, schedule and
+    makespan) and the search's counters."""
+
+    def __init__(self, problem: JointProblem, plan: Plan, placed: Problem, cover: list[int], meter: Meter,
+                 max_evals: int):
+        self.problem, self.meter, self.max_evals = problem, meter, max_evals
+        self.plan, self.placed, self.cover = plan, placed, cover
+        self.sim = simulate(placed, plan)
+        self.best = self.sim.makespan
+        self.info = {"evaluations": 0, "accepted": {"swap": 0, "split": 0, "merge": 0, "refine": 0}, "rounds": 0}
+
+    def out_of_budget(self) -> bool:
+        return self.info["evaluations"] >= self.max_evals or self.meter.spent()
+
+    def evaluate(self, removed, added, devices) -> bool:
         """Replace units ``removed`` by candidates ``added`` on ``devices`` (None: place
         every unit again with HEFT); keep it when the makespan drops."""
-        nonlocal plan, placed, cover, sim, best
-        info["evaluations"] += 1
+        problem, cover = self.problem, self.cover
+        self.info["evaluations"] += 1
         if devices is None:
             keep = [k for k in range(len(cover)) if k not in set(removed)]
             new_cover = [cover[k] for k in keep] + list(added)
@@ -192,7 +228,7 @@ def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int]
             except PestoError:
                 return False
         else:
-            res = _replan(problem, cover, placed, plan, sim, removed, added, devices)
+            res = _replan(problem, cover, self.placed, self.plan, self.sim, removed, added, devices)
             if res is None:
                 return False
             new_cover, new_plan, new_placed = res
@@ -202,64 +238,45 @@ def improve(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int]
             new_sim = simulate(new_placed, new_plan)
         except PestoError:
             return False
-        if new_sim.makespan < best * (1 - _REL):
-            cover, plan, placed, sim, best = new_cover, new_plan, new_placed, new_sim, new_sim.makespan
+        if new_sim.makespan < self.best * (1 - _REL):
+            self.cover, self.plan, self.placed, self.sim, self.best = (new_cover, new_plan, new_placed, new_sim,
+                                                                       new_sim.makespan)
             return True
         return False
 
-    improved = True
-    while improved and not out_of_budget():
-        improved = False
-        info["rounds"] += 1
-        chain = critical_chain(placed, plan, sim)
-        unit_of = {v: k for k, c in enumerate(cover) for v in mv.sets[c]}
-        for k in list(dict.fromkeys(chain)):
-            if out_of_budget() or improved:
-                break
-            c, d = cover[k], int(plan.assignment[k])
-            for o in mv.swaps(c):
-                for e in range(D):
-                    if np.isfinite(problem.costs[o, e]) and evaluate([k], [o], [e]):
-                        info["accepted"]["swap"] += 1
-                        improved = True
-                        break
-                if improved or out_of_budget():
-                    break
-            if improved or out_of_budget():
-                break
-            if len(mv.sets[c]) > 1:
-                pieces = mv.split(c, d)
-                if pieces:
-                    options = [[d] * len(pieces)] + [[d if i % 2 == 0 else e for i in range(len(pieces))]
-                                                     for e in range(D) if e != d] + ([None] if D > 1 else [])
-                    for devs in options:
-                        if evaluate([k], pieces, devs):
-                            info["accepted"]["split"] += 1
-                            improved = True
-                            break
-            if improved or out_of_budget():
-                break
-            for o, units in mv.merges(c, unit_of, cover):
-                for e in sorted({int(plan.assignment[u]) for u in units}):
-                    if np.isfinite(problem.costs[o, e]) and evaluate(units, [o], [e]):
-                        info["accepted"]["merge"] += 1
-                        improved = True
-                        break
-                if improved or out_of_budget():
-                    break
-        if not improved and D > 1 and not out_of_budget():
-            # its own work budget; a clock stop (deadline or cap) counts here too
-            r = refine(placed, plan, meter=meter.share(seconds=refine_s, where="the joint search's refine",
-                                                       charge_here=False))
-            rs = simulate(placed, r)
-            if rs.makespan < best * (1 - _REL):
-                plan, sim, best = Plan(r.assignment, r.order, solver=plan.solver, info=plan.info), rs, rs.makespan
-                info["accepted"]["refine"] += 1
-                improved = True
-    info.update(meter.report(), seconds=meter.elapsed_s(), makespan_before_s=float(start_span),
-                makespan_after_s=float(best))
-    plan = Plan(plan.assignment, plan.order, solver=plan.solver, solve_s=plan.solve_s, info=dict(plan.info))
-    return plan, placed, cover, best, info
+    def move_unit(self, k: int, mv: _Moves, unit_of: dict) -> bool:
+        """Try the moves of unit ``k`` (swaps, then splits, then merges) until one is kept;
+        whether one was."""
+        problem, D, accepted = self.problem, self.problem.num_devices, self.info["accepted"]
+        c, d = self.cover[k], int(self.plan.assignment[k])
+        for o in mv.swaps(c):
+            for e in range(D):
+                if np.isfinite(problem.costs[o, e]) and self.evaluate([k], [o], [e]):
+                    accepted["swap"] += 1
+                    return True
+            if self.out_of_budget():
+                return False
+        if self.out_of_budget():
+            return False
+        if len(mv.sets[c]) > 1:
+            pieces = mv.split(c, d)
+            if pieces:
+                options = [[d] * len(pieces)] + [[d if i % 2 == 0 else e for i in range(len(pieces))]
+                                                 for e in range(D) if e != d] + ([None] if D > 1 else [])
+                for devs in options:
+                    if self.evaluate([k], pieces, devs):
+                        accepted["split"] += 1
+                        return True
+        if self.out_of_budget():
+            return False
+        for o, units in mv.merges(c, unit_of, self.cover):
+            for e in sorted({int(self.plan.assignment[u]) for u in units}):
+                if np.isfinite(problem.costs[o, e]) and self.evaluate(units, [o], [e]):
+                    accepted["merge"] += 1
+                    return True
+            if self.out_of_budget():
+                return False
+        return False
 
 
 __all__ = ["improve"]

@@ -195,6 +195,29 @@ RESCAN_SIMULATIONS = 30
 WINDOW_SIMULATIONS = 10
 
 
+def _window_start(rank: np.ndarray, chain: list[int], tried: set[int], size: int, rng) -> int:
+    """The first rank of the next window: one ending just after a critical-chain node, not
+    tried yet on this schedule, else one shifted at random around a chain node."""
+    n = len(rank)
+    starts = sorted({int(min(max(rank[v] - (2 * size) // 3, 0), n - size)) for v in chain} - tried)
+    if starts:
+        return starts[int(rng.integers(0, len(starts)))]
+    v = chain[int(rng.integers(0, len(chain)))]
+    return int(min(max(rank[v] - int(rng.integers(0, size)), 0), n - size))
+
+
+def _with_window(assignment: np.ndarray, rank: np.ndarray, pos: np.ndarray, win, out, lo: int):
+    """The assignment and priorities of the schedule with the window's solution ``out``
+    (its devices and start times) put in, the window's nodes ranked from ``lo`` by start."""
+    sub_a, sub_s = out
+    a = assignment.copy()
+    a[win.nodes] = sub_a
+    priority = rank.astype(np.float64)
+    inner = np.lexsort((pos[win.nodes], np.round(sub_s, 9)))
+    priority[np.asarray(win.nodes)[inner]] = lo + np.arange(len(inner))
+    return a, priority
+
+
 def lns(problem: Problem, plan: Plan, time_budget_s: float = 10.0, size: int = 12, mip_time_s: float = 0.3,
         solver: str = "highs", deterministic: bool | None = None, floor_s: float = 0.0, seed: int = SEED,
         meter: Meter | None = None, pairs: int | None = 4) -> Plan:
@@ -265,12 +288,7 @@ def lns(problem: Problem, plan: Plan, time_budget_s: float = 10.0, size: int = 1
             meter.charge(RESCAN_SIMULATIONS * evaluate.work)
             tried.clear()
             changed = False
-        starts = sorted({int(min(max(rank[v] - (2 * size) // 3, 0), n - size)) for v in chain} - tried)
-        if starts:  # windows ending just after a chain node first
-            lo = starts[int(rng.integers(0, len(starts)))]
-        else:  # then windows shifted at random around chain nodes
-            v = chain[int(rng.integers(0, len(chain)))]
-            lo = int(min(max(rank[v] - int(rng.integers(0, size)), 0), n - size))
+        lo = _window_start(rank, chain, tried, size, rng)
         tried.add(lo)
         hi = lo + size
         win = Window(problem, best_plan, best_sim, rank, lo, hi, by_rank, remaining, coloc)
@@ -288,13 +306,7 @@ def lns(problem: Problem, plan: Plan, time_budget_s: float = 10.0, size: int = 1
         info["mip_statuses"][res.status] = info["mip_statuses"].get(res.status, 0) + 1
         if out is None:
             continue
-        sub_a, sub_s = out
-        a = best_plan.assignment.copy()
-        a[win.nodes] = sub_a
-        priority = rank.astype(np.float64)
-        inner = np.lexsort((pos[win.nodes], np.round(sub_s, 9)))
-        priority[np.asarray(win.nodes)[inner]] = lo + np.arange(len(inner))
-        cand, csim = evaluate(a, priority)
+        cand, csim = evaluate(*_with_window(best_plan.assignment, rank, pos, win, out, lo))
         if csim is not None and csim.makespan < best_sim.makespan * (1 - _REL):
             best_plan, best_sim = cand.plan(), csim
             info["accepted"] += 1

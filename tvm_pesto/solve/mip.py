@@ -41,6 +41,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -149,8 +150,6 @@ def _silence_highs_banner() -> None:
     import highspy
 
     try:
-        import sys
-
         sys.stdout.flush()
         saved = os.dup(1)
     except (OSError, ValueError):  # no real stdout (e.g. captured): nothing to silence

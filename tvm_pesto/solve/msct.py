@@ -49,6 +49,7 @@ def favorite_lp(problem: Problem, time_limit_s: float = 60.0) -> tuple[np.ndarra
     """
     import pulp
 
+    # lazy: PuLP only when the LP is asked for
     from .mip import lp_backend
 
     n, m = problem.num_nodes, len(problem.src)

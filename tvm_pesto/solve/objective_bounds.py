@@ -12,7 +12,7 @@ the objective (:func:`objective_lower_bound`):
 * ``load_lp_s``: the LP of :func:`tvm_pesto.solve.bounds.lp_bound` without start times
   (fractional load balancing with memory and co-location), up to ``lp_max_nodes`` nodes;
 * ``stage_dp_s`` (stage model, where the graph allows): the exact contiguous-split DP of
-  :mod:`tvm_pesto.solve.stage_dp`, communication included: the best max-load of any valid
+  :mod:`tvm_pesto.solve.ideal_dp`, communication included: the best max-load of any valid
   stage plan (with zero-cost inputs and outputs left out, which only lowers it).
 
 Transfers, received tensors and (op model) links only add load, so each holds.
@@ -47,6 +47,7 @@ from ..plan.problem import Problem
 from .bounds import _min_costs, critical_path, lower_bound, lp_bound
 from .budget import mode_name
 from .comm_bounds import path_memory_bound
+from .ideal_dp import dp_bound
 from .stage_bounds import stage_latency_bound
 
 _SAFETY = 1e-6  # relative margin against LP solver tolerances
@@ -76,8 +77,6 @@ def bottleneck_lower_bound(problem: Problem, model: str = "op", lp: bool | None 
         if val is not None:
             out["load_lp_s"] = val if not np.isfinite(val) else max(0.0, val * (1 - _SAFETY) - 1e-12)
     if model == "stage" and dp and n:
-        from .stage_dp import dp_bound
-
         res = dp_bound(problem)
         out["stage_dp_s"] = res["bound_s"]
         out["stage_dp"] = {k: v for k, v in res.items() if k != "bound_s"}

@@ -20,6 +20,7 @@ import importlib
 from typing import Callable
 
 from ..errors import SolverError
+from ..plan.objective import check_choice
 from ..plan.plan import Plan
 from ..plan.problem import Problem
 from .portfolio import HEURISTIC_SOLVERS
@@ -40,6 +41,7 @@ def _ilp(problem: Problem, **options) -> Plan:
 
 def _stage_dp(problem: Problem, **options) -> Plan:
     """The contiguous-split DP of :mod:`tvm_pesto.solve.stage_dp`."""
+    # lazy: the registry imports a solver's module when that solver is asked for
     from .stage_dp import solve as dp_solve
 
     return dp_solve(problem, **options)
@@ -94,8 +96,6 @@ def solve(problem: Problem, name: str = "heft", deterministic: bool | None = Non
     >>> plan.info["model"], plan.info["objective"]
     ('stage', 'throughput')
     """
-    from ..plan.objective import check_choice
-
     fn = get_solver(name)
     model, objective, microbatches = check_choice(model, objective, microbatches)
     key = next(k for k, v in SOLVERS.items() if v is fn)
@@ -106,6 +106,7 @@ def solve(problem: Problem, name: str = "heft", deterministic: bool | None = Non
     elif key == "stage-dp":
         options.update(objective=objective, microbatches=microbatches)
     if model == "stage" and key not in MODEL_AWARE:
+        # lazy: the registry imports a solver's module when that solver is asked for
         from .stage_dp import heuristic_stage_plan
 
         plan = heuristic_stage_plan(problem, fn, objective, microbatches, **options)

@@ -23,12 +23,11 @@ import numpy as np
 from ..errors import PestoError
 
 #: The least predicted gain (a share of the single-device time) a split must show, by cost
-#: source: ``measured`` 7 %: the same kernels drift 6.5 % over 35 minutes on this machine
-#: (cost_models/README.md); ``xgb`` 15 %: the whole-model error the cost model is held to
-#: (``run inception_v3 --costs xgb`` measured 1.06-1.16 x its prediction); ``xgb-other-cpu``
-#: 20 %: a CPU kind the model never saw, through this machine's calibration (1.02-1.18 x on a
-#: Zen 1 VM before its rows were trained on); ``roofline``
-#: 50 %: it ignores everything but FLOPs and bytes; a ``given`` table is the caller's, trusted.
+#: source: ``measured`` 7 %: about how far the same kernels drift over half an hour on a
+#: shared machine; ``xgb`` 15 %: the whole-model error the cost model is held to (``run
+#: --costs xgb`` within 15 % of its simulation, cost_models/README.md); ``xgb-other-cpu``
+#: 20 %: a CPU kind the model never saw, corrected by this machine's calibration alone;
+#: ``roofline`` 50 %: it ignores everything but FLOPs and bytes; a ``given`` table is the caller's, trusted.
 SPLIT_MARGIN = {"measured": 0.07, "hybrid": 0.07, "xgb": 0.15, "xgb+roofline": 0.25, "xgb-other-cpu": 0.2,
                 "xgb-other-cpu+roofline": 0.25, "roofline": 0.5, "mixed": 0.15, "given": 0.0}
 

@@ -32,8 +32,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..builder.subgraph import Remap
-from ..errors import TrainingError
+from ..errors import TrainingError, error_line
+from ..frontend import from_exported_program
+from ..graph.subgraph import Remap
 
 __all__ = ["Backbone", "make_backbone"]
 
@@ -153,14 +154,10 @@ def _import(model, inputs: tuple, name: str):
     """Export ``model`` in train mode and import it with its parameters as inputs."""
     import torch
 
-    from ..frontend import from_exported_program
-
     args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs)
     try:
         ep = torch.export.export(model.train(), args)
     except Exception as exc:  # torch raises many types here
-        from ..errors import error_line
-
         raise TrainingError(f"torch.export failed for {name!r} in train mode: {error_line(exc)}; make the "
                             "model exportable in train mode (no data-dependent control flow)") from exc
     mod = from_exported_program(ep, name, keep_params_as_input=True)
@@ -241,6 +238,7 @@ def make_backbone(model, size: str = "small", batch: int | None = None) -> Backb
     TrainingError
         For a model without trainable parameters.
     """
+    # lazy: the zoo loads PyTorch's models, which only a zoo model name needs
     from .. import zoo
 
     if isinstance(model, str):

@@ -37,10 +37,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..builder.subgraph import Remap
 from ..errors import TrainingError
+from ..graph.subgraph import Remap
 from .backbone import Backbone
 from .choices import LossChoice
+from .gradients import missing_gradients
 
 __all__ = ["TrainStep", "make_step"]
 
@@ -300,8 +301,6 @@ def make_step(backbone: Backbone, loss: LossChoice, optimizer) -> TrainStep:
     ['x', 'targets', 'p_stem_weight']
     """
     from tvm.relax.training import SetupTrainer
-
-    from .gradients import missing_gradients
 
     missing = missing_gradients(backbone.func)
     if missing:

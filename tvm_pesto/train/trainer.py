@@ -39,6 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..api import analyze, as_cluster, place
+from ..builder.placed import PlacedModule
+from ..builder.rewrite import apply_plan
 from ..errors import TrainingError
 from .backbone import Backbone, make_backbone
 from .choices import make_loss, make_optimizer
@@ -193,10 +196,6 @@ def build_trainer(model, loss: str = "auto", optimizer: str = "sgd", cluster="cp
         For a model without trainable parameters, an unknown loss or optimizer, a loss that
         does not fit the output, or an operator without a gradient.
     """
-    from ..api import as_cluster
-    from ..builder.placed import PlacedModule
-    from ..builder.rewrite import apply_plan
-
     cluster = as_cluster(cluster)
     step = model if isinstance(model, TrainStep) else build_step(model, loss, optimizer, lr=lr, size=size,
                                                                  batch=batch)
@@ -216,8 +215,6 @@ def place_step(step: TrainStep, cluster, backends="tvm", solver: str = "heft", c
     (Placement, list of list of int)
         The placement and the co-location groups it honours.
     """
-    from ..api import analyze, place
-
     analysis = analyze(step.mod)
     groups = training_colocation(step, analysis.rg)
     return place(analysis, cluster, backends=backends, solver=solver, costs=costs, colocate=groups,

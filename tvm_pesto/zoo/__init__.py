@@ -85,6 +85,7 @@ def _check(name: str, size: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _load(name: str, size: str) -> ZooModel:
+    # lazy: TVM's Relax importer loads when a model is built, not with the zoo's list
     from ..frontend import from_torch
 
     model, inputs = MODELS[name](size)

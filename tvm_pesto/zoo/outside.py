@@ -17,7 +17,7 @@ Each model has seeded random weights and is in eval mode:
   ``SiLU`` activations, squeeze-excite with ``Hardsigmoid``, BatchNorm with calibrated
   running statistics (so the BatchNorm import path is exercised from every file form).
 
-Two sizes each: ``small`` (compiles in seconds on two cores) and ``full`` (the paper-scale
+Two sizes each: ``small`` (quick to compile, for tests and profiling) and ``full`` (the paper-scale
 network at batch 1). They are not in :data:`tvm_pesto.zoo.MODELS` (``zoo.load`` does not
 know them); :func:`relax_module` imports one into Relax, and ``tests/outside_zoo.py`` writes
 them as model files (ONNX, ``.pt2``, TVMScript).
@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..frontend import from_torch
 from ..models import INT_INPUT_RANGE
 from ._common import SIZES, calibrate_batchnorm
 from ._transformer import transformer_init
@@ -295,8 +296,6 @@ def relax_module(name: str, size: str = "small"):
     >>> relax_module("vit")["main"].params[0].ty.shape
     R.shape([1, 3, 32, 32])
     """
-    from ..frontend import from_torch
-
     model, inputs = build(name, size)
     return from_torch(model, inputs, name=f"{name}/{size}")
 

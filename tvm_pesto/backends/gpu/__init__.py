@@ -4,7 +4,7 @@ Each backend is a Relax ``call_dps_packed`` into a tvm-ffi function that calls t
 library on DLPack tensors (see :mod:`tvm_pesto.backends.base`). What each library accepts
 comes from TVM's registered BYOC patterns (:mod:`.patterns`). The registry
 (:mod:`tvm_pesto.backends.registry`) imports them on first use; on a machine without a GPU
-they report why they are unavailable (:mod:`.probe`), and their build paths that need no
+they report why they are unavailable (:mod:`tvm_pesto.cluster.gpu_probe`), and their build paths that need no
 GPU (TVM-CUDA compile and export, ONNX export for TensorRT, GEMM/convolution plans) still run.
 
 Examples

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
+from ...candidates.checks import CHECK_READ_ERRORS
+from ...candidates.regions import convex_regions
 from ...errors import PestoError, error_line
 
 LIBRARIES = ("cublas", "cudnn", "tensorrt")
@@ -79,7 +81,7 @@ def _adapt(fp):
 
     def run_check(ctx) -> bool:
         # what TVM's check raises reaches the candidate generator, which tells a call the
-        # check cannot read (a no) from a failure (tvm_pesto.candidates.generate.BackendChecks)
+        # check cannot read (a no) from a failure (tvm_pesto.candidates.checks.BackendChecks)
         return check is None or bool(check(_CheckContext(ctx, annotations)))
 
     run_check.__name__ = f"check_{fp.name.replace('.', '_')}"
@@ -171,7 +173,7 @@ def match_nodes(rg, prefix: str) -> list[PatternMatch]:
     ------
     PestoError
         When a check raises anything but what a check that cannot read a call raises
-        (:data:`tvm_pesto.candidates.generate.CHECK_READ_ERRORS`, taken as a no), as
+        (:data:`tvm_pesto.candidates.checks.CHECK_READ_ERRORS`, taken as a no), as
         ``FuseOpsByPattern`` would let it through.
 
     Examples
@@ -183,8 +185,6 @@ def match_nodes(rg, prefix: str) -> list[PatternMatch]:
     [('cublas.matmul_bias_gelu', (1, 2, 3)), ('cublas.matmul', (4,))]
     """
     from tvm.relax.dpl.pattern import CallPattern
-
-    from ...candidates.generate import CHECK_READ_ERRORS
 
     pats = registry_patterns(prefix)
     var2val = relax.analysis.get_var2val(rg.func)
@@ -243,8 +243,6 @@ def match_nodes(rg, prefix: str) -> list[PatternMatch]:
 def merged_regions(rg, prefix: str) -> list[PatternMatch]:
     """Matched nodes merged into maximal convex, connected regions (how TensorRT
     partitions a graph, like TVM's ``MergeCompositeFunctions``)."""
-    from ...candidates.generate import convex_regions
-
     supported = {v for m in match_nodes(rg, prefix) for v in m.nodes}
     return [PatternMatch(f"{prefix}.region", tuple(r)) for r in convex_regions(rg.graph, supported)]
 

@@ -26,10 +26,11 @@ from tvm import relax
 
 from ...errors import BuildError
 from ..base import Backend
-from ..onnx_export import flatten_args, relax_to_onnx, supports_call
+from ..onnx_export import flatten_args, relax_to_onnx
+from ..onnx_ops import supports_call
 from ...cluster import gpu_probe as probe
 from .cublas import _as_int
-from .patterns import backend_patterns
+from .patterns import backend_patterns, ops_in_patterns
 
 
 def default_cache_dir() -> Path:
@@ -152,8 +153,6 @@ class TensorRTBackend(Backend):
 
     def _ops(self) -> set[str]:
         if self._single_ops is None:
-            from .patterns import ops_in_patterns
-
             self._single_ops = ops_in_patterns("tensorrt")
         return self._single_ops
 

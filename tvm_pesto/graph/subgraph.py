@@ -1,7 +1,9 @@
 """Cut a set of bindings out of a Relax function into a function of its own.
 
-Used to build one per-device segment (build); a candidate or fused group is measured as
-:func:`tvm_pesto.candidates.candidate_function` cuts it (tensor parameters only).
+Used to build one per-device segment (:mod:`tvm_pesto.builder.rewrite`); a candidate or fused
+group is measured as :func:`tvm_pesto.candidates.candidate_function` cuts it (tensor
+parameters only), and keyed by :func:`structural_key`. It sits with the graph it cuts, so
+that candidates, backends and costs use it without importing the builder.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from ..graph.relax_import import RelaxGraph
+from .relax_import import RelaxGraph
 
 
 @mutator

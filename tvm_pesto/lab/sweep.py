@@ -9,13 +9,14 @@ softmax, reductions), ``pool``, ``movement`` (reshape, transpose, concat, split)
 (ops of a few microseconds: bias and residual adds, activations, norms, splits, odd
 sizes) and ``conv1x1`` (pointwise and strided 1x1 convolutions).
 
-Shapes are chosen so that TVM's unscheduled CPU kernels stay around 30 ms or less.
+Shapes are kept small enough that profiling a family's unscheduled TVM kernels stays quick.
+``tvm-pesto profile sweep`` (:func:`tvm_pesto.lab.profile.profile_zoo`) measures them.
 Weights are seeded constants, so the modules (and their structural keys) are the same on
 every run.
 
 Examples
 --------
->>> from tvm_pesto.costs.sweep import FAMILIES, sweep_module
+>>> from tvm_pesto.lab.sweep import FAMILIES, sweep_module
 >>> sorted(FAMILIES)[:2]
 ['attention', 'conv1x1']
 >>> mod = sweep_module("movement", limit=2)
@@ -340,7 +341,7 @@ def sweep_module(family: str, limit: int | None = None, offset: int = 0) -> tvm.
 
     Examples
     --------
-    >>> from tvm_pesto.api import analyze
+    >>> from tvm_pesto.graph.analysis import analyze
     >>> len(analyze(sweep_module("pool", limit=3)).groups)
     3
     """

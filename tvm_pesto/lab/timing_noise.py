@@ -1,5 +1,8 @@
 """How much a shared machine's speed moves under the timer, and how much of it timing against
-reference kernels (``tvm_pesto.costs.interleave``) takes out.
+reference kernels (:mod:`tvm_pesto.costs.interleave`) takes out.
+
+Run it before profiling on a new machine (is it quiet enough for training labels?) and after a
+change to the timing method: it is the measurement behind :mod:`tvm_pesto.costs.interleave`.
 
 Two parts:
 
@@ -8,15 +11,16 @@ Two parts:
   shows two levels) and the share of windows more than 10 % off.
 * ``groups``: every fused group of the ``--models`` compiled in one module (as
   ``measure_groups`` does), timed in ``--passes`` passes, each group both back to back
-  (``time_evaluator``, 5 repeats of >= 5 ms, the method before) and by a
+  (``time_evaluator``, 5 repeats of >= 5 ms) and by a
   :class:`~tvm_pesto.costs.interleave.ReferenceTimer` (a fresh one per pass and model, as
-  per measuring batch, sharing the references' fastest bursts as in the product); per model the pass-to-pass difference of both (mean over pairs of
-  passes of |a - b| / min(a, b), and the ratio of the passes' sums).
+  per measuring batch, sharing the references' fastest bursts as in the product); per model
+  the pass-to-pass difference of both (mean over pairs of passes of |a - b| / min(a, b), and
+  the ratio of the passes' sums).
 
 Usage::
 
-    python scripts/bench_timing_noise.py states --seconds 20
-    python scripts/bench_timing_noise.py groups --models mobilenet_v2,vit,bert --passes 3 --json out.json
+    python -m tvm_pesto.lab.timing_noise states --seconds 20
+    python -m tvm_pesto.lab.timing_noise groups --models mobilenet_v2,vit,bert --passes 3 --json out.json
 """
 from __future__ import annotations
 
@@ -26,9 +30,21 @@ import os
 import time
 
 import numpy as np
+import tvm
+
+from ..candidates import candidate_function
+from ..cluster import as_cluster
+from ..cluster.device_thread import enter_device_thread
+from ..costs.cache import device_key
+from ..costs.interleave import ReferenceTimer, burst_seconds, reference_functions
+from ..costs.timing import random_args
+from ..graph.analysis import analyze
+from ..jsonio import write_json
+from .flow_eval import flow_models
 
 
 def states(seconds: float) -> dict:
+    """A NumPy ``exp`` loop timed for ``seconds``: its 250 ms window medians over the overall one."""
     x = np.random.default_rng(0).uniform(-1, 1, 1 << 14).astype("float32")
     y = np.empty_like(x)
     ts = []
@@ -54,20 +70,8 @@ def _passes_diff(labels: list) -> dict:
 
 
 def groups(models: list, passes: int) -> dict:
-    import tvm
-
-    from tvm_pesto.api import analyze, as_cluster
-    from tvm_pesto.candidates import candidate_function
-    from tvm_pesto.cluster.device_thread import enter_device_thread
-    from tvm_pesto.costs.cache import device_key
-    from tvm_pesto.costs.evaluate import flow_models
-    from tvm_pesto.costs.interleave import (
-        ReferenceTimer,
-        burst_seconds,
-        reference_functions,
-    )
-    from tvm_pesto.costs.timing import random_args
-
+    """Every fused group of ``models`` timed in ``passes`` passes, back to back and interleaved
+    with reference kernels: how far the passes differ each way."""
     device = as_cluster("cpu:2").devices[0]
     enter_device_thread(device)
     out = {}
@@ -75,7 +79,8 @@ def groups(models: list, passes: int) -> dict:
         a = analyze(mod)
         funcs = {}
         for i, grp in enumerate(a.groups):
-            funcs[f"g{i}"] = candidate_function(a.rg, grp, lift_constants=False).func.with_attr("global_symbol", f"g{i}")
+            func = candidate_function(a.rg, grp, lift_constants=False).func
+            funcs[f"g{i}"] = func.with_attr("global_symbol", f"g{i}")
         tgt = tvm.target.Target(device.target)
         ex = tvm.compile(tvm.IRModule({**funcs, **reference_functions()}), target=tgt,
                          relax_pipeline=tvm.relax.get_default_pipeline(tgt))
@@ -89,17 +94,20 @@ def groups(models: list, passes: int) -> dict:
             p = []
             for f in funcs:
                 vm[f](*args[f])
-                p.append(float(np.median(vm.time_evaluator(f, dev, number=1, repeat=5, min_repeat_ms=5)(*args[f]).results)))
+                timed = vm.time_evaluator(f, dev, number=1, repeat=5, min_repeat_ms=5)(*args[f])
+                p.append(float(np.median(timed.results)))
                 timer.time(f, args[f])
             plain.append(np.array(p))
             ref.append(np.array([np.median(r) for r in timer.results()]))
+        ratio = float(np.mean([r.sum() / p.sum() for r, p in zip(ref, plain)]))
         out[name] = {"groups": len(funcs), "back_to_back": _passes_diff(plain), "interleaved": _passes_diff(ref),
-                     "interleaved_over_back_to_back_sum": float(np.mean([r.sum() / p.sum() for r, p in zip(ref, plain)])),
-                     "load": [round(x, 2) for x in os.getloadavg()]}
+                     "interleaved_over_back_to_back_sum": ratio, "load": [round(x, 2) for x in os.getloadavg()]}
         b, r = out[name]["back_to_back"], out[name]["interleaved"]
         print(f"{name:14s} {len(funcs):4d} groups  back to back {b['per_group_pct']:5.1f} % "
-              f"(sums {b['sum_ratio_range'][0]:.2f}-{b['sum_ratio_range'][1]:.2f})   interleaved {r['per_group_pct']:5.1f} % "
-              f"(sums {r['sum_ratio_range'][0]:.2f}-{r['sum_ratio_range'][1]:.2f})   load {out[name]['load'][0]}", flush=True)
+              f"(sums {b['sum_ratio_range'][0]:.2f}-{b['sum_ratio_range'][1]:.2f})   "
+              f"interleaved {r['per_group_pct']:5.1f} % "
+              f"(sums {r['sum_ratio_range'][0]:.2f}-{r['sum_ratio_range'][1]:.2f})   load {out[name]['load'][0]}",
+              flush=True)
     return out
 
 
@@ -120,8 +128,6 @@ def main() -> None:
         res = groups(args.models.split(","), args.passes)
     print(f"load average at end {os.getloadavg()[0]:.2f}")
     if args.json:
-        from tvm_pesto.jsonio import write_json
-
         write_json(args.json, res)
 
 

@@ -3,8 +3,8 @@
 ``tvm-pesto profile MODEL`` measures each candidate subgraph of a model on the local
 CPU devices, through the same code the ``measured`` cost source uses
 (:func:`tvm_pesto.costs.timing.measure_groups` for TVM, and
-:func:`tvm_pesto.costs.measured.measure_candidates` for the other backends when that
-module is present), and appends one JSON line per measurement to a log.
+:func:`tvm_pesto.costs.measured.measure_candidates` for the other backends), and appends one
+JSON line per measurement to a log.
 
 The log is a :class:`~tvm_pesto.costs.cache.MeasureCache` file (``key``, ``backend``,
 ``target``, ``median_s``, ``repeats``, ``op``, ``flops``, ``bytes``) with extra fields
@@ -31,8 +31,8 @@ the fastest pass; the spread between passes is the run-to-run noise).
 
 Examples
 --------
->>> from tvm_pesto.costs.profile import profile_module
->>> from tvm_pesto.costs.sweep import sweep_module
+>>> from tvm_pesto.lab.profile import profile_module
+>>> from tvm_pesto.lab.sweep import sweep_module
 >>> import os, tempfile
 >>> log = os.path.join(tempfile.mkdtemp(), "prof.jsonl")
 >>> res = profile_module(sweep_module("pool", limit=1), "pool", "cpu:1", log)
@@ -52,10 +52,20 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import zoo
+from ..backends import available_backends, backend_status, get_backend
+from ..candidates import candidate_function, generate_candidates
+from ..cluster import as_cluster
+from ..costs.cache import MeasureCache, current_record, device_key
+from ..costs.features import describe_group, device_descriptor
+from ..costs.jsonl import open_log, read_records
+from ..costs.measured import MeasureReport, measure_candidates
+from ..costs.timing import measure_groups
 from ..errors import BuildError, CostError, PestoError
-from .cache import MeasureCache, current_record, device_key
-from .features import describe_group, device_descriptor
-from .jsonl import open_log, read_records
+from ..graph.analysis import analyze
+from ..graph.subgraph import structural_key
+from ..zoo import outside
+from .sweep import FAMILIES, sweep_module
 
 #: Backends profiled when none are named.
 DEFAULT_BACKENDS = ("tvm", "onnxruntime", "torch")
@@ -124,8 +134,6 @@ class ProfileLog(MeasureCache):
 def default_backends() -> list[str]:
     """:data:`DEFAULT_BACKENDS`, and ``tvm-ms`` when it has a tuning database
     (``--ms-db`` or ``TVM_PESTO_MS_DB``)."""
-    from ..backends import backend_status
-
     return list(DEFAULT_BACKENDS) + (["tvm-ms"] if backend_status(["tvm-ms"])["tvm-ms"][0] else [])
 
 
@@ -145,9 +153,6 @@ class ProfileResult:
 
 def _units(rg, groups, backends):
     """Candidates to measure: ``(CandidateSet or None, [(backend, nodes)])``."""
-    from ..backends import available_backends
-    from ..candidates import generate_candidates
-
     usable, why = available_backends(list(backends))
     cs = generate_candidates(rg, usable)
     return cs, why
@@ -156,9 +161,6 @@ def _units(rg, groups, backends):
 def _register_descs(log: ProfileLog, rg, units) -> None:
     """Compute the structural key of every unit (the function it is timed as) and map it to
     its description."""
-    from ..builder.subgraph import structural_key
-    from ..candidates import candidate_function
-
     seen: set = set()
     for backend, nodes in units:
         nodes = tuple(sorted(nodes))
@@ -177,10 +179,6 @@ def _register_descs(log: ProfileLog, rg, units) -> None:
 def _register_tuned(log: ProfileLog, cs, dev, tk: str) -> None:
     """Record the tuned share (``TvmMetaScheduleBackend.tuned_fraction``, the ``tuned``
     feature) of every ``tvm-ms`` candidate on ``dev``, written into its record as ``tuned``."""
-    from ..backends import get_backend
-    from ..builder.subgraph import structural_key
-    from ..candidates import candidate_function
-
     backend = get_backend("tvm-ms")
     for c in cs:
         if c.backend == "tvm-ms":
@@ -223,16 +221,13 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
 
     Examples
     --------
-    >>> from tvm_pesto.costs.sweep import sweep_module
+    >>> from tvm_pesto.lab.sweep import sweep_module
     >>> import os, tempfile
     >>> log = os.path.join(tempfile.mkdtemp(), "p.jsonl")
     >>> res = profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", log, backends=["tvm"])
     >>> res.candidates, res.backends    # TVM's fusion groups only
     (2, {'tvm': 2})
     """
-    from ..api import analyze, as_cluster
-    from .timing import measure_groups
-
     t0 = time.perf_counter()
     cl = as_cluster(cluster)
     devs = [d for d in cl.devices if d.present or d.remote]
@@ -272,8 +267,6 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
             _register_tuned(log, cs, dev, tk)
         before = log.written
         if cs is not None:
-            from .measured import MeasureReport, measure_candidates
-
             rep = MeasureReport()
             costs = measure_candidates(cs, dev, log, repeat=repeat, min_repeat_ms=min_repeat_ms, report=rep,
                                        progress=progress)
@@ -298,8 +291,6 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
     --------
     >>> profile_zoo(["mlp_mixer"], log_path="p.jsonl")   # measures for minutes  # doctest: +SKIP
     """
-    from .sweep import FAMILIES, sweep_module
-
     out = []
     for name in names:
         try:
@@ -312,9 +303,6 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
                     if on_model:
                         on_model(r)
                 continue
-            from .. import zoo
-            from ..zoo import outside
-
             mod = outside.relax_module(name, size) if name in outside.MODELS else zoo.load(name, size).mod
             label = name if size == "small" else f"{name}:{size}"
             r = profile_module(mod, label, cluster, log_path, backends, progress, repeat, min_repeat_ms, run)

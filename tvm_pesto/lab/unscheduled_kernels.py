@@ -1,5 +1,9 @@
 """How fast TVM's untuned CPU kernels are, and why: the two effects the cost model's
-``strided_reduction`` and ``TRANSCENDENTAL`` features describe.
+``strided_reduction`` and ``TRANSCENDENTAL`` features describe
+(:mod:`tvm_pesto.costs.features`).
+
+Run it on a new kind of CPU, or after a TVM upgrade, to check that the two features still
+describe what the kernels do there.
 
 Each case is one Relax op compiled with TVM's default CPU pipeline (no schedule: the loops
 of the compute definition, reduction innermost) and timed with ``time_evaluator`` on one
@@ -11,8 +15,8 @@ core (median of 5 repeats of 20 calls):
 
 Usage::
 
-    TVM_NUM_THREADS=1 python scripts/bench_unscheduled_kernels.py
-    TVM_NUM_THREADS=1 python scripts/bench_unscheduled_kernels.py --json out.json
+    TVM_NUM_THREADS=1 python -m tvm_pesto.lab.unscheduled_kernels
+    TVM_NUM_THREADS=1 python -m tvm_pesto.lab.unscheduled_kernels --json out.json
 """
 from __future__ import annotations
 
@@ -23,8 +27,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_pesto.costs.features import strided_reduction
-from tvm_pesto.jsonio import write_json
+from ..costs.features import strided_reduction
+from ..jsonio import write_json
 
 CONVS = [  # (C_in, H, W, C_out)
     (8, 32, 32, 32), (16, 32, 32, 32), (32, 32, 32, 16), (32, 32, 33, 16), (32, 8, 8, 128), (64, 16, 16, 32),

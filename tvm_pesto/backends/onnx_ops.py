@@ -1,0 +1,432 @@
+"""The Relax op -> ONNX converters of :func:`tvm_pesto.backends.onnx_export.relax_to_onnx`, one
+function per op family, and :func:`supports_call`, whether a call has one (and its layout fits).
+
+Semantics follow TVM's legalization of each op, so the ONNX model computes what the TVM
+build of the same function computes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .onnx_graph import (DTYPES, Exporter, OnnxExportError, dtype_of, elem_type, flat_types, ints, is_tensor_const,
+                         tensor_shape)
+
+#: A converter gets (exporter, call, out_name) and returns the ONNX name(s) of its result.
+Converter = Callable[[Exporter, relax.Call, str], object]
+#: Relax operator name -> its converter.
+CONVERTERS: dict[str, Converter] = {}
+
+
+def _reg(*names):
+    def deco(fn):
+        for n in names:
+            CONVERTERS[n] = fn
+        return fn
+    return deco
+
+
+_BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "power": "Pow",
+           "maximum": "Max", "minimum": "Min", "equal": "Equal", "greater": "Greater",
+           "less": "Less", "greater_equal": "GreaterOrEqual", "less_equal": "LessOrEqual",
+           "logical_and": "And", "logical_or": "Or"}
+_UNARY = {"nn.relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp", "log": "Log",
+          "sqrt": "Sqrt", "abs": "Abs", "negative": "Neg", "erf": "Erf", "sin": "Sin", "cos": "Cos",
+          "floor": "Floor", "ceil": "Ceil", "round": "Round", "logical_not": "Not", "sign": "Sign"}
+
+
+def _binary(e: Exporter, call, out):
+    op = _BINARY[call.op.name[len("relax."):]]
+    return e.one(op, [e.tensor(call.args[0]), e.tensor(call.args[1])], out)
+
+
+def _unary(e: Exporter, call, out):
+    op = _UNARY[call.op.name[len("relax."):]]
+    return e.one(op, [e.tensor(call.args[0])], out)
+
+
+for _n in _BINARY:
+    CONVERTERS[f"relax.{_n}"] = _binary
+for _n in _UNARY:
+    CONVERTERS[f"relax.{_n}"] = _unary
+
+
+def _x_dtype(call) -> str:
+    return dtype_of(call.args[0].ty)
+
+
+@_reg("relax.rsqrt")
+def _rsqrt(e, call, out):
+    return e.one("Reciprocal", [e.one("Sqrt", [e.tensor(call.args[0])])], out)
+
+
+@_reg("relax.nn.silu")
+def _silu(e, call, out):
+    x = e.tensor(call.args[0])
+    return e.one("Mul", [x, e.one("Sigmoid", [x])], out)
+
+
+@_reg("relax.nn.gelu")
+def _gelu(e, call, out):
+    # (x * (1 + erf(x / sqrt(2)))) * 0.5: the form ONNX Runtime and OpenVINO fuse into one Gelu
+    x = e.tensor(call.args[0])
+    dt = _x_dtype(call)
+    t = e.one("Erf", [e.one("Div", [x, e.init(np.array(math.sqrt(2), dt))])])
+    t = e.one("Add", [t, e.init(np.array(1.0, dt))])
+    return e.one("Mul", [e.one("Mul", [x, t]), e.init(np.array(0.5, dt))], out)
+
+
+@_reg("relax.nn.gelu_tanh")
+def _gelu_tanh(e, call, out):
+    # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
+    x = e.tensor(call.args[0])
+    dt = _x_dtype(call)
+    x3 = e.one("Mul", [e.one("Mul", [x, x]), x])
+    inner = e.one("Add", [x, e.one("Mul", [x3, e.init(np.array(0.044715, dt))])])
+    t = e.one("Tanh", [e.one("Mul", [inner, e.init(np.array(math.sqrt(2 / math.pi), dt))])])
+    t = e.one("Add", [t, e.init(np.array(1.0, dt))])
+    return e.one("Mul", [e.one("Mul", [x, e.init(np.array(0.5, dt))]), t], out)
+
+
+@_reg("relax.nn.leakyrelu")
+def _leaky(e, call, out):
+    return e.one("LeakyRelu", [e.tensor(call.args[0])], out, alpha=float(call.attrs.alpha))
+
+
+@_reg("relax.nn.softmax", "relax.nn.log_softmax")
+def _softmax(e, call, out):
+    op = "Softmax" if call.op.name.endswith(".softmax") else "LogSoftmax"
+    return e.one(op, [e.tensor(call.args[0])], out, axis=int(call.attrs.axis))
+
+
+@_reg("relax.astype")
+def _astype(e, call, out):
+    dt = str(call.attrs.dtype)
+    return e.one("Cast", [e.tensor(call.args[0])], out, to=elem_type(dt, "astype target"))
+
+
+@_reg("relax.clip")
+def _clip(e, call, out):
+    dt = _x_dtype(call)
+    return e.one("Clip", [e.tensor(call.args[0]), e.scalar(call.args[1], dt), e.scalar(call.args[2], dt)], out)
+
+
+@_reg("relax.where")
+def _where(e, call, out):
+    return e.one("Where", [e.tensor(a) for a in call.args], out)
+
+
+@_reg("relax.matmul")
+def _matmul(e, call, out):
+    a, b = call.args
+    res_dt = dtype_of(call.ty)
+    if dtype_of(a.ty) != res_dt:
+        # out_dtype differs (e.g. fp16 x fp16 -> fp32): compute in the input type, then cast.
+        mm = e.one("MatMul", [e.tensor(a), e.tensor(b)])
+        return e.one("Cast", [mm], out, to=elem_type(res_dt, "matmul result"))
+    return e.one("MatMul", [e.tensor(a), e.tensor(b)], out)
+
+
+def _check_layout(call, data: str, kernel: str | None = None):
+    at = call.attrs
+    got = [str(at.data_layout)] + ([str(at.kernel_layout)] if kernel else [])
+    want = [data] + ([kernel] if kernel else [])
+    if got != want or str(getattr(at, "out_layout", data)) != data:
+        raise OnnxExportError(f"{call.op.name} with layouts {got} cannot be exported; only {want} "
+                              "(convert the model to NCHW first)")
+
+
+@_reg("relax.nn.attention", "relax.nn.attention_bias")
+def _attention(e, call, out):
+    # TVM's legalization: q, k, v [B, S, H, D] -> softmax(q k^T * scale (+ bias), causal) v, [B, S, H, Dv]
+    at = call.attrs
+    if getattr(at, "window_size", None) is not None:
+        raise OnnxExportError("sliding-window attention cannot be exported")
+    q, k, v = (e.tensor(a) for a in call.args[:3])
+    b, sq, _, d = tensor_shape(call.args[0].ty, "attention query")
+    skv = tensor_shape(call.args[1].ty, "attention key")[1]
+    dt = _x_dtype(call)
+    scores = e.one("MatMul", [e.one("Transpose", [q], perm=[0, 2, 1, 3]), e.one("Transpose", [k], perm=[0, 2, 3, 1])])
+    scale = float(at.scale.value) if getattr(at, "scale", None) is not None else 1.0 / math.sqrt(d)
+    scores = e.one("Mul", [scores, e.init(np.array(scale, dt))])
+    if len(call.args) > 3:
+        scores = e.one("Add", [scores, e.tensor(call.args[3])])
+    mask = getattr(at, "causal_mask", None)
+    if mask is not None:
+        offset = {"TopLeft": 0, "BottomRight": abs(sq - skv)}.get(str(mask))
+        if offset is None:
+            raise OnnxExportError(f"attention with causal_mask={mask!r} cannot be exported")
+        keep = np.tril(np.ones((sq, skv), bool), k=offset)
+        scores = e.one("Add", [scores, e.init(np.where(keep, 0.0, np.finfo(dt).min).astype(dt), "causal_mask")])
+    probs = e.one("Softmax", [scores], axis=-1)
+    return e.one("Transpose", [e.one("MatMul", [probs, e.one("Transpose", [v], perm=[0, 2, 1, 3])])], out,
+                 perm=[0, 2, 1, 3])
+
+
+@_reg("relax.nn.conv2d", "relax.nn.conv1d")
+def _conv(e, call, out):
+    is2d = call.op.name.endswith("conv2d")
+    _check_layout(call, "NCHW" if is2d else "NCW", "OIHW" if is2d else "OIW")
+    at = call.attrs
+    w_shape = tensor_shape(call.args[1].ty, "conv weight")
+    pad = ints(at.padding)
+    if not is2d and len(pad) == 1:
+        pad = pad * 2
+    return e.one("Conv", [e.tensor(call.args[0]), e.tensor(call.args[1])], out,
+                 kernel_shape=list(w_shape[2:]), strides=ints(at.strides), pads=pad,
+                 dilations=ints(at.dilation), group=int(at.groups))
+
+
+def _pool_common(call):
+    at = call.attrs
+    if str(at.layout) != "NCHW" or str(at.out_layout) != "NCHW":
+        raise OnnxExportError(f"{call.op.name} with layout {at.layout} cannot be exported; only NCHW")
+    return dict(kernel_shape=ints(at.pool_size), strides=ints(at.strides), pads=ints(at.padding),
+                ceil_mode=int(bool(at.ceil_mode)))
+
+
+@_reg("relax.nn.max_pool2d")
+def _max_pool(e, call, out):
+    kw = _pool_common(call)
+    return e.one("MaxPool", [e.tensor(call.args[0])], out, dilations=ints(call.attrs.dilation), **kw)
+
+
+@_reg("relax.nn.avg_pool2d")
+def _avg_pool(e, call, out):
+    kw = _pool_common(call)
+    if any(d != 1 for d in ints(call.attrs.dilation)):
+        raise OnnxExportError("avg_pool2d with dilation cannot be exported at opset 17")
+    return e.one("AveragePool", [e.tensor(call.args[0])], out,
+                 count_include_pad=int(bool(call.attrs.count_include_pad)), **kw)
+
+
+@_reg("relax.nn.adaptive_avg_pool2d")
+def _adaptive_avg(e, call, out):
+    at = call.attrs
+    if str(at.layout) != "NCHW":
+        raise OnnxExportError("adaptive_avg_pool2d cannot be exported for layout " + str(at.layout))
+    in_hw = tensor_shape(call.args[0].ty, "adaptive_avg_pool2d input")[2:]
+    out_hw = tensor_shape(call.ty, "adaptive_avg_pool2d result")[2:]
+    x = e.tensor(call.args[0])
+    if out_hw == (1, 1):
+        return e.one("GlobalAveragePool", [x], out)
+    if out_hw == in_hw:
+        return e.one("Identity", [x], out)
+    if all(i % o == 0 for i, o in zip(in_hw, out_hw)):
+        k = [i // o for i, o in zip(in_hw, out_hw)]
+        return e.one("AveragePool", [x], out, kernel_shape=k, strides=k)
+    raise OnnxExportError(f"adaptive_avg_pool2d from {in_hw} to {out_hw} (not a whole divisor) cannot be exported")
+
+
+_REDUCE = {"mean": "ReduceMean", "sum": "ReduceSum", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
+
+
+@_reg(*[f"relax.{k}" for k in _REDUCE])
+def _reduce(e, call, out):
+    op = _REDUCE[call.op.name[len("relax."):]]
+    x = e.tensor(call.args[0])
+    axis = call.attrs.axis
+    keep = int(bool(call.attrs.keepdims))
+    if op == "ReduceSum":  # axes are an input from opset 13
+        ins = [x] + ([e.int64s(ints(axis), "axes")] if axis is not None else [])
+        return e.one(op, ins, out, keepdims=keep)
+    kw = {"axes": ints(axis)} if axis is not None else {}
+    return e.one(op, [x], out, keepdims=keep, **kw)
+
+
+@_reg("relax.nn.layer_norm")
+def _layer_norm(e, call, out):
+    rank = len(tensor_shape(call.args[0].ty, "layer_norm input"))
+    axes = sorted(a % rank for a in ints(call.attrs.axes))
+    if axes != list(range(axes[0], rank)):
+        raise OnnxExportError(f"layer_norm over axes {axes} (not the trailing axes) cannot be exported")
+    return e.one("LayerNormalization", [e.tensor(a) for a in call.args[:3]], out,
+                 axis=axes[0], epsilon=float(call.attrs.epsilon))
+
+
+@_reg("relax.nn.batch_norm")
+def _batch_norm(e, call, out):
+    at = call.attrs
+    x, gamma, beta, mm, mv = (e.tensor(a) for a in call.args)
+    xs = tensor_shape(call.args[0].ty, "batch_norm input")
+    axis = int(at.axis) % len(xs)
+    dt = _x_dtype(call)
+    eps = float(at.epsilon)
+    bshape = [1] * len(xs)
+    bshape[axis] = xs[axis]
+    if not bool(at.training) and bool(at.center) and bool(at.scale):
+        y = e.one("BatchNormalization", [x, gamma, beta, mm, mv], e.fresh(f"{out}_0"), epsilon=eps)
+        return [y, e.one("Identity", [mm], e.fresh(f"{out}_1")), e.one("Identity", [mv], e.fresh(f"{out}_2"))]
+    rs = e.int64s(bshape)
+    if bool(at.training):
+        red = [k for k in range(len(xs)) if k != axis]
+        mean = e.one("ReduceMean", [x], axes=red, keepdims=1)
+        d = e.one("Sub", [x, mean])
+        var = e.one("ReduceMean", [e.one("Mul", [d, d])], axes=red, keepdims=1)
+    else:
+        mean = e.one("Reshape", [mm, rs])
+        var = e.one("Reshape", [mv, rs])
+        d = e.one("Sub", [x, mean])
+    y = e.one("Div", [d, e.one("Sqrt", [e.one("Add", [var, e.init(np.array(eps, dt))])])])
+    if bool(at.scale):
+        y = e.one("Mul", [y, e.one("Reshape", [gamma, rs])])
+    if bool(at.center):
+        y = e.one("Add", [y, e.one("Reshape", [beta, rs])])
+    y = e.one("Identity", [y], e.fresh(f"{out}_0"))
+    if bool(at.training):
+        m = float(at.momentum)
+        flat = e.int64s([xs[axis]])
+        new_mean = e.one("Add", [e.one("Mul", [mm, e.init(np.array(1 - m, dt))]),
+                                 e.one("Mul", [e.one("Reshape", [mean, flat]), e.init(np.array(m, dt))])], e.fresh(f"{out}_1"))
+        new_var = e.one("Add", [e.one("Mul", [mv, e.init(np.array(1 - m, dt))]),
+                                e.one("Mul", [e.one("Reshape", [var, flat]), e.init(np.array(m, dt))])], e.fresh(f"{out}_2"))
+        return [y, new_mean, new_var]
+    return [y, e.one("Identity", [mm], e.fresh(f"{out}_1")), e.one("Identity", [mv], e.fresh(f"{out}_2"))]
+
+
+@_reg("relax.concat")
+def _concat(e, call, out):
+    parts = e.value(call.args[0])
+    if not isinstance(parts, list):
+        raise OnnxExportError("concat expects a tuple of tensors")
+    return e.one("Concat", parts, out, axis=int(call.attrs.axis))
+
+
+@_reg("relax.split")
+def _split(e, call, out):
+    xs = tensor_shape(call.args[0].ty, "split input")
+    axis = int(call.attrs.axis) % len(xs)
+    ios = call.attrs.indices_or_sections
+    n = xs[axis]
+    if isinstance(ios, (int, tvm.tirx.IntImm)):
+        k = int(ios)
+        sizes = [n // k] * k
+    else:
+        idx = [0] + ints(ios) + [n]
+        sizes = [max(0, min(b, n) - min(a, n)) for a, b in zip(idx[:-1], idx[1:])]
+    outs = [e.fresh(f"{out}_{i}") for i in range(len(sizes))]
+    return e.node("Split", [e.tensor(call.args[0]), e.int64s(sizes, "split")], outs, axis=axis)
+
+
+def _to_out_shape(e, call, out):
+    shp = tensor_shape(call.ty, f"{call.op.name} result")
+    return e.one("Reshape", [e.tensor(call.args[0]), e.int64s(shp)], out)
+
+
+for _n in ("relax.reshape", "relax.flatten", "relax.nn.batch_flatten"):
+    CONVERTERS[_n] = _to_out_shape
+
+
+@_reg("relax.broadcast_to")
+def _broadcast(e, call, out):
+    shp = tensor_shape(call.ty, "broadcast_to result")
+    return e.one("Expand", [e.tensor(call.args[0]), e.int64s(shp)], out)
+
+
+@_reg("relax.permute_dims")
+def _permute(e, call, out):
+    rank = len(tensor_shape(call.args[0].ty, "permute_dims input"))
+    axes = call.attrs.axes
+    perm = [a % rank for a in ints(axes)] if axes is not None else list(reversed(range(rank)))
+    return e.one("Transpose", [e.tensor(call.args[0])], out, perm=perm)
+
+
+@_reg("relax.expand_dims")
+def _expand_dims(e, call, out):
+    return e.one("Unsqueeze", [e.tensor(call.args[0]), e.int64s(ints(call.attrs.axis), "axes")], out)
+
+
+@_reg("relax.squeeze")
+def _squeeze(e, call, out):
+    ins = [e.tensor(call.args[0])]
+    if call.attrs.axis is not None:
+        ins.append(e.int64s(ints(call.attrs.axis), "axes"))
+    return e.one("Squeeze", ins, out)
+
+
+@_reg("relax.strided_slice")
+def _strided_slice(e, call, out):
+    args = list(call.args)
+    axes, begin, end = (ints(a.fields) for a in args[1:4])
+    strides = ints(args[4].fields) if len(args) > 4 else [1] * len(axes)
+    return e.one("Slice", [e.tensor(args[0]), e.int64s(begin, "starts"), e.int64s(end, "ends"),
+                           e.int64s(axes, "axes"), e.int64s(strides, "steps")], out)
+
+
+@_reg("relax.take")
+def _take(e, call, out):
+    axis = call.attrs.axis
+    x = e.tensor(call.args[0])
+    if axis is None:  # take from the flattened tensor
+        x = e.one("Reshape", [x, e.int64s([-1])])
+        axis = 0
+    return e.one("Gather", [x, e.tensor(call.args[1])], out, axis=int(axis))
+
+
+@_reg("relax.zeros_like", "relax.ones_like", "relax.zeros", "relax.ones", "relax.full", "relax.full_like")
+def _filled(e, call, out):
+    shp = tensor_shape(call.ty, f"{call.op.name} result")
+    dt = dtype_of(call.ty)
+    name = call.op.name
+    if "zeros" in name:
+        val = 0
+    elif "ones" in name:
+        val = 1
+    else:
+        fill = call.args[1]
+        if not is_tensor_const(fill):
+            raise OnnxExportError(f"{name} with a non-constant fill value cannot be exported")
+        val = fill.value.numpy().item()
+    return e.one("Identity", [e.init(np.full(shp, val, dtype=dt), "filled")], out)
+
+
+#: Relax operator names the exporter converts.
+SUPPORTED_OPS: frozenset[str] = frozenset(CONVERTERS)
+
+
+def supports_call(call) -> bool:
+    """Whether one Relax call can be exported (its op has a converter and its layout fits).
+
+    Parameters
+    ----------
+    call : relax.Call
+        A call binding value from a Relax function.
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> supports_call(bb.normalize(relax.op.nn.relu(x))), supports_call(bb.normalize(relax.op.cumsum(x, axis=0)))
+    (True, False)
+    """
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return False
+    name = call.op.name
+    if name not in CONVERTERS:
+        return False
+    at = call.attrs
+    if name in ("relax.nn.conv2d",) and (str(at.data_layout), str(at.kernel_layout)) != ("NCHW", "OIHW"):
+        return False
+    if name in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d") and \
+            str(at.layout) != "NCHW":
+        return False
+    for a in call.args:
+        if is_tensor_const(a) and str(a.ty.dtype) not in DTYPES:
+            return False
+    ty = call.ty
+    for t in flat_types(ty):
+        if not isinstance(t, relax.TensorType) or str(t.dtype) not in DTYPES:
+            return False
+    return True
+
+
+__all__ = ["CONVERTERS", "SUPPORTED_OPS", "supports_call"]

@@ -1,0 +1,85 @@
+"""The candidates of the flow: which backends compete for each subgraph on a cluster.
+
+:func:`make_candidates` is what :func:`tvm_pesto.place` costs and solves (re-exported as
+:func:`tvm_pesto.make_candidates`); it sits with the candidates so that the cost side (this
+machine's calibration, :mod:`tvm_pesto.costs.machine`) builds the same ones without importing
+the facade :mod:`tvm_pesto.api`.
+
+Examples
+--------
+>>> backend_names("all") is None, backend_names("torch, onnxruntime")
+(True, ['tvm', 'torch', 'onnxruntime'])
+"""
+from __future__ import annotations
+
+import warnings
+
+from ..backends import available_backends, get_backend
+from ..cluster import as_cluster
+from ..errors import PestoError
+from .generate import generate_candidates, placement_candidates
+
+#: Backends asked for by name that were unavailable and have been warned about (once each).
+_WARNED: set = set()
+
+
+def backend_names(backends) -> list[str] | None:
+    """``"all"`` -> None (every registered backend); ``"tvm"`` -> ["tvm"]; a comma-separated
+    string or a list -> that list (``tvm`` added: it covers every op).
+
+    Raises
+    ------
+    PestoError
+        For an unknown backend name (the message lists the known ones).
+    """
+    if backends is None or backends == "all":
+        return None
+    names = [b.strip() for b in backends.split(",")] if isinstance(backends, str) else [str(b) for b in backends]
+    names = [n for n in names if n]
+    if not names:
+        raise PestoError("no backend named; use --backends all, tvm, or a comma-separated list of backend names")
+    for n in names:
+        get_backend(n)  # unknown names fail here, listing the known ones
+    return ["tvm"] + [n for n in names if n != "tvm"]
+
+
+def make_candidates(analysis, cluster, backends="all", max_region: int = 40):
+    """The candidates of the flow: which subgraphs each available backend could run.
+
+    ``analysis`` is a :class:`~tvm_pesto.graph.analysis.Analysis`. ``backends="tvm"`` gives
+    TVM's fusion groups only (one candidate per group). Backends asked for by name that cannot
+    run here are reported once with a warning that names what stands in (TVM); with ``"all"``
+    they are only listed in ``unavailable``.
+
+    Returns
+    -------
+    CandidateSet
+        ``unavailable`` maps each backend left out to the reason.
+    """
+    cluster = as_cluster(cluster)
+    names = backend_names(backends)
+    if names == ["tvm"]:
+        return placement_candidates(analysis.rg, analysis.groups)
+    usable, why, seen = [], {}, set()
+    for kind in sorted({d.kind for d in cluster.devices}):
+        got, reasons = available_backends(names, device_kind=kind)
+        for b in got:
+            if b.name not in seen:
+                seen.add(b.name)
+                usable.append(b)
+        for k, v in reasons.items():
+            why.setdefault(k, v)
+    for b in usable:
+        why.pop(b.name, None)
+    if names is not None:
+        for n in names:
+            if n in why and n not in _WARNED:
+                _WARNED.add(n)
+                warnings.warn(f"backend {n!r} is unavailable ({why[n]}); its subgraphs stay on tvm", RuntimeWarning,
+                              stacklevel=3)
+    cs = generate_candidates(analysis.rg, usable, max_region=max_region)
+    cs.unavailable = {**why, **cs.unavailable}  # and those whose checks failed on this graph
+    return cs
+
+
+__all__ = ["backend_names", "make_candidates"]
