@@ -22,7 +22,7 @@ from tvm import relax  # noqa: E402
 from tvm_pesto.cluster import parse_cluster  # noqa: E402
 from tvm_pesto.costs import candidate_costs  # noqa: E402
 from tvm_pesto.costs import remote  # noqa: E402
-from tvm_pesto.costs.cache import MeasureCache, device_key  # noqa: E402
+from tvm_pesto.costs.cache import MeasureCache, measure_target  # noqa: E402
 from tvm_pesto.costs.remote import remote_cluster  # noqa: E402
 from tvm_pesto.costs.timing import measure_groups  # noqa: E402
 from tvm_pesto.errors import CostError  # noqa: E402
@@ -111,8 +111,8 @@ def test_rpc_measurement_equals_local_measurement(rpc_tracker, tmp_path):
     assert 0.75 < min(theres) / min(heres) < 1.33, (heres, theres)
     # Cached under the remote device's key, next to the local one: two records, two overheads.
     targets = {r["target"] for r in MeasureCache(tmp_path / "m.jsonl").entries.values()}
-    assert targets == {device_key(local.devices[0]), device_key(far.devices[0])}
-    assert device_key(far.devices[0]) != device_key(local.devices[0])
+    assert targets == {measure_target(local.devices[0]), measure_target(far.devices[0])}
+    assert measure_target(far.devices[0]) != measure_target(local.devices[0])
     # A second pass measures nothing (no session is needed: a dead tracker does not matter).
     gone = remote_cluster(local, "127.0.0.1:1", KEY)
     again = measure_groups(an.rg, an.groups, gone.devices[0], MeasureCache(tmp_path / "m.jsonl"))

@@ -57,20 +57,11 @@ class Device:
         """True when the device is measured over TVM RPC (``rpc_key`` set)."""
         return bool(self.rpc_key)
 
-    @property
-    def tvm_device_type(self) -> str:
-        return "cpu" if self.kind == "cpu" else "cuda"
-
     def tvm_device(self):
         """The ``tvm.runtime.Device`` this device runs on."""
         import tvm
 
         return tvm.cpu(self.index) if self.kind == "cpu" else tvm.cuda(self.index)
-
-    def tvm_target(self):
-        import tvm
-
-        return tvm.target.Target(self.target)
 
     def roofline_s(self, flops: float, nbytes: float) -> float:
         """Time bound max(FLOPs / peak, bytes / bandwidth) in seconds."""

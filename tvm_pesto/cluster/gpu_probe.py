@@ -126,17 +126,6 @@ def cuda_driver() -> tuple[bool, str]:
     return True, ""
 
 
-def gpu_count() -> int:
-    """Number of CUDA devices the driver sees (0 without a driver)."""
-    ok, _ = cuda_driver()
-    if not ok:
-        return 0
-    lib = ctypes.CDLL(find_library("cuda")[0])
-    n = ctypes.c_int(0)
-    lib.cuDeviceGetCount(ctypes.byref(n))
-    return int(n.value)
-
-
 @functools.lru_cache(maxsize=None)
 def tvm_cuda_runtime() -> tuple[bool, str]:
     """Whether TVM can run CUDA modules here (its CUDA runtime loaded and a GPU exists).

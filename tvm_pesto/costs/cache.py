@@ -69,7 +69,7 @@ def target_key(target: dict) -> str:
     return json.dumps(target, sort_keys=True, separators=(",", ":"))
 
 
-def device_key(device) -> str:
+def measure_target(device) -> str:
     """The cache's ``target`` field for measurements on ``device``: its target, plus the
     RPC key of a device measured remotely (:mod:`tvm_pesto.costs.remote`), so that a
     remote device's records never stand in for a local one's, nor the other way round.
@@ -78,10 +78,10 @@ def device_key(device) -> str:
     --------
     >>> from tvm_pesto.cluster import parse_cluster
     >>> dev = parse_cluster("cpu:1").devices[0]
-    >>> device_key(dev) == target_key(dev.target)
+    >>> measure_target(dev) == target_key(dev.target)
     True
     >>> from dataclasses import replace
-    >>> device_key(replace(dev, rpc_key="cpu2", rpc_tracker="127.0.0.1:9190")).endswith(',"rpc_key":"cpu2"}')
+    >>> measure_target(replace(dev, rpc_key="cpu2", rpc_tracker="127.0.0.1:9190")).endswith(',"rpc_key":"cpu2"}')
     True
     """
     if not getattr(device, "rpc_key", ""):
@@ -92,7 +92,7 @@ def device_key(device) -> str:
 def measurement_record(key: str, backend: str, target: str, repeats, nodes, device) -> dict:
     """The cache record of one measurement: ``repeats`` (seconds) of the subgraph made of
     the graph ``nodes`` (their ``op``, ``flops``, ``bytes_read``/``bytes_written``), timed
-    with ``backend`` on ``device`` under the cache ``target`` key (:func:`device_key`), with
+    with ``backend`` on ``device`` under the cache ``target`` key (:func:`measure_target`), with
     the machine's load average (1, 5, 15 minutes) when it was taken: a record timed while
     other jobs ran is slower than the device, and later readers can tell (``None`` for a
     device timed over RPC: this machine's load says nothing of the remote one)."""

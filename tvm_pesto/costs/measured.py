@@ -31,7 +31,7 @@ from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError, PestoError
 from ..graph.fusion import fusion_groups
 from ..graph.subgraph import out_ty_of, structural_key
-from .cache import MeasureCache, device_key, measurement_record
+from .cache import MeasureCache, measure_target, measurement_record
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
 from .table import MIN_COST_S
 from .timing import OVERHEAD_KEY, calibrate, call_overhead_s, measurable, measure_groups, measure_whole, random_args
@@ -49,8 +49,8 @@ class MeasureReport:
     seconds: float = 0.0
 
 
-def _device_key(device) -> tuple:
-    return (device_key(device), device.cores, device.kind)
+def _device_group(device) -> tuple:
+    return (measure_target(device), device.cores, device.kind)
 
 
 def _wrapper(gname: str, params, out_ty, name: str) -> relax.Function:
@@ -98,7 +98,7 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
                         "present devices, or over TVM RPC (--rpc-tracker HOST:PORT --rpc-key KEY)")
     cache = cache if cache is not None else MeasureCache()
     report = report if report is not None else MeasureReport()
-    tkey = device_key(device)
+    tkey = measure_target(device)
     rg = cs.rg
     costs = np.full(len(cs), np.nan)
 
@@ -219,7 +219,7 @@ def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_m
             dev = device.tvm_device()
             vm = relax.VirtualMachine(ex, dev)
             rng = np.random.default_rng(0)
-            timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(min_repeat_ms), key=device_key(device))
+            timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(min_repeat_ms), key=measure_target(device))
             timed = {}  # fname -> index in the timer's results
             for fname, _k, _b, _idxs, params in jobs:
                 try:
@@ -254,7 +254,7 @@ def measure_cost_table(cs: CandidateSet, cluster, cache: MeasureCache | None = N
     out = np.zeros((len(cs), cluster.num_devices))
     done: dict[tuple, np.ndarray] = {}
     for j, dev in enumerate(cluster.devices):
-        k = _device_key(dev)
+        k = _device_group(dev)
         if k not in done:
             done[k] = measure_candidates(cs, dev, cache, repeat=repeat, report=report, progress=progress)
         out[:, j] = done[k]
@@ -278,7 +278,7 @@ def calibrate_native(cs: CandidateSet, cluster, table: np.ndarray, cache: Measur
     factors: dict[int, float] = {}
     done: dict[tuple, float] = {}
     for j, dev in enumerate(cluster.devices):
-        k = _device_key(dev)
+        k = _device_group(dev)
         if k not in done:
             parts = table[groups, j]
             _, done[k] = calibrate(parts, measure_whole(cs.rg, dev, cache, expect_s=float(np.sum(parts))))

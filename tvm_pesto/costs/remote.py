@@ -5,7 +5,7 @@ the measurement module is built here for the device's target, exported as a shar
 library, uploaded to a server the tracker hands out for the key, loaded there with TVM's
 runtime and timed with the same ``time_evaluator`` calls as a local device
 (:mod:`tvm_pesto.costs.timing`). Records go to the cache under the remote device's key
-(:func:`tvm_pesto.costs.cache.device_key`), so a local and a remote device of the same
+(:func:`tvm_pesto.costs.cache.measure_target`), so a local and a remote device of the same
 target never share a measurement. Library backends (ONNX Runtime, PyTorch) run in this
 process only: on a remote device their candidates are not measured (``inf``). ``tvm-pesto
 tune`` times MetaSchedule's schedules the same way, one session per search round

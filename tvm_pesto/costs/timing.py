@@ -31,7 +31,7 @@ from ..candidates import candidate_function
 from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError
 from ..graph.subgraph import structural_key
-from .cache import MeasureCache, device_key, measurement_record
+from .cache import MeasureCache, measure_target, measurement_record
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
 from .remote import remote_session
 from .table import MIN_COST_S
@@ -112,7 +112,7 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
         raise CostError(f"device {device.name} is not on this machine; use the roofline or xgb cost source, or "
                         "measure it over TVM RPC (--rpc-tracker HOST:PORT --rpc-key KEY)")
     cache = cache if cache is not None else MeasureCache()
-    tkey = device_key(device)
+    tkey = measure_target(device)
     keys = [structural_key(candidate_function(rg, grp, lift_constants=True).func) for grp in groups]
     times = np.full(len(groups), np.nan)
     todo: dict[str, int] = {}
@@ -186,7 +186,7 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
 
 def call_overhead_s(device, cache: MeasureCache) -> float:
     """The measured fixed cost of one VM function call on ``device`` (0 if never measured)."""
-    rec = cache.get(OVERHEAD_KEY, BACKEND, device_key(device))
+    rec = cache.get(OVERHEAD_KEY, BACKEND, measure_target(device))
     return float(rec["median_s"]) if rec is not None else 0.0
 
 
@@ -217,7 +217,7 @@ def measure_whole(rg, device, cache: MeasureCache | None = None, repeat: int = 5
     kept (the record's ``retimed`` lists them).
     """
     cache = cache if cache is not None else MeasureCache()
-    tkey = device_key(device)
+    tkey = measure_target(device)
     key = "whole:" + structural_key(rg.func)
     rec = cache.get(key, BACKEND, tkey)
     if rec is not None:

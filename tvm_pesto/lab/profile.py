@@ -56,7 +56,7 @@ from .. import zoo
 from ..backends import available_backends, backend_status, get_backend
 from ..candidates import candidate_function, generate_candidates
 from ..cluster import as_cluster
-from ..costs.cache import MeasureCache, current_record, device_key
+from ..costs.cache import MeasureCache, current_record, measure_target
 from ..costs.features import describe_group, device_descriptor
 from ..costs.jsonl import open_log, read_records
 from ..costs.measured import MeasureReport, measure_candidates
@@ -258,7 +258,7 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
     _register_descs(log, rg, units)
     done: set = set()
     for dev in devs:
-        tk = device_key(dev)
+        tk = measure_target(dev)
         if (tk, dev.cores, dev.kind) in done:
             continue
         done.add((tk, dev.cores, dev.kind))

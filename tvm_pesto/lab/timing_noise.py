@@ -35,7 +35,7 @@ import tvm
 from ..candidates import candidate_function
 from ..cluster import as_cluster
 from ..cluster.device_thread import enter_device_thread
-from ..costs.cache import device_key
+from ..costs.cache import measure_target
 from ..costs.interleave import ReferenceTimer, burst_seconds, reference_functions
 from ..costs.timing import random_args
 from ..graph.analysis import analyze
@@ -90,7 +90,7 @@ def groups(models: list, passes: int) -> dict:
         args = {f: random_args(fn.params, dev, rng) for f, fn in funcs.items()}
         plain, ref = [], []
         for _ in range(passes):
-            timer = ReferenceTimer(vm, dev, rounds=5, burst_s=burst_seconds(5), key=device_key(device))
+            timer = ReferenceTimer(vm, dev, rounds=5, burst_s=burst_seconds(5), key=measure_target(device))
             p = []
             for f in funcs:
                 vm[f](*args[f])

@@ -47,9 +47,6 @@ class SimResult:
         transfers, and the executor's dispatch."""
         return self.makespan + self.io_s + self.dispatch_s
 
-    def utilization(self) -> np.ndarray:
-        return self.busy / self.makespan if self.makespan > 0 else np.zeros_like(self.busy)
-
     def summary(self) -> dict:
         out = {
             "makespan_s": float(self.makespan),
