@@ -397,12 +397,7 @@ ELEMENTWISE_UNARY = ("nn.relu", "nn.gelu", "nn.gelu_tanh", "sigmoid", "tanh", "n
 
 def _check_float32(ctx: MatchContext) -> bool:
     """Every matched call computes float32 tensors."""
-    for c in ctx.calls:
-        ty = c.ty
-        tys = list(ty.fields) if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)) else [ty]
-        if any(dtype_of(t) != "float32" for t in tys):
-            return False
-    return True
+    return all(dtype_of(t) == "float32" for c in ctx.calls for t in _result_types(c))
 
 
 def _check_conv2d(ctx: MatchContext) -> bool:
@@ -450,21 +445,39 @@ def default_check(ctx: MatchContext) -> bool:
 
 
 #: ops that only move, select or convert values: a graph-level library runs them on any tensor
-#: type its converter accepts (token ids, index arithmetic), not only float32
+#: type its converter accepts (token ids), not only float32
 DATA_MOVEMENT = frozenset({"astype", "reshape", "permute_dims", "expand_dims", "squeeze", "flatten",
                            "strided_slice", "concat", "broadcast_to", "take", "split"})
+#: index arithmetic whose integer result is the same in every library (wrap-around add, compare,
+#: select): what an importer writes around a gather (``where(idx < 0, idx + n, idx)``); division
+#: is left out (ONNX truncates, TVM floors)
+INDEX_ARITHMETIC = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "equal", "not_equal", "less",
+                              "less_equal", "greater", "greater_equal", "where", "logical_and", "logical_or",
+                              "logical_not"})
 
 
 def region_check(ctx: MatchContext) -> bool:
     """The standard predicates for one call of a graph-level region (``ctx.calls`` is that call).
 
-    Arithmetic must compute float32, as in :func:`default_check`; a :data:`DATA_MOVEMENT` op
-    may carry any dtype, which the backend's ``supports_op`` has accepted. A model whose input
-    is integer (token ids cast and reshaped before an embedding) can so run as one region.
+    Floating-point arithmetic must be float32, as in :func:`default_check`; a
+    :data:`DATA_MOVEMENT` op may carry any dtype, and :data:`INDEX_ARITHMETIC` integer or
+    boolean ones, which the backend's ``supports_op`` has accepted. A model on integer inputs
+    (token ids normalized, cast and reshaped before an embedding) can so run as one region.
     """
-    if not all(op_short_name(c) in DATA_MOVEMENT for c in ctx.calls) and not _check_float32(ctx):
+    for c in ctx.calls:
+        name = op_short_name(c)
+        dtypes = {dtype_of(t) for t in _result_types(c)}
+        if dtypes == {"float32"} or name in DATA_MOVEMENT:
+            continue
+        if name in INDEX_ARITHMETIC and all(d == "bool" or d.startswith(("int", "uint")) for d in dtypes):
+            continue
         return False
     return _check_layouts(ctx)
+
+
+def _result_types(call) -> list:
+    ty = call.ty
+    return list(ty.fields) if isinstance(ty, (relax.TupleType, tvm.ir.TupleType)) else [ty]
 
 
 def op_level_patterns(prefix: str, ops: set[str], max_depth: int = 4) -> list[PatternEntry]:
