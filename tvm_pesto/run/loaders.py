@@ -151,11 +151,13 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     def run(*args):
         sess.run_with_iobinding(binding(args))
 
-    alone: list = [] if int(cores) > 1 and owns_every_core(cores) else [sess]
+    # the model is kept only until the spinning session is made, and only where one will be
+    pending = [model] if int(cores) > 1 and owns_every_core(cores) else []
+    alone: list = [] if pending else [sess]
 
     def direct(*arrays):
         if not alone:
-            alone.append(onnx_session(model, cores, parallel=parallel, spin=True))
+            alone.append(onnx_session(pending.pop(), cores, parallel=parallel, spin=True))
         return alone[0].run(None, dict(zip(in_names, arrays)))
 
     run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
