@@ -36,8 +36,16 @@ def test_the_one_device_options_use_every_core_as_one_device(chosen):
     d = chosen[0].decision
     plan = d["options"][0]
     assert plan["cluster"] == "cpu:2" and plan["cores"] == [1, 1]
-    for o in d["options"][1:]:
-        assert o["cluster"] == "cpu:1" and o["cores"] == [sum(plan["cores"])]
+    wide = [o for o in d["options"][1:] if " on " not in o["name"]]
+    assert wide and all(o["cluster"] == "cpu:1" and o["cores"] == [sum(plan["cores"])] for o in wide)
+
+
+def test_each_library_is_also_weighed_on_one_narrow_device(chosen):
+    d = chosen[0].decision
+    narrow = [o for o in d["options"] if " on " in o["name"]]
+    assert "library:onnxruntime on cpu0" in [o["name"] for o in narrow]
+    for o in narrow:
+        assert o["cluster"] == "cpu:2" and len(o["backend_mix"]) == 1 and "measured_s" in o
     lib = next(o for o in d["options"] if o["name"] == "library:onnxruntime")
     assert lib["backend_mix"] == {"onnxruntime": sum(lib["backend_mix"].values())}
     pred = {o["name"]: o["predicted_s"] for o in d["options"] if o["name"] in ("plan", "one-device")}
@@ -103,7 +111,7 @@ def test_a_whole_model_library_plan_is_called_through_the_library_itself(tmp_pat
     pl = tvm_pesto.place(mod, "cpu:1", costs="roofline")
     lp = decide.whole_model_placement(pl, "onnxruntime", pl.joint.cluster)
     placed = build_placement(lp, pl.joint.cluster)
-    step, _ = placed._direct
+    step = placed._direct[0]
     assert step.extern.startswith("pesto.onnxruntime.")
     ref = reference_output(mod, [x])
 

@@ -11,7 +11,10 @@ fastest is kept:
   (``cpu:1``, every core in it: the libraries' own intra- and inter-op threads use them);
 * ``library:<backend>``: the whole model as one unit of each library backend (ONNX Runtime
   in each of its modes, PyTorch, ...) that can run every op, on that device: what a user
-  of that library runs today.
+  of that library runs today;
+* ``library:<backend> on <device>``: on ``cpu:N`` with N > 1, the same on the first device
+  of the cluster asked for (for ``cpu:2``, one core: the library with one thread, which a
+  model of a few hundred microseconds often runs fastest with).
 
 Which core shape (``cpu:N`` or ``cpu:1``) the flow predicts faster is the plan's ``shape``;
 the measurement then decides. ``decision`` lists each option's predicted and measured
@@ -98,12 +101,16 @@ def options(placement, cluster, place_one_device) -> list[Option]:
         wide = cpu_cluster(1)
         wide_pl = place_one_device(wide)
         out.append(Option("one-device", wide, wide_pl, float(wide_pl.sim.run_s)))
-    libs = {}
     for b in sorted({c.backend for c in wide_pl.candidates if c.backend != "tvm"}):
         lp = whole_model_placement(wide_pl, b, wide)
         if lp is not None:
-            libs[b] = Option(f"library:{b}", wide, lp, float(lp.sim.run_s))
-    out += [libs[b] for b in sorted(libs)]
+            out.append(Option(f"library:{b}", wide, lp, float(lp.sim.run_s)))
+    if cluster.num_devices > 1:  # the library on one of the narrow devices (one thread on cpu:N)
+        narrow = cluster.devices[0]
+        for b in sorted({c.backend for c in placement.candidates if c.backend != "tvm"}):
+            lp = whole_model_placement(placement, b, cluster)
+            if lp is not None:
+                out.append(Option(f"library:{b} on {narrow.name}", cluster, lp, float(lp.sim.run_s)))
     return out
 
 

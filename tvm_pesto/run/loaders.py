@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ExecutionError
+from .onnx_call import PreparedCall
 
 
 #: Bindings an ONNX Runtime callable keeps per thread (sets of tensor addresses).
@@ -153,12 +154,13 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
 
     # the model is kept only until the spinning session is made, and only where one will be
     pending = [model] if int(cores) > 1 and owns_every_core(cores) else []
-    alone: list = [] if pending else [sess]
+    alone: list = []  # the direct call (onnx_call.PreparedCall), made on first use
 
     def direct(*arrays):
         if not alone:
-            alone.append(onnx_session(pending.pop(), cores, parallel=parallel, spin=True))
-        return alone[0].run(None, dict(zip(in_names, arrays)))
+            alone.append(PreparedCall(onnx_session(pending.pop(), cores, parallel=parallel, spin=True)
+                                      if pending else sess))
+        return alone[0](*arrays)
 
     run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
     return run

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..errors import ExecutionError
-from .executor import Executor, _assemble, to_numpy
+from .executor import Executor, to_numpy
 from .loaders import direct_call
 from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
 
@@ -144,9 +144,9 @@ class PlacedRuntime:
             raise
 
     def __call__(self, *args):
-        as_numpy = any(isinstance(a, np.ndarray) for a in args)
         if self._direct_applies(args):
             return self._call_direct(args)
+        as_numpy = any(isinstance(a, np.ndarray) for a in args)
         res = self._run(self._exec(), self._inputs(args))
         return to_numpy(res) if as_numpy else res
 
@@ -156,25 +156,16 @@ class PlacedRuntime:
 
     def _call_direct(self, args):
         """A program that is one library unit, on numpy arrays: the library's own call."""
-        step, fn = self._direct
+        step, fn, result = self._direct
         if len(args) != len(self.program.inputs):
             self._inputs(args)  # raises the usual error
         try:
-            outs = fn(*[np.asarray(a) for a in args])
+            outs = fn(*args)
         except Exception as e:  # noqa: BLE001 - the library's error, explained at our boundary
             text = str(e).strip()
             raise ExecutionError(f"device {step.device} failed in segment {step.func} ({step.extern}): "
                                  f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from e
-        env = dict(zip(self.program.inputs, args))
-        env[step.out] = outs[0] if len(outs) == 1 else tuple(outs)
-        for s in self.program.steps:
-            if s.kind == "item":
-                env[s.out] = env[s.args[0]][s.index]
-            elif s.kind == "tuple":
-                env[s.out] = tuple(env[a] for a in s.args)
-            elif s.kind == "alias":
-                env[s.out] = env[s.args[0]]
-        return _assemble(self.program.output, env)
+        return result(args, outs)
 
     def run_traced(self, *args):
         trace: list = []
@@ -263,14 +254,37 @@ class PlacedRuntime:
 
 
 def _direct(program):
-    """``(step, f)`` when ``program`` is one call of a unit with a direct call on numpy
-    arrays (:func:`tvm_pesto.run.loaders.direct_call`) and nothing moves between devices;
-    else None."""
+    """``(step, f, result)`` when ``program`` is one call of a unit with a direct call on
+    numpy arrays (:func:`tvm_pesto.run.loaders.direct_call`) and nothing moves between
+    devices; else None. ``result(args, outs)`` is the program's output from its inputs and
+    the unit's outputs, its steps resolved once here instead of on every call."""
     calls = program.calls()
     if len(calls) != 1 or not calls[0].extern or program.state or any(s.kind == "copy" for s in program.steps):
         return None
     fn = direct_call(calls[0].extern)
-    return (calls[0], fn) if fn is not None else None
+    if fn is None:
+        return None
+    step = calls[0]
+    env = {name: (lambda args, outs, k=k: args[k]) for k, name in enumerate(program.inputs)}
+    env[step.out] = lambda args, outs: outs[0] if len(outs) == 1 else tuple(outs)
+    for s in program.steps:
+        if s.kind == "item":
+            whole = env[s.args[0]]
+            env[s.out] = ((lambda args, outs, i=s.index: outs[i]) if s.args[0] == step.out
+                          else (lambda args, outs, g=whole, i=s.index: g(args, outs)[i]))
+        elif s.kind == "tuple":
+            env[s.out] = lambda args, outs, gs=tuple(env[a] for a in s.args): tuple(g(args, outs) for g in gs)
+        elif s.kind == "alias":
+            env[s.out] = env[s.args[0]]
+    return step, fn, _resolve(program.output, env)
+
+
+def _resolve(out, env):
+    """``f(args, outs)``: the value of output ``out`` (a name or a nested tuple of names)."""
+    if isinstance(out, tuple):
+        parts = tuple(_resolve(o, env) for o in out)
+        return lambda args, outs: tuple(g(args, outs) for g in parts)
+    return env[out]
 
 
 __all__ = ["PlacedRuntime"]
