@@ -48,6 +48,9 @@ def _run_with_every_backend(tmp_path, path, kind, costs):
     assert res["solver_status"] == "heuristic" and res["devices_used"]
     # cpu:2 is on this machine: the executor's dispatch was measured here, not taken from the preset
     assert res["dispatch"]["measured"] and res["dispatch"]["multi_device_s"] > 0
+    libraries = {b for b in res["backend_mix"] if b != "tvm"}
+    assert set(res["build_s_by_backend"]) == libraries  # every library unit's build, timed
+    assert all(s > 0 for s in res["build_s_by_backend"].values())
     return res
 
 

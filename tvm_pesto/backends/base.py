@@ -21,6 +21,7 @@ import abc
 import hashlib
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -84,6 +85,8 @@ class BuiltUnit:
         The device it was built for.
     fn : callable
         The callable registered under ``name``.
+    build_s : float
+        Seconds the backend took to make ``fn`` (compiling the subgraph in its library).
     """
 
     name: str
@@ -91,6 +94,7 @@ class BuiltUnit:
     func: relax.Function
     device: object
     fn: Callable
+    build_s: float = 0.0
 
 
 CheckFn = Callable[[MatchContext], bool]
@@ -193,6 +197,7 @@ class Backend(abc.ABC):
         with self._lock:
             if gname in self._built:
                 return gname
+        t0 = time.perf_counter()
         try:
             fn = self.make_callable(func, device)
         except BuildError as e:
@@ -206,7 +211,7 @@ class Backend(abc.ABC):
                              f"{msg[:300]}; it stays on another backend") from e
         register_unit(gname, fn)
         with self._lock:
-            self._built[gname] = BuiltUnit(gname, self.name, func, device, fn)
+            self._built[gname] = BuiltUnit(gname, self.name, func, device, fn, time.perf_counter() - t0)
         return gname
 
     def built(self, gname: str) -> BuiltUnit:

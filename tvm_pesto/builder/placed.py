@@ -94,6 +94,18 @@ class PlacedModule(PlacedRuntime):
         super().__init__(read_program(placed_mod), vms, cluster)
 
     @property
+    def build_seconds(self) -> dict[str, float]:
+        """Seconds each library backend took to build this model's units (its compile or
+        session creation; the TVM device modules are not counted), by backend name.
+
+        A unit its backend had built before (the same subgraph in an earlier build of this
+        process) counts with the seconds that first build took."""
+        out: dict[str, float] = {}
+        for u in self.units.values():
+            out[u.backend] = out.get(u.backend, 0.0) + u.build_s
+        return out
+
+    @property
     def problem(self):
         return self.placement.problem if self.placement is not None else None
 

@@ -150,6 +150,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
         "candidates_by_backend": summary["candidates_by_backend"],
         "backends_unavailable": summary["backends_unavailable"], "devices_used": pm.devices_used,
         "num_segments": len(pm.program.calls()),
+        "build_s_by_backend": pm.build_seconds,
         "measured_s": bench_res["median_s"], "measured_min_s": bench_res["min_s"],
         "measured_runs": bench_res["repeat"],
         "simulated_s": pl.sim.run_s, "simulated_makespan_s": pl.sim.makespan, "dispatch_s": pl.sim.dispatch_s,
