@@ -212,3 +212,31 @@ def test_unknown_cost_source_and_absent_device():
         tvm_pesto.estimate_costs(an, parse_cluster("cpu:1"), "guess")
     with pytest.raises(CostError, match="not on this machine"):
         tvm_pesto.estimate_costs(an, parse_cluster("2xV100-nvlink"), "measured")
+
+
+def test_the_whole_model_as_one_library_unit_is_timed_as_its_direct_call(tmp_path):
+    """A candidate that is the whole model, of a backend whose units have a call on numpy
+    arrays, costs what a one-unit program runs (that call, no VM overhead subtracted); a
+    record of it timed through the VM is measured again; other candidates keep the VM timing."""
+    from tvm_pesto.candidates.examples import tiny_mlp
+    from tvm_pesto.candidates.flow import make_candidates
+    from tvm_pesto.costs.measured import measure_candidates
+
+    an = tvm_pesto.analyze(tiny_mlp()[0])
+    cs = make_candidates(an, "cpu:1", backends="onnxruntime,tvm")
+    cs = cs.subset(lambda c: c.backend == "onnxruntime")  # the library's candidates only
+    dev = parse_cluster("cpu:1").devices[0]
+    path = tmp_path / "m.jsonl"
+    costs = measure_candidates(cs, dev, MeasureCache(path), repeat=2, min_repeat_ms=1)
+    whole = [i for i, c in enumerate(cs) if c.backend == "onnxruntime" and len(c.nodes) == an.op_graph.num_nodes]
+    assert whole and np.isfinite(costs[whole]).all()
+    recs = [json.loads(s) for s in path.read_text().splitlines()]
+    methods = {r["op"].count("+") + 1 == an.op_graph.num_nodes: (r.get("timing") or {}).get("method")
+               for r in recs if r["backend"] == "onnxruntime"}
+    assert methods[True] == "direct" and methods.get(False) == "interleaved"
+    vm_timed = [{**r, "timing": {"method": "interleaved"}} if (r.get("timing") or {}).get("method") == "direct" else r
+                for r in recs]
+    path.write_text("".join(json.dumps(r) + "\n" for r in vm_timed))
+    measure_candidates(cs, dev, MeasureCache(path), repeat=2, min_repeat_ms=1)
+    again = [json.loads(s) for s in path.read_text().splitlines()][len(vm_timed):]
+    assert [(r.get("timing") or {}).get("method") for r in again] == ["direct"]  # only the whole model again

@@ -31,7 +31,7 @@ from tvm import relax
 
 from ..errors import BuildError, PestoError
 from ..graph.relax_import import attrs_dict
-from ..run.loaders import register_unit
+from ..run.loaders import direct_call, register_unit
 
 #: Prefix of every global function a backend registers.
 GLOBAL_PREFIX = "pesto"
@@ -138,6 +138,9 @@ class Backend(abc.ABC):
     #: a backend the cost model stands in for this one until it is trained on it (the ``xgb``
     #: source predicts its candidates as that backend's; None: the roofline estimate)
     cost_proxy: str | None = None
+    #: its units have a call on numpy arrays (:meth:`direct_call`), which a program that is one
+    #: unit of it runs instead of the VM; a candidate of the whole model is timed as that call
+    direct: bool = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -228,6 +231,11 @@ class Backend(abc.ABC):
             raise BuildError(f"backend {self.name!r} did not build {gname!r} in this process (or released it "
                              "since: release_all()); build the placed model again")
         return hit
+
+    def direct_call(self, gname: str):
+        """Unit ``gname``'s call on numpy arrays, ``f(*arrays) -> list of arrays``, which a
+        program that is this one unit runs instead of the VM; None when its library has none."""
+        return direct_call(gname)
 
     # -- deploy -----------------------------------------------------------------------
     def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:

@@ -54,6 +54,7 @@ class OnnxGraphBackend(Backend):
     max_ops = 4
     #: the loader kind of the exported ONNX file
     artifact_kind = "onnx"
+    direct = True  # the loaders' ONNX Runtime and OpenVINO callables have a call on numpy arrays
 
     def patterns(self):
         return op_level_patterns(self.name, set(SUPPORTED), max_depth=self.max_ops)

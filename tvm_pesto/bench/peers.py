@@ -44,10 +44,11 @@ import numpy as np
 
 import tvm_pesto
 
+from ..cluster.device_thread import owns_every_core
 from ..cluster.specs import cpu_cluster
 from ..decide import whole_model_placement
 from ..run.blocks import time_blocks
-from ..run.loaders import onnx_session, owns_every_core
+from ..run.loaders import onnx_session
 from .report import machine_info
 
 #: Blocks per variant, the order of the variants rotated between them.

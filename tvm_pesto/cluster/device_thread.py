@@ -79,4 +79,20 @@ def pinning_failures() -> dict[str, str]:
         return dict(_FAILURES)
 
 
-__all__ = ["enter_device_thread", "pinning_failures"]
+def owns_every_core(cores: int) -> bool:
+    """Whether a device of ``cores`` cores has every core this process may use (no other
+    device of this machine to take cores from).
+
+    Examples
+    --------
+    >>> owns_every_core(1 << 20), owns_every_core(0)
+    (True, False)
+    """
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count() or 1
+    return int(cores) >= usable
+
+
+__all__ = ["enter_device_thread", "owns_every_core", "pinning_failures"]

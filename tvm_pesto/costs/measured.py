@@ -9,6 +9,10 @@
   alternating with reference kernels (:mod:`tvm_pesto.costs.interleave`). The VM's fixed per-call
   overhead is subtracted, as for TVM groups (inside a placed segment, a candidate is one
   call among many, not a VM function call of its own).
+* A library candidate that is the whole model, of a backend with a call on numpy arrays
+  (``Backend.direct``), is timed as that call: a program of that one unit runs it instead
+  of the VM (:mod:`tvm_pesto.run.runtime`), with ONNX Runtime's workers spinning on a device
+  of every core.
 
 Results go to the :class:`~tvm_pesto.costs.cache.MeasureCache` keyed by (structural key of
 the weight-lifted candidate function, backend, target), so equal shapes are measured once
@@ -117,6 +121,7 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
 
     # Other backends: lifted function for the key, real one (with weights) for the build.
     todo: dict[tuple, list] = {}  # (key, backend) -> [candidate indices]
+    whole: set = set()  # candidates timed as their direct call: no VM overhead to subtract
     funcs: dict[int, object] = {}
     for i, c in enumerate(cs):
         if i in native_set:
@@ -132,12 +137,17 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
         lifted = candidate_function(rg, c.nodes, lift_constants=True)
         k = structural_key(lifted.func)
         rec = cache.get(k, c.backend, tkey)
+        whole_direct = get_backend(c.backend).direct and len(c.nodes) == len(rg.graph.nodes)
+        if rec is not None and whole_direct and (rec.get("timing") or {}).get("method") != "direct":
+            rec = None  # the whole model timed through the VM, not as the direct call a one-unit program makes
         if rec is not None and float(rec["median_s"]) < 0 and \
                 str(rec.get("backend_version")) != str(get_backend(c.backend).version):
             rec = None  # an infeasible mark from other converter code: try again
         if rec is not None:
             ms = float(rec["median_s"])
             costs[i] = np.inf if ms < 0 else ms
+            if ms >= 0 and whole_direct:
+                whole.add(i)
             if ms < 0:
                 report.infeasible[i] = rec.get("infeasible", "cached as infeasible")
             report.cached += 1
@@ -162,10 +172,12 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
                 continue
             fname = f"c{n}"
             wrappers[fname] = _wrapper(gname, real.func.params, out_ty_of(real.func), fname)
-            jobs.append((fname, k, bname, idxs, real.func.params))
+            # the whole model as one unit runs as the library's own call (run.runtime's direct path)
+            direct = bk.direct_call(gname) if bk.direct and len(c.nodes) == len(rg.graph.nodes) else None
+            jobs.append((fname, k, bname, idxs, real.func.params, direct))
         if jobs:
             results, timings = _time_wrappers(wrappers, jobs, device, repeat, min_repeat_ms)
-            for fname, k, bname, idxs, _ in jobs:
+            for fname, k, bname, idxs, _, direct in jobs:
                 res = results.get(fname)
                 c = cs[idxs[0]]
                 if isinstance(res, str):
@@ -180,9 +192,11 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
                 report.measured += 1
                 for i in idxs:
                     costs[i] = rec["median_s"]
+                    if direct is not None:
+                        whole.add(i)
                 if progress:
                     progress(report.measured, len(jobs))
-    ext = np.array([i not in native_set for i in range(len(cs))], dtype=bool)
+    ext = np.array([i not in native_set and i not in whole for i in range(len(cs))], dtype=bool)
     fin = np.isfinite(costs) & ext
     if fin.any() and cache.get(OVERHEAD_KEY, "tvm", tkey) is None:
         # no TVM-native candidate was measured here: time the VM call overhead alone, so a
@@ -198,6 +212,33 @@ def _record_infeasible(cache, key, backend, tkey, cand, device, reason: str) -> 
     cache.put({"key": key, "backend": backend, "target": tkey, "median_s": INFEASIBLE, "infeasible": reason[:500],
                "backend_version": str(get_backend(backend).version), "op": cand.pattern,
                "device": device.model or device.name, "time": time.time()})
+
+
+#: Least seconds and calls of warm-up before a direct call is timed (a library's first calls
+#: after its session is made are slower: allocations, thread pools, caches).
+DIRECT_WARMUP_S, DIRECT_WARMUP_CALLS = 0.1, 20
+
+
+def _time_direct(fn, arrays, rounds: int, burst_s: float) -> tuple[list, dict]:
+    """Seconds per call of ``fn(*arrays)`` in each of ``rounds`` bursts of at least
+    ``burst_s`` and 3 calls, after a warm-up (:data:`DIRECT_WARMUP_S`); and how it was timed."""
+    n, t0 = 0, time.perf_counter()
+    while n < DIRECT_WARMUP_CALLS or time.perf_counter() - t0 < DIRECT_WARMUP_S:
+        fn(*arrays)
+        n += 1
+        if time.perf_counter() - t0 > 10 * DIRECT_WARMUP_S and n >= 2:  # a slow model: a few calls warm it
+            break
+    per_round = []
+    for _ in range(rounds):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn(*arrays)
+            n += 1
+            spent = time.perf_counter() - t0
+            if spent >= burst_s and n >= 3:
+                break
+        per_round.append(spent / n)
+    return per_round, {"method": "direct", "rounds": len(per_round)}
 
 
 def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_ms: int) -> tuple[dict, dict]:
@@ -221,12 +262,16 @@ def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_m
             rng = np.random.default_rng(0)
             timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(min_repeat_ms), key=measure_target(device))
             timed = {}  # fname -> index in the timer's results
-            for fname, _k, _b, _idxs, params in jobs:
+            for fname, _k, _b, _idxs, params, direct in jobs:
                 try:
                     args = random_args(params, dev, rng)
                     vm[fname](*args)  # warm-up (also creates ORT sessions for this thread's cores)
                     vm[fname](*args)
-                    timed[fname] = timer.time(fname, args)
+                    if direct is not None:
+                        result[fname], timings[fname] = _time_direct(direct, [a.numpy() for a in args], repeat,
+                                                                     burst_seconds(min_repeat_ms))
+                    else:
+                        timed[fname] = timer.time(fname, args)
                 except Exception as e:  # noqa: BLE001 - a failing library call makes it infeasible
                     msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
                     result[fname] = f"the backend failed when run: {msg[:300]}"

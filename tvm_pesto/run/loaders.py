@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..cluster.device_thread import owns_every_core
 from ..errors import ExecutionError
 from .onnx_call import PreparedCall
 
@@ -74,22 +75,6 @@ def kept_per_address(make: Callable) -> Callable:
         return obj
 
     return get
-
-
-def owns_every_core(cores: int) -> bool:
-    """Whether a device of ``cores`` cores has every core this process may use (no other
-    device of this machine to take cores from).
-
-    Examples
-    --------
-    >>> owns_every_core(1 << 20), owns_every_core(0)
-    (True, False)
-    """
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        usable = os.cpu_count() or 1
-    return int(cores) >= usable
 
 
 def onnx_session(model, cores: int, parallel: bool = False, spin: bool = False):
@@ -381,5 +366,5 @@ def direct_call(gname: str) -> Callable | None:
     return getattr(_UNITS.get(gname), "direct", None)
 
 
-__all__ = ["LOADERS", "direct_call", "flatten", "onnx_input_names", "kept_per_address", "onnx_runner", "onnx_session", "owns_every_core", "openvino_model",
+__all__ = ["LOADERS", "direct_call", "flatten", "onnx_input_names", "kept_per_address", "onnx_runner", "onnx_session", "openvino_model",
            "openvino_runner", "register_artifact", "register_unit", "torch_runner", "vm_runner"]
