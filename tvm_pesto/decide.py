@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster.specs import cpu_cluster
-from .costs import CostTable
 from .errors import PestoError
 from .plan import JointProblem, simulate
 from .solve.joint import solve_joint
@@ -83,7 +82,7 @@ def whole_model_placement(placement, backend: str, cluster):
     i = whole[0]
     masked = np.full_like(table, np.inf)
     masked[i, 0] = table[i, 0]
-    ct = CostTable(masked, list(placement.costs.columns))
+    ct = dataclasses.replace(placement.costs, table=masked)  # what was measured or predicted, as reported
     jp = JointProblem(placement.analysis.op_graph, cluster, list(placement.candidates), masked,
                       cost_source=placement.costs.source)
     plan, problem = solve_joint(jp, solver="single", search_s=0)

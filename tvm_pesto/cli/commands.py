@@ -173,7 +173,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
     if out_dir:
         res["artifacts"] = write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace,
                                            [d.name for d in cluster.devices],
-                                           f"{lm.name} simulated ({pl.plan.solver})")
+                                           f"{lm.name} simulated ({pl.plan.solver})", measured_s=bench_res["median_s"])
     if export_dir:
         if executor != "ray":  # the Ray executor's actors loaded it from there already
             with step(f"export the placed model to {export_dir}"):

@@ -8,11 +8,14 @@ import numpy as np
 
 
 def sim_events(problem, plan, sim) -> list[dict]:
-    """Rows ``{device, name, kind, start, end}`` (seconds) from a simulation."""
+    """Rows ``{device, name, kind, start, end}`` (seconds) from a simulation; compute rows
+    also name their unit's ``backend`` when the plan chose backends (``plan.units``)."""
     rows = []
+    units = plan.units if plan.units is not None and len(plan.units) == problem.num_nodes else None
     for v in range(problem.num_nodes):
         rows.append({"device": int(plan.assignment[v]), "name": problem.graph.nodes[v].name,
-                     "kind": "compute", "start": float(sim.start[v]), "end": float(sim.finish[v])})
+                     "kind": "compute", "start": float(sim.start[v]), "end": float(sim.finish[v]),
+                     **({"backend": units[v].backend} if units is not None else {})})
     for prod, sd, dd, s, e, b in sim.transfers:
         rows.append({"device": int(sd), "name": f"{problem.graph.nodes[int(prod)].name} -> dev{int(dd)}",
                      "kind": "transfer", "start": float(s), "end": float(e), "link": f"{int(sd)}->{int(dd)}",
@@ -38,26 +41,34 @@ def chrome_trace(rows: list[dict], path: str, device_names=None) -> None:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
 
 
-def gantt_png(rows: list[dict], path: str, title: str = "", device_names=None, compare=None) -> None:
-    """Draw a Gantt chart: one lane per device (and per link for transfers).
+def gantt_png(rows: list[dict], path: str, title: str = "", device_names=None, compare=None,
+              measured_s: float | None = None) -> None:
+    """Draw a Gantt chart: one lane per device (and per link for transfers); rows that name
+    a ``backend`` are coloured by it, with a legend.
 
-    ``compare`` (optional rows) draws a second chart below, e.g. measured vs simulated.
+    ``compare`` (optional rows) draws a second chart below, e.g. one traced run under the
+    simulated plan; ``measured_s`` (the median of many runs) goes into its title beside the
+    traced run's length, which a single run (and the tracing itself) makes longer.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     panels = [(title or "plan", rows)] + ([("measured", compare)] if compare is not None else [])
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.2 + 1.1 * len(panels) * 2), squeeze=False)
     cmap = plt.get_cmap("tab20")
+    backends = sorted({r["backend"] for p in panels for r in p[1] if r.get("backend")})
+    by_backend = {b: plt.get_cmap("tab10")(k % 10) for k, b in enumerate(backends)}
     for ax, (name, rs) in zip(axes[:, 0], panels):
         lanes = sorted({(r["kind"] == "transfer", r.get("link", ""), r["device"]) for r in rs})
         lane_idx = {ln: k for k, ln in enumerate(lanes)}
         for k, r in enumerate(rs):
             ln = (r["kind"] == "transfer", r.get("link", ""), r["device"])
             y = lane_idx[ln]
-            color = "0.6" if r["kind"] in ("transfer", "copy") else cmap(k % 20)
+            color = ("0.6" if r["kind"] in ("transfer", "copy")
+                     else by_backend[r["backend"]] if r.get("backend") else cmap(k % 20))
             ax.barh(y, (r["end"] - r["start"]) * 1e3, left=r["start"] * 1e3, height=0.7, color=color,
                     edgecolor="black", linewidth=0.3)
         labels = []
@@ -71,18 +82,38 @@ def gantt_png(rows: list[dict], path: str, title: str = "", device_names=None, c
         ax.invert_yaxis()
         ax.set_xlabel("time (ms)")
         ax.set_xlim(left=0)
-        end = max((r["end"] for r in rs), default=0.0)
-        ax.set_title(f"{name}: {end * 1e3:.2f} ms")
+        ax.set_title(panel_title(name, rs, measured_s if name == "measured" else None))
+        shown = sorted({r["backend"] for r in rs if r.get("backend")})
+        if shown:
+            ax.legend(handles=[Patch(color=by_backend[b], label=b) for b in shown], loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def panel_title(name: str, rows: list[dict], measured_s: float | None = None) -> str:
+    """A Gantt panel's title: its name and length; with ``measured_s``, a traced run's
+    length beside the median of the timed runs.
+
+    Examples
+    --------
+    >>> panel_title("plan", [{"end": 7e-4}])
+    'plan: 0.70 ms'
+    >>> panel_title("measured", [{"end": 1.16e-3}], measured_s=6.93e-4)
+    'one traced run: 1.16 ms (median of the timed runs: 0.693 ms)'
+    """
+    end = max((r["end"] for r in rows), default=0.0)
+    if measured_s is not None:
+        return f"one traced run: {end * 1e3:.2f} ms (median of the timed runs: {measured_s * 1e3:.3f} ms)"
+    return f"{name}: {end * 1e3:.2f} ms"
+
+
 def write_trace_dir(out_dir: str, problem, plan, sim, trace, device_names, title: str,
-                    run_file: str = "run_trace.json") -> list[str]:
+                    run_file: str = "run_trace.json", measured_s: float | None = None) -> list[str]:
     """Write a placement's simulated schedule (``plan_trace.json``), what really ran
     (``run_file``, from the executor's ``trace``) and both as one Gantt chart
-    (``gantt.png``) into ``out_dir``; returns the folder's file names.
+    (``gantt.png``, units coloured by backend; ``measured_s``: the median run, in the
+    measured panel's title) into ``out_dir``; returns the folder's file names.
 
     Examples
     --------
@@ -101,5 +132,6 @@ def write_trace_dir(out_dir: str, problem, plan, sim, trace, device_names, title
     rows, ran = sim_events(problem, plan, sim), trace_events(trace)
     chrome_trace(rows, os.path.join(out_dir, "plan_trace.json"), device_names)
     chrome_trace(ran, os.path.join(out_dir, run_file), device_names)
-    gantt_png(rows, os.path.join(out_dir, "gantt.png"), title=title, device_names=device_names, compare=ran)
+    gantt_png(rows, os.path.join(out_dir, "gantt.png"), title=title, device_names=device_names, compare=ran,
+              measured_s=measured_s)
     return sorted(os.listdir(out_dir))

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..errors import ExecutionError
-from .executor import Executor, to_numpy
+from .executor import Executor, TraceEvent, to_numpy
 from .loaders import direct_call
 from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
 
@@ -168,8 +168,18 @@ class PlacedRuntime:
         return result(args, outs)
 
     def run_traced(self, *args):
+        """Run once and return ``(outputs, trace)``: what ran on which device when (a list of
+        :class:`~tvm_pesto.run.executor.TraceEvent`, seconds from the start). A call that
+        takes the library's own call (one unit, numpy inputs) is one event, its outputs numpy
+        arrays; otherwise the executor's steps, its outputs TVM tensors."""
         trace: list = []
-        res = self._run(self._exec(), self._inputs(args), trace=trace)
+        if self._direct_applies(args):
+            step = self._direct[0]
+            t0 = time.perf_counter()
+            res = self._call_direct(args)
+            trace.append(TraceEvent(step.device, step.func, "compute", 0.0, time.perf_counter() - t0))
+        else:
+            res = self._run(self._exec(), self._inputs(args), trace=trace)
         self.last_trace = trace
         return res, trace
 
