@@ -240,3 +240,28 @@ def test_the_whole_model_as_one_library_unit_is_timed_as_its_direct_call(tmp_pat
     measure_candidates(cs, dev, MeasureCache(path), repeat=2, min_repeat_ms=1)
     again = [json.loads(s) for s in path.read_text().splitlines()][len(vm_timed):]
     assert [(r.get("timing") or {}).get("method") for r in again] == ["direct"]  # only the whole model again
+
+
+def test_records_measured_under_more_load_than_now_are_measured_again(tmp_path):
+    """A record's time includes whatever else ran on the cores then: one taken while the load
+    average was at least a core's worth above today's is measured again; others are kept."""
+    an = tvm_pesto.analyze(Two)
+    dev = parse_cluster("cpu:1").devices[0]
+    path = tmp_path / "m.jsonl"
+    measure_mod.measure_groups(an.rg, an.groups, dev, MeasureCache(path), repeat=2, min_repeat_ms=1)
+    recs = [json.loads(s) for s in path.read_text().splitlines()]
+    groups = [r for r in recs if r["key"] != measure_mod.OVERHEAD_KEY]
+    assert groups and all(len(r["load"]) == 3 for r in groups)
+
+    def rewrite(load):
+        path.write_text("".join(json.dumps({**r, "load": [load] * 3} if "load" in r else r) + "\n" for r in recs))
+
+    rewrite(1000.0)
+    cache = MeasureCache(path)
+    measure_mod.measure_groups(an.rg, an.groups, dev, cache, repeat=2, min_repeat_ms=1)
+    assert cache.loaded_again == len(groups)
+    assert len(path.read_text().splitlines()) == len(recs) + len(groups)  # every group measured again
+    rewrite(0.0)
+    cache = MeasureCache(path)
+    measure_mod.measure_groups(an.rg, an.groups, dev, cache, repeat=2, min_repeat_ms=1)
+    assert cache.loaded_again == 0 and len(path.read_text().splitlines()) == len(recs)

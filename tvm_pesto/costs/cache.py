@@ -6,7 +6,8 @@ reported with its line number; it never stops the run. So is a last line cut sho
 crash (the next record starts on a new line). A record of another cache format
 (``cache_version`` other than :data:`CACHE_VERSION`) is expired: ignored and reported the
 same way, and its subgraph is measured again. Records for other targets are kept and used
-only for their target. Several processes may append to
+only for their target. A record measured while the machine was busier than it is now
+(:func:`taken_under_load`) is measured again. Several processes may append to
 one file at once: each record is one atomic append (:func:`~tvm_pesto.costs.jsonl.append_record`).
 """
 from __future__ import annotations
@@ -30,6 +31,33 @@ CACHE_VERSION = 1
 
 #: Fields every record needs.
 REQUIRED_FIELDS = ("key", "backend", "target", "median_s")
+
+
+#: A record measured while the 1-minute load average was at least this much above the load
+#: now was taken with other work on the cores (one core's worth): it is measured again.
+LOAD_MARGIN = 1.0
+
+
+def taken_under_load(rec: dict, load_now: float | None = None) -> bool:
+    """Whether ``rec`` was measured while this machine was busier than it is now by at least
+    :data:`LOAD_MARGIN` (its recorded 1-minute load average against ``load_now``, default the
+    current one). Records without a load (older ones, remote devices) are never.
+
+    Examples
+    --------
+    >>> taken_under_load({"load": [3.2, 2.0, 1.0]}, load_now=1.1), taken_under_load({"load": [1.5, 1, 1]}, 1.1)
+    (True, False)
+    >>> taken_under_load({"median_s": 1e-3}, load_now=0.0)
+    False
+    """
+    load = rec.get("load")
+    if not load:
+        return False
+    if load_now is None:
+        if not hasattr(os, "getloadavg"):
+            return False
+        load_now = os.getloadavg()[0]
+    return float(load[0]) - float(load_now) >= LOAD_MARGIN
 
 
 def record_problem(rec) -> str | None:
@@ -145,6 +173,8 @@ class MeasureCache:
         self.entries: dict[tuple[str, str, str], dict] = {}
         self.skipped: list[tuple[int, str]] = []
         self.expired: list[tuple[int, object]] = []
+        #: lookups of records measured under more load than now (measured again)
+        self.loaded_again = 0
         self._lock = threading.Lock()
         self._load()
 
@@ -184,7 +214,14 @@ class MeasureCache:
         self.entries[k] = rec
 
     def get(self, key: str, backend: str, target: str) -> dict | None:
-        return current_record(self.entries.get((key, backend, target)), backend)
+        """The record to use for this subgraph, or None: none kept, one of another backend
+        stamp, or one measured under more load than now (:func:`taken_under_load`: its time
+        includes other jobs' work; it is counted in :attr:`loaded_again` and measured again)."""
+        rec = current_record(self.entries.get((key, backend, target)), backend)
+        if rec is not None and taken_under_load(rec):
+            self.loaded_again += 1
+            return None
+        return rec
 
     def put(self, rec: dict) -> None:
         """Remember ``rec`` and append it to the file as one atomic JSON line (with the
