@@ -33,7 +33,7 @@ import numpy as np
 
 from ..cluster.device_thread import owns_every_core
 from ..errors import ExecutionError
-from .onnx_call import PreparedCall
+from .library_call import OnnxRuntimeCall, OpenVinoCall
 
 
 #: Bindings an ONNX Runtime callable keeps per thread (sets of tensor addresses).
@@ -139,12 +139,12 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
 
     # the model is kept only until the spinning session is made, and only where one will be
     pending = [model] if int(cores) > 1 and owns_every_core(cores) else []
-    alone: list = []  # the direct call (onnx_call.PreparedCall), made on first use
+    alone: list = []  # the direct call (library_call.OnnxRuntimeCall), made on first use
 
     def direct(*arrays):
         if not alone:
-            alone.append(PreparedCall(onnx_session(pending.pop(), cores, parallel=parallel, spin=True)
-                                      if pending else sess))
+            alone.append(OnnxRuntimeCall(onnx_session(pending.pop(), cores, parallel=parallel, spin=True)
+                                         if pending else sess))
         return alone[0](*arrays)
 
     run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
@@ -209,7 +209,6 @@ def openvino_runner(model, cores: int) -> Callable:
     port = {n: k for k, p in enumerate(compiled.inputs) for n in p.get_names()}
     # (argument position, OpenVINO input index) of the inputs OpenVINO kept: it drops unused ones
     used = [(pos, port[n]) for pos, n in enumerate(names) if n in port]
-    kept = threading.local()  # .direct: this thread's request for direct calls
 
     def bind(args):
         req = compiled.create_infer_request()
@@ -224,14 +223,7 @@ def openvino_runner(model, cores: int) -> Callable:
     def run(*args):
         request(args).infer()
 
-    def direct(*arrays):
-        req = getattr(kept, "direct", None)
-        if req is None:
-            req = kept.direct = compiled.create_infer_request()
-        res = req.infer({k: arrays[pos] for pos, k in used}, share_inputs=True)
-        return list(res.to_tuple())
-
-    run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
+    run.direct = OpenVinoCall(compiled, used, n_in)  # numpy in, numpy out (see direct_call)  # numpy in, numpy out: the library's own call (see direct_call)
     return run
 
 

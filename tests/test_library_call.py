@@ -1,26 +1,42 @@
-"""ONNX Runtime's call at its floor (:mod:`tvm_pesto.run.onnx_call`): bound inputs, fresh outputs."""
+"""A library's call at its floor (:mod:`tvm_pesto.run.library_call`): bound inputs, fresh outputs."""
 import threading
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from tvm_pesto.run import onnx_call
-from tvm_pesto.run.loaders import onnx_session
-from tvm_pesto.run.onnx_call import PreparedCall
+from tvm_pesto.run import library_call
+from tvm_pesto.run.loaders import onnx_session, openvino_runner
+from tvm_pesto.run.library_call import OnnxRuntimeCall, OpenVinoCall
 
 
-def _model(shape, out_shape=None):
+def _onnx(shape, out_shape=None) -> bytes:
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape or shape)])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
-    return onnx_session(m.SerializeToString(), 1)
+    return m.SerializeToString()
 
 
-def test_a_refilled_input_is_read_again_and_results_are_never_overwritten():
-    call = PreparedCall(_model([2, 3]))
+def _ort(shape):
+    return OnnxRuntimeCall(onnx_session(_onnx(shape), 1))
+
+
+def _openvino(shape):
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install openvino)")
+    call = openvino_runner(_onnx(shape), 1).direct
+    assert isinstance(call, OpenVinoCall)
+    return call
+
+
+@pytest.fixture(params=["onnxruntime", "openvino"])
+def make(request):
+    return {"onnxruntime": _ort, "openvino": _openvino}[request.param]
+
+
+def test_a_refilled_input_is_read_again_and_results_are_never_overwritten(make):
+    call = make([2, 3])
     x = np.arange(6, dtype="float32").reshape(2, 3) - 2
     first = call(x)[0]
     assert call._bound_to and call._bound_to[0][0] is x  # bound by address
@@ -31,8 +47,8 @@ def test_a_refilled_input_is_read_again_and_results_are_never_overwritten():
     assert first is not second and not np.shares_memory(first, second)
 
 
-def test_other_arrays_rebind_and_unbindable_ones_take_the_session_run():
-    call = PreparedCall(_model([2, 3]))
+def test_other_arrays_rebind_and_unbindable_ones_take_the_librarys_own_call(make):
+    call = make([2, 3])
     a, b = np.ones((2, 3), "float32"), np.full((2, 3), -1.0, "float32")
     np.testing.assert_array_equal(call(a)[0], -a)
     np.testing.assert_array_equal(call(b)[0], np.zeros((2, 3)))
@@ -42,22 +58,22 @@ def test_other_arrays_rebind_and_unbindable_ones_take_the_session_run():
     assert call._bound_to == ()
 
 
-def test_a_wrong_shape_is_the_library_error():
-    call = PreparedCall(_model([2, 3]))
+def test_a_wrong_shape_is_the_library_error(make):
+    call = make([2, 3])
     with pytest.raises(Exception, match="(?i)shape|dimension|index"):
         call(np.ones((4, 5), "float32"))
 
 
-def test_large_or_dynamic_outputs_are_made_by_the_library():
-    big = onnx_call.BOUND_OUTPUT_BYTES // 4 + 1
-    assert PreparedCall(_model([1, big]))._outs is None
-    assert PreparedCall(_model(["n", 3]))._outs is None
-    call = PreparedCall(_model(["n", 3]))
+def test_large_or_dynamic_outputs_are_made_by_the_library(make):
+    big = library_call.BOUND_OUTPUT_BYTES // 4 + 1
+    assert make([1, big])._outs is None
+    assert make(["n", 3])._outs is None
+    call = make(["n", 3])
     np.testing.assert_array_equal(call(np.ones((5, 3), "float32"))[0], -np.ones((5, 3)))
 
 
-def test_concurrent_calls_each_get_their_own_result():
-    call = PreparedCall(_model([4, 8]))
+def test_concurrent_calls_each_get_their_own_result(make):
+    call = make([4, 8])
     xs = [np.full((4, 8), float(k), "float32") for k in range(8)]
     got, errors = {}, []
 
