@@ -336,3 +336,32 @@ def test_two_devices_failing_at_once_report_the_first_and_name_the_other():
     finally:
         ex.close()
     assert pesto_threads(ex) == []
+
+
+def test_only_values_another_device_reads_are_waited_on():
+    """A chain that crosses devices twice (d0 -> d1 -> d0) with steps that stay on their
+    device between: the result is right on every run, and only the two hand-offs get an
+    event per run (a worker runs its own steps in order)."""
+    slow = threading.Event()
+
+    def add(k, wait=False):
+        def f(x):
+            if wait:
+                slow.wait(0.05)  # device 1 finishes late: device 0 must wait for it
+            return x + k
+        return f
+
+    program = Program(["in:x"], [Step("call", "v1:a", ["in:x"], device=0, func="a"),
+                                 Step("call", "v2:b", ["v1:a"], device=0, func="b"),
+                                 Step("call", "v3:c", ["v2:b"], device=1, func="c"),
+                                 Step("call", "v4:d", ["v3:c"], device=1, func="d"),
+                                 Step("call", "v5:e", ["v4:d", "v1:a"], device=0, func="e")], "v5:e", 2)
+    vms = {0: {"a": add(1), "b": add(2), "e": lambda y, a: y * 10 + a},
+           1: {"c": add(3, wait=True), "d": add(4)}}
+    ex = Executor(program, vms, parse_cluster("cpu:2"))
+    try:
+        assert ex.cross == ["v2:b", "v4:d"]
+        for x in range(3):
+            assert ex.run([x]) == (x + 10) * 10 + x + 1
+    finally:
+        ex.close()

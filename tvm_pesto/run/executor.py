@@ -214,6 +214,10 @@ class Executor:
                 ordered.insert(at + 1, s)
             per_dev[d] = ordered
         self.per_dev = {d: lst for d, lst in per_dev.items() if lst}
+        # Values another device's worker waits for: only these get an event per run (a worker
+        # runs its own list in order, and the caller's steps run before or after the workers).
+        self.cross = sorted({a for d, lst in self.per_dev.items() for s in lst for a in s.args
+                             if owner.get(a) is not None and owner[a] != d})
         # GPUs: one stream per device, cross-device copies ordered by stream events.
         self.streams = None
         if any(cluster.devices[d].kind == "gpu" for d in self.per_dev):
@@ -411,7 +415,7 @@ class Executor:
             self._local(lst, local, d)
             self._local(self.post, local, None)
         else:
-            events = {s.out: threading.Event() for lst in self.per_dev.values() for s in lst}
+            events = {k: threading.Event() for k in self.cross}
             run = _Run(env, events, trace, self.per_dev)
             run.t0 = local.t0
             jobs = [(d, self._job(d, lst, run)) for d, lst in self.per_dev.items()]
