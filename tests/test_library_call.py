@@ -39,7 +39,8 @@ def test_a_refilled_input_is_read_again_and_results_are_never_overwritten(make):
     call = make([2, 3])
     x = np.arange(6, dtype="float32").reshape(2, 3) - 2
     first = call(x)[0]
-    assert call._bound_to and call._bound_to[0][0] is x  # bound by address
+    if isinstance(call, OpenVinoCall):
+        assert call._bound_to and call._bound_to[0][0] is x  # bound by address
     x[...] = -x  # the same array refilled, as in a serving loop
     second = call(x)[0]
     np.testing.assert_array_equal(first, -np.maximum(-x, 0))
@@ -47,8 +48,8 @@ def test_a_refilled_input_is_read_again_and_results_are_never_overwritten(make):
     assert first is not second and not np.shares_memory(first, second)
 
 
-def test_other_arrays_rebind_and_unbindable_ones_take_the_librarys_own_call(make):
-    call = make([2, 3])
+def test_other_arrays_rebind_and_unbindable_ones_take_the_librarys_own_call():
+    call = _openvino([2, 3])
     a, b = np.ones((2, 3), "float32"), np.full((2, 3), -1.0, "float32")
     np.testing.assert_array_equal(call(a)[0], -a)
     np.testing.assert_array_equal(call(b)[0], np.zeros((2, 3)))
@@ -66,8 +67,9 @@ def test_a_wrong_shape_is_the_library_error(make):
 
 def test_large_or_dynamic_outputs_are_made_by_the_library(make):
     big = library_call.BOUND_OUTPUT_BYTES // 4 + 1
-    assert make([1, big])._outs is None
-    assert make(["n", 3])._outs is None
+    if make is _openvino:
+        assert make([1, big])._outs is None and make([2, 3])._outs is not None
+        assert make(["n", 3])._outs is None
     call = make(["n", 3])
     np.testing.assert_array_equal(call(np.ones((5, 3), "float32"))[0], -np.ones((5, 3)))
 

@@ -85,7 +85,7 @@ def _print_run(res):
     console.print(f"  devices used      {res['devices_used']}")
     built = res.get("build_s_by_backend") or {}
     if built:
-        console.print("  library builds    " + ", ".join(f"{b} {s:.2f} s" for b, s in sorted(built.items())))
+        console.print("  library builds    " + ", ".join(f"{b} {s:.3g} s" for b, s in sorted(built.items())))
     sp = res.get("split")
     if sp and sp.get("single_s"):
         verdict = "kept" if sp["keep_split"] else f"dropped: all on {sp['device']}"
