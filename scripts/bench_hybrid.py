@@ -90,8 +90,8 @@ def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round:
             res[f"{source}_predicted"] = int(ct.predicted)
             res[f"{source}_saved_s"] = float(ct.saved_s)
             if source == "hybrid":
-                res["hybrid_budget"] = ct.calibration.get("budget")
-                res["hybrid_rounds"] = ct.calibration.get("rounds")
+                res["hybrid_budget"] = ct.hybrid.get("budget")
+                res["hybrid_rounds"] = ct.hybrid.get("rounds")
             tables[source], placements[source] = ct, pl
     res["measurement_ratio"] = res["measured_measurements"] / max(res["hybrid_measurements"], 1)
     jp = JointProblem(analysis.op_graph, cluster, list(cs), tables["measured"].table)
@@ -165,10 +165,10 @@ def replay_model(name: str, size: str, cluster_spec: str, solver: str, log_dir: 
     with open(full) as f:  # the distinct timings of the full pass: its records, less the VM probe and the failures
         recs = [json.loads(line) for line in f if line.strip()]
     n_full = sum(1 for r in recs if not str(r.get("key", "")).startswith("__") and float(r.get("median_s", -1)) >= 0)
-    rounds = ph.costs.calibration.get("rounds") or []
+    rounds = ph.costs.hybrid.get("rounds") or []
     res.update(candidates=len(cs), measured_measurements=n_full,
                hybrid_measurements=sum(int(x["keys"]) for x in rounds),
-               hybrid_budget=ph.costs.calibration.get("budget"), hybrid_rounds=rounds,
+               hybrid_budget=ph.costs.hybrid.get("budget"), hybrid_rounds=rounds,
                measured={"backend_mix": pm.backend_mix, "simulated_s": under(pm)},
                hybrid={"backend_mix": ph.backend_mix, "simulated_s": float(ph.sim.run_s),
                        "simulated_under_measured_s": under(ph)})

@@ -230,15 +230,15 @@ def test_xgb_source_applies_the_stored_calibration(model_copy, cpu_kind):
     cs = tvm_pesto.make_candidates(a, "cpu:2", "tvm")
     cl = tvm_pesto.parse_cluster("cpu:2")
     raw = candidate_costs(cs, cl, "xgb")
-    assert raw.calibration == {} and raw.summary()["calibration"] == {}
+    assert raw.prediction_fit == {} and raw.summary()["prediction_fit"] == {}
     _write_cal(model_copy, 0.5, 0.0)
     cal = candidate_costs(cs, cl, "xgb")
     xgb = "xgb" if cpu_kind.trained else "xgb-other-cpu"  # the column says when the model never saw the kind
     assert cal.columns == [xgb, xgb]
     assert np.allclose(cal.table, np.maximum(0.5 * raw.table, FLOOR))
-    assert cal.calibration[0]["tvm"]["a"] == 0.5 and cal.calibration[0]["tvm"]["file"].endswith("m.calibration.json")
+    assert cal.prediction_fit[0]["tvm"]["a"] == 0.5 and cal.prediction_fit[0]["tvm"]["file"].endswith("m.calibration.json")
     off = candidate_costs(cs, cl, "xgb", calibrate=False)
-    assert np.array_equal(off.table, raw.table) and off.calibration == {}
+    assert np.array_equal(off.table, raw.table) and off.prediction_fit == {}
     t, src = tvm_pesto.estimate_costs(a, cl, "xgb")
     assert src == xgb and np.allclose(t, cal.table)
 
@@ -256,10 +256,10 @@ def test_the_calibration_can_be_named_or_turned_off(model_copy, tmp_path, monkey
                                             {"model_sha256": file_sha256(model_copy)}).to_json()))
     monkeypatch.setenv(CALIBRATION_ENV, "none")
     off = candidate_costs(cs, cl, "xgb")
-    assert np.array_equal(off.table, raw) and off.calibration == {}
+    assert np.array_equal(off.table, raw) and off.prediction_fit == {}
     monkeypatch.setenv(CALIBRATION_ENV, str(other))
     named = candidate_costs(cs, cl, "xgb")
-    assert named.calibration[0]["tvm"]["a"] == 0.25 and named.calibration[0]["tvm"]["file"] == str(other.resolve())
+    assert named.prediction_fit[0]["tvm"]["a"] == 0.25 and named.prediction_fit[0]["tvm"]["file"] == str(other.resolve())
     assert np.allclose(named.table, np.maximum(0.25 * raw, FLOOR))
     monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "missing.json"))
     with pytest.raises(CostError, match="does not exist.*none for raw predictions"):

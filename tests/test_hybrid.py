@@ -71,17 +71,17 @@ def test_place_with_hybrid_costs_measures_the_plan_and_plans_again(tiny, tmp_pat
     an, cl, cs = tiny
     pl = tvm_pesto.place(an, cl, costs="hybrid", cache=MeasureCache(tmp_path / "m.jsonl"), deterministic=True)
     ct = pl.costs
-    rounds = ct.calibration["rounds"]
+    rounds = ct.hybrid["rounds"]
     assert rounds[0]["why"] == "stakes" and all(r["why"] == "plan" for r in rounds[1:])
     spent = sum(r["keys"] for r in rounds)
-    assert spent <= ct.calibration["budget"] and ct.measured <= ct.calibration["budget"] + 1
+    assert spent <= ct.hybrid["budget"] and ct.measured <= ct.hybrid["budget"] + 1
     # the rounds stopped because the plan is measured, or because the budget is spent
     meas = candidate_costs(cs, cl, "measured", cache=MeasureCache(tmp_path / "m.jsonl"), calibrate=False).table
     pos = {id(c): i for i, c in enumerate(pl.joint.candidates)}
     units = [pos[id(u)] for u in pl.plan.units]
     measured_units = [i for i in units if np.isfinite(meas[i, 0]) and np.isclose(ct.table[i, 0], meas[i, 0])]
     left = sum(ct.table[i, 0] for i in units if i not in measured_units)  # the plan's cheap tail, at most
-    assert left <= PLAN_TAIL_SHARE * sum(ct.table[i, 0] for i in units) + 1e-12 or spent == ct.calibration["budget"]
+    assert left <= PLAN_TAIL_SHARE * sum(ct.table[i, 0] for i in units) + 1e-12 or spent == ct.hybrid["budget"]
     # the placement's cost table is the one of the last round: the plan simulated under it
     # (a problem built afresh from the table) gives the placement's makespan
     from tvm_pesto.plan import JointProblem, simulate
@@ -153,7 +153,7 @@ def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_pa
         sel = [i for i in h.done if dcs[i].backend == b and i not in h.unseen and np.isfinite(h.table[i, int(j)])]
         assert f == pytest.approx(float(np.median([h.table[i, int(j)] / h.raw[i, int(j)] for i in sel])))
     ct = h.cost_table()
-    assert set(ct.calibration["applied"]) <= {str(j) for j in range(len(h.columns))}  # what its predictions carry
+    assert set(ct.prediction_fit) <= set(range(len(h.columns)))  # what its predictions carry
     assert not set(ct.unseen) & h.done  # what is still a guess is said; the measured are not guesses
 
 
@@ -184,13 +184,13 @@ def test_a_run_far_from_its_prediction_points_at_the_calibration_and_its_age():
 
     cal = {"0": {"onnxruntime": {"a": 1.25, "b": 0.0, "file": "/c/m.json", "fitted_at": "2026-12-02T18:02:51+0000"},
                  "tvm": {"a": 1.2, "b": 0.0, "file": "/c/m.json", "fitted_at": "2026-12-02T18:02:51+0000"}}}
-    res = {"measured_over_simulated": 0.8, "costs": {"source": "xgb", "calibration": cal}}
+    res = {"measured_over_simulated": 0.8, "costs": {"source": "xgb", "prediction_fit": cal}}
     hint = _stale_calibration_hint(res)
     assert "0.80x" in hint and "/c/m.json (fitted 2026-12-02T18:02:51+0000)" in hint and "cost-model calibrate" in hint
     assert hint.count("/c/m.json") == 1  # one file, said once
     assert _stale_calibration_hint({**res, "measured_over_simulated": 1.1}) is None
-    assert _stale_calibration_hint({**res, "costs": {"source": "measured", "calibration": {}}}) is None
-    assert "no calibration was applied" in _stale_calibration_hint({**res, "costs": {"source": "xgb", "calibration": {}}})
+    assert _stale_calibration_hint({**res, "costs": {"source": "measured", "native_scale": {"0": 1.1}}}) is None
+    assert "no calibration was applied" in _stale_calibration_hint({**res, "costs": {"source": "xgb", "prediction_fit": {}}})
     # hybrid's table keeps its rounds beside the calibration its predictions carry
-    hybrid = {"source": "hybrid", "calibration": {"bias": {"0:tvm": 0.9}, "budget": 4, "rounds": [], "applied": cal}}
+    hybrid = {"source": "hybrid", "prediction_fit": cal, "hybrid": {"bias": {"0:tvm": 0.9}, "budget": 4, "rounds": []}}
     assert "/c/m.json (fitted 2026-12-02T18:02:51+0000)" in _stale_calibration_hint({**res, "costs": hybrid})

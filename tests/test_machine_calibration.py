@@ -79,7 +79,7 @@ def test_first_use_fits_once_and_a_new_device_size_is_added(own_cache, monkeypat
     stamp = path.stat().st_mtime_ns
     pl = place(a, "cpu:2", costs="xgb")  # may fit the executor's figures (tests/test_machine_constants.py), not this
     assert path.stat().st_mtime_ns == stamp and "fitting the xgb cost model" not in capsys.readouterr().err
-    assert pl.costs.calibration[0]["tvm"]["file"] == str(path)
+    assert pl.costs.prediction_fit[0]["tvm"]["file"] == str(path)
     # cpu:1 is one device of both cores: another size, fitted and added, the first kept
     place(a, "cpu:1", costs="xgb")
     devices = {e["device"] for e in json.loads(path.read_text())["entries"]}

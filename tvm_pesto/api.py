@@ -20,7 +20,8 @@ Examples
 >>> placed = tvm_pesto.build(mod, "cpu:2", costs="roofline")   # roofline: nothing measured
 >>> placed(x).shape
 (1, 10)
->>> set(placed.plan.backend_mix()) <= {"tvm", "torch", "onnxruntime"}
+>>> mix = placed.plan.backend_mix()   # ops per backend: the flow's plan, or a library's whole model
+>>> sum(mix.values()) == tvm_pesto.analyze(mod).op_graph.num_nodes
 True
 """
 from __future__ import annotations
@@ -189,7 +190,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
         with a third of its budget (:mod:`tvm_pesto.costs.hybrid`), then measures the
         plan's units that are still predictions and plans again until the plan is
         measured or the budget (1 in 25 distinct candidates) is spent; the cost table's
-        ``calibration["rounds"]`` lists what each round measured.
+        ``hybrid["rounds"]`` lists what each round measured.
     time_limit_s, search_s
         ILP time limit and joint local-search budget (:func:`tvm_pesto.solve.joint.solve_joint`).
     deterministic : bool, optional

@@ -139,8 +139,7 @@ def _stale_calibration_hint(res) -> str | None:
     ratio = res.get("measured_over_simulated")
     if c.get("source") not in ("xgb", "hybrid") or ratio is None or abs(ratio - 1.0) <= PREDICTION_OFF:
         return None
-    cal = c.get("calibration") or {}
-    per_device = cal.get("applied", {}) if c["source"] == "hybrid" else cal  # hybrid keeps its own rounds beside
+    per_device = c.get("prediction_fit") or {}
     fits = {(e.get("file"), e.get("fitted_at")) for dev in per_device.values()
             if isinstance(dev, dict) for e in dev.values() if isinstance(e, dict) and e.get("file")}
     what = "; ".join(f"{f} (fitted {t or 'at an unknown time'})" for f, t in sorted(fits, key=str))

@@ -47,7 +47,7 @@ def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
     table = measure_cost_table(cs, cluster, cache, report=report, progress=progress)
     factors = calibrate_native(cs, cluster, table, cache) if calibrate else {}
     return CostTable(table, ["measured"] * cluster.num_devices, measured=report.measured, cached=report.cached,
-                     infeasible=dict(report.infeasible), calibration=factors, seconds=report.seconds)
+                     infeasible=dict(report.infeasible), native_scale=factors, seconds=report.seconds)
 
 
 def _xgb(cs, cluster, calibrate: bool) -> CostTable:
@@ -58,7 +58,7 @@ def _xgb(cs, cluster, calibrate: bool) -> CostTable:
     except ImportError as e:  # the model file is read by xgboost
         raise CostError("the xgb cost source needs xgboost (pip install xgboost-cpu); "
                         "use --costs measured or roofline") from e
-    ct = CostTable(table, cols, predicted=len(cs), calibration=applied, unseen=unseen)
+    ct = CostTable(table, cols, predicted=len(cs), prediction_fit=applied, unseen=unseen)
     if unseen:
         ops = ", ".join(op.removeprefix("relax.") for op in ct.unseen_op_counts())
         warnings.warn(f"the cost model never trained on {ops}: the xgb costs of {len(unseen)} candidates holding them "
@@ -88,8 +88,8 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
         Measured TVM-native costs are scaled per device so that the fusion groups add up to
         the whole model's measured time (:func:`tvm_pesto.costs.measured.calibrate_native`);
         ``xgb`` predictions get the whole-model calibration stored next to the model file,
-        if there is one (:mod:`tvm_pesto.costs.calibration`; the table's ``calibration``
-        then holds the ``a``, ``b`` used per device and backend, empty when none was).
+        if there is one (:mod:`tvm_pesto.costs.calibration`). The table's ``native_scale``
+        and ``prediction_fit`` hold what was applied.
 
     Raises
     ------

@@ -25,7 +25,7 @@
 5. :func:`tvm_pesto.place` spends the rest on the plan (:meth:`Hybrid.measure`): it measures
    the plan's units that are still predictions, costliest first (not the cheapest ones that
    add up to :data:`PLAN_TAIL_SHARE` of the plan, :func:`plan_units_to_measure`), and plans
-   again, until the plan is measured or the budget is spent (``calibration["rounds"]``).
+   again, until the plan is measured or the budget is spent (the table's ``hybrid["rounds"]``).
 
 The :class:`~tvm_pesto.costs.CostTable` says how many candidates were measured, how many
 predicted, and an estimate of the profiling time saved (the mean time of a measurement made,
@@ -373,9 +373,8 @@ class Hybrid:
         return CostTable(self.table.copy(), list(self.columns), measured=self.report.measured,
                          cached=self.report.cached, predicted=len(self.cs) - n_measured,
                          infeasible=dict(self.report.infeasible),
-                         calibration={"bias": dict(self.corrections), "budget": self.budget,
-                                      "applied": {str(j): v for j, v in self.applied.items()},
-                                      "rounds": list(self.rounds)},
+                         prediction_fit=dict(self.applied),
+                         hybrid={"bias": dict(self.corrections), "budget": self.budget, "rounds": list(self.rounds)},
                          seconds=self.report.seconds,
                          saved_s=float(per * skipped) if self.report.measured else 0.0,
                          unseen={i: ops for i, ops in self.unseen.items() if i not in self.done})

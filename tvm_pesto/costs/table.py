@@ -26,9 +26,18 @@ class CostTable:
         Candidates measured in this call, found in the measurement cache, predicted.
     infeasible : dict
         Candidate index -> why its backend could not build or run it.
-    calibration : dict
-        Device index -> factor applied to TVM-native costs (whole-model calibration), or for
-        ``hybrid`` the per device and backend correction of predictions (``bias``).
+    native_scale : dict
+        ``measured``: device index -> the factor its TVM-native costs were scaled by so that
+        the fusion groups add up to the whole model's measured time
+        (:func:`~tvm_pesto.costs.measured.calibrate_native`); empty when not calibrated.
+    prediction_fit : dict
+        ``xgb``/``hybrid``: device index -> ``{backend: {"a", "b", "file", "fitted_at"}}``, the
+        fit ``a * predicted + b`` the predictions carry (:mod:`tvm_pesto.costs.calibration`);
+        empty when none was applied.
+    hybrid : dict
+        ``hybrid``: what it measured and corrected: ``bias`` (``"device:backend"`` -> the
+        median measured / predicted its remaining predictions were scaled by), ``budget``
+        (measurements allowed) and ``rounds`` (what each round measured); empty otherwise.
     seconds : float
         Wall time spent measuring.
     saved_s : float
@@ -44,7 +53,9 @@ class CostTable:
     cached: int = 0
     predicted: int = 0
     infeasible: dict = field(default_factory=dict)
-    calibration: dict = field(default_factory=dict)
+    native_scale: dict = field(default_factory=dict)
+    prediction_fit: dict = field(default_factory=dict)
+    hybrid: dict = field(default_factory=dict)
     seconds: float = 0.0
     saved_s: float = 0.0
     unseen: dict = field(default_factory=dict)
@@ -59,7 +70,8 @@ class CostTable:
         return {"source": self.source, "columns": list(self.columns), "measured": self.measured,
                 "cached": self.cached, "predicted": self.predicted, "infeasible": len(self.infeasible),
                 "measure_s": self.seconds, "saved_s": self.saved_s,
-                "calibration": {str(k): v for k, v in self.calibration.items()},
+                "native_scale": {str(k): v for k, v in self.native_scale.items()},
+                "prediction_fit": {str(k): v for k, v in self.prediction_fit.items()}, "hybrid": dict(self.hybrid),
                 "unseen_ops": self.unseen_op_counts(), "unseen_candidates": len(self.unseen)}
 
     def unseen_op_counts(self) -> dict:

@@ -303,7 +303,7 @@ def _score_model(name, mod, run: dict) -> dict:
            "load": {"before": before, "after": after, "label_1min": label_load,
                     "known": bool(run["fresh"] or mct.cached == 0)}, "high_load": bool(label_load > run["max_load"]),
            "measured": mct.measured, "labels_from_cache": mct.cached, "measure_s": float(mct.seconds),
-           "whole_model_factor": {str(k): v for k, v in mct.calibration.items()}}
+           "whole_model_factor": {str(k): v for k, v in mct.native_scale.items()}}
     labels = [r[at] for r in runs] if run["label_runs"] > 1 else None
     if labels is not None:
         rec["label_noise"] = _label_noise(labels)

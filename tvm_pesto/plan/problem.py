@@ -79,11 +79,30 @@ class Problem:
     def num_devices(self) -> int:
         return self.cluster.num_devices
 
+    def transfer_s(self, src: int, dst: int, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` from device ``src`` to ``dst``: ``latency[src, dst] +
+        nbytes * inv_bw[src, dst]`` (0 when ``src == dst``).
+
+        The link model of :meth:`tvm_pesto.cluster.Cluster.transfer_s`, on this problem's
+        arrays and with the simulator's arithmetic (bytes times the inverse bandwidth), so it
+        equals the duration of the simulator's transfer bit for bit.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from tvm_pesto.cluster import parse_cluster
+        >>> from tvm_pesto.graph import OpGraph, OpNode
+        >>> p = Problem(OpGraph([OpNode("a", "relax.add")], []), parse_cluster("cpu:2"), np.ones((1, 2)))
+        >>> p.transfer_s(0, 0, 1e6), p.transfer_s(0, 1, 0) == float(p.latency[0, 1])
+        (0.0, True)
+        """
+        if src == dst:
+            return 0.0
+        return float(self.latency[src, dst] + nbytes * self.inv_bw[src, dst])
+
     def comm_s(self, u: int, v: int, du: int, dv: int) -> float:
         """Seconds to move edge u->v's tensor from device du to dv (0 when equal)."""
-        if du == dv:
-            return 0.0
-        return float(self.latency[du, dv] + self.graph.edge_bytes(u, v) * self.inv_bw[du, dv])
+        return self.transfer_s(du, dv, self.graph.edge_bytes(u, v))
 
     def min_cost(self) -> np.ndarray:
         return self.costs.min(axis=1)

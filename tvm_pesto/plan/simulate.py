@@ -110,7 +110,7 @@ def home_io_s(problem: Problem, assignment: np.ndarray, finish: np.ndarray, make
         d, nd = int(assignment[v]), problem.graph.nodes[v]
         ext = external[v]
         if ext > 0:
-            pre += float(problem.latency[HOME_DEVICE, d] + ext * problem.inv_bw[HOME_DEVICE, d])
+            pre += problem.transfer_s(HOME_DEVICE, d, ext)
         if not has_succ[v]:
             end = max(end, float(finish[v] + problem.latency[d, HOME_DEVICE]
                                  + nd.output_bytes * problem.inv_bw[d, HOME_DEVICE]))

@@ -234,7 +234,7 @@ def _cheapest_transfer(problem: Problem, u: int, v: int) -> float:
     for a in ku.tolist():
         for c in kv.tolist():
             if a != c:
-                best = min(best, problem.latency[a, c] + b * problem.inv_bw[a, c])
+                best = min(best, problem.transfer_s(a, c, b))
     return float(best) if np.isfinite(best) else 0.0
 
 

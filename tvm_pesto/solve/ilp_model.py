@@ -11,7 +11,8 @@ placement and per-device orders, the simulator's schedule is the earliest schedu
 constraints allow, so the ILP optimum equals the best simulated makespan over all
 placements and orders (when solved to a zero gap).
 
-Variables (times are scaled so the upper bound ``UB`` is 1000, bytes by the largest tensor):
+Variables (times are scaled so the upper bound ``UB`` is :data:`.mip.MIP_TIME_SCALE`, bytes by
+the largest tensor):
 
 * ``x[v,d]`` binary, node ``v`` runs on device ``d``;
 * ``S[v]``, ``C[v]`` start and completion of ``v``; ``M`` the makespan (objective);
@@ -51,9 +52,7 @@ from ..plan.objective import op_loads, time_per_sample
 from .ilp_constraints import (ModelParts, add_bottleneck, add_makespan_cuts, add_memory, add_orders,
                               add_placement, add_precedence, add_transfers, add_window)
 from .ilp_warm import set_warm_values
-from .mip import add_var, lin
-
-_SCALE = 1000.0  # UB in model time units
+from .mip import MIP_TIME_SCALE, add_var, lin
 
 
 @dataclass
@@ -198,7 +197,7 @@ def build_ilp(problem: Problem, warm_start: Plan | None = None, pairs: int | Non
     if upper_bound_s is None:
         upper_bound_s = _default_upper_bound(problem, sim, objective, microbatches)
     ub_s = float(upper_bound_s) * (1 + 1e-7) + 1e-15
-    ts = _SCALE / ub_s if ub_s > 0 else 1.0
+    ts = MIP_TIME_SCALE / ub_s if ub_s > 0 else 1.0
     UB = ub_s * ts
     maxb = float(problem.ebytes.max()) if len(problem.ebytes) else 1.0
     bs = 1.0 / maxb if maxb > 0 else 1.0

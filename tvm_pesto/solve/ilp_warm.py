@@ -30,7 +30,7 @@ def transfer_values(problem: Problem, plan: Plan, sim, producers_dest: dict[int,
                     continue
                 if (u, e) in tx:
                     s, _end, b = tx[(u, e)]
-                    dur = problem.latency[a, e] + b * problem.inv_bw[a, e]
+                    dur = problem.transfer_s(a, e, b)
                     vals[(u, e)] = (float(s), float(dur), 1.0, float(b))
                     running = max(running, s + dur)
                 else:

@@ -1,6 +1,6 @@
 """Backend choice inside the placement ILP: candidates, devices and order, jointly.
 
-Variables (PuLP; times scaled so the upper bound ``UB`` is 1000):
+Variables (PuLP; times scaled so the upper bound ``UB`` is :data:`.mip.MIP_TIME_SCALE`):
 
 * ``x[c,d]`` binary: candidate ``c`` is chosen and runs on device ``d`` (only where its
   measured cost is finite). Node ``v``'s device indicator is ``X[v,d] = sum_{c ∋ v} x[c,d]``.
@@ -55,9 +55,7 @@ import pulp
 from ..candidates.convex import Reach
 from ..errors import InfeasibleError, PestoError, SolverError
 from .cover import CoverResult, collage_dp
-from .mip import add_var, lin, solve_mip
-
-_SCALE = 1000.0
+from .mip import MIP_TIME_SCALE, add_var, lin, solve_mip
 
 
 @dataclass
@@ -219,7 +217,7 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
     feas = {(c, d) for c in sorted(keep) for d in range(D) if np.isfinite(costs[c, d]) and sets[c]}
     wstart, wdev, ub = _warm_and_bound(graph, sets, costs, cov, feas, warm, warm_device)
     ub_s = ub * (1 + 1e-6) + 1e-12
-    ts = _SCALE / ub_s
+    ts = MIP_TIME_SCALE / ub_s
     m = _build_model(graph, sets, costs, cluster, keep, cov, feas, ts, ub_s * ts, memory, colocate)
     if wstart is not None:
         m.set_warm(warm.chosen, sets, costs, wstart, wdev, ub)

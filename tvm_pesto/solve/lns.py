@@ -70,12 +70,11 @@ def remaining_time(problem: Problem, plan: Plan, sim: SimResult) -> np.ndarray:
     pos = np.empty(n, dtype=np.int64)
     pos[problem.graph.topo_order()] = np.arange(n)
     keys = np.lexsort((pos, sim.start))[::-1]  # latest start first: successors are done
-    lat, inv = problem.latency, problem.inv_bw
     for u in keys.tolist():
         best = 0.0
         au = a[u]
         for v, b in succ[u]:
-            t = q[v] + (lat[au, a[v]] + b * inv[au, a[v]] if a[v] != au else 0.0)
+            t = q[v] + problem.transfer_s(au, a[v], b)
             if t > best:
                 best = t
         w = nxt[u]

@@ -56,6 +56,10 @@ from .budget import MipLimits, mip_limits
 STATUSES = ("optimal", "time_limit", "node_limit", "infeasible", "no_solution", "solver_failed")
 SOLVERS = ("cbc", "highs")
 
+#: The MIP builders' time unit: a model's makespan upper bound maps to this many units
+#: (time scale ``MIP_TIME_SCALE / upper_bound_s``), keeping coefficients well-conditioned.
+MIP_TIME_SCALE = 1000.0
+
 
 # -- model helpers ------------------------------------------------------------------------
 def add_var(prob: pulp.LpProblem, name: str, low=None, up=None, cat=pulp.LpContinuous) -> pulp.LpVariable:

@@ -1,7 +1,8 @@
 """The stage model's MIP (after the dnn-partitioning paper's throughput and latency IPs), solved by
 :mod:`tvm_pesto.solve.stage_ilp`.
 
-Variables and constraints (all names in the model; times scaled so the upper bound is 1000):
+Variables and constraints (all names in the model; times scaled so the upper bound is
+:data:`.mip.MIP_TIME_SCALE`):
 
 * ``x[v,d]`` binary: node ``v`` on device ``d`` (``assign``, ``noplace`` where the cost is
   infinite, ``coloc``, ``mem``: the nodes' own memory, as the stage model counts it);
@@ -36,9 +37,7 @@ from ..plan.plan import Plan
 from ..plan.problem import Problem
 from ..plan.stage import BACKWARD, FORWARD, evaluate_stages, io_rates, node_passes
 from .common import colocation_index
-from .mip import add_var, lin
-
-_SCALE = 1000.0
+from .mip import MIP_TIME_SCALE, add_var, lin
 
 
 class ModelTooLarge(PestoError):
@@ -71,7 +70,7 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
     passes = node_passes(problem.graph)
     lat, inv = io_rates(problem.cluster)
     ub = _upper_bound(problem, lat, inv)
-    ts = _SCALE / ub
+    ts = MIP_TIME_SCALE / ub
     maxb = float(problem.ebytes.max()) if len(problem.ebytes) else 1.0
     bs = 1.0 / maxb if maxb > 0 else 1.0
     timing = objective == "latency" or microbatches is not None
@@ -122,7 +121,7 @@ class _Build:
 
     def __init__(self, problem: Problem, prob, passes, P, fin, ts: float, bs: float, max_rows, edges):
         self.problem, self.prob, self.passes, self.P, self.fin = problem, prob, passes, P, fin
-        self.ts, self.bs, self.UB, self.max_rows, self.edges = ts, bs, _SCALE, max_rows, edges
+        self.ts, self.bs, self.UB, self.max_rows, self.edges = ts, bs, MIP_TIME_SCALE, max_rows, edges
         self.V: dict = {}
 
     def add(self, terms, sense, rhs: float, name: str) -> None:
