@@ -9,7 +9,8 @@ Per model, in one process, each variant is built once and then timed in blocks:
 * ``torch``: PyTorch eager with cores threads;
 * ``openvino``: OpenVINO's CPU plugin on the same ONNX file, cores threads, latency hint
   (when ``openvino`` is installed);
-* ``torch-compile``: ``torch.compile`` with Inductor (when a C++ compiler is on the PATH);
+* ``torch-compile``: ``torch.compile`` with Inductor (when a C++ compiler is on the PATH),
+  compiled in this process (no compile workers left running beside the timed blocks);
 * ``pesto``: ``tvm_pesto.build(mod, "cpu:N")``, the default build, called on numpy arrays;
 * ``pesto-1dev``: the same on ``cpu:1`` (one device of all cores).
 
@@ -115,6 +116,12 @@ def _torch_eager(model, inputs, cores: int, compiled: bool = False):
     import torch
 
     args = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs)
+    if compiled:
+        import torch._inductor.config as inductor_config
+
+        # compile in this process: a pool of compile workers would still run beside the next
+        # variants' timed blocks
+        inductor_config.compile_threads = 1
     fn = torch.compile(model, backend="inductor") if compiled else model
 
     def call():
