@@ -147,7 +147,12 @@ def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: b
     from ..zoo.export import to_onnx
 
     path = os.path.join(workdir, "model.onnx")
-    out: list[Variant] = []
+    # tvm-pesto first: its build times its options (the final choice), which the threads and
+    # compile workers a PyTorch or torch.compile peer leaves behind would disturb
+    opts = dict(build_options or {})
+    out: list[Variant] = [_built("pesto", lambda: _pesto(mod, inputs, f"cpu:{cores}", opts))]
+    if cores > 1:
+        out.append(_built("pesto-1dev", lambda: _pesto(mod, inputs, "cpu:1", opts)))
     try:
         t = time.perf_counter()
         to_onnx(model, inputs, path)
@@ -172,10 +177,6 @@ def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: b
         out.append(_built("torch-compile", lambda: _torch_eager(model, inputs, cores, compiled=True)))
     else:
         out.append(Variant("torch-compile", None, 0.0, error="no C++ compiler on the PATH (Inductor needs one)"))
-    opts = dict(build_options or {})
-    out.append(_built("pesto", lambda: _pesto(mod, inputs, f"cpu:{cores}", opts)))
-    if cores > 1:
-        out.append(_built("pesto-1dev", lambda: _pesto(mod, inputs, "cpu:1", opts)))
     return out
 
 
