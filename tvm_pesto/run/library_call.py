@@ -2,8 +2,8 @@
 
 A library's convenient call (ONNX Runtime's ``session.run(None, feed)``, OpenVINO's
 ``request.infer(feed)``) checks and wraps its inputs and makes its output arrays on every
-call. :class:`OnnxRuntimeCall` skips the wrapper's checks; :class:`PreparedCall` (OpenVINO's
-:class:`OpenVinoCall`) does the rest of that work once:
+call. :class:`OnnxRuntimeCall` skips the wrapper's checks; :class:`OpenVinoCall` does the rest of
+that work once:
 
 * inputs seen before (the same array objects of the same shape and type, as in a loop that
   refills its buffers) stay bound by address, and the outputs are written into buffers made
@@ -40,68 +40,6 @@ import numpy as np
 BOUND_OUTPUT_BYTES = 1 << 16
 
 
-class PreparedCall:
-    """``call(*arrays) -> list of arrays`` (module docstring). Subclasses give
-    :meth:`_input_types`, :meth:`_bind_to`, :meth:`_run_bound` and :meth:`_unbound`, and pass
-    the outputs' ``[(shape, dtype)]`` (None when one is not static) to ``__init__``."""
-
-    def __init__(self, outputs: list | None):
-        small = outputs is not None and sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in outputs) \
-            <= BOUND_OUTPUT_BYTES
-        self._outs = outputs if small else None
-        self._lock = threading.Lock()
-        self._bound_to: tuple = ()  # (array, shape, dtype) of the inputs bound (kept alive here)
-        self._buffers: list = []
-
-    def __call__(self, *arrays):
-        if self._outs is None or not self._lock.acquire(blocking=False):
-            return self._unbound(arrays)
-        try:
-            bound = self._bound_to
-            if len(arrays) != len(bound):
-                bound = self._bind(arrays)
-            else:
-                for a, (b, shape, dtype) in zip(arrays, bound):
-                    if a is not b or a.shape != shape or a.dtype != dtype:
-                        bound = self._bind(arrays)
-                        break
-            if bound is None:
-                return self._unbound(arrays)
-            self._run_bound()
-            return [b.copy() for b in self._buffers]
-        finally:
-            self._lock.release()
-
-    def _bind(self, arrays):
-        """Bind ``arrays`` and the kept output buffers; return what is bound, or None when an
-        array cannot be bound by address as it is (not C-contiguous, or a type the library
-        does not take)."""
-        self._bound_to = ()
-        want = self._input_types()  # per argument: its dtype, or None for one the library does not read
-        if want is None or len(arrays) != len(want) or any(
-                not isinstance(a, np.ndarray) or not a.flags.c_contiguous or (w is not None and a.dtype != w)
-                for a, w in zip(arrays, want)):
-            return None
-        if not self._buffers:
-            self._buffers = [np.empty(shape, dtype) for shape, dtype in self._outs]
-        self._bind_to(arrays, self._buffers)
-        self._bound_to = tuple((a, a.shape, a.dtype) for a in arrays)
-        return self._bound_to
-
-    def _input_types(self) -> list | None:
-        """Per argument its numpy dtype (None: not read); None when the inputs cannot be bound."""
-        raise NotImplementedError
-
-    def _bind_to(self, arrays, buffers) -> None:
-        raise NotImplementedError
-
-    def _run_bound(self) -> None:
-        raise NotImplementedError
-
-    def _unbound(self, arrays) -> list:
-        raise NotImplementedError
-
-
 class OnnxRuntimeCall:
     """An ONNX Runtime session's call: the session's own run under its Python wrapper (the
     wrapper checks the feed's names in Python on every call), output names prepared once.
@@ -124,24 +62,20 @@ class OnnxRuntimeCall:
         return self._run(self._out_names, dict(zip(self._in_names, arrays)), self._options)
 
 
-class OpenVinoCall(PreparedCall):
-    """An OpenVINO compiled model's call: a request whose tensors share the arrays' memory;
+class OpenVinoCall:
+    """``call(*arrays) -> list of arrays``: an OpenVINO compiled model's call. Bound (module
+    docstring): a request whose tensors share the arrays' memory and the kept output buffers;
     unbound, ``infer`` on a request of the calling thread. ``used`` pairs each argument
     position with the model input it feeds (OpenVINO drops inputs the model does not read)."""
 
     def __init__(self, compiled, used: list, n_args: int):
-        import openvino as ov
-
-        self._ov = ov
         self.compiled = compiled
         self._used = used
-        self._n_args = n_args
         self._request = compiled.create_infer_request()  # the bound one, used under the lock
         self._per_thread = threading.local()
-        ports = {k: p for k, p in enumerate(compiled.inputs)}
-        self._in_types = [None] * n_args
+        self._in_types = [None] * n_args  # per argument its numpy dtype; None: not read
         for pos, k in used:
-            self._in_types[pos] = ports[k].get_element_type().to_dtype()
+            self._in_types[pos] = compiled.inputs[k].get_element_type().to_dtype()
         outs = []
         for o in compiled.outputs:
             ps = o.get_partial_shape()
@@ -149,20 +83,52 @@ class OpenVinoCall(PreparedCall):
                 outs = None
                 break
             outs.append((tuple(int(d) for d in ps.to_shape()), o.get_element_type().to_dtype()))
-        super().__init__(outs)
+        small = outs is not None and sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in outs) \
+            <= BOUND_OUTPUT_BYTES
+        self._outs = outs if small else None
+        self._lock = threading.Lock()
+        self._bound_to: tuple = ()  # (array, shape, dtype) of the inputs bound (kept alive here)
+        self._buffers: list = []
 
-    def _input_types(self):
-        return self._in_types
+    def __call__(self, *arrays):
+        if self._outs is None or not self._lock.acquire(blocking=False):
+            return self._unbound(arrays)
+        try:
+            bound = self._bound_to
+            if len(arrays) != len(bound):
+                bound = self._bind(arrays)
+            else:
+                for a, (b, shape, dtype) in zip(arrays, bound):
+                    if a is not b or a.shape != shape or a.dtype != dtype:
+                        bound = self._bind(arrays)
+                        break
+            if bound is None:
+                return self._unbound(arrays)
+            self._request.infer()
+            return [b.copy() for b in self._buffers]
+        finally:
+            self._lock.release()
 
-    def _bind_to(self, arrays, buffers):
-        ov = self._ov
+    def _bind(self, arrays):
+        """Bind ``arrays`` and the kept output buffers; return what is bound, or None when an
+        array cannot be bound by address as it is (not C-contiguous, or a type the model does
+        not take)."""
+        import openvino as ov
+
+        self._bound_to = ()
+        want = self._in_types
+        if len(arrays) != len(want) or any(
+                not isinstance(a, np.ndarray) or not a.flags.c_contiguous or (w is not None and a.dtype != w)
+                for a, w in zip(arrays, want)):
+            return None
+        if not self._buffers:
+            self._buffers = [np.empty(shape, dtype) for shape, dtype in self._outs]
         for pos, k in self._used:
             self._request.set_input_tensor(k, ov.Tensor(arrays[pos], shared_memory=True))
-        for k, buf in enumerate(buffers):
+        for k, buf in enumerate(self._buffers):
             self._request.set_output_tensor(k, ov.Tensor(buf, shared_memory=True))
-
-    def _run_bound(self):
-        self._request.infer()
+        self._bound_to = tuple((a, a.shape, a.dtype) for a in arrays)
+        return self._bound_to
 
     def _unbound(self, arrays):
         req = getattr(self._per_thread, "request", None)
@@ -172,4 +138,4 @@ class OpenVinoCall(PreparedCall):
         return list(res.to_tuple())
 
 
-__all__ = ["BOUND_OUTPUT_BYTES", "OnnxRuntimeCall", "OpenVinoCall", "PreparedCall"]
+__all__ = ["BOUND_OUTPUT_BYTES", "OnnxRuntimeCall", "OpenVinoCall"]
