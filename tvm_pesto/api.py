@@ -38,7 +38,6 @@ from .builder.rewrite import apply_plan
 from .candidates import placement_candidates
 from .candidates.flow import backend_names, make_candidates
 from .cluster import Cluster, as_cluster
-from .cluster.dispatch import dispatch_info
 from .costs import CostTable, candidate_costs
 from .costs.hybrid import Hybrid, plan_units_to_measure
 from .costs.machine import calibrate_machine, needs_fit
@@ -46,7 +45,8 @@ from .costs.xgb import load_model
 from .errors import InfeasibleError, PestoError
 from .graph.analysis import Analysis, analyze
 from .models import random_inputs
-from .plan import JointProblem, Plan, Problem, SimResult, simulate
+from .plan import JointProblem, Plan, simulate
+from .plan.placement import Placement, solver_gap, solver_status
 from .plan.simulate import HOME_DEVICE
 from .run.dispatch import machine_dispatch
 from .solve import split
@@ -87,80 +87,6 @@ def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
         return
     if needs_fit(cm, cluster):
         calibrate_machine(cluster, cm, announce=True)
-
-
-@dataclass
-class Placement:
-    """What the flow decided for a module, before building.
-
-    Attributes
-    ----------
-    analysis : Analysis
-    candidates : CandidateSet
-    costs : CostTable
-        Seconds per (candidate, device) and where they came from.
-    joint : JointProblem
-    problem : Problem
-        The placement problem of the chosen cover (one node per unit).
-    plan : Plan
-        Device and order per unit; ``plan.units`` are the chosen candidates.
-    sim : SimResult
-        The plan simulated: ``sim.run_s`` is the predicted time of one run (the schedule's
-        ``sim.makespan``, plus the home device's input and result copies, ``sim.io_s``, and
-        the executor's dispatch, ``sim.dispatch_s``: :mod:`tvm_pesto.cluster.dispatch`).
-    """
-
-    analysis: Analysis
-    candidates: object
-    costs: object
-    joint: JointProblem
-    problem: Problem
-    plan: Plan
-    sim: SimResult
-
-    @property
-    def backend_mix(self) -> dict[str, int]:
-        return self.plan.backend_mix()
-
-    @property
-    def solver_status(self) -> str:
-        return solver_status(self.plan)
-
-    def summary(self) -> dict:
-        return {"backend_mix": self.backend_mix, "solver": self.plan.solver, "solver_status": self.solver_status,
-                "solver_gap": solver_gap(self.plan),
-                "simulated_s": float(self.sim.run_s), "simulated_makespan_s": float(self.sim.makespan),
-                "dispatch_s": float(self.sim.dispatch_s), "dispatch": dispatch_info(self.problem.cluster),
-                "devices_used": self.plan.devices_used(),
-                "num_ops": self.analysis.op_graph.num_nodes, "num_units": self.problem.num_nodes,
-                "num_candidates": len(self.candidates), "candidates_by_backend": self.candidates.by_backend(),
-                "backends_unavailable": dict(self.candidates.unavailable), "costs": self.costs.summary(),
-                "solve_s": float(self.plan.solve_s)}
-
-
-def solver_status(plan: Plan) -> str:
-    """What the solver can say of the plan: ``optimal`` (proved, within the MIP gap),
-    ``time_limit`` (the ILP stopped at its limit with an incumbent; see ``solver_gap``),
-    ``node_limit`` (the same at its node limit, in deterministic mode),
-    ``infeasible`` / ``no_solution`` / ``solver_failed`` (an ILP with a fallback plan),
-    ``feasible`` (a coarsened ILP: optimal for the supernodes at best, not for the graph),
-    ``heuristic`` (a heuristic's plan: no claim)."""
-    info = plan.info
-    if info.get("joint_ilp", {}).get("used"):
-        return str(info["joint_ilp"].get("status") or "feasible")
-    if info.get("status"):
-        return str(info["status"])
-    if info.get("coarse_status"):
-        return "feasible"
-    return "heuristic"
-
-
-def solver_gap(plan: Plan) -> float | None:
-    """The relative MIP gap the ILP reported for the plan (``None`` for heuristics)."""
-    info = plan.info
-    if info.get("joint_ilp", {}).get("used"):
-        return info["joint_ilp"].get("mip_gap")
-    return info.get("mip_gap", info.get("coarse_mip_gap"))
 
 
 #: ``costs="hybrid"`` in :func:`place`: the share of the measuring budget spent on the close

@@ -165,13 +165,8 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
     ``"measured"`` (the lower minimum over a separate short interleaved timing of the two,
     not reused for the reported numbers) or ``"predicted"`` (lower simulated makespan).
     """
-    import tvm
-
     # lazy: loads TVM's compiler and PyTorch, which importing this module does not
     from .. import api, zoo
-    from ..backends import release_all
-    from ..builder.placed import PlacedModule
-    from ..builder.rewrite import apply_plan
 
     def say(msg):
         if progress:
@@ -189,44 +184,11 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
     ct2 = candidate_costs(cs, c2, "measured", cache=cache)
     measure_s = time.perf_counter() - t0
     costed1, costed2 = api.CostedCandidates(analysis, c1, cs, ct1), api.CostedCandidates(analysis, c2, cs, ct2)
-    joint1 = costed1.joint()
-    singles = sorted({c.backend for c in cs})
-    variants: dict[str, tuple] = {}
-    for b in singles:
-        variants[f"single:{b}"] = (c1, _variant(costed1, restrict_to(joint1, b), "single", time_limit_s, 0))
-    variants["collage_dp"] = (c1, _variant(costed1, None, "single", time_limit_s, 0))
-    say(f"{name}: joint solve on 1 and 2 devices")
-    variants["joint_1dev"] = (c1, _variant(costed1, None, "ilp", time_limit_s, search_s))
-    variants["joint_2dev"] = (c2, _variant(costed2, None, "ilp", time_limit_s, search_s))
-    placed, errs, failed = {}, {}, {}
-    dev_inputs = {}
-    for key, (cl, (plan, _)) in variants.items():
-        try:
-            pm = PlacedModule(apply_plan(analysis.rg, plan, cl), cl, plan)
-        except PestoError as e:
-            failed[key] = str(e)
-            continue
-        placed[key] = pm
-        out = pm(*zm.example_inputs)
-        errs[key] = _max_err(_flat_numpy(out), ref)
-        d0 = cl.devices[0].tvm_device()
-        dev_inputs[key] = [tvm.runtime.tensor(a, device=d0) for a in zm.example_inputs]
-    fns = {k: (lambda pm=pm, args=dev_inputs[k]: pm(*args)) for k, pm in placed.items()}
-    predicted = {k: span for k, (_, (_, span)) in variants.items()}
-    predicted_key = "joint_2dev" if predicted["joint_2dev"] < predicted["joint_1dev"] else "joint_1dev"
-    select = {}
-    if select_by == "measured" and "joint_1dev" in fns and "joint_2dev" in fns:
-        select = interleaved_times({k: fns[k] for k in ("joint_1dev", "joint_2dev")}, repeat=select_repeat)
-        joint_key = min(select, key=lambda k: float(np.min(select[k])))  # robust to load spikes
-    else:
-        joint_key = predicted_key
+    variants = _solve_variants(name, costed1, costed2, time_limit_s, search_s, say)
+    placed, errs, failed, fns = _build_variants(variants, analysis, zm, ref)
+    predicted, predicted_key, joint_key, select = _choose_joint(variants, fns, select_by, select_repeat)
     say(f"{name}: timing {len(placed)} variants x {repeat} interleaved repeats")
-    times = interleaved_times(fns, repeat=repeat)
-    for pm in placed.values():
-        pm.close()
-    placed.clear()
-    release_all()
-    gc.collect()
+    times = _time_and_release(fns, placed, repeat)
     med = {k: float(np.median(v)) for k, v in times.items()}
     single_s = {k.split(":", 1)[1]: med[k] for k in med if k.startswith("single:")}
     best_b = min(single_s, key=single_s.get) if single_s else None
@@ -276,6 +238,85 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
         best_min = min(v for k, v in mins.items() if k.startswith("single:"))
         res["speedup_vs_best_single_min"] = best_min / mins[joint_key]
     return res
+
+
+def _solve_variants(name: str, costed1, costed2, time_limit_s: float, search_s: float, say) -> dict:
+    """Variant -> ``(cluster, (plan, predicted seconds))``: each backend alone and Collage's
+    cover on ``costed1``'s one device, the joint solve on ``costed1`` and ``costed2``."""
+    c1, c2 = costed1.cluster, costed2.cluster
+    joint1 = costed1.joint()
+    singles = sorted({c.backend for c in costed1.candidates})
+    variants: dict[str, tuple] = {}
+    for b in singles:
+        variants[f"single:{b}"] = (c1, _variant(costed1, restrict_to(joint1, b), "single", time_limit_s, 0))
+    variants["collage_dp"] = (c1, _variant(costed1, None, "single", time_limit_s, 0))
+    say(f"{name}: joint solve on 1 and 2 devices")
+    variants["joint_1dev"] = (c1, _variant(costed1, None, "ilp", time_limit_s, search_s))
+    variants["joint_2dev"] = (c2, _variant(costed2, None, "ilp", time_limit_s, search_s))
+    return variants
+
+
+def _build_variants(variants: dict, analysis, zm, ref: list[np.ndarray]):
+    """Build every variant of :func:`_solve_variants` and check its output against ``ref``.
+
+    Returns ``(placed, errs, failed, fns)``: the built modules, each one's largest absolute
+    error, the variants that failed to build (with why), and each built one's call on the
+    example inputs, already on its first device.
+    """
+    import tvm
+
+    # lazy: loads TVM's compiler, which importing this module does not
+    from ..builder.placed import PlacedModule
+    from ..builder.rewrite import apply_plan
+
+    placed, errs, failed = {}, {}, {}
+    dev_inputs = {}
+    for key, (cl, (plan, _)) in variants.items():
+        try:
+            pm = PlacedModule(apply_plan(analysis.rg, plan, cl), cl, plan)
+        except PestoError as e:
+            failed[key] = str(e)
+            continue
+        placed[key] = pm
+        out = pm(*zm.example_inputs)
+        errs[key] = _max_err(_flat_numpy(out), ref)
+        d0 = cl.devices[0].tvm_device()
+        dev_inputs[key] = [tvm.runtime.tensor(a, device=d0) for a in zm.example_inputs]
+    fns = {k: (lambda pm=pm, args=dev_inputs[k]: pm(*args)) for k, pm in placed.items()}
+    return placed, errs, failed, fns
+
+
+def _choose_joint(variants: dict, fns: dict, select_by: str, select_repeat: int):
+    """Which joint result ``joint_s`` reports (see :func:`bench_model`'s ``select_by``).
+
+    Returns ``(predicted, predicted_key, joint_key, select)``: each variant's predicted
+    seconds, the joint variant predicted faster, the one chosen, and the selection's own
+    timings (empty when chosen by prediction).
+    """
+    predicted = {k: span for k, (_, (_, span)) in variants.items()}
+    predicted_key = "joint_2dev" if predicted["joint_2dev"] < predicted["joint_1dev"] else "joint_1dev"
+    select = {}
+    if select_by == "measured" and "joint_1dev" in fns and "joint_2dev" in fns:
+        select = interleaved_times({k: fns[k] for k in ("joint_1dev", "joint_2dev")}, repeat=select_repeat)
+        joint_key = min(select, key=lambda k: float(np.min(select[k])))  # robust to load spikes
+    else:
+        joint_key = predicted_key
+    return predicted, predicted_key, joint_key, select
+
+
+def _time_and_release(fns: dict, placed: dict, repeat: int) -> dict[str, list[float]]:
+    """:func:`interleaved_times` of every built variant, then close them and release what the
+    backends built, so the next model starts with free cores and memory."""
+    # lazy: loads TVM's compiler and the backends, which importing this module does not
+    from ..backends import release_all
+
+    times = interleaved_times(fns, repeat=repeat)
+    for pm in placed.values():
+        pm.close()
+    placed.clear()
+    release_all()
+    gc.collect()
+    return times
 
 
 def _unit_key(u) -> tuple:

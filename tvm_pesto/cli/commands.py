@@ -1,8 +1,6 @@
 """What the CLI verbs do, as plain functions returning JSON-ready dicts."""
 from __future__ import annotations
 
-import copy
-import math
 import os
 import time
 
@@ -31,8 +29,8 @@ from ..run.ray_executor import RaySession, use_ray
 from ..run.runtime import BENCH_MIN_S
 from ..solve import SOLVERS, get_solver, solve
 from ..solve.bounds import lower_bound
-from ..solve.common import memory_lower_bound_factor
 from ..solve.joint import joint_lower_bound
+from .memory_fit import memory_error
 from .progress import step
 
 
@@ -282,12 +280,9 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     >>> res["makespan_s"] >= res["lower_bound_s"] * (1 - 1e-9)
     True
     """
-    # lazy: loads PuLP (the MIP solvers); the CLI imports a verb's code when the verb runs
-    from ..solve.objective_bounds import objective_lower_bound
-
     model, objective, microbatches = check_choice(model or ("stage" if target.endswith(".json") else "op"),
                                                   objective, microbatches)
-
+    goal = {"model": model, "objective": objective, "microbatches": microbatches}
     if solvers == ["all"]:
         solvers = list(SOLVERS)
     if not solvers:
@@ -295,79 +290,15 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     for name in solvers:
         get_solver(name)  # an unknown name fails before the (slow) loading
 
-    def memory_error(problem, err: InfeasibleError, reason: str) -> InfeasibleError:
-        """The error for a problem that does not fit: a bound, and the smallest uniform scale
-        of every device's memory (bisection) with which a heuristic finds a plan. ``err`` is
-        returned unchanged when even ample memory does not help (e.g. co-location)."""
-        cap = problem.capacity
-
-        def works(f: float) -> bool:
-            p = copy.copy(problem)
-            p.capacity = cap * f
-            for name in ("heft", "m-etf", "m-topo", "single", "m-sct") if model == "op" else ("stage-dp",):
-                try:
-                    plan = solve(p, name, model=model, objective=objective, microbatches=microbatches)
-                    if model == "op":
-                        simulate(p, plan)
-                        return True
-                    if evaluate(p, plan, model, objective, microbatches).valid:
-                        return True
-                except PestoError:
-                    continue
-            return False
-
-        lo = max(1.0, memory_lower_bound_factor(problem))
-        hi = max(lo, float(problem.mem.sum() + problem.ebytes.sum()) / float(cap.min())) * 1.01
-        if not works(hi):
-            return err
-        deadline = time.perf_counter() + 60.0
-        while hi - lo > 1e-3 * hi and time.perf_counter() < deadline:
-            mid = math.sqrt(lo * hi) if hi > 2 * lo else 0.5 * (lo + hi)
-            if works(mid):
-                hi = mid
-            else:
-                lo = mid
-        need = memory_lower_bound_factor(problem)  # necessary for any plan
-        mib = lambda x: math.ceil(x / 2**20 * 10) / 10  # noqa: E731 - round up, so the figure works
-        if np.allclose(cap, cap[0]):
-            return InfeasibleError(
-                f"{reason}. The smallest memory per device with which a plan fits is {mib(hi * cap[0]):.1f} MiB "
-                f"(devices of {problem.cluster.name} hold {mib(cap[0]):.1f} MiB; no plan can use less than "
-                f"{mib(need * cap[0]):.1f} MiB each). Fix: use devices with at least {mib(hi * cap[0]):.1f} MiB "
-                f"each, or more devices")
-        return InfeasibleError(
-            f"{reason}. A plan fits when every device's memory is scaled by x{math.ceil(hi * 1000) / 1000:.3f} "
-            f"(smallest device then {mib(hi * cap.min()):.1f} MiB). Fix: use larger or more devices")
-
     t_load = time.perf_counter()
-    costed = None
     if target.endswith(".json"):
-        if split_margin is not None:
-            raise PestoError("--split-margin applies to models (the flow's split decision); a LayerGraph file is "
-                             "placed as the file defines it: leave --split-margin out")
-        if cluster_spec != "from-graph":
-            raise PestoError("LayerGraph files carry their own devices and costs: use --cluster from-graph")
-        graph, meta = dp.load_layer_graph(target)
-        cluster = dp.cluster_from_graph(meta)
-        problem = Problem(graph, cluster, dp.costs_from_graph(graph, cluster),
-                          colocate=dp.colocation_groups(graph), cost_source="file")
+        (problem, cluster), costed = _layer_graph_problem(target, cluster_spec, split_margin), None
     else:
-        if cluster_spec == "from-graph":
-            raise PestoError("--cluster from-graph only applies to LayerGraph JSON files; give a spec like cpu:2")
-        if expert:
-            raise PestoError("--expert applies to LayerGraph JSON files (their human-expert splits)")
-        cluster = parse_cluster(cluster_spec)
-        lm = load_target(target, size, input_shapes)
-        with step("candidates and costs") as cb:
-            costed = api.cost_candidates(api.analyze(lm.mod), cluster, backends, costs, progress=cb)
-        cs = costed.candidates
-        # the fusion groups' placement problem: the memory check before any solver runs
-        problem = costed.joint().contract([i for i, c in enumerate(cs)
-                                           if c.backend == "tvm" and c.pattern == "fusion_group"])
+        problem, cluster, costed = _model_problem(target, cluster_spec, size, costs, backends, input_shapes, expert)
     try:
         problem.check_memory_feasible()
     except InfeasibleError as err:
-        raise memory_error(problem, err, str(err).split("; use ")[0]) from None
+        raise memory_error(problem, err, str(err).split("; use ")[0], **goal) from None
     load_s = time.perf_counter() - t_load
     op_latency = (model, objective) == ("op", "latency")
     if split_margin is not None and not op_latency:
@@ -377,25 +308,89 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         raise PestoError(f"--model {model} --objective {objective} place a fixed set of units; the joint solve "
                          "(backend choice) optimises one sample's op-level latency only: add --backends tvm, or "
                          "use --model op --objective latency")
-    solved = {}  # solver -> (its placement problem, plan, Placement or None)
+    solved = _solve_each(problem, cluster, costed, solvers, goal, time_limit_s, deterministic, split_margin)
+    solved, lb = _judged_with_bound(problem, costed, solved, solvers, goal, deterministic)
+    results = {}
+    for name, (placed, plan, pl) in solved.items():
+        results[name] = _result(placed, plan, evaluate(placed, plan, model, objective, microbatches), lb)
+        results[name].update(_mode(deterministic, plan.info))
+        if pl is not None:
+            results[name].update(simulated_s=float(pl.sim.run_s), units=_units(plan))
+    if expert:
+        plan = load_expert_split(expert, problem.graph, cluster)
+        results["expert"] = _result(problem, plan, evaluate(problem, plan, model, objective, microbatches), lb)
+    return _place_output(problem, cluster, goal, lb, load_s, results, solved, costed, backends, deterministic)
+
+
+def _layer_graph_problem(target: str, cluster_spec: str, split_margin: float | None):
+    """``(problem, cluster)`` of a dnn-partitioning LayerGraph file for :func:`place_any`: the
+    placement problem with the devices, costs and co-location the file defines."""
+    if split_margin is not None:
+        raise PestoError("--split-margin applies to models (the flow's split decision); a LayerGraph file is "
+                         "placed as the file defines it: leave --split-margin out")
+    if cluster_spec != "from-graph":
+        raise PestoError("LayerGraph files carry their own devices and costs: use --cluster from-graph")
+    graph, meta = dp.load_layer_graph(target)
+    cluster = dp.cluster_from_graph(meta)
+    problem = Problem(graph, cluster, dp.costs_from_graph(graph, cluster),
+                      colocate=dp.colocation_groups(graph), cost_source="file")
+    return problem, cluster
+
+
+def _model_problem(target: str, cluster_spec: str, size: str, costs: str, backends: str, input_shapes,
+                   expert: str | None):
+    """``(problem, cluster, costed)`` of a model (zoo name or file) for :func:`place_any`: its
+    candidates costed on the cluster (:func:`tvm_pesto.api.cost_candidates`) and the
+    placement problem of its fusion groups, which the memory check reads before any solver runs."""
+    if cluster_spec == "from-graph":
+        raise PestoError("--cluster from-graph only applies to LayerGraph JSON files; give a spec like cpu:2")
+    if expert:
+        raise PestoError("--expert applies to LayerGraph JSON files (their human-expert splits)")
+    cluster = parse_cluster(cluster_spec)
+    lm = load_target(target, size, input_shapes)
+    with step("candidates and costs") as cb:
+        costed = api.cost_candidates(api.analyze(lm.mod), cluster, backends, costs, progress=cb)
+    cs = costed.candidates
+    # the fusion groups' placement problem: the memory check before any solver runs
+    problem = costed.joint().contract([i for i, c in enumerate(cs)
+                                       if c.backend == "tvm" and c.pattern == "fusion_group"])
+    return problem, cluster, costed
+
+
+def _solve_each(problem, cluster, costed, solvers: list[str], goal: dict, time_limit_s: float,
+                deterministic: bool, split_margin: float | None) -> dict:
+    """Solver -> (its placement problem, plan, Placement or None). A model's ``costed``
+    candidates go through the flow's solve, as ``run`` places (the split decision for the op
+    model's latency only); a LayerGraph file's ``problem`` goes to the solver as it is."""
+    op_latency = (goal["model"], goal["objective"]) == ("op", "latency")
+    solved = {}
     for name in solvers:
         with step(f"solve with {name}"):
             try:
                 if costed is not None:  # the flow's solve, as `run` places
-                    goal = {} if op_latency else {"model": model, "objective": objective, "microbatches": microbatches}
                     pl = api.place_from_costs(costed, name, time_limit_s=time_limit_s, deterministic=deterministic,
-                                              split_margin=split_margin if op_latency else 0.0, **goal)
+                                              split_margin=split_margin if op_latency else 0.0,
+                                              **({} if op_latency else goal))
                     solved[name] = (pl.problem, pl.plan, pl)
                 else:
                     opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}
-                    plan = solve(problem, name, deterministic=deterministic, model=model, objective=objective,
-                                 microbatches=microbatches, **opts)
-                    if model == "op":
+                    plan = solve(problem, name, deterministic=deterministic, **goal, **opts)
+                    if goal["model"] == "op":
                         simulate(problem, plan)  # memory checked: a plan that does not fit is an error
                     solved[name] = (problem, plan, None)
             except InfeasibleError as err:
                 raise memory_error(problem, err, f"{problem.graph.name}: {name} found no plan within the memory "
-                                                 f"of {cluster.name}") from None
+                                                 f"of {cluster.name}", **goal) from None
+    return solved
+
+
+def _judged_with_bound(problem, costed, solved: dict, solvers: list[str], goal: dict, deterministic: bool):
+    """``(solved, lb)``: the plans as they are judged (with ``hybrid`` costs, on the last
+    solver's table) and the lower bound they are judged against, valid for the model and
+    objective (with backend choice, the bound over every cover)."""
+    # lazy: loads PuLP (the MIP solvers); the CLI imports a verb's code when the verb runs
+    from ..solve.objective_bounds import objective_lower_bound
+
     bound_of = problem
     if costed is not None:
         # with hybrid costs the last solver's rounds measured the most: every plan is judged on that table
@@ -407,25 +402,21 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
             solved = {k: (joint.contract([pos[id(u)] for u in plan.units]), plan, pl)
                       for k, (_, plan, pl) in solved.items()}
     if bound_of is None:  # backend choice: the bound over every cover
-        lb = joint_lower_bound(joint)
-    else:
-        lat = lower_bound(bound_of, deterministic=deterministic) if model == "op" else None
-        lb = objective_lower_bound(bound_of, model, objective, microbatches, deterministic=deterministic,
-                                   latency_bound=lat)
-    results = {}
-    for name, (placed, plan, pl) in solved.items():
-        results[name] = _result(placed, plan, evaluate(placed, plan, model, objective, microbatches), lb)
-        results[name].update(_mode(deterministic, plan.info))
-        if pl is not None:
-            results[name].update(simulated_s=float(pl.sim.run_s), units=_units(plan))
-    if expert:
-        plan = load_expert_split(expert, problem.graph, cluster)
-        results["expert"] = _result(problem, plan, evaluate(problem, plan, model, objective, microbatches), lb)
+        return solved, joint_lower_bound(joint)
+    lat = lower_bound(bound_of, deterministic=deterministic) if goal["model"] == "op" else None
+    return solved, objective_lower_bound(bound_of, goal["model"], goal["objective"], goal["microbatches"],
+                                         deterministic=deterministic, latency_bound=lat)
+
+
+def _place_output(problem, cluster, goal: dict, lb: dict, load_s: float, results: dict, solved: dict, costed,
+                  backends: str, deterministic: bool) -> dict:
+    """:func:`place_any`'s JSON: every result, and at the top level the best valid plan (for a
+    model, also what ``run`` reports of it: the flow's summary, the split decision, the units)."""
     valid = [k for k in results if results[k]["valid"]] or list(results)
     best = min(valid, key=lambda k: results[k]["objective_value"])
     out = {"graph": problem.graph.name, "num_nodes": problem.num_nodes, "num_edges": problem.graph.num_edges,
            "cluster": cluster.name, "devices": [d.name for d in cluster.devices], "cost_source": problem.cost_source,
-           "model": model, "objective": objective, "microbatches": microbatches,
+           "model": goal["model"], "objective": goal["objective"], "microbatches": goal["microbatches"],
            "lower_bound_s": lb["best"], "lower_bound": _jsonable(lb), "load_s": load_s, "best": best,
            "results": results,
            # top level: the best plan, as `place --json` promises

@@ -62,6 +62,9 @@ TRANSCENDENTAL = frozenset({
     "nn.softmax", "nn.log_softmax", "nn.softplus", "nn.selu", "nn.elu",
 })
 
+#: Dominant kinds that are convolutions (the ``conv_*`` features are theirs).
+_CONV_KINDS = ("conv2d", "depthwise_conv2d", "conv_other")
+
 #: Floor for time-like quantities (s) so logs stay finite.
 TIME_FLOOR_S = 1e-9
 
@@ -326,6 +329,94 @@ def _prod(shape) -> float:
     return float(math.prod(float(d) for d in shape)) if shape else 1.0
 
 
+def _dtype_size(desc: dict) -> float:
+    """Bytes per element of the description's dtype (4 for a dtype :func:`dtype_bytes` does not know)."""
+    try:
+        return float(dtype_bytes(str(desc.get("dtype", "float32"))))
+    except Exception:  # noqa: BLE001 - unknown dtype: treat as 4 bytes
+        return 4.0
+
+
+def _conv_features(kind: str, ins: list, attrs: dict, dom: dict) -> list[float]:
+    """``conv_kh`` .. ``conv_pad`` of :data:`FEATURE_NAMES`: the dominant convolution's kernel,
+    stride, dilation, groups, channels, output size and padding; zeros for other ops."""
+    if not (kind in _CONV_KINDS and len(ins) >= 2 and len(ins[1]) >= 3):
+        return [0.0] * 10
+    w = ins[1]
+    kh = float(w[2]) if len(w) > 2 else 1.0
+    kw = float(w[3]) if len(w) > 3 else 1.0
+    strides = list(attrs.get("strides", [1])) or [1]
+    dil = list(attrs.get("dilation", [1])) or [1]
+    pad = list(attrs.get("padding", [0])) or [0]
+    groups = float(attrs.get("groups", 1) or 1)
+    cin = float(ins[0][1]) if len(ins[0]) > 1 else 1.0
+    o = dom.get("outputs", [[1]])[0] if dom.get("outputs") else [1]
+    out_hw = _prod(o[2:]) if len(o) > 2 else 1.0
+    return [kh, kw, float(strides[0]), float(dil[0]), _l2(groups), 1.0 if kind == "depthwise_conv2d" else 0.0,
+            _l2(cin), _l2(float(w[0])), _l2(out_hw), float(sum(pad))]
+
+
+def _matmul_features(kind: str, ins: list, desc: dict) -> list[float]:
+    """``log2_mm_m`` .. ``mm_weight_const`` of :data:`FEATURE_NAMES`: the dominant matmul's
+    sizes and whether its weight is a constant; zeros for other ops."""
+    if not (kind == "matmul" and len(ins) >= 2 and ins[0] and ins[1]):
+        return [0.0] * 5
+    a, b = ins[0], ins[1]
+    k = float(a[-1])
+    m = float(a[-2]) if len(a) >= 2 else 1.0
+    n = float(b[-1]) if len(b) >= 2 else 1.0
+    batch = _prod(a[:-2]) if len(a) > 2 else 1.0
+    return [_l2(m), _l2(n), _l2(k), _l2(batch), 1.0 if float(desc.get("param_bytes", 0)) > 0 else 0.0]
+
+
+def _output_features(ins: list, outs: list, cats: list) -> list[float]:
+    """``out_rank`` .. ``n_anchor_ops`` of :data:`FEATURE_NAMES`: the first output's rank and
+    innermost sizes (and their alignment), the first input's innermost size, the number of
+    outputs and of anchor ops."""
+    o0 = outs[0] if outs else []
+    last = float(o0[-1]) if o0 else 1.0
+    red = float(ins[0][-1]) if ins and ins[0] else 1.0
+    f = [float(len(o0)), _l2(last), 1.0 if int(last) % 8 == 0 else 0.0, _l2(red)]
+    last2 = _prod(o0[-2:]) if o0 else 1.0
+    return f + [float(len(outs)), 1.0 if int(last) % 4 == 0 else 0.0,
+                1.0 if int(last) & (int(last) - 1) == 0 else 0.0, _l2(last2), float(cats.count("anchor"))]
+
+
+def _access_features(kind: str, ins: list, attrs: dict, dtb: float, dom: dict, ops: list,
+                     out_elems: float) -> list[float]:
+    """``log2_red_stride`` .. ``log2_transcendental_elems`` of :data:`FEATURE_NAMES`: how the
+    unscheduled code walks the dominant op's operands (:func:`strided_reduction`, a
+    convolution's GEMM reduction length, broadcast inputs) and how many elements pass
+    through :data:`TRANSCENDENTAL` ops."""
+    f = [_l2(x) for x in strided_reduction(kind, ins, attrs, dtb)]
+    gemm_k = _prod(ins[1][1:]) if kind in _CONV_KINDS and len(ins) >= 2 else 0.0
+    dom_out = _prod(dom["outputs"][0]) if dom.get("outputs") else out_elems
+    f += [_l2(gemm_k), float(len(ins)), 1.0 if any(_prod(s) < dom_out for s in ins[1:]) else 0.0]
+    n_trans = float(sum(_short(o.split("+")[0]) in TRANSCENDENTAL for o in ops))
+    return f + [n_trans, _l2(n_trans * max(out_elems, dom_out))]
+
+
+def _category_totals(desc: dict, dom: dict, flops: float, member: float) -> list[float]:
+    """``log2_flops_<category>`` and ``log2_bytes_<category>`` of :data:`FEATURE_NAMES`
+    (descriptions before version 2 lack them: everything counts as the dominant op's)."""
+    cf, cb = desc.get("cat_flops"), desc.get("cat_bytes")
+    if cf is None or cb is None:
+        dcat = op_category(dom["op"])
+        cf = [flops if c == dcat else 0.0 for c in CATEGORIES]
+        cb = [member if c == dcat else 0.0 for c in CATEGORIES]
+    return [_l2(x) for x in cf] + [_l2(x) for x in cb]
+
+
+def _device_features(desc: dict, dev: dict, flops: float, br: float, bw: float) -> list[float]:
+    """``log10_peak_flops`` .. ``log10_byte_s`` of :data:`FEATURE_NAMES`: the device's size and
+    the subgraph's roofline times on it."""
+    peak, bwd = float(dev["peak_flops"]), float(dev["mem_bandwidth"])
+    return [math.log10(peak), math.log10(bwd), math.log10(max(float(dev.get("memory_bytes", 1.0)), 1.0)),
+            float(dev.get("cores", 1)), 1.0 if dev.get("kind") == "gpu" else 0.0,
+            math.log10(roofline_s(desc, dev)), math.log10(max(flops / peak, TIME_FLOOR_S)),
+            math.log10(max((br + bw) / bwd, TIME_FLOOR_S))]
+
+
 def feature_vector(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> np.ndarray:
     """The features of ``desc`` run by ``backend`` on device ``dev`` (see :data:`FEATURE_NAMES`).
 
@@ -370,64 +461,15 @@ def feature_vector(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> n
     member = float(desc.get("member_bytes", br + bw))
     in_elems = _prod(ins[0]) if ins else 0.0
     out_elems = sum(_prod(s) for s in outs)
-    try:
-        dtb = float(dtype_bytes(str(desc.get("dtype", "float32"))))
-    except Exception:  # noqa: BLE001 - unknown dtype: treat as 4 bytes
-        dtb = 4.0
+    dtb = _dtype_size(desc)
     f += [_l2(flops), _l2(br), _l2(bw), _l2(desc.get("param_bytes", 0)), _l2(max(member - br - bw, 0.0)),
           _l2(member), _l2(in_elems), _l2(out_elems), _l2(flops / max(br + bw, 1.0)), dtb]
-    # convolution
-    conv = [0.0] * 10
-    if kind in ("conv2d", "depthwise_conv2d", "conv_other") and len(ins) >= 2 and len(ins[1]) >= 3:
-        w = ins[1]
-        kh = float(w[2]) if len(w) > 2 else 1.0
-        kw = float(w[3]) if len(w) > 3 else 1.0
-        strides = list(attrs.get("strides", [1])) or [1]
-        dil = list(attrs.get("dilation", [1])) or [1]
-        pad = list(attrs.get("padding", [0])) or [0]
-        groups = float(attrs.get("groups", 1) or 1)
-        cin = float(ins[0][1]) if len(ins[0]) > 1 else 1.0
-        o = dom.get("outputs", [[1]])[0] if dom.get("outputs") else [1]
-        out_hw = _prod(o[2:]) if len(o) > 2 else 1.0
-        conv = [kh, kw, float(strides[0]), float(dil[0]), _l2(groups), 1.0 if kind == "depthwise_conv2d" else 0.0,
-                _l2(cin), _l2(float(w[0])), _l2(out_hw), float(sum(pad))]
-    f += conv
-    # matmul
-    mm = [0.0] * 5
-    if kind == "matmul" and len(ins) >= 2 and ins[0] and ins[1]:
-        a, b = ins[0], ins[1]
-        k = float(a[-1])
-        m = float(a[-2]) if len(a) >= 2 else 1.0
-        n = float(b[-1]) if len(b) >= 2 else 1.0
-        batch = _prod(a[:-2]) if len(a) > 2 else 1.0
-        mm = [_l2(m), _l2(n), _l2(k), _l2(batch), 1.0 if float(desc.get("param_bytes", 0)) > 0 else 0.0]
-    f += mm
-    o0 = outs[0] if outs else []
-    last = float(o0[-1]) if o0 else 1.0
-    red = float(ins[0][-1]) if ins and ins[0] else 1.0
-    f += [float(len(o0)), _l2(last), 1.0 if int(last) % 8 == 0 else 0.0, _l2(red)]
-    last2 = _prod(o0[-2:]) if o0 else 1.0
-    f += [float(len(outs)), 1.0 if int(last) % 4 == 0 else 0.0, 1.0 if int(last) & (int(last) - 1) == 0 else 0.0,
-          _l2(last2), float(cats.count("anchor"))]
-    f += [_l2(x) for x in strided_reduction(kind, ins, attrs, dtb)]
-    gemm_k = _prod(ins[1][1:]) if kind in ("conv2d", "depthwise_conv2d", "conv_other") and len(ins) >= 2 else 0.0
-    dom_out = _prod(dom["outputs"][0]) if dom.get("outputs") else out_elems
-    f += [_l2(gemm_k), float(len(ins)), 1.0 if any(_prod(s) < dom_out for s in ins[1:]) else 0.0]
-    n_trans = float(sum(_short(o.split("+")[0]) in TRANSCENDENTAL for o in ops))
-    f += [n_trans, _l2(n_trans * max(out_elems, dom_out))]
-    # per-category totals (descriptions before version 2 lack them: everything counts as the dominant's)
-    cf, cb = desc.get("cat_flops"), desc.get("cat_bytes")
-    if cf is None or cb is None:
-        dcat = op_category(dom["op"])
-        cf = [flops if c == dcat else 0.0 for c in CATEGORIES]
-        cb = [member if c == dcat else 0.0 for c in CATEGORIES]
-    f += [_l2(x) for x in cf] + [_l2(x) for x in cb]
-    # device
-    peak, bwd = float(dev["peak_flops"]), float(dev["mem_bandwidth"])
-    f += [math.log10(peak), math.log10(bwd), math.log10(max(float(dev.get("memory_bytes", 1.0)), 1.0)),
-          float(dev.get("cores", 1)), 1.0 if dev.get("kind") == "gpu" else 0.0]
-    f += [math.log10(roofline_s(desc, dev)), math.log10(max(flops / peak, TIME_FLOOR_S)),
-          math.log10(max((br + bw) / bwd, TIME_FLOOR_S))]
+    f += _conv_features(kind, ins, attrs, dom)
+    f += _matmul_features(kind, ins, desc)
+    f += _output_features(ins, outs, cats)
+    f += _access_features(kind, ins, attrs, dtb, dom, ops, out_elems)
+    f += _category_totals(desc, dom, flops, member)
+    f += _device_features(desc, dev, flops, br, bw)
     f += [1.0 if backend == b else 0.0 for b in KNOWN_BACKENDS]
     f += [0.0 if backend in KNOWN_BACKENDS else 1.0, min(max(float(tuned), 0.0), 1.0)]
     arr = np.asarray(f, dtype=np.float64)

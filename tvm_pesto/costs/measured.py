@@ -103,26 +103,45 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
     cache = cache if cache is not None else MeasureCache()
     report = report if report is not None else MeasureReport()
     tkey = measure_target(device)
-    rg = cs.rg
     costs = np.full(len(cs), np.nan)
+    native_set = _measure_native(cs, device, cache, tkey, costs, report, repeat, min_repeat_ms)
+    todo, whole = _look_up_library(cs, device, cache, tkey, costs, report, native_set)
+    if todo:
+        wrappers, jobs = _build_library(cs, todo, device, cache, tkey, costs, report)
+        if jobs:
+            whole |= _time_library(cs, wrappers, jobs, device, cache, tkey, costs, report, repeat, min_repeat_ms,
+                                   progress)
+    _subtract_overhead(cs.rg, costs, native_set | whole, device, cache, tkey, repeat, min_repeat_ms)
+    report.seconds += time.perf_counter() - t0
+    return costs
 
-    # TVM-native candidates: the spine's group measurement (it caches and subtracts overhead).
+
+def _measure_native(cs, device, cache, tkey, costs, report, repeat, min_repeat_ms) -> set:
+    """Fill ``costs`` of the TVM-native candidates: the spine's group measurement (it caches
+    and subtracts overhead). Returns their indices."""
     native = [i for i, c in enumerate(cs) if getattr(get_backend(c.backend), "native", False)]
-    native_set: set = set()
     if native:
         before = len(cache)
         had_overhead = cache.get(OVERHEAD_KEY, "tvm", tkey) is not None
-        costs[native] = measure_groups(rg, [list(cs[i].nodes) for i in native], device, cache,
+        costs[native] = measure_groups(cs.rg, [list(cs[i].nodes) for i in native], device, cache,
                                        repeat=repeat, min_repeat_ms=min_repeat_ms)
         new = len(cache) - before - (0 if had_overhead else 1)
         report.measured += new
         report.cached += len(native) - new
-    native_set = set(native)
+    return set(native)
 
-    # Other backends: lifted function for the key, real one (with weights) for the build.
+
+def _look_up_library(cs, device, cache, tkey, costs, report, native_set: set) -> tuple[dict, set]:
+    """Fill ``costs`` of the other backends' candidates that need no measuring: ``inf`` where
+    the backend does not run on ``device`` (or only over RPC), the cached seconds where the
+    cache holds a usable record (:func:`_reusable`).
+
+    Returns ``(todo, whole)``: ``{(structural key of the lifted function, backend): [candidate
+    indices]}`` still to measure, and the candidates whose cached time is of the direct call.
+    """
+    rg = cs.rg
     todo: dict[tuple, list] = {}  # (key, backend) -> [candidate indices]
     whole: set = set()  # candidates timed as their direct call: no VM overhead to subtract
-    funcs: dict[int, object] = {}
     for i, c in enumerate(cs):
         if i in native_set:
             continue
@@ -138,11 +157,7 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
         k = structural_key(lifted.func)
         rec = cache.get(k, c.backend, tkey)
         whole_direct = get_backend(c.backend).direct and len(c.nodes) == len(rg.graph.nodes)
-        if rec is not None and whole_direct and (rec.get("timing") or {}).get("method") != "direct":
-            rec = None  # the whole model timed through the VM, not as the direct call a one-unit program makes
-        if rec is not None and float(rec["median_s"]) < 0 and \
-                str(rec.get("backend_version")) != str(get_backend(c.backend).version):
-            rec = None  # an infeasible mark from other converter code: try again
+        rec = _reusable(rec, c.backend, whole_direct)
         if rec is not None:
             ms = float(rec["median_s"])
             costs[i] = np.inf if ms < 0 else ms
@@ -153,50 +168,79 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
             report.cached += 1
             continue
         todo.setdefault((k, c.backend), []).append(i)
-        funcs[i] = lifted
-    if todo:
-        jobs = []  # (name, key, backend, idx list, wrapper params)
-        wrappers = {}
-        for n, ((k, bname), idxs) in enumerate(todo.items()):
-            i0 = idxs[0]
-            c = cs[i0]
-            bk = get_backend(bname)
-            real = candidate_function(rg, c.nodes, lift_constants=False)
-            try:
-                gname = bk.build(real.func, device)
-            except PestoError as e:
-                _record_infeasible(cache, k, bname, tkey, c, device, str(e))
-                for i in idxs:
-                    costs[i] = np.inf
-                    report.infeasible[i] = str(e)
-                continue
-            fname = f"c{n}"
-            wrappers[fname] = _wrapper(gname, real.func.params, out_ty_of(real.func), fname)
-            # the whole model as one unit runs as the library's own call (run.runtime's direct path)
-            direct = bk.direct_call(gname) if bk.direct and len(c.nodes) == len(rg.graph.nodes) else None
-            jobs.append((fname, k, bname, idxs, real.func.params, direct))
-        if jobs:
-            results, timings = _time_wrappers(wrappers, jobs, device, repeat, min_repeat_ms)
-            for fname, k, bname, idxs, _, direct in jobs:
-                res = results.get(fname)
-                c = cs[idxs[0]]
-                if isinstance(res, str):
-                    _record_infeasible(cache, k, bname, tkey, c, device, res)
-                    for i in idxs:
-                        costs[i] = np.inf
-                        report.infeasible[i] = res
-                    continue
-                rec = measurement_record(k, bname, tkey, res, [rg.graph.nodes[v] for v in c.nodes], device)
-                rec["timing"] = timings[fname]
-                cache.put(rec)
-                report.measured += 1
-                for i in idxs:
-                    costs[i] = rec["median_s"]
-                    if direct is not None:
-                        whole.add(i)
-                if progress:
-                    progress(report.measured, len(jobs))
-    ext = np.array([i not in native_set and i not in whole for i in range(len(cs))], dtype=bool)
+    return todo, whole
+
+
+def _reusable(rec: dict | None, backend: str, whole_direct: bool) -> dict | None:
+    """``rec``, the cached record of a library candidate, unless it must be measured again."""
+    if rec is not None and whole_direct and (rec.get("timing") or {}).get("method") != "direct":
+        return None  # the whole model timed through the VM, not as the direct call a one-unit program makes
+    if rec is not None and float(rec["median_s"]) < 0 and \
+            str(rec.get("backend_version")) != str(get_backend(backend).version):
+        return None  # an infeasible mark from other converter code: try again
+    return rec
+
+
+def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[dict, list]:
+    """Build one candidate of each ``todo`` entry with its backend (the real function, with
+    weights) and wrap the result in a VM function; a build that fails marks the entry's
+    candidates infeasible.
+
+    Returns ``(wrappers, jobs)``: ``{name: wrapper function}`` and ``[(name, key, backend,
+    candidate indices, wrapper params, direct call or None)]``.
+    """
+    rg = cs.rg
+    jobs = []  # (name, key, backend, idx list, wrapper params, direct call)
+    wrappers = {}
+    for n, ((k, bname), idxs) in enumerate(todo.items()):
+        i0 = idxs[0]
+        c = cs[i0]
+        bk = get_backend(bname)
+        real = candidate_function(rg, c.nodes, lift_constants=False)
+        try:
+            gname = bk.build(real.func, device)
+        except PestoError as e:
+            _mark_infeasible(cache, k, bname, tkey, c, device, str(e), idxs, costs, report)
+            continue
+        fname = f"c{n}"
+        wrappers[fname] = _wrapper(gname, real.func.params, out_ty_of(real.func), fname)
+        # the whole model as one unit runs as the library's own call (run.runtime's direct path)
+        direct = bk.direct_call(gname) if bk.direct and len(c.nodes) == len(rg.graph.nodes) else None
+        jobs.append((fname, k, bname, idxs, real.func.params, direct))
+    return wrappers, jobs
+
+
+def _time_library(cs, wrappers: dict, jobs: list, device, cache, tkey, costs, report, repeat: int,
+                  min_repeat_ms: int, progress) -> set:
+    """Time the built ``jobs`` (:func:`_time_wrappers`), cache their records and fill their
+    candidates' ``costs``. Returns the candidates timed as their direct call."""
+    rg = cs.rg
+    whole: set = set()
+    results, timings = _time_wrappers(wrappers, jobs, device, repeat, min_repeat_ms)
+    for fname, k, bname, idxs, _, direct in jobs:
+        res = results.get(fname)
+        c = cs[idxs[0]]
+        if isinstance(res, str):
+            _mark_infeasible(cache, k, bname, tkey, c, device, res, idxs, costs, report)
+            continue
+        rec = measurement_record(k, bname, tkey, res, [rg.graph.nodes[v] for v in c.nodes], device)
+        rec["timing"] = timings[fname]
+        cache.put(rec)
+        report.measured += 1
+        for i in idxs:
+            costs[i] = rec["median_s"]
+            if direct is not None:
+                whole.add(i)
+        if progress:
+            progress(report.measured, len(jobs))
+    return whole
+
+
+def _subtract_overhead(rg, costs, no_overhead: set, device, cache, tkey, repeat: int, min_repeat_ms: int) -> None:
+    """Subtract the VM's per-call overhead from the finite ``costs`` of the candidates not in
+    ``no_overhead`` (the native ones, already without it, and those timed as a direct call),
+    floored at :data:`~tvm_pesto.costs.table.MIN_COST_S`."""
+    ext = np.array([i not in no_overhead for i in range(len(costs))], dtype=bool)
     fin = np.isfinite(costs) & ext
     if fin.any() and cache.get(OVERHEAD_KEY, "tvm", tkey) is None:
         # no TVM-native candidate was measured here: time the VM call overhead alone, so a
@@ -204,14 +248,17 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
         measure_groups(rg, [], device, cache, repeat=repeat, min_repeat_ms=min_repeat_ms)
     overhead = call_overhead_s(device, cache)
     costs[fin] = np.maximum(costs[fin] - overhead, MIN_COST_S)
-    report.seconds += time.perf_counter() - t0
-    return costs
 
 
-def _record_infeasible(cache, key, backend, tkey, cand, device, reason: str) -> None:
+def _mark_infeasible(cache, key, backend, tkey, cand, device, reason: str, idxs, costs, report) -> None:
+    """Cache ``key`` on ``backend`` as infeasible for ``reason`` (``cand`` is one of its
+    candidates), and mark its candidates ``idxs`` so in ``costs`` and ``report``."""
     cache.put({"key": key, "backend": backend, "target": tkey, "median_s": INFEASIBLE, "infeasible": reason[:500],
                "backend_version": str(get_backend(backend).version), "op": cand.pattern,
                "device": device.model or device.name, "time": time.time()})
+    for i in idxs:
+        costs[i] = np.inf
+        report.infeasible[i] = reason
 
 
 #: Least seconds and calls of warm-up before a direct call is timed (a library's first calls

@@ -212,13 +212,7 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
     check_budget(trials, max_tasks, strategy)
     t0 = time.perf_counter()
     target = _rpc_target(target, device)
-    work_dir = _writable_dir(work_dir)
-    _check_target(work_dir, target)
-    if device is None or not device.remote:  # whose timings the records are (a remote device's are tagged)
-        try:
-            write_device_file(work_dir, device_descriptor(device) if device is not None else device_for_target(target))
-        except CostError as e:
-            raise TuningError(str(e)) from None
+    work_dir = _prepare_work_dir(work_dir, target, device)
 
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -237,50 +231,79 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
         db = _open_database(work_dir)
         res = TuneResult(work_dir=work_dir, target=dict(target), strategy=strategy, trials=int(trials),
                          records_before=len(db))
-        plan = []
-        for (task, flops), budget in zip(tasks, budgets):
-            tr = TaskResult(name=task.task_name, weight=int(task.weight), flops=flops, budget=budget)
-            tmod = task.dispatched[0]
-            tr.existing = _records_of(db, tmod)
-            tr.best_before_s = tr.best_s = _best_s(db, tmod)
-            res.tasks.append(tr)
-            plan.append((task, tr))
+        plan = _plan_tasks(tasks, budgets, db, res)
         todo = sum(max(tr.budget - tr.existing, 0) for _, tr in plan)
         cores = int(getattr(device, "cores", 0) or 0) or _calling_thread_cores()
         counter = _TrialCounter(progress, todo)
         with cpu_intrinsics_only(str(target.get("kind", "llvm")) == "llvm"), _quiet_console():
-            for k, (task, tr) in enumerate(plan):
-                where = f"task {k + 1}/{len(plan)} {tr.name!r}"
-                if measure_baseline:
-                    try:
-                        tr.baseline_s = _time_unscheduled(task.dispatched[0], tgt, measurer)
-                    except CostError as e:
-                        raise _rpc_stopped(e, where, db, work_dir) from None
-                left = tr.budget - tr.existing
-                if left <= 0:
-                    continue
-                counter.label = f"task {k + 1}/{len(plan)} {tr.name}"
-                counter.report()
-                before = len(db)
-                try:
-                    _tune_one(ms, task, tgt, work_dir, db, left, min(int(trials_per_iter), left), strategy,
-                              measurer, counter, cores, seed + k)
-                except Exception as e:  # noqa: BLE001 - anything MetaSchedule raises, explained
-                    if measurer.error is not None:
-                        raise _rpc_stopped(measurer.error, where, db, work_dir) from e
-                    raise TuningError(
-                        f"MetaSchedule failed while tuning {where} ({_last_line(e)}); the records measured so far "
-                        f"({len(db)}) stay in {work_dir}. See {os.path.join(work_dir, 'logs')} for the task's log; "
-                        "rerun the same command to resume "
-                        "(finished tasks are not tuned again), or try --strategy replay") from e
-                tr.spent = len(db) - before
-                tr.best_s = _best_s(db, task.dispatched[0])
+            _tune_plan(ms, plan, tgt, work_dir, db, measurer, counter, cores, strategy=strategy,
+                       trials_per_iter=trials_per_iter, seed=seed, measure_baseline=measure_baseline)
     finally:
         measurer.close()
     res.trials_spent = sum(tr.spent for tr in res.tasks)
     res.records_after = len(db)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _prepare_work_dir(work_dir, target: dict, device) -> str:
+    """The absolute database folder, checked writable and free of another target's records,
+    with the device file saying whose timings the records are (none for a remote device: its
+    records are tagged)."""
+    work_dir = _writable_dir(work_dir)
+    _check_target(work_dir, target)
+    if device is None or not device.remote:  # whose timings the records are (a remote device's are tagged)
+        try:
+            write_device_file(work_dir, device_descriptor(device) if device is not None else device_for_target(target))
+        except CostError as e:
+            raise TuningError(str(e)) from None
+    return work_dir
+
+
+def _plan_tasks(tasks: list, budgets: list[int], db, res: TuneResult) -> list:
+    """``[(task, TaskResult)]``: each task with its budget and what the database holds for it
+    so far (also appended to ``res.tasks``)."""
+    plan = []
+    for (task, flops), budget in zip(tasks, budgets):
+        tr = TaskResult(name=task.task_name, weight=int(task.weight), flops=flops, budget=budget)
+        tmod = task.dispatched[0]
+        tr.existing = _records_of(db, tmod)
+        tr.best_before_s = tr.best_s = _best_s(db, tmod)
+        res.tasks.append(tr)
+        plan.append((task, tr))
+    return plan
+
+
+def _tune_plan(ms, plan: list, tgt, work_dir: str, db, measurer, counter, cores: int, *, strategy: str,
+               trials_per_iter: int, seed: int, measure_baseline: bool) -> None:
+    """Tune the tasks of ``plan`` one after the other, each for what its budget has left,
+    filling in their :class:`TaskResult` (see :func:`tune_model`)."""
+    for k, (task, tr) in enumerate(plan):
+        where = f"task {k + 1}/{len(plan)} {tr.name!r}"
+        if measure_baseline:
+            try:
+                tr.baseline_s = _time_unscheduled(task.dispatched[0], tgt, measurer)
+            except CostError as e:
+                raise _rpc_stopped(e, where, db, work_dir) from None
+        left = tr.budget - tr.existing
+        if left <= 0:
+            continue
+        counter.label = f"task {k + 1}/{len(plan)} {tr.name}"
+        counter.report()
+        before = len(db)
+        try:
+            _tune_one(ms, task, tgt, work_dir, db, left, min(int(trials_per_iter), left), strategy,
+                      measurer, counter, cores, seed + k)
+        except Exception as e:  # noqa: BLE001 - anything MetaSchedule raises, explained
+            if measurer.error is not None:
+                raise _rpc_stopped(measurer.error, where, db, work_dir) from e
+            raise TuningError(
+                f"MetaSchedule failed while tuning {where} ({_last_line(e)}); the records measured so far "
+                f"({len(db)}) stay in {work_dir}. See {os.path.join(work_dir, 'logs')} for the task's log; "
+                "rerun the same command to resume "
+                "(finished tasks are not tuned again), or try --strategy replay") from e
+        tr.spent = len(db) - before
+        tr.best_s = _best_s(db, task.dispatched[0])
 
 
 def _rpc_target(target: dict, device) -> dict:

@@ -269,68 +269,110 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
     >>> table.shape == (len(cs), 2), src
     (True, ['roofline', 'roofline'])
     """
-    # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends import get_backend
-
-    graph = cs.rg.graph
     cm = model if isinstance(model, CostModel) else _maybe_load(model, cluster)
     trained = set(cm.meta.get("backends", ["tvm"])) if cm is not None else set()
     cal = calibration if isinstance(calibration, Calibration) else (load_calibration(cm) if calibration else None)
     out = np.zeros((len(cs), cluster.num_devices))
     sources = []
-    descs: dict[int, dict] = {}
-    merged: dict[int, object] = {}
-    shares: dict[tuple, float | None] = {}  # (candidate, target) -> tuned share (None: cannot be lowered)
+    memo = _CandidateMemo(cs, cm, unseen)
     for j, dev in enumerate(cluster.devices):
         dd = device_descriptor(dev)
-        covered = cm is not None and cm.covers_size(dd)
-        idx, rows, floors, fell_back = [], [], [], 0
-        for i, c in enumerate(cs):
-            if not get_backend(c.backend).supports_device(dev):
-                out[i, j] = math.inf
-                continue
-            if i not in merged:
-                merged[i] = graph.merged(c.nodes)
-            as_backend = c.backend if c.backend in trained else get_backend(c.backend).cost_proxy
-            if covered and as_backend in trained:
-                if i not in descs:
-                    descs[i] = describe_group(graph, c.nodes)
-                    new_ops = cm.unseen_ops(descs[i]) if unseen is not None else []
-                    if new_ops:
-                        unseen[i] = new_ops
-                tk = (i, repr(sorted(dev.target.items())))
-                if tk not in shares:
-                    try:
-                        shares[tk] = tuned_share(cs.rg, c, dev)
-                    except BuildError:  # the backend cannot lower it, so it cannot build it either
-                        shares[tk] = None
-                tuned = shares[tk]
-                if tuned is None:
-                    out[i, j] = math.inf
-                    continue
-                idx.append(i)
-                rows.append({"desc": descs[i], "device": dd, "backend": as_backend, "tuned": tuned})
-                floors.append(merged[i].flops / dev.peak_flops)
-            else:
-                out[i, j] = node_seconds(merged[i], dev)
-                fell_back += 1
+        idx, rows, floors, fell_back = _model_rows(cs, j, dev, dd, cm, trained, memo, out)
         if rows:
-            floors = np.maximum(np.asarray(floors), MIN_COST_S)
-            pred = np.maximum(cm.predict_rows(rows) - cm.overhead_s(dd), floors)
-            if cal is not None:  # fitted on these raw (floored) predictions against measured groups
-                bks = [r["backend"] for r in rows]
-                pred = np.maximum(cal.apply(pred, bks, device_key(dd)), floors)
-                if applied is not None:
-                    used = {b: cal.lookup(b, device_key(dd)) for b in sorted(set(bks))}
-                    applied[j] = {b: {"a": ab[0], "b": ab[1], "file": cal.path, "fitted_at": cal.meta.get("fitted_at")}
-                                  for b, ab in used.items() if ab}
-            out[idx, j] = pred
+            out[idx, j] = _predict_column(cm, cal, rows, floors, dd, j, applied)
         if not rows:
             sources.append("roofline")
         else:  # rows only come from a model that covers the device's size
             name = "xgb" if cm.covers(dd) else "xgb-other-cpu"
             sources.append(f"{name}+roofline" if fell_back else name)
     return out, sources
+
+
+class _CandidateMemo:
+    """What :func:`predict_candidate_costs` works out once per candidate (its merged node and
+    description) or once per candidate and target (its ``tuned`` feature), whichever device
+    asks first. A description also records, in ``unseen`` when given, the candidate's ops
+    the model ``cm`` never trained on."""
+
+    def __init__(self, cs, cm: CostModel | None, unseen: dict | None):
+        self.graph, self.rg, self.cm, self.unseen = cs.rg.graph, cs.rg, cm, unseen
+        self.merged_nodes: dict[int, object] = {}
+        self.descs: dict[int, dict] = {}
+        self.shares: dict[tuple, float | None] = {}  # (candidate, target) -> tuned share (None: cannot be lowered)
+
+    def merged(self, i: int, cand):
+        if i not in self.merged_nodes:
+            self.merged_nodes[i] = self.graph.merged(cand.nodes)
+        return self.merged_nodes[i]
+
+    def desc(self, i: int, cand) -> dict:
+        if i not in self.descs:
+            self.descs[i] = describe_group(self.graph, cand.nodes)
+            new_ops = self.cm.unseen_ops(self.descs[i]) if self.unseen is not None else []
+            if new_ops:
+                self.unseen[i] = new_ops
+        return self.descs[i]
+
+    def share(self, i: int, cand, dev) -> float | None:
+        """:func:`tuned_share`, or None where the backend cannot lower the candidate."""
+        tk = (i, repr(sorted(dev.target.items())))
+        if tk not in self.shares:
+            try:
+                self.shares[tk] = tuned_share(self.rg, cand, dev)
+            except BuildError:  # the backend cannot lower it, so it cannot build it either
+                self.shares[tk] = None
+        return self.shares[tk]
+
+
+def _model_rows(cs, j: int, dev, dd: dict, cm, trained: set, memo: _CandidateMemo, out: np.ndarray):
+    """The model's input rows for the candidates it predicts on device ``j`` (``dev``, with
+    descriptor ``dd``); the other candidates' entries of ``out[:, j]``: ``inf`` where the
+    backend does not run on the device or cannot lower the candidate, the roofline estimate
+    where the model does not cover the device or the backend.
+
+    Returns ``(indices, rows, floors, fell_back)``: the predicted candidates, their rows, their
+    FLOPs at the device's peak, and how many candidates fell back to the roofline.
+    """
+    # lazy: loads TVM's compiler, which importing this module does not
+    from ..backends import get_backend
+
+    covered = cm is not None and cm.covers_size(dd)
+    idx, rows, floors, fell_back = [], [], [], 0
+    for i, c in enumerate(cs):
+        if not get_backend(c.backend).supports_device(dev):
+            out[i, j] = math.inf
+            continue
+        merged = memo.merged(i, c)
+        as_backend = c.backend if c.backend in trained else get_backend(c.backend).cost_proxy
+        if covered and as_backend in trained:
+            desc = memo.desc(i, c)
+            tuned = memo.share(i, c, dev)
+            if tuned is None:
+                out[i, j] = math.inf
+                continue
+            idx.append(i)
+            rows.append({"desc": desc, "device": dd, "backend": as_backend, "tuned": tuned})
+            floors.append(merged.flops / dev.peak_flops)
+        else:
+            out[i, j] = node_seconds(merged, dev)
+            fell_back += 1
+    return idx, rows, floors, fell_back
+
+
+def _predict_column(cm: CostModel, cal, rows: list, floors: list, dd: dict, j: int, applied: dict | None) -> np.ndarray:
+    """Seconds of ``rows`` on device ``j`` (descriptor ``dd``): the model's prediction less the
+    training runs' call overhead, calibrated by ``cal`` when given, never below ``floors``
+    (nor :data:`~tvm_pesto.costs.table.MIN_COST_S`); the corrections used go to ``applied[j]``."""
+    floors = np.maximum(np.asarray(floors), MIN_COST_S)
+    pred = np.maximum(cm.predict_rows(rows) - cm.overhead_s(dd), floors)
+    if cal is not None:  # fitted on these raw (floored) predictions against measured groups
+        bks = [r["backend"] for r in rows]
+        pred = np.maximum(cal.apply(pred, bks, device_key(dd)), floors)
+        if applied is not None:
+            used = {b: cal.lookup(b, device_key(dd)) for b in sorted(set(bks))}
+            applied[j] = {b: {"a": ab[0], "b": ab[1], "file": cal.path, "fitted_at": cal.meta.get("fitted_at")}
+                          for b, ab in used.items() if ab}
+    return pred
 
 
 def tuned_share(rg, cand, device) -> float:

@@ -10,7 +10,9 @@ fits a model on them.
 """
 from __future__ import annotations
 
+import itertools
 import json
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +23,7 @@ from ..backends.ms_database import RECORD_FILE, WORKLOAD_FILE
 from ..costs.features import device_key, feature_matrix
 from ..costs.jsonl import log_file, open_log
 from ..costs.timing import OVERHEAD_KEY
+from ..costs.xgb import default_model_path
 from ..errors import CostError
 from .tuning_rows import read_tuning_db
 
@@ -51,10 +54,7 @@ def read_log(path, ds: Dataset | None = None) -> Dataset:
     Examples
     --------
     >>> import os, tempfile
-    >>> from tvm_pesto.costs.jsonl import open_log
-    >>> from tvm_pesto.costs.xgb import default_model_path
-    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
-    >>> with open_log(bundled) as f:
+    >>> with open(bundled_log_head()) as f:
     ...     record = next(line for line in f if '"desc"' in line)
     >>> log = os.path.join(tempfile.mkdtemp(), "log.jsonl")
     >>> with open(log, "w") as out:
@@ -123,14 +123,7 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
 
     Examples
     --------
-    >>> import itertools, os, tempfile
-    >>> from tvm_pesto.costs.jsonl import open_log
-    >>> from tvm_pesto.costs.xgb import default_model_path
-    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
-    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")
-    >>> with open_log(bundled) as f, open(head, "w") as out:
-    ...     _ = out.writelines(itertools.islice(f, 200))
-    >>> ds = load_dataset([head])
+    >>> ds = load_dataset([bundled_log_head()])
     >>> len(ds.rows) > 0, ds.skipped
     (True, [])
     """
@@ -149,6 +142,23 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
             read_log(pp, ds)
     ds.rows = merge_runs(ds.rows)
     return ds
+
+
+def bundled_log_head(lines: int = 200) -> Path:
+    """A copy of the first ``lines`` lines of the bundled training log (``profile-cpu.jsonl``
+    next to :func:`~tvm_pesto.costs.xgb.default_model_path`), written as ``head.jsonl`` in a
+    new temporary folder: a small log to try the lab's steps on.
+
+    Examples
+    --------
+    >>> head = bundled_log_head(5)
+    >>> head.name, len(head.read_text().splitlines())
+    ('head.jsonl', 5)
+    """
+    head = Path(tempfile.mkdtemp()) / "head.jsonl"
+    with open_log(default_model_path().parent / "profile-cpu.jsonl") as f, open(head, "w") as out:
+        out.writelines(itertools.islice(f, lines))
+    return head
 
 
 def merge_runs(rows, reduce: str = "min") -> list:
@@ -175,4 +185,4 @@ def merge_runs(rows, reduce: str = "min") -> list:
     return out
 
 
-__all__ = ["Dataset", "load_dataset", "merge_runs", "read_log"]
+__all__ = ["Dataset", "bundled_log_head", "load_dataset", "merge_runs", "read_log"]

@@ -47,15 +47,8 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
 
     Examples
     --------
-    >>> import itertools, os, tempfile
-    >>> from tvm_pesto.costs.jsonl import open_log
-    >>> from tvm_pesto.costs.xgb import default_model_path
-    >>> from tvm_pesto.lab.dataset import load_dataset
-    >>> bundled = default_model_path().parent / "profile-cpu.jsonl"   # the bundled training log
-    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")
-    >>> with open_log(bundled) as f, open(head, "w") as out:
-    ...     _ = out.writelines(itertools.islice(f, 200))
-    >>> model = train(load_dataset([head]).rows, rounds=20)
+    >>> from tvm_pesto.lab.dataset import bundled_log_head, load_dataset
+    >>> model = train(load_dataset([bundled_log_head()]).rows, rounds=20)
     >>> model.meta["rounds"], model.meta["n_rows"] > 1
     (20, True)
     """

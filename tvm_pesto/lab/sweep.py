@@ -80,6 +80,34 @@ def _act(bb, y, act):
     return y
 
 
+def _chain(b: _Builder, x, ops, gamma, beta, own: dict):
+    """Add the branch that passes ``x`` through ``ops`` in turn: an op that ``own`` names by
+    its function of ``(bb, y)``, any other as :func:`_common_op` does (with ``gamma`` and ``beta``)."""
+
+    def fn(bb):
+        y = x
+        for op in ops:
+            y = own[op](bb, y) if op in own else _common_op(bb, y, op, gamma, beta)
+        return y
+
+    b.branches.append(fn)
+
+
+def _common_op(bb, y, op, gamma, beta):
+    """``y`` through ``op``, one of the ops the ``elementwise`` and ``small`` chains share: a
+    layer norm over the last axis (scaled by ``gamma``, shifted by ``beta``), a softmax over
+    it, a mean over it, a sum over axes 2 and 3, or an activation (:func:`_act`)."""
+    if op == "layer_norm":
+        return bb.emit(R.nn.layer_norm(y, gamma, beta, axes=[-1]))
+    if op == "softmax":
+        return bb.emit(R.nn.softmax(y, axis=-1))
+    if op == "mean":
+        return bb.emit(R.mean(y, axis=[-1], keepdims=True))
+    if op == "sum":
+        return bb.emit(R.sum(y, axis=[2, 3]))
+    return _act(bb, y, op)
+
+
 # (cin, cout, hw, k, stride, groups, tail) with tail in {"bias_relu", "bn_relu", "bias", "bn"}
 CONV_CONFIGS = [
     (3, 16, 64, 3, 1, 1, "bias_relu"), (3, 32, 96, 3, 2, 1, "bn_relu"), (3, 24, 96, 7, 2, 1, "bias_relu"),
@@ -217,33 +245,17 @@ def _elementwise(b: _Builder, shape, ops):
     ch = shape[1] if len(shape) > 1 else shape[0]
     bn = [b.const((ch,), 1.0), b.const((ch,)), b.const((ch,)), relax.const(np.ones(ch, "float32"))]
 
-    def fn(bb):
-        y = x
-        for op in ops:
-            if op == "add":
-                y = bb.emit(R.add(y, c))
-            elif op == "multiply":
-                y = bb.emit(R.multiply(y, c))
-            elif op == "divide":
-                y = bb.emit(R.divide(y, relax.const(np.float32(3.0))))
-            elif op == "exp":
-                y = bb.emit(R.exp(y))
-            elif op == "layer_norm":
-                y = bb.emit(R.nn.layer_norm(y, gamma, beta, axes=[-1]))
-            elif op == "softmax":
-                y = bb.emit(R.nn.softmax(y, axis=-1))
-            elif op == "mean":
-                y = bb.emit(R.mean(y, axis=[-1], keepdims=True))
-            elif op == "sum":
-                y = bb.emit(R.sum(y, axis=[2, 3]))
-            elif op == "batch_norm":
-                t = bb.emit(R.nn.batch_norm(y, *bn, axis=1, training=False))
-                y = bb.emit(relax.TupleGetItem(t, 0))
-            else:
-                y = _act(bb, y, op)
-        return y
+    def batch_norm(bb, y):
+        t = bb.emit(R.nn.batch_norm(y, *bn, axis=1, training=False))
+        return bb.emit(relax.TupleGetItem(t, 0))
 
-    b.branches.append(fn)
+    _chain(b, x, ops, gamma, beta, {
+        "add": lambda bb, y: bb.emit(R.add(y, c)),
+        "multiply": lambda bb, y: bb.emit(R.multiply(y, c)),
+        "divide": lambda bb, y: bb.emit(R.divide(y, relax.const(np.float32(3.0)))),
+        "exp": lambda bb, y: bb.emit(R.exp(y)),
+        "batch_norm": batch_norm,
+    })
 
 
 def _small(b: _Builder, shape, ops):
@@ -252,35 +264,18 @@ def _small(b: _Builder, shape, ops):
     bias = b.const(shape[-1:], 0.5)
     gamma, beta = b.const(shape[-1:], 1.0), b.const(shape[-1:])
 
-    def fn(bb):
-        y = x
-        for op in ops:
-            if op == "bias":
-                y = bb.emit(R.add(y, bias))
-            elif op == "residual":
-                y = bb.emit(R.add(y, res))
-            elif op == "multiply":
-                y = bb.emit(R.multiply(y, relax.const(np.float32(0.5))))
-            elif op == "layer_norm":
-                y = bb.emit(R.nn.layer_norm(y, gamma, beta, axes=[-1]))
-            elif op == "softmax":
-                y = bb.emit(R.nn.softmax(y, axis=-1))
-            elif op == "split":
-                t = bb.emit(R.split(y, 3, axis=-1))
-                y = bb.emit(relax.TupleGetItem(t, 1))
-            elif op == "permute":
-                y = bb.emit(R.permute_dims(y, [0, 2, 1, 3]))
-            elif op == "reshape":
-                y = bb.emit(R.reshape(y, (shape[0], shape[1] * shape[2])))
-            elif op == "sum":
-                y = bb.emit(R.sum(y, axis=[2, 3]))
-            elif op == "mean":
-                y = bb.emit(R.mean(y, axis=[-1], keepdims=True))
-            else:
-                y = _act(bb, y, op)
-        return y
+    def split(bb, y):
+        t = bb.emit(R.split(y, 3, axis=-1))
+        return bb.emit(relax.TupleGetItem(t, 1))
 
-    b.branches.append(fn)
+    _chain(b, x, ops, gamma, beta, {
+        "bias": lambda bb, y: bb.emit(R.add(y, bias)),
+        "residual": lambda bb, y: bb.emit(R.add(y, res)),
+        "multiply": lambda bb, y: bb.emit(R.multiply(y, relax.const(np.float32(0.5)))),
+        "split": split,
+        "permute": lambda bb, y: bb.emit(R.permute_dims(y, [0, 2, 1, 3])),
+        "reshape": lambda bb, y: bb.emit(R.reshape(y, (shape[0], shape[1] * shape[2]))),
+    })
 
 
 def _conv1x1(b: _Builder, cin, cout, hw, stride, tail):

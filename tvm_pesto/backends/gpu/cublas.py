@@ -144,20 +144,42 @@ def plan_gemm(func: relax.Function) -> GemmPlan:
     binds = function_bindings(func)
     calls = [(b.var, b.value) for b in binds if isinstance(b.value, relax.Call)]
     values = {b.var: b.value for b in binds}
-    ops = [c.op.name if isinstance(c.op, tvm.ir.Op) else "?" for _, c in calls]
-    mm = [c for _, c in calls if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.matmul"]
-    if len(mm) != 1:
-        raise BuildError(f"cuBLAS takes one matmul with epilogues; this subgraph has ops {ops}")
-    mm = mm[0]
-    allowed = {"relax.matmul", "relax.permute_dims", "relax.add", "relax.nn.relu", "relax.nn.gelu"}
-    if any(o not in allowed for o in ops):
-        raise BuildError(f"cuBLAS cannot run ops {sorted(set(ops) - allowed)} in this subgraph")
+    mm = _single_matmul(calls)
     lhs, rhs = mm.args
     dtype = str(mm.ty.dtype)
     if dtype not in _CUDA_DTYPE or str(lhs.ty.dtype) != dtype or str(rhs.ty.dtype) != dtype:
         raise BuildError(f"cuBLAS backend supports float32/float16/bfloat16 matmuls, not "
                          f"{lhs.ty.dtype} x {rhs.ty.dtype} -> {dtype}")
-    transposed = False
+    transposed, rhs = _untransposed(rhs, values)
+    Mf, N, K, batch = _gemm_sizes(lhs, rhs, transposed)
+    out_shape = _shape(mm.ty)
+    epi, bias = _epilogue(calls, mm, N, params, values)
+    return GemmPlan(
+        m=N, n=Mf, k=K, batch=batch, transa="T" if transposed else "N", transb="N",
+        lda=K if transposed else N, ldb=K, ldc=N,
+        stride_a=N * K if batch > 1 else 0, stride_b=Mf * K if batch > 1 else 0,
+        stride_c=Mf * N if batch > 1 else 0, epilogue=epi, dtype=dtype, out_shape=out_shape,
+        a=_source(rhs, params, "weight (matmul rhs)", values), b=_source(lhs, params, "matmul lhs", values),
+        bias=bias,
+    )
+
+
+def _single_matmul(calls: list) -> relax.Call:
+    """The one matmul among the subgraph's ``(var, call)`` bindings; a BuildError when there
+    is not exactly one, or an op cuBLAS cannot run as its epilogue."""
+    ops = [c.op.name if isinstance(c.op, tvm.ir.Op) else "?" for _, c in calls]
+    mm = [c for _, c in calls if isinstance(c.op, tvm.ir.Op) and c.op.name == "relax.matmul"]
+    if len(mm) != 1:
+        raise BuildError(f"cuBLAS takes one matmul with epilogues; this subgraph has ops {ops}")
+    allowed = {"relax.matmul", "relax.permute_dims", "relax.add", "relax.nn.relu", "relax.nn.gelu"}
+    if any(o not in allowed for o in ops):
+        raise BuildError(f"cuBLAS cannot run ops {sorted(set(ops) - allowed)} in this subgraph")
+    return mm[0]
+
+
+def _untransposed(rhs, values: dict) -> tuple[bool, relax.Expr]:
+    """``(True, W)`` when the matmul's rhs is ``permute_dims(W)`` that swaps the last two
+    axes (cuBLAS reads ``W`` transposed: ``transa = T``), else ``(False, rhs)``."""
     rhs_val = values.get(rhs)
     if isinstance(rhs_val, relax.Call) and isinstance(rhs_val.op, tvm.ir.Op) and rhs_val.op.name == "relax.permute_dims":
         src = rhs_val.args[0]
@@ -165,9 +187,14 @@ def plan_gemm(func: relax.Function) -> GemmPlan:
         axes = rhs_val.attrs.axes
         perm = [int(a) % rank for a in axes] if axes is not None else list(reversed(range(rank)))
         if perm == list(range(rank - 2)) + [rank - 1, rank - 2]:
-            transposed, rhs = True, src
-        else:
-            raise BuildError(f"cuBLAS: permute_dims{perm} is not a transpose of the last two axes")
+            return True, src
+        raise BuildError(f"cuBLAS: permute_dims{perm} is not a transpose of the last two axes")
+    return False, rhs
+
+
+def _gemm_sizes(lhs, rhs, transposed: bool) -> tuple[int, int, int, int]:
+    """``(M, N, K, batch)`` of the row-major product ``lhs @ rhs`` (``rhs`` read transposed
+    when ``transposed``), an lhs batch folded into ``M`` when the rhs is shared by every batch."""
     ls, rs = _shape(lhs.ty), _shape(rhs.ty)
     if len(ls) < 2 or len(rs) < 2:
         raise BuildError("cuBLAS: 1-d matmul operands are not supported")
@@ -176,15 +203,17 @@ def plan_gemm(func: relax.Function) -> GemmPlan:
     if (rs[-1] if transposed else rs[-2]) != K:
         raise BuildError(f"cuBLAS: reduction sizes differ ({ls} x {rs})")
     lb, rb = int(np.prod(ls[:-2], dtype=np.int64)), int(np.prod(rs[:-2], dtype=np.int64))
-    out_shape = _shape(mm.ty)
     if rb == 1:
         # rhs shared by every batch: fold the lhs batch into M (one plain GEMM)
-        Mf, batch = M * lb, 1
-    elif lb == rb:
-        Mf, batch = M, lb
-    else:
-        raise BuildError(f"cuBLAS: batch sizes {lb} and {rb} differ (broadcast batch matmul is not supported)")
-    # epilogue
+        return M * lb, N, K, 1
+    if lb == rb:
+        return M, N, K, lb
+    raise BuildError(f"cuBLAS: batch sizes {lb} and {rb} differ (broadcast batch matmul is not supported)")
+
+
+def _epilogue(calls: list, mm: relax.Call, N: int, params: list, values: dict) -> tuple[str, Operand | None]:
+    """The cuBLASLt epilogue of the calls after the matmul (a key of :data:`EPILOGUES`) and
+    its bias operand (a vector of ``N`` values), None without a bias."""
     epi, bias = "none", None
     cur = None
     for var, c in calls:
@@ -209,14 +238,7 @@ def plan_gemm(func: relax.Function) -> GemmPlan:
             cur = var
     if epi in ("relu", "gelu"):
         raise BuildError("cuBLAS: an activation without bias is not one of TVM's cublas patterns")
-    return GemmPlan(
-        m=N, n=Mf, k=K, batch=batch, transa="T" if transposed else "N", transb="N",
-        lda=K if transposed else N, ldb=K, ldc=N,
-        stride_a=N * K if batch > 1 else 0, stride_b=Mf * K if batch > 1 else 0,
-        stride_c=Mf * N if batch > 1 else 0, epilogue=epi, dtype=dtype, out_shape=out_shape,
-        a=_source(rhs, params, "weight (matmul rhs)", values), b=_source(lhs, params, "matmul lhs", values),
-        bias=bias,
-    )
+    return epi, bias
 
 
 def _col_major(flat: np.ndarray, offset: int, rows: int, cols: int, ld: int) -> np.ndarray:
