@@ -429,7 +429,7 @@ def test_timeline_finds_the_first_gap_that_is_long_enough():
 
 
 def test_registry_lists_names_and_rejects_unknown():
-    assert set(SOLVERS) == {"single", "heft", "m-topo", "m-etf", "m-sct", "ilp", "stage-dp"}
+    assert set(SOLVERS) == {"single", "heft", "m-topo", "m-etf", "m-sct", "ilp", "stage-dp", "auto"}
     assert get_solver("HEFT") is SOLVERS["heft"] and get_solver("metf") is SOLVERS["m-etf"]
     with pytest.raises(SolverError, match="known solvers: single, heft, m-topo, m-etf, m-sct, ilp"):
         get_solver("magic")

@@ -80,11 +80,11 @@ def test_pieces_split_where_no_candidate_spans():
     assert pieces(6, [[0], [1, 2], [3], [3, 4], [5]], range(5)) == [[0], [1, 2], [3, 4], [5]]
 
 
-@pytest.mark.parametrize("backends", ["all", "tvm,torch"])
-def test_the_search_on_a_2000_op_transformer_ends_within_its_budget(backends):
+@pytest.mark.parametrize("backends, solver", [("all", "auto"), ("tvm,torch", "heft")])
+def test_the_search_on_a_2000_op_transformer_ends_within_its_budget(backends, solver):
     """2,010 ops, thousands of candidates (costs in hand: predicted). The cover search stays
     within its state budget, the joint local search within its time budget, and the plan
-    covers every op once."""
+    covers every op once; ``auto``'s relaxed joint ILP proves a bound within its limit."""
     mod, _ = transformer_stack(67)
     an = tvm_pesto.analyze(mod)
     assert an.op_graph.num_nodes >= 2000
@@ -93,8 +93,14 @@ def test_the_search_on_a_2000_op_transformer_ends_within_its_budget(backends):
     ct = candidate_costs(cs, cluster, "roofline")
     jp = JointProblem(an.op_graph, cluster, list(cs), ct.table)
     budget = 3.0
-    plan, placed = solve_joint(jp, solver="heft", search_s=budget)
+    plan, placed = solve_joint(jp, solver=solver, search_s=budget, time_limit_s=30)
     info = plan.info
+    if solver == "auto":
+        relax = info["decision"]["relaxation"]
+        assert relax["seconds"] <= 30 + 10, relax
+        assert info["bound_s"] is not None and info["bound_s"] <= info["makespan_s"] * (1 + 1e-6)
+        assert info["status"] in ("optimal", "feasible") and info["mip_gap"] is not None
+        assert set(info["heuristics"]) == {"heft", "m-etf", "m-topo", "m-sct"}
     assert sorted(v for u in plan.units for v in u.nodes) == list(range(an.op_graph.num_nodes))
     assert info["cover_states"] <= 200_000 * info.get("search", {}).get("rounds", 1) * 10
     search = info["search"]

@@ -45,7 +45,10 @@ def _run_with_every_backend(tmp_path, path, kind, costs):
     assert res["source"] == kind and res["max_abs_err"] <= 1e-4
     assert sum(res["backend_mix"].values()) == res["num_ops"]
     assert res["costs"]["measured" if costs == "measured" else "predicted"] > 0
-    assert res["solver_status"] == "heuristic" and res["devices_used"]
+    # the default solver, auto: the joint ILPs proved a bound and say what decided the plan
+    assert res["solver"] == "auto" and res["solver_status"] in ("optimal", "feasible") and res["devices_used"]
+    assert res["decided_by"] and res["solver_bound_s"] <= res["simulated_makespan_s"] * (1 + 1e-6)
+    assert res["solver_gap"] == pytest.approx(1 - res["solver_bound_s"] / res["simulated_makespan_s"], abs=1e-6)
     # cpu:2 is on this machine: the executor's dispatch was measured here, not taken from the preset
     assert res["dispatch"]["measured"] and res["dispatch"]["multi_device_s"] > 0
     libraries = {b for b in res["backend_mix"] if b != "tvm"}

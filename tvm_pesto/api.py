@@ -51,6 +51,7 @@ from .plan.simulate import HOME_DEVICE
 from .run.dispatch import machine_dispatch
 from .solve import split
 from .solve.joint import solve_joint
+from .solve.joint_decide import restate
 
 
 def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None, progress=None,
@@ -96,7 +97,7 @@ HYBRID_STAKE_SHARE = 1 / 3
 HYBRID_MAX_ROUNDS = 8
 
 
-def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs="auto", cache=None, progress=None,
+def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs="auto", cache=None, progress=None,
           time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
           colocate: list[list[int]] | None = None, split_margin: float | None = None, executor: str = "thread",
           **solver_options) -> Placement:
@@ -109,7 +110,9 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "heft", costs=
         e.g. ``"cpu:2"``, ``"4xV100-pcie"``, a JSON file.
     backends : "all", "tvm", or list of str
     solver : str
-        Placement solver (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
+        ``auto`` (default: every heuristic, then the joint ILPs decide and prove a bound;
+        ``plan.info["decided_by"]``, ``solver_status``, ``solver_gap``) or one placement solver
+        (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
     costs : {"auto", "measured", "xgb", "roofline", "hybrid"} or ndarray
         The cost source, or a ready ``[candidates, devices]`` table for the candidates
         this call generates. ``hybrid`` predicts every candidate, measures the close calls
@@ -221,7 +224,7 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
     return CostedCandidates(analysis, cluster, cs, ct, h)
 
 
-def place_from_costs(costed: CostedCandidates, solver: str = "heft", time_limit_s: float = 30.0,
+def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_s: float = 30.0,
                      search_s: float | None = None, deterministic: bool | None = None,
                      colocate: list[list[int]] | None = None, split_margin: float | None = None,
                      **solver_options) -> Placement:
@@ -288,6 +291,8 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
         return jp, plan, problem, sim
     p1, prob1, sim1, _ = one
     p1.info["split"] = decision
+    if "decided_by" in plan.info:  # the claim against the whole problem's bound, not the one device's
+        restate(p1.info, plan.info.get("bound_s"), sim1.makespan, f"split-margin ({p1.info.get('decided_by')})")
     return jp, p1, prob1, sim1
 
 
@@ -319,7 +324,7 @@ def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_fin
     return placed
 
 
-def build(mod, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None, cache=None,
+def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan: Plan | None = None, cache=None,
           progress=None, deterministic: bool | None = None, executor: str = "thread", ray_address: str | None = None,
           measure_final: bool | None = None, inputs=None, **solver_options):
     """Place ``mod`` on ``cluster`` (or apply a given ``plan``) and build one module per device.
@@ -406,7 +411,7 @@ class PlacementPass:
     (8, 16)
     """
 
-    def __init__(self, cluster, backends="all", solver: str = "heft", costs="auto", plan: Plan | None = None,
+    def __init__(self, cluster, backends="all", solver: str = "auto", costs="auto", plan: Plan | None = None,
                  deterministic: bool | None = None, **solver_options):
         self.cluster = as_cluster(cluster)
         self.backends = backends

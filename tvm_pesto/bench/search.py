@@ -23,7 +23,7 @@ from .report import machine_info
 
 
 def bench_model(target: str, size: str = "full", cluster: str = "cpu:2", costs: str = "xgb",
-                backends: str = "all", solver: str = "heft", search_s: float = 5.0, progress=None) -> dict:
+                backends: str = "all", solver: str = "auto", search_s: float = 5.0, progress=None) -> dict:
     """Time every stage of the flow up to the plan for one model (no build, no run)."""
     # lazy: loads TVM's compiler, which importing this module does not
     from .. import api
@@ -59,7 +59,7 @@ def bench_model(target: str, size: str = "full", cluster: str = "cpu:2", costs: 
 
 
 def bench_search(targets, size: str = "full", cluster: str = "cpu:2", costs: str = "xgb", backends: str = "all",
-                 solver: str = "heft", search_s: float = 5.0, progress=None) -> dict:
+                 solver: str = "auto", search_s: float = 5.0, progress=None) -> dict:
     """:func:`bench_model` for every target; ``max_search_total_s`` over them."""
     out = {"size": size, "cluster": cluster, "costs": costs, "backends": backends, "solver": solver,
            "search_s": search_s, "machine": machine_info(), "models": {}}

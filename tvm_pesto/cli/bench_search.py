@@ -14,7 +14,7 @@ from .progress import console
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True)
 @click.option("--costs", default="xgb", show_default=True, type=click.Choice(["xgb", "roofline", "measured"]))
 @click.option("--backends", default="all", show_default=True)
-@click.option("--solver", default="heft", show_default=True)
+@click.option("--solver", default="auto", show_default=True)
 @click.option("--search-s", default=5.0, show_default=True, help="joint local search budget (s)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 def search(targets, size, cluster_spec, costs, backends, solver, search_s, json_path):

@@ -56,7 +56,7 @@ def max_abs_err(a, b) -> float:
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
-def run_model(model: str, size: str, cluster_spec: str, solver: str = "heft", costs: str = "auto",
+def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", costs: str = "auto",
               backends: str = "all", repeat: int = 20, refit: bool = False, out_dir: str | None = None,
               input_shapes=None, export_dir: str | None = None, deterministic: bool = False,
               executor: str = "thread", ray_address: str | None = None, rpc_tracker: str | None = None,
@@ -141,8 +141,9 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
     res = {
         "model": lm.name, "source": lm.source, "size": size if lm.source == "zoo" else None,
         "cluster": cluster.name, "solver": pl.plan.solver, "solver_status": pl.solver_status,
-        "solver_gap": summary["solver_gap"], **_mode(deterministic, pl.plan.info),
-        "backends": backends, "backend_mix": pl.backend_mix, "cost_source": pl.costs.source,
+        "solver_gap": summary["solver_gap"], "decided_by": summary["decided_by"],
+        "solver_bound_s": summary["solver_bound_s"], "heuristics_s": summary["heuristics_s"],
+        **_mode(deterministic, pl.plan.info), "backends": backends, "backend_mix": pl.backend_mix, "cost_source": pl.costs.source,
         "costs": summary["costs"], "num_ops": analysis.op_graph.num_nodes, "num_groups": analysis.graph.num_nodes,
         "num_units": pl.problem.num_nodes, "num_candidates": summary["num_candidates"],
         "candidates_by_backend": summary["candidates_by_backend"],
@@ -156,7 +157,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
         "max_abs_err": err, "solve_s": pl.plan.solve_s,
         "measured_over_simulated": bench_res["median_s"] / pl.sim.run_s if pl.sim.run_s else None,
         "search": _jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",
-                                                              "joint_ilp") if k in pl.plan.info}),
+                                                              "joint_ilp", "decision") if k in pl.plan.info}),
         "split": pl.plan.info.get("split"),
         "contention": cluster.meta.get("contention"),
         "links": {"latency_s": cluster.latency.tolist(), "bandwidth_Bps": cluster.bandwidth.tolist()},
@@ -283,8 +284,8 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     model, objective, microbatches = check_choice(model or ("stage" if target.endswith(".json") else "op"),
                                                   objective, microbatches)
     goal = {"model": model, "objective": objective, "microbatches": microbatches}
-    if solvers == ["all"]:
-        solvers = list(SOLVERS)
+    if solvers == ["all"]:  # on a graph file ``auto`` is the ILP: run it once
+        solvers = [s for s in SOLVERS if s != "auto" or not target.endswith(".json")]
     if not solvers:
         raise PestoError(f"no solver given; use one of {', '.join(SOLVERS)}, several comma-separated, or all")
     for name in solvers:
@@ -401,8 +402,14 @@ def _judged_with_bound(problem, costed, solved: dict, solvers: list[str], goal: 
             pos = {id(c): i for i, c in enumerate(joint.candidates)}
             solved = {k: (joint.contract([pos[id(u)] for u in plan.units]), plan, pl)
                       for k, (_, plan, pl) in solved.items()}
-    if bound_of is None:  # backend choice: the bound over every cover
-        return solved, joint_lower_bound(joint)
+    if bound_of is None:  # backend choice: the bound over every cover, and what ``auto`` proved on this table
+        lb = joint_lower_bound(joint)
+        proven = [plan.info.get("bound_s") for k, (_, plan, _) in solved.items()
+                  if costed.hybrid is None or k == solvers[-1]]
+        proven = [float(b) for b in proven if b]
+        if proven and max(proven) > lb["best"]:
+            lb = {**lb, "relaxed_ilp_s": max(proven), "best": max(proven)}
+        return solved, lb
     lat = lower_bound(bound_of, deterministic=deterministic) if goal["model"] == "op" else None
     return solved, objective_lower_bound(bound_of, goal["model"], goal["objective"], goal["microbatches"],
                                          deterministic=deterministic, latency_bound=lat)

@@ -27,6 +27,8 @@ BACKENDS_HELP = ("backends that compete for each subgraph: all (every backend av
                  "devices but inductor, whose every candidate is a compile of seconds: name it, as in "
                  "tvm,onnxruntime,inductor), tvm (TVM's fusion groups only: placement without backend choice), or a "
                  "comma-separated list such as tvm,onnxruntime")
+SOLVER_HELP = ("auto: every heuristic, then the joint ILPs decide and prove a bound (the plan's gap to it is "
+               "reported); or one of heft, m-etf, m-topo, m-sct, single, ilp, stage-dp")
 MODEL_HELP = ("a zoo model name, an ONNX file, a torch.export program (.pt2) or a Relax module as "
               "TVMScript (.py, .tvmscript)")
 
@@ -57,7 +59,7 @@ def _shapes(specs):
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True)
 @click.option("--backends", default="all", show_default=True, help=BACKENDS_HELP)
-@click.option("--solver", default="heft", show_default=True)
+@click.option("--solver", default="auto", show_default=True, help=SOLVER_HELP)
 @click.option("--costs", default="xgb", show_default=True, type=click.Choice(COSTS),
               help="xgb: the bundled cost model predicts every candidate (nothing is measured)")
 @click.option("--out", "out_dir", default="pesto-demo", show_default=True, help="folder for the Gantt chart and traces")
@@ -80,6 +82,12 @@ def _print_run(res):
     console.print(f"[bold]{res['model']}[/] {what}: {res['num_ops']} ops, {res['num_candidates']} candidates, "
                   f"{res['num_units']} units, placed by {res['solver']} ({res['solver_status']}) on {res['cluster']} "
                   f"(costs: {res['cost_source']})")
+    if res.get("decided_by"):
+        gap = res.get("solver_gap")
+        console.print(f"  decided by        {res['decided_by']}; "
+                      + (f"gap to the proven bound {gap:.2%} (bound {res['solver_bound_s'] * 1e3:.4g} ms)"
+                         if gap is not None else "no bound proved")
+                      + f"; solved in {res['solve_s']:.2f} s")
     mix = ", ".join(f"{b} {n}" for b, n in sorted(res["backend_mix"].items(), key=lambda kv: -kv[1]))
     console.print(f"  backend mix       {mix} (ops)")
     console.print(f"  devices used      {res['devices_used']}")
@@ -174,7 +182,7 @@ def _gap_line(res) -> str | None:
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True,
               help="cpu:N, 2xV100-nvlink, 4xV100-pcie, 8xA100-nvlink, h200, a JSON file, or from-graph")
 @click.option("--backends", default="all", show_default=True, help=BACKENDS_HELP)
-@click.option("--solver", default="heft", show_default=True, help="a solver name, several comma-separated, or all")
+@click.option("--solver", default="auto", show_default=True, help=SOLVER_HELP + "; several comma-separated, or all")
 @click.option("--size", default="small", type=click.Choice(["small", "full"]))
 @click.option("--costs", default="auto", type=click.Choice(COSTS))
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1,D2,...",
@@ -229,7 +237,7 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 @click.option("--size", default="small", type=click.Choice(["small", "full"]))
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True)
 @click.option("--backends", default="all", show_default=True, help=BACKENDS_HELP)
-@click.option("--solver", default="heft", show_default=True)
+@click.option("--solver", default="auto", show_default=True, help=SOLVER_HELP)
 @click.option("--costs", default="auto", type=click.Choice(COSTS))
 @click.option("--input-shape", "input_shape", multiple=True, metavar="NAME=D1,D2,...",
               help="static shape of a model input whose shape is dynamic (repeatable)")
@@ -263,7 +271,7 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
         # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
         from .commands import run_pipelined
 
-        res = run_pipelined(model, size, cluster_spec, microbatches, solver="stage-dp" if solver == "heft" else solver,
+        res = run_pipelined(model, size, cluster_spec, microbatches, solver="stage-dp" if solver == "auto" else solver,
                             costs=costs, repeat=min(repeat, 5), input_shapes=_shapes(input_shape),
                             deterministic=deterministic)
         console.print(f"[bold]{res['model']}[/]: stage plan by {res['solver']} on {res['cluster']}, "

@@ -55,7 +55,8 @@ class Placement:
 
     def summary(self) -> dict:
         return {"backend_mix": self.backend_mix, "solver": self.plan.solver, "solver_status": self.solver_status,
-                "solver_gap": solver_gap(self.plan),
+                "solver_gap": solver_gap(self.plan), "decided_by": self.plan.info.get("decided_by"),
+                "solver_bound_s": self.plan.info.get("bound_s"), "heuristics_s": self.plan.info.get("heuristics"),
                 "simulated_s": float(self.sim.run_s), "simulated_makespan_s": float(self.sim.makespan),
                 "dispatch_s": float(self.sim.dispatch_s), "dispatch": dispatch_info(self.problem.cluster),
                 "devices_used": self.plan.devices_used(),
@@ -66,7 +67,9 @@ class Placement:
 
 
 def solver_status(plan: Plan) -> str:
-    """What the solver can say of the plan: ``optimal`` (proved, within the MIP gap),
+    """What the solver can say of the plan: ``optimal`` (proved, within the MIP gap; for
+    ``auto``: the plan meets the proven bound), ``feasible`` (``auto``: a bound was proved,
+    see ``solver_gap``),
     ``time_limit`` (the ILP stopped at its limit with an incumbent; see ``solver_gap``),
     ``node_limit`` (the same at its node limit, in deterministic mode),
     ``infeasible`` / ``no_solution`` / ``solver_failed`` (an ILP with a fallback plan),
@@ -83,7 +86,8 @@ def solver_status(plan: Plan) -> str:
 
 
 def solver_gap(plan: Plan) -> float | None:
-    """The relative MIP gap the ILP reported for the plan (``None`` for heuristics)."""
+    """The relative MIP gap the ILP reported for the plan (``auto``: the plan's relative gap
+    to the proven bound; ``None`` for heuristics)."""
     info = plan.info
     if info.get("joint_ilp", {}).get("used"):
         return info["joint_ilp"].get("mip_gap")

@@ -1,7 +1,7 @@
 """Stage 4: placement solvers. Each is ``solve(problem, **options) -> Plan``.
 
 ``SOLVERS`` maps a name to its solve function: the heuristics of
-:mod:`tvm_pesto.solve.portfolio` and ``ilp``, which is imported from
+:mod:`tvm_pesto.solve.portfolio`, ``stage-dp``, and ``ilp`` (also ``auto`` on a placement problem), which is imported from
 :mod:`tvm_pesto.solve.ilp` on first use, so the heuristics work without PuLP.
 The registry lives in :mod:`tvm_pesto.solve.registry`; nothing inside this package
 imports this ``__init__``.
@@ -19,6 +19,8 @@ coarsen, solve, LNS, refine), ``ideal_dp`` (contiguous splits by DP over ideals,
 ``stage_ilp`` (it solved from the best start), ``stage_bounds`` (the stage model's chain bound on
 latency), ``objective_bounds`` (bounds for every model and objective),
 ``cover`` (Collage's covering search), ``joint_ilp`` (backend + device + order MIP),
+``joint_relaxation`` (backend + device MIP on whole graphs, with a proven bound), ``joint_decide``
+(the ILPs' step of the joint solve: which plan decides, its gap),
 ``joint_search`` (local search over backend and device) and ``joint`` (the flow's solver:
 cover, placement, joint search), ``registry`` (solvers by name).
 
@@ -26,7 +28,7 @@ Examples
 --------
 >>> from tvm_pesto.solve import SOLVERS, get_solver
 >>> sorted(SOLVERS)
-['heft', 'ilp', 'm-etf', 'm-sct', 'm-topo', 'single', 'stage-dp']
+['auto', 'heft', 'ilp', 'm-etf', 'm-sct', 'm-topo', 'single', 'stage-dp']
 """
 from __future__ import annotations
 

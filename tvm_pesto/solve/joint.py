@@ -12,13 +12,20 @@ of that cover (so the plan can be simulated, and the builder lowers exactly it).
    of at most half, a quarter, ... of the largest size (:func:`cover_caps`): one large call
    is cheapest on one device but can block the parallelism smaller calls would have.
 2. **Placement.** The cover's units are placed and ordered by the named placement solver
-   (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
+   (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``); with ``solver="auto"``
+   by every heuristic of :data:`AUTO_PLACERS`, keeping the best.
 3. **Joint improvement.** With several devices and a choice of backends, a local search
    (:func:`tvm_pesto.solve.joint_search.improve`) moves units between devices and replaces
    a unit by another cover of the same ops (another backend, or a split / merge), keeping
-   a move when the simulated makespan drops. With ``solver="ilp"`` on a small graph the
-   joint ILP (:func:`tvm_pesto.solve.joint_ilp.joint_ilp`) searches all three at once,
-   warm-started from the best plan so far.
+   a move when the simulated makespan drops.
+4. **The ILPs decide.** With ``solver="auto"`` (the default of every entry point),
+   :func:`tvm_pesto.solve.joint_decide.decide` solves the relaxed joint ILP on the whole
+   graph (cover and devices; its dual bound is a lower bound on every plan) and, on small
+   graphs, the exact joint ILP (cover, devices and order), each warm-started from the best
+   plan so far, and keeps the fastest: ``info["decided_by"]`` names the step whose plan
+   was kept, ``info["status"]`` is ``optimal`` when the plan meets the proven bound,
+   ``info["mip_gap"]`` its relative gap to it. With ``solver="ilp"`` only the exact joint
+   ILP runs, on small graphs.
 
 Every budget of the three steps is wall-clock by default; ``deterministic=True`` makes them
 work budgets (:mod:`tvm_pesto.solve.budget`), so the same problem gives the same plan on
@@ -51,12 +58,12 @@ from ..plan.problem import JointProblem, Problem
 from ..plan.simulate import simulate
 from .budget import combine, mode_name
 from .cover import CoverResult, best_cover
+from .joint_decide import decide, exact_joint
 from .joint_search import improve
 from .registry import get_solver, solve as place_units
 
-#: Graphs up to this many ops (and with few unordered pairs) may go to the joint ILP.
-JOINT_ILP_MAX_NODES = 60
-JOINT_ILP_MAX_PAIRS = 1500
+#: The placement heuristics ``solver="auto"`` places every cover with (the best plan is kept).
+AUTO_PLACERS = ("heft", "m-etf", "m-topo", "m-sct")
 
 
 def device_kinds(problem: JointProblem) -> list[int]:
@@ -128,7 +135,7 @@ def _with_units(plan: Plan, problem: JointProblem, cover, info: dict, solver: st
     sim = simulate(placed, plan)
     facts = {k: v for k, v in plan.info.items() if k not in _PLAN_FACTS}
     facts.update(info, makespan_s=float(sim.makespan), peak_memory_bytes=sim.peak_memory.tolist())
-    label = plan.solver if plan.solver == "joint-ilp" else solver
+    label = "joint-ilp" if plan.solver == "joint-ilp" and solver != "auto" else solver
     return Plan(plan.assignment, plan.order, solver=label, solve_s=plan.solve_s, info=facts,
                 units=[problem.candidates[c] for c in cover])
 
@@ -139,52 +146,6 @@ def _place(problem: JointProblem, cover, solver: str, options: dict, determinist
     placed.check_memory_feasible()
     plan = place_units(placed, solver, deterministic=deterministic, **options)
     return plan, placed, simulate(placed, plan).makespan
-
-
-def _joint_ilp(problem: JointProblem, plan: Plan, placed: Problem, cover, time_limit_s: float,
-               deterministic: bool | None):
-    """The joint ILP warm-started from ``cover`` on the busiest device that can run all of
-    it; ``None`` when the graph is too large for it, or no device runs the whole cover and
-    the ILP, started cold, finds nothing."""
-    # lazy: loads TVM's compiler and PuLP (the MIP solvers), which importing this module does not
-    from .joint_ilp import concurrent_pairs, joint_ilp
-
-    g = problem.graph
-    D = problem.num_devices
-    if g.num_nodes > JOINT_ILP_MAX_NODES:
-        return None
-    if D > 1 and len(concurrent_pairs(g)) * (D - 1) > JOINT_ILP_MAX_PAIRS:
-        return None
-    node_sets = [c.nodes for c in problem.candidates]
-    # The warm start runs the whole cover on one device: the busiest one of those that can run
-    # every unit of it; with none, the ILP starts cold and its failing keeps ``plan``.
-    busy = np.bincount(plan.assignment, minlength=D)
-    able = np.isfinite(problem.costs[list(cover)]).all(axis=0)
-    warm = warm_dev = None
-    if able.any():
-        warm_dev = int(np.argmax(np.where(able, busy, -1)))
-        warm = CoverResult(list(cover), float(problem.costs[list(cover), warm_dev].sum()))
-    try:
-        jr = joint_ilp(g, node_sets, problem.costs, problem.cluster, warm=warm, warm_device=warm_dev,
-                       time_limit_s=time_limit_s, deterministic=deterministic, colocate=problem.colocate)
-    except (InfeasibleError, SolverError):
-        if warm is not None:
-            raise
-        return None
-    jcover = list(jr.chosen)
-    jplaced = problem.contract(jcover)
-    start = np.array([jr.start[c] for c in jcover])
-    jplan = Plan.from_assignment(np.array([jr.device[c] for c in jcover]), start, D, solver="joint-ilp",
-                                 info=dict(jr.info))
-    try:
-        span = simulate(jplaced, jplan).makespan
-    except PestoError:  # ties in start times can order a device against the data: topological order
-        topo = jplaced.graph.topo_order()
-        pos = np.empty(len(jcover), dtype=np.int64)
-        pos[topo] = np.arange(len(jcover))
-        jplan = Plan.from_assignment(jplan.assignment, pos, D, solver="joint-ilp", info=dict(jr.info))
-        span = simulate(jplaced, jplan).makespan
-    return jplan, jplaced, jcover, span, jr.info
 
 
 def _candidate_covers(problem: JointProblem) -> dict[tuple, CoverResult]:
@@ -213,7 +174,8 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
     ----------
     problem : JointProblem
     solver : str
-        The placement solver for the cover's units (see :data:`tvm_pesto.solve.SOLVERS`).
+        The placement solver for the cover's units (see :data:`tvm_pesto.solve.SOLVERS`);
+        ``auto``: every heuristic, then the ILPs decide (module docstring, step 4).
     time_limit_s : float
         Budget of the ILPs (placement ILP and joint ILP), seconds.
     search_s : float, optional
@@ -239,13 +201,15 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
         When no cover fits the devices' memory or some op cannot run anywhere.
     """
     t0 = time.perf_counter()
+    auto = solver == "auto"
+    placers = AUTO_PLACERS if auto else (solver,)
     get_solver(solver)  # an unknown name fails here, listing the known ones
     options = dict(solver_options)
     if solver == "ilp":
         options.setdefault("time_limit_s", time_limit_s)
     info: dict = {}
     fixed = problem.fixed_cover()
-    if fixed is not None:
+    if fixed is not None and not auto:
         plan, placed, _ = _place(problem, fixed, solver, options, deterministic)
         plan = _with_units(plan, problem, fixed, {"cover": "fixed", "budget": mode_name(deterministic),
                                                   **combine({"deterministic": True}, plan.info)}, solver, placed)
@@ -254,41 +218,50 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
 
     # 1. the cheapest cover on each kind of device, placed; with several devices also the
     #    cheapest covers by smaller candidates (a large call can block parallelism); keep the best
-    best = None
-    covers = _candidate_covers(problem)
+    #    (``auto``: each cover placed by every heuristic of AUTO_PLACERS)
+    covers = {tuple(fixed): None} if fixed is not None else _candidate_covers(problem)
     reports = [{"deterministic": True}]  # each budgeted step's report: did a clock decide it?
-    errors: list[PestoError] = []
-    for cr in covers.values():
-        try:
-            plan, placed, span = _place(problem, cr.chosen, solver, options, deterministic)
-        except PestoError as e:
-            errors.append(e)
-            info.setdefault("cover_rejected", []).append(str(e))
-            continue
-        reports.append(plan.info)  # every placement took part in choosing the cover
-        if best is None or span < best[3]:
-            best = (plan, placed, list(cr.chosen), span, cr)
-    if best is None:
-        if errors and all(isinstance(e, InfeasibleError) for e in errors):
-            raise errors[0]  # e.g. memory: the same reason for every cover, said once
-        raise SolverError(f"no cover of the candidates could be placed ({len(errors)} tried): "
-                          + "; ".join(dict.fromkeys(str(e) for e in errors)))
-    plan, placed, cover, span, cr = best
-    info.update(cover="dp", cover_exact=bool(cr.info.get("exact", True)), cover_cost_s=float(cr.cost),
-                cover_states=int(cr.states), cover_s=float(cr.seconds), cover_cap=cr.info.get("cap"),
-                covers_tried=len(covers), placed_makespan_s=float(span))
+    per_placer = _best_placed(problem, covers, placers, options, deterministic, info, reports)
 
-    # 2. joint local search: devices and backends together ("single" is the one-device baseline)
+    # 2. joint local search: devices and backends together ("single" is the one-device baseline),
+    #    from each placer's best (``auto``: so it is never worse than any heuristic's own flow)
     budget = 5.0 if search_s is None else float(search_s)
-    if budget > 0 and solver != "single":
-        plan, placed, cover, span, sinfo = improve(problem, plan, placed, cover, budget_s=budget,
-                                                   deterministic=deterministic)
-        info["search"] = sinfo
-        reports.append(sinfo)
+    plan, placed, cover, span, cr, placer, tried = _searched(problem, per_placer, budget, solver, deterministic,
+                                                             info, reports)
+    if cr is None:
+        info["cover"] = "fixed"
+    else:
+        info.update(cover="dp", cover_exact=bool(cr.info.get("exact", True)), cover_cost_s=float(cr.cost),
+                    cover_states=int(cr.states), cover_s=float(cr.seconds), cover_cap=cr.info.get("cap"),
+                    covers_tried=len(covers))
+    if auto:
+        info["heuristics"] = tried
 
-    # 3. the joint ILP, for small graphs
-    if solver == "ilp":
-        res = _joint_ilp(problem, plan, placed, cover, time_limit_s, deterministic)
+    # 3. the ILPs: ``auto`` runs the relaxed joint ILP on the whole graph (a proven bound, and
+    #    its own plan) and the exact one on small graphs; ``ilp`` the exact one on small graphs
+    plan, placed, cover, span = _ilps(problem, solver, (plan, placed, cover, span), placer, time_limit_s,
+                                      min(budget, 1.0), deterministic, info, reports)
+    info["makespan_s"] = float(span)
+    info.update(budget=mode_name(deterministic), **combine(*reports))
+    plan = _with_units(plan, problem, cover, info, solver, placed)
+    plan.solve_s = time.perf_counter() - t0
+    return plan, placed
+
+
+def _ilps(problem: JointProblem, solver: str, incumbent: tuple, placer: str, time_limit_s: float, search_s: float,
+          deterministic, info: dict, reports: list) -> tuple:
+    """Step 3 of :func:`solve_joint`: the ILPs from ``incumbent`` ``(plan, placed, cover,
+    makespan)``; the best plan, with what the ILPs said in ``info``."""
+    plan, placed, cover, span = incumbent
+    if solver == "auto":
+        plan, placed, cover, span, dinfo = decide(problem, plan, placed, cover, span, time_limit_s=time_limit_s,
+                                                  search_s=search_s, deterministic=deterministic, decided_by=placer)
+        reports.extend(r for r in (dinfo["relaxation"], dinfo.get("joint_ilp")) if r)
+        info["decision"] = dinfo
+        info.update(decided_by=dinfo["decided_by"], status=dinfo["status"], mip_gap=dinfo["gap"],
+                    bound_s=dinfo["bound_s"])
+    elif solver == "ilp":
+        res = exact_joint(problem, plan, placed, cover, time_limit_s, deterministic)
         if res is not None:
             jplan, jplaced, jcover, jspan, jinfo = res
             info["joint_ilp"] = {k: jinfo.get(k) for k in ("status", "mip_gap", "objective", "source", "budget",
@@ -299,11 +272,70 @@ def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float
                 plan, placed, cover, span = jplan, jplaced, jcover, jspan
                 info["joint_ilp"]["used"] = True
                 plan.info.setdefault("status", jinfo.get("status"))
-    info["makespan_s"] = float(span)
-    info.update(budget=mode_name(deterministic), **combine(*reports))
-    plan = _with_units(plan, problem, cover, info, solver, placed)
-    plan.solve_s = time.perf_counter() - t0
-    return plan, placed
+    return plan, placed, cover, span
 
 
-__all__ = ["cover_caps", "device_kinds", "joint_lower_bound", "solve_joint"]
+def _best_placed(problem: JointProblem, covers: dict, placers, options: dict, deterministic, info: dict,
+                 reports: list) -> dict:
+    """Each placer's best cover: placer -> ``(plan, placed, cover, makespan, CoverResult or
+    None)`` (the first cover of the smallest makespan, as the placer alone would choose).
+
+    Raises
+    ------
+    InfeasibleError
+        When every cover fails for the same kind of reason (memory).
+    SolverError
+        When no cover could be placed.
+    """
+    per: dict[str, tuple] = {}
+    errors: list[PestoError] = []
+    for key, cr in covers.items():
+        chosen = list(key) if cr is None else list(cr.chosen)
+        for name in placers:
+            try:
+                plan, placed, span = _place(problem, chosen, name, options, deterministic)
+            except PestoError as e:
+                errors.append(e)
+                info.setdefault("cover_rejected", []).append(f"{name}: {e}" if len(placers) > 1 else str(e))
+                continue
+            reports.append(plan.info)  # every placement took part in choosing the cover
+            if name not in per or span < per[name][3]:
+                per[name] = (plan, placed, chosen, span, cr)
+    if not per:
+        if errors and all(isinstance(e, InfeasibleError) for e in errors):
+            raise errors[0]  # e.g. memory: the same reason for every cover, said once
+        raise SolverError(f"no cover of the candidates could be placed ({len(errors)} tried): "
+                          + "; ".join(dict.fromkeys(str(e) for e in errors)))
+    return per
+
+
+def _searched(problem: JointProblem, per_placer: dict, budget: float, solver: str, deterministic, info: dict,
+              reports: list) -> tuple:
+    """Step 2 of :func:`solve_joint`: the joint local search from each placer's best (one
+    search per distinct start); the best result ``(plan, placed, cover, makespan,
+    CoverResult or None, decided_by, {placer: makespan})``; the search's report goes to
+    ``info["search"]``, the best start's makespan to ``info["placed_makespan_s"]``."""
+    best = None
+    tried: dict[str, float] = {}
+    done: dict[tuple, tuple] = {}
+    for name, (plan, placed, cover, span, cr) in per_placer.items():
+        info["placed_makespan_s"] = min(info.get("placed_makespan_s", np.inf), float(span))
+        by, sinfo = name, None
+        if budget > 0 and solver != "single":
+            key = (tuple(cover), tuple(plan.assignment.tolist()), tuple(tuple(o) for o in plan.order))
+            if key not in done:
+                done[key] = improve(problem, plan, placed, cover, budget_s=budget, deterministic=deterministic)
+                reports.append(done[key][4])
+            before = span
+            plan, placed, cover, span, sinfo = done[key]
+            by = name + "+search" if span < before * (1 - 1e-9) else name
+        tried[name] = float(span)
+        if best is None or span < best[3] * (1 - 1e-12):
+            best = (plan, placed, cover, span, cr, by, sinfo)
+    *best, sinfo = best
+    if sinfo is not None:
+        info["search"] = sinfo
+    return (*best, tried)
+
+
+__all__ = ["AUTO_PLACERS", "cover_caps", "device_kinds", "joint_lower_bound", "solve_joint"]

@@ -82,13 +82,14 @@ def concurrent_pairs(graph) -> list[tuple[int, int]]:
     return out
 
 
-def prune_dominated(graph, node_sets, costs) -> list[int]:
+def prune_dominated(graph, node_sets, costs, max_split_nodes: int | None = None) -> list[int]:
     """Candidates worth keeping for the joint ILP.
 
     Dropped: a candidate another candidate with the same nodes beats (or ties, later index)
     on every device, and a candidate whose nodes smaller kept candidates cover at no more
     cost on every device (splitting it then never delays anything: the pieces can run back
-    to back on its device). Both keep the optimum.
+    to back on its device). Both keep the optimum. The second test covers candidates of at
+    most ``max_split_nodes`` ops (default: all; its covering search grows with the size).
 
     Examples
     --------
@@ -113,7 +114,7 @@ def prune_dominated(graph, node_sets, costs) -> list[int]:
     kept.sort(key=lambda c: (len(sets[c]), c))
     final: list[int] = []
     for c in kept:
-        if len(sets[c]) > 1:
+        if 1 < len(sets[c]) <= (max_split_nodes or len(sets[c])):
             inside = set(sets[c])
             subs = [o for o in final if set(sets[o]) < inside]
             if subs:

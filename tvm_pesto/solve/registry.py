@@ -12,7 +12,7 @@ Examples
 --------
 >>> from tvm_pesto.solve.registry import SOLVERS
 >>> sorted(SOLVERS)
-['heft', 'ilp', 'm-etf', 'm-sct', 'm-topo', 'single', 'stage-dp']
+['auto', 'heft', 'ilp', 'm-etf', 'm-sct', 'm-topo', 'single', 'stage-dp']
 """
 from __future__ import annotations
 
@@ -39,6 +39,15 @@ def _ilp(problem: Problem, **options) -> Plan:
     return fn(problem, **options)
 
 
+def _auto(problem: Problem, **options) -> Plan:
+    """``auto`` on a placement problem: the ILP, started from the best heuristic (so never
+    worse than one); ``info["decided_by"]`` names where its plan came from."""
+    plan = _ilp(problem, **options)
+    plan.solver = "auto"
+    plan.info["decided_by"] = str(plan.info.get("source") or "ilp")
+    return plan
+
+
 def _stage_dp(problem: Problem, **options) -> Plan:
     """The contiguous-split DP of :mod:`tvm_pesto.solve.stage_dp`."""
     # lazy: the registry imports a solver's module when that solver is asked for
@@ -47,11 +56,14 @@ def _stage_dp(problem: Problem, **options) -> Plan:
     return dp_solve(problem, **options)
 
 
-SOLVERS: dict[str, Callable[..., Plan]] = {**HEURISTIC_SOLVERS, "ilp": _ilp, "stage-dp": _stage_dp}
+#: ``auto`` on a placement problem (a fixed cover, a graph file) is the ILP, which starts from
+#: the best heuristic; on a joint problem :func:`tvm_pesto.solve.joint.solve_joint` runs its own
+#: ``auto`` (every heuristic, the joint ILPs).
+SOLVERS: dict[str, Callable[..., Plan]] = {**HEURISTIC_SOLVERS, "ilp": _ilp, "stage-dp": _stage_dp, "auto": _auto}
 HEURISTICS = tuple(HEURISTIC_SOLVERS)
 #: Solvers that optimise for the model and objective they are given (the others place for
 #: latency in the op model; their plans are then judged, or made stage plans, as asked).
-MODEL_AWARE = ("ilp", "stage-dp")
+MODEL_AWARE = ("ilp", "stage-dp", "auto")
 
 
 def get_solver(name: str) -> Callable[..., Plan]:
@@ -101,7 +113,7 @@ def solve(problem: Problem, name: str = "heft", deterministic: bool | None = Non
     key = next(k for k, v in SOLVERS.items() if v is fn)
     if deterministic is not None and key in MODEL_AWARE:
         options["deterministic"] = deterministic
-    if key == "ilp" and (model, objective) != ("op", "latency"):
+    if key in ("ilp", "auto") and (model, objective) != ("op", "latency"):
         options.update(model=model, objective=objective, microbatches=microbatches)
     elif key == "stage-dp":
         options.update(objective=objective, microbatches=microbatches)

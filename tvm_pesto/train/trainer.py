@@ -164,7 +164,7 @@ class Trainer:
 
 
 def build_trainer(model, loss: str = "auto", optimizer: str = "sgd", cluster="cpu:2", backends="tvm",
-                  costs="auto", solver: str = "heft", lr: float | None = None, size: str = "small",
+                  costs="auto", solver: str = "auto", lr: float | None = None, size: str = "small",
                   batch: int | None = None, cache=None, progress=None, deterministic: bool | None = None,
                   **solver_options) -> Trainer:
     """Build a training step for ``model``, place it on ``cluster`` and compile it.
@@ -206,7 +206,7 @@ def build_trainer(model, loss: str = "auto", optimizer: str = "sgd", cluster="cp
     return Trainer(step, pl, module, groups)
 
 
-def place_step(step: TrainStep, cluster, backends="tvm", solver: str = "heft", costs="auto", **place_options):
+def place_step(step: TrainStep, cluster, backends="tvm", solver: str = "auto", costs="auto", **place_options):
     """Place a training step with its co-location groups (:func:`tvm_pesto.api.place`),
     without building it (e.g. on a cluster that is not on this machine).
 
