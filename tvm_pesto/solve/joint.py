@@ -56,7 +56,7 @@ from ..errors import InfeasibleError, PestoError, SolverError
 from ..plan.plan import Plan
 from ..plan.problem import JointProblem, Problem
 from ..plan.simulate import simulate
-from .budget import combine, mode_name
+from .budget import combine, is_deterministic, mode_name
 from .cover import CoverResult, best_cover
 from .joint_decide import decide, exact_joint
 from .joint_search import improve
@@ -64,6 +64,9 @@ from .registry import get_solver, solve as place_units
 
 #: The placement heuristics ``solver="auto"`` places every cover with (the best plan is kept).
 AUTO_PLACERS = ("heft", "m-etf", "m-topo", "m-sct")
+#: Evaluated plans of the joint local search (:func:`tvm_pesto.solve.joint_search.improve`),
+#: shared by the searches of ``auto``'s starts.
+SEARCH_EVALS = 4000
 
 
 def device_kinds(problem: JointProblem) -> list[int]:
@@ -311,21 +314,29 @@ def _best_placed(problem: JointProblem, covers: dict, placers, options: dict, de
 
 def _searched(problem: JointProblem, per_placer: dict, budget: float, solver: str, deterministic, info: dict,
               reports: list) -> tuple:
-    """Step 2 of :func:`solve_joint`: the joint local search from each placer's best (one
-    search per distinct start); the best result ``(plan, placed, cover, makespan,
-    CoverResult or None, decided_by, {placer: makespan})``; the search's report goes to
-    ``info["search"]``, the best start's makespan to ``info["placed_makespan_s"]``."""
+    """Step 2 of :func:`solve_joint`: the joint local search from each placer's best, best
+    start first, one search per distinct start, all within one search's budget (seconds and
+    :data:`SEARCH_EVALS` evaluated plans, shared: a later start gets what the earlier left);
+    the best result ``(plan, placed, cover, makespan, CoverResult or None, decided_by,
+    {placer: makespan})``. The search's report goes to ``info["search"]``, the best start's
+    makespan to ``info["placed_makespan_s"]``."""
     best = None
     tried: dict[str, float] = {}
     done: dict[tuple, tuple] = {}
-    for name, (plan, placed, cover, span, cr) in per_placer.items():
-        info["placed_makespan_s"] = min(info.get("placed_makespan_s", np.inf), float(span))
+    left_s, left_evals = budget, SEARCH_EVALS
+    starts = sorted(per_placer.items(), key=lambda kv: kv[1][3])  # stable: placer order among ties
+    info["placed_makespan_s"] = float(starts[0][1][3])
+    for name, (plan, placed, cover, span, cr) in starts:
         by, sinfo = name, None
-        if budget > 0 and solver != "single":
-            key = (tuple(cover), tuple(plan.assignment.tolist()), tuple(tuple(o) for o in plan.order))
-            if key not in done:
-                done[key] = improve(problem, plan, placed, cover, budget_s=budget, deterministic=deterministic)
-                reports.append(done[key][4])
+        key = (tuple(cover), tuple(plan.assignment.tolist()), tuple(tuple(o) for o in plan.order))
+        if key not in done and budget > 0 and solver != "single" and left_s > 0 and left_evals > 0:
+            done[key] = improve(problem, plan, placed, cover, budget_s=left_s, max_evals=left_evals,
+                                refine_s=max(0.2, budget / 10), deterministic=deterministic)
+            reports.append(done[key][4])
+            left_evals -= done[key][4]["evaluations"]
+            if not is_deterministic(deterministic):  # work budgets only: no clock may decide the plan
+                left_s -= done[key][4]["seconds"]
+        if key in done:
             before = span
             plan, placed, cover, span, sinfo = done[key]
             by = name + "+search" if span < before * (1 - 1e-9) else name

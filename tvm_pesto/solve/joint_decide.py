@@ -61,6 +61,8 @@ OPTIMAL_GAP = 1e-4
 #: At most this many seconds (deterministic mode: the matching node limit) for the exact
 #: joint ILP, which runs only while the relaxation's bound leaves a gap.
 EXACT_S = 10.0
+#: Evaluated plans of the joint local search from the relaxation's plan.
+RELAXED_SEARCH_EVALS = 1000
 
 
 def _gap(span: float, bound: float | None) -> float | None:
@@ -119,7 +121,7 @@ def _relaxed_plan(problem: JointProblem, res, search_s: float, deterministic: bo
     span = simulate(placed, plan).makespan
     if search_s > 0:
         plan, placed, cover, span, _ = improve(problem, plan, placed, list(res.chosen), budget_s=search_s,
-                                               deterministic=deterministic)
+                                               max_evals=RELAXED_SEARCH_EVALS, deterministic=deterministic)
         return plan, placed, cover, span
     return plan, placed, list(res.chosen), span
 
