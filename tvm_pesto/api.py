@@ -293,6 +293,7 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
     p1.info["split"] = decision
     if "decided_by" in plan.info:  # the claim against the whole problem's bound, not the one device's
         restate(p1.info, plan.info.get("bound_s"), sim1.makespan, f"split-margin ({p1.info.get('decided_by')})")
+        p1.info["heuristics"] = plan.info.get("heuristics")  # on the whole problem, as the bound
     return jp, p1, prob1, sim1
 
 

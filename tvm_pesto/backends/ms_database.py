@@ -43,7 +43,7 @@ TARGET_FIELDS = ("kind", "arch", "mcpu")
 #: Records timed on a remote device (over TVM RPC, :mod:`tvm_pesto.costs.remote`) are tuned
 #: for the device's target tagged ``rpc:KEY`` (TVM keeps a target's ``tag`` in each record it
 #: writes); :func:`target_summary` reads it back as ``rpc_key``, the field
-#: :func:`tvm_pesto.costs.cache.device_key` adds to a remote device's measurements.
+#: :func:`tvm_pesto.costs.cache.measure_target` adds to a remote device's measurements.
 RPC_TAG_PREFIX = "rpc:"
 
 
