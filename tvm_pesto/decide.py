@@ -184,12 +184,13 @@ def decision_table(decision: dict) -> str:
     option                          shape      predicted ms  measured ms  backends
     plan (kept)                     cpu:2             1.000        1.100  tvm 3
     """
-    lines = [f"{'option':32s}{'shape':10s}{'predicted ms':>13s}{'measured ms':>13s}  backends"]
-    for o in decision["options"]:
-        name = o["name"] + (" (kept)" if o["name"] == decision["chosen"] else "")
+    names = [o["name"] + (" (kept)" if o["name"] == decision["chosen"] else "") for o in decision["options"]]
+    w = max([32] + [len(n) + 2 for n in names])
+    lines = [f"{'option':{w}s}{'shape':10s}{'predicted ms':>13s}{'measured ms':>13s}  backends"]
+    for name, o in zip(names, decision["options"]):
         meas = f"{o['measured_s'] * 1e3:13.3f}" if "measured_s" in o else f"{'—':>13s}"
         mix = ", ".join(f"{b} {k}" for b, k in sorted((o.get("backend_mix") or {}).items()))
-        lines.append(f"{name:32s}{o['cluster']:10s}{o['predicted_s'] * 1e3:13.3f}{meas}  "
+        lines.append(f"{name:{w}s}{o['cluster']:10s}{o['predicted_s'] * 1e3:13.3f}{meas}  "
                      f"{mix if 'error' not in o else 'failed: ' + o['error']}")
     if not decision.get("measured"):
         lines.append(f"not measured: {decision.get('why')}")
