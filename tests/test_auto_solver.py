@@ -139,3 +139,19 @@ def test_auto_is_never_worse_than_any_heuristic_on_200_random_problems():
 
 def test_auto_with_the_joint_search_is_never_worse_than_any_heuristic_with_it():
     assert not _never_worse(range(2000, 2030), search_s=0.5)
+
+
+def test_a_failing_relaxation_keeps_the_best_heuristic_plan_and_says_so(monkeypatch):
+    from tvm_pesto.errors import SolverError
+    from tvm_pesto.solve import joint_decide
+
+    def broken(*args, **kwargs):
+        raise SolverError("highs is not installed")
+
+    monkeypatch.setattr(joint_decide, "relaxed_joint_ilp", broken)
+    problem = random_joint(7, n=6, num_devices=2)
+    plan, placed = solve_joint(problem, "auto", deterministic=True, search_s=0.5)
+    heft, heft_placed = solve_joint(problem, "heft", deterministic=True, search_s=0.5)
+    assert plan.info["status"] == "heuristic" and plan.info["mip_gap"] is None
+    assert "highs is not installed" in plan.info["decision"]["relaxation"]["error"]
+    assert simulate(placed, plan).makespan <= simulate(heft_placed, heft).makespan * (1 + 1e-9)

@@ -169,7 +169,7 @@ def _candidate_covers(problem: JointProblem) -> dict[tuple, CoverResult]:
     return covers
 
 
-def solve_joint(problem: JointProblem, solver: str = "heft", time_limit_s: float = 30.0, search_s: float | None = None,
+def solve_joint(problem: JointProblem, solver: str = "auto", time_limit_s: float = 30.0, search_s: float | None = None,
                 deterministic: bool | None = None, **solver_options) -> tuple[Plan, Problem]:
     """Choose a cover, place and order its units, and improve both together.
 

@@ -141,8 +141,14 @@ def decide(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int],
     """
     info: dict = {"decided_by": decided_by, "incumbent_s": float(span)}
     device = {c: int(plan.assignment[k]) for k, c in enumerate(cover)}
-    res = relaxed_joint_ilp(problem, time_limit_s=time_limit_s, warm=(list(cover), device),
-                            deterministic=deterministic)
+    try:
+        res = relaxed_joint_ilp(problem, time_limit_s=time_limit_s, warm=(list(cover), device),
+                                deterministic=deterministic)
+    except PestoError as e:  # e.g. no MIP solver installed: the incumbent stays, and says why it is unproven
+        log.warning("the relaxed joint ILP failed on %s: %s", problem.graph.name, e)
+        info.update(relaxation={"status": "solver_failed", "error": str(e)}, bound_s=None, gap=None,
+                    makespan_s=float(span), status="heuristic")
+        return plan, placed, cover, span, info
     info["relaxation"] = {"status": res.status, "bound_s": res.bound_s, "objective_s": res.objective_s,
                           "seconds": res.seconds, **{k: res.info.get(k) for k in (
                               "candidates_kept", "num_vars", "num_constraints", "mip_gap", "budget",
@@ -160,7 +166,11 @@ def decide(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int],
                 info["decided_by"] = "relaxed-ilp"
     bound = res.bound_s
     if _gap(span, bound) is None or _gap(span, bound) > OPTIMAL_GAP:  # not yet proven: the exact ILP may
-        ex = exact_joint(problem, plan, placed, cover, min(time_limit_s, EXACT_S), deterministic)
+        try:
+            ex = exact_joint(problem, plan, placed, cover, min(time_limit_s, EXACT_S), deterministic)
+        except PestoError as e:  # the incumbent stays; the failure is reported
+            log.warning("the exact joint ILP failed on %s: %s", problem.graph.name, e)
+            ex, info["joint_ilp"] = None, {"status": "solver_failed", "error": str(e)}
         if ex is not None:
             jplan, jplaced, jcover, jspan, jinfo = ex
             info["joint_ilp"] = {k: jinfo.get(k) for k in ("status", "mip_gap", "objective", "bound", "source",
