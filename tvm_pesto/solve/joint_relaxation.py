@@ -30,15 +30,8 @@ devices: thousands of ops solve within seconds.
 
 Examples
 --------
->>> import numpy as np
->>> from tvm_pesto.candidates import Candidate
->>> from tvm_pesto.cluster import parse_cluster
->>> from tvm_pesto.graph import OpGraph, OpNode
->>> from tvm_pesto.plan import JointProblem
->>> g = OpGraph([OpNode(c, "relax.add") for c in "abc"], [(0, 1, 4), (1, 2, 4)])   # a -> b -> c
->>> cands = [Candidate("tvm", (0,)), Candidate("tvm", (1,)), Candidate("tvm", (2,)), Candidate("torch", (0, 1))]
->>> costs = np.array([[2.0, 2.0], [2.0, 2.0], [1.0, 1.0], [3.0, 3.0]])   # seconds per candidate, device
->>> problem = JointProblem(g, parse_cluster("2xV100-nvlink"), cands, costs)
+>>> from tvm_pesto.plan.examples import chain_with_a_library_call
+>>> problem = chain_with_a_library_call()   # a -> b -> c; tvm per op, or torch for a and b
 >>> res = relaxed_joint_ilp(problem, time_limit_s=10)
 >>> res.status, sorted(res.chosen), round(res.bound_s, 9)   # torch (a, b), then tvm c: 4 s, proven
 ('optimal', [2, 3], 4.0)
@@ -149,7 +142,8 @@ def relaxed_joint_ilp(problem: JointProblem, time_limit_s: float = 30.0, warm: t
     if warm is not None:
         keep |= set(warm[0])
     feas = sorted((c, d) for c in keep for d in range(D) if np.isfinite(costs[c, d]))
-    lengths = path_lengths(g, [sets[c] for c in range(len(sets))])
+    kept = sorted(keep)
+    lengths = dict(zip(kept, path_lengths(g, [sets[c] for c in kept]).tolist()))  # kept candidates only
     finite = costs[np.isfinite(costs)]
     ub = float(finite.sum()) if finite.size else 1.0
     ts = MIP_TIME_SCALE / max(ub, 1e-12)
