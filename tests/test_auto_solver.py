@@ -155,3 +155,26 @@ def test_a_failing_relaxation_keeps_the_best_heuristic_plan_and_says_so(monkeypa
     assert plan.info["status"] == "heuristic" and plan.info["mip_gap"] is None
     assert "highs is not installed" in plan.info["decision"]["relaxation"]["error"]
     assert simulate(placed, plan).makespan <= simulate(heft_placed, heft).makespan * (1 + 1e-9)
+
+
+def test_the_ilp_decides_when_its_plan_ties_with_the_heuristics():
+    """Where HEFT's plan is already optimal, the relaxed ILP's optimum is that cover and those
+    devices: the ILP decided (in agreement), and proved it."""
+    from tvm_pesto.plan.examples import chain_with_a_library_call
+    from tvm_pesto.solve import solve
+    from tvm_pesto.solve.joint_decide import decide
+
+    problem = chain_with_a_library_call()
+    cover = [2, 3]  # torch (a, b), then tvm c: the optimum, 4 s
+    placed = problem.contract(cover)
+    plan = solve(placed, "heft")
+    span = simulate(placed, plan).makespan
+    _, _, kept, kept_span, info = decide(problem, plan, placed, cover, span, time_limit_s=10, search_s=0,
+                                         deterministic=True, decided_by="heft")
+    assert sorted(kept) == cover and kept_span == span == 4.0
+    assert info["decided_by"] == "relaxed-ilp (= heft)" and info["status"] == "optimal"
+    worse = problem.contract([0, 1, 2])  # every op a tvm call of its own: 5 s; the ILP's plan replaces it
+    wplan = solve(worse, "heft")
+    *_, wspan, winfo = decide(problem, wplan, worse, [0, 1, 2], simulate(worse, wplan).makespan, time_limit_s=10,
+                              search_s=0, deterministic=True, decided_by="heft")
+    assert wspan == 4.0 and winfo["decided_by"] == "relaxed-ilp"

@@ -156,6 +156,25 @@ def test_a_split_is_kept_only_when_its_gain_beats_the_margin():
     assert "split" not in off.plan.info and len(off.plan.devices_used()) == 2
 
 
+def test_the_claim_is_made_under_the_split_margin():
+    """A split counts its makespan / (1 - margin): the kept plan's bound is the least value
+    of that objective over every plan (every split, every one-device plan), in its makespan."""
+    a = tvm_pesto.analyze(TwoBranches)
+    table = _table(a)
+    for margin in (0.2, 0.6):  # the split kept, then dropped
+        pl = place(a, "cpu:2", backends="tvm", costs=table, split_margin=margin, deterministic=True)
+        info, split_kept = pl.plan.info, len(pl.plan.devices_used()) == 2
+        assert split_kept == (margin == 0.2) and info["split_margin"] == margin
+        b_all, b_one = info["bound_all_s"], info["bound_one_device_s"]
+        assert b_all <= info["split"]["split_s"] and b_all <= b_one <= info["split"]["single_s"]
+        want = min(b_all / (1 - margin), b_one) * ((1 - margin) if split_kept else 1.0)
+        assert info["bound_s"] == pytest.approx(want) and info["bound_s"] <= pl.sim.makespan * (1 + 1e-9)
+        assert info["mip_gap"] == pytest.approx((pl.sim.makespan - info["bound_s"]) / pl.sim.makespan, abs=1e-9)
+        assert info["decided_by"].startswith("split-margin") != split_kept
+    # one device runs its units one after another: the one-device plan is proven optimal under the margin
+    assert info["status"] == "optimal" and info["bound_s"] == pytest.approx(pl.sim.makespan)
+
+
 def test_split_margins_and_bad_margins():
     assert split_margin("roofline") > split_margin("xgb") > split_margin("measured") > split_margin("given") == 0
     assert split_decision(1.0, None, 0.5)["keep_split"]  # no single device can run it

@@ -266,9 +266,11 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
     The single-device plans tried: the device whose kernels add up least, and the home
     device (a plan elsewhere copies the inputs there and the result back, which its run
     time, ``SimResult.run_s``, counts). A plan on one device away from home is replaced by
-    the home device's when that one is predicted faster at all."""
+    the home device's when that one is predicted faster at all. The kept plan's claim
+    (``bound_s``, ``mip_gap``, ``status``) is under the rule that decided it: a split counts
+    its makespan / (1 - margin) (:func:`~tvm_pesto.solve.split.margin_bound`)."""
     best = split.best_single_device(ct.table)
-    one = None
+    one, proved = None, {}
     pos = {id(c): i for i, c in enumerate(jp.candidates)}
     # the device whose kernels add up least, and the home device (no input or result copies)
     for d in dict.fromkeys(x for x in (best, HOME_DEVICE) if x is not None and np.isfinite(ct.table[:, x]).any()):
@@ -279,6 +281,7 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
             cand = (p1, prob1, simulate(prob1, p1), d)
         except InfeasibleError:  # this device cannot hold the whole model
             continue
+        proved[d] = p1.info.get("bound_s")
         if one is None or cand[2].run_s < one[2].run_s:
             one = cand
     # run times: the home device's copies and the executor's dispatch included; a plan on one
@@ -286,15 +289,23 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
     split_plan = len(set(plan.assignment.tolist())) > 1
     decision = split.split_decision(sim.run_s, one[2].run_s if one else None, margin if split_plan else 0.0)
     decision["device"] = None if one is None else jp.cluster.devices[one[3]].name
-    if decision["keep_split"] or one is None:
+    if one is None:
         plan.info["split"] = decision
         return jp, plan, problem, sim
-    p1, prob1, sim1, _ = one
-    p1.info["split"] = decision
-    if "decided_by" in plan.info:  # the claim against the whole problem's bound, not the one device's
-        restate(p1.info, plan.info.get("bound_s"), sim1.makespan, f"split-margin ({p1.info.get('decided_by')})")
-        p1.info["heuristics"] = plan.info.get("heuristics")  # on the whole problem, as the bound
-    return jp, p1, prob1, sim1
+    # the claim under the rule that decided: a split counts its makespan / (1 - margin)
+    bound_all = plan.info.get("bound_s")
+    bound_one = split.one_device_bound(ct.table, proved, bound_all)
+    bound = split.margin_bound(bound_all, bound_one, decision["margin"])
+    keep = decision["keep_split"]
+    kept = (jp, plan, problem, sim) if keep else (jp, one[0], one[1], one[2])
+    kept[1].info["split"] = decision
+    if "decided_by" in plan.info:
+        by = plan.info["decided_by"] if keep else f"split-margin: {one[0].info.get('decided_by')}"
+        scale = 1.0 - decision["margin"] if keep else 1.0  # the bound in the kept plan's makespan
+        restate(kept[1].info, None if bound is None else bound * scale, kept[3].makespan, by)
+        kept[1].info.update(bound_all_s=bound_all, bound_one_device_s=bound_one, split_margin=decision["margin"],
+                            heuristics=plan.info.get("heuristics"))  # on the whole problem, as the bound
+    return kept
 
 
 def build_placement(pl: Placement, cluster, progress=None):

@@ -110,6 +110,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
 
     with step("candidates, costs and plan") as cb:
         pl = place_on(cluster, cb)
+    flow = pl.claim()  # the flow's plan on the cluster asked for, before the measured final choice
     with step("build the plan (and time it against the one-device and whole-model library plans)") as cb:
         pm = api.final_choice(lm.mod, pl, cluster, place_on, inputs=lm.example_inputs, progress=cb)
         asked, (pl, cluster) = cluster.name, (pm.placement, pm.cluster)  # the option kept: its cluster is the core shape used
@@ -141,8 +142,10 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
     res = {
         "model": lm.name, "source": lm.source, "size": size if lm.source == "zoo" else None,
         "cluster": cluster.name, "solver": pl.plan.solver, "solver_status": pl.solver_status,
-        "solver_gap": summary["solver_gap"], "decided_by": summary["decided_by"],
-        "solver_bound_s": summary["solver_bound_s"], "heuristics_s": summary["heuristics_s"],
+        "solver_gap": summary["solver_gap"], "solver_bound_s": summary["solver_bound_s"],
+        "decided_by": summary["decided_by"] or f"measured ({pm.decision.get('chosen')})",
+        "solver_bound_all_s": summary["solver_bound_all_s"], "flow": flow,
+        "split_margin": summary["split_margin"], "heuristics_s": summary["heuristics_s"],
         **_mode(deterministic, pl.plan.info), "backends": backends, "backend_mix": pl.backend_mix, "cost_source": pl.costs.source,
         "costs": summary["costs"], "num_ops": analysis.op_graph.num_nodes, "num_groups": analysis.graph.num_nodes,
         "num_units": pl.problem.num_nodes, "num_candidates": summary["num_candidates"],
@@ -404,8 +407,8 @@ def _judged_with_bound(problem, costed, solved: dict, solvers: list[str], goal: 
                       for k, (_, plan, pl) in solved.items()}
     if bound_of is None:  # backend choice: the bound over every cover, and what ``auto`` proved on this table
         lb = joint_lower_bound(joint)
-        proven = [plan.info.get("bound_s") for k, (_, plan, _) in solved.items()
-                  if costed.hybrid is None or k == solvers[-1]]
+        proven = [plan.info.get("bound_all_s", plan.info.get("bound_s"))  # over every plan, no split margin
+                  for k, (_, plan, _) in solved.items() if costed.hybrid is None or k == solvers[-1]]
         proven = [float(b) for b in proven if b]
         if proven and max(proven) > lb["best"]:
             lb = {**lb, "relaxed_ilp_s": max(proven), "best": max(proven)}

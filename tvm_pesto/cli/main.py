@@ -77,17 +77,27 @@ def demo(model, size, cluster_spec, backends, solver, costs, out_dir, determinis
     console.print(f"Gantt chart (simulated vs measured): {os.path.join(out_dir, 'gantt.png')}")
 
 
+def _claim(c: dict) -> str:
+    """One line of what the solver says of a plan (a run's JSON or its ``flow``)."""
+    gap, m = c.get("solver_gap"), c.get("split_margin")
+    rule = (f"; a split must be {m:.0%} faster (the split margin); bound over every plan "
+            f"{c['solver_bound_all_s'] * 1e3:.4g} ms" if m and c.get("solver_bound_all_s") else "")
+    return (f"{c['decided_by']}; "
+            + (f"gap to the proven bound {gap:.2%} (bound {c['solver_bound_s'] * 1e3:.4g} ms{rule})"
+               if gap is not None else "no bound proved") + f"; solved in {c['solve_s']:.2f} s")
+
+
 def _print_run(res):
     what = f"({res['size']})" if res.get("size") else f"({res['source']})"
     console.print(f"[bold]{res['model']}[/] {what}: {res['num_ops']} ops, {res['num_candidates']} candidates, "
                   f"{res['num_units']} units, placed by {res['solver']} ({res['solver_status']}) on {res['cluster']} "
                   f"(costs: {res['cost_source']})")
     if res.get("decided_by"):
-        gap = res.get("solver_gap")
-        console.print(f"  decided by        {res['decided_by']}; "
-                      + (f"gap to the proven bound {gap:.2%} (bound {res['solver_bound_s'] * 1e3:.4g} ms)"
-                         if gap is not None else "no bound proved")
-                      + f"; solved in {res['solve_s']:.2f} s")
+        console.print(f"  decided by        {_claim(res)}")
+    flow = res.get("flow")
+    if flow and flow.get("decided_by") and (res.get("decision") or {}).get("chosen", "plan") != "plan":
+        console.print(f"  flow's plan       on {flow['cluster']}, {flow['simulated_s'] * 1e3:.4g} ms predicted: "
+                      f"{_claim(flow)}")
     mix = ", ".join(f"{b} {n}" for b, n in sorted(res["backend_mix"].items(), key=lambda kv: -kv[1]))
     console.print(f"  backend mix       {mix} (ops)")
     console.print(f"  devices used      {res['devices_used']}")

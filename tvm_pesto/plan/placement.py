@@ -53,17 +53,26 @@ class Placement:
     def solver_status(self) -> str:
         return solver_status(self.plan)
 
+    def claim(self) -> dict:
+        """What the solver says of the plan: which step decided it, its status, the proven
+        bound and the gap to it (under the split margin, when one decided; ``solver_bound_all_s``
+        bounds every plan without it), each heuristic's makespan; with the cluster, the
+        predicted run and the solve time."""
+        info = self.plan.info
+        return {"cluster": self.problem.cluster.name, "decided_by": info.get("decided_by"),
+                "solver_status": self.solver_status, "solver_gap": solver_gap(self.plan),
+                "solver_bound_s": info.get("bound_s"), "solver_bound_all_s": info.get("bound_all_s"),
+                "split_margin": info.get("split_margin"), "heuristics_s": info.get("heuristics"),
+                "simulated_s": float(self.sim.run_s), "solve_s": float(self.plan.solve_s)}
+
     def summary(self) -> dict:
-        return {"backend_mix": self.backend_mix, "solver": self.plan.solver, "solver_status": self.solver_status,
-                "solver_gap": solver_gap(self.plan), "decided_by": self.plan.info.get("decided_by"),
-                "solver_bound_s": self.plan.info.get("bound_s"), "heuristics_s": self.plan.info.get("heuristics"),
-                "simulated_s": float(self.sim.run_s), "simulated_makespan_s": float(self.sim.makespan),
+        return {"backend_mix": self.backend_mix, "solver": self.plan.solver, **self.claim(),
+                "simulated_makespan_s": float(self.sim.makespan),
                 "dispatch_s": float(self.sim.dispatch_s), "dispatch": dispatch_info(self.problem.cluster),
                 "devices_used": self.plan.devices_used(),
                 "num_ops": self.analysis.op_graph.num_nodes, "num_units": self.problem.num_nodes,
                 "num_candidates": len(self.candidates), "candidates_by_backend": self.candidates.by_backend(),
-                "backends_unavailable": dict(self.candidates.unavailable), "costs": self.costs.summary(),
-                "solve_s": float(self.plan.solve_s)}
+                "backends_unavailable": dict(self.candidates.unavailable), "costs": self.costs.summary()}
 
 
 def solver_status(plan: Plan) -> str:

@@ -33,15 +33,8 @@ any machine.
 
 Examples
 --------
->>> import numpy as np
->>> from tvm_pesto.candidates import Candidate
->>> from tvm_pesto.cluster import parse_cluster
->>> from tvm_pesto.graph import OpGraph, OpNode
->>> from tvm_pesto.plan import JointProblem
->>> g = OpGraph([OpNode(c, "relax.add") for c in "abc"], [(0, 1, 4), (1, 2, 4)])   # a -> b -> c
->>> cands = [Candidate("tvm", (0,)), Candidate("tvm", (1,)), Candidate("tvm", (2,)), Candidate("torch", (0, 1))]
->>> costs = np.array([[2.0, 2.0], [2.0, 2.0], [1.0, 1.0], [3.0, 3.0]])   # seconds per candidate, device
->>> problem = JointProblem(g, parse_cluster("2xV100-nvlink"), cands, costs)
+>>> from tvm_pesto.plan.examples import chain_with_a_library_call
+>>> problem = chain_with_a_library_call()   # a -> b -> c; tvm per op, or torch for a and b
 >>> plan, placed = solve_joint(problem, solver="heft")
 >>> plan.backend_mix(), simulate(placed, plan).makespan   # ops per backend: torch runs a and b as one call
 ({'torch': 2, 'tvm': 1}, 4.0)

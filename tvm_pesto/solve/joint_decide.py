@@ -57,6 +57,8 @@ OPTIMAL_GAP = 1e-4
 EXACT_S = 10.0
 #: Evaluated plans of the joint local search from the relaxation's plan.
 RELAXED_SEARCH_EVALS = 1000
+#: Plans whose makespans differ by at most this relative amount tie; a tie goes to the ILP.
+TIE = 1e-9
 
 
 def _gap(span: float, bound: float | None) -> float | None:
@@ -129,7 +131,8 @@ def decide(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int],
     -------
     (plan, placed, cover, makespan, info)
         The fastest plan; ``info``: ``decided_by`` (``decided_by`` when the incumbent stays,
-        else ``relaxed-ilp`` or ``joint-ilp``), ``bound_s`` (None when none was proved),
+        else ``relaxed-ilp`` or ``joint-ilp``; ``relaxed-ilp (= heft)`` when the ILP's plan
+        ties with the incumbent, or its optimum is the incumbent's cover and devices), ``bound_s`` (None when none was proved),
         ``gap`` (relative to the plan's makespan), ``status``, and each ILP's report
         (``relaxation``, ``joint_ilp``).
     """
@@ -148,16 +151,19 @@ def decide(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int],
                               "candidates_kept", "num_vars", "num_constraints", "mip_gap", "budget",
                               "deterministic", "deterministic_reason") if k in res.info}}
     same = sorted(res.chosen) == sorted(cover) and all(device.get(c) == d for c, d in res.device.items())
-    if res.chosen and not same:
+    if res.chosen and same and res.status == "optimal":  # the ILP's optimum is the incumbent's cover and devices
+        info["decided_by"] = f"relaxed-ilp (= {decided_by})"
+    elif res.chosen and not same:
         try:
             rplan, rplaced, rcover, rspan = _relaxed_plan(problem, res, search_s, deterministic)
         except PestoError as e:  # e.g. the chosen units depend on each other in a cycle
             info["relaxation"]["plan_error"] = str(e)
         else:
             info["relaxation"]["plan_s"] = float(rspan)
-            if rspan < span * (1 - 1e-9):
+            if rspan <= span:  # a tie goes to the ILP, whose plan comes with the proof
+                tie = rspan >= span * (1 - TIE)
                 plan, placed, cover, span = rplan, rplaced, rcover, rspan
-                info["decided_by"] = "relaxed-ilp"
+                info["decided_by"] = f"relaxed-ilp (= {decided_by})" if tie else "relaxed-ilp"
     bound = res.bound_s
     if _gap(span, bound) is None or _gap(span, bound) > OPTIMAL_GAP:  # not yet proven: the exact ILP may
         try:
@@ -170,9 +176,10 @@ def decide(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int],
             info["joint_ilp"] = {k: jinfo.get(k) for k in ("status", "mip_gap", "objective", "bound", "source",
                                                             "budget", "node_limit", "deterministic",
                                                             "deterministic_reason") if k in jinfo}
-            if jspan < span * (1 - 1e-9):
+            if jspan <= span:
+                tie = jspan >= span * (1 - TIE)
                 plan, placed, cover, span = jplan, jplaced, jcover, jspan
-                info["decided_by"] = "joint-ilp"
+                info["decided_by"] = f"joint-ilp (= {info['decided_by']})" if tie else "joint-ilp"
     gap = _gap(span, bound)
     if bound is not None and bound > span * (1 + 1e-6):  # no claim rather than a wrong one
         info["bound_error"] = (f"the relaxed joint ILP's bound {bound:.6g} s exceeds a simulated plan "

@@ -26,15 +26,8 @@ on any machine.
 
 Examples
 --------
->>> import numpy as np
->>> from tvm_pesto.candidates import Candidate
->>> from tvm_pesto.cluster import parse_cluster
->>> from tvm_pesto.graph import OpGraph, OpNode
->>> from tvm_pesto.plan import JointProblem
->>> g = OpGraph([OpNode(c, "relax.add") for c in "abc"], [(0, 1, 4), (1, 2, 4)])   # a -> b -> c
->>> cands = [Candidate("tvm", (0,)), Candidate("tvm", (1,)), Candidate("tvm", (2,)), Candidate("torch", (0, 1))]
->>> costs = np.array([[2.0, 2.0], [2.0, 2.0], [1.0, 1.0], [3.0, 3.0]])   # seconds per candidate, device
->>> problem = JointProblem(g, parse_cluster("2xV100-nvlink"), cands, costs)
+>>> from tvm_pesto.plan.examples import chain_with_a_library_call
+>>> problem = chain_with_a_library_call()   # a -> b -> c; tvm per op, or torch for a and b
 >>> from tvm_pesto.solve import solve
 >>> cover = [0, 1, 2]                      # every op a tvm call of its own: 5.0 s in a row
 >>> placed = problem.contract(cover)

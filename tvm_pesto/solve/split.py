@@ -71,6 +71,52 @@ def best_single_device(table: np.ndarray) -> int | None:
     return int(np.argmin(score))
 
 
+def one_device_bound(table: np.ndarray, proved: dict, bound_all: float | None) -> float | None:
+    """A lower bound on every plan that runs the whole model on one device: each device's
+    bound is the one ``proved`` on it (device -> seconds, e.g. the relaxed joint ILP's on the
+    table masked to that device), or on a device with the same cost column (the same
+    problem; copies of inputs to a device away from home only add time), else
+    ``bound_all`` (a bound on every plan); devices that run no candidate are skipped.
+
+    Examples
+    --------
+    >>> t = np.array([[1.0, 1.0, np.inf], [1.0, 1.0, np.inf]])   # devices 0 and 1 alike; 2 runs nothing
+    >>> one_device_bound(t, {0: 2.0}, 1.5)
+    2.0
+    >>> one_device_bound(np.array([[1.0, 3.0]]), {1: 3.0}, 0.5)   # device 0 unproved: the bound on all plans
+    0.5
+    """
+    out = None
+    for d in range(table.shape[1]):
+        col = table[:, d]
+        if not np.isfinite(col).any():
+            continue
+        same = [b for e, b in proved.items() if b is not None and np.array_equal(table[:, e], col)]
+        b = min(same) if same else bound_all
+        if b is None:
+            return None
+        out = b if out is None else min(out, b)
+    return out
+
+
+def margin_bound(bound_all: float | None, bound_one: float | None, margin: float) -> float | None:
+    """The least value of the objective the split margin decides by (a plan on several
+    devices counts its makespan / (1 - ``margin``), a one-device plan its makespan) that any
+    plan can have: ``bound_all`` bounds every plan, ``bound_one`` every one-device plan.
+
+    Examples
+    --------
+    >>> round(margin_bound(0.85, 1.2, 0.15), 9)     # every split counts at least 1.0: one device may win
+    1.0
+    >>> margin_bound(None, 1.2, 0.15) is None        # nothing proved over the splits
+    True
+    """
+    if bound_all is None:
+        return None
+    split_b = bound_all / (1.0 - margin)
+    return split_b if bound_one is None else min(split_b, bound_one)
+
+
 def split_decision(split_s: float, single_s: float | None, margin: float) -> dict:
     """Whether to keep a split predicted to take ``split_s`` against ``single_s`` on one
     device (None: no single device can run the model, so the split stays)."""
@@ -80,5 +126,5 @@ def split_decision(split_s: float, single_s: float | None, margin: float) -> dic
             "gain": None if single_s is None else float(1.0 - split_s / single_s)}
 
 
-__all__ = ["SINGLE_SEARCH_S", "SPLIT_MARGIN", "best_single_device", "check_margin", "single_device_table", "split_decision",
-           "split_margin"]
+__all__ = ["SINGLE_SEARCH_S", "SPLIT_MARGIN", "best_single_device", "check_margin", "margin_bound",
+           "one_device_bound", "single_device_table", "split_decision", "split_margin"]
