@@ -7,12 +7,13 @@ of the units on a device: one binary per pair of ops that may overlap) and keeps
 bounds every plan instead:
 
 * ``cover_v``: every op is covered by exactly one chosen candidate on one device;
-* ``first_v`` / ``prec_u_v``: along every path of the op graph, the time the path spends
-  in the candidates it crosses, plus a transfer on each edge whose ends are on different
-  devices (``cross_u_v_d``), is at most ``M`` (``span_v``). A candidate ``c`` on device
-  ``d`` charges each op of a path ``cost[c, d] / L_c``, where ``L_c`` is the number of
-  ops on the longest path inside ``c``: a path meets at most ``L_c`` of ``c``'s ops, so it
-  is charged at most ``cost[c, d]``, which it spends there in any schedule;
+* ``first_v`` / ``prec_u_v``: along every path of the op graph, the calls it passes
+  through, each in full, plus a transfer on each edge whose ends are on different devices
+  (``cross_u_v_d``), take at most ``M`` (``span_v``). ``f[v]`` stands for the end of the
+  call that runs op ``v``: every call ends after its own cost (``first_v``), and after the
+  end of the call of each input ``u`` it does not hold plus the transfer, if any, and its
+  own cost (``prec_u_v``): a call starts only when all of its inputs are there, and all of
+  its outputs are there when it ends. An edge inside one call charges nothing;
 * ``load_d``: every device's busy time is at most ``M``;
 * ``coloc_g_k_d``: ops of a co-location group share a device.
 
@@ -24,9 +25,9 @@ simulator then checks.
 
 Variables: ``y[c,d]`` binary where ``cost[c, d]`` is finite (dominated candidates are
 dropped first, :func:`~tvm_pesto.solve.joint_ilp.prune_dominated`, which keeps the
-optimum), ``f[v]`` the path time up to op ``v``'s end, ``z[u,v]`` in [0, 1] whether edge
-``u -> v`` crosses devices. Sizes grow with candidates times devices plus edges times
-devices: thousands of ops solve within seconds.
+optimum), ``f[v]`` the end of op ``v``'s call along the longest path to it, ``z[u,v]`` in
+[0, 1] whether edge ``u -> v`` crosses devices. Sizes grow with candidates times devices
+plus edges times devices: thousands of ops solve within seconds.
 
 Examples
 --------
@@ -89,29 +90,6 @@ class RelaxedResult:
     info: dict = field(default_factory=dict)
 
 
-def path_lengths(graph, node_sets) -> np.ndarray:
-    """``L_c``: the number of ops on the longest path inside each candidate's ops.
-
-    Examples
-    --------
-    >>> from tvm_pesto.graph import OpGraph, OpNode
-    >>> g = OpGraph([OpNode(c, "relax.add") for c in "abcd"], [(0, 1, 4), (0, 2, 4), (1, 3, 4), (2, 3, 4)])
-    >>> path_lengths(g, [(0,), (1, 2), (0, 1, 2, 3)]).tolist()   # a diamond: b and c side by side
-    [1, 1, 3]
-    """
-    pos = np.empty(graph.num_nodes, dtype=np.int64)
-    pos[graph.topo_order()] = np.arange(graph.num_nodes)
-    preds = [graph.preds(v) for v in range(graph.num_nodes)]
-    out = np.ones(len(node_sets), dtype=np.int64)
-    for c, nodes in enumerate(node_sets):
-        inside = set(nodes)
-        depth: dict[int, int] = {}
-        for v in sorted(nodes, key=lambda v: pos[v]):
-            depth[v] = 1 + max((depth[u] for u in preds[v] if u in inside), default=0)
-        out[c] = max(depth.values(), default=1)
-    return out
-
-
 def _min_transfer_s(cluster, nbytes: float) -> float:
     """The fastest transfer of ``nbytes`` between two different devices."""
     D = cluster.num_devices
@@ -142,8 +120,7 @@ def relaxed_joint_ilp(problem: JointProblem, time_limit_s: float = 30.0, warm: t
     if warm is not None:
         keep |= set(warm[0])
     feas = sorted((c, d) for c in keep for d in range(D) if np.isfinite(costs[c, d]))
-    kept = sorted(keep)
-    lengths = dict(zip(kept, path_lengths(g, [sets[c] for c in kept]).tolist()))  # kept candidates only
+    members = {c: frozenset(sets[c]) for c in keep}
     finite = costs[np.isfinite(costs)]
     ub = float(finite.sum()) if finite.size else 1.0
     ts = MIP_TIME_SCALE / max(ub, 1e-12)
@@ -160,14 +137,13 @@ def relaxed_joint_ilp(problem: JointProblem, time_limit_s: float = 30.0, warm: t
     def add(terms, sense, rhs, name):
         prob.addConstraint(pulp.LpConstraint(lin(terms), sense, rhs=rhs), name)
 
-    share = [[(y[c, d], -costs[c, d] / lengths[c] * ts) for c, d in cov[v]] for v in range(g.num_nodes)]
     for v in range(g.num_nodes):
         add([(y[c, d], 1.0) for c, d in cov[v]], pulp.LpConstraintEQ, 1.0, f"cover_{v}")
-        add([(f[v], 1.0)] + share[v], pulp.LpConstraintGE, 0.0, f"first_{v}")
+        add([(f[v], 1.0)] + [(y[c, d], -costs[c, d] * ts) for c, d in cov[v]], pulp.LpConstraintGE, 0.0, f"first_{v}")
         if not g.succs(v):
             add([(M, 1.0), (f[v], -1.0)], pulp.LpConstraintGE, 0.0, f"span_{v}")
-    for u, v, b in g.edges():
-        terms = [(f[v], 1.0), (f[u], -1.0)] + share[v]
+    for u, v, b in g.edges():  # the path enters v's call here unless that call holds u too
+        terms = [(f[v], 1.0), (f[u], -1.0)] + [(y[c, d], -costs[c, d] * ts) for c, d in cov[v] if u not in members[c]]
         if D > 1:
             z = add_var(prob, f"z_{u}_{v}", 0, 1)
             terms.append((z, -_min_transfer_s(problem.cluster, b) * ts))
@@ -227,4 +203,4 @@ def plan_of(problem: JointProblem, chosen: list[int], device: dict, **kw) -> tup
     return Plan.from_assignment(assignment, key, problem.num_devices, **kw), placed
 
 
-__all__ = ["RelaxedResult", "path_lengths", "plan_of", "relaxed_joint_ilp"]
+__all__ = ["RelaxedResult", "plan_of", "relaxed_joint_ilp"]
