@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster.specs import cpu_cluster
-from .errors import PestoError
+from .errors import PestoError, error_line
 from .plan import JointProblem, simulate
 from .solve.joint import solve_joint
 
@@ -140,7 +140,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         except Exception as e:  # noqa: BLE001 - an alternative that does not build is reported
             if k == 0:
                 raise
-            errors[o.name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            errors[o.name] = error_line(e)
             continue
         built[o.name] = pm
     rounds = 2

@@ -9,16 +9,22 @@ type at the boundary. Each message names the problem and what would fix it;
 def error_line(exc: BaseException, limit: int = 300) -> str:
     """``Type: first line of the message``, for error messages that quote a cause.
 
-    Torch and TVM errors run to dozens of lines; the first one says what went wrong.
+    Torch and TVM errors run to dozens of lines; the first one says what went wrong. Where
+    it only announces the reason (it ends with ``:``, as torch's ``backend='inductor'
+    raised:``), the next line, which gives it, is added.
 
     Examples
     --------
     >>> from tvm_pesto.errors import error_line
     >>> error_line(ValueError("bad shape\\nat line 3"))
     'ValueError: bad shape'
+    >>> error_line(RuntimeError("backend='inductor' raised:\\nRuntimeError: cannot broadcast\\n\\nSet VERBOSE=1"))
+    "RuntimeError: backend='inductor' raised: RuntimeError: cannot broadcast"
     """
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

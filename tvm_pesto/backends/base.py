@@ -33,7 +33,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import BuildError, PestoError
+from ..errors import BuildError, PestoError, error_line
 from ..run.loaders import direct_call, register_unit
 # re-exported: the backends and the candidate generator import these from here
 from .patterns import CheckFn, MatchContext, PatternEntry, default_check, op_level_patterns, region_check  # noqa: F401
@@ -190,9 +190,8 @@ class Backend(abc.ABC):
         except PestoError:
             raise
         except Exception as e:  # noqa: BLE001 - any library error means "cannot build this one"
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise BuildError(f"backend {self.name!r} cannot build this subgraph: {type(e).__name__}: "
-                             f"{msg[:300]}; it stays on another backend") from e
+            raise BuildError(f"backend {self.name!r} cannot build this subgraph: {error_line(e)}; "
+                             "it stays on another backend") from e
         register_unit(gname, fn)
         with self._lock:
             self._built[gname] = BuiltUnit(gname, self.name, func, device, fn, time.perf_counter() - t0)

@@ -43,7 +43,7 @@ import time
 
 from tvm import relax
 
-from ..errors import BuildError
+from ..errors import BuildError, error_line
 from ..run.loaders import torch_runner
 from .base import device_cores, output_types, static_shape
 from .torch_ops import TorchBackend, _tdtype, exported_subgraph
@@ -97,8 +97,7 @@ class InductorBackend(TorchBackend):
         try:
             cpp_compiler()
         except Exception as e:  # noqa: BLE001 - Inductor's check failed: report it with the fix
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            return False, (f"TorchInductor finds no working C++ compiler ({type(e).__name__}: {msg}); install "
+            return False, (f"TorchInductor finds no working C++ compiler ({error_line(e)}); install "
                            "one (`apt-get install g++`) or set CXX to a C++ compiler on PATH")
         return True, ""
 
@@ -131,8 +130,7 @@ class InductorBackend(TorchBackend):
             torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(out_dir, fname),
                                                      inductor_configs=inductor_options(device_cores(device)))
         except Exception as e:  # noqa: BLE001 - AOTInductor's own error, explained
-            raise BuildError(f"AOTInductor could not package the inductor unit {stem}: {type(e).__name__}: "
-                             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}; build the model "
+            raise BuildError(f"AOTInductor could not package the inductor unit {stem}: {error_line(e)}; build the model "
                              "without the inductor backend to export it") from e
         return {"kind": "inductor-aoti", "files": [fname]}
 

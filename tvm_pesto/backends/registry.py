@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from ..errors import BuildError, PestoError
+from ..errors import BuildError, PestoError, error_line
 from .base import GLOBAL_PREFIX, Backend, BackendUnavailableError, BuiltUnit
 
 #: Built-in backends: name -> "module:Class" (module relative to ``tvm_pesto.backends``).
@@ -48,9 +48,8 @@ def _builtin_factory(name: str) -> Callable[[], Backend]:
         try:
             mod = importlib.import_module(f".{module}", __package__)
         except Exception as e:  # noqa: BLE001 - reported as this backend's status, with the cause
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise BackendUnavailableError(f"tvm_pesto/backends/{module.replace('.', '/')}.py failed to import "
-                                          f"({type(e).__name__}: {first}); that is a bug in the backend, or a "
+                                          f"({error_line(e)}); that is a bug in the backend, or a "
                                           "broken install of its library") from e
         return getattr(mod, cls)()
 

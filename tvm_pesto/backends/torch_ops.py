@@ -27,7 +27,7 @@ from typing import Callable
 import tvm
 from tvm import relax
 
-from ..errors import BuildError
+from ..errors import BuildError, error_line
 from ..run.loaders import flatten, torch_runner
 from .base import (
     Backend, call_attrs, device_cores, function_bindings, op_level_patterns, op_short_name, pads4,
@@ -370,8 +370,7 @@ def exported_subgraph(func: relax.Function):
         with torch.no_grad():
             return torch.export.export(Subgraph(), args)
     except Exception as e:  # noqa: BLE001 - torch.export's own error, explained
-        raise BuildError(f"torch.export could not trace the subgraph: {type(e).__name__}: "
-                         f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+        raise BuildError(f"torch.export could not trace the subgraph: {error_line(e)}") from e
 
 
 def _flat(vals) -> list:

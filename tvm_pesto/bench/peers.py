@@ -48,6 +48,7 @@ import tvm_pesto
 from ..cluster.device_thread import owns_every_core
 from ..cluster.specs import cpu_cluster
 from ..decide import whole_model_placement
+from ..errors import error_line
 from ..run.blocks import time_blocks
 from ..run.loaders import onnx_session
 from .report import machine_info
@@ -83,8 +84,7 @@ def _built(name: str, make: Callable) -> Variant:
         call, info = make()
         out = call()
     except Exception as e:  # noqa: BLE001 - a peer that cannot run is reported, not fatal
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else repr(e)
-        return Variant(name, None, time.perf_counter() - t, error=f"{type(e).__name__}: {msg}")
+        return Variant(name, None, time.perf_counter() - t, error=error_line(e))
     return Variant(name, call, time.perf_counter() - t, output=_first(out), info=info)
 
 
@@ -159,7 +159,7 @@ def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: b
         export_s = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001 - no ONNX file: the ONNX peers say why
         path, export_s = None, 0.0
-        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}"
+        why = error_line(e)
     for name, mode in (("ort", "seq"), ("ort-parallel", "parallel"), ("ort-1", "one")):
         v = _built(name, lambda m=mode: _ort(path, inputs, cores, m)) if path else Variant(name, None, 0.0, error=why)
         v.build_s += export_s

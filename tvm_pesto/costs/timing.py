@@ -29,7 +29,7 @@ from tvm import relax
 
 from ..candidates import candidate_function
 from ..cluster.device_thread import enter_device_thread
-from ..errors import CostError
+from ..errors import CostError, error_line
 from ..graph.subgraph import structural_key
 from .cache import MeasureCache, measure_target, measurement_record
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
@@ -68,7 +68,7 @@ def _compile(mod, target):
         return tvm.compile(mod, target=tgt, relax_pipeline=relax.get_default_pipeline(tgt))
     except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
         raise CostError(f"TVM could not compile the measurement module for {target}: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                        f"{error_line(e)}") from e
 
 
 def measurable(device) -> bool:

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ..cluster.device_thread import owns_every_core
-from ..errors import ExecutionError
+from ..errors import ExecutionError, error_line
 from .library_call import OnnxRuntimeCall, OpenVinoCall
 
 
@@ -328,7 +328,7 @@ def register_artifact(meta: dict, root: str, device) -> str:
         fn = loader(meta, root, device)
     except Exception as e:  # noqa: BLE001 - a library failure, explained at our boundary
         raise ExecutionError(f"loading {meta.get('backend')} artifact {meta['files'][0]} failed: "
-                             f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+                             f"{error_line(e)}") from e
     register_unit(meta["name"], fn)
     return meta["name"]
 

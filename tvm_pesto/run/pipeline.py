@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from ..errors import ExecutionError
+from ..errors import ExecutionError, error_line
 from .executor import Executor, _copy, to_numpy
 
 
@@ -208,7 +208,7 @@ def _stream(ex: Executor, batches, depth, poll_s, trace):
         d, m, s, e = errors[0]
         what = f"segment {s.func}" if s is not None and s.kind == "call" else f"step {getattr(s, 'out', '?')}"
         raise ExecutionError(f"device {d} ({ex.cluster.devices[d].name}) failed in {what} on microbatch {m}: "
-                             f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''} "
+                             f"{error_line(e)} "
                              "(the other devices stopped)") from e
     outs = []
     for m in range(k):  # the caller's own steps, then the outputs

@@ -13,7 +13,7 @@ import os
 import socket
 from contextlib import contextmanager
 
-from ..errors import ExecutionError
+from ..errors import ExecutionError, error_line
 
 
 def import_ray():
@@ -81,7 +81,7 @@ class RaySession:
                     hint += (" (a cluster with token authentication, Ray's default, also needs RAY_AUTH_MODE=token "
                              "in the environment before Python starts, and the cluster's token in "
                              "~/.ray/auth_token or RAY_AUTH_TOKEN)")
-            raise ExecutionError(f"could not {where}: {type(e).__name__}: {str(e).strip().splitlines()[0]}"
+            raise ExecutionError(f"could not {where}: {error_line(e)}"
                                  + hint) from e
         self.owned = True
         logging.getLogger("ray.dag.compiled_dag_node").setLevel(logging.CRITICAL)  # teardown of killed actors

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..cluster.cluster import Cluster
 from ..cluster.device_thread import enter_device_thread
-from ..errors import ExecutionError
+from ..errors import ExecutionError, error_line
 from .bundle import check_files, load_library, register_artifacts
 from .program import Program, Step
 from .ray_session import import_ray
@@ -163,7 +163,7 @@ class DeviceWorker:
             text = str(e).strip()
             where = (f"in segment {step.func}" if step is not None and step.kind == "call" else
                      f"in its {step.kind} step {step.out.split(':', 1)[-1]}" if step is not None else "receiving")
-            raise StepFailed(self.index, where, f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from None
+            raise StepFailed(self.index, where, error_line(e)) from None
         out = {"v": sends, "t": time.perf_counter()}
         if k == len(self.tasks) - 1:
             out["trace"], self.env = self.trace, {}

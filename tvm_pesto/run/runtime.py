@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from ..errors import ExecutionError
+from ..errors import ExecutionError, error_line
 from .executor import Executor, TraceEvent, to_numpy
 from .loaders import direct_call
 from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
@@ -162,9 +162,8 @@ class PlacedRuntime:
         try:
             outs = fn(*args)
         except Exception as e:  # noqa: BLE001 - the library's error, explained at our boundary
-            text = str(e).strip()
             raise ExecutionError(f"device {step.device} failed in segment {step.func} ({step.extern}): "
-                                 f"{type(e).__name__}: {text.splitlines()[0] if text else ''}") from e
+                                 f"{error_line(e)}") from e
         return result(args, outs)
 
     def run_traced(self, *args):

@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 import torch
 
-from ..errors import GraphError
+from ..errors import GraphError, error_line
 
 
 @contextlib.contextmanager
@@ -71,7 +71,7 @@ def to_onnx(model: torch.nn.Module, inputs, path: str | os.PathLike, input_names
                               dynamic_axes=dynamic_axes, opset_version=opset)
     except Exception as e:  # noqa: BLE001 - the exporter's many error types, explained here
         raise GraphError(f"torch.onnx.export could not export {type(model).__name__} "
-                         f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r})") from e
+                         f"({error_line(e)})") from e
     return path
 
 
