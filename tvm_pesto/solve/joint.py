@@ -60,6 +60,9 @@ AUTO_PLACERS = ("heft", "m-etf", "m-topo", "m-sct")
 #: Evaluated plans of the joint local search (:func:`tvm_pesto.solve.joint_search.improve`),
 #: shared by the searches of ``auto``'s starts.
 SEARCH_EVALS = 4000
+#: With wall-clock budgets the ILPs get at least this many seconds, whatever the steps before
+#: them spent of ``time_limit_s``.
+MIN_ILP_S = 1.0
 
 
 def device_kinds(problem: JointProblem) -> list[int]:
@@ -173,7 +176,9 @@ def solve_joint(problem: JointProblem, solver: str = "auto", time_limit_s: float
         The placement solver for the cover's units (see :data:`tvm_pesto.solve.SOLVERS`);
         ``auto``: every heuristic, then the ILPs decide (module docstring, step 4).
     time_limit_s : float
-        Budget of the ILPs (placement ILP and joint ILP), seconds.
+        Budget of the ILPs (placement ILP and joint ILP), seconds; with wall-clock budgets
+        the ILPs get what the steps before them left of it, so a solve ends within about
+        ``time_limit_s`` (at least :data:`MIN_ILP_S` go to the ILPs).
     search_s : float, optional
         Budget of the joint local search (default: 5 s; 0 turns it off).
     deterministic : bool, optional
@@ -235,7 +240,8 @@ def solve_joint(problem: JointProblem, solver: str = "auto", time_limit_s: float
 
     # 3. the ILPs: ``auto`` runs the relaxed joint ILP on the whole graph (a proven bound, and
     #    its own plan) and the exact one on small graphs; ``ilp`` the exact one on small graphs
-    plan, placed, cover, span = _ilps(problem, solver, (plan, placed, cover, span), placer, time_limit_s,
+    ilp_s = time_limit_s if is_deterministic(deterministic) else max(MIN_ILP_S, time_limit_s - (time.perf_counter() - t0))
+    plan, placed, cover, span = _ilps(problem, solver, (plan, placed, cover, span), placer, ilp_s,
                                       min(budget, 1.0), deterministic, info, reports)
     info["makespan_s"] = float(span)
     info.update(budget=mode_name(deterministic), **combine(*reports))

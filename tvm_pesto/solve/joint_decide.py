@@ -7,7 +7,8 @@ joint local search found (the incumbent) and runs
    the whole graph: cover and devices together, warm-started from the incumbent. Its dual
    bound is a lower bound on every plan's makespan; its choice, ordered and improved by the
    joint local search, is a plan of its own;
-2. while a gap remains, on small graphs (:data:`EXACT_MAX_NODES`), the exact joint ILP
+2. while a gap remains, on small graphs (:data:`EXACT_MAX_NODES`), within what the
+   relaxation left of ``time_limit_s`` (wall-clock budgets), the exact joint ILP
    (:func:`tvm_pesto.solve.joint_ilp.joint_ilp`: cover, devices and order), warm-started
    from the incumbent's cover;
 
@@ -33,6 +34,7 @@ Examples
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -40,6 +42,7 @@ from ..errors import InfeasibleError, PestoError, SolverError
 from ..plan.plan import Plan
 from ..plan.problem import JointProblem, Problem
 from ..plan.simulate import simulate
+from .budget import is_deterministic
 from .cover import CoverResult
 from .joint_ilp import concurrent_pairs, joint_ilp
 from .joint_relaxation import plan_of, relaxed_joint_ilp
@@ -136,10 +139,12 @@ def decide(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int],
         ``gap`` (relative to the plan's makespan), ``status``, and each ILP's report
         (``relaxation``, ``joint_ilp``).
     """
+    t0 = time.perf_counter()
     info: dict = {"decided_by": decided_by, "incumbent_s": float(span)}
     device = {c: int(plan.assignment[k]) for k, c in enumerate(cover)}
     try:
-        res = relaxed_joint_ilp(problem, time_limit_s=time_limit_s, warm=(list(cover), device),
+        relax_s = time_limit_s if is_deterministic(deterministic) else max(0.5, time_limit_s - search_s)
+        res = relaxed_joint_ilp(problem, time_limit_s=relax_s, warm=(list(cover), device),
                                 deterministic=deterministic)
     except PestoError as e:  # e.g. no MIP solver installed: the incumbent stays, and says why it is unproven
         log.warning("the relaxed joint ILP failed on %s: %s", problem.graph.name, e)
@@ -167,7 +172,8 @@ def decide(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int],
     bound = res.bound_s
     if _gap(span, bound) is None or _gap(span, bound) > OPTIMAL_GAP:  # not yet proven: the exact ILP may
         try:
-            ex = exact_joint(problem, plan, placed, cover, min(time_limit_s, EXACT_S), deterministic)
+            left = time_limit_s if is_deterministic(deterministic) else time_limit_s - (time.perf_counter() - t0)
+            ex = exact_joint(problem, plan, placed, cover, max(min(left, EXACT_S), 0.5), deterministic)
         except PestoError as e:  # the incumbent stays; the failure is reported
             log.warning("the exact joint ILP failed on %s: %s", problem.graph.name, e)
             ex, info["joint_ilp"] = None, {"status": "solver_failed", "error": str(e)}
