@@ -163,7 +163,9 @@ def test_joint_solve_gives_the_same_plan_in_two_processes():
     a = twice(JOINT, "1" if DETERMINISTIC else "0")
     if DETERMINISTIC:
         assert a["budget"] == "work" and a["deterministic"] is True
-        assert a["joint_ilp"] == "node_limit"  # the MIP stopped at its work budget, not at a clock
+        # the MIP closed or stopped at its work budget, never at a clock (which one depends on the
+        # problem: roofline costs on cpu:2 come from this machine's CPU, where it closes on some kinds)
+        assert a["joint_ilp"] in ("optimal", "node_limit")
     assert a["units"]
 
 
