@@ -130,7 +130,8 @@ class InductorBackend(TorchBackend):
             torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(out_dir, fname),
                                                      inductor_configs=inductor_options(device_cores(device)))
         except Exception as e:  # noqa: BLE001 - AOTInductor's own error, explained
-            raise BuildError(f"AOTInductor could not package the inductor unit {stem}: {error_line(e)}; build the model "
+            raise BuildError(f"AOTInductor could not package the inductor unit {stem}: {error_line(e)}; "
+                             "build the model "
                              "without the inductor backend to export it") from e
         return {"kind": "inductor-aoti", "files": [fname]}
 

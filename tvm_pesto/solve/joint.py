@@ -240,7 +240,8 @@ def solve_joint(problem: JointProblem, solver: str = "auto", time_limit_s: float
 
     # 3. the ILPs: ``auto`` runs the relaxed joint ILP on the whole graph (a proven bound, and
     #    its own plan) and the exact one on small graphs; ``ilp`` the exact one on small graphs
-    ilp_s = time_limit_s if is_deterministic(deterministic) else max(MIN_ILP_S, time_limit_s - (time.perf_counter() - t0))
+    spent = time.perf_counter() - t0
+    ilp_s = time_limit_s if is_deterministic(deterministic) else max(MIN_ILP_S, time_limit_s - spent)
     plan, placed, cover, span = _ilps(problem, solver, (plan, placed, cover, span), placer, ilp_s,
                                       min(budget, 1.0), deterministic, info, reports)
     info["makespan_s"] = float(span)

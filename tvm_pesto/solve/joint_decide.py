@@ -135,9 +135,9 @@ def decide(problem: JointProblem, plan: Plan, placed: Problem, cover: list[int],
     (plan, placed, cover, makespan, info)
         The fastest plan; ``info``: ``decided_by`` (``decided_by`` when the incumbent stays,
         else ``relaxed-ilp`` or ``joint-ilp``; ``relaxed-ilp (= heft)`` when the ILP's plan
-        ties with the incumbent, or its optimum is the incumbent's cover and devices), ``bound_s`` (None when none was proved),
-        ``gap`` (relative to the plan's makespan), ``status``, and each ILP's report
-        (``relaxation``, ``joint_ilp``).
+        ties with the incumbent, or its optimum is the incumbent's cover and devices),
+        ``bound_s`` (None when none was proved), ``gap`` (relative to the plan's makespan),
+        ``status``, and each ILP's report (``relaxation``, ``joint_ilp``).
     """
     t0 = time.perf_counter()
     info: dict = {"decided_by": decided_by, "incumbent_s": float(span)}
