@@ -131,7 +131,6 @@ class InductorBackend(TorchBackend):
                                                      inductor_configs=inductor_options(device_cores(device)))
         except Exception as e:  # noqa: BLE001 - AOTInductor's own error, explained
             raise BuildError(f"AOTInductor could not package the inductor unit {stem}: {error_line(e)}; "
-                             "build the model "
-                             "without the inductor backend to export it") from e
+                             "build the model without the inductor backend to export it") from e
         return {"kind": "inductor-aoti", "files": [fname]}
 
