@@ -1,4 +1,7 @@
 """The final choice (:mod:`tvm_pesto.decide`): the flow's plan timed against its alternatives."""
+import time
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -25,7 +28,10 @@ def test_every_option_is_built_timed_and_the_fastest_kept(chosen):
     assert "library:onnxruntime" in names  # every op of the MLP runs in ONNX Runtime
     timed = {o["name"]: o["measured_s"] for o in d["options"] if "measured_s" in o}
     assert set(timed) == set(names) and all(t > 0 for t in timed.values())
-    assert d["chosen"] == min(timed, key=timed.get)
+    fastest = min(timed, key=timed.get)
+    if d["chosen"] != fastest:  # only a library call within PREFER_LIBRARY of the fastest, said so
+        assert d["chosen"].startswith("library:") and d["runoff"]["library_kept"].startswith(d["chosen"])
+        assert timed[d["chosen"]] <= timed[fastest] * (1 + decide.PREFER_LIBRARY)
     kept = next(o for o in d["options"] if o["name"] == d["chosen"])
     assert placed.cluster.name == kept["cluster"] and placed.cluster.num_devices == kept["devices"]
     assert placed.plan.solver.startswith("library:") == d["chosen"].startswith("library:")
@@ -130,3 +136,34 @@ def test_a_whole_model_library_plan_is_called_through_the_library_itself(tmp_pat
     loaded = tvm_pesto.load(str(tmp_path / "bundle"))
     assert loaded._direct is not None and loaded._direct[0].extern == step.extern
     np.testing.assert_allclose(loaded(x), ref, atol=1e-5)
+
+
+def _spin(seconds):
+    def f(*_):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            pass
+    return f
+
+
+def _options(times):
+    """Options whose 'build' is a call spinning for the given seconds."""
+    cluster = SimpleNamespace(name="cpu:1", num_devices=1, devices=[SimpleNamespace(cores=1)])
+    opts = [decide.Option(n, cluster, SimpleNamespace(backend_mix={}), t) for n, t in times.items()]
+    return opts, (lambda o: _spin(times[o.name]))
+
+
+def test_a_near_tie_runs_off_and_keeps_the_library_call():
+    opts, build = _options({"plan": 1e-3, "library:onnxruntime": 1e-3})
+    fn, d = decide.choose(opts, build, [], budget_s=0.2)
+    assert set(d["runoff"]["options"]) == {"plan", "library:onnxruntime"}
+    assert d["runoff"]["blocks"] == 2 + decide.RUNOFF_ROUNDS
+    # the same call twice: within PREFER_LIBRARY of each other, so the library call is kept
+    assert d["chosen"] == "library:onnxruntime"
+    assert "runoff of" in decide.decision_table(d)
+
+
+def test_a_clear_winner_needs_no_runoff():
+    opts, build = _options({"plan": 0.4e-3, "library:onnxruntime": 2e-3})
+    _, d = decide.choose(opts, build, [], budget_s=0.2)
+    assert d["chosen"] == "plan" and d["runoff"] is None
