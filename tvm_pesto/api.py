@@ -39,6 +39,7 @@ from .candidates import placement_candidates
 from .candidates.flow import backend_names, make_candidates
 from .cluster import Cluster, as_cluster
 from .costs import CostTable, candidate_costs
+from .costs.build_time import estimate as estimate_build_s
 from .costs.hybrid import Hybrid, plan_units_to_measure
 from .costs.machine import calibrate_machine, needs_fit
 from .costs.xgb import load_model
@@ -50,6 +51,7 @@ from .plan.placement import Placement, solver_gap, solver_status
 from .plan.simulate import HOME_DEVICE
 from .run.dispatch import machine_dispatch
 from .solve import split
+from .solve.build_budget import solve_within
 from .solve.joint import solve_joint
 from .solve.joint_decide import restate
 
@@ -100,7 +102,7 @@ HYBRID_MAX_ROUNDS = 8
 def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs="auto", cache=None, progress=None,
           time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
           colocate: list[list[int]] | None = None, split_margin: float | None = None, executor: str = "thread",
-          **solver_options) -> Placement:
+          max_build_s: float | None = None, **solver_options) -> Placement:
     """Decide backend, device and order for every subgraph of a module.
 
     Parameters
@@ -142,6 +144,13 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         are fitted here on first use and kept per machine (seconds; over Ray, after its
         actors start; ``$TVM_PESTO_MACHINE_CALIBRATION=off`` turns that off), other clusters
         get assumed figures: ``Placement.summary()["dispatch"]`` says which.
+    max_build_s : float, optional
+        A budget for building the plan's library units, in seconds: each candidate's build
+        time is estimated from this machine's earlier builds of its backend (0 when this
+        process built it already: a cached build; :mod:`tvm_pesto.costs.build_time`), and
+        the plan's sum is kept within it (:mod:`tvm_pesto.solve.build_budget`; the TVM
+        device modules every plan compiles are not in it). ``plan.info["build_budget"]``
+        says what the plan is estimated to take.
 
     Examples
     --------
@@ -155,7 +164,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
                              executor=executor)
     return place_from_costs(costed, solver, time_limit_s=time_limit_s, search_s=search_s,
                             deterministic=deterministic, colocate=colocate, split_margin=split_margin,
-                            **solver_options)
+                            max_build_s=max_build_s, **solver_options)
 
 
 @dataclass
@@ -227,7 +236,7 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
 def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_s: float = 30.0,
                      search_s: float | None = None, deterministic: bool | None = None,
                      colocate: list[list[int]] | None = None, split_margin: float | None = None,
-                     **solver_options) -> Placement:
+                     max_build_s: float | None = None, **solver_options) -> Placement:
     """The second half of :func:`place`: solve ``costed`` (with ``hybrid`` costs, measure the
     plan's predicted units and solve again, in rounds), then keep a split only when it beats
     the best single-device plan by ``split_margin``; the arguments are :func:`place`'s.
@@ -236,11 +245,17 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     """
     h = costed.hybrid
     ct = costed.costs if h is None else h.cost_table()
+    build_s = None if max_build_s is None else estimate_build_s(costed.candidates, costed.cluster)
 
     def solve(table: CostTable, search=search_s):
-        jp = costed.joint(table, colocate)
-        return (jp, *solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search,
-                                 deterministic=deterministic, **solver_options))
+        def once(t: np.ndarray):
+            jp = costed.joint(CostTable(t, list(table.columns)), colocate)
+            return (jp, *solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search,
+                                     deterministic=deterministic, **solver_options))
+
+        if build_s is None:
+            return once(table.table)
+        return solve_within(costed.joint(table, colocate), build_s, max_build_s, once)
 
     jp, plan, problem = solve(ct)
     if h is not None:  # measure the plan's units that are predictions, costliest first, and plan again
@@ -257,7 +272,7 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
     if (len(set(plan.assignment.tolist())) > 1 or away) and margin > 0 and not colocate:
         jp, plan, problem, sim = _keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
-    return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim)
+    return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s)
 
 
 def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
@@ -341,7 +356,9 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
           measure_final: bool | None = None, inputs=None, **solver_options):
     """Place ``mod`` on ``cluster`` (or apply a given ``plan``) and build one module per device.
 
-    ``deterministic`` and ``solver_options`` go to :func:`place`. ``executor`` runs the
+    ``deterministic`` and ``solver_options`` go to :func:`place` (``max_build_s=`` among them:
+    the plan's library builds within that many seconds; the whole-model library options of
+    the final choice that would not build within it are left out). ``executor`` runs the
     devices: ``"thread"`` (one pinned thread per device, this process) or ``"ray"`` (one
     Ray actor per device, :mod:`tvm_pesto.run.ray_executor`: a local Ray on 127.0.0.1, or
     the cluster at ``ray_address``); ``close()`` the module to stop the actors.

@@ -83,7 +83,8 @@ def why_not_measured(cluster) -> str | None:
 
 def whole_model_placement(placement, backend: str, cluster):
     """The placement of the whole model as one ``backend`` unit on ``cluster``'s device 0
-    (the flow's solver on a cost table where only that candidate is finite), or None."""
+    (the flow's solver on a cost table where only that candidate is finite), or None (no
+    such candidate, or it would not build within the placement's build budget)."""
     n = placement.analysis.op_graph.num_nodes
     table = placement.costs.table
     whole = [i for i, c in enumerate(placement.candidates)
@@ -91,6 +92,9 @@ def whole_model_placement(placement, backend: str, cluster):
     if not whole:
         return None
     i = whole[0]
+    budget = placement.plan.info.get("build_budget")
+    if budget and placement.build_s is not None and placement.build_s[i, 0] > budget["max_build_s"]:
+        return None  # it would not build within the budget
     masked = np.full_like(table, np.inf)
     masked[i, 0] = table[i, 0]
     ct = dataclasses.replace(placement.costs, table=masked)  # what was measured or predicted, as reported

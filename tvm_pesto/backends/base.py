@@ -122,6 +122,9 @@ class Backend(abc.ABC):
     #: its units have a call on numpy arrays (:meth:`direct_call`), which a program that is one
     #: unit of it runs instead of the VM; a candidate of the whole model is timed as that call
     direct: bool = False
+    #: seconds to build a unit, ``(fixed, per op)``, until builds of it are recorded on this
+    #: machine (:mod:`tvm_pesto.costs.build_time` fits them then)
+    build_s_guess: tuple[float, float] = (0.0, 0.0)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -196,6 +199,17 @@ class Backend(abc.ABC):
         with self._lock:
             self._built[gname] = BuiltUnit(gname, self.name, func, device, fn, time.perf_counter() - t0)
         return gname
+
+    def has_built(self) -> bool:
+        """Whether this backend holds any unit it built (and has not released)."""
+        with self._lock:
+            return bool(self._built)
+
+    def is_built(self, func: relax.Function, device) -> bool:
+        """Whether :meth:`build` of ``func`` for ``device`` would return a unit it holds."""
+        name = self.global_name(instance_key(func), device)
+        with self._lock:
+            return name in self._built
 
     def built(self, gname: str) -> BuiltUnit:
         """What this backend built as ``gname`` (and has not released since).

@@ -317,6 +317,7 @@ class TorchBackend(Backend):
     """
 
     name = "torch"
+    build_s_guess = (0.0, 4e-5)  # a call list, no compiling
     device_kinds = ("cpu",)
     graph_level = False
     max_ops = 4

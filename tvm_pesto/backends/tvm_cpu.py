@@ -177,6 +177,7 @@ class TvmMetaScheduleBackend(TvmBackend):
     """TVM with a MetaSchedule tuning database applied (``tvm-ms``)."""
 
     name = "tvm-ms"
+    build_s_guess = (0.2, 0.05)  # one TVM compile per unit, with the tuning database's schedules
     device_kinds = ("cpu",)
     native = False
     tvm_groups = True  # candidates: TVM fusion groups, sub-chains and single ops

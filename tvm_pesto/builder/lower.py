@@ -25,6 +25,7 @@ from tvm import relax
 
 from ..backends import get_backend
 from ..candidates.generate import candidate_function
+from ..costs.build_time import record as record_build
 from ..errors import PlanError
 from ..graph.relax_import import RelaxGraph, from_relax
 from ..graph.subgraph import Remap, out_ty_of
@@ -106,7 +107,9 @@ def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
         if getattr(bk, "native", False):
             continue
         seg = candidate_function(rg, u.nodes, lift_constants=False)
-        ext.append((k, seg, bk.build(seg.func, devices[k])))
+        gname = bk.build(seg.func, devices[k])
+        record_build(bk.built(gname), len(u.nodes))
+        ext.append((k, seg, gname))
     if not ext:  # placement only: the graph is the module as it is
         return Lowered(rg, [sorted(u.nodes) for u in units], {})
     order, dead = _item_order(rg, units, ext)

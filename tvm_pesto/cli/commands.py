@@ -60,7 +60,8 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", co
               backends: str = "all", repeat: int = 20, refit: bool = False, out_dir: str | None = None,
               input_shapes=None, export_dir: str | None = None, deterministic: bool = False,
               executor: str = "thread", ray_address: str | None = None, rpc_tracker: str | None = None,
-              rpc_key: str | None = None, split_margin: float | None = None) -> dict:
+              rpc_key: str | None = None, split_margin: float | None = None,
+              max_build_s: float | None = None) -> dict:
     """Place, build and run a model (zoo name or file); compare with the unplaced TVM build.
 
     ``deterministic``: work budgets instead of wall-clock ones (:func:`tvm_pesto.api.place`);
@@ -73,8 +74,9 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", co
     the simulation use what this executor costs here (``res["link_model"]``,
     ``res["dispatch"]``: figures, source, time of the fit; ``res["contention"]``).
     ``rpc_tracker`` and ``rpc_key`` measure the costs on a
-    remote device over TVM RPC (:mod:`tvm_pesto.costs.remote`). ``split_margin``: see
-    :func:`tvm_pesto.api.place` (``res["split"]`` has the decision)."""
+    remote device over TVM RPC (:mod:`tvm_pesto.costs.remote`). ``split_margin`` and
+    ``max_build_s``: see :func:`tvm_pesto.api.place` (``res["split"]`` and
+    ``res["build_budget"]`` have what they decided)."""
     if executor not in ("thread", "ray"):
         raise PestoError(f"unknown executor {executor!r}; use thread (one pinned thread per device) or ray")
     lm = load_target(model, size, input_shapes)
@@ -87,14 +89,14 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", co
             session = RaySession(ray_address)
     try:
         return _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, size, export_dir,
-                          deterministic, executor, session, split_margin)
+                          deterministic, executor, session, split_margin, max_build_s)
     finally:
         if session is not None:
             session.close()
 
 
 def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, size, export_dir, deterministic,
-               executor, session, split_margin=None) -> dict:
+               executor, session, split_margin=None, max_build_s=None) -> dict:
     pairs = None
     if cluster.num_devices > 1 and local_shape(cluster) is not None:
         # the executor's links and its own cost per run are properties of this machine: the fit
@@ -106,7 +108,8 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
 
     def place_on(c, progress=None):
         return api.place(analysis, c, backends=backends, solver=solver, costs=costs, progress=progress,
-                         deterministic=deterministic, split_margin=split_margin, executor=executor)
+                         deterministic=deterministic, split_margin=split_margin, executor=executor,
+                         max_build_s=max_build_s)
 
     with step("candidates, costs and plan") as cb:
         pl = place_on(cluster, cb)
@@ -152,7 +155,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
         "candidates_by_backend": summary["candidates_by_backend"],
         "backends_unavailable": summary["backends_unavailable"], "devices_used": pm.devices_used,
         "num_segments": len(pm.program.calls()),
-        "build_s_by_backend": pm.build_seconds,
+        "build_s_by_backend": pm.build_seconds, "build_budget": summary["build_budget"],
         "measured_s": bench_res["median_s"], "measured_min_s": bench_res["min_s"],
         "measured_runs": bench_res["repeat"],
         "simulated_s": pl.sim.run_s, "simulated_makespan_s": pl.sim.makespan, "dispatch_s": pl.sim.dispatch_s,

@@ -104,6 +104,10 @@ def _print_run(res):
     built = res.get("build_s_by_backend") or {}
     if built:
         console.print("  library builds    " + ", ".join(f"{b} {s:.3g} s" for b, s in sorted(built.items())))
+    bb = res.get("build_budget") or (res.get("flow") or {}).get("build_budget")
+    if bb:
+        console.print(f"  build budget      {bb['max_build_s']:g} s: the plan's builds estimated at {bb['build_s']:.3g} s "
+                      f"(without the budget {bb['unbudgeted_build_s']:.3g} s; {bb['solves']} solve(s))")
     sp = res.get("split")
     if sp and sp.get("single_s"):
         verdict = "kept" if sp["keep_split"] else f"dropped: all on {sp['device']}"
@@ -267,12 +271,16 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 @click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
 @click.option("--refit", is_flag=True, help="measure the executor's links, dispatch and contention on this machine "
               "again now and keep them (default: the fit kept for this machine, measured on first use)")
+@click.option("--max-build-s", default=None, type=click.FloatRange(min=0.0), metavar="SECONDS",
+              help="keep the plan's library builds within this many seconds (estimated from this machine's earlier "
+                   "builds; builds already cached cost nothing); default: no budget")
 @split_margin_option()
 @rpc_options()
 @ms_db_option()
 @deterministic_option(False)
 def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
-        objective, microbatches, executor, ray_address, refit, split_margin, rpc_tracker, rpc_key, deterministic):
+        objective, microbatches, executor, ray_address, refit, max_build_s, split_margin, rpc_tracker, rpc_key,
+        deterministic):
     """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import run_model
@@ -297,7 +305,8 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
     res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, repeat=repeat,
                     out_dir=trace_dir, input_shapes=_shapes(input_shape), export_dir=export_dir,
                     deterministic=deterministic, executor=executor, ray_address=ray_address,
-                    rpc_tracker=rpc_tracker, rpc_key=rpc_key, split_margin=split_margin, refit=refit)
+                    rpc_tracker=rpc_tracker, rpc_key=rpc_key, split_margin=split_margin, refit=refit,
+                    max_build_s=max_build_s)
     _print_run(res)
     if json_path:
         write_json(json_path, res)

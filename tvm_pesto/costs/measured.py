@@ -35,6 +35,7 @@ from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError, PestoError
 from ..graph.fusion import fusion_groups
 from ..graph.subgraph import out_ty_of, structural_key
+from .build_time import record as record_build
 from .cache import MeasureCache, measure_target, measurement_record
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
 from .table import MIN_COST_S
@@ -202,6 +203,7 @@ def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[
         except PestoError as e:
             _mark_infeasible(cache, k, bname, tkey, c, device, str(e), idxs, costs, report)
             continue
+        record_build(bk.built(gname), len(c.nodes))
         fname = f"c{n}"
         wrappers[fname] = _wrapper(gname, real.func.params, out_ty_of(real.func), fname)
         # the whole model as one unit runs as the library's own call (run.runtime's direct path)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..cluster.dispatch import dispatch_info
 from ..graph.analysis import Analysis
 from .plan import Plan
@@ -35,6 +37,10 @@ class Placement:
         The plan simulated: ``sim.run_s`` is the predicted time of one run (the schedule's
         ``sim.makespan``, plus the home device's input and result copies, ``sim.io_s``, and
         the executor's dispatch, ``sim.dispatch_s``: :mod:`tvm_pesto.cluster.dispatch`).
+    build_s : ndarray, optional
+        With a build budget: each candidate's estimated build seconds on each device
+        (:func:`tvm_pesto.costs.build_time.estimate`); the budget and the plan's estimate are
+        ``plan.info["build_budget"]``.
     """
 
     analysis: Analysis
@@ -44,6 +50,7 @@ class Placement:
     problem: Problem
     plan: Plan
     sim: SimResult
+    build_s: np.ndarray | None = None
 
     @property
     def backend_mix(self) -> dict[str, int]:
@@ -63,6 +70,7 @@ class Placement:
                 "solver_status": self.solver_status, "solver_gap": solver_gap(self.plan),
                 "solver_bound_s": info.get("bound_s"), "solver_bound_all_s": info.get("bound_all_s"),
                 "split_margin": info.get("split_margin"), "heuristics_s": info.get("heuristics"),
+                "build_budget": info.get("build_budget"),
                 "simulated_s": float(self.sim.run_s), "solve_s": float(self.plan.solve_s)}
 
     def summary(self) -> dict:

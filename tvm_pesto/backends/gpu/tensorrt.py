@@ -137,6 +137,7 @@ class TensorRTBackend(Backend):
     """TensorRT engines for regions of ops that TVM's ``tensorrt.*`` patterns accept."""
 
     name = "tensorrt"
+    build_s_guess = (2.0, 0.1)  # an engine per unit, its tactics timed
     device_kinds = ("gpu",)
     graph_level = True
     max_ops = 64

@@ -248,6 +248,7 @@ class TvmCudaBackend(Backend):
     """
 
     name = "tvm-cuda"
+    build_s_guess = (0.2, 0.05)  # one TVM CUDA compile per unit
     device_kinds = ("gpu",)
     graph_level = False
     max_ops = 8
