@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import outside_zoo as oz
+from tvm_pesto.backends import release_all
 from tvm_pesto.cli.main import cli
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -89,6 +90,17 @@ def test_run_sets_a_dynamic_input_shape_and_exports(files, tmp_path, cache):
     assert res["artifacts"] == ["gantt.png", "plan_trace.json", "run_trace.json"]
     ran = [e for e in json.loads((traces / "run_trace.json").read_text())["traceEvents"] if e.get("ph") == "X"]
     assert ran and all(e["dur"] >= 0 for e in ran)  # what really ran, one event per step
+
+
+def test_run_within_a_build_budget_of_nothing_builds_no_library_unit(files, tmp_path, cache):
+    release_all()  # a unit this process built already would cost nothing to build again
+    res = _run(tmp_path, files["onnx"], "--costs", "xgb", "--max-build-s", "0")
+    assert res["backend_mix"] == {"tvm": res["num_ops"]} and res["build_s_by_backend"] == {}
+    budget = res["build_budget"] or res["flow"]["build_budget"]
+    assert budget["max_build_s"] == 0.0 and budget["build_s"] == 0.0
+    # no whole-model library option is weighed: none builds in no time
+    assert not [o for o in res["decision"]["options"] if o["name"].startswith("library:")]
+    assert res["max_abs_err"] <= 1e-4
 
 
 def test_a_dynamic_shape_without_input_shape_names_the_fix(files, tmp_path):

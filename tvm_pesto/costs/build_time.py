@@ -42,7 +42,7 @@ MIN_FIT = 3
 #: The newest builds per backend that a fit uses.
 MAX_RECORDS = 200
 
-_recorded: set = set()  # global names of the units recorded by this process
+_recorded: set = set()  # (log, global name) of the units this process recorded
 
 
 def default_log_path() -> Path:
@@ -52,15 +52,16 @@ def default_log_path() -> Path:
 
 def record(unit, ops: int, path: str | os.PathLike | None = None) -> None:
     """Append what building ``unit`` (a :class:`~tvm_pesto.backends.base.BuiltUnit` of
-    ``ops`` ops) took, once per unit and process; a log that cannot be written is skipped
+    ``ops`` ops) took, once per unit, log and process; a log that cannot be written is skipped
     (the estimate then keeps its guess)."""
-    if unit.name in _recorded or unit.build_s <= 0:
+    path = Path(path or default_log_path())
+    if (str(path), unit.name) in _recorded or unit.build_s <= 0:
         return
-    _recorded.add(unit.name)
+    _recorded.add((str(path), unit.name))
     rec = {"backend": unit.backend, "ops": int(ops), "build_s": float(unit.build_s),
            "cores": int(getattr(unit.device, "cores", 0) or 0), "cpu": cpu_identity()["kind"]}
     try:
-        append_record(path or default_log_path(), rec)
+        append_record(path, rec)
     except OSError:
         pass
 

@@ -37,7 +37,8 @@ DESC_VERSION = 2
 
 #: Backends with a one-hot column (anything else sets ``backend=other``). The order is fixed:
 #: appending is fine, reordering changes every trained model's input.
-KNOWN_BACKENDS = ("tvm", "tvm-ms", "onnxruntime", "torch", "cublas", "cudnn", "cutlass", "tensorrt", "triton")
+KNOWN_BACKENDS = ("tvm", "tvm-ms", "onnxruntime", "torch", "cublas", "cudnn", "cutlass", "tensorrt", "triton",
+                  "openvino", "onnxruntime-parallel", "inductor")
 
 CATEGORIES = ("anchor", "elementwise", "movement", "reduction", "softmax", "norm", "pool", "other")
 
