@@ -21,9 +21,10 @@ the measurement then decides. Options within :data:`RUNOFF` of the fastest are t
 (:data:`RUNOFF_BUDGET_S`) and compared by the median of all their blocks, so a near-tie is not
 settled by one lucky block; and where a whole-model library option is within
 :data:`PREFER_LIBRARY` of the fastest, it is kept: a user's own library call, no slower within
-what a shared machine lets us tell apart, beats a plan of several units. ``decision`` lists each option's predicted and measured
-seconds and which one was kept. Only clusters of this machine's CPU cores are measured
-(``cpu:N``); other clusters keep the flow's plan, and ``decision["measured"]`` says why not.
+what a shared machine lets us tell apart, beats a plan of several units. ``decision`` lists
+each option's predicted and measured seconds and which one was kept. Only clusters of this
+machine's CPU cores are measured (``cpu:N``); other clusters keep the flow's plan, and
+``decision["measured"]`` says why not.
 
 ``$TVM_PESTO_MEASURE_FINAL`` (``1``, default; ``0``) sets the default of ``measure_final``.
 """
@@ -238,5 +239,6 @@ def decision_table(decision: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BUDGET_S", "MEASURE_ENV", "PREFER_LIBRARY", "RUNOFF", "Option", "choose", "decision_table", "measure_final_default", "options",
+__all__ = ["BUDGET_S", "MEASURE_ENV", "PREFER_LIBRARY", "RUNOFF", "Option", "choose", "decision_table",
+           "measure_final_default", "options",
            "unmeasured", "whole_model_placement", "why_not_measured"]

@@ -106,8 +106,9 @@ def _print_run(res):
         console.print("  library builds    " + ", ".join(f"{b} {s:.3g} s" for b, s in sorted(built.items())))
     bb = res.get("build_budget") or (res.get("flow") or {}).get("build_budget")
     if bb:
-        console.print(f"  build budget      {bb['max_build_s']:g} s: the plan's builds estimated at {bb['build_s']:.3g} s "
-                      f"(without the budget {bb['unbudgeted_build_s']:.3g} s; {bb['solves']} solve(s))")
+        console.print(f"  build budget      {bb['max_build_s']:g} s: the plan's builds estimated at "
+                      f"{bb['build_s']:.3g} s (without the budget {bb['unbudgeted_build_s']:.3g} s; "
+                      f"{bb['solves']} solve(s))")
     sp = res.get("split")
     if sp and sp.get("single_s"):
         verdict = "kept" if sp["keep_split"] else f"dropped: all on {sp['device']}"

@@ -7,8 +7,8 @@ generates and compiles C++ (seconds per region). Every build that measuring
 beside the measurement cache (:func:`record`); :func:`estimate` predicts a candidate's
 build seconds from its backend's builds on this CPU kind (a line in the number of ops,
 least squares; through the origin while fewer than :data:`MIN_FIT` builds of two sizes are
-recorded, or where the line would start below 0). A backend with no build recorded here uses its ``build_s_guess`` (seconds
-fixed, per op) until it has one.
+recorded, or where the line would start below 0). A backend with no build recorded here uses
+its ``build_s_guess`` (seconds fixed, per op) until it has one.
 
 A candidate costs nothing to build when it is TVM-native (its code is compiled with its
 device's module, which every plan has) or when this process built the same subgraph for a
