@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import tvm_pesto
+from tvm_pesto.api import build_placement, cost_candidates, place_from_costs
 from tvm_pesto.backends import get_backend
 from tvm_pesto.candidates import Candidate
 from tvm_pesto.candidates.examples import tiny_mlp
@@ -66,6 +67,7 @@ def test_no_plan_within_the_budget_says_so():
 
 def test_estimates_come_from_this_machines_builds_then_the_guess(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path))
+    get_backend("torch").release()  # a unit this process built already would cost nothing
     cluster = parse_cluster("cpu:1")
     cs = make_candidates(tvm_pesto.analyze(tiny_mlp()[0]), cluster, ["tvm", "torch"])
     est = build_time.estimate(cs, cluster)
@@ -86,6 +88,7 @@ def test_estimates_come_from_this_machines_builds_then_the_guess(tmp_path, monke
 
 def test_a_unit_built_in_this_process_costs_nothing_to_build(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path))
+    get_backend("torch").release()
     cluster = parse_cluster("cpu:1")
     cs = make_candidates(tvm_pesto.analyze(tiny_mlp()[0]), cluster, ["tvm", "torch"])
     i = next(i for i, c in enumerate(cs) if c.backend == "torch")
@@ -100,10 +103,16 @@ def test_a_unit_built_in_this_process_costs_nothing_to_build(tmp_path, monkeypat
 
 def test_building_a_plan_records_its_library_builds(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path))
-    mod, (x,) = tiny_mlp()
-    tvm_pesto.build(mod, "cpu:1", backends=["onnxruntime"], costs="roofline", measure_final=False)
+    mod, _ = tiny_mlp()
+    costed = cost_candidates(mod, "cpu:1", backends=["tvm", "onnxruntime"], costs="roofline")
+    tvm_rows = [i for i, c in enumerate(costed.candidates) if c.backend == "tvm"]
+    costed.costs.table[tvm_rows] = np.inf  # every op in ONNX Runtime
+    pl = place_from_costs(costed, "heft")
+    placed = build_placement(pl, costed.cluster)
     recs = [json.loads(line) for line in open(tmp_path / "builds.jsonl")]
-    assert recs and all(r["backend"] == "onnxruntime" and r["build_s"] > 0 and r["ops"] >= 1 for r in recs)
+    assert pl.backend_mix == {"onnxruntime": pl.analysis.op_graph.num_nodes}
+    assert len(recs) == pl.problem.num_nodes == len(placed.units)
+    assert all(r["backend"] == "onnxruntime" and r["build_s"] > 0 and r["ops"] >= 1 for r in recs)
 
 
 def test_place_keeps_the_plan_within_the_budget_and_says_so(tmp_path, monkeypatch):
