@@ -1,4 +1,5 @@
 """The final choice (:mod:`tvm_pesto.decide`): the flow's plan timed against its alternatives."""
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -7,7 +8,7 @@ import pytest
 
 import tvm_pesto
 from tvm_pesto import decide
-from tvm_pesto.api import build_placement
+from tvm_pesto.api import build_placement, cost_candidates, place_from_costs
 from tvm_pesto.candidates.examples import reference_output, tiny_mlp
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import PestoError
@@ -25,7 +26,8 @@ def test_every_option_is_built_timed_and_the_fastest_kept(chosen):
     d = placed.decision
     names = [o["name"] for o in d["options"]]
     assert d["measured"] is True and names[0] == "plan" and "one-device" in names
-    assert "library:onnxruntime" in names  # every op of the MLP runs in ONNX Runtime
+    # every op of the MLP runs in ONNX Runtime: its whole-model option is weighed, or it is the flow's
+    assert "library:onnxruntime" in names or d["options"][1]["backend_mix"] == {"onnxruntime": _ops(placed)}
     timed = {o["name"]: o["measured_s"] for o in d["options"] if "measured_s" in o}
     assert set(timed) == set(names) and all(t > 0 for t in timed.values())
     fastest = min(timed, key=timed.get)
@@ -49,13 +51,38 @@ def test_the_one_device_options_use_every_core_as_one_device(chosen):
 def test_each_library_is_also_weighed_on_one_narrow_device(chosen):
     d = chosen[0].decision
     narrow = [o for o in d["options"] if " on " in o["name"]]
-    assert "library:onnxruntime on cpu0" in [o["name"] for o in narrow]
+    whole = {"onnxruntime": _ops(chosen[0])}
+    assert "library:onnxruntime on cpu0" in [o["name"] for o in narrow] or d["options"][0]["backend_mix"] == whole
     for o in narrow:
         assert o["cluster"] == "cpu:2" and len(o["backend_mix"]) == 1 and "measured_s" in o
-    lib = next(o for o in d["options"] if o["name"] == "library:onnxruntime")
-    assert lib["backend_mix"] == {"onnxruntime": sum(lib["backend_mix"].values())}
+    for o in d["options"]:
+        if o["name"] == "library:onnxruntime":
+            assert o["backend_mix"] == whole
     pred = {o["name"]: o["predicted_s"] for o in d["options"] if o["name"] in ("plan", "one-device")}
     assert d["shape"] == ("cpu:2" if pred["plan"] <= pred["one-device"] else "cpu:1")
+
+
+def _ops(placed) -> int:
+    return sum(placed.decision["options"][0]["backend_mix"].values())
+
+
+def test_a_library_plan_the_flow_chose_is_not_weighed_twice():
+    mod, _ = tiny_mlp()
+
+    def onnxruntime_whole(cluster):  # the flow on costs where only ONNX Runtime's whole model is finite
+        costed = cost_candidates(mod, cluster, backends=["tvm", "onnxruntime"], costs="roofline")
+        n = costed.analysis.op_graph.num_nodes
+        keep = [i for i, c in enumerate(costed.candidates) if c.backend == "onnxruntime" and len(c.nodes) == n]
+        table = np.full_like(costed.costs.table, np.inf)
+        table[keep] = costed.costs.table[keep]
+        return place_from_costs(dataclasses.replace(costed, costs=dataclasses.replace(costed.costs, table=table)),
+                                "heft")
+
+    pl = onnxruntime_whole(parse_cluster("cpu:2"))
+    assert len(pl.plan.units) == 1 and list(pl.plan.assignment) == [0]
+    names = [o.name for o in decide.options(pl, pl.joint.cluster, onnxruntime_whole)]
+    # the plan is ONNX Runtime on cpu0 and the one-device plan ONNX Runtime on both cores: they stand for both
+    assert names == ["plan", "one-device"]
 
 
 def test_the_decision_prints_as_a_table(chosen):

@@ -109,24 +109,34 @@ def whole_model_placement(placement, backend: str, cluster):
 def options(placement, cluster, place_one_device) -> list[Option]:
     """The options to measure: the flow's plan, the one-device plan, the whole-model
     library plans (see the module docstring). ``place_one_device(cluster) -> Placement``
-    runs the flow on the one-device shape."""
+    runs the flow on the one-device shape. A library plan that is the flow's plan on its
+    shape already (the flow chose that library for the whole model) is not listed twice:
+    the flow's option stands for it."""
     out = [Option("plan", cluster, placement, float(placement.sim.run_s))]
     wide, wide_pl = cluster, placement
     if cluster.num_devices > 1:
         wide = cpu_cluster(1)
         wide_pl = place_one_device(wide)
         out.append(Option("one-device", wide, wide_pl, float(wide_pl.sim.run_s)))
-    for b in sorted({c.backend for c in wide_pl.candidates if c.backend != "tvm"}):
-        lp = whole_model_placement(wide_pl, b, wide)
-        if lp is not None:
-            out.append(Option(f"library:{b}", wide, lp, float(lp.sim.run_s)))
+    libraries = [(f"library:{b}", wide, whole_model_placement(wide_pl, b, wide))
+                 for b in sorted({c.backend for c in wide_pl.candidates if c.backend != "tvm"})]
     if cluster.num_devices > 1:  # the library on one of the narrow devices (one thread on cpu:N)
         narrow = cluster.devices[0]
-        for b in sorted({c.backend for c in placement.candidates if c.backend != "tvm"}):
-            lp = whole_model_placement(placement, b, cluster)
-            if lp is not None:
-                out.append(Option(f"library:{b} on {narrow.name}", cluster, lp, float(lp.sim.run_s)))
+        libraries += [(f"library:{b} on {narrow.name}", cluster, whole_model_placement(placement, b, cluster))
+                      for b in sorted({c.backend for c in placement.candidates if c.backend != "tvm"})]
+    for name, c, lp in libraries:
+        if lp is not None and not any(_same_plan(o, c, lp) for o in out):
+            out.append(Option(name, c, lp, float(lp.sim.run_s)))
     return out
+
+
+def _same_plan(option: Option, cluster, placement) -> bool:
+    """Whether ``placement`` on ``cluster`` runs what ``option`` runs: the same units of the
+    same backends on the same devices of a cluster of the same name."""
+    a, b = option.placement.plan, placement.plan
+    return (option.cluster.name == cluster.name and len(a.units) == len(b.units)
+            and all(u.backend == v.backend and tuple(u.nodes) == tuple(v.nodes) for u, v in zip(a.units, b.units))
+            and list(map(int, a.assignment)) == list(map(int, b.assignment)))
 
 
 def _close(placed) -> None:
