@@ -259,10 +259,8 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
 
     jp, plan, problem = solve(ct)
     if h is not None:  # measure the plan's units that are predictions, costliest first, and plan again
-        pos = {id(c): i for i, c in enumerate(jp.candidates)}
         for _ in range(HYBRID_MAX_ROUNDS):
-            units = [pos[id(u)] for u in plan.units]
-            if not h.measure(plan_units_to_measure(h.table, units, h.done)):
+            if not h.measure(plan_units_to_measure(h.table, jp.cover_of(plan), h.done)):
                 break
             ct = h.cost_table()
             jp, plan, problem = solve(ct)
@@ -286,13 +284,12 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
     its makespan / (1 - margin) (:func:`~tvm_pesto.solve.split.margin_bound`)."""
     best = split.best_single_device(ct.table)
     one, proved = None, {}
-    pos = {id(c): i for i, c in enumerate(jp.candidates)}
     # the device whose kernels add up least, and the home device (no input or result copies)
     for d in dict.fromkeys(x for x in (best, HOME_DEVICE) if x is not None and np.isfinite(ct.table[:, x]).any()):
         try:  # the one-device plan searches covers only: a short search is enough
             _, p1, _ = solve(CostTable(split.single_device_table(ct.table, d), list(ct.columns)),
                              search=split.SINGLE_SEARCH_S)
-            prob1 = jp.contract([pos[id(u)] for u in p1.units])  # the real costs, not the masked ones
+            prob1 = jp.contract(jp.cover_of(p1))  # the real costs, not the masked ones
             cand = (p1, prob1, simulate(prob1, p1), d)
         except InfeasibleError:  # this device cannot hold the whole model
             continue

@@ -405,8 +405,7 @@ def _judged_with_bound(problem, costed, solved: dict, solvers: list[str], goal: 
         fixed = joint.fixed_cover()
         bound_of = None if fixed is None else joint.contract(fixed)
         if costed.hybrid is not None:
-            pos = {id(c): i for i, c in enumerate(joint.candidates)}
-            solved = {k: (joint.contract([pos[id(u)] for u in plan.units]), plan, pl)
+            solved = {k: (joint.contract(joint.cover_of(plan)), plan, pl)
                       for k, (_, plan, pl) in solved.items()}
     if bound_of is None:  # backend choice: the bound over every cover, and what ``auto`` proved on this table
         lb = joint_lower_bound(joint)

@@ -178,6 +178,12 @@ class JointProblem:
             return None
         return usable
 
+    def cover_of(self, plan) -> list[int]:
+        """The candidate index of each of ``plan``'s units (a plan solved on these candidates,
+        or on a problem sharing them: another cost table of the same candidate set)."""
+        pos = {id(c): i for i, c in enumerate(self.candidates)}
+        return [pos[id(u)] for u in plan.units]
+
     def contract(self, cover) -> Problem:
         """The placement problem of a cover: one node per chosen candidate (in ``cover``'s
         order), its costs, and the co-location groups mapped to those nodes."""

@@ -57,13 +57,7 @@ STEP = 4.0
 
 def plan_build_s(jp, plan, build_s: np.ndarray) -> float:
     """Estimated seconds to build ``plan``'s units: the sum of ``build_s[unit, device]``."""
-    return float(sum(build_s[i, int(d)] for i, d in zip(_cover(jp, plan), plan.assignment)))
-
-
-def _priced(table: np.ndarray, build_s: np.ndarray, lam: float) -> np.ndarray:
-    out = table + lam * build_s
-    out[~np.isfinite(table)] = np.inf
-    return out
+    return float(sum(build_s[i, int(d)] for i, d in zip(jp.cover_of(plan), plan.assignment)))
 
 
 def solve_within(jp, build_s: np.ndarray, max_build_s: float, once):
@@ -99,11 +93,11 @@ def solve_within(jp, build_s: np.ndarray, max_build_s: float, once):
     tried: list[tuple] = []  # (price, build seconds, makespan, result, candidates banned)
 
     def attempt(lam: float, banned=()):
-        t = _priced(table, build_s, lam) if lam > 0 else table.copy()
+        t = table + lam * build_s  # cost + price * build seconds (inf stays inf)
         t[list(banned)] = np.inf
         res = once(t)
         plan = res[1]
-        placed = jp.contract(_cover(jp, plan))  # the real costs, not the priced ones
+        placed = jp.contract(jp.cover_of(plan))  # the real costs, not the priced ones
         tried.append((lam, plan_build_s(jp, plan, build_s), simulate(placed, plan).makespan, (jp, plan, placed),
                       tuple(banned)))
         return tried[-1]
@@ -127,7 +121,7 @@ def solve_within(jp, build_s: np.ndarray, max_build_s: float, once):
     banned = []
     while over[1] > max_build_s and len(tried) < MAX_SOLVES:
         plan = over[3][1]
-        units = [(build_s[i, int(d)], i) for i, d in zip(_cover(jp, plan), plan.assignment)]
+        units = [(build_s[i, int(d)], i) for i, d in zip(jp.cover_of(plan), plan.assignment)]
         banned.append(max(units)[1])
         try:
             over = attempt(over[0], banned)
@@ -147,11 +141,6 @@ def solve_within(jp, build_s: np.ndarray, max_build_s: float, once):
     info["build_budget"] = {"max_build_s": float(max_build_s), "build_s": used, "price": float(lam),
                             "left_out": len(left_out), "solves": len(tried), "unbudgeted_build_s": first[1]}
     return jp, plan, placed
-
-
-def _cover(jp, plan) -> list[int]:
-    pos = {id(c): i for i, c in enumerate(jp.candidates)}
-    return [pos[id(u)] for u in plan.units]
 
 
 __all__ = ["MAX_SOLVES", "PRICE_SOLVES", "plan_build_s", "solve_within"]
