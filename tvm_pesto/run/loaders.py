@@ -223,7 +223,7 @@ def openvino_runner(model, cores: int) -> Callable:
     def run(*args):
         request(args).infer()
 
-    run.direct = OpenVinoCall(compiled, used, n_in)  # numpy in, numpy out (see direct_call)  # numpy in, numpy out: the library's own call (see direct_call)
+    run.direct = OpenVinoCall(compiled, used, n_in)  # numpy in, numpy out: the library's own call (see direct_call)
     return run
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import tvm
+import tvm_ffi
 
 from ..errors import ExecutionError, error_line
 from .executor import Executor, TraceEvent, to_numpy
@@ -73,13 +75,20 @@ class PlacedRuntime:
         return [self._on_device(a, d) for a, d in zip(args, self.program.input_devices)]
 
     def _on_device(self, value, d: int):
-        """``value`` (numpy or a TVM tensor) as a TVM tensor on device ``d``."""
-        import tvm
-
+        """``value`` (numpy or a TVM tensor) as a TVM tensor on device ``d`` (a numpy
+        array is copied: the module's units may keep or reuse their input buffers)."""
         dev = self.cluster.devices[d].tvm_device()
         if isinstance(value, tvm.runtime.Tensor):
             return value if value.device == dev else value.copyto(dev)
-        return tvm.runtime.tensor(np.asarray(value, order="C"), device=dev)  # keeps 0-d arrays 0-d
+        arr = np.asarray(value, order="C")  # keeps 0-d arrays 0-d
+        if dev.dlpack_device_type() == 1:  # host memory: a fresh tensor filled through a view
+            try:
+                t = tvm.runtime.empty(arr.shape, str(arr.dtype), dev)
+                np.copyto(np.from_dlpack(t), arr, casting="no")
+                return t
+            except (TypeError, BufferError, RuntimeError, ValueError):  # a dtype without a DLPack view
+                pass
+        return tvm.runtime.tensor(arr, device=dev)
 
     # -- state that stays on its device between runs ----------------------------------
     def _state_inputs(self) -> list[int]:
@@ -151,19 +160,23 @@ class PlacedRuntime:
         return to_numpy(res) if as_numpy else res
 
     def _direct_applies(self, args) -> bool:
-        return (self._direct is not None and all(isinstance(a, np.ndarray) for a in args)
+        return (self._direct is not None and all(isinstance(a, np.ndarray) or _host_tensor(a) for a in args)
                 and (self._executor is None or isinstance(self._executor, Executor)))
 
     def _call_direct(self, args):
-        """A program that is one library unit, on numpy arrays: the library's own call."""
+        """A program that is one library unit, on numpy arrays or host TVM tensors: the
+        library's own call (tensors viewed as arrays, its outputs returned as tensors)."""
         step, fn, result = self._direct
         if len(args) != len(self.program.inputs):
             self._inputs(args)  # raises the usual error
+        tensors = not all(isinstance(a, np.ndarray) for a in args)
         try:
-            outs = fn(*args)
+            outs = fn(*[a if isinstance(a, np.ndarray) else np.from_dlpack(a) for a in args])
         except Exception as e:  # noqa: BLE001 - the library's error, explained at our boundary
             raise ExecutionError(f"device {step.device} failed in segment {step.func} ({step.extern}): "
                                  f"{error_line(e)}") from e
+        if tensors:  # TVM tensors in, TVM tensors out, as the VM path returns
+            outs = [_as_tensor(o) for o in outs]
         return result(args, outs)
 
     def run_traced(self, *args):
@@ -260,6 +273,21 @@ class PlacedRuntime:
             self.close(timeout=1.0)  # a finalizer must not hang on a step that does not end
         except Exception:  # noqa: BLE001
             pass
+
+
+def _host_tensor(a) -> bool:
+    """Whether ``a`` is a TVM tensor in host memory (a view of it is a numpy array)."""
+    return isinstance(a, tvm.runtime.Tensor) and a.device.dlpack_device_type() == 1  # kDLCPU
+
+
+def _as_tensor(a: np.ndarray):
+    """``a`` as a TVM tensor: a view when its data is aligned as TVM's kernels expect (64
+    bytes), else a copy."""
+    a = np.ascontiguousarray(a)
+    try:
+        return tvm_ffi.from_dlpack(a, require_alignment=64)
+    except (ValueError, RuntimeError):  # not aligned: TVM's kernels assume aligned data
+        return tvm.runtime.tensor(a)
 
 
 def _direct(program):
