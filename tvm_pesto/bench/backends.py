@@ -1,14 +1,17 @@
-"""``tvm-pesto bench backends``: single backends vs Collage-DP vs the joint solve, measured.
+"""``tvm-pesto bench backends``: single backends vs Collage-DP vs the joint solve vs ``build``, measured.
 
 For every zoo model, through the one flow (:mod:`tvm_pesto.api`: candidates -> measured
 costs -> :func:`~tvm_pesto.api.place_from_costs`, the split decision off -> builder ->
-executor): each backend
-alone (TVM for the ops it has no candidate for) on one CPU device, Collage's cover alone on
-one device (the backend-mix effect), and the joint solve (backend + device + order,
-``ilp``: the joint ILP on small graphs, cover + placement + joint local search otherwise)
-on one and on two CPU devices. All variants are built in this process and timed with
-interleaved repeats (variant order rotated every round), median per variant. Every
-variant's output is compared with the TVM-only single-device build.
+executor): each backend alone (TVM for the ops it has no candidate for) on one CPU device,
+Collage's cover alone on one device (the backend-mix effect), the joint solve (backend +
+device + order, ``ilp``) on one and on two CPU devices, and ``pesto``: what
+:func:`tvm_pesto.build` returns on ``cpu:2`` with measured costs (the default solver and the
+final measured choice of :mod:`tvm_pesto.decide`), the model a user gets. All variants are
+built in this process and timed in blocks (:func:`tvm_pesto.run.blocks.time_blocks`: a
+warm-up, then calls for a fixed time, the median kept; the order rotates every round; a
+variant's time is its best block median): single calls of two libraries interleaved would
+time one library's idle threads inside the other's call. Every variant is called on numpy
+arrays, as a user calls a model, and its output compared with the TVM-only single-device build.
 
 Examples
 --------
@@ -22,9 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import math
 import os
-import platform
 import time
 
 import numpy as np
@@ -33,6 +34,11 @@ from ..cluster.contention import measure_contention
 from ..cluster.linkbench import measure_links as _measure
 from ..costs import candidate_costs
 from ..errors import PestoError
+from ..run.blocks import time_blocks
+from .report import geomean, machine_info
+
+#: Blocks per variant, the order of the variants rotated between them.
+ROUNDS = 3
 
 
 def quiet_openmp() -> None:
@@ -74,41 +80,6 @@ def _max_err(a: list[np.ndarray], b: list[np.ndarray]) -> float:
         return float("inf")
     return float(max(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))) if x.size else 0.0
                      for x, y in zip(a, b)))
-
-
-def interleaved_times(fns: dict, repeat: int = 40, warmup: int = 3, min_sample_s: float = 2e-3,
-                      max_inner: int = 10) -> dict[str, list[float]]:
-    """Seconds per call of each zero-argument callable, interleaved, in a fresh random order
-    every round (seeded), so no variant always runs right after the same other one.
-
-    Each sample averages ``inner`` back-to-back calls, with ``inner`` chosen per callable
-    from the warm-up so a sample lasts at least ``min_sample_s`` (at most ``max_inner`` calls).
-
-    Examples
-    --------
-    >>> t = interleaved_times({"a": lambda: None, "b": lambda: None}, repeat=3, warmup=1)
-    >>> sorted(t), len(t["a"])
-    (['a', 'b'], 3)
-    """
-    names = list(fns)
-    inner = {}
-    for n in names:
-        t0 = time.perf_counter()
-        for _ in range(max(warmup, 1)):
-            fns[n]()
-        per = (time.perf_counter() - t0) / max(warmup, 1)
-        inner[n] = int(min(max_inner, max(1, math.ceil(min_sample_s / max(per, 1e-9)))))
-    out: dict[str, list[float]] = {n: [] for n in names}
-    rng = np.random.default_rng(0)
-    for _ in range(repeat):
-        for k in rng.permutation(len(names)):
-            n = names[int(k)]
-            f, m = fns[n], inner[n]
-            t0 = time.perf_counter()
-            for _ in range(m):
-                f()
-            out[n].append((time.perf_counter() - t0) / m)
-    return out
 
 
 def bench_clusters(measure_links: bool = True):
@@ -156,14 +127,14 @@ def _variant(costed, table, solver: str, time_limit_s: float, search_s: float):
     return pl.plan, float(pl.sim.run_s)  # the schedule plus the executor's dispatch
 
 
-def bench_model(name: str, size: str = "small", backends=None, cache=None, repeat: int = 40,
+def bench_model(name: str, size: str = "small", backends=None, cache=None, rounds: int = ROUNDS,
                 time_limit_s: float = 30.0, progress=None, clusters=None, select_by: str = "measured",
-                select_repeat: int = 15, search_s: float = 5.0) -> dict:
+                search_s: float = 5.0) -> dict:
     """Benchmark one zoo model; see the module docstring for what is measured.
 
     ``select_by``: how ``joint_s`` picks between the 1- and 2-device joint results:
-    ``"measured"`` (the lower minimum over a separate short interleaved timing of the two,
-    not reused for the reported numbers) or ``"predicted"`` (lower simulated makespan).
+    ``"measured"`` (the faster in a separate short timing of the two, not reused for the
+    reported numbers) or ``"predicted"`` (lower simulated makespan).
     """
     # lazy: loads TVM's compiler and PyTorch, which importing this module does not
     from .. import api, zoo
@@ -186,10 +157,17 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
     costed1, costed2 = api.CostedCandidates(analysis, c1, cs, ct1), api.CostedCandidates(analysis, c2, cs, ct2)
     variants = _solve_variants(name, costed1, costed2, time_limit_s, search_s, say)
     placed, errs, failed, fns = _build_variants(variants, analysis, zm, ref)
-    predicted, predicted_key, joint_key, select = _choose_joint(variants, fns, select_by, select_repeat)
-    say(f"{name}: timing {len(placed)} variants x {repeat} interleaved repeats")
-    times = _time_and_release(fns, placed, repeat)
-    med = {k: float(np.median(v)) for k, v in times.items()}
+    say(f"{name}: tvm_pesto.build on cpu:2 (measured costs, final choice)")
+    pesto = _build_pesto(zm, c2, backends, cache, ref)
+    if "error" in pesto:
+        failed["pesto"] = pesto["error"]
+    else:
+        placed["pesto"], fns["pesto"], errs["pesto"] = pesto.pop("placed"), pesto.pop("call"), pesto["max_abs_err"]
+    predicted, predicted_key, joint_key, select = _choose_joint(variants, fns, select_by)
+    say(f"{name}: timing {len(placed)} variants in blocks, {rounds} rounds")
+    load_timed = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    timed = _time_and_release(fns, placed, rounds)
+    med = {k: v["s"] for k, v in timed.items()}
     single_s = {k.split(":", 1)[1]: med[k] for k in med if k.startswith("single:")}
     best_b = min(single_s, key=single_s.get) if single_s else None
     plans = {k: plan for k, (_, (plan, _)) in variants.items()}
@@ -207,6 +185,8 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
         "joint_choice_predicted": predicted_key,
         "joint_s": med.get(joint_key),
         "joint_predicted_choice_s": med.get(predicted_key),
+        "pesto_s": med.get("pesto"),
+        "pesto": pesto,
         "selection_times_s": select,
         "predicted_s": predicted,
         "search_s": {k: p.solve_s for k, p in plans.items()},
@@ -227,17 +207,42 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, repea
                                       sorted(map(_unit_key, plans[f"single:{best_b}"].units))
                                       for k in ("collage_dp", "joint_1dev", "joint_2dev")} if best_b else {},
         "devices_used": {k: p.devices_used() for k, p in plans.items()},
-        "load_avg_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
-        "times_s": times,
+        "load_avg_1min": [load_before, load_timed, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "blocks_s": {k: v["blocks_s"] for k, v in timed.items()},
     }
-    if best_b and res["joint_s"]:
-        res["speedup_vs_best_single"] = res["best_single_s"] / res["joint_s"]
-        res["ratio_vs_best_single"] = res["joint_s"] / res["best_single_s"]
-        res["speedup_predicted_choice"] = res["best_single_s"] / res["joint_predicted_choice_s"]
-        mins = {k: float(np.min(v)) for k, v in times.items()}
-        best_min = min(v for k, v in mins.items() if k.startswith("single:"))
-        res["speedup_vs_best_single_min"] = best_min / mins[joint_key]
+    if best_b:
+        for key in ("joint", "pesto", "collage_dp"):
+            if res.get(f"{key}_s"):
+                res[f"{'speedup' if key == 'joint' else key + '_speedup'}_vs_best_single"] = \
+                    res["best_single_s"] / res[f"{key}_s"]
+        if res["joint_s"]:
+            res["ratio_vs_best_single"] = res["joint_s"] / res["best_single_s"]
+            res["speedup_predicted_choice"] = res["best_single_s"] / res["joint_predicted_choice_s"]
     return res
+
+
+def _build_pesto(zm, cluster, backends, cache, ref: list[np.ndarray]) -> dict:
+    """:func:`tvm_pesto.build` of the model on ``cluster`` with measured costs: the module a
+    user gets, its call on the example inputs, and what its final choice kept
+    (``{"error": ...}`` when it does not build)."""
+    # lazy: loads TVM's compiler, which importing this module does not
+    from .. import api
+
+    t = time.perf_counter()
+    try:
+        pm = api.build(zm.mod, cluster, backends=backends if backends is not None else "all", costs="measured",
+                       cache=cache, inputs=zm.example_inputs)
+    except PestoError as e:
+        return {"error": str(e)}
+    build_s = time.perf_counter() - t
+    args = tuple(zm.example_inputs)
+    decision = pm.decision or {}
+    summary = pm.placement.summary() if pm.placement is not None else {}
+    return {"placed": pm, "call": lambda: pm(*args), "build_s": build_s,
+            "max_abs_err": _max_err(_flat_numpy(pm(*args)), ref),
+            "chosen": decision.get("chosen"), "cluster": pm.cluster.name,
+            "backend_mix": summary.get("backend_mix"), "decided_by": summary.get("decided_by"),
+            "options": {o["name"]: o.get("measured_s") for o in decision.get("options", [])}}
 
 
 def _solve_variants(name: str, costed1, costed2, time_limit_s: float, search_s: float, say) -> dict:
@@ -261,16 +266,13 @@ def _build_variants(variants: dict, analysis, zm, ref: list[np.ndarray]):
 
     Returns ``(placed, errs, failed, fns)``: the built modules, each one's largest absolute
     error, the variants that failed to build (with why), and each built one's call on the
-    example inputs, already on its first device.
+    example inputs as numpy arrays (as a user calls it, and as the final choice times it).
     """
-    import tvm
-
     # lazy: loads TVM's compiler, which importing this module does not
     from ..builder.placed import PlacedModule
     from ..builder.rewrite import apply_plan
 
     placed, errs, failed = {}, {}, {}
-    dev_inputs = {}
     for key, (cl, (plan, _)) in variants.items():
         try:
             pm = PlacedModule(apply_plan(analysis.rg, plan, cl), cl, plan)
@@ -278,15 +280,12 @@ def _build_variants(variants: dict, analysis, zm, ref: list[np.ndarray]):
             failed[key] = str(e)
             continue
         placed[key] = pm
-        out = pm(*zm.example_inputs)
-        errs[key] = _max_err(_flat_numpy(out), ref)
-        d0 = cl.devices[0].tvm_device()
-        dev_inputs[key] = [tvm.runtime.tensor(a, device=d0) for a in zm.example_inputs]
-    fns = {k: (lambda pm=pm, args=dev_inputs[k]: pm(*args)) for k, pm in placed.items()}
+        errs[key] = _max_err(_flat_numpy(pm(*zm.example_inputs)), ref)
+    fns = {k: (lambda pm=pm, args=tuple(zm.example_inputs): pm(*args)) for k, pm in placed.items()}
     return placed, errs, failed, fns
 
 
-def _choose_joint(variants: dict, fns: dict, select_by: str, select_repeat: int):
+def _choose_joint(variants: dict, fns: dict, select_by: str):
     """Which joint result ``joint_s`` reports (see :func:`bench_model`'s ``select_by``).
 
     Returns ``(predicted, predicted_key, joint_key, select)``: each variant's predicted
@@ -297,41 +296,46 @@ def _choose_joint(variants: dict, fns: dict, select_by: str, select_repeat: int)
     predicted_key = "joint_2dev" if predicted["joint_2dev"] < predicted["joint_1dev"] else "joint_1dev"
     select = {}
     if select_by == "measured" and "joint_1dev" in fns and "joint_2dev" in fns:
-        select = interleaved_times({k: fns[k] for k in ("joint_1dev", "joint_2dev")}, repeat=select_repeat)
-        joint_key = min(select, key=lambda k: float(np.min(select[k])))  # robust to load spikes
+        timed = time_blocks({k: fns[k] for k in ("joint_1dev", "joint_2dev")}, rounds=2, warmup_s=0.1, block_s=0.2)
+        select = {k: v["blocks_s"] for k, v in timed.items()}
+        joint_key = min(timed, key=lambda k: timed[k]["s"])
     else:
         joint_key = predicted_key
     return predicted, predicted_key, joint_key, select
 
 
-def _time_and_release(fns: dict, placed: dict, repeat: int) -> dict[str, list[float]]:
-    """:func:`interleaved_times` of every built variant, then close them and release what the
-    backends built, so the next model starts with free cores and memory."""
+def _time_and_release(fns: dict, placed: dict, rounds: int) -> dict:
+    """:func:`~tvm_pesto.run.blocks.time_blocks` of every built variant, then close them and
+    release what the backends built, so the next model starts with free cores and memory."""
     # lazy: loads TVM's compiler and the backends, which importing this module does not
     from ..backends import release_all
 
-    times = interleaved_times(fns, repeat=repeat)
+    timed = time_blocks(fns, rounds=rounds)
     for pm in placed.values():
         pm.close()
     placed.clear()
     release_all()
     gc.collect()
-    return times
+    return timed
 
 
 def _unit_key(u) -> tuple:
     return (u.backend, tuple(u.nodes))
 
 
-def bench_backends(models=None, size: str = "small", backends=None, cache=None, repeat: int = 40,
+def bench_backends(models=None, size: str = "small", backends=None, cache=None, rounds: int = ROUNDS,
                    time_limit_s: float = 30.0, progress=None, select_by: str = "measured") -> dict:
-    """Run :func:`bench_model` for every model; add geomean speedup and worst ratio.
+    """Run :func:`bench_model` for every model; add geomean speedups and the worst ratios.
 
     Returns
     -------
     dict
         ``models`` (per model: each single backend's seconds, ``collage_dp_s``, ``joint_s``,
-        ``max_abs_err``, ...), ``geomean_speedup_vs_best_single``, ``worst_ratio_vs_best_single``.
+        ``pesto_s``, ``max_abs_err``, ...); over the models, against the best single backend:
+        ``geomean_speedup_vs_best_single`` and ``worst_ratio_vs_best_single`` (the joint
+        solve), ``geomean_speedup_collage_dp_vs_best_single`` (the mix alone),
+        ``geomean_speedup_pesto_vs_best_single`` and ``worst_speedup_pesto_vs_best_single``
+        (what ``build`` returns).
     """
     quiet_openmp()
     # lazy: loads TVM and PyTorch, which importing this module does not
@@ -339,29 +343,27 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
 
     names = list(models) if models else zoo.list_models()
     c1, c2 = bench_clusters()
-    out = {"size": size, "machine": platform.node(), "clusters": {"cpu:1": c1.to_dict(), "cpu:2": c2.to_dict()},
-           "repeat": repeat, "models": {}, "errors": {}}
+    out = {"size": size, "machine": machine_info(), "clusters": {"cpu:1": c1.to_dict(), "cpu:2": c2.to_dict()},
+           "rounds": rounds, "models": {}, "errors": {}}
     for n in names:
         try:
-            out["models"][n] = bench_model(n, size, backends, cache, repeat, time_limit_s, progress, (c1, c2),
+            out["models"][n] = bench_model(n, size, backends, cache, rounds, time_limit_s, progress, (c1, c2),
                                            select_by=select_by)
         except PestoError as e:
             out["errors"][n] = str(e)
     ms = list(out["models"].values())
     for key, name in (("speedup_predicted_choice", "geomean_speedup_predicted_choice"),
-                      ("speedup_vs_best_single_min", "geomean_speedup_vs_best_single_min")):
-        v = [m[key] for m in ms if key in m]
-        out[name] = float(math.exp(np.mean(np.log(v)))) if v else None
-    sp = [m["speedup_vs_best_single"] for m in out["models"].values() if "speedup_vs_best_single" in m]
-    rt = [m["ratio_vs_best_single"] for m in out["models"].values() if "ratio_vs_best_single" in m]
-    dp = [m["best_single_s"] / m["collage_dp_s"] for m in out["models"].values()
-          if m.get("best_single_s") and m.get("collage_dp_s")]
-    out["geomean_speedup_vs_best_single"] = float(math.exp(np.mean(np.log(sp)))) if sp else None
+                      ("speedup_vs_best_single", "geomean_speedup_vs_best_single"),
+                      ("collage_dp_speedup_vs_best_single", "geomean_speedup_collage_dp_vs_best_single"),
+                      ("pesto_speedup_vs_best_single", "geomean_speedup_pesto_vs_best_single")):
+        out[name] = geomean([m[key] for m in ms if key in m])
+    rt = [m["ratio_vs_best_single"] for m in ms if "ratio_vs_best_single" in m]
     out["worst_ratio_vs_best_single"] = float(max(rt)) if rt else None
-    out["geomean_speedup_collage_dp_vs_best_single"] = float(math.exp(np.mean(np.log(dp)))) if dp else None
-    out["max_abs_err"] = max((m["max_abs_err"] for m in out["models"].values() if m.get("max_abs_err") is not None),
-                             default=None)
+    pe = [m["pesto_speedup_vs_best_single"] for m in ms if "pesto_speedup_vs_best_single" in m]
+    out["worst_speedup_pesto_vs_best_single"] = float(min(pe)) if pe else None
+    out["max_abs_err"] = max((m["max_abs_err"] for m in ms if m.get("max_abs_err") is not None), default=None)
+    out["load_average_after"] = machine_info()["load_average"]
     return out
 
 
-__all__ = ["bench_backends", "bench_model", "interleaved_times"]
+__all__ = ["ROUNDS", "bench_backends", "bench_model", "restrict_to"]

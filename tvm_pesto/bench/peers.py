@@ -26,14 +26,17 @@ mode, PyTorch); ``best_peer_all`` every peer. Outputs are compared with PyTorch 
 
 Examples
 --------
->>> from tvm_pesto.bench.peers import geomean
->>> round(geomean([2.0, 0.5, 1.0]), 6)
-1.0
+Not run as a doctest: it builds and times every peer, which takes minutes.
+
+>>> from tvm_pesto import zoo                                         # doctest: +SKIP
+>>> from tvm_pesto.bench.peers import bench_peers                    # doctest: +SKIP
+>>> m = zoo.load("mlp_mixer", "small")                               # doctest: +SKIP
+>>> make = lambda: (m.torch_model, m.example_inputs, m.mod)          # doctest: +SKIP
+>>> bench_peers([("mlp_mixer", make)])["geomean_vs_best_peer_all"]   # doctest: +SKIP
 """
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import shutil
 import tempfile
@@ -51,7 +54,7 @@ from ..decide import whole_model_placement
 from ..errors import error_line
 from ..run.blocks import time_blocks
 from ..run.loaders import onnx_session
-from .report import machine_info
+from .report import geomean, machine_info
 
 #: Blocks per variant, the order of the variants rotated between them.
 ROUNDS = 3
@@ -243,11 +246,6 @@ def one_unit_overhead(mod, inputs, cores: int, rounds: int = ROUNDS) -> dict:
     return {"library_s": lib, "pesto_s": ours, "overhead_s": ours - lib}
 
 
-def geomean(xs) -> float | None:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
-
-
 def bench_peers(models, cores: int | None = None, torch_compile: bool = True, build_options: dict | None = None,
                 rounds: int = ROUNDS, progress=None, overhead: bool = True) -> dict:
     """Run :func:`bench_model` for ``models`` (``(name, torch_model, inputs, mod)`` tuples,
@@ -313,5 +311,5 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["OWN_LIBRARIES", "Variant", "bench_model", "bench_peers", "geomean", "markdown", "one_unit_overhead",
+__all__ = ["OWN_LIBRARIES", "Variant", "bench_model", "bench_peers", "markdown", "one_unit_overhead",
            "peer_variants"]

@@ -39,6 +39,19 @@ def machine_info() -> dict:
             "load_average": load, "python": platform.python_version(), "platform": platform.platform()}
 
 
+def geomean(xs) -> float | None:
+    """The geometric mean of the positive numbers in ``xs`` (None if there are none).
+
+    Examples
+    --------
+    >>> from tvm_pesto.bench.report import geomean
+    >>> round(geomean([2.0, 0.5, 1.0]), 6), geomean([])
+    (1.0, None)
+    """
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
 def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
     """A GitHub markdown table; ``align`` is one character per column (``l``/``r``).
 

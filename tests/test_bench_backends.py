@@ -1,0 +1,72 @@
+"""``tvm-pesto bench backends``: what it sums over the models, and its timing of the variants.
+
+The benchmark itself builds and times every variant of every zoo model (minutes); these
+tests check its parts: the per-model figures become the right geomeans and worst ratios,
+a variant that failed to build is left out of them, and variants are timed in blocks.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tvm_pesto.bench import backends as bb
+
+
+class _Cluster:
+    def __init__(self, name):
+        self.name = name
+
+    def to_dict(self):
+        return {"name": self.name}
+
+
+def _model(best, dp, joint, pesto=None):
+    m = {"best_single_s": best, "collage_dp_s": dp, "joint_s": joint, "pesto_s": pesto, "max_abs_err": 1e-6,
+         "collage_dp_speedup_vs_best_single": best / dp, "speedup_vs_best_single": best / joint,
+         "ratio_vs_best_single": joint / best, "speedup_predicted_choice": best / joint}
+    if pesto is not None:
+        m["pesto_speedup_vs_best_single"] = best / pesto
+    return m
+
+
+def test_the_summary_is_the_geomean_and_worst_over_the_models(monkeypatch):
+    per = {"a": _model(1.0, 0.8, 0.5, 0.5), "b": _model(1.0, 1.25, 2.0, 1.0), "c": _model(2.0, 2.0, 1.0)}
+    monkeypatch.setattr(bb, "bench_clusters", lambda: (_Cluster("cpu:1"), _Cluster("cpu:2")))
+    monkeypatch.setattr(bb, "bench_model", lambda name, *a, **k: per[name])
+    res = bb.bench_backends(["a", "b", "c"])
+    assert res["geomean_speedup_collage_dp_vs_best_single"] == pytest.approx((1.25 * 0.8 * 1.0) ** (1 / 3))
+    assert res["geomean_speedup_vs_best_single"] == pytest.approx((2.0 * 0.5 * 2.0) ** (1 / 3))
+    assert res["worst_ratio_vs_best_single"] == pytest.approx(2.0)
+    # c's build did not run: the build's figures are over a and b only
+    assert res["geomean_speedup_pesto_vs_best_single"] == pytest.approx(math.sqrt(2.0 * 1.0))
+    assert res["worst_speedup_pesto_vs_best_single"] == pytest.approx(1.0)
+    assert res["max_abs_err"] == pytest.approx(1e-6) and res["errors"] == {}
+    assert res["machine"]["nproc"] >= 1 and res["rounds"] == bb.ROUNDS
+
+
+def test_a_model_that_fails_is_reported_not_summed(monkeypatch):
+    def model(name, *a, **k):
+        if name == "bad":
+            raise bb.PestoError("bad: no candidate covers op 3")
+        return _model(1.0, 1.0, 0.5, 0.5)
+
+    monkeypatch.setattr(bb, "bench_clusters", lambda: (_Cluster("cpu:1"), _Cluster("cpu:2")))
+    monkeypatch.setattr(bb, "bench_model", model)
+    res = bb.bench_backends(["good", "bad"])
+    assert res["errors"] == {"bad": "bad: no candidate covers op 3"}
+    assert list(res["models"]) == ["good"] and res["geomean_speedup_vs_best_single"] == pytest.approx(2.0)
+
+
+def test_the_joint_shape_is_chosen_by_blocks_or_by_prediction():
+    import time
+
+    def slow():
+        time.sleep(2e-4)
+
+    variants = {"joint_1dev": (None, (None, 1.0)), "joint_2dev": (None, (None, 2.0))}
+    fns = {"joint_1dev": slow, "joint_2dev": lambda: None}
+    predicted, pkey, key, select = bb._choose_joint(variants, fns, "measured")
+    assert pkey == "joint_1dev" and key == "joint_2dev"  # measured faster, though predicted slower
+    assert len(select["joint_1dev"]) == 2 and predicted == {"joint_1dev": 1.0, "joint_2dev": 2.0}
+    assert bb._choose_joint(variants, fns, "predicted")[2:] == ("joint_1dev", {})
