@@ -20,6 +20,8 @@ from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
 #: Least seconds :meth:`PlacedRuntime.benchmark` times and warms up for (a 40-µs model: 5,000
 #: timed runs after 1,250 warm-up runs; a 3-ms one: 67 after 17).
 BENCH_MIN_S = 0.2
+#: Bytes TVM's kernels expect a tensor's data to be aligned to.
+ALIGN = 64
 BENCH_WARMUP_S = 0.05
 
 
@@ -54,6 +56,7 @@ class PlacedRuntime:
         #: What :func:`tvm_pesto.build` weighed before choosing this module (:mod:`tvm_pesto.decide`).
         self.decision: dict | None = None
         self._direct = _direct(program)  # held here: the model owns its one unit's call
+        self._devs = [dev.tvm_device() for dev in cluster.devices]
 
     @property
     def devices_used(self) -> list[int]:
@@ -77,15 +80,13 @@ class PlacedRuntime:
     def _on_device(self, value, d: int):
         """``value`` (numpy or a TVM tensor) as a TVM tensor on device ``d`` (a numpy
         array is copied: the module's units may keep or reuse their input buffers)."""
-        dev = self.cluster.devices[d].tvm_device()
+        dev = self._devs[d]
         if isinstance(value, tvm.runtime.Tensor):
             return value if value.device == dev else value.copyto(dev)
         arr = np.asarray(value, order="C")  # keeps 0-d arrays 0-d
-        if dev.dlpack_device_type() == 1:  # host memory: a fresh tensor filled through a view
+        if dev.dlpack_device_type() == 1:  # host memory: a copy in an aligned numpy buffer, viewed
             try:
-                t = tvm.runtime.empty(arr.shape, str(arr.dtype), dev)
-                np.copyto(np.from_dlpack(t), arr, casting="no")
-                return t
+                return tvm_ffi.from_dlpack(_aligned_copy(arr), require_alignment=ALIGN)
             except (TypeError, BufferError, RuntimeError, ValueError):  # a dtype without a DLPack view
                 pass
         return tvm.runtime.tensor(arr, device=dev)
@@ -280,12 +281,28 @@ def _host_tensor(a) -> bool:
     return isinstance(a, tvm.runtime.Tensor) and a.device.dlpack_device_type() == 1  # kDLCPU
 
 
+def _aligned_copy(a: np.ndarray) -> np.ndarray:
+    """A copy of ``a`` whose data is aligned to :data:`ALIGN` bytes (numpy aligns to 16).
+
+    Examples
+    --------
+    >>> c = _aligned_copy(np.arange(5, dtype="float32"))
+    >>> c.ctypes.data % ALIGN, c.tolist()
+    (0, [0.0, 1.0, 2.0, 3.0, 4.0])
+    """
+    buf = np.empty(a.nbytes + ALIGN, np.uint8)
+    start = -buf.ctypes.data % ALIGN
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    np.copyto(out, a, casting="no")
+    return out
+
+
 def _as_tensor(a: np.ndarray):
-    """``a`` as a TVM tensor: a view when its data is aligned as TVM's kernels expect (64
-    bytes), else a copy."""
+    """``a`` as a TVM tensor: a view when its data is aligned as TVM's kernels expect
+    (:data:`ALIGN`), else a copy."""
     a = np.ascontiguousarray(a)
     try:
-        return tvm_ffi.from_dlpack(a, require_alignment=64)
+        return tvm_ffi.from_dlpack(a, require_alignment=ALIGN)
     except (ValueError, RuntimeError):  # not aligned: TVM's kernels assume aligned data
         return tvm.runtime.tensor(a)
 
