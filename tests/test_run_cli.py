@@ -103,6 +103,25 @@ def test_run_within_a_build_budget_of_nothing_builds_no_library_unit(files, tmp_
     assert res["max_abs_err"] <= 1e-4
 
 
+def test_place_within_a_build_budget_of_nothing_plans_no_library_unit(files, tmp_path, cache):
+    release_all()
+    out = tmp_path / "place.json"
+    res = CliRunner().invoke(cli, ["place", files["onnx"], "--costs", "xgb", "--solver", "auto,heft",
+                                   "--max-build-s", "0", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    for r in data["results"].values():
+        assert set(r["backend_mix"]) == {"tvm"}
+        assert r["info"]["build_budget"]["max_build_s"] == 0.0 and r["info"]["build_budget"]["build_s"] == 0.0
+
+
+def test_a_build_budget_on_a_graph_file_is_refused(tmp_path):
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps({"name": "g", "nodes": [], "edges": []}))
+    res = CliRunner().invoke(cli, ["place", str(graph), "--max-build-s", "1"])
+    assert res.exit_code != 0 and "--max-build-s" in res.output and "LayerGraph" in res.output
+
+
 def test_a_dynamic_shape_without_input_shape_names_the_fix(files, tmp_path):
     res = CliRunner().invoke(cli, ["run", files["dynamic"], "--costs", "xgb"])
     assert res.exit_code == 2

@@ -249,7 +249,8 @@ def run_pipelined(model: str, size: str, cluster_spec: str, microbatches: int = 
 def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "small", costs: str = "auto",
               expert: str | None = None, time_limit_s: float = 30.0, backends: str = "all",
               input_shapes=None, deterministic: bool = True, model: str | None = None, objective: str = "latency",
-              microbatches: int | None = None, split_margin: float | None = None) -> dict:
+              microbatches: int | None = None, split_margin: float | None = None,
+              max_build_s: float | None = None) -> dict:
     """Place a model (zoo name or model file) or a dnn-partitioning LayerGraph file with one
     or more solvers. Models go through the flow ``tvm-pesto run`` places with:
     :func:`tvm_pesto.api.cost_candidates` once (candidates of ``backends``, costs, this
@@ -296,6 +297,9 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         raise PestoError(f"no solver given; use one of {', '.join(SOLVERS)}, several comma-separated, or all")
     for name in solvers:
         get_solver(name)  # an unknown name fails before the (slow) loading
+    if max_build_s is not None and target.endswith(".json"):
+        raise PestoError("--max-build-s budgets the library builds of a model's plan; a LayerGraph file has no "
+                         "builds: leave it out")
 
     t_load = time.perf_counter()
     if target.endswith(".json"):
@@ -315,7 +319,8 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         raise PestoError(f"--model {model} --objective {objective} place a fixed set of units; the joint solve "
                          "(backend choice) optimises one sample's op-level latency only: add --backends tvm, or "
                          "use --model op --objective latency")
-    solved = _solve_each(problem, cluster, costed, solvers, goal, time_limit_s, deterministic, split_margin)
+    solved = _solve_each(problem, cluster, costed, solvers, goal, time_limit_s, deterministic, split_margin,
+                         max_build_s)
     solved, lb = _judged_with_bound(problem, costed, solved, solvers, goal, deterministic)
     results = {}
     for name, (placed, plan, pl) in solved.items():
@@ -365,10 +370,11 @@ def _model_problem(target: str, cluster_spec: str, size: str, costs: str, backen
 
 
 def _solve_each(problem, cluster, costed, solvers: list[str], goal: dict, time_limit_s: float,
-                deterministic: bool, split_margin: float | None) -> dict:
+                deterministic: bool, split_margin: float | None, max_build_s: float | None = None) -> dict:
     """Solver -> (its placement problem, plan, Placement or None). A model's ``costed``
     candidates go through the flow's solve, as ``run`` places (the split decision for the op
-    model's latency only); a LayerGraph file's ``problem`` goes to the solver as it is."""
+    model's latency only; the build budget ``max_build_s``); a LayerGraph file's ``problem``
+    goes to the solver as it is."""
     op_latency = (goal["model"], goal["objective"]) == ("op", "latency")
     solved = {}
     for name in solvers:
@@ -377,7 +383,7 @@ def _solve_each(problem, cluster, costed, solvers: list[str], goal: dict, time_l
                 if costed is not None:  # the flow's solve, as `run` places
                     pl = api.place_from_costs(costed, name, time_limit_s=time_limit_s, deterministic=deterministic,
                                               split_margin=split_margin if op_latency else 0.0,
-                                              **({} if op_latency else goal))
+                                              max_build_s=max_build_s, **({} if op_latency else goal))
                     solved[name] = (pl.problem, pl.plan, pl)
                 else:
                     opts = {"time_limit_s": time_limit_s} if name == "ilp" else {}

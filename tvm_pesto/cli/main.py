@@ -19,7 +19,7 @@ from ..costs.calibration import CALIBRATION_ENV
 from ..decide import decision_table
 from ..errors import UnseenOpsWarning
 from ..jsonio import write_json
-from .options import deterministic_option, ms_db_option, rpc_options, split_margin_option
+from .options import deterministic_option, max_build_s_option, ms_db_option, rpc_options, split_margin_option
 from .progress import ErrorGroup, console, step
 
 COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
@@ -215,10 +215,11 @@ def _gap_line(res) -> str | None:
                    "it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @ms_db_option()
+@max_build_s_option()
 @split_margin_option()
 @deterministic_option(True)
 def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, objective, exec_model,
-          microbatches, time_limit, json_path, split_margin, deterministic):
+          microbatches, time_limit, json_path, max_build_s, split_margin, deterministic):
     """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import place_any
@@ -227,7 +228,7 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
     res = place_any(target, cluster_spec, solvers, size=size, costs=costs, expert=expert, time_limit_s=time_limit,
                     backends=backends, input_shapes=_shapes(input_shape), deterministic=deterministic,
                     model=exec_model, objective=objective, microbatches=microbatches or None,
-                    split_margin=split_margin)
+                    split_margin=split_margin, max_build_s=max_build_s)
     what = res["objective"] + (f" ({res['microbatches']} microbatches)" if res["microbatches"] else
                                " (steady state)" if res["objective"] == "throughput" else "")
     console.print(f"[bold]{res['graph']}[/]: {res.get('num_ops', res['num_nodes'])} nodes on {res['cluster']}; "
@@ -272,9 +273,7 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 @click.option("--ray-address", default=None, help="an existing Ray cluster (default: start a local one on 127.0.0.1)")
 @click.option("--refit", is_flag=True, help="measure the executor's links, dispatch and contention on this machine "
               "again now and keep them (default: the fit kept for this machine, measured on first use)")
-@click.option("--max-build-s", default=None, type=click.FloatRange(min=0.0), metavar="SECONDS",
-              help="keep the plan's library builds within this many seconds (estimated from this machine's earlier "
-                   "builds; builds already cached cost nothing); default: no budget")
+@max_build_s_option()
 @split_margin_option()
 @rpc_options()
 @ms_db_option()

@@ -35,6 +35,14 @@ def split_margin_option():
                              "(default: the cost source's error, e.g. 0.15 for xgb; 0 keeps every split)")
 
 
+def max_build_s_option():
+    """The ``--max-build-s SECONDS`` option of a verb that places a model with the flow (the
+    ``max_build_s`` parameter of :func:`tvm_pesto.api.place`; None when not given)."""
+    return click.option("--max-build-s", default=None, type=click.FloatRange(min=0.0), metavar="SECONDS",
+                        help="keep the plan's library builds within this many seconds (estimated from this "
+                             "machine's earlier builds; builds already cached cost nothing); default: no budget")
+
+
 MS_DB_HELP = ("MetaSchedule database for the tvm-ms backend (a --work-dir of tvm-pesto tune); the same as setting "
               "TVM_PESTO_MS_DB")
 
