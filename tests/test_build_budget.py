@@ -115,6 +115,23 @@ def test_building_a_plan_records_its_library_builds(tmp_path, monkeypatch):
     assert all(r["backend"] == "onnxruntime" and r["build_s"] > 0 and r["ops"] >= 1 for r in recs)
 
 
+def test_the_build_log_is_compacted_to_what_a_fit_reads(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(build_time, "MAX_RECORDS", 3)
+    monkeypatch.setattr(build_time, "COMPACT_BYTES", 600)
+    log = tmp_path / "builds.jsonl"
+    for k in range(30):
+        unit = SimpleNamespace(name=f"u{k}", backend=("torch", "openvino")[k % 2], build_s=0.1 + k, device=None)
+        build_time.record(unit, ops=1 + k % 4, path=log)
+        assert log.stat().st_size <= 600 + 200  # compacted on the append that crossed the limit
+    recs = [json.loads(line) for line in open(log)]
+    by = {b: [r["build_s"] for r in recs if r["backend"] == b] for b in ("torch", "openvino")}
+    assert all(len(v) <= 3 for v in by.values())
+    assert by["torch"][-1] == pytest.approx(28.1) and by["openvino"][-1] == pytest.approx(29.1)  # the newest kept
+    assert build_time.fitted(log)["torch"][1] > 0
+
+
 def test_place_keeps_the_plan_within_the_budget_and_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path))
     mod, _ = tiny_mlp()

@@ -200,3 +200,27 @@ def test_unserializable_record_leaves_file_and_cache_untouched(tmp_path):
     with pytest.raises(TypeError):
         c.put(dict(NEW, median_s=object()))
     assert p.read_bytes() == before and c.get("n", "tvm", "t") is None
+
+
+def test_a_rewrite_while_others_append_loses_no_record(tmp_path):
+    """Appenders wait for a rewrite's lock and append after what it kept: a log compacted
+    while other processes write to it keeps every record they wrote (here the rewrite keeps all)."""
+    path = tmp_path / "builds.jsonl"
+    append_record(path, {"w": -1, "i": 0})
+    code = textwrap.dedent("""
+        import sys
+        from tvm_pesto.costs.jsonl import append_record
+        for i in range(int(sys.argv[3])):
+            append_record(sys.argv[1], {"w": int(sys.argv[2]), "i": i})
+    """)
+    n = 400
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(w), str(n)]) for w in range(2)]
+    rewrites = 0
+    while any(p.poll() is None for p in procs):
+        jsonl.rewrite_records(path, lambda recs: recs)
+        rewrites += 1
+    assert all(p.wait() == 0 for p in procs)
+    recs = [r for _, r, why in read_records(path) if why is None]
+    assert len(recs) == 2 * n + 1 and rewrites > 0
+    for w in range(2):
+        assert [r["i"] for r in recs if r["w"] == w] == list(range(n))

@@ -35,12 +35,15 @@ from ..backends import get_backend
 from ..candidates.generate import candidate_function
 from ..cluster.host import cpu_identity
 from .cache import default_cache_path
-from .jsonl import append_record, read_records
+from .jsonl import append_record, read_records, rewrite_records
 
 #: Builds of a backend (of at least two sizes) before its line is fitted by least squares.
 MIN_FIT = 3
 #: The newest builds per backend that a fit uses.
 MAX_RECORDS = 200
+#: Once the log is larger than this, it is compacted to the newest :data:`MAX_RECORDS` builds
+#: of each backend and CPU kind (all a fit reads), so it never grows without bound.
+COMPACT_BYTES = 1 << 20
 
 _recorded: set = set()  # (log, global name) of the units this process recorded
 
@@ -62,8 +65,32 @@ def record(unit, ops: int, path: str | os.PathLike | None = None) -> None:
            "cores": int(getattr(unit.device, "cores", 0) or 0), "cpu": cpu_identity()["kind"]}
     try:
         append_record(path, rec)
+        if path.stat().st_size > COMPACT_BYTES:
+            rewrite_records(path, newest)
     except OSError:
         pass
+
+
+def newest(recs: list) -> list:
+    """The newest :data:`MAX_RECORDS` of ``recs`` per (CPU kind, backend), in their order.
+
+    Examples
+    --------
+    >>> recs = [{"cpu": "X", "backend": "b", "n": k} for k in range(MAX_RECORDS + 2)] + [{"cpu": "Y", "backend": "b"}]
+    >>> kept = newest(recs)
+    >>> len(kept), kept[0]["n"], kept[-1]
+    (201, 2, {'cpu': 'Y', 'backend': 'b'})
+    """
+    seen: dict = {}
+    keep = []
+    for rec in reversed(recs):
+        if not isinstance(rec, dict):
+            continue
+        key = (rec.get("cpu"), rec.get("backend"))
+        if seen.get(key, 0) < MAX_RECORDS:
+            seen[key] = seen.get(key, 0) + 1
+            keep.append(rec)
+    return keep[::-1]
 
 
 def read_builds(path, cpu: str):
@@ -114,4 +141,5 @@ def estimate(cs, cluster, path=None) -> np.ndarray:
     return out
 
 
-__all__ = ["MIN_FIT", "default_log_path", "estimate", "fit_backend", "fitted", "read_builds", "record"]
+__all__ = ["COMPACT_BYTES", "MAX_RECORDS", "MIN_FIT", "default_log_path", "estimate", "fit_backend", "fitted", "newest",
+           "read_builds", "record"]

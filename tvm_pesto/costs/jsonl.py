@@ -126,6 +126,54 @@ def append_record(path: str | os.PathLike, rec: dict) -> None:
         os.close(fd)
 
 
+def rewrite_records(path: str | os.PathLike, keep) -> int:
+    """Replace the records of the plain JSON-lines file ``path`` by ``keep(records)`` (the
+    parsed records in file order, lines that do not parse left out), in place under an
+    exclusive ``flock``: appenders wait for it and then append after the kept records.
+    Returns the number of records kept.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "log.jsonl")
+    >>> for k in range(5):
+    ...     append_record(p, {"k": k})
+    >>> rewrite_records(p, lambda recs: recs[-2:])
+    2
+    >>> open(p).read()
+    '{"k":3}\\n{"k":4}\\n'
+    """
+    if _compressed(path):
+        raise ValueError(f"cannot rewrite the gzip-compressed log {path}")
+    fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        locked = _lock(fd, exclusive=True)
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read()
+            recs = []
+            for raw in data.split(b"\n"):
+                if not raw.strip():
+                    continue
+                try:
+                    recs.append(json.loads(raw))
+                except (UnicodeDecodeError, json.JSONDecodeError):  # a torn or foreign line: dropped
+                    continue
+            kept = list(keep(recs))
+            out = b"".join(encode_record(r) for r in kept)
+            os.lseek(fd, 0, os.SEEK_SET)
+            view = memoryview(out)
+            while view:
+                view = view[os.write(fd, view):]
+            os.ftruncate(fd, len(out))
+        finally:
+            if locked:
+                _unlock(fd)
+    finally:
+        os.close(fd)
+    return len(kept)
+
+
 def read_records(path: str | os.PathLike) -> Iterator[tuple[int, object | None, str | None]]:
     """Every non-blank line of a JSON-lines file: ``(line number, parsed value, None)`` or
     ``(line number, None, reason)`` for a line that is not JSON.
@@ -247,4 +295,5 @@ def skipped_note(skipped: list[tuple[int, str]], noun: str = "corrupted") -> str
     return "; ".join(parts)
 
 
-__all__ = ["INCOMPLETE", "append_record", "encode_record", "log_file", "open_log", "read_records", "skipped_note"]
+__all__ = ["INCOMPLETE", "append_record", "encode_record", "log_file", "open_log", "read_records", "rewrite_records",
+           "skipped_note"]
