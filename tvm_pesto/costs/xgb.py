@@ -237,7 +237,9 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
     the training runs' VM call overhead subtracted, as measured costs have it), never below
     its FLOPs at the device's peak (a tree model cannot extrapolate to subgraphs far larger
     than it saw; bytes over bandwidth is no floor on a CPU: views and cache-resident tensors
-    are measured below it); a device it
+    are measured below it), plus, for a library unit, that call overhead once (at size full
+    most library candidates sit on the floor, and a cover of 47 units would tie with the
+    whole model in one); a device it
     does not cover, or an untrained backend without a trained ``cost_proxy`` (a backend
     predicted as another until the model learns it: ``openvino`` and
     ``onnxruntime-parallel`` as ``onnxruntime``), gets the roofline estimate
@@ -337,13 +339,15 @@ def _model_rows(cs, j: int, dev, dd: dict, cm, trained: set, memo: _CandidateMem
     from ..backends import get_backend
 
     covered = cm is not None and cm.covers_size(dd)
+    call_s = cm.overhead_s(dd) if covered else 0.0
     idx, rows, floors, fell_back = [], [], [], 0
     for i, c in enumerate(cs):
-        if not get_backend(c.backend).supports_device(dev):
+        bk = get_backend(c.backend)
+        if not bk.supports_device(dev):
             out[i, j] = math.inf
             continue
         merged = memo.merged(i, c)
-        as_backend = c.backend if c.backend in trained else get_backend(c.backend).cost_proxy
+        as_backend = c.backend if c.backend in trained else bk.cost_proxy
         if covered and as_backend in trained:
             desc = memo.desc(i, c)
             tuned = memo.share(i, c, dev)
@@ -352,7 +356,8 @@ def _model_rows(cs, j: int, dev, dd: dict, cm, trained: set, memo: _CandidateMem
                 continue
             idx.append(i)
             rows.append({"desc": desc, "device": dd, "backend": as_backend, "tuned": tuned})
-            floors.append(merged.flops / dev.peak_flops)
+            # a library unit is also one call: covers that tie at the floor prefer fewer calls
+            floors.append(merged.flops / dev.peak_flops + (0.0 if getattr(bk, "native", False) else call_s))
         else:
             out[i, j] = node_seconds(merged, dev)
             fell_back += 1
