@@ -130,6 +130,49 @@ def test_onnxruntime_keeps_its_binding_only_while_the_buffers_stay():
     np.testing.assert_allclose(out3.numpy(), ref(second), atol=1e-5, rtol=1e-5)
 
 
+def _resize_func(method, coord, rounding, layout="NCHW"):
+    shape = (1, 3, 5, 7) if layout == "NCHW" else (1, 5, 7, 3)
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.image.resize2d(x, (9, 4), layout=layout, method=method,
+                                                         coordinate_transformation_mode=coord,
+                                                         rounding_method=rounding))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize("method, coord, rounding", [
+    ("nearest_neighbor", "asymmetric", "floor"), ("nearest_neighbor", "half_pixel", "round_prefer_ceil"),
+    ("linear", "half_pixel", ""), ("linear", "align_corners", ""), ("linear", "pytorch_half_pixel", ""),
+    ("cubic", "half_pixel", "")])
+def test_resize2d_runs_in_the_onnx_libraries_as_tvm_computes_it(backend, method, coord, rounding):
+    ok, why = available_backends()
+    if backend not in {b.name for b in ok}:
+        pytest.skip(f"{backend} is not available here: {why.get(backend)}")
+    from tvm_pesto.backends.onnx_ops import supports_call
+
+    func = _resize_func(method, coord, rounding)
+    assert supports_call(func.body.blocks[0].bindings[0].value)
+    x = np.random.default_rng(0).standard_normal((1, 3, 5, 7)).astype("float32")
+    np.testing.assert_allclose(_run_backend(backend, func, [x]), _run_tvm(func, [x]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method, coord, rounding, layout, why", [
+    ("nearest_neighbor", "asymmetric", "round", "NCHW", "rounding_method 'round'"),
+    ("linear", "tf_half_pixel_for_nn", "", "NCHW", "coordinate_transformation_mode"),
+    ("linear", "half_pixel", "", "NHWC", "layout NHWC")])
+def test_a_resize2d_without_an_exact_onnx_resize_is_left_to_tvm(method, coord, rounding, layout, why):
+    from tvm_pesto.backends.onnx_ops import supports_call
+
+    func = _resize_func(method, coord, rounding, layout)
+    assert not supports_call(func.body.blocks[0].bindings[0].value)
+    with pytest.raises(OnnxExportError, match=why):
+        relax_to_onnx(func)
+
+
 def test_unsupported_op_is_a_build_error():
     x = relax.Var("x", relax.TensorType((4, 4), "float32"))
     bb = relax.BlockBuilder()

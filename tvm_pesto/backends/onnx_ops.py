@@ -222,6 +222,49 @@ def _adaptive_avg(e, call, out):
     raise OnnxExportError(f"adaptive_avg_pool2d from {in_hw} to {out_hw} (not a whole divisor) cannot be exported")
 
 
+#: Relax ``resize2d`` methods, coordinate modes and rounding methods with an exact ONNX
+#: ``Resize`` (opset 13-17) counterpart.
+_RESIZE_MODE = {"nearest_neighbor": "nearest", "linear": "linear", "cubic": "cubic"}
+_RESIZE_COORD = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
+_RESIZE_ROUND = ("floor", "ceil", "round_prefer_floor", "round_prefer_ceil")
+
+
+def _resize_problem(call) -> str | None:
+    """Why a ``relax.image.resize2d`` call has no ONNX ``Resize`` that computes the same
+    (None: it has one)."""
+    at = call.attrs
+    if str(at.layout) != "NCHW":
+        return f"resize2d with layout {at.layout} cannot be exported; only NCHW"
+    if str(at.method) not in _RESIZE_MODE:
+        return f"resize2d method {at.method!r} has no ONNX Resize mode"
+    if str(at.coordinate_transformation_mode) not in _RESIZE_COORD:
+        return (f"resize2d coordinate_transformation_mode {at.coordinate_transformation_mode!r} cannot be exported; "
+                f"one of {', '.join(_RESIZE_COORD)}")
+    if str(at.method) == "nearest_neighbor" and str(at.rounding_method) not in _RESIZE_ROUND:
+        return f"resize2d rounding_method {at.rounding_method!r} cannot be exported; one of {', '.join(_RESIZE_ROUND)}"
+    if at.out_dtype is not None and str(at.out_dtype) not in ("", dtype_of(call.args[0].ty)):
+        return "resize2d with an out_dtype other than its input's cannot be exported"
+    if not isinstance(call.args[1], relax.ShapeExpr):
+        return "resize2d with a size that is not a constant shape cannot be exported"
+    return None
+
+
+@_reg("relax.image.resize2d")
+def _resize(e, call, out):
+    why = _resize_problem(call)
+    if why:
+        raise OnnxExportError(why)
+    at = call.attrs
+    mode = _RESIZE_MODE[str(at.method)]
+    kw = dict(mode=mode, coordinate_transformation_mode=str(at.coordinate_transformation_mode),
+              cubic_coeff_a=float(at.cubic_alpha), exclude_outside=int(at.cubic_exclude),
+              extrapolation_value=float(at.extrapolation_value))
+    if mode == "nearest":
+        kw["nearest_mode"] = str(at.rounding_method)
+    sizes = e.int64s(tensor_shape(call.ty, "resize2d result"), "sizes")
+    return e.one("Resize", [e.tensor(call.args[0]), "", "", sizes], out, **kw)
+
+
 _REDUCE = {"mean": "ReduceMean", "sum": "ReduceSum", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}
 
 
@@ -418,6 +461,8 @@ def supports_call(call) -> bool:
         return False
     if name in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d") and \
             str(at.layout) != "NCHW":
+        return False
+    if name == "relax.image.resize2d" and _resize_problem(call) is not None:
         return False
     for a in call.args:
         if is_tensor_const(a) and str(a.ty.dtype) not in DTYPES:
