@@ -276,6 +276,9 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     An ``expert`` split is validated in the model: ``valid`` and every ``violations`` entry
     (memory, contiguity, acyclicity, co-location).
 
+    ``max_build_s`` keeps each solver's plan within that many seconds of library builds
+    (:func:`tvm_pesto.api.place`); a LayerGraph file has no builds, and it is refused there.
+
     Every input problem raises a :class:`PestoError` before any solver runs where it can
     (unknown solver, bad graph file, cluster mismatch); when the devices lack memory, the
     error names the smallest per-device memory with which a plan was found.

@@ -20,9 +20,9 @@ from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
 #: Least seconds :meth:`PlacedRuntime.benchmark` times and warms up for (a 40-µs model: 5,000
 #: timed runs after 1,250 warm-up runs; a 3-ms one: 67 after 17).
 BENCH_MIN_S = 0.2
+BENCH_WARMUP_S = 0.05
 #: Bytes TVM's kernels expect a tensor's data to be aligned to.
 ALIGN = 64
-BENCH_WARMUP_S = 0.05
 
 
 class PlacedRuntime:
