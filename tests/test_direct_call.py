@@ -80,3 +80,15 @@ def test_numpy_inputs_are_copied_to_the_device(value):
         value.flat[0] = 0  # the caller's array changes after the call ...
         np.testing.assert_array_equal(to_numpy(t), before)  # ... and the device's copy does not
     placed.close()
+
+
+def test_a_numpy_input_lands_on_the_cpu_index_of_its_device():
+    """TVM's kernels check a tensor's device index against their arguments: an input bound for
+    the second CPU device must be a ``cpu:1`` tensor, not a view that numpy's DLPack calls ``cpu:0``."""
+    mod, inputs = tiny_mlp()
+    placed = build_placement(place(mod, "cpu:2", costs="roofline", backends="tvm"), cpu_cluster(2))
+    for d in (0, 1):
+        t = placed._on_device(inputs[0], d)
+        assert str(t.device) == f"cpu:{d}"
+        np.testing.assert_array_equal(to_numpy(t), inputs[0])
+    placed.close()

@@ -84,9 +84,9 @@ class PlacedRuntime:
         if isinstance(value, tvm.runtime.Tensor):
             return value if value.device == dev else value.copyto(dev)
         arr = np.asarray(value, order="C")  # keeps 0-d arrays 0-d
-        if dev.dlpack_device_type() == 1:  # host memory: a copy in an aligned numpy buffer, viewed
+        if dev.dlpack_device_type() == 1:  # host memory: copied through a view, not TVM's slower copy
             try:
-                return tvm_ffi.from_dlpack(_aligned_copy(arr), require_alignment=ALIGN)
+                return _host_copy(arr, dev)
             except (TypeError, BufferError, RuntimeError, ValueError):  # a dtype without a DLPack view
                 pass
         return tvm.runtime.tensor(arr, device=dev)
@@ -176,8 +176,8 @@ class PlacedRuntime:
         except Exception as e:  # noqa: BLE001 - the library's error, explained at our boundary
             raise ExecutionError(f"device {step.device} failed in segment {step.func} ({step.extern}): "
                                  f"{error_line(e)}") from e
-        if tensors:  # TVM tensors in, TVM tensors out, as the VM path returns
-            outs = [_as_tensor(o) for o in outs]
+        if tensors:  # TVM tensors in, TVM tensors out on the unit's device, as the VM path returns
+            outs = [_as_tensor(o, self._devs[step.device]) for o in outs]
         return result(args, outs)
 
     def run_traced(self, *args):
@@ -297,14 +297,37 @@ def _aligned_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _as_tensor(a: np.ndarray):
-    """``a`` as a TVM tensor: a view when its data is aligned as TVM's kernels expect
-    (:data:`ALIGN`), else a copy."""
+def _host_copy(a: np.ndarray, dev):
+    """A copy of ``a`` as a TVM tensor on the host device ``dev``. On ``cpu(0)`` (the device a
+    numpy array's DLPack names) a view of an aligned numpy copy; on another CPU index (which
+    TVM's kernels check against their arguments) a tensor of that device filled through a view.
+
+    Examples
+    --------
+    >>> import tvm
+    >>> [str(_host_copy(np.ones(3, "float32"), tvm.cpu(i)).device) for i in (0, 1)]
+    ['cpu:0', 'cpu:1']
+    """
+    if dev.index == 0:
+        return tvm_ffi.from_dlpack(_aligned_copy(a), require_alignment=ALIGN)
+    t = tvm.runtime.empty(a.shape, str(a.dtype), dev)
+    np.copyto(np.from_dlpack(t), a, casting="no")
+    return t
+
+
+def _as_tensor(a: np.ndarray, dev):
+    """A library's output ``a`` as a TVM tensor on the host device ``dev``: a view when it
+    can be one (``cpu(0)``, data aligned as TVM's kernels expect, :data:`ALIGN`), else a copy."""
     a = np.ascontiguousarray(a)
+    if dev.index == 0:
+        try:
+            return tvm_ffi.from_dlpack(a, require_alignment=ALIGN)
+        except (ValueError, RuntimeError):  # not aligned
+            pass
     try:
-        return tvm_ffi.from_dlpack(a, require_alignment=ALIGN)
-    except (ValueError, RuntimeError):  # not aligned: TVM's kernels assume aligned data
-        return tvm.runtime.tensor(a)
+        return _host_copy(a, dev)
+    except (TypeError, BufferError, RuntimeError, ValueError):  # a dtype without a DLPack view
+        return tvm.runtime.tensor(a, device=dev)
 
 
 def _direct(program):
