@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import warnings
 
 import numpy as np
@@ -154,6 +155,9 @@ def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch,
 
     monkeypatch.setattr(fe, "candidate_costs", measured_thrice_as_slow_the_second_time)
     monkeypatch.setattr(os, "getloadavg", _loads(0.25))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     mods = {"mlp": tiny_mlp()[0]}
     once = flow_eval(mods, "cpu:2", calibrate=False)
     calls.clear()
@@ -161,6 +165,7 @@ def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch,
     col = first["table"][:, 0]  # cpu:2: two devices of one size, scored once (the first)
     sum_first = float(col[np.isfinite(col)].sum())
     assert len(calls) == 2 and calls[0] != calls[1]  # each run measured into a fresh log
+    assert all(str(p).startswith(str(scratch)) for p in calls) and not any(scratch.iterdir())  # and removed
     n = res["flow"]["mlp"]["label_noise"]
     assert n["runs"] == 2 and n["rerun_sum_ratio"] == [pytest.approx(3.0)]
     assert n["rerun_mape"] == pytest.approx(200.0) and n["above_target"] is True

@@ -16,6 +16,7 @@ Examples
 """
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from pathlib import Path
@@ -194,10 +195,14 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     cols = _covered_columns(cl, cm)
     applied = _applied_calibration(cl, cm) if calibrate else None
     fresh = cache is None
-    run = {"cluster": cl, "model": cm, "cols": cols, "applied": applied, "cache": cache if not fresh else _fresh_log(),
-           "fresh": fresh, "progress": progress, "label_runs": label_runs, "max_load": max_load, "strict": strict}
-    load_start = _loadavg()
-    scored = {name: _score_model(name, mod, run) for name, mod in modules.items()}
+    with tempfile.TemporaryDirectory(prefix="pesto-flow-") as scratch:
+        logs = itertools.count()
+        run = {"cluster": cl, "model": cm, "cols": cols, "applied": applied, "fresh": fresh, "progress": progress,
+               "label_runs": label_runs, "max_load": max_load, "strict": strict,
+               "fresh_log": lambda: MeasureCache(Path(scratch) / f"measurements-{next(logs)}.jsonl")}
+        run["cache"] = run["fresh_log"]() if fresh else cache
+        load_start = _loadavg()
+        scored = {name: _score_model(name, mod, run) for name, mod in modules.items()}
     per = {n: s["rec"] for n, s in scored.items()}
     res: dict = {"kind": "flow", "model": cm.path, "cluster": cl.name, "devices": sorted(cols),
                  "cost_source": "xgb", "label_source": "measured (fused groups scaled to the whole model's time)",
@@ -249,17 +254,13 @@ def _applied_calibration(cl, cm):
     return load_calibration(cm)
 
 
-def _fresh_log() -> MeasureCache:
-    return MeasureCache(Path(tempfile.mkdtemp(prefix="pesto-flow-")) / "measurements.jsonl")
-
-
 def _measure_labels(name, cs, run: dict, before: list):
     """The measured cost table of ``cs`` (median over ``label_runs`` fresh runs), every run's
     table, and the load average after (``before``: the load average before the model)."""
     mct = candidate_costs(cs, run["cluster"], "measured", cache=run["cache"], progress=run["progress"])
     runs = [mct.table.copy()]
     for _ in range(1, run["label_runs"]):
-        runs.append(candidate_costs(cs, run["cluster"], "measured", cache=_fresh_log(), progress=run["progress"]).table)
+        runs.append(candidate_costs(cs, run["cluster"], "measured", cache=run["fresh_log"](), progress=run["progress"]).table)
     if run["label_runs"] > 1:
         mct.table = np.median(np.stack(runs), axis=0)
     after = _loadavg()
