@@ -13,11 +13,14 @@ import pytest
 from click.testing import CliRunner
 
 import tvm_pesto
+from tvm_pesto.backends.registry import available_backends
 from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
+from tvm_pesto.candidates.flow import make_candidates
 from tvm_pesto.cli.cost_model import cost_model
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import candidate_costs
 from tvm_pesto.costs.cache import MeasureCache
+from tvm_pesto.costs.machine import calibration_units
 from tvm_pesto.costs.calibration import (
     CALIBRATION_ENV,
     FORMAT,
@@ -106,6 +109,49 @@ def test_flow_eval_scores_real_fused_groups(measured, cpu_kind):
     assert set(res["targets"]["raw"]) == {"models", "mape_met", "sum_met", "all_met"}
 
 
+def test_flow_scores_the_library_units_per_backend(measured):
+    """Each library backend's units (those covering one fused group, and its largest) are
+    measured and predicted as the product's path gives them, scored per backend."""
+    res, mods, cache = measured
+    cl = parse_cluster("cpu:2")
+    available = {b.name for b in available_backends()[0]} - {"tvm"}
+    assert available and set(res["library"]) <= available
+    per_backend: dict = {}
+    for name, mod in mods.items():
+        a = tvm_pesto.analyze(mod)
+        units = calibration_units(make_candidates(a, cl, "all"), a.groups).subset(lambda c: c.backend != "tvm")
+        meas = candidate_costs(units, cl, "measured", cache=cache).table[:, 0]
+        pred = candidate_costs(units, cl, "xgb").table[:, 0]  # the xgb source, its calibration applied
+        for b in {c.backend for c in units}:
+            rows = [i for i, c in enumerate(units) if c.backend == b and np.isfinite(meas[i]) and meas[i] > 0]
+            if not rows:  # e.g. ONNX Runtime's parallel mode on one-core devices: nothing to score
+                assert b not in res["flow"][name]["library"]
+                continue
+            fig = res["flow"][name]["library"][b]
+            assert fig["n"] == len(rows)
+            ape = np.abs(pred[rows] - meas[rows]) / meas[rows]
+            assert np.isclose(fig["mape"], 100 * ape.mean()) and "mape" in fig["raw"]
+            per_backend.setdefault(b, []).append(name)
+    assert {b: r["models"] for b, r in res["library"].items()} == per_backend
+    assert all(r["n"] == sum(res["flow"][n]["library"][b]["n"] for n in r["models"]) for b, r in res["library"].items())
+
+
+def test_flow_library_backends_are_chosen_and_checked_first(monkeypatch):
+    import tvm_pesto.lab.flow_eval as fe
+
+    measured_models = []
+    monkeypatch.setattr(fe, "_score_model", lambda name, mod, run: measured_models.append(name))
+    with pytest.raises(PestoError, match="unknown backend 'nope'"):
+        flow_eval({"mlp": tiny_mlp()[0]}, "cpu:2", calibrate=False, backends="tvm,nope")
+    assert measured_models == []  # refused before anything was measured
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "getloadavg", _loads(0.25))
+    res = flow_eval({"mlp": tiny_mlp()[0]}, "cpu:2", calibrate=False, backends="tvm")
+    assert res["library"] == {} and res["flow"]["mlp"]["library"] == {}
+    res = CliRunner().invoke(cost_model, ["eval", "--backends", "onnxruntime"])
+    assert isinstance(res.exception, PestoError) and "add --flow" in str(res.exception)
+
+
 def test_flow_fits_this_machines_calibration_first_as_estimate_costs_does(measured, monkeypatch):
     """Where the xgb source would fit this machine's calibration before its first costs, the
     flow does too, and scores what that calibration then gives (here: the bundled one)."""
@@ -159,9 +205,9 @@ def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch,
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     mods = {"mlp": tiny_mlp()[0]}
-    once = flow_eval(mods, "cpu:2", calibrate=False)
+    once = flow_eval(mods, "cpu:2", calibrate=False, backends="tvm")  # the groups' labels only
     calls.clear()
-    res = flow_eval(mods, "cpu:2", calibrate=False, label_runs=2)
+    res = flow_eval(mods, "cpu:2", calibrate=False, label_runs=2, backends="tvm")
     col = first["table"][:, 0]  # cpu:2: two devices of one size, scored once (the first)
     sum_first = float(col[np.isfinite(col)].sum())
     assert len(calls) == 2 and calls[0] != calls[1]  # each run measured into a fresh log

@@ -216,6 +216,10 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
               "the zoo (tvm_pesto.zoo.outside) [default: all of both]")
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]), help="--flow")
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True, help="--flow: devices to measure on")
+@click.option("--backends", default="all", show_default=True,
+              help="--flow: library backends whose units are scored beside TVM's groups: all (every one available "
+                   "but inductor, whose every unit is a compile of seconds), or a comma-separated list such as "
+                   "onnxruntime,openvino,inductor")
 @click.option("--cache", "cache_path", default=None, help="--flow: measurement log to reuse [default: a fresh one, "
               "so every label is measured now, under the load reported]")
 @click.option("--max-load", default=1.0, show_default=True, type=float,
@@ -228,7 +232,7 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
 @click.option("--save-calibration", is_flag=True, help="--flow: fit the calibration on all the models and store it "
               "next to the model file (NAME.calibration.json), where the xgb cost source applies it")
 def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flow_names, size, cluster_spec,
-             cache_path, max_load, strict, no_calibration, label_runs, save_calibration):
+             backends, cache_path, max_load, strict, no_calibration, label_runs, save_calibration):
     """Evaluate a cost model on its held-out models and on the models it saw (or, with
     --flow, on whole models through the cost sources)."""
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
@@ -240,11 +244,11 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flo
             raise PestoError("--flow measures models on this machine; --logs, --tuning-db, --cv and --plot score the "
                              "profiler's records: run them without --flow")
         _eval_flow(model, flow_names, size, cluster_spec, cache_path, max_load, strict, not no_calibration,
-                   save_calibration, json_path, label_runs)
+                   save_calibration, json_path, label_runs, backends)
         return
-    if save_calibration or strict or no_calibration or cache_path or label_runs != 1:
-        raise PestoError("--save-calibration, --strict, --no-calibration, --cache and --label-runs belong to --flow; "
-                         "add --flow")
+    if save_calibration or strict or no_calibration or cache_path or label_runs != 1 or backends != "all":
+        raise PestoError("--save-calibration, --strict, --no-calibration, --cache, --label-runs and --backends belong "
+                         "to --flow; add --flow")
     with step("evaluate" + (" with cross-validation" if cv else "")):
         res = evaluate_model(model, cv=cv, plot=plot, logs=list(logs) or None, tuning_dbs=tuning_dbs,
                              label=label)
@@ -320,7 +324,7 @@ def _noise(r) -> str:
 
 
 def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, calibrate, save, json_path,
-               label_runs=1) -> None:
+               label_runs=1, backends="all") -> None:
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from ..lab.flow_eval import flow_eval, flow_models
 
@@ -330,7 +334,7 @@ def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, c
     with step(f"measure and predict {len(mods)} models on {cluster_spec}") as cb:
         res = flow_eval(mods, cluster_spec, model=model, cache=cache, calibrate=calibrate, max_load=max_load,
                         strict=strict, save_calibration=calibration_path(model.path) if save else None, progress=cb,
-                        label_runs=label_runs)
+                        label_runs=label_runs, backends=backends)
     applied = res["calibration"].get("applied")
     console.print(f"[bold]{res['model']}[/] on the flow ({res['cluster']}; labels: {res['label_source']}); "
                   f"MAPE in %, sum = predicted / measured; predictions as estimate_costs gives them, calibrated by "
@@ -352,6 +356,10 @@ def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, c
     for k, m in pooled.items():
         console.print(f"  pooled {k}: MAPE {_fmt(m['mape'], '.1f')}%, sum {_fmt(m['sum_ratio'], '.2f')}, "
                       f"Spearman {_fmt(m['spearman'], '.3f')} over {m['n']} groups")
+    for b, m in res.get("library", {}).items():
+        console.print(f"  {b} units ({', '.join(m['models'])}): MAPE {_fmt(m['mape'], '.1f')}% (raw "
+                      f"{_fmt(m['raw']['mape'], '.1f')}%), sum {_fmt(m['sum_ratio'], '.2f')}, Spearman "
+                      f"{_fmt(m['spearman'], '.3f')} over {m['n']} units")
     if res.get("label_noise"):
         n = res["label_noise"]
         console.print(f"  label noise ({n['runs']} runs): the runs differ by {n['rerun_mape']:.1f}% per group (sums "

@@ -91,16 +91,23 @@ def needs_fit(model, cluster) -> bool:
     return any(k not in fitted for k in keys)
 
 
-def unit_pairs(cs, groups, cluster, model, keys, cache) -> list:
-    """(backend, device key, raw predicted, measured) of one model's calibration units: the
-    candidates of ``cs`` whose nodes are one of ``groups`` (the fusion groups) and each
-    library backend's largest candidate, on the first device of each key in ``keys``."""
+def calibration_units(cs, groups):
+    """The candidates of ``cs`` that calibrate and evaluate the ``xgb`` source: those whose
+    nodes are one of ``groups`` (the fusion groups), of every backend, and each library
+    backend's largest candidate."""
     groups = {frozenset(g) for g in groups}
     largest: dict[str, frozenset] = {}
     for c in cs:
         if c.backend != "tvm" and len(c.nodes) > len(largest.get(c.backend, ())):
             largest[c.backend] = frozenset(c.nodes)
-    sub = cs.subset(lambda c: frozenset(c.nodes) in groups or frozenset(c.nodes) == largest.get(c.backend))
+    return cs.subset(lambda c: frozenset(c.nodes) in groups or frozenset(c.nodes) == largest.get(c.backend))
+
+
+def unit_pairs(cs, groups, cluster, model, keys, cache) -> list:
+    """(backend, device key, raw predicted, measured) of one model's calibration units: the
+    candidates of ``cs`` whose nodes are one of ``groups`` (the fusion groups) and each
+    library backend's largest candidate, on the first device of each key in ``keys``."""
+    sub = calibration_units(cs, groups)
     measured = candidate_costs(sub, cluster, "measured", cache=cache).table
     raw, _ = predict_candidate_costs(sub, cluster, model, calibration=False)
     out, seen = [], set()
@@ -224,5 +231,5 @@ def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool =
     return fit_machine_calibration(units, cluster, cm, announce=announce)
 
 
-__all__ = ["MACHINE_ENV", "MACHINE_MODELS", "auto_enabled", "calibrate_machine", "fit_machine_calibration",
+__all__ = ["MACHINE_ENV", "MACHINE_MODELS", "auto_enabled", "calibrate_machine", "calibration_units", "fit_machine_calibration",
            "local_device_keys", "needs_fit", "unit_pairs"]

@@ -3,7 +3,10 @@
 :func:`flow_eval` scores each model's fused groups predicted by the ``xgb`` source against
 the ``measured`` source (groups timed now, scaled to the whole model's measured time), per
 model, raw and with a whole-model calibration fitted on the *other* models
-(:mod:`tvm_pesto.costs.calibration`). ``tvm-pesto cost-model eval --flow`` runs it.
+(:mod:`tvm_pesto.costs.calibration`). The library backends' units (the flow's candidates of
+ONNX Runtime, OpenVINO, Inductor, ... that cover one fused group, and each backend's
+largest) are scored per backend beside them (``library.<backend>``, and per model under
+``flow.<model>.library``). ``tvm-pesto cost-model eval --flow`` runs it.
 
 Examples
 --------
@@ -27,6 +30,8 @@ from .. import zoo
 from ..candidates import placement_candidates
 from ..cluster import as_cluster
 from ..costs import candidate_costs, machine
+from ..costs.machine import calibration_units
+from ..candidates.flow import backend_names, make_candidates
 from ..costs.cache import MeasureCache
 from ..costs.calibration import METHOD, file_sha256, fit_calibration, load_calibration
 from ..costs.features import device_descriptor, device_key
@@ -117,7 +122,7 @@ def _target_summary(per: dict, key: str | None) -> dict:
 
 def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate: bool = True,
               max_load: float = MAX_LABEL_LOAD, strict: bool = False, save_calibration=None,
-              progress=None, label_runs: int = 1) -> dict:
+              progress=None, label_runs: int = 1, backends="all") -> dict:
     """Score the ``xgb`` cost source against measurements on the product's path.
 
     For each model: its fused groups (the ``tvm`` candidates of placement, as
@@ -156,6 +161,10 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         label is the median over the runs, and ``label_noise`` says how far the runs were
         from the first: what a perfect cost model would score against one run. On a
         shared VM whose speed drifts it can exceed the targets (a fresh cache only).
+    backends : str or list
+        Library backends whose units are scored (measured once, beside the groups):
+        ``"all"`` (every available backend but ``inductor``, as the flow's default), or
+        names (:func:`tvm_pesto.candidates.flow.backend_names`).
 
     Returns
     -------
@@ -175,6 +184,9 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         (the runs themselves differ by more than a target allows: the model's figures
         cannot be judged against the targets on this machine); ``label_noise`` the same
         over all groups, with ``above_target_models``.
+        ``library.<backend>``: the same error figures (calibration applied; ``raw``
+        without) over every model's units of that backend, with the ``models`` they come
+        from; ``flow.<model>.library.<backend>`` one model's.
 
     Raises
     ------
@@ -190,6 +202,7 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     >>> res["flow"]["vit"]["mape"], res["flow"]["vit"]["calibrated_heldout"]["mape"]  # doctest: +SKIP
     """
     _check_args(modules, max_load, label_runs, cache)
+    backend_names(backends)  # an unknown name fails here, before anything is measured
     cl = as_cluster(cluster)
     cm = model if isinstance(model, CostModel) else load_model(model)
     cols = _covered_columns(cl, cm)
@@ -198,7 +211,7 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     with tempfile.TemporaryDirectory(prefix="pesto-flow-") as scratch:
         logs = itertools.count()
         run = {"cluster": cl, "model": cm, "cols": cols, "applied": applied, "fresh": fresh, "progress": progress,
-               "label_runs": label_runs, "max_load": max_load, "strict": strict,
+               "backends": backends, "label_runs": label_runs, "max_load": max_load, "strict": strict,
                "fresh_log": lambda: MeasureCache(Path(scratch) / f"measurements-{next(logs)}.jsonl")}
         run["cache"] = run["fresh_log"]() if fresh else cache
         load_start = _loadavg()
@@ -308,7 +321,30 @@ def _score_model(name, mod, run: dict) -> dict:
     labels = [r[at] for r in runs] if run["label_runs"] > 1 else None
     if labels is not None:
         rec["label_noise"] = _label_noise(labels)
-    return {"rec": rec, "pairs": ps, "cells": (cs, at), "applied": pred, "labels": labels}
+    lib = _library_pairs(a, run)
+    rec["library"] = {b: {**_flow_errors(m, p), "raw": _flow_errors(m, r)} for b, (r, p, m) in lib.items()}
+    return {"rec": rec, "pairs": ps, "cells": (cs, at), "applied": pred, "labels": labels, "library": lib}
+
+
+def _library_pairs(a: Analysis, run: dict) -> dict:
+    """``backend -> (raw predicted, applied predicted, measured)`` of the model's library units:
+    the flow's candidates of other backends than TVM that cover one fusion group, and each
+    backend's largest (:func:`~tvm_pesto.costs.machine.calibration_units`, the units the
+    machine calibration is fitted on), measured once, on the scored devices."""
+    cl, cm = run["cluster"], run["model"]
+    units = calibration_units(make_candidates(a, cl, run["backends"]), a.groups)
+    units = units.subset(lambda c: c.backend != "tvm")
+    if not len(units):
+        return {}
+    meas = candidate_costs(units, cl, "measured", cache=run["cache"], progress=run["progress"]).table
+    raw, _ = predict_candidate_costs(units, cl, cm, calibration=False)
+    applied = raw if run["applied"] is None else predict_candidate_costs(units, cl, cm, calibration=run["applied"])[0]
+    out: dict = {}
+    for j in run["cols"].values():
+        for i, c in enumerate(units):
+            if np.isfinite(meas[i, j]) and np.isfinite(raw[i, j]) and meas[i, j] > 0:
+                out.setdefault(c.backend, []).append((raw[i, j], applied[i, j], meas[i, j]))
+    return {b: tuple(np.array(col, dtype=float) for col in zip(*v)) for b, v in sorted(out.items())}
 
 
 def _summarise(res: dict, scored: dict, max_load: float, label_runs: int) -> None:
@@ -330,6 +366,13 @@ def _summarise(res: dict, scored: dict, max_load: float, label_runs: int) -> Non
     all_raw = np.concatenate([[p[2] for p in scored[n]["pairs"]] for n in per])
     all_applied = np.concatenate([scored[n]["applied"] for n in per])
     res["pooled"] = {"applied": _flow_errors(all_meas, all_applied), "raw": _flow_errors(all_meas, all_raw)}
+    backends = sorted({b for n in per for b in scored[n]["library"]})
+    res["library"] = {}
+    for b in backends:
+        raw, applied, meas = (np.concatenate([scored[n]["library"][b][k] for n in per if b in scored[n]["library"]])
+                              for k in range(3))
+        res["library"][b] = {"models": sorted(n for n in per if b in scored[n]["library"]),
+                             **_flow_errors(meas, applied), "raw": _flow_errors(meas, raw)}
     res["targets"] = {"applied": _target_summary(per, None), "raw": _target_summary(per, "raw")}
 
 
