@@ -162,9 +162,8 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         from the first: what a perfect cost model would score against one run. On a
         shared VM whose speed drifts it can exceed the targets (a fresh cache only).
     backends : str or list
-        Library backends whose units are scored (measured once, beside the groups):
-        ``"all"`` (every available backend but ``inductor``, as the flow's default), or
-        names (:func:`tvm_pesto.candidates.flow.backend_names`).
+        Library backends whose units are scored (measured once): ``"all"`` (every available
+        one but ``inductor``, the flow's default) or names (``"tvm"``: none).
 
     Returns
     -------
@@ -184,9 +183,8 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         (the runs themselves differ by more than a target allows: the model's figures
         cannot be judged against the targets on this machine); ``label_noise`` the same
         over all groups, with ``above_target_models``.
-        ``library.<backend>``: the same error figures (calibration applied; ``raw``
-        without) over every model's units of that backend, with the ``models`` they come
-        from; ``flow.<model>.library.<backend>`` one model's.
+        ``library.<backend>``: those error figures (``raw`` uncalibrated) over the ``models``'
+        units of that backend; ``flow.<model>.library.<backend>`` one model's.
 
     Raises
     ------
@@ -208,14 +206,10 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     cols = _covered_columns(cl, cm)
     applied = _applied_calibration(cl, cm) if calibrate else None
     fresh = cache is None
-    with tempfile.TemporaryDirectory(prefix="pesto-flow-") as scratch:
-        logs = itertools.count()
-        run = {"cluster": cl, "model": cm, "cols": cols, "applied": applied, "fresh": fresh, "progress": progress,
-               "backends": backends, "label_runs": label_runs, "max_load": max_load, "strict": strict,
-               "fresh_log": lambda: MeasureCache(Path(scratch) / f"measurements-{next(logs)}.jsonl")}
-        run["cache"] = run["fresh_log"]() if fresh else cache
-        load_start = _loadavg()
-        scored = {name: _score_model(name, mod, run) for name, mod in modules.items()}
+    run = {"cluster": cl, "model": cm, "cols": cols, "applied": applied, "fresh": fresh, "progress": progress,
+           "backends": backends, "label_runs": label_runs, "max_load": max_load, "strict": strict}
+    load_start = _loadavg()
+    scored = _score_models(modules, run, cache)
     per = {n: s["rec"] for n, s in scored.items()}
     res: dict = {"kind": "flow", "model": cm.path, "cluster": cl.name, "devices": sorted(cols),
                  "cost_source": "xgb", "label_source": "measured (fused groups scaled to the whole model's time)",
@@ -224,14 +218,31 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
                  "high_load_models": sorted(n for n, r in per.items() if r["high_load"]),
                  "targets_required": dict(FLOW_TARGETS), "flow": per}
     _summarise(res, scored, max_load, label_runs)
+    _calibration_figures(res, scored, run, calibrate, save_calibration)
+    return res
+
+
+def _score_models(modules: dict, run: dict, cache) -> dict:
+    """Every model scored (:func:`_score_model`) into ``cache``, or, without one, into fresh
+    logs in one temporary folder, removed afterwards (each label run gets its own)."""
+    with tempfile.TemporaryDirectory(prefix="pesto-flow-") as scratch:
+        logs = itertools.count()
+        run["fresh_log"] = lambda: MeasureCache(Path(scratch) / f"measurements-{next(logs)}.jsonl")
+        run["cache"] = run["fresh_log"]() if cache is None else cache
+        return {name: _score_model(name, mod, run) for name, mod in modules.items()}
+
+
+def _calibration_figures(res: dict, scored: dict, run: dict, calibrate: bool, save_calibration) -> None:
+    """``res["calibration"]``; with ``calibrate``, the leave-one-model-out figures, and the
+    calibration fitted on all the models saved to ``save_calibration`` when given."""
+    applied, per = run["applied"], res["flow"]
     res["calibration"] = {"fitted": False, "applied": None if applied is None else applied.path,
                           "note": _CALIBRATION_NOTES[bool(calibrate)]}
     if calibrate:
         pairs = {n: s["pairs"] for n, s in scored.items()}
-        _flow_calibrate(res, per, pairs, {n: s["cells"] for n, s in scored.items()}, cl, cm)
+        _flow_calibrate(res, per, pairs, {n: s["cells"] for n, s in scored.items()}, run["cluster"], run["model"])
         if save_calibration is not None:
-            _save_calibration(res, per, pairs, cl, cm, save_calibration)
-    return res
+            _save_calibration(res, per, pairs, run["cluster"], run["model"], save_calibration)
 
 
 def _check_args(modules, max_load, label_runs, cache) -> None:
