@@ -231,5 +231,5 @@ def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool =
     return fit_machine_calibration(units, cluster, cm, announce=announce)
 
 
-__all__ = ["MACHINE_ENV", "MACHINE_MODELS", "auto_enabled", "calibrate_machine", "calibration_units", "fit_machine_calibration",
-           "local_device_keys", "needs_fit", "unit_pairs"]
+__all__ = ["MACHINE_ENV", "MACHINE_MODELS", "auto_enabled", "calibrate_machine", "calibration_units",
+           "fit_machine_calibration", "local_device_keys", "needs_fit", "unit_pairs"]

@@ -28,10 +28,9 @@ import numpy as np
 
 from .. import zoo
 from ..candidates import placement_candidates
+from ..candidates.flow import backend_names, make_candidates
 from ..cluster import as_cluster
 from ..costs import candidate_costs, machine
-from ..costs.machine import calibration_units
-from ..candidates.flow import backend_names, make_candidates
 from ..costs.cache import MeasureCache
 from ..costs.calibration import METHOD, file_sha256, fit_calibration, load_calibration
 from ..costs.features import device_descriptor, device_key
@@ -284,7 +283,8 @@ def _measure_labels(name, cs, run: dict, before: list):
     mct = candidate_costs(cs, run["cluster"], "measured", cache=run["cache"], progress=run["progress"])
     runs = [mct.table.copy()]
     for _ in range(1, run["label_runs"]):
-        runs.append(candidate_costs(cs, run["cluster"], "measured", cache=run["fresh_log"](), progress=run["progress"]).table)
+        again = candidate_costs(cs, run["cluster"], "measured", cache=run["fresh_log"](), progress=run["progress"])
+        runs.append(again.table)
     if run["label_runs"] > 1:
         mct.table = np.median(np.stack(runs), axis=0)
     after = _loadavg()
@@ -343,7 +343,7 @@ def _library_pairs(a: Analysis, run: dict) -> dict:
     backend's largest (:func:`~tvm_pesto.costs.machine.calibration_units`, the units the
     machine calibration is fitted on), measured once, on the scored devices."""
     cl, cm = run["cluster"], run["model"]
-    units = calibration_units(make_candidates(a, cl, run["backends"]), a.groups)
+    units = machine.calibration_units(make_candidates(a, cl, run["backends"]), a.groups)
     units = units.subset(lambda c: c.backend != "tvm")
     if not len(units):
         return {}
