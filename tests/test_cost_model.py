@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import numpy as np
@@ -205,6 +206,28 @@ def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, swe
     assert len(dataset.load_dataset([a]).rows) == len(want)
     with pytest.raises(ValueError, match="compressed"):
         append_record(a, {"key": "k"})
+
+
+def test_profile_zoo_measures_each_model_in_a_process_of_its_own(tmp_path):
+    """A long process slowed OpenVINO's two-thread calls (docs/cost_model.md): each model and
+    each sweep family is profiled in a fresh process, appending to the same log."""
+    from tvm_pesto.lab.profile import profile_zoo
+
+    log = tmp_path / "p.jsonl"
+    seen = []
+    res = profile_zoo(["sweep-pool", "sweep-movement"], cluster="cpu:2", log_path=log, backends=["tvm"],
+                      repeat=2, min_repeat_ms=1, on_model=seen.append)
+    assert [r.model for r in res] == ["sweep-pool", "sweep-movement"] and seen == res
+    assert all(r.measured > 0 and not r.errors for r in res)
+    pids = {r.pid for r in res}
+    assert len(pids) == 2 and os.getpid() not in pids
+    models = {json.loads(line)["model"] for line in log.read_text().splitlines()}
+    assert models == {"sweep-pool", "sweep-movement"}
+    here = profile_zoo(["sweep-pool"], cluster="cpu:2", log_path=tmp_path / "q.jsonl", backends=["tvm"],
+                       repeat=2, min_repeat_ms=1, fresh_process=False)
+    assert here[0].pid == os.getpid() and here[0].measured > 0
+    bad = profile_zoo(["sweep-nope"], cluster="cpu:2", log_path=log, backends=["tvm"])
+    assert bad[0].errors and bad[0].pid not in pids | {os.getpid()}  # a failure is reported, not raised
 
 
 def test_profiler_logs_enough_to_rebuild_features_without_the_ir(tmp_path):

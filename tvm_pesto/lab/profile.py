@@ -42,11 +42,13 @@ Examples
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import socket
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,6 +151,7 @@ class ProfileResult:
     seconds: float = 0.0
     backends: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
+    pid: int = 0  # the process that measured it
 
 
 def _units(rg, groups, backends):
@@ -281,11 +284,16 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
 
 def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_models/profile.jsonl",
                 backends=DEFAULT_BACKENDS, progress=None, on_model=None, repeat: int = 5,
-                min_repeat_ms: int = 5, run: str = "") -> list[ProfileResult]:
+                min_repeat_ms: int = 5, run: str = "", fresh_process: bool = True) -> list[ProfileResult]:
     """Profile zoo models and models of :mod:`tvm_pesto.zoo.outside` (``"sweep"`` or
     ``"sweep-<family>"`` names profile the shape sweeps).
 
-    A model that fails is reported in its result's ``errors`` and the others go on.
+    With ``fresh_process`` (default; for a ``cpu:N`` cluster given by name) each model, and
+    each sweep family, is measured in a process of its own (``spawn``; ``progress`` is not
+    called then): in one long process OpenVINO's two-thread calls grew 4x slower by the
+    last models, and the labels with them (docs/cost_model.md); a script that calls this
+    needs the ``if __name__ == "__main__":`` guard ``spawn`` asks for. A model that fails
+    is reported in its result's ``errors`` and the others go on.
 
     Examples
     --------
@@ -293,25 +301,33 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
     """
     out = []
     for name in names:
-        try:
-            if name == "sweep" or name.startswith("sweep-"):
-                fams = list(FAMILIES) if name == "sweep" else [name[len("sweep-"):]]
-                for fam in fams:
-                    r = profile_module(sweep_module(fam), f"sweep-{fam}", cluster, log_path, backends, progress,
-                                       repeat, min_repeat_ms, run)
-                    out.append(r)
-                    if on_model:
-                        on_model(r)
-                continue
+        parts = [f"sweep-{f}" for f in FAMILIES] if name == "sweep" else [name]
+        for part in parts:
+            args = (part, size, cluster, log_path, backends, repeat, min_repeat_ms, run)
+            if fresh_process and isinstance(cluster, str):
+                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    r = pool.submit(_profile_one, *args).result()
+            else:
+                r = _profile_one(*args, progress=progress)
+            out.append(r)
+            if on_model:
+                on_model(r)
+    return out
+
+
+def _profile_one(name, size, cluster, log_path, backends, repeat, min_repeat_ms, run, progress=None):
+    """:func:`profile_module` of one zoo model, model outside the zoo or sweep family."""
+    try:
+        if name.startswith("sweep-"):
+            mod, label = sweep_module(name[len("sweep-"):]), name
+        else:
             mod = outside.relax_module(name, size) if name in outside.MODELS else zoo.load(name, size).mod
             label = name if size == "small" else f"{name}:{size}"
-            r = profile_module(mod, label, cluster, log_path, backends, progress, repeat, min_repeat_ms, run)
-        except PestoError as e:
-            r = ProfileResult(model=name, errors={"profile": str(e)})
-        out.append(r)
-        if on_model:
-            on_model(r)
-    return out
+        r = profile_module(mod, label, cluster, log_path, backends, progress, repeat, min_repeat_ms, run)
+    except PestoError as e:
+        r = ProfileResult(model=name, errors={"profile": str(e)})
+    r.pid = os.getpid()
+    return r
 
 
 #: Fields a merged log keeps (what training, evaluation and MeasureCache read).
