@@ -290,7 +290,7 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
 
     With ``fresh_process`` (default; for a ``cpu:N`` cluster given by name) each model, and
     each sweep family, is measured in a process of its own (``spawn``; ``progress`` is not
-    called then): in one long process OpenVINO's two-thread calls grew 4x slower by the
+    called then): in one long process OpenVINO's two-thread calls grew 3-4x slower by the
     last models, and the labels with them (docs/cost_model.md); a script that calls this
     needs the ``if __name__ == "__main__":`` guard ``spawn`` asks for. A model that fails
     is reported in its result's ``errors`` and the others go on.
