@@ -22,6 +22,7 @@ import sys
 import zipfile
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -204,6 +205,20 @@ def test_tvm_cuda_models_compile_and_export(tmp_path):
         assert path.stat().st_size > 100_000
         (src,) = tvm_cuda.cuda_sources(ex)
         assert src.count("__global__") >= 5
+
+
+def test_tvm_cuda_captures_cuda_graphs_unless_told_not_to():
+    """``compile_cuda`` captures the static parts of ``main`` into CUDA graphs by default (on an
+    H200 the small zoo models' ``main`` ran 5-36 % faster; docs/gpu.md), not with
+    ``cuda_graph=False``, and keeps the caller's PassContext settings."""
+    mod = zoo.load("vgg11", "small").mod
+    text = {cg: tvm_cuda.compile_cuda(mod, "sm_90", cuda_graph=cg).as_text() for cg in (True, False)}
+    assert "vm.builtin.cuda_graph.run_or_capture" in text[True]
+    assert "cuda_graph" not in text[False]
+    with tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": False}):
+        kept = tvm_cuda.compile_cuda(mod, "sm_90").as_text()
+        assert tvm.transform.PassContext.current().config["relax.backend.use_cuda_graph"] is False
+    assert "vm.builtin.cuda_graph.run_or_capture" in kept  # the argument decides, the outer config is restored
 
 
 def test_tvm_cuda_groups_for_each_arch_and_nvcc(tmp_path):
@@ -460,6 +475,29 @@ def _gpu_runner():
     return gpu_runner
 
 
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_gpu_peers_torch_convolution_is_the_plans(case):
+    """gpu_peers.py times ``torch.nn.functional.conv2d`` as the peer of each cuDNN call: on the
+    CPU it computes the plan's convolution (layout, groups, dilation, bias, ReLU), and says so
+    when the plan's padding is one PyTorch cannot express."""
+    import torch
+    import torch.nn.functional as F
+
+    _gpu_runner()
+    import gpu_peers
+
+    func = _fn(*CONV_CASES[case])
+    plan = cudnn.plan_conv(func)
+    args = _np_args(func.params, np.random.default_rng(0))
+    ops = {name: tvm.runtime.tensor(np.ascontiguousarray(op.value(args)))
+           for name, op in (("X", plan.x), ("W", plan.w), ("B", plan.bias)) if op is not None}
+    got = gpu_peers.torch_conv(torch, F, plan, ops, cudnn.emulate_conv(plan, args), sync=lambda: None)
+    if plan.pre_padding != plan.post_padding:
+        assert got == {"torch_conv_us": "skipped: asymmetric padding"}
+    else:
+        assert got["torch_conv_err"] < 1e-4 and got["torch_conv_us"] > 0
+
+
 def _device_check(*args, before: str = "", timeout: float = 600):
     """device_check.py in a fresh process; ``before``: Python that process runs first."""
     argv = [str(DEVICE_CHECK), *map(str, args)]
@@ -571,7 +609,7 @@ def test_prepared_folder_fits_and_its_cpu_twins_load_runtime_only(prepared, tmp_
     res = _runtime_only(folder, out)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     env = json.loads(out.read_text())["environment"]
-    assert (folder / "runtime").resolve() in Path(env["tvm_file"]).parents, env
+    assert (folder / env["tvm_file"]).resolve().parent == (folder / "runtime" / "tvm").resolve(), env  # folder-relative
     assert env["runtime_only"] and not env["compiler_mapped"] and not env["relax_imported"], env
     twin = _rows(out)[("mlp_mixer", "cpu-twin")]
     assert twin["status"] == "ok", twin
@@ -653,6 +691,8 @@ class _StandInGraph:
     """cudnn-frontend's pygraph for the backend's build_cudnn_graph, on the CPU."""
 
     calls: list = []
+    packs: list = []
+    deselected: list = []
     expect = None
     offset = 0.0
 
@@ -697,12 +737,68 @@ class _StandInGraph:
     def create_execution_plans(self, modes):
         pass
 
+    def deselect_numeric_notes(self, notes):
+        _StandInGraph.deselected += list(notes)
+
     def get_workspace_size(self):
         return 0
 
     def execute(self, pack, workspace, handle=None):
-        (y,) = [t for k, t in pack.items() if k.output]
-        y.copyfrom(np.ascontiguousarray(self.expect + self.offset, dtype=np.float32))
+        """Writes ``expect`` (plus ``offset``) through the output's raw device pointer."""
+        _StandInGraph.packs.append(dict(pack))
+        assert all(type(v) is int for v in pack.values()) and type(workspace) is int, "raw pointers, not tensors"
+        (y,) = [v for k, v in pack.items() if k.output]
+        want = np.ascontiguousarray(self.expect + self.offset, dtype=np.float32)
+        ctypes.memmove(y, want.ctypes.data, want.nbytes)
+
+
+#: cudnn-frontend's module, as far as the backend and the runner use it, on the CPU.
+_STAND_IN_CUDNN = SimpleNamespace(
+    pygraph=_StandInGraph, data_type=SimpleNamespace(FLOAT=0, HALF=1), heur_mode=SimpleNamespace(A=0, FALLBACK=1),
+    numerical_note=SimpleNamespace(TENSOR_CORE="tensor_core", DOWN_CONVERT_INPUTS="down_convert_inputs"),
+    set_stream=lambda handle, stream: None, create_handle=object)
+
+
+class _TvmOnCpu:
+    """``tvm`` for the cuDNN backend with the CPU standing in for ``tvm.cuda``."""
+
+    def __getattr__(self, name):
+        return getattr(tvm, name)
+
+    @staticmethod
+    def cuda(index=0):
+        return tvm.cpu(0)
+
+    @staticmethod
+    def get_global_func(name, allow_missing=False):
+        return lambda: 0
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_cudnn_backend_calls_with_raw_pointers_and_exact_float32(monkeypatch, allow_tf32):
+    """``CudnnBackend.make_callable`` against a CPU stand-in of cuDNN: the variant pack holds the
+    call's raw pointers (TVM tensors cost the frontend 100-170 us a call on an H200, pointers
+    24-52 us; docs/gpu.md), the output is what the library wrote, and float32 plans leave out
+    tensor-core (TF32) engines unless ``allow_tf32``."""
+    func = _fn(*CONV_CASES["nhwc_bias"])
+    monkeypatch.setitem(sys.modules, "cudnn", _STAND_IN_CUDNN)
+    monkeypatch.setattr(cudnn, "tvm", _TvmOnCpu())
+    monkeypatch.setattr(cudnn._Handles, "per_device", {})
+    args = _np_args(func.params, np.random.default_rng(0))
+    want = cudnn.emulate_conv(cudnn.plan_conv(func), args)
+    monkeypatch.setattr(_StandInGraph, "expect", want)
+    monkeypatch.setattr(_StandInGraph, "packs", [])
+    monkeypatch.setattr(_StandInGraph, "deselected", [])
+    backend = cudnn.CudnnBackend()
+    backend.allow_tf32 = allow_tf32
+    run = backend.make_callable(func, SimpleNamespace(index=0))
+    xs = [tvm.runtime.tensor(a) for a in args]
+    out = tvm.runtime.empty(want.shape, "float32", tvm.cpu(0))
+    run(*xs, out)
+    np.testing.assert_array_equal(out.numpy(), want)
+    (pack,) = _StandInGraph.packs
+    assert {xs[0].data_ptr(), out.data_ptr()} <= set(pack.values())
+    assert ("tensor_core" in _StandInGraph.deselected) is (not allow_tf32)
 
 
 @needs_nvcc
@@ -712,7 +808,6 @@ def test_runner_replays_plans_through_the_library_calls(prepared, monkeypatch, o
     plan's dimensions reach the library, the result goes through the comparison and the
     timing; a wrong result is a mismatch."""
     import time
-    from types import SimpleNamespace
 
     runner = _gpu_runner()
     folder = prepared[0]
@@ -723,10 +818,9 @@ def test_runner_replays_plans_through_the_library_calls(prepared, monkeypatch, o
 
     lt = _StandInCublasLt(offset)
     monkeypatch.setattr(pesto_cublaslt._Lt, "get", classmethod(lambda cls: lt))
-    fake_cudnn = SimpleNamespace(pygraph=_StandInGraph, data_type=SimpleNamespace(FLOAT=0, HALF=1),
-                                 heur_mode=SimpleNamespace(A=0, FALLBACK=1), set_stream=lambda handle, stream: None)
+    fake_cudnn = _STAND_IN_CUDNN
     monkeypatch.setitem(sys.modules, "cudnn", fake_cudnn)
-    _StandInGraph.calls, _StandInGraph.offset = [], offset
+    _StandInGraph.calls, _StandInGraph.offset, _StandInGraph.deselected = [], offset, []
     real = dict(runner.LIBRARY_CALLS)
 
     def expecting(lib):
@@ -753,6 +847,7 @@ def test_runner_replays_plans_through_the_library_calls(prepared, monkeypatch, o
     assert (a_rows, a_cols, p["lda"], p["batch"], p["stride_a"]) in [lay[1:] for lay in lt.layouts]
     c = entry["libraries"]["cudnn"]["subgraphs"][0]["plan"]
     assert _StandInGraph.calls[0]["pre_padding"] == c["pre_padding"] and _StandInGraph.calls[0]["stride"] == c["stride"]
+    assert "tensor_core" in _StandInGraph.deselected  # float32 plans stay exact, as CudnnBackend builds them
 
 
 @needs_nvcc

@@ -310,11 +310,14 @@ def import_runtime_tvm(folder: Path, env: dict):
     import tvm.runtime.vm  # noqa: F401 - not imported by ``import tvm`` in runtime-only mode
 
     maps = Path("/proc/self/maps").read_text() if Path("/proc/self/maps").exists() else ""
-    env.update(tvm_file=str(Path(tvm.__file__).resolve()), runtime_only=bool(getattr(tvm.base, "_RUNTIME_ONLY", False)),
+    here = Path(tvm.__file__).resolve()
+    inside = folder.resolve() in here.parents
+    env.update(tvm_file=str(here.relative_to(folder.resolve()) if inside else here),
+               runtime_only=bool(getattr(tvm.base, "_RUNTIME_ONLY", False)),
                relax_imported="tvm.relax" in sys.modules, compiler_mapped="libtvm_compiler" in maps)
     bundled = (folder / "runtime").resolve()
     problems = []
-    if bundled not in Path(tvm.__file__).resolve().parents:
+    if bundled not in here.parents:
         problems.append(f"tvm was imported from {tvm.__file__}, not from {bundled}")
     if env["compiler_mapped"]:
         problems.append("libtvm_compiler.so is loaded")
@@ -591,11 +594,11 @@ def conv_call(ctx, plan: dict, args, data, prefix):
             raise CheckFailure("missing_library", f"import cudnn (cudnn-frontend) failed: {_msg(e)}") from e
         dev.sync()
         ctx.cudnn, ctx.cudnn_handle = cudnn, cudnn.create_handle()
-    from pesto_cudnn_graph import build_cudnn_graph
+    from pesto_cudnn_graph import ALLOW_TF32, build_cudnn_graph
 
     ns = SimpleNamespace(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in plan.items()})
     try:
-        graph, tensors, ws = build_cudnn_graph(ns, ctx.cudnn_handle)
+        graph, tensors, ws = build_cudnn_graph(ns, ctx.cudnn_handle, ALLOW_TF32)
     except Exception as e:  # noqa: BLE001 - cuDNN refused the graph
         raise CheckFailure("build_failed", f"cuDNN graph: {_msg(e)}") from e
     workspace = tvm.runtime.empty((max(1, ws),), "uint8", dev)
@@ -612,15 +615,15 @@ def conv_call(ctx, plan: dict, args, data, prefix):
         cudnn.set_stream(handle=handle, stream=stream)
         graph.execute(variant_pack, ws_arg, handle=handle)
 
-    try:
-        execute(pack, workspace)  # TVM tensors, as CudnnBackend.make_callable passes them
-        return (lambda: execute(pack, workspace)), out
-    except Exception as e:  # noqa: BLE001 - retried with raw pointers so the numerics still get checked
-        ctx.notes.append(f"cuDNN execute with TVM tensors (as CudnnBackend does) failed: {_msg(e)}; "
-                         "retried with raw device pointers")
-    ptrs = {k: _ptr(v) for k, v in pack.items()}
+    ptrs = {k: _ptr(v) for k, v in pack.items()}  # raw device pointers, as CudnnBackend.make_callable passes them
     ws_ptr = _ptr(workspace)
-    return (lambda: execute(ptrs, ws_ptr)), out
+    keep = (pack, workspace)
+
+    def run():
+        execute(ptrs, ws_ptr)
+        _ = keep
+
+    return run, out
 
 
 LIBRARY_CALLS = {"cublas": gemm_call, "cudnn": conv_call}

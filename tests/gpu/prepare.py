@@ -444,7 +444,9 @@ def write_lib(lib: Path) -> None:
     shutil.copy2(gpu_probe.__file__, lib / "gpu_probe.py")
     head = '"""Written by tests/gpu/prepare.py from {src}; do not edit."""\nfrom __future__ import annotations\n\n'
     (lib / "pesto_cudnn_graph.py").write_text(
-        head.format(src="tvm_pesto.backends.gpu.cudnn.build_cudnn_graph") + inspect.getsource(cudnn.build_cudnn_graph))
+        head.format(src="tvm_pesto.backends.gpu.cudnn.build_cudnn_graph and CudnnBackend.allow_tf32")
+        + f"class BuildError(RuntimeError):\n    pass\n\n\nALLOW_TF32 = {cudnn.CudnnBackend.allow_tf32!r}\n\n\n"
+        + inspect.getsource(cudnn.build_cudnn_graph))
     names = ("_OP", "_CUDA_DTYPE", "_COMPUTE_32F", "_COMPUTE_32F_FAST_TF32", "_DESC_TRANSA", "_DESC_TRANSB",
              "_DESC_EPILOGUE", "_DESC_BIAS_POINTER", "_LAYOUT_BATCH_COUNT", "_LAYOUT_STRIDED_BATCH_OFFSET", "EPILOGUES")
     consts = "".join(f"{n} = {getattr(cublas, n)!r}\n" for n in names)

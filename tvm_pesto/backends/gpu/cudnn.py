@@ -28,7 +28,7 @@ from tvm import relax
 from ...errors import BuildError
 from ..base import Backend, function_bindings
 from ...cluster import gpu_probe as probe
-from .cublas import Operand, _as_int, _source
+from .cublas import Operand, _as_int, _ptr, _source
 from .patterns import backend_patterns
 
 
@@ -215,8 +215,11 @@ class _Handles:
             return cls.per_device[index]
 
 
-def build_cudnn_graph(plan: ConvPlan, handle):
+def build_cudnn_graph(plan: ConvPlan, handle, allow_tf32: bool = False):
     """Build (validate, plan, compile) the cuDNN frontend graph of ``plan``.
+
+    Float32 convolutions run without tensor cores unless ``allow_tf32``: on Hopper cuDNN's
+    heuristics otherwise pick TF32 engines (about 1e-3 relative error, measured on an H200).
 
     Returns
     -------
@@ -244,8 +247,17 @@ def build_cudnn_graph(plan: ConvPlan, handle):
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    g.check_support()
-    g.build_plans()
+    exact = plan.dtype == "float32" and not allow_tf32
+    if exact:
+        g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE, cudnn.numerical_note.DOWN_CONVERT_INPUTS])
+    try:
+        g.check_support()
+        g.build_plans()
+    except Exception as e:
+        if not exact:
+            raise
+        raise BuildError(f"cuDNN has no float32 engine without tensor cores for this convolution ({e}); "
+                           "allow TF32 with CudnnBackend.allow_tf32 = True") from e
     return g, tensors, int(g.get_workspace_size())
 
 
@@ -256,6 +268,8 @@ class CudnnBackend(Backend):
     device_kinds = ("gpu",)
     graph_level = False
     max_ops = 3
+    #: allow TF32 tensor cores for float32 (faster, ~1e-3 relative error)
+    allow_tf32 = False
 
     def patterns(self) -> list:
         return [p for p in backend_patterns("cudnn") if ".conv2d." in p[0]]
@@ -277,7 +291,7 @@ class CudnnBackend(Backend):
         idx = int(getattr(device, "index", 0))
         dev = tvm.cuda(idx)
         handle = _Handles.get(cudnn, idx)
-        graph, tensors, ws_bytes = build_cudnn_graph(plan, handle)
+        graph, tensors, ws_bytes = build_cudnn_graph(plan, handle, self.allow_tf32)
         workspace = tvm.runtime.empty((max(1, ws_bytes),), "uint8", dev)
         consts = {}
         for name, op in (("X", plan.x), ("W", plan.w), ("B", plan.bias)):
@@ -287,14 +301,22 @@ class CudnnBackend(Backend):
         n_in = len(func.params)
         lock = threading.Lock()
 
+        fixed = {tensors[name]: _ptr(t) for name, t in consts.items()}
+        operands = [(tensors[name], op) for name, op in (("X", plan.x), ("W", plan.w), ("B", plan.bias))
+                    if op is not None and name not in consts]
+        ws_ptr = _ptr(workspace)
+
         def run(*args):
+            # raw device pointers: TVM tensors in the variant pack cost the frontend 100-170 us
+            # a call on an H200, pointers 24-45 us (tests/gpu/gpu_peers.py, docs/gpu.md)
             inputs, out = args[:n_in], args[n_in]
-            pack = {tensors["Y"]: out}
-            for name, op in (("X", plan.x), ("W", plan.w), ("B", plan.bias)):
-                if op is not None:
-                    pack[tensors[name]] = consts[name] if name in consts else op.value(inputs)
+            pack = dict(fixed)
+            pack[tensors["Y"]] = _ptr(out)
+            for t, op in operands:
+                pack[t] = _ptr(op.value(inputs))
             with lock:  # a cuDNN handle is used by one thread at a time
                 cudnn.set_stream(handle=handle, stream=_as_int(get_stream()))
-                graph.execute(pack, workspace, handle=handle)
+                graph.execute(pack, ws_ptr, handle=handle)
+            _ = (consts, workspace)  # the closure keeps the buffers the pointers point into
 
         return run

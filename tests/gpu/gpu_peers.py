@@ -1,0 +1,248 @@
+#!/usr/bin/env python
+"""What a GPU user runs instead, timed beside tvm-pesto's GPU paths on the lent GPU machine.
+
+Run there after ``device_check.py --prepare DIR`` (same folder, the checkout as working tree)::
+
+    python3 tests/gpu/gpu_peers.py --folder DIR --out $OUT/gpu-peers.json
+
+Two parts, each timed in blocks after a warm-up (synchronise, N calls, synchronise; the median
+of the repeats' time per call, host work included, as a Python caller sees it):
+
+``models``
+    each prepared zoo model (size ``small``): TVM-CUDA's ``main`` through the VM (checked on a
+    second input against PyTorch too: a replayed CUDA graph must not answer the first), PyTorch eager
+    on ``cuda``, ``torch.compile`` (Inductor, default mode) and ``torch.compile(mode=
+    "reduce-overhead")`` (CUDA graphs), each output checked against the prepared PyTorch CPU
+    reference. TF32 is off everywhere (the float32 numerics tvm-pesto's backends keep).
+``convs``
+    each prepared cuDNN convolution through the call paths the cuDNN backend can take: the
+    variant pack of TVM tensors with ``set_stream`` per call (``CudnnBackend.make_callable``),
+    raw pointers, raw pointers without ``set_stream``, the same plan with TF32 allowed, and
+    ``torch.nn.functional.conv2d`` on the same shapes (cuDNN through ATen).
+
+It needs the folder, NumPy and PyTorch; TVM is the folder's runtime-only copy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import gpu_runner as runner  # noqa: E402 - stdlib + NumPy: works where only TVM's runtime is
+
+
+def per_call(fn, sync, repeat: int = 5, block_s: float = 0.05) -> float:
+    """Median seconds per call of ``fn`` over ``repeat`` blocks of about ``block_s`` each."""
+    for _ in range(3):
+        fn()
+    sync()
+    t = time.perf_counter()
+    fn()
+    sync()
+    n = max(1, min(2000, int(block_s / max(time.perf_counter() - t, 1e-7))))
+    reps = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        reps.append((time.perf_counter() - t) / n)
+    return float(np.median(reps))
+
+
+def max_err(got, want) -> float:
+    return float(max(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))) for g, w in zip(got, want)))
+
+
+def setup(folder: Path):
+    """The runner's runtime set-up (wheels, runtime-only TVM, CUDA device, prebuilt kernels)."""
+    man = runner.read_manifest(folder)
+    sys.path.insert(0, str(folder / "lib"))
+    import gpu_probe as probe
+
+    ctx = SimpleNamespace(folder=folder, probe=probe, tol=man["tolerances"], repeat=5, min_repeat_ms=10,
+                          deadline=float("inf"), served=[], cudnn=None, notes=[], cudnn_handle=None,
+                          target=man["target"], cache_version=man["cache_version"], device_name="cpu")
+    row = runner.setup_runtime(ctx, man, runner._environment(), cpu_twins=False)
+    if row.status in runner.FAILING:
+        raise SystemExit(f"runtime set-up failed: {row.to_dict()['items']}")
+    return ctx, man
+
+
+def model_part(ctx, man: dict, budget_s: float) -> list[dict]:
+    import torch
+
+    sys.path.insert(0, str(HERE.parents[1]))
+    from tvm_pesto.zoo import MODELS
+
+    tvm, dev = ctx.tvm, ctx.dev
+    out, deadline = [], time.time() + budget_s
+    for name, entry in man["models"].items():
+        rec = {"model": name}
+        data = np.load(ctx.folder / entry["data"])
+        want = [data[f"ref{i}"] for i in range(entry["n_outputs"])]
+        try:
+            vm = runner.load_vm(tvm, ctx.folder / entry["cuda"]["file"], dev)
+            args = [tvm.runtime.tensor(data[f"in{i}"], device=dev) for i in range(entry["n_inputs"])]
+            main = vm["main"]
+            rec["tvm_cuda_err"] = max_err(runner.to_numpy(main(*args)), want)
+            rec["tvm_cuda_ms"] = per_call(lambda: main(*args), dev.sync) * 1e3
+        except Exception as e:  # noqa: BLE001
+            rec["tvm_cuda"] = f"failed: {runner._msg(e)}"
+        model, inputs = MODELS[name]("small")
+        model = model.eval().cuda()
+        xs = [torch.from_numpy(np.asarray(a)).cuda() for a in inputs]
+        if "tvm_cuda_ms" in rec:  # a second input: a replayed CUDA graph must not answer the first
+            other = [np.roll(np.asarray(a), 1) if np.issubdtype(np.asarray(a).dtype, np.integer)
+                     else (np.asarray(a) * 0.5 + 0.25).astype(np.asarray(a).dtype) for a in inputs]
+            with torch.no_grad():
+                ref2 = model(*[torch.from_numpy(a).cuda() for a in other])
+            ref2 = [r.cpu().numpy() for r in (ref2 if isinstance(ref2, (tuple, list)) else [ref2])]
+            got2 = runner.to_numpy(main(*[tvm.runtime.tensor(a, device=dev) for a in other]))
+            rec["tvm_cuda_second_input_err"] = max_err(got2, ref2)
+        peers = [("torch_eager", lambda m: m), ("torch_compile", lambda m: torch.compile(m)),
+                 ("torch_compile_reduce_overhead", lambda m: torch.compile(m, mode="reduce-overhead"))]
+        for label, make in peers:
+            if time.time() > deadline:
+                rec[label] = "skipped: time budget"
+                continue
+            try:
+                t = time.perf_counter()
+                fn = make(model)
+                with torch.no_grad():
+                    got = fn(*xs)
+                    torch.cuda.synchronize()
+                    rec[f"{label}_first_call_s"] = time.perf_counter() - t
+                    got = got if isinstance(got, (tuple, list)) else [got]
+                    rec[f"{label}_err"] = max_err([g.float().cpu().numpy() for g in got], want)
+                    rec[f"{label}_ms"] = per_call(lambda: fn(*xs), torch.cuda.synchronize) * 1e3
+            except Exception as e:  # noqa: BLE001 - a peer that fails is a finding, not a stop
+                rec[label] = f"failed: {runner._msg(e)}"
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
+    return out
+
+
+def conv_part(ctx, man: dict) -> list[dict]:
+    rows = []
+    for name, entry in man["models"].items():
+        info = entry["libraries"].get("cudnn") or {}
+        if not info.get("subgraphs"):
+            continue
+        data = np.load(ctx.folder / info["data"])
+        rng = np.random.default_rng(0)
+        for sub in info["subgraphs"]:
+            rec = {"model": name, "sub": sub["name"], "key": sub.get("key"), "flops": sub.get("flops")}
+            try:
+                conv_paths(ctx, sub, data, rng, rec)
+            except Exception as e:  # noqa: BLE001 - one failing path is a finding; the others still run
+                rec["failed"] = runner._msg(e)
+            print(json.dumps(rec), flush=True)
+            rows.append(rec)
+    return rows
+
+
+def conv_paths(ctx, sub: dict, data, rng, rec: dict) -> None:
+    """Time one cuDNN convolution through each call path into ``rec``."""
+    import torch
+    import torch.nn.functional as F
+    from pesto_cudnn_graph import build_cudnn_graph
+
+    tvm, dev = ctx.tvm, ctx.dev
+    plan = sub["plan"]
+    args = runner.make_args(tvm, sub["params"], data, dev, rng)
+    run, out = runner.conv_call(ctx, plan, args, data, sub["name"])  # TVM tensors, set_stream per call
+    run()
+    dev.sync()
+    ref = data[f"{sub['name']}_ref0"]
+    rec["backend_path_err"] = max_err([out.numpy()], [ref])
+    rec["backend_path_us"] = per_call(run, dev.sync) * 1e6
+    ns = SimpleNamespace(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in plan.items()})
+    ops = {"Y": out}
+    for tname, key in (("X", "x"), ("W", "w"), ("B", "bias")):
+        op = runner._operand(tvm, plan[key], args, data, sub["name"], dev)
+        if op is not None:
+            ops[tname] = op
+    cudnn, handle, stream = ctx.cudnn, ctx.cudnn_handle, runner._stream(tvm)
+    for tf32 in (False, True):
+        graph, tensors, ws = build_cudnn_graph(ns, handle, tf32)
+        work = tvm.runtime.empty((max(1, ws),), "uint8", dev)
+        ptrs = {tensors[k]: runner._ptr(v) for k, v in ops.items()}
+        wptr = runner._ptr(work)
+
+        def raw(graph=graph, ptrs=ptrs, wptr=wptr, stream_each=True):
+            if stream_each:
+                cudnn.set_stream(handle=handle, stream=stream)
+            graph.execute(ptrs, wptr, handle=handle)
+
+        raw()
+        dev.sync()
+        tag = "tf32" if tf32 else "raw_pointers"
+        rec[f"{tag}_err"] = max_err([out.numpy()], [ref])
+        rec[f"{tag}_us"] = per_call(raw, dev.sync) * 1e6
+        if not tf32:
+            rec["raw_no_set_stream_us"] = per_call(lambda: raw(stream_each=False), dev.sync) * 1e6
+    rec.update(torch_conv(torch, F, ns, ops, ref, torch.cuda.synchronize))
+
+
+def torch_conv(torch, F, ns, ops: dict, ref, sync) -> dict:
+    """``F.conv2d`` (+ bias, + ReLU) of the plan ``ns`` on the tensors ``ops`` (where they are),
+    NCHW; its error against ``ref`` and its time per call."""
+    def t(v):
+        return torch.from_dlpack(v)
+
+    x, w = t(ops["X"]).clone(), t(ops["W"]).clone()
+    if ns.layout == "NHWC":
+        x, w = x.permute(0, 3, 1, 2).contiguous(), w.permute(0, 3, 1, 2).contiguous()
+    b = t(ops["B"]).reshape(-1).clone() if "B" in ops else None
+    (pt, pl), (pb, pr) = ns.pre_padding, ns.post_padding
+    if (pt, pl) != (pb, pr):
+        return {"torch_conv_us": "skipped: asymmetric padding"}
+    k, cg = w.shape[0], w.shape[1]
+
+    def call():
+        y = F.conv2d(x, w, b, stride=tuple(ns.stride), padding=(pt, pl), dilation=tuple(ns.dilation),
+                     groups=x.shape[1] // cg)
+        return torch.relu(y) if ns.relu else y
+
+    y = call()
+    if ns.layout == "NHWC":
+        y = y.permute(0, 2, 3, 1)
+    return {"torch_conv_err": max_err([y.cpu().numpy()], [ref]), "torch_conv_us": per_call(call, sync) * 1e6,
+            "out_channels": int(k)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--folder", required=True, help="the folder device_check.py --prepare built")
+    ap.add_argument("--out", required=True, help="JSON results")
+    ap.add_argument("--parts", default="convs,models", help="comma-separated: convs, models")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="models: start no peer after this many seconds")
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ctx, man = setup(Path(args.folder).resolve())
+    res = {"device": ctx.device_name, "torch": torch.__version__,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "timer": "Python loop: synchronise, N calls, synchronise; median of 5 blocks of ~50 ms after 3 warm-up calls"}
+    parts = args.parts.split(",")
+    if "convs" in parts:
+        res["convs"] = conv_part(ctx, man)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    if "models" in parts:
+        res["models"] = model_part(ctx, man, args.budget_s)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
