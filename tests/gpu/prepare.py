@@ -50,7 +50,7 @@ from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.backends.onnx_export import flatten_args
 from tvm_pesto.builder.placed import compile_for
 from tvm_pesto.graph.subgraph import structural_key
-from tvm_pesto.candidates import candidate_function
+from tvm_pesto.candidates import candidate_function, candidate_key
 from tvm_pesto.cluster import gpu_probe
 from tvm_pesto.costs.cache import CACHE_VERSION, target_key
 from tvm_pesto.graph.fusion import fusion_groups
@@ -324,7 +324,7 @@ def prepare_library(rg, name: str, lib: str, folder: Path, entry: dict) -> Row:
     row.add("coverage", "ok", f"{len(matches)} matches cover {len(covered & set(with_op))} of {len(with_op)} {op} nodes")
     seen, subs = {}, []
     for m in matches:
-        key = structural_key(candidate_function(rg, m.nodes, lift_constants=True).func)
+        key = candidate_key(rg, m.nodes)
         if key in seen:
             seen[key]["count"] += 1
             continue

@@ -39,7 +39,7 @@ from tvm import relax
 from ..backends.base import MatchContext, op_short_name, region_check
 from ..graph.fusion import fusion_groups
 from ..graph.relax_import import RelaxGraph
-from ..graph.subgraph import emit_function
+from ..graph.subgraph import emit_function, structural_key
 from .checks import BackendChecks, report_failure
 from .convex import Reach, is_valid
 from .regions import convex_regions, region_windows
@@ -471,5 +471,11 @@ def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name
     return emit_function(bindings, order, free, outputs, lift_constants, name)
 
 
-__all__ = ["Candidate", "CandidateSet", "candidate_function", "candidate_outputs", "generate_candidates",
-           "pattern_candidates", "placement_candidates", "tvm_candidates"]
+def candidate_key(rg: RelaxGraph, nodes) -> str:
+    """What a measurement of the candidate is stored under: the structural key of its function
+    with the weights lifted to parameters, so repeated layers share one measurement."""
+    return structural_key(candidate_function(rg, nodes, lift_constants=True).func)
+
+
+__all__ = ["Candidate", "CandidateSet", "candidate_function", "candidate_key", "candidate_outputs",
+           "generate_candidates", "pattern_candidates", "placement_candidates", "tvm_candidates"]

@@ -5,7 +5,8 @@ persistent cache), ``xgb`` (:mod:`.xgb`: the trained cost model), ``roofline``
 (:mod:`.roofline`: FLOPs and bytes over peak), ``hybrid`` (:mod:`.hybrid`: predict all,
 measure only the close calls and the critical path, correct the rest by what was seen). ``auto`` measures when every device is on
 this machine, and otherwise predicts (``xgb``, with roofline where the model does not cover
-a device). :func:`candidate_costs` is the one entry point; a new source is one module plus
+a device). A GPU's roofline column takes the device check's timings of that GPU where they
+exist (:mod:`.gpu_check`). :func:`candidate_costs` is the one entry point; a new source is one module plus
 one entry in :data:`SOURCES`.
 
 Examples
@@ -25,6 +26,7 @@ import warnings
 
 from ..errors import CostError, UnseenOpsWarning
 from .cache import MeasureCache
+from .gpu_check import apply_check_logs
 from .hybrid import hybrid_costs
 from .roofline import roofline_candidate_costs, roofline_costs
 from .table import CostTable
@@ -53,12 +55,14 @@ def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
 def _xgb(cs, cluster, calibrate: bool) -> CostTable:
     applied: dict = {}
     unseen: dict = {}
+    found: dict = {}
     try:
-        table, cols = predict_candidate_costs(cs, cluster, calibration=calibrate, applied=applied, unseen=unseen)
+        table, cols = predict_candidate_costs(cs, cluster, calibration=calibrate, applied=applied, unseen=unseen,
+                                              gpu_check=found)
     except ImportError as e:  # the model file is read by xgboost
         raise CostError("the xgb cost source needs xgboost (pip install xgboost-cpu); "
                         "use --costs measured or roofline") from e
-    ct = CostTable(table, cols, predicted=len(cs), prediction_fit=applied, unseen=unseen)
+    ct = CostTable(table, cols, predicted=len(cs), prediction_fit=applied, unseen=unseen, gpu_check=found)
     if unseen:
         ops = ", ".join(op.removeprefix("relax.") for op in ct.unseen_op_counts())
         warnings.warn(f"the cost model never trained on {ops}: the xgb costs of {len(unseen)} candidates holding them "
@@ -69,7 +73,10 @@ def _xgb(cs, cluster, calibrate: bool) -> CostTable:
 
 
 def _roofline(cs, cluster) -> CostTable:
-    return CostTable(roofline_candidate_costs(cs, cluster), ["roofline"] * cluster.num_devices, predicted=len(cs))
+    table, columns, found = roofline_candidate_costs(cs, cluster), ["roofline"] * cluster.num_devices, {}
+    if any(d.kind == "gpu" for d in cluster.devices):
+        table, columns, found = apply_check_logs(cs, cluster, table, columns)
+    return CostTable(table, columns, predicted=len(cs), gpu_check=found)
 
 
 def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | None = None, progress=None,

@@ -268,7 +268,9 @@ class Hybrid:
         _check_fraction(fraction)
         self.unseen: dict = {}  # candidate -> ops the model never trained on
         self.applied: dict = {}  # device -> the xgb calibration its predictions carry
-        table, self.columns = predict_candidate_costs(cs, cluster, unseen=self.unseen, applied=self.applied)
+        self.gpu_check: dict = {}  # device -> what the device check's GPU timings changed
+        table, self.columns = predict_candidate_costs(cs, cluster, unseen=self.unseen, applied=self.applied,
+                                                      gpu_check=self.gpu_check)
         self.cs, self.cluster, self.cache, self.progress, self.fraction = cs, cluster, cache, progress, fraction
         self.table = table.copy()
         self.keys = candidate_keys(cs) if fraction is not None else [str(i) for i in range(len(cs))]
@@ -377,7 +379,8 @@ class Hybrid:
                          hybrid={"bias": dict(self.corrections), "budget": self.budget, "rounds": list(self.rounds)},
                          seconds=self.report.seconds,
                          saved_s=float(per * skipped) if self.report.measured else 0.0,
-                         unseen={i: ops for i, ops in self.unseen.items() if i not in self.done})
+                         unseen={i: ops for i, ops in self.unseen.items() if i not in self.done},
+                         gpu_check=dict(self.gpu_check))
 
 
 def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_ERROR, top_k: int = 3,

@@ -30,11 +30,11 @@ import tvm
 from tvm import relax
 
 from ..backends import get_backend
-from ..candidates.generate import CandidateSet, candidate_function
+from ..candidates.generate import CandidateSet, candidate_function, candidate_key
 from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError, PestoError
 from ..graph.fusion import fusion_groups
-from ..graph.subgraph import out_ty_of, structural_key
+from ..graph.subgraph import out_ty_of
 from .build_time import record as record_build
 from .cache import MeasureCache, measure_target, measurement_record
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
@@ -154,8 +154,7 @@ def _look_up_library(cs, device, cache, tkey, costs, report, native_set: set) ->
             report.infeasible[i] = (f"{c.backend} candidates are not measured over RPC (only TVM-native ones are); "
                                     "measure on the device's own machine")
             continue
-        lifted = candidate_function(rg, c.nodes, lift_constants=True)
-        k = structural_key(lifted.func)
+        k = candidate_key(rg, c.nodes)
         rec = cache.get(k, c.backend, tkey)
         whole_direct = get_backend(c.backend).direct and len(c.nodes) == len(rg.graph.nodes)
         rec = _reusable(rec, c.backend, whole_direct)

@@ -45,6 +45,9 @@ class CostTable:
     unseen : dict
         ``xgb``/``hybrid``: candidate index -> the ops of it the cost model never trained on
         (its prediction is a guess from the other features; ``hybrid`` measures those first).
+    gpu_check : dict
+        Device index -> what the device check's GPU timings changed in its roofline column
+        (:func:`tvm_pesto.costs.gpu_check.apply_check_logs`); empty when none applied.
     """
 
     table: np.ndarray
@@ -59,6 +62,7 @@ class CostTable:
     seconds: float = 0.0
     saved_s: float = 0.0
     unseen: dict = field(default_factory=dict)
+    gpu_check: dict = field(default_factory=dict)
 
     @property
     def source(self) -> str:
@@ -72,7 +76,8 @@ class CostTable:
                 "measure_s": self.seconds, "saved_s": self.saved_s,
                 "native_scale": {str(k): v for k, v in self.native_scale.items()},
                 "prediction_fit": {str(k): v for k, v in self.prediction_fit.items()}, "hybrid": dict(self.hybrid),
-                "unseen_ops": self.unseen_op_counts(), "unseen_candidates": len(self.unseen)}
+                "unseen_ops": self.unseen_op_counts(), "unseen_candidates": len(self.unseen),
+                "gpu_check": {str(k): v for k, v in self.gpu_check.items()}}
 
     def unseen_op_counts(self) -> dict:
         """Op name -> how many candidates hold it that the cost model never trained on."""

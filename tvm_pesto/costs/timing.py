@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..candidates import candidate_function
+from ..candidates import candidate_function, candidate_key
 from ..cluster.device_thread import enter_device_thread
 from ..errors import CostError, error_line
 from ..graph.subgraph import structural_key
@@ -113,7 +113,7 @@ def measure_groups(rg, groups, device, cache: MeasureCache | None = None, repeat
                         "measure it over TVM RPC (--rpc-tracker HOST:PORT --rpc-key KEY)")
     cache = cache if cache is not None else MeasureCache()
     tkey = measure_target(device)
-    keys = [structural_key(candidate_function(rg, grp, lift_constants=True).func) for grp in groups]
+    keys = [candidate_key(rg, grp) for grp in groups]
     times = np.full(len(groups), np.nan)
     todo: dict[str, int] = {}
     for gi, k in enumerate(keys):

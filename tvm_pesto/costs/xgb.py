@@ -39,6 +39,7 @@ from ..package_data import data_dirs
 from .calibration import Calibration, load_calibration
 from .features import (FEATURE_NAMES, describe_group, device_descriptor, device_key, device_size_key, feature_matrix,
                        roofline_s)
+from .gpu_check import apply_check_logs
 from .roofline import node_seconds
 from .table import MIN_COST_S
 
@@ -229,7 +230,7 @@ def load_model(path=None) -> CostModel:
 
 # -- cost source ------------------------------------------------------------------------------
 def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: dict | None = None,
-                            unseen: dict | None = None) -> tuple[np.ndarray, list[str]]:
+                            unseen: dict | None = None, gpu_check: dict | None = None) -> tuple[np.ndarray, list[str]]:
     """``[candidates, devices]`` predicted seconds, and which source made each column.
 
     A device the model covers (its kind, model and core count were in the training data)
@@ -258,7 +259,9 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
     given, is filled with device index -> ``{backend: {"a", "b", "file"}}`` for the
     corrections used. ``unseen``, when given, is filled with candidate index -> the ops of it
     the model never trained on (:meth:`CostModel.unseen_ops`), for the predicted candidates
-    that have any.
+    that have any. A GPU's roofline column takes the device check's timings of that GPU
+    (:func:`~tvm_pesto.costs.gpu_check.apply_check_logs`; ``gpu_check``, when given, is filled
+    with what they changed).
 
     Examples
     --------
@@ -287,6 +290,10 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
         else:  # rows only come from a model that covers the device's size
             name = "xgb" if cm.covers(dd) else "xgb-other-cpu"
             sources.append(f"{name}+roofline" if fell_back else name)
+    if any(d.kind == "gpu" for d in cluster.devices):
+        out, sources, found = apply_check_logs(cs, cluster, out, sources)
+        if gpu_check is not None:
+            gpu_check.update(found)
     return out, sources
 
 

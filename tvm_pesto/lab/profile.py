@@ -56,7 +56,7 @@ import numpy as np
 
 from .. import zoo
 from ..backends import available_backends, backend_status, get_backend
-from ..candidates import candidate_function, generate_candidates
+from ..candidates import candidate_function, candidate_key, generate_candidates
 from ..cluster import as_cluster
 from ..costs.cache import MeasureCache, current_record, measure_target
 from ..costs.features import describe_group, device_descriptor
@@ -172,7 +172,7 @@ def _register_descs(log: ProfileLog, rg, units) -> None:
         seen.add(nodes)
         desc = describe_group(rg.graph, nodes)
         try:
-            k = structural_key(candidate_function(rg, list(nodes), lift_constants=True).func)
+            k = candidate_key(rg, list(nodes))
         except Exception:  # noqa: BLE001 - a unit that cannot be cut is reported by the measuring code
             continue
         log.descs.setdefault(k, desc)

@@ -1,0 +1,98 @@
+"""The device check's GPU timings as costs (``tvm_pesto.costs.gpu_check``)."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import tvm_pesto
+from tvm_pesto import zoo
+from tvm_pesto.backends import get_backend
+from tvm_pesto.candidates import candidate_key, generate_candidates, placement_candidates
+from tvm_pesto.candidates.examples import tiny_mlp
+from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.costs import candidate_costs, roofline_candidate_costs
+from tvm_pesto.costs.cache import measure_target
+from tvm_pesto.costs.gpu_check import apply_check_logs, load_check_logs
+from tvm_pesto.costs.roofline import node_seconds
+from tvm_pesto.errors import CostError
+
+H200 = parse_cluster("h200")
+
+
+def _log(path, cs, timed: dict, main_s: float, gpu: str = "NVIDIA H200"):
+    """A device-check log holding ``timed`` (candidate index -> seconds) as one model's
+    TVM-CUDA groups, and ``main_s`` as that model's ``main``."""
+    target = measure_target(H200.devices[0])
+    recs = [{"key": candidate_key(cs.rg, cs[i].nodes), "backend": "tvm-cuda", "target": target, "median_s": s,
+             "op": "relax.add", "flops": 1e3, "bytes": 1e4, "count": 1} for i, s in timed.items()]
+    row = {"model": "m", "backend": "tvm-cuda", "items": [{"name": "time main", "median_s": main_s}], "timings": recs}
+    path.write_text(json.dumps({"environment": {"device": gpu}, "rows": [row]}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mlp_cs():
+    return generate_candidates(tvm_pesto.analyze(tiny_mlp()[0]).rg, [get_backend("tvm")])
+
+
+def test_timed_groups_replace_the_roofline_less_their_launch(tmp_path, mlp_cs):
+    """A timed candidate costs its time less the launch its group carried when timed alone
+    (here (30 + 50 + 20 - 70) / 3 = 10 us); its ops' shares price the candidates inside it;
+    the others get the roofline times the backend's median measured / roofline; an H100 (same
+    CUDA target, another GPU) keeps the roofline."""
+    cs = mlp_cs
+    at = {c.nodes: i for i, c in enumerate(cs)}
+    timed = {at[(1, 2, 3)]: 30e-6, at[(4, 5)]: 50e-6, at[(6,)]: 20e-6}
+    logs = load_check_logs([_log(tmp_path / "gpu-check-x.json", cs, timed, 70e-6)])
+    assert logs[0].launch_s == pytest.approx(10e-6)
+    roof = roofline_candidate_costs(cs, H200)
+    table, cols, applied = apply_check_logs(cs, H200, roof, ["roofline"], logs=logs)
+    assert cols == ["gpu-check+roofline"] and applied[0]["timed"] == 3
+    assert [table[at[n], 0] for n in ((1, 2, 3), (4, 5), (6,))] == pytest.approx([20e-6, 40e-6, 10e-6])
+    assert sum(table[at[(n,)], 0] for n in (1, 2, 3)) == pytest.approx(20e-6)  # the group's time over its ops
+    assert table[at[(1, 2)], 0] == pytest.approx(table[at[(1,)], 0] + table[at[(2,)], 0])
+    rec_roof = node_seconds(SimpleNamespace(op="relax.add", flops=1e3, bytes_read=1e4, bytes_written=0), H200.devices[0])
+    assert applied[0]["ratio"]["tvm"] == pytest.approx(20e-6 / rec_roof)  # the median of 10, 20, 40 us
+    assert table[at[(0,)], 0] == pytest.approx(roof[at[(0,)], 0] * 20e-6 / rec_roof)
+    h100 = parse_cluster("h100")
+    same, cols100, applied100 = apply_check_logs(cs, h100, roofline_candidate_costs(cs, h100), ["roofline"],
+                                                 logs=logs)
+    assert cols100 == ["roofline"] and not applied100
+    assert np.array_equal(same, roofline_candidate_costs(cs, h100))
+
+
+def test_only_roofline_gpu_columns_change(tmp_path, mlp_cs):
+    cs = mlp_cs
+    logs = load_check_logs([_log(tmp_path / "gpu-check-x.json", cs, {0: 9e-6}, 5e-6)])
+    table = np.full((len(cs), 1), 1e-3)
+    out, cols, applied = apply_check_logs(cs, H200, table, ["measured"], logs=logs)
+    assert cols == ["measured"] and not applied and np.array_equal(out, table)
+    cpu = parse_cluster("cpu:1")
+    out, cols, applied = apply_check_logs(cs, cpu, table, ["roofline"], logs=logs)
+    assert cols == ["roofline"] and not applied
+
+
+def test_a_file_that_is_not_a_check_log_is_named(tmp_path):
+    bad = tmp_path / "gpu-check-bad.json"
+    bad.write_text(json.dumps({"rows": []}))
+    with pytest.raises(CostError, match="gpu-check-bad.json is not a device-check log"):
+        load_check_logs([bad])
+
+
+def test_the_shipped_h200_logs_time_the_zoos_fusion_groups():
+    """The shipped logs are keyed as the planner keys candidates: on an H200 preset every zoo
+    model the check ran has its fusion groups costed from the logs (a change of
+    ``candidate_key`` would leave them unmatched: run the device check again on a GPU)."""
+    (h200,) = [c for c in load_check_logs() if c.serves(H200.devices[0])]
+    models = {"mlp_mixer", "bert", "vgg11", "resnet50", "mobilenet_v2", "gpt2", "inception_v3"}
+    for name in sorted(models):
+        cs = placement_candidates(tvm_pesto.analyze(zoo.load(name, "small").mod).rg)
+        ct = candidate_costs(cs, H200, "roofline")
+        assert ct.columns == ["gpu-check+roofline"], name
+        assert ct.gpu_check[0]["timed"] >= 0.9 * len(cs), (name, ct.gpu_check, len(cs))
+        assert np.all(np.isfinite(ct.table)) and np.all(ct.table > 0)
+    assert 1e-6 < h200.launch_s < 1e-5
+    assert candidate_costs(cs, parse_cluster("2xA100-nvlink"), "roofline").columns == ["roofline", "roofline"]

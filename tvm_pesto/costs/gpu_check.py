@@ -1,0 +1,210 @@
+"""GPU timings from the device check, as the costs of the GPU they were taken on.
+
+The device check (``tests/gpu/device_check.py``) times, on a lent GPU, every TVM-CUDA fusion
+group and every cuBLASLt and cuDNN call of the zoo models it was prepared with, and logs them
+as MeasureCache records (structural key of the weight-lifted subgraph, backend, CUDA target,
+median seconds). The logs ship in ``cost_models/gpu-check-*.json``. For a GPU device of the
+model a log was taken on (``Device.model`` in the log's GPU name, the same CUDA target), and
+whose column is a roofline estimate, :func:`apply_check_logs` replaces the estimate of every
+candidate the check timed by its measured time, gives a TVM candidate it did not time the
+shares of its ops in timed groups, and scales the rest by the median measured / roofline ratio
+of their backend's timings in the logs. A TVM-CUDA group's time loses
+the launch it carries when timed alone (:attr:`CheckTimes.launch_s`), as TVM groups measured on
+a CPU lose the VM's call overhead, so that a model's groups add up to its ``main``. The
+roofline knows no per-call cost: on an H200 a cuDNN call from the placed module measured about
+6x its roofline estimate, a cuBLASLt call 2.8x (``docs/gpu.md``).
+
+Examples
+--------
+>>> from tvm_pesto.costs.gpu_check import load_check_logs
+>>> [log.gpu for log in load_check_logs()]
+['NVIDIA H200']
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..errors import CostError
+from ..package_data import data_dirs
+from .cache import measure_target
+from .roofline import LAUNCH_S, node_seconds
+from .table import MIN_COST_S
+
+#: The shipped logs, in ``cost_models/``.
+LOG_GLOB = "gpu-check-*.json"
+#: The check's backend name -> the candidates' backends its timings stand for (a ``tvm``
+#: candidate on a GPU compiles as the ``tvm-cuda`` group the check timed).
+SERVES = {"tvm-cuda": ("tvm-cuda", "tvm"), "cublas": ("cublas",), "cudnn": ("cudnn",)}
+#: Timed candidates of a backend needed before its ratio scales the others.
+MIN_FOR_RATIO = 3
+
+
+@dataclass
+class CheckTimes:
+    """The timings of one GPU model and CUDA target, from one or more check logs."""
+
+    gpu: str
+    target: str
+    seconds: dict = field(default_factory=dict)  # (key, candidate backend) -> median seconds
+    files: list = field(default_factory=list)
+    records: list = field(default_factory=list)  # (check backend, seconds, op, FLOPs, bytes)
+    gaps: list = field(default_factory=list)  # per model: (sum of its groups' times - main's) / kernels
+
+    @property
+    def launch_s(self) -> float:
+        """What a TVM-CUDA group timed alone carries over its share of a whole model's ``main``
+        (launch and synchronisation; inside ``main`` the kernels replay from a CUDA graph): the
+        median over the logged models, 2.8-4.6 us on an H200."""
+        return max(0.0, float(np.median(self.gaps))) if self.gaps else 0.0
+
+    def seconds_of(self, backend: str, t: float) -> float:
+        """A timing of the check's ``backend`` as the cost of one unit of a placed module."""
+        return max(t - self.launch_s, MIN_COST_S) if backend == "tvm-cuda" else t
+
+    def ratios(self, device) -> dict:
+        """Candidate backend -> the median of measured / roofline over the timed subgraphs of
+        the check backend that stands for it (at least :data:`MIN_FOR_RATIO` of them)."""
+        by = defaultdict(list)
+        for backend, t, op, flops, nbytes in self.records:
+            node = SimpleNamespace(op=op, flops=flops, bytes_read=nbytes, bytes_written=0)
+            by[backend].append(self.seconds_of(backend, t) / node_seconds(node, device))
+        return {cand: float(np.median(r)) for backend, r in by.items() if len(r) >= MIN_FOR_RATIO
+                for cand in SERVES.get(backend, ())}
+
+    def serves(self, device) -> bool:
+        """Whether these timings are of ``device``'s GPU model and target."""
+        model = str(getattr(device, "model", "") or "").lower()
+        return (device.kind == "gpu" and bool(model) and model in self.gpu.lower().split()
+                and measure_target(device) == self.target)
+
+
+def load_check_logs(paths=None) -> list[CheckTimes]:
+    """The check logs (default: the shipped ones), grouped by GPU and target.
+
+    Raises
+    ------
+    CostError
+        For a file that is not a device-check log.
+    """
+    if paths is None:
+        seen, paths = set(), []
+        for d in data_dirs("cost_models"):
+            for p in sorted(d.glob(LOG_GLOB)) if d.is_dir() else []:
+                if p.name not in seen:
+                    seen.add(p.name)
+                    paths.append(p)
+    groups: dict = {}
+    for path in map(Path, paths):
+        try:
+            log = json.loads(path.read_text())
+            rows = log["rows"]
+            gpu = log["environment"]["device"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CostError(f"{path} is not a device-check log (python tests/gpu/device_check.py --run DIR "
+                            f"writes them): {e}") from e
+        for row in rows:
+            _add_gap(groups, gpu, row)
+            for rec in row.get("timings", []):
+                ct = groups.setdefault((gpu, rec["target"]), CheckTimes(gpu, rec["target"]))
+                if path.name not in ct.files:
+                    ct.files.append(path.name)
+                ct.records.append((rec["backend"], float(rec["median_s"]), rec["op"], float(rec["flops"]),
+                                   float(rec["bytes"])))
+                for backend in SERVES.get(rec["backend"], ()):
+                    ct.seconds[(rec["key"], backend)] = ct.seconds_of(rec["backend"], float(rec["median_s"]))
+    return list(groups.values())
+
+
+def _add_gap(groups: dict, gpu: str, row: dict) -> None:
+    """The per-group gap of one model's TVM-CUDA row: its groups' times (each as often as it
+    occurs) against its ``main``'s."""
+    main = [it.get("median_s") for it in row.get("items", []) if it.get("name") == "time main"]
+    timings = row.get("timings", [])
+    if row.get("backend") != "tvm-cuda" or not main or main[0] is None or not timings:
+        return
+    kernels = sum(int(t.get("count", 1)) for t in timings)
+    total = sum(float(t["median_s"]) * int(t.get("count", 1)) for t in timings)
+    ct = groups.setdefault((gpu, timings[0]["target"]), CheckTimes(gpu, timings[0]["target"]))
+    ct.gaps.append((total - float(main[0])) / kernels)
+
+
+def apply_check_logs(cs, cluster, table: np.ndarray, columns: list[str], logs=None):
+    """Measured GPU times into the roofline columns of ``table`` (a copy).
+
+    Returns
+    -------
+    (table, columns, applied)
+        ``applied``: device index -> ``{"timed": candidates given their measured time,
+        "ratio": {backend: factor the others were scaled by}, "files": the logs}``.
+    """
+    logs = load_check_logs() if logs is None else logs
+    out, cols, applied = table.copy(), list(columns), {}
+    keys = None
+    for j, dev in enumerate(cluster.devices):
+        ct = next((c for c in logs if c.serves(dev)), None)
+        if ct is None or not cols[j].startswith("roofline"):
+            continue
+        keys = keys if keys is not None else _keys(cs)
+        out[:, j], applied[j] = _column(cs, dev, out[:, j], ct, keys)
+        cols[j] = "gpu-check+" + cols[j]
+    return out, cols, applied
+
+
+def _column(cs, dev, col: np.ndarray, ct: CheckTimes, keys: list[str]):
+    """One device's column: timed candidates get their time; TVM candidates the check did not
+    time get the shares of their ops in timed groups (a group's time split over its ops by
+    their roofline estimates), roofline times their backend's ratio for ops in none; library
+    candidates roofline times their backend's ratio."""
+    col = col.copy()
+    base = col.copy()
+    timed, op_s = [], {}
+    for i, c in enumerate(cs):
+        t = ct.seconds.get((keys[i], c.backend))
+        if t is None or not np.isfinite(col[i]):
+            continue
+        if c.backend in SERVES["tvm-cuda"]:
+            op_s.update(_op_shares(cs.rg.graph, c.nodes, t, dev))
+        col[i] = t
+        timed.append(i)
+    factor = ct.ratios(dev)
+    done = set(timed)
+    for i, c in enumerate(cs):
+        if i in done or not np.isfinite(col[i]):
+            continue
+        scale = factor.get(c.backend, 1.0)
+        if c.backend in SERVES["tvm-cuda"] and any(n in op_s for n in c.nodes):
+            rest = [n for n in c.nodes if n not in op_s]
+            col[i] = sum(op_s[n] for n in c.nodes if n in op_s) + (
+                _op_seconds(cs.rg.graph, rest, dev).sum() * scale if rest else 0.0)
+        else:
+            col[i] = base[i] * scale
+    return col, {"timed": len(timed), "ratio": factor, "ops_from_groups": len(op_s), "files": list(ct.files)}
+
+
+def _op_seconds(graph, nodes, dev) -> np.ndarray:
+    """Each op's roofline estimate on ``dev``, without the launch."""
+    return np.array([node_seconds(graph.nodes[n], dev) - LAUNCH_S["gpu"] for n in nodes])
+
+
+def _op_shares(graph, nodes, seconds: float, dev) -> dict:
+    """``seconds`` split over ``nodes`` by their roofline estimates (evenly when all are ~0)."""
+    w = np.maximum(_op_seconds(graph, nodes, dev), 0.0)
+    w = w / w.sum() if w.sum() > 0 else np.full(len(nodes), 1.0 / len(nodes))
+    return {n: float(seconds * x) for n, x in zip(nodes, w)}
+
+
+def _keys(cs) -> list[str]:
+    # lazy: the candidates stage loads TVM's Relax compiler; this module is imported with the
+    # costs package, which the runtime side imports without it
+    from ..candidates import candidate_key
+
+    return [candidate_key(cs.rg, c.nodes) for c in cs]
+
+
+__all__ = ["CheckTimes", "apply_check_logs", "load_check_logs"]
