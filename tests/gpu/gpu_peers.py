@@ -14,6 +14,9 @@ of the repeats' time per call, host work included, as a Python caller sees it):
     on ``cuda``, ``torch.compile`` (Inductor, default mode) and ``torch.compile(mode=
     "reduce-overhead")`` (CUDA graphs), each output checked against the prepared PyTorch CPU
     reference. TF32 is off everywhere (the float32 numerics tvm-pesto's backends keep).
+``streams`` (only when asked for)
+    tvm-pesto's per-device streams on one GPU: a copy between two streams, and each model's
+    ``main`` in a worker thread bound to a raw stream, on two inputs.
 ``convs``
     each prepared cuDNN convolution through the call paths the cuDNN backend can take: the
     variant pack of TVM tensors with ``set_stream`` per call (``CudnnBackend.make_callable``),
@@ -192,6 +195,63 @@ def conv_paths(ctx, sub: dict, data, rng, rec: dict) -> None:
     rec.update(torch_conv(torch, F, ns, ops, ref, torch.cuda.synchronize))
 
 
+def stream_part(ctx, man: dict) -> list[dict]:
+    """tvm-pesto's per-device streams (``tvm_pesto.run.streams``) on one GPU: a copy between two
+    streams of it, and each prepared model's ``main`` (CUDA graphs) in a worker thread bound to a
+    raw stream, as the executor runs a device: the first input against the prepared reference,
+    a second against the same call made before on the default stream."""
+    import threading
+
+    sys.path.insert(0, str(HERE.parents[1]))
+    from tvm_pesto.run import streams
+
+    tvm, dev = ctx.tvm, ctx.dev
+    rows = []
+    s = streams.StreamSet([dev, dev])
+    try:
+        x = tvm.runtime.tensor(np.arange(1 << 20, dtype="float32"), device=dev)
+        y = s.copy(x, 0, 1)
+        s.synchronize()
+        same = bool(np.array_equal(y.numpy(), x.numpy()))
+        rows.append({"part": "copy between two streams of one GPU", "equal": same})
+        for name, entry in man["models"].items():
+            rec = {"part": "main on a bound stream", "model": name}
+            try:
+                data = np.load(ctx.folder / entry["data"])
+                want = [data[f"ref{i}"] for i in range(entry["n_outputs"])]
+                main = runner.load_vm(tvm, ctx.folder / entry["cuda"]["file"], dev)["main"]
+                args = [tvm.runtime.tensor(data[f"in{i}"], device=dev) for i in range(entry["n_inputs"])]
+                other = [tvm.runtime.tensor((data[f"in{i}"] * 0.5).astype(data[f"in{i}"].dtype)
+                                            if data[f"in{i}"].dtype.kind == "f" else np.roll(data[f"in{i}"], 1),
+                                            device=dev) for i in range(entry["n_inputs"])]
+                on_default = runner.to_numpy(main(*other))
+                dev.sync()
+                got = {}
+
+                def work():
+                    s.bind(1)
+                    for label, xs in (("first", args), ("second", other)):
+                        out = main(*xs)
+                        s.synchronize(1)  # a result on a raw stream is read after that stream, as the executor does
+                        got[label] = runner.to_numpy(out)
+                    got["per_call_ms"] = per_call(lambda: main(*args), lambda: s.synchronize(1)) * 1e3
+                    s.synchronize(1)
+
+                t = threading.Thread(target=work)
+                t.start()
+                t.join()
+                rec["err_first"] = max_err(got["first"], want)
+                rec["err_second_vs_default_stream"] = max_err(got["second"], on_default)
+                rec["per_call_ms"] = got["per_call_ms"]
+            except Exception as e:  # noqa: BLE001 - a failure is the finding
+                rec["failed"] = runner._msg(e)
+            print(json.dumps(rec), flush=True)
+            rows.append(rec)
+    finally:
+        s.close()
+    return rows
+
+
 def torch_conv(torch, F, ns, ops: dict, ref, sync) -> dict:
     """``F.conv2d`` (+ bias, + ReLU) of the plan ``ns`` on the tensors ``ops`` (where they are),
     NCHW; its error against ``ref`` and its time per call."""
@@ -223,7 +283,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--folder", required=True, help="the folder device_check.py --prepare built")
     ap.add_argument("--out", required=True, help="JSON results")
-    ap.add_argument("--parts", default="convs,models", help="comma-separated: convs, models")
+    ap.add_argument("--parts", default="convs,models", help="comma-separated: convs, models, streams")
     ap.add_argument("--budget-s", type=float, default=240.0, help="models: start no peer after this many seconds")
     args = ap.parse_args(argv)
     import torch
@@ -233,8 +293,11 @@ def main(argv=None) -> int:
     ctx, man = setup(Path(args.folder).resolve())
     res = {"device": ctx.device_name, "torch": torch.__version__,
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "timer": "Python loop: synchronise, N calls, synchronise; median of 5 blocks of ~50 ms after 3 warm-up calls"}
+           "timer": "Python loop: sync, N calls, sync; median of 5 blocks of ~50 ms after 3 warm-up calls"}
     parts = args.parts.split(",")
+    if "streams" in parts:
+        res["streams"] = stream_part(ctx, man)
+        Path(args.out).write_text(json.dumps(res, indent=1))
     if "convs" in parts:
         res["convs"] = conv_part(ctx, man)
         Path(args.out).write_text(json.dumps(res, indent=1))

@@ -130,7 +130,7 @@ def cuda_pipeline(target, database=None) -> tvm.transform.Pass:
     return _pipeline
 
 
-def compile_cuda(mod: tvm.IRModule, target, database=None, what: str = "module", cuda_graph: bool = True):
+def compile_cuda(mod: tvm.IRModule, target, database=None, what: str = "module", cuda_graph: bool | None = None):
     """Compile a Relax module for a CUDA target (no GPU needed).
 
     Parameters
@@ -140,11 +140,13 @@ def compile_cuda(mod: tvm.IRModule, target, database=None, what: str = "module",
     database : optional MetaSchedule database (see :func:`cuda_pipeline`)
     what : str
         Named in error messages.
-    cuda_graph : bool
+    cuda_graph : bool, optional
         Capture the static parts of each function into CUDA graphs on the first call and replay
         them after (TVM's ``relax.backend.use_cuda_graph``): one launch instead of one per
-        kernel. On an H200 it took the small zoo models' ``main`` from 0.09-0.24 ms to the
-        figures in ``docs/gpu.md``.
+        kernel; on an H200 the small zoo models' ``main`` took 4-23 % less time (``docs/gpu.md``).
+        Default: the enclosing PassContext's ``relax.backend.use_cuda_graph`` when it sets one
+        (so ``tvm_pesto.build`` inside ``PassContext(config={"relax.backend.use_cuda_graph":
+        False})`` captures nothing), else True.
 
     Returns
     -------
@@ -166,7 +168,10 @@ def compile_cuda(mod: tvm.IRModule, target, database=None, what: str = "module",
     tgt = cuda_target(target)
     pipeline = cuda_pipeline(tgt, database)
     outer = tvm.transform.PassContext.current()
-    config = {**{str(k): v for k, v in outer.config.items()}, "relax.backend.use_cuda_graph": bool(cuda_graph)}
+    config = {str(k): v for k, v in outer.config.items()}
+    if cuda_graph is None:
+        cuda_graph = bool(config.get("relax.backend.use_cuda_graph", True))
+    config["relax.backend.use_cuda_graph"] = bool(cuda_graph)
     try:
         with tvm.transform.PassContext(opt_level=outer.opt_level, config=config, required_pass=list(outer.required_pass),
                                        disabled_pass=list(outer.disabled_pass)):
