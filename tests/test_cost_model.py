@@ -214,10 +214,12 @@ def test_profile_zoo_measures_each_model_in_a_process_of_its_own(tmp_path):
     from tvm_pesto.lab.profile import profile_zoo
 
     log = tmp_path / "p.jsonl"
-    seen = []
+    seen, ticks = [], []
     res = profile_zoo(["sweep-pool", "sweep-movement"], cluster="cpu:2", log_path=log, backends=["tvm"],
-                      repeat=2, min_repeat_ms=1, on_model=seen.append)
+                      repeat=2, min_repeat_ms=1, on_model=seen.append, progress=lambda d, t: ticks.append((d, t)))
     assert [r.model for r in res] == ["sweep-pool", "sweep-movement"] and seen == res
+    assert ticks and all(0 <= d <= t for d, t in ticks)  # the spawned processes' progress, reported here
+    assert any(d == t for d, t in ticks)
     assert all(r.measured > 0 and not r.errors for r in res)
     pids = {r.pid for r in res}
     assert len(pids) == 2 and os.getpid() not in pids

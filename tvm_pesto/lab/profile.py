@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import queue
 import re
 import socket
 import time
@@ -289,8 +290,8 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
     ``"sweep-<family>"`` names profile the shape sweeps).
 
     With ``fresh_process`` (default; for a ``cpu:N`` cluster given by name) each model, and
-    each sweep family, is measured in a process of its own (``spawn``; ``progress`` is not
-    called then): in one long process OpenVINO's two-thread calls grew 3-4x slower by the
+    each sweep family, is measured in a process of its own (``spawn``; ``progress`` is called
+    in this process, fed through a queue): in one long process OpenVINO's two-thread calls grew 3-4x slower by the
     last models, and the labels with them (docs/cost_model.md); a script that calls this
     needs the ``if __name__ == "__main__":`` guard ``spawn`` asks for. A model that fails
     is reported in its result's ``errors`` and the others go on.
@@ -305,14 +306,41 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
         for part in parts:
             args = (part, size, cluster, log_path, backends, repeat, min_repeat_ms, run)
             if fresh_process and isinstance(cluster, str):
-                with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                    r = pool.submit(_profile_one, *args).result()
+                r = _in_fresh_process(args, progress)
             else:
                 r = _profile_one(*args, progress=progress)
             out.append(r)
             if on_model:
                 on_model(r)
     return out
+
+
+class _QueueProgress:
+    """A ``progress(done, total)`` that a spawned process can call: it puts the pair on a
+    queue the parent reads."""
+
+    def __init__(self, queue):
+        self.queue = queue
+
+    def __call__(self, done, total) -> None:
+        self.queue.put((done, total))
+
+
+def _in_fresh_process(args, progress) -> "ProfileResult":
+    """:func:`_profile_one` in a spawned process; its progress reaches ``progress`` here."""
+    ctx = multiprocessing.get_context("spawn")
+    if progress is None:
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            return pool.submit(_profile_one, *args).result()
+    with ctx.Manager() as manager, ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        q = manager.Queue()
+        fut = pool.submit(_profile_one, *args, progress=_QueueProgress(q))
+        while not (fut.done() and q.empty()):
+            try:
+                progress(*q.get(timeout=0.2))
+            except queue.Empty:
+                pass
+        return fut.result()
 
 
 def _profile_one(name, size, cluster, log_path, backends, repeat, min_repeat_ms, run, progress=None):
