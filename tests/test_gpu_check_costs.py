@@ -64,6 +64,22 @@ def test_timed_groups_replace_the_roofline_less_their_launch(tmp_path, mlp_cs):
     assert np.array_equal(same, roofline_candidate_costs(cs, h100))
 
 
+def test_the_launch_is_the_median_over_every_logged_model(tmp_path, mlp_cs):
+    """Each timing loses the launch fitted over all models of all logs, not over those read
+    before it: gaps of 10 us (first model) and 20 us (second) give 15 us for both."""
+    cs = mlp_cs
+    at = {c.nodes: i for i, c in enumerate(cs)}
+    a = json.loads(_log(tmp_path / "a.json", cs, {at[(1, 2, 3)]: 30e-6}, 20e-6).read_text())
+    b = json.loads(_log(tmp_path / "b.json", cs, {at[(4, 5)]: 50e-6}, 30e-6).read_text())
+    a["rows"][0]["model"], b["rows"][0]["model"] = "first", "second"
+    (tmp_path / "gpu-check-1.json").write_text(json.dumps(a))
+    (tmp_path / "gpu-check-2.json").write_text(json.dumps(b))
+    logs = load_check_logs([tmp_path / "gpu-check-1.json", tmp_path / "gpu-check-2.json"])
+    assert logs[0].launch_s == pytest.approx(15e-6)
+    table, _, _ = apply_check_logs(cs, H200, roofline_candidate_costs(cs, H200), ["roofline"], logs=logs)
+    assert [table[at[(1, 2, 3)], 0], table[at[(4, 5)], 0]] == pytest.approx([15e-6, 35e-6])
+
+
 def test_only_roofline_gpu_columns_change(tmp_path, mlp_cs):
     cs = mlp_cs
     logs = load_check_logs([_log(tmp_path / "gpu-check-x.json", cs, {0: 9e-6}, 5e-6)])

@@ -22,6 +22,7 @@ Examples
 """
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ class CheckTimes:
 
     gpu: str
     target: str
-    seconds: dict = field(default_factory=dict)  # (key, candidate backend) -> median seconds
+    seconds: dict = field(default_factory=dict)  # (key, candidate backend) -> (check backend, median seconds)
     files: list = field(default_factory=list)
     records: list = field(default_factory=list)  # (check backend, seconds, op, FLOPs, bytes)
     gaps: list = field(default_factory=list)  # per model: (sum of its groups' times - main's) / kernels
@@ -85,7 +86,8 @@ class CheckTimes:
 
 
 def load_check_logs(paths=None) -> list[CheckTimes]:
-    """The check logs (default: the shipped ones), grouped by GPU and target.
+    """The check logs (default: the shipped ones, :func:`shipped_check_logs`), grouped by GPU
+    and target.
 
     Raises
     ------
@@ -93,12 +95,7 @@ def load_check_logs(paths=None) -> list[CheckTimes]:
         For a file that is not a device-check log.
     """
     if paths is None:
-        seen, paths = set(), []
-        for d in data_dirs("cost_models"):
-            for p in sorted(d.glob(LOG_GLOB)) if d.is_dir() else []:
-                if p.name not in seen:
-                    seen.add(p.name)
-                    paths.append(p)
+        return shipped_check_logs()
     groups: dict = {}
     for path in map(Path, paths):
         try:
@@ -117,8 +114,25 @@ def load_check_logs(paths=None) -> list[CheckTimes]:
                 ct.records.append((rec["backend"], float(rec["median_s"]), rec["op"], float(rec["flops"]),
                                    float(rec["bytes"])))
                 for backend in SERVES.get(rec["backend"], ()):
-                    ct.seconds[(rec["key"], backend)] = ct.seconds_of(rec["backend"], float(rec["median_s"]))
+                    ct.seconds[(rec["key"], backend)] = (rec["backend"], float(rec["median_s"]))
     return list(groups.values())
+
+
+def shipped_check_logs() -> list[CheckTimes]:
+    """:func:`load_check_logs` of the shipped logs, read once per process (again when a file
+    changes)."""
+    paths, seen = [], set()
+    for d in data_dirs("cost_models"):
+        for p in sorted(d.glob(LOG_GLOB)) if d.is_dir() else []:
+            if p.name not in seen:
+                seen.add(p.name)
+                paths.append(p)
+    return _load_cached(tuple((str(p), p.stat().st_mtime) for p in paths))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(stamped: tuple) -> list[CheckTimes]:
+    return load_check_logs([p for p, _ in stamped])
 
 
 def _add_gap(groups: dict, gpu: str, row: dict) -> None:
@@ -143,7 +157,7 @@ def apply_check_logs(cs, cluster, table: np.ndarray, columns: list[str], logs=No
         ``applied``: device index -> ``{"timed": candidates given their measured time,
         "ratio": {backend: factor the others were scaled by}, "files": the logs}``.
     """
-    logs = load_check_logs() if logs is None else logs
+    logs = shipped_check_logs() if logs is None else logs
     out, cols, applied = table.copy(), list(columns), {}
     keys = None
     for j, dev in enumerate(cluster.devices):
@@ -165,9 +179,10 @@ def _column(cs, dev, col: np.ndarray, ct: CheckTimes, keys: list[str]):
     base = col.copy()
     timed, op_s = [], {}
     for i, c in enumerate(cs):
-        t = ct.seconds.get((keys[i], c.backend))
-        if t is None or not np.isfinite(col[i]):
+        hit = ct.seconds.get((keys[i], c.backend))
+        if hit is None or not np.isfinite(col[i]):
             continue
+        t = ct.seconds_of(*hit)
         if c.backend in SERVES["tvm-cuda"]:
             op_s.update(_op_shares(cs.rg.graph, c.nodes, t, dev))
         col[i] = t
@@ -207,4 +222,4 @@ def _keys(cs) -> list[str]:
     return [candidate_key(cs.rg, c.nodes) for c in cs]
 
 
-__all__ = ["CheckTimes", "apply_check_logs", "load_check_logs"]
+__all__ = ["CheckTimes", "apply_check_logs", "load_check_logs", "shipped_check_logs"]
