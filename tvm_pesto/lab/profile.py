@@ -291,8 +291,8 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
 
     With ``fresh_process`` (default; for a ``cpu:N`` cluster given by name) each model, and
     each sweep family, is measured in a process of its own (``spawn``; ``progress`` is called
-    in this process, fed through a queue): in one long process OpenVINO's two-thread calls grew 3-4x slower by the
-    last models, and the labels with them (docs/cost_model.md); a script that calls this
+    in this process, fed through a queue): in one long process OpenVINO's two-thread calls
+    grew 3-4x slower by the last models, and the labels with them (docs/cost_model.md); a script that calls this
     needs the ``if __name__ == "__main__":`` guard ``spawn`` asks for. A model that fails
     is reported in its result's ``errors`` and the others go on.
 
@@ -319,8 +319,8 @@ class _QueueProgress:
     """A ``progress(done, total)`` that a spawned process can call: it puts the pair on a
     queue the parent reads."""
 
-    def __init__(self, queue):
-        self.queue = queue
+    def __init__(self, q):
+        self.queue = q
 
     def __call__(self, done, total) -> None:
         self.queue.put((done, total))

@@ -173,7 +173,8 @@ def compile_cuda(mod: tvm.IRModule, target, database=None, what: str = "module",
         cuda_graph = bool(config.get("relax.backend.use_cuda_graph", True))
     config["relax.backend.use_cuda_graph"] = bool(cuda_graph)
     try:
-        with tvm.transform.PassContext(opt_level=outer.opt_level, config=config, required_pass=list(outer.required_pass),
+        with tvm.transform.PassContext(opt_level=outer.opt_level, config=config,
+                                       required_pass=list(outer.required_pass),
                                        disabled_pass=list(outer.disabled_pass)):
             return tvm.compile(mod, target=tgt, relax_pipeline=pipeline)
     except Exception as e:  # noqa: BLE001 - TVM raises many types; explain at our boundary
