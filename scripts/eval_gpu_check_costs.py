@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -21,35 +20,8 @@ import numpy as np
 
 from tvm_pesto import zoo
 from tvm_pesto.api import cost_candidates, place_from_costs
-from tvm_pesto.costs.gpu_check import LOG_GLOB, apply_check_logs, load_check_logs
+from tvm_pesto.costs.gpu_check import apply_check_logs, load_check_logs
 from tvm_pesto.costs.roofline import roofline_candidate_costs
-from tvm_pesto.package_data import data_dirs
-
-
-def shipped_logs() -> list[Path]:
-    return next((sorted(d.glob(LOG_GLOB)) for d in data_dirs("cost_models") if list(d.glob(LOG_GLOB))), [])
-
-
-def measured_main(paths) -> dict:
-    out = {}
-    for p in paths:
-        for row in json.loads(Path(p).read_text())["rows"]:
-            main = [it["median_s"] for it in row.get("items", []) if it.get("name") == "time main"]
-            if row["backend"] == "tvm-cuda" and main:
-                out[row["model"]] = main[0]
-    return out
-
-
-def without(paths, model: str, folder: Path) -> list[Path]:
-    """The logs with ``model``'s rows left out, written into ``folder``."""
-    out = []
-    for p in paths:
-        log = json.loads(Path(p).read_text())
-        log["rows"] = [r for r in log["rows"] if r.get("model") != model]
-        q = folder / Path(p).name
-        q.write_text(json.dumps(log))
-        out.append(q)
-    return out
 
 
 def makespan(name: str, cluster: str, logs) -> float:
@@ -69,16 +41,14 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
-    paths = shipped_logs()
-    every = load_check_logs(paths)
+    every = load_check_logs()
+    mains = {model: s for ct in every for model, s in ct.mains.items()}
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, main_s in measured_main(paths).items():
-            held = load_check_logs(without(paths, name, Path(tmp)))
-            rows.append({"model": name, "measured_ms": main_s * 1e3,
-                         "in_sample_ms": makespan(name, args.cluster, every) * 1e3,
-                         "held_out_ms": makespan(name, args.cluster, held) * 1e3,
-                         "roofline_ms": makespan(name, args.cluster, None) * 1e3})
+    for name, main_s in mains.items():
+        rows.append({"model": name, "measured_ms": main_s * 1e3,
+                     "in_sample_ms": makespan(name, args.cluster, every) * 1e3,
+                     "held_out_ms": makespan(name, args.cluster, load_check_logs(skip_models=(name,))) * 1e3,
+                     "roofline_ms": makespan(name, args.cluster, None) * 1e3})
     print(f"{'model':14s} {'measured':>9s} {'in-sample':>15s} {'held-out':>15s} {'roofline':>15s}")
     for r in rows:
         m = r["measured_ms"]

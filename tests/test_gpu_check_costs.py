@@ -78,6 +78,9 @@ def test_the_launch_is_the_median_over_every_logged_model(tmp_path, mlp_cs):
     assert logs[0].launch_s == pytest.approx(15e-6)
     table, _, _ = apply_check_logs(cs, H200, roofline_candidate_costs(cs, H200), ["roofline"], logs=logs)
     assert [table[at[(1, 2, 3)], 0], table[at[(4, 5)], 0]] == pytest.approx([15e-6, 35e-6])
+    (held,) = load_check_logs([tmp_path / "gpu-check-1.json", tmp_path / "gpu-check-2.json"], skip_models=("second",))
+    assert held.launch_s == pytest.approx(10e-6) and list(held.mains) == ["first"]
+    assert not any(k[0] == candidate_key(cs.rg, cs[at[(4, 5)]].nodes) for k in held.seconds)
 
 
 def test_only_roofline_gpu_columns_change(tmp_path, mlp_cs):

@@ -32,7 +32,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -67,12 +66,7 @@ def max_err(got, want) -> float:
 def setup(folder: Path):
     """The runner's runtime set-up (wheels, runtime-only TVM, CUDA device, prebuilt kernels)."""
     man = runner.read_manifest(folder)
-    sys.path.insert(0, str(folder / "lib"))
-    import gpu_probe as probe
-
-    ctx = SimpleNamespace(folder=folder, probe=probe, tol=man["tolerances"], repeat=5, min_repeat_ms=10,
-                          deadline=float("inf"), served=[], cudnn=None, notes=[], cudnn_handle=None,
-                          target=man["target"], cache_version=man["cache_version"], device_name="cpu")
+    ctx = runner.make_context(folder, man)
     row = runner.setup_runtime(ctx, man, runner._environment(), cpu_twins=False)
     if row.status in runner.FAILING:
         raise SystemExit(f"runtime set-up failed: {row.to_dict()['items']}")
@@ -167,7 +161,7 @@ def conv_paths(ctx, sub: dict, data, rng, rec: dict) -> None:
     ref = data[f"{sub['name']}_ref0"]
     rec["backend_path_err"] = max_err([out.numpy()], [ref])
     rec["backend_path_us"] = per_call(run, dev.sync) * 1e6
-    ns = SimpleNamespace(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in plan.items()})
+    ns = runner.plan_namespace(plan)
     ops = {"Y": out}
     for tname, key in (("X", "x"), ("W", "w"), ("B", "bias")):
         op = runner._operand(tvm, plan[key], args, data, sub["name"], dev)

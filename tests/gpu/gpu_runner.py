@@ -580,6 +580,11 @@ def gemm_call(ctx, plan: dict, args, data, prefix):
     return run, out
 
 
+def plan_namespace(plan: dict) -> SimpleNamespace:
+    """A ConvPlan as the manifest stores it (lists), with the attributes ``build_cudnn_graph`` reads."""
+    return SimpleNamespace(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in plan.items()})
+
+
 def conv_call(ctx, plan: dict, args, data, prefix):
     """The cuDNN graph of a ConvPlan (built by the backend's ``build_cudnn_graph``), executed
     as ``CudnnBackend.make_callable`` executes it; returns (run, output tensor)."""
@@ -596,7 +601,7 @@ def conv_call(ctx, plan: dict, args, data, prefix):
         ctx.cudnn, ctx.cudnn_handle = cudnn, cudnn.create_handle()
     from pesto_cudnn_graph import ALLOW_TF32, build_cudnn_graph
 
-    ns = SimpleNamespace(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in plan.items()})
+    ns = plan_namespace(plan)
     try:
         graph, tensors, ws = build_cudnn_graph(ns, ctx.cudnn_handle, ALLOW_TF32)
     except Exception as e:  # noqa: BLE001 - cuDNN refused the graph
@@ -756,6 +761,19 @@ def model_steps(cpu_twins: bool) -> list:
     return steps + [(lib, lambda c, n, e, lib=lib: run_library_gpu(c, n, lib, e)) for lib in ("cublas", "cudnn", "tensorrt")]
 
 
+def make_context(folder: Path, man: dict, repeat: int = 5, min_repeat_ms: int = 10, deadline: float = float("inf"),
+                 served: list | None = None) -> SimpleNamespace:
+    """What the steps share: the folder, its probes (``lib/``), tolerances and timing settings;
+    :func:`setup_runtime` adds TVM and the device."""
+    sys.path.insert(0, str(folder / "lib"))
+    import gpu_probe as probe
+
+    return SimpleNamespace(folder=folder, probe=probe, tol=man["tolerances"], repeat=repeat, min_repeat_ms=min_repeat_ms,
+                           deadline=deadline, served=[] if served is None else served, cudnn=None, notes=[],
+                           cudnn_handle=None, target=man["target"], cache_version=man["cache_version"],
+                           device_name="cpu")
+
+
 def run(folder: Path, out: Path, cpu_twins: bool, models: list | None, repeat: int, min_repeat_ms: int,
         budget_s: float) -> int:
     """The whole check; the exit status (0 ok, 1 a failing row, 2 cannot start)."""
@@ -766,13 +784,7 @@ def run(folder: Path, out: Path, cpu_twins: bool, models: list | None, repeat: i
         print(f"cannot run: {e.detail}", file=sys.stderr)
         return 2
     log = Log(out, "cpu-twins" if cpu_twins else "gpu", man, env)
-    sys.path.insert(0, str(folder / "lib"))
-    import gpu_probe as probe
-
-    ctx = SimpleNamespace(folder=folder, probe=probe, tol=man["tolerances"], repeat=repeat, min_repeat_ms=min_repeat_ms,
-                          deadline=time.time() + budget_s, served=log.data["kernels_served"], cudnn=None, notes=[],
-                          cudnn_handle=None, target=man["target"], cache_version=man["cache_version"],
-                          device_name="cpu")
+    ctx = make_context(folder, man, repeat, min_repeat_ms, time.time() + budget_s, log.data["kernels_served"])
     try:
         rt = setup_runtime(ctx, man, env, cpu_twins)
     except NoGPU as e:

@@ -56,6 +56,7 @@ class CheckTimes:
     files: list = field(default_factory=list)
     records: list = field(default_factory=list)  # (check backend, seconds, op, FLOPs, bytes)
     gaps: list = field(default_factory=list)  # per model: (sum of its groups' times - main's) / kernels
+    mains: dict = field(default_factory=dict)  # model -> its TVM-CUDA ``main``'s median seconds
 
     @property
     def launch_s(self) -> float:
@@ -85,19 +86,19 @@ class CheckTimes:
                 and measure_target(device) == self.target)
 
 
-def load_check_logs(paths=None) -> list[CheckTimes]:
+def load_check_logs(paths=None, skip_models=()) -> list[CheckTimes]:
     """The check logs (default: the shipped ones, :func:`shipped_check_logs`), grouped by GPU
-    and target.
+    and target, without the rows of ``skip_models`` (to score a model the logs never saw).
 
     Raises
     ------
     CostError
         For a file that is not a device-check log.
     """
-    if paths is None:
+    if paths is None and not skip_models:
         return shipped_check_logs()
     groups: dict = {}
-    for path in map(Path, paths):
+    for path in map(Path, shipped_log_paths() if paths is None else paths):
         try:
             log = json.loads(path.read_text())
             rows = log["rows"]
@@ -105,7 +106,7 @@ def load_check_logs(paths=None) -> list[CheckTimes]:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CostError(f"{path} is not a device-check log (python tests/gpu/device_check.py --run DIR "
                             f"writes them): {e}") from e
-        for row in rows:
+        for row in (r for r in rows if r.get("model") not in skip_models):
             _add_gap(groups, gpu, row)
             for rec in row.get("timings", []):
                 ct = groups.setdefault((gpu, rec["target"]), CheckTimes(gpu, rec["target"]))
@@ -118,16 +119,21 @@ def load_check_logs(paths=None) -> list[CheckTimes]:
     return list(groups.values())
 
 
-def shipped_check_logs() -> list[CheckTimes]:
-    """:func:`load_check_logs` of the shipped logs, read once per process (again when a file
-    changes)."""
+def shipped_log_paths() -> list[Path]:
+    """The shipped check logs (``cost_models/gpu-check-*.json``), each name once."""
     paths, seen = [], set()
     for d in data_dirs("cost_models"):
         for p in sorted(d.glob(LOG_GLOB)) if d.is_dir() else []:
             if p.name not in seen:
                 seen.add(p.name)
                 paths.append(p)
-    return _load_cached(tuple((str(p), p.stat().st_mtime) for p in paths))
+    return paths
+
+
+def shipped_check_logs() -> list[CheckTimes]:
+    """:func:`load_check_logs` of the shipped logs, read once per process (again when a file
+    changes)."""
+    return _load_cached(tuple((str(p), p.stat().st_mtime) for p in shipped_log_paths()))
 
 
 @functools.lru_cache(maxsize=4)
@@ -146,6 +152,7 @@ def _add_gap(groups: dict, gpu: str, row: dict) -> None:
     total = sum(float(t["median_s"]) * int(t.get("count", 1)) for t in timings)
     ct = groups.setdefault((gpu, timings[0]["target"]), CheckTimes(gpu, timings[0]["target"]))
     ct.gaps.append((total - float(main[0])) / kernels)
+    ct.mains[row.get("model", "")] = float(main[0])
 
 
 def apply_check_logs(cs, cluster, table: np.ndarray, columns: list[str], logs=None):
@@ -222,4 +229,4 @@ def _keys(cs) -> list[str]:
     return [candidate_key(cs.rg, c.nodes) for c in cs]
 
 
-__all__ = ["CheckTimes", "apply_check_logs", "load_check_logs", "shipped_check_logs"]
+__all__ = ["CheckTimes", "apply_check_logs", "load_check_logs", "shipped_check_logs", "shipped_log_paths"]
