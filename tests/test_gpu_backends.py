@@ -35,7 +35,7 @@ from tvm import relax
 
 from tvm_pesto import zoo
 from tvm_pesto.backends import BackendUnavailableError, get_backend
-from tvm_pesto.backends.base import MatchContext
+from tvm_pesto.backends.base import MatchContext, instance_key
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.cluster import gpu_probe as probe
 from tvm_pesto.run import streams
@@ -555,7 +555,7 @@ def test_device_check_dry_run_passes_on_the_healthy_tree(prepared):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "summary" in r.stdout
     rows = _rows(log)
-    backends = ("tvm-cuda", "cublas", "cudnn", "tensorrt", "cpu-twin")
+    backends = ("tvm-cuda", "cublas", "cudnn", "tensorrt", "cpu-twin", "mixed", "mixed-cpu-twin")
     assert {("mlp_mixer", b) for b in backends} | {("*", "bundle"), ("*", "runtime")} <= set(rows)
     reasons = _gpu_runner().SKIP_REASONS
     for row in rows.values():
@@ -601,7 +601,8 @@ def test_prepared_folder_fits_and_its_cpu_twins_load_runtime_only(prepared, tmp_
     assert man["size_bytes"] <= 60 * MIB and tree_bytes(folder) <= 60 * MIB
     files = set(man["files"])
     for f in ("run_gpu_check.py", "runtime/tvm/lib/libtvm_runtime.so", "runtime/tvm/lib/libtvm_runtime_cuda.so",
-              "lib/gpu_probe.py", "lib/pesto_cublaslt.py", "lib/pesto_cudnn_graph.py", "models/mlp_mixer.cuda.so",
+              "lib/gpu_probe.py", "lib/pesto_cublaslt.py", "lib/pesto_cudnn_graph.py", "lib/pesto_emulate.py",
+              "models/mlp_mixer.cuda.so",
               "models/mlp_mixer.cpu.so", "data/mlp_mixer.npz", "data/mlp_mixer.cublas.npz", "data/mlp_mixer.cudnn.npz"):
         assert f in files, f
     assert not [f for f in files if "libtvm_compiler" in f or "3rdparty/" in f or "__pycache__" in f]
@@ -627,6 +628,65 @@ def test_prepared_folder_fits_and_its_cpu_twins_load_runtime_only(prepared, tmp_
             pytest.skip(f"the {name} wheel is not in the folder: {w['missing']}")
         with zipfile.ZipFile(folder / w["file"]) as z:
             assert any(n.startswith(ext) for n in z.namelist()), name
+
+
+def test_lowering_for_another_machine_names_units_it_cannot_build():
+    """``lower_units(build=False)``: cuDNN and cuBLAS units (unavailable without a GPU) become
+    extern calls under the names their backends register, and nothing is registered here."""
+    from tvm_pesto.builder.lower import lower_units
+    from tvm_pesto.candidates import Candidate
+    from tvm_pesto.cluster import parse_cluster
+
+    rg = from_relax(zoo.load("mlp_mixer", "small").mod)
+    device = parse_cluster("h200").devices[0]
+    units, taken = [], set()
+    for lib in ("cublas", "cudnn"):
+        for m in patterns.match_nodes(rg, lib):
+            if not taken & set(m.nodes):
+                units.append(Candidate(lib, tuple(sorted(m.nodes)), m.pattern))
+                taken |= set(m.nodes)
+    n_lib = len(units)
+    units += [Candidate("tvm", (v,)) for v in range(rg.graph.num_nodes) if v not in taken]
+    low = lower_units(rg, units, [device] * len(units), build=False)
+    assert sorted(low.externs.values()) == list(range(n_lib)) and n_lib > 1
+    for gname, k in low.externs.items():
+        func = candidate_function(rg, units[k].nodes, lift_constants=False).func
+        assert gname == get_backend(units[k].backend).global_name(instance_key(func), device)
+        assert gname.endswith(".gpu0") and tvm.get_global_func(gname, allow_missing=True) is None
+    calls = [b.value for b in low.mod["main"].body.blocks[0].bindings if isinstance(b.value, relax.Call)]
+    assert sum(c.op.name == "relax.call_dps_packed" for c in calls if isinstance(c.op, tvm.ir.Op)) == n_lib
+    if not get_backend("cublas").available()[0]:
+        with pytest.raises(BackendUnavailableError, match="cublas"):
+            lower_units(rg, units, [device] * len(units))
+
+
+@needs_nvcc
+def test_mixed_module_twin_runs_the_library_units_runtime_only(prepared, tmp_path):
+    """The mixed module (every cuBLAS / cuDNN match an extern call, the rest TVM), its CPU twin
+    runtime-only with the backends' NumPy emulations registered under the externs' names:
+    it matches PyTorch; one wrong weight in one unit is a mismatch."""
+    folder = prepared[0]
+    info = json.loads((folder / "manifest.json").read_text())["models"]["mlp_mixer"]["mixed"]
+    libs = Counter(e["lib"] for e in info["externs"].values())
+    assert libs["cublas"] > 0 and libs["cudnn"] > 0, libs
+    assert {"models/mlp_mixer.mixed.cuda.so", "models/mlp_mixer.mixed.cpu.so"} <= {
+        str(p.relative_to(folder)) for p in (folder / "models").iterdir()}
+    out = tmp_path / "twins.json"
+    res = _runtime_only(folder, out)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    row = _rows(out)[("mlp_mixer", "mixed-cpu-twin")]
+    assert row["status"] == "ok" and row["subgraphs"] == len(info["externs"]), row
+    main = {i["name"]: i for i in row["items"]}["main vs PyTorch"]
+    assert main["status"] == "ok" and main["max_err"] > 0, main  # the emulated tanh GELU is not TVM's erf GELU
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad, ignore=shutil.ignore_patterns("logs", ".unpacked"))
+    data = dict(np.load(bad / info["data"]))
+    key = sorted(k for k in data if "_c_" in k)[0]
+    data[key] = data[key] + 1.0  # same size: the manifest still matches
+    np.savez(bad / info["data"], **data)
+    res = _runtime_only(bad, tmp_path / "bad.json")
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert _rows(tmp_path / "bad.json")[("mlp_mixer", "mixed-cpu-twin")]["status"] == "mismatch"
 
 
 def _plan_from_dict(cls, d, data, prefix):
@@ -823,15 +883,15 @@ def test_runner_replays_plans_through_the_library_calls(prepared, monkeypatch, o
     fake_cudnn = _STAND_IN_CUDNN
     monkeypatch.setitem(sys.modules, "cudnn", fake_cudnn)
     _StandInGraph.calls, _StandInGraph.offset, _StandInGraph.deselected = [], offset, []
-    real = dict(runner.LIBRARY_CALLS)
+    real = dict(runner.LIBRARY_UNITS)
 
     def expecting(lib):
-        def call(ctx, plan, args, data, prefix):
+        def unit(ctx, plan, data, prefix, n_in):
             (lt if lib == "cublas" else _StandInGraph).expect = data[f"{prefix}_ref0"]
-            return real[lib](ctx, plan, args, data, prefix)
-        return call
+            return real[lib](ctx, plan, data, prefix, n_in)
+        return unit
 
-    monkeypatch.setattr(runner, "LIBRARY_CALLS", {lib: expecting(lib) for lib in real})
+    monkeypatch.setattr(runner, "LIBRARY_UNITS", {lib: expecting(lib) for lib in real})
     man = json.loads((folder / "manifest.json").read_text())
     ctx = SimpleNamespace(folder=folder, probe=None, tol=man["tolerances"], repeat=1, min_repeat_ms=1,
                           deadline=time.time() + 120, served=[], cudnn=fake_cudnn, cudnn_handle=object(),

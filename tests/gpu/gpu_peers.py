@@ -9,8 +9,9 @@ Two parts, each timed in blocks after a warm-up (synchronise, N calls, synchroni
 of the repeats' time per call, host work included, as a Python caller sees it):
 
 ``models``
-    each prepared zoo model (size ``small``): TVM-CUDA's ``main`` through the VM (checked on a
-    second input against PyTorch too: a replayed CUDA graph must not answer the first), PyTorch eager
+    each prepared zoo model (size ``small``): TVM-CUDA's ``main`` through the VM, and the mixed
+    module's (every cuBLAS / cuDNN match a library call, ``prepare.prepare_mixed``), each checked
+    on a second input against PyTorch too (a replayed CUDA graph must not answer the first), PyTorch eager
     on ``cuda``, ``torch.compile`` (Inductor, default mode) and ``torch.compile(mode=
     "reduce-overhead")`` (CUDA graphs), each output checked against the prepared PyTorch CPU
     reference. TF32 is off everywhere (the float32 numerics tvm-pesto's backends keep).
@@ -18,9 +19,9 @@ of the repeats' time per call, host work included, as a Python caller sees it):
     tvm-pesto's per-device streams on one GPU: a copy between two streams, and each model's
     ``main`` in a worker thread bound to a raw stream, on two inputs.
 ``convs``
-    each prepared cuDNN convolution through the call paths the cuDNN backend can take: the
-    variant pack of TVM tensors with ``set_stream`` per call (``CudnnBackend.make_callable``),
-    raw pointers, raw pointers without ``set_stream``, the same plan with TF32 allowed, and
+    each prepared cuDNN convolution through the call paths the cuDNN backend can take: as
+    ``CudnnBackend.make_callable`` calls it (raw pointers, ``set_stream`` per call), raw pointers
+    without ``set_stream``, the same plan with TF32 allowed, and
     ``torch.nn.functional.conv2d`` on the same shapes (cuDNN through ATen).
 
 It needs the folder, NumPy and PyTorch; TVM is the folder's runtime-only copy.
@@ -73,6 +74,21 @@ def setup(folder: Path):
     return ctx, man
 
 
+def module_main(ctx, built: dict | None, args, want, rec: dict, tag: str):
+    """Load a prepared module (``built``: its manifest entry), check and time its ``main`` into
+    ``rec[tag + "_err" / "_ms"]``; the function, or None (``rec[tag]`` says why)."""
+    try:
+        if built is None:
+            raise RuntimeError("not built at --prepare (see the manifest)")
+        main = runner.load_vm(ctx.tvm, ctx.folder / built["file"], ctx.dev)["main"]
+        rec[f"{tag}_err"] = max_err(runner.to_numpy(main(*args)), want)
+        rec[f"{tag}_ms"] = per_call(lambda: main(*args), ctx.dev.sync) * 1e3
+        return main
+    except Exception as e:  # noqa: BLE001 - a module that fails is a finding
+        rec[tag] = f"failed: {runner._msg(e)}"
+        return None
+
+
 def model_part(ctx, man: dict, budget_s: float) -> list[dict]:
     import torch
 
@@ -85,25 +101,28 @@ def model_part(ctx, man: dict, budget_s: float) -> list[dict]:
         rec = {"model": name}
         data = np.load(ctx.folder / entry["data"])
         want = [data[f"ref{i}"] for i in range(entry["n_outputs"])]
-        try:
-            vm = runner.load_vm(tvm, ctx.folder / entry["cuda"]["file"], dev)
-            args = [tvm.runtime.tensor(data[f"in{i}"], device=dev) for i in range(entry["n_inputs"])]
-            main = vm["main"]
-            rec["tvm_cuda_err"] = max_err(runner.to_numpy(main(*args)), want)
-            rec["tvm_cuda_ms"] = per_call(lambda: main(*args), dev.sync) * 1e3
-        except Exception as e:  # noqa: BLE001
-            rec["tvm_cuda"] = f"failed: {runner._msg(e)}"
+        args = [tvm.runtime.tensor(data[f"in{i}"], device=dev) for i in range(entry["n_inputs"])]
+        mains = {"tvm_cuda": module_main(ctx, entry.get("cuda"), args, want, rec, "tvm_cuda")}
+        mixed = entry.get("mixed") or {}
+        if mixed.get("externs"):
+            try:
+                runner.register_units(ctx, mixed, emulated=False)
+                mains["mixed"] = module_main(ctx, mixed.get("cuda"), args, want, rec, "mixed")
+            except Exception as e:  # noqa: BLE001
+                rec["mixed"] = f"failed: {runner._msg(e)}"
         model, inputs = MODELS[name]("small")
         model = model.eval().cuda()
         xs = [torch.from_numpy(np.asarray(a)).cuda() for a in inputs]
-        if "tvm_cuda_ms" in rec:  # a second input: a replayed CUDA graph must not answer the first
+        if any(m is not None for m in mains.values()):  # a second input: a replayed CUDA graph must not answer the first
             other = [np.roll(np.asarray(a), 1) if np.issubdtype(np.asarray(a).dtype, np.integer)
                      else (np.asarray(a) * 0.5 + 0.25).astype(np.asarray(a).dtype) for a in inputs]
             with torch.no_grad():
                 ref2 = model(*[torch.from_numpy(a).cuda() for a in other])
             ref2 = [r.cpu().numpy() for r in (ref2 if isinstance(ref2, (tuple, list)) else [ref2])]
-            got2 = runner.to_numpy(main(*[tvm.runtime.tensor(a, device=dev) for a in other]))
-            rec["tvm_cuda_second_input_err"] = max_err(got2, ref2)
+            for tag, main in mains.items():
+                if main is not None:
+                    got2 = runner.to_numpy(main(*[tvm.runtime.tensor(a, device=dev) for a in other]))
+                    rec[f"{tag}_second_input_err"] = max_err(got2, ref2)
         peers = [("torch_eager", lambda m: m), ("torch_compile", lambda m: torch.compile(m)),
                  ("torch_compile_reduce_overhead", lambda m: torch.compile(m, mode="reduce-overhead"))]
         for label, make in peers:
@@ -155,7 +174,7 @@ def conv_paths(ctx, sub: dict, data, rng, rec: dict) -> None:
     tvm, dev = ctx.tvm, ctx.dev
     plan = sub["plan"]
     args = runner.make_args(tvm, sub["params"], data, dev, rng)
-    run, out = runner.conv_call(ctx, plan, args, data, sub["name"])  # TVM tensors, set_stream per call
+    run, out = runner.library_call(ctx, "cudnn", plan, args, data, sub["name"])  # as CudnnBackend calls it
     run()
     dev.sync()
     ref = data[f"{sub['name']}_ref0"]
@@ -164,10 +183,10 @@ def conv_paths(ctx, sub: dict, data, rng, rec: dict) -> None:
     ns = runner.plan_namespace(plan)
     ops = {"Y": out}
     for tname, key in (("X", "x"), ("W", "w"), ("B", "bias")):
-        op = runner._operand(tvm, plan[key], args, data, sub["name"], dev)
+        op = runner._value(plan[key], runner._const(tvm, plan[key], data, sub["name"], dev), args)
         if op is not None:
             ops[tname] = op
-    cudnn, handle, stream = ctx.cudnn, ctx.cudnn_handle, runner._stream(tvm)
+    cudnn, handle, stream = ctx.cudnn, ctx.cudnn_handle, runner._stream_getter(tvm)()
     for tf32 in (False, True):
         graph, tensors, ws = build_cudnn_graph(ns, handle, tf32)
         work = tvm.runtime.empty((max(1, ws),), "uint8", dev)

@@ -442,12 +442,13 @@ def timing_record(meta: dict, backend: str, reps: list, ctx: SimpleNamespace, ti
 
 
 # -- per model: TVM modules ------------------------------------------------------------------
-def run_model_tvm(ctx, name: str, entry: dict, which: str) -> Row:
+def run_model_tvm(ctx, name: str, entry: dict, which: str, backend: str = "", tol: str = "model") -> Row:
     """Load ``entry[which]`` (``"cuda"`` on ``tvm.cuda(0)``, ``"cpu_twin"`` on ``tvm.cpu(0)``: the
     same IRModule built for llvm), run ``main`` against the PyTorch reference, time ``main``
-    and every distinct fusion group ``g<i>``."""
+    and every distinct fusion group ``g<i>``; ``backend`` names the row (default by ``which``),
+    ``tol`` the tolerance ``main`` is held to."""
     tvm, dev = ctx.tvm, ctx.dev
-    row = Row(name, "tvm-cuda" if which == "cuda" else "cpu-twin")
+    row = Row(name, backend or ("tvm-cuda" if which == "cuda" else "cpu-twin"))
     what = "CUDA module" if which == "cuda" else "CPU twin (runtime-only)"
     if entry.get(which) is None:
         row.add(f"build {what}", entry.get(f"{which}_status", "build_failed"),
@@ -470,7 +471,7 @@ def run_model_tvm(ctx, name: str, entry: dict, which: str) -> Row:
     except Exception as e:  # noqa: BLE001
         row.fail_from("run main", e)
         return row
-    compare(row, "main vs PyTorch", got, [data[f"ref{i}"] for i in range(entry["n_outputs"])], ctx.tol["model"])
+    compare(row, "main vs PyTorch", got, [data[f"ref{i}"] for i in range(entry["n_outputs"])], ctx.tol[tol])
     te = vm.time_evaluator("main", dev, number=1, repeat=ctx.repeat, min_repeat_ms=ctx.min_repeat_ms)(*args)
     row.add("time main", "ok", f"median {np.median(te.results) * 1e3:.4f} ms",
             median_s=float(np.median(te.results)), repeats=[float(x) for x in te.results])
@@ -516,12 +517,18 @@ def run_model_twin(ctx, name: str, entry: dict) -> Row:
 
 
 # -- per model: library plans --------------------------------------------------------------
-def _operand(tvm, op, args, data, prefix, dev):
-    if op is None:
+def _const(tvm, op, data, prefix, dev):
+    """A plan operand stored as a constant, uploaded to ``dev`` (None for a parameter)."""
+    if op is None or "const" not in op:
         return None
-    if "const" in op:
-        return tvm.runtime.tensor(np.asarray(data[f"{prefix}_{op['const']}"], order="C"), device=dev)
-    v = args[op["param"]]
+    return tvm.runtime.tensor(np.asarray(data[f"{prefix}_{op['const']}"], order="C"), device=dev)
+
+
+def _value(op, const, inputs):
+    """An operand's value in a call: its uploaded constant, or the call's input it names."""
+    if const is not None or op is None:
+        return const
+    v = inputs[op["param"]]
     return v if op.get("item") is None else v[op["item"]]
 
 
@@ -529,16 +536,21 @@ def _ptr(t) -> int:
     return int(t.data_ptr())
 
 
-def _stream(tvm) -> int:
+def _stream_getter(tvm):
+    """A function returning the calling thread's current CUDA stream (as the backends ask TVM)."""
     get = tvm.get_global_func("runtime.get_cuda_stream", allow_missing=True)
-    v = get() if get is not None else 0
-    v = getattr(v, "value", v)
-    return int(v or 0)
+
+    def stream() -> int:
+        v = get() if get is not None else 0
+        v = getattr(v, "value", v)
+        return int(v or 0)
+
+    return stream
 
 
-def gemm_call(ctx, plan: dict, args, data, prefix):
-    """The cuBLASLt call of a GemmPlan, as ``CublasBackend.make_callable`` makes it; returns
-    (run, output tensor)."""
+def gemm_unit(ctx, plan: dict, data, prefix: str, n_in: int):
+    """The cuBLASLt call of a GemmPlan as ``CublasBackend.make_callable`` makes it: ``call(*inputs,
+    out)``, constants uploaded once, on TVM's current stream."""
     import pesto_cublaslt as cl
 
     tvm, dev = ctx.tvm, ctx.dev
@@ -547,10 +559,7 @@ def gemm_call(ctx, plan: dict, args, data, prefix):
     except Exception as e:  # noqa: BLE001 - gpu_probe's message names the wheel
         raise CheckFailure("missing_library", _msg(e)) from e
     handle = lt.handle(0)
-    a = _operand(tvm, plan["a"], args, data, prefix, dev)
-    b = _operand(tvm, plan["b"], args, data, prefix, dev)
-    bias = _operand(tvm, plan["bias"], args, data, prefix, dev)
-    out = tvm.runtime.empty(tuple(plan["out_shape"]), plan["dtype"], dev)
+    consts = {k: _const(tvm, plan[k], data, prefix, dev) for k in ("a", "b", "bias")}
     dt = cl._CUDA_DTYPE[plan["dtype"]]
     desc = ctypes.c_void_p()
     lt.check(lt.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), cl.COMPUTE_TYPE, 0), "matmul desc")
@@ -558,9 +567,13 @@ def gemm_call(ctx, plan: dict, args, data, prefix):
                       (cl._DESC_EPILOGUE, cl.EPILOGUES[plan["epilogue"]])):
         v = ctypes.c_int32(val)
         lt.check(lt.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), 4), "desc attribute")
-    if bias is not None:
+
+    def set_bias(bias):
         p = ctypes.c_void_p(_ptr(bias))
         lt.check(lt.lib.cublasLtMatmulDescSetAttribute(desc, cl._DESC_BIAS_POINTER, ctypes.byref(p), 8), "bias pointer")
+
+    if consts["bias"] is not None:
+        set_bias(consts["bias"])
     a_rows, a_cols = (plan["m"], plan["k"]) if plan["transa"] == "N" else (plan["k"], plan["m"])
     la = lt.layout(dt, a_rows, a_cols, plan["lda"], plan["batch"], plan["stride_a"])
     lb = lt.layout(dt, plan["k"], plan["n"], plan["ldb"], plan["batch"], plan["stride_b"])
@@ -568,16 +581,20 @@ def gemm_call(ctx, plan: dict, args, data, prefix):
     ws_bytes = cl.WORKSPACE_BYTES
     workspace = tvm.runtime.empty((ws_bytes,), "uint8", dev)
     alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    stream = _stream(tvm)
-    keep = (desc, la, lb, lc, workspace, a, b, bias)
+    stream = _stream_getter(tvm)
+    keep = (desc, la, lb, lc, workspace, consts)
 
-    def run():
+    def call(*args):
+        inputs, out = args[:n_in], args[n_in]
+        a, b = _value(plan["a"], consts["a"], inputs), _value(plan["b"], consts["b"], inputs)
+        if plan["bias"] is not None and consts["bias"] is None:
+            set_bias(_value(plan["bias"], None, inputs))
         lt.check(lt.lib.cublasLtMatmul(handle, desc, ctypes.byref(alpha), _ptr(a), la, _ptr(b), lb, ctypes.byref(beta),
                                        _ptr(out), lc, _ptr(out), lc, None, _ptr(workspace), ws_bytes,
-                                       ctypes.c_void_p(stream)), "cublasLtMatmul")
+                                       ctypes.c_void_p(stream())), "cublasLtMatmul")
         _ = keep
 
-    return run, out
+    return call
 
 
 def plan_namespace(plan: dict) -> SimpleNamespace:
@@ -585,9 +602,10 @@ def plan_namespace(plan: dict) -> SimpleNamespace:
     return SimpleNamespace(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in plan.items()})
 
 
-def conv_call(ctx, plan: dict, args, data, prefix):
+def conv_unit(ctx, plan: dict, data, prefix: str, n_in: int):
     """The cuDNN graph of a ConvPlan (built by the backend's ``build_cudnn_graph``), executed
-    as ``CudnnBackend.make_callable`` executes it; returns (run, output tensor)."""
+    as ``CudnnBackend.make_callable`` executes it: ``call(*inputs, out)`` with raw device
+    pointers, constants uploaded once, on TVM's current stream."""
     tvm, dev = ctx.tvm, ctx.dev
     if ctx.cudnn is None:
         ok, why = ctx.probe.combine(ctx.probe.library("cudnn"), ctx.probe.python_package("cudnn"))
@@ -601,37 +619,45 @@ def conv_call(ctx, plan: dict, args, data, prefix):
         ctx.cudnn, ctx.cudnn_handle = cudnn, cudnn.create_handle()
     from pesto_cudnn_graph import ALLOW_TF32, build_cudnn_graph
 
-    ns = plan_namespace(plan)
     try:
-        graph, tensors, ws = build_cudnn_graph(ns, ctx.cudnn_handle, ALLOW_TF32)
+        graph, tensors, ws = build_cudnn_graph(plan_namespace(plan), ctx.cudnn_handle, ALLOW_TF32)
     except Exception as e:  # noqa: BLE001 - cuDNN refused the graph
         raise CheckFailure("build_failed", f"cuDNN graph: {_msg(e)}") from e
     workspace = tvm.runtime.empty((max(1, ws),), "uint8", dev)
-    out = tvm.runtime.empty(tuple(plan["y_shape"]), plan["dtype"], dev)
-    pack = {tensors["Y"]: out}
-    for tname, key in (("X", "x"), ("W", "w"), ("B", "bias")):
-        op = _operand(tvm, plan[key], args, data, prefix, dev)
-        if op is not None:
-            pack[tensors[tname]] = op
-    stream = _stream(tvm)
-    cudnn, handle = ctx.cudnn, ctx.cudnn_handle
-
-    def execute(variant_pack, ws_arg):
-        cudnn.set_stream(handle=handle, stream=stream)
-        graph.execute(variant_pack, ws_arg, handle=handle)
-
-    ptrs = {k: _ptr(v) for k, v in pack.items()}  # raw device pointers, as CudnnBackend.make_callable passes them
+    names = (("X", "x"), ("W", "w"), ("B", "bias"))
+    consts = {t: _const(tvm, plan[k], data, prefix, dev) for t, k in names}
+    fixed = {tensors[t]: _ptr(c) for t, c in consts.items() if c is not None}
+    operands = [(tensors[t], plan[k]) for t, k in names if plan[k] is not None and consts[t] is None]
     ws_ptr = _ptr(workspace)
-    keep = (pack, workspace)
+    stream = _stream_getter(tvm)
+    cudnn, handle = ctx.cudnn, ctx.cudnn_handle
+    keep = (consts, workspace)
 
-    def run():
-        execute(ptrs, ws_ptr)
+    def call(*args):
+        inputs, out = args[:n_in], args[n_in]
+        pack = dict(fixed)
+        pack[tensors["Y"]] = _ptr(out)
+        for t, op in operands:
+            pack[t] = _ptr(_value(op, None, inputs))
+        cudnn.set_stream(handle=handle, stream=stream())
+        graph.execute(pack, ws_ptr, handle=handle)
         _ = keep
 
-    return run, out
+    return call
 
 
-LIBRARY_CALLS = {"cublas": gemm_call, "cudnn": conv_call}
+def _out_shape(lib: str, plan: dict) -> tuple:
+    return tuple(plan["out_shape"] if lib == "cublas" else plan["y_shape"])
+
+
+def library_call(ctx, lib: str, plan: dict, args, data, prefix):
+    """One library unit on fixed ``args``: (run, its output tensor)."""
+    call = LIBRARY_UNITS[lib](ctx, plan, data, prefix, len(args))
+    out = ctx.tvm.runtime.empty(_out_shape(lib, plan), plan["dtype"], ctx.dev)
+    return (lambda: call(*args, out)), out
+
+
+LIBRARY_UNITS = {"cublas": gemm_unit, "cudnn": conv_unit}
 
 
 def run_library_gpu(ctx, name: str, lib: str, entry: dict) -> Row:
@@ -663,7 +689,7 @@ def run_library_gpu(ctx, name: str, lib: str, entry: dict) -> Row:
         try:
             args = make_args(ctx.tvm, sub["params"], data, ctx.dev, rng)
             ctx.notes = []
-            run, out = LIBRARY_CALLS[lib](ctx, sub["plan"], args, data, sub["name"])
+            run, out = library_call(ctx, lib, sub["plan"], args, data, sub["name"])
             for note in ctx.notes:
                 row.add(f"{label}: call", "crashed", note)
             run()
@@ -678,6 +704,70 @@ def run_library_gpu(ctx, name: str, lib: str, entry: dict) -> Row:
                 row.timings.append(timing_record(sub, lib, time_call(run, ctx.dev, ctx.repeat), ctx, TIMERS["library"]))
             except Exception as e:  # noqa: BLE001
                 row.fail_from(f"time {label}", e)
+    return row
+
+
+# -- per model: the mixed module -------------------------------------------------------------
+def _np(v):
+    return v.numpy() if hasattr(v, "numpy") else tuple(_np(x) for x in v)
+
+
+def emulated_unit(ctx, lib: str, plan: dict, data, prefix: str, n_in: int):
+    """A library unit computed in NumPy by the backends' own emulators (``lib/pesto_emulate.py``),
+    which stand in for cuBLASLt and cuDNN in the CPU twin of the mixed module."""
+    import pesto_emulate as em
+
+    def operand(op):
+        if op is None:
+            return None
+        if "const" in op:
+            return em.Operand(const=np.asarray(data[f"{prefix}_{op['const']}"]))
+        return em.Operand(index=op["param"], item=op.get("item"))
+
+    ns = SimpleNamespace(**{k: operand(v) if k in ("a", "b", "bias", "x", "w") else
+                            (tuple(v) if isinstance(v, list) else v) for k, v in plan.items()})
+    emulate = em.emulate_gemm if lib == "cublas" else em.emulate_conv
+
+    def call(*args):
+        args[n_in].copyfrom(np.ascontiguousarray(emulate(ns, [_np(a) for a in args[:n_in]])))
+
+    return call
+
+
+def register_units(ctx, info: dict, emulated: bool) -> None:
+    """Register each extern the mixed module calls under its name: the library call on the GPU,
+    the NumPy emulation for the CPU twin."""
+    import tvm_ffi
+
+    data = np.load(ctx.folder / info["data"])
+    for gname, ext in info["externs"].items():
+        args = (ctx, ext["plan"], data, ext["prefix"], ext["n_in"])
+        call = emulated_unit(ctx, ext["lib"], *args[1:]) if emulated else LIBRARY_UNITS[ext["lib"]](*args)
+        tvm_ffi.register_global_func(gname, call, override=True)
+
+
+def run_mixed(ctx, name: str, entry: dict, which: str) -> Row:
+    """The module whose cuBLAS / cuDNN matches are extern calls (``prepare.prepare_mixed``): its
+    units registered, ``main`` against the PyTorch reference (the library tolerance: cuBLASLt's
+    GELU is the tanh form) and timed; the CPU twin (row ``mixed-cpu-twin``) calls the NumPy
+    emulations instead."""
+    info, backend = entry.get("mixed"), "mixed" if which == "cuda" else "mixed-cpu-twin"
+    if not info or info.get("skip") or not info.get("externs"):
+        row = Row(name, backend)
+        row.skip("everything", "no-matches", (info or {}).get("skip", {}).get("detail", "no library match"))
+        return row
+    try:
+        register_units(ctx, info, emulated=which == "cpu_twin")
+    except Exception as e:  # noqa: BLE001 - a unit that cannot be made fails the row
+        row = Row(name, backend)
+        row.fail_from("register the library units", e)
+        return row
+    model = {**info, "data": entry["data"], "groups": [], "n_inputs": entry["n_inputs"],
+             "n_outputs": entry["n_outputs"]}
+    row = run_model_tvm(ctx, name, model, which, backend=backend, tol="library")
+    row.subgraphs = len(info["externs"])
+    if which == "cpu_twin":
+        check_cuda_library(ctx, row, info)
     return row
 
 
@@ -756,9 +846,10 @@ def cuda_device(tvm, folder: Path):
 def model_steps(cpu_twins: bool) -> list:
     """(backend, step(ctx, model name, manifest entry) -> Row) for each row of a model."""
     if cpu_twins:
-        return [("cpu-twin", run_model_twin)]
+        return [("cpu-twin", run_model_twin), ("mixed-cpu-twin", lambda c, n, e: run_mixed(c, n, e, "cpu_twin"))]
     steps = [("tvm-cuda", lambda c, n, e: run_model_tvm(c, n, e, "cuda"))]
-    return steps + [(lib, lambda c, n, e, lib=lib: run_library_gpu(c, n, lib, e)) for lib in ("cublas", "cudnn", "tensorrt")]
+    steps += [(lib, lambda c, n, e, lib=lib: run_library_gpu(c, n, lib, e)) for lib in ("cublas", "cudnn", "tensorrt")]
+    return steps + [("mixed", lambda c, n, e: run_mixed(c, n, e, "cuda"))]
 
 
 def make_context(folder: Path, man: dict, repeat: int = 5, min_repeat_ms: int = 10, deadline: float = float("inf"),

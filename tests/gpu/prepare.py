@@ -48,10 +48,11 @@ from gpu_runner import Row
 from tvm_pesto import __version__, zoo
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.backends.onnx_export import flatten_args
+from tvm_pesto.builder.lower import lower_units
 from tvm_pesto.builder.placed import compile_for
 from tvm_pesto.graph.subgraph import structural_key
-from tvm_pesto.candidates import candidate_function, candidate_key
-from tvm_pesto.cluster import gpu_probe
+from tvm_pesto.candidates import Candidate, candidate_function, candidate_key
+from tvm_pesto.cluster import gpu_probe, parse_cluster
 from tvm_pesto.costs.cache import CACHE_VERSION, target_key
 from tvm_pesto.graph.fusion import fusion_groups
 from tvm_pesto.graph.relax_import import from_relax
@@ -65,20 +66,23 @@ MIB = 1 << 20
 GPU_PYTHON = "3.12"
 #: cudnn-frontend for the cuDNN backend (the ``gpu`` extra asks for >= 1.10; pinned so the cache hits).
 CUDNN_FRONTEND = ("nvidia-cudnn-frontend", "1.32.0")
-#: Models prepared by default: transformers and CNNs, cuBLAS and cuDNN (mobilenet_v2 would add 10 MiB).
-DEFAULT_MODELS = ("mlp_mixer", "bert", "vgg11", "resnet50")
+#: Models prepared by default: an MLP-Mixer (cuBLAS GEMMs with GELU epilogues, a cuDNN patch
+#: convolution) and two CNNs (cuDNN); with their mixed modules, bert (7.8 MiB with resnet50's)
+#: would take the call over MAX_MIB: ``--models bert``.
+DEFAULT_MODELS = ("mlp_mixer", "vgg11", "resnet50")
 #: What one device call carries at most (the device tool's limit): the working tree plus the
 #: carried folder.
 CALL_LIMIT_MIB = 64.0
 #: What the check lets a device call carry: the limit less room for what a session adds to
 #: the working tree.
 MAX_MIB = 60.0
-#: The folder's parts in MiB, as ``--prepare`` of :data:`DEFAULT_MODELS` wrote them (TVM
-#: 0.27.0.post1, tvm-ffi 0.1.14.post1, cudnn-frontend 1.32.0): the runtime-only TVM package,
-#: the wheels, the runner with ``lib/`` and the manifest, and each model's modules, kernels
-#: and data. ``tests/test_device_call_size.py`` checks the working tree against them.
-FOLDER_MIB = {"runtime": 13.1, "wheels": 14.23, "runner": 0.25,
-              "mlp_mixer": 2.12, "bert": 2.54, "vgg11": 3.58, "resnet50": 6.48}
+#: The folder's parts in MiB, as ``--prepare`` of mlp_mixer, bert, vgg11 and resnet50 wrote them
+#: (TVM 0.27.0.post1, tvm-ffi 0.1.14.post1, cudnn-frontend 1.32.0): the runtime-only TVM package,
+#: the wheels, the runner with ``lib/`` and the manifest, and each model's modules (TVM-CUDA and
+#: mixed, with their CPU twins), kernels and data. ``tests/test_device_call_size.py`` checks the
+#: working tree against them.
+FOLDER_MIB = {"runtime": 13.1, "wheels": 14.23, "runner": 0.27,
+              "mlp_mixer": 2.53, "bert": 3.19, "vgg11": 4.38, "resnet50": 7.8}
 #: Max abs error / max(1, max |reference|): the model against PyTorch, a library call against
 #: TVM's CPU result (TF32-free float32, cuBLASLt's tanh GELU), a plan's NumPy emulation
 #: against TVM (erf vs tanh GELU: plan_gelu), ONNX Runtime against TVM.
@@ -230,6 +234,53 @@ def _fill(shape, dtype: str) -> str:
     return "normal" if dtype.startswith(("float", "bfloat")) else "zeros"
 
 
+def build_modules(mod, stem: str, what: str, folder: Path, target, man: dict, entry: dict, nvcc: bool,
+                  row: Row) -> None:
+    """``mod`` compiled for CUDA (``models/<stem>.cuda.so``, its nvcc fatbins under ``kernels/``)
+    and for the CPU (the twin, ``models/<stem>.cpu.so``); ``entry["cuda"]`` and
+    ``entry["cpu_twin"]`` say where (None and an ``*_error`` on failure), and ``row`` gets a
+    check per step."""
+    entry["cuda"] = None
+    try:
+        ex = tvm_cuda.compile_cuda(mod, target, what=what)
+        so = tvm_cuda.export_cuda(ex, folder / "models" / f"{stem}.cuda.so")
+        row.add(f"CUDA compile + export {target.export().get('arch')}", "ok", f"{so.stat().st_size / MIB:.2f} MiB")
+        sources = tvm_cuda.cuda_sources(ex)
+        kernels = []
+        if not nvcc:
+            raise runner.CheckFailure("build_failed", "nvcc is not on PATH: without the prebuilt kernels the GPU machine "
+                                      "would need a CUDA compiler; install the CUDA toolkit here")
+        from tvm.support import nvcc as tvm_nvcc  # lazy: needs the CUDA toolkit, only when nvcc is present
+
+        for src in sources:
+            sha = hashlib.sha256(str(src).encode()).hexdigest()
+            rel = f"kernels/{sha[:16]}.fatbin"
+            if sha not in man["kernels"]:
+                with target:
+                    binary = tvm_nvcc.compile_cuda(str(src), target_format="fatbin", compiler="nvcc")
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                (folder / rel).write_bytes(bytes(binary))
+                man["kernels"][sha] = rel
+            kernels.append(sha)
+        row.add("nvcc fatbin", "ok", f"{len(kernels)} CUDA module(s), {sum(len(str(s)) for s in sources) / 1e3:.0f} kB "
+                "of source")
+        entry["cuda"] = {"file": f"models/{stem}.cuda.so", "kernels": kernels}
+    except Exception as e:  # noqa: BLE001 - reported in the row and the manifest
+        entry["cuda_status"] = e.status if isinstance(e, runner.CheckFailure) else "build_failed"
+        entry["cuda_error"] = e.detail if isinstance(e, runner.CheckFailure) else _msg(e)
+        row.add("CUDA build", entry["cuda_status"], entry["cuda_error"])
+    entry["cpu_twin"] = None
+    try:
+        twin = compile_for(mod, CPU_TARGET, f"the CPU twin of {what}")
+        rel = f"models/{stem}.cpu.so"
+        twin.export_library(str(folder / rel))
+        entry["cpu_twin"] = {"file": rel}
+        row.add("CPU twin build + export", "ok")
+    except Exception as e:  # noqa: BLE001
+        entry["cpu_twin_error"] = _msg(e)
+        row.add("CPU twin build", "build_failed", entry["cpu_twin_error"])
+
+
 def prepare_tvm(rg, zm, name: str, folder: Path, target, man: dict, entry: dict, nvcc: bool, store: dict) -> Row:
     """TVM-CUDA module (main + distinct fusion groups), its fatbins, and the CPU twin; integer
     constants the groups take as parameters go to ``store`` (the model's npz)."""
@@ -257,50 +308,70 @@ def prepare_tvm(rg, zm, name: str, folder: Path, target, man: dict, entry: dict,
     entry["groups"] = list(seen.values())
     row.subgraphs = 1 + len(funcs)
     mod = tvm.IRModule({**{gv.name_hint: zm.mod[gv] for gv in zm.mod.get_global_vars()}, **funcs})
-    entry["cuda"] = None
-    try:
-        ex = tvm_cuda.compile_cuda(mod, target, what=f"{name} (main + {len(funcs)} fusion groups)")
-        so = tvm_cuda.export_cuda(ex, folder / "models" / f"{name}.cuda.so")
-        row.add(f"CUDA compile + export {target.export().get('arch')}", "ok", f"{so.stat().st_size / MIB:.2f} MiB")
-        sources = tvm_cuda.cuda_sources(ex)
-        kernels = []
-        if not nvcc:
-            raise runner.CheckFailure("build_failed", "nvcc is not on PATH: without the prebuilt kernels the GPU machine "
-                                      "would need a CUDA compiler; install the CUDA toolkit here")
-        from tvm.support import nvcc as tvm_nvcc
-
-        for src in sources:
-            sha = hashlib.sha256(str(src).encode()).hexdigest()
-            with target:
-                binary = tvm_nvcc.compile_cuda(str(src), target_format="fatbin", compiler="nvcc")
-            rel = f"kernels/{sha[:16]}.fatbin"
-            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-            (folder / rel).write_bytes(bytes(binary))
-            man["kernels"][sha] = rel
-            kernels.append(sha)
-        row.add("nvcc fatbin", "ok", f"{len(kernels)} CUDA module(s), {sum(len(str(s)) for s in sources) / 1e3:.0f} kB "
-                "of source")
-        entry["cuda"] = {"file": f"models/{name}.cuda.so", "kernels": kernels}
-    except Exception as e:  # noqa: BLE001 - reported in the row and the manifest
-        entry["cuda_status"] = e.status if isinstance(e, runner.CheckFailure) else "build_failed"
-        entry["cuda_error"] = e.detail if isinstance(e, runner.CheckFailure) else _msg(e)
-        row.add("CUDA build", entry["cuda_status"], entry["cuda_error"])
-    entry["cpu_twin"] = None
-    try:
-        twin = compile_for(mod, CPU_TARGET, f"the CPU twin of {name} (main + {len(funcs)} fusion groups)")
-        rel = f"models/{name}.cpu.so"
-        twin.export_library(str(folder / rel))
-        entry["cpu_twin"] = {"file": rel}
-        row.add("CPU twin build + export", "ok")
-    except Exception as e:  # noqa: BLE001
-        entry["cpu_twin_error"] = _msg(e)
-        row.add("CPU twin build", "build_failed", entry["cpu_twin_error"])
+    build_modules(mod, name, f"{name} (main + {len(funcs)} fusion groups)", folder, target, man, entry, nvcc, row)
     row.skip("load, run and time on the GPU", "no-gpu", "runs with --run on the GPU machine")
     return row
 
 
 PLANNERS = {"cublas": lambda f: cublas.plan_gemm(f), "cudnn": lambda f: cudnn.plan_conv(f)}
 EMULATORS = {"cublas": lambda p, a: cublas.emulate_gemm(p, a), "cudnn": lambda p, a: cudnn.emulate_conv(p, a)}
+
+
+def library_units(rg) -> tuple[list, dict]:
+    """The cover of the mixed module: every cuBLAS and cuDNN match whose plan builds as a unit
+    of that library, every other op a ``tvm`` unit of its own; and each library unit's plan."""
+    units, plans, taken = [], {}, set()
+    for lib in ("cublas", "cudnn"):
+        for m in patterns.match_nodes(rg, lib):
+            if taken & set(m.nodes):
+                continue
+            try:
+                plan = PLANNERS[lib](candidate_function(rg, m.nodes, lift_constants=False).func)
+            except Exception:  # noqa: BLE001 - a match the plan builder refuses stays on TVM, as in the flow
+                continue
+            plans[len(units)] = plan
+            units.append(Candidate(lib, tuple(sorted(m.nodes)), m.pattern))
+            taken |= set(m.nodes)
+    units += [Candidate("tvm", (v,)) for v in range(rg.graph.num_nodes) if v not in taken]
+    return units, plans
+
+
+def prepare_mixed(rg, name: str, folder: Path, target, man: dict, entry: dict, nvcc: bool) -> Row:
+    """``main`` with every cuBLAS / cuDNN match as that library's extern call and the rest
+    TVM-CUDA kernels (Collage's all-library cover), lowered by the builder for the ``h200``
+    device without building the units here (``lower_units(build=False)``); each extern's plan
+    and constants (``data/<m>.mixed.npz``) let the runner register it under the name the
+    module calls."""
+    row = Row(name, "mixed")
+    units, plans = library_units(rg)
+    info = {"externs": {}}
+    entry["mixed"] = info
+    if not plans:
+        info["skip"] = {"reason": "no-matches", "detail": f"no cuBLAS or cuDNN match in {name}"}
+        row.skip("everything", "no-matches", info["skip"]["detail"])
+        return row
+    device = parse_cluster("h200").devices[0]
+    low = lower_units(rg, units, [device] * len(units), build=False)
+    store = {}
+    for j, (gname, k) in enumerate(sorted(low.externs.items(), key=lambda kv: kv[1])):
+        plan = plans[k]
+        func = candidate_function(rg, units[k].nodes, lift_constants=False).func
+        d = _plan_dict(plan, f"x{j}", store)
+        if units[k].backend == "cudnn":
+            y = plan.y_dims if plan.layout == "NCHW" else (plan.y_dims[0], plan.y_dims[2], plan.y_dims[3],
+                                                             plan.y_dims[1])
+            d["y_shape"] = [int(v) for v in y]
+        info["externs"][gname] = {"lib": units[k].backend, "pattern": units[k].pattern, "prefix": f"x{j}",
+                                  "n_in": len(func.params), "plan": d}
+    counts = {lib: sum(1 for e in info["externs"].values() if e["lib"] == lib) for lib in ("cublas", "cudnn")}
+    info["data"] = f"data/{name}.mixed.npz"
+    np.savez(folder / info["data"], **store)
+    row.subgraphs = len(info["externs"])
+    row.add("lower", "ok", f"{counts['cublas']} cuBLASLt + {counts['cudnn']} cuDNN extern calls, "
+            f"{sum(1 for u in units if u.backend == 'tvm')} ops on TVM-CUDA")
+    build_modules(low.mod, f"{name}.mixed", f"{name} with library calls", folder, target, man, info, nvcc, row)
+    row.skip("load, run and time on the GPU", "no-gpu", "runs with --run on the GPU machine")
+    return row
 
 
 def prepare_library(rg, name: str, lib: str, folder: Path, entry: dict) -> Row:
@@ -457,6 +528,11 @@ def write_lib(lib: Path) -> None:
         head.format(src="tvm_pesto.backends.gpu.cublas (enums, CublasBackend settings, _Lt)")
         + "import ctypes\nimport threading\n\nimport tvm\n\nimport gpu_probe as probe\n\n\n"
         + "class BuildError(RuntimeError):\n    pass\n\n\n" + consts + "\n\n" + inspect.getsource(cublas._Lt))
+    (lib / "pesto_emulate.py").write_text(
+        head.format(src="tvm_pesto.backends.gpu.cublas (Operand, emulate_gemm) and cudnn (emulate_conv)")
+        + "import math\nfrom dataclasses import dataclass\n\nimport numpy as np\n\n\n"
+        + "\n\n".join(inspect.getsource(f) for f in (cublas.Operand, cublas._col_major, cublas.emulate_gemm,
+                                                    cudnn.emulate_conv)))
 
 
 def _carried_files(root: Path) -> list[Path] | None:
@@ -607,6 +683,7 @@ def prepare(folder, models=DEFAULT_MODELS, arch: str = "sm_90", wheel_cache=None
         steps = [("tvm-cuda", lambda: prepare_tvm(rg, zm, name, folder, target, man, entry, nvcc, store))]
         steps += [(lib, lambda lib=lib: prepare_library(rg, name, lib, folder, entry)) for lib in ("cublas", "cudnn")]
         steps += [("tensorrt", lambda: prepare_tensorrt(rg, name, entry))]
+        steps += [("mixed", lambda: prepare_mixed(rg, name, folder, target, man, entry, nvcc))]
         for backend, step in steps:
             try:
                 rows.append(step())

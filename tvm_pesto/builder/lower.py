@@ -24,6 +24,7 @@ import tvm
 from tvm import relax
 
 from ..backends import get_backend
+from ..backends.base import instance_key
 from ..candidates.generate import candidate_function
 from ..costs.build_time import record as record_build
 from ..errors import PlanError
@@ -78,7 +79,7 @@ def _check_units(rg: RelaxGraph, units) -> None:
                         f"a plan must cover every op exactly once: {fix}")
 
 
-def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
+def lower_units(rg: RelaxGraph, units, devices, build: bool = True) -> Lowered:
     """Rewrite ``rg``'s ``main`` so that every non-native unit is one extern call.
 
     Parameters
@@ -88,6 +89,12 @@ def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
         Disjoint, covering every node of ``rg.graph`` (a plan's ``units``).
     devices : sequence of Device
         The device of each unit (a backend builds its callable for that device).
+    build : bool
+        False for a module that runs on another machine: each extern call gets the name its
+        backend would register (:meth:`~tvm_pesto.backends.base.Backend.global_name` of
+        :func:`~tvm_pesto.backends.base.instance_key`), and nothing is built or registered
+        here, so a backend that cannot run here can be lowered; the machine that runs the
+        module registers its units under those names (``Lowered.externs``).
 
     Returns
     -------
@@ -107,8 +114,11 @@ def lower_units(rg: RelaxGraph, units, devices) -> Lowered:
         if getattr(bk, "native", False):
             continue
         seg = candidate_function(rg, u.nodes, lift_constants=False)
-        gname = bk.build(seg.func, devices[k])
-        record_build(bk.built(gname), len(u.nodes))
+        if build:
+            gname = bk.build(seg.func, devices[k])
+            record_build(bk.built(gname), len(u.nodes))
+        else:
+            gname = bk.global_name(instance_key(seg.func), devices[k])
         ext.append((k, seg, gname))
     if not ext:  # placement only: the graph is the module as it is
         return Lowered(rg, [sorted(u.nodes) for u in units], {})
