@@ -18,6 +18,9 @@ of the repeats' time per call, host work included, as a Python caller sees it):
 ``streams`` (only when asked for)
     tvm-pesto's per-device streams on one GPU: a copy between two streams, and each model's
     ``main`` in a worker thread bound to a raw stream, on two inputs.
+``graphs`` (only when asked for)
+    each prepared cuBLASLt and cuDNN unit as the backends call it: a Python loop of calls, and 20
+    calls captured in one CUDA graph and replayed (their cost inside a module with CUDA graphs).
 ``convs``
     each prepared cuDNN convolution through the call paths the cuDNN backend can take: as
     ``CudnnBackend.make_callable`` calls it (raw pointers, ``set_stream`` per call), raw pointers
@@ -265,6 +268,52 @@ def stream_part(ctx, man: dict) -> list[dict]:
     return rows
 
 
+def graph_part(ctx, man: dict, calls: int = 20) -> list[dict]:
+    """Each prepared cuBLASLt and cuDNN unit as the backends call it, timed two ways: a Python
+    loop of calls (what the check logs), and ``calls`` calls captured in one CUDA graph and
+    replayed (what a unit costs inside a module built with CUDA graphs, where the mixed module's
+    library calls run). TVM's current stream is bound to the capture stream while capturing."""
+    import torch
+
+    tvm, dev = ctx.tvm, ctx.dev
+    rows = []
+    for name, entry in man["models"].items():
+        for lib in ("cublas", "cudnn"):
+            info = entry["libraries"].get(lib) or {}
+            data = np.load(ctx.folder / info["data"]) if info.get("data") else None
+            rng = np.random.default_rng(0)
+            for sub in info.get("subgraphs", []):
+                if sub.get("plan") is None:
+                    continue
+                rec = {"model": name, "lib": lib, "name": sub["name"], "key": sub["key"], "pattern": sub["pattern"],
+                       "flops": sub["flops"]}
+                try:
+                    args = runner.make_args(tvm, sub["params"], data, dev, rng)
+                    run, out = runner.library_call(ctx, lib, sub["plan"], args, data, sub["name"])
+                    run()
+                    dev.sync()
+                    ref = data[f"{sub['name']}_ref0"]
+                    rec["loop_us"] = per_call(run, dev.sync) * 1e6
+                    g, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+                    torch.cuda.synchronize()
+                    with torch.cuda.graph(g, stream=side):
+                        dev.set_raw_stream(side.cuda_stream)
+                        for _ in range(calls):
+                            run()
+                    dev.set_raw_stream(0)
+                    out.copyfrom(np.zeros(tuple(out.shape), str(out.dtype)))
+                    g.replay()
+                    torch.cuda.synchronize()
+                    rec["graph_err"] = max_err([out.numpy()], [ref])
+                    rec["graph_us"] = per_call(g.replay, torch.cuda.synchronize) / calls * 1e6
+                except Exception as e:  # noqa: BLE001 - a unit that cannot be captured is a finding
+                    rec["failed"] = runner._msg(e)
+                    dev.set_raw_stream(0)
+                print(json.dumps(rec), flush=True)
+                rows.append(rec)
+    return rows
+
+
 def torch_conv(torch, F, ns, ops: dict, ref, sync) -> dict:
     """``F.conv2d`` (+ bias, + ReLU) of the plan ``ns`` on the tensors ``ops`` (where they are),
     NCHW; its error against ``ref`` and its time per call."""
@@ -296,7 +345,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--folder", required=True, help="the folder device_check.py --prepare built")
     ap.add_argument("--out", required=True, help="JSON results")
-    ap.add_argument("--parts", default="convs,models", help="comma-separated: convs, models, streams")
+    ap.add_argument("--parts", default="convs,models", help="comma-separated: convs, graphs, models, streams")
     ap.add_argument("--budget-s", type=float, default=240.0, help="models: start no peer after this many seconds")
     args = ap.parse_args(argv)
     import torch
@@ -313,6 +362,9 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(res, indent=1))
     if "convs" in parts:
         res["convs"] = conv_part(ctx, man)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+    if "graphs" in parts:
+        res["graphs"] = graph_part(ctx, man)
         Path(args.out).write_text(json.dumps(res, indent=1))
     if "models" in parts:
         res["models"] = model_part(ctx, man, args.budget_s)
