@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -101,6 +102,46 @@ def test_a_file_that_is_not_a_check_log_is_named(tmp_path):
         load_check_logs([bad])
 
 
+def test_library_units_timed_in_cuda_graphs_replace_their_loop_timings(tmp_path):
+    """A cuDNN unit timed in a Python loop costs what the same unit costs replayed in a CUDA
+    graph, where a graph log has it (a module built with CUDA graphs captures its library calls);
+    the backend's ratio follows; units without one keep the loop timing; a model left out is
+    left out of both logs; a file that is not a graph log is named."""
+    target = measure_target(H200.devices[0])
+    recs = [{"key": f"k{i}", "backend": "cudnn", "target": target, "median_s": 50e-6, "op": "relax.nn.conv2d",
+             "flops": 1e6, "bytes": 1e5, "count": 1} for i in range(4)]
+    check = tmp_path / "gpu-check-x.json"
+    check.write_text(json.dumps({"environment": {"device": "NVIDIA H200"},
+                                 "rows": [{"model": "m", "backend": "cudnn", "items": [], "timings": recs}]}))
+    graphs = tmp_path / "gpu-graphs-x.json"
+    units = [{"model": "m", "lib": "cudnn", "key": f"k{i}", "graph_us": 5.0 + i, "loop_us": 50.0} for i in range(3)]
+    graphs.write_text(json.dumps({"device": "NVIDIA H200", "target": target, "graphs": units}))
+    (loop,) = load_check_logs([check])
+    (ct,) = load_check_logs([check], graph_paths=[graphs])
+    assert loop.seconds[("k0", "cudnn")] == ("cudnn", 50e-6) and loop.graph_timed == 0
+    assert ct.graph_timed == 3
+    assert [ct.seconds[(f"k{i}", "cudnn")][1] for i in range(4)] == pytest.approx([5e-6, 6e-6, 7e-6, 50e-6])
+    roof = node_seconds(SimpleNamespace(op="relax.nn.conv2d", flops=1e6, bytes_read=1e5, bytes_written=0),
+                        H200.devices[0])
+    assert ct.ratios(H200.devices[0])["cudnn"] == pytest.approx(((6e-6 + 7e-6) / 2) / roof)
+    assert loop.ratios(H200.devices[0])["cudnn"] == pytest.approx(50e-6 / roof)
+    assert not load_check_logs([check], skip_models=("m",), graph_paths=[graphs])
+    bad = tmp_path / "gpu-graphs-bad.json"
+    bad.write_text(json.dumps({"device": "NVIDIA H200"}))
+    with pytest.raises(CostError, match="gpu-graphs-bad.json is not a log of library units timed in CUDA graphs"):
+        load_check_logs([check], graph_paths=[bad])
+
+
+def test_the_shipped_graph_log_times_every_logged_library_unit():
+    """Every cuBLASLt and cuDNN unit of the shipped check logs has its CUDA-graph timing (the
+    graph log was taken of the same prepared units; a change of ``candidate_key`` or a new
+    check log without one would leave loop timings in: run ``gpu_peers.py --parts graphs``)."""
+    (h200,) = [c for c in load_check_logs() if c.serves(H200.devices[0])]
+    libs = [r for r in h200.records if r[0] in ("cublas", "cudnn")]
+    assert len(libs) >= 90 and h200.graph_timed == len(libs)
+    assert all(r[1] < 20e-6 for r in libs)  # replayed in a graph: 2-16 us on the H200, not 14-66 us
+
+
 def test_the_shipped_h200_logs_time_the_zoos_fusion_groups():
     """The shipped logs are keyed as the planner keys candidates: on an H200 preset every zoo
     model the check ran has its fusion groups costed from the logs (a change of
@@ -115,3 +156,24 @@ def test_the_shipped_h200_logs_time_the_zoos_fusion_groups():
         assert np.all(np.isfinite(ct.table)) and np.all(ct.table > 0)
     assert 1e-6 < h200.launch_s < 1e-5
     assert candidate_costs(cs, parse_cluster("2xA100-nvlink"), "roofline").columns == ["roofline", "roofline"]
+
+
+def test_libraries_named_for_a_gpu_this_machine_lacks_are_planned_with_the_logs():
+    """Planning for the ``h200`` preset on a machine without its GPU: cuBLAS and cuDNN, asked
+    for by name, are candidates (the plan is for the H200), priced from the shipped logs; on
+    vgg11 the plan puts convolutions on cuDNN and simulates faster than TVM alone (as the mixed
+    module measured on the H200: docs/gpu.md). ``all`` leaves them out where they cannot load,
+    and a CPU cluster (present here) keeps an unavailable library on TVM."""
+    mod = zoo.load("vgg11", "small").mod
+    mixed = tvm_pesto.place(mod, H200, backends="tvm,cublas,cudnn")
+    tvm_only = tvm_pesto.place(mod, H200, backends="tvm")
+    used = {u.backend for u in mixed.plan.units}
+    assert {"cudnn", "tvm"} <= used, used
+    assert mixed.sim.makespan < 0.8 * tvm_only.sim.makespan
+    if not get_backend("cudnn").available()[0]:
+        every = tvm_pesto.place(mod, H200)
+        assert "cudnn" not in {u.backend for u in every.plan.units}
+        with warnings.catch_warnings():  # "its subgraphs stay on tvm", once per process
+            warnings.simplefilter("ignore", RuntimeWarning)
+            on_cpu = tvm_pesto.make_candidates(tvm_pesto.analyze(mod), parse_cluster("cpu:1"), backends="tvm,cudnn")
+        assert "cudnn" not in {c.backend for c in on_cpu} and "cudnn" in on_cpu.unavailable

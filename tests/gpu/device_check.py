@@ -88,7 +88,7 @@ def _prepare(args, folder: Path, arch: str):
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else list(prep.DEFAULT_MODELS)
     try:
         return prep.prepare(folder, models, arch=arch, wheel_cache=args.wheel_cache,
-                            allow_missing_wheels=args.allow_missing_wheels, max_mib=args.max_mib)
+                            allow_missing_wheels=args.allow_missing_wheels, max_mib=args.max_mib, mix=args.mix)
     except (prep.PrepareError, PestoError) as e:  # an unusable folder, no TVM package to copy
         raise CannotStart(str(e)) from e
 
@@ -118,6 +118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prepare", metavar="DIR", help="build the folder DIR (with --dry-run: keep it there)")
     ap.add_argument("--models", default="", help="comma-separated zoo models (default: prepare.DEFAULT_MODELS)")
     ap.add_argument("--arch", default="sm_90", help="CUDA architecture of the GPU machine (H200: sm_90)")
+    ap.add_argument("--mix", default="plan", choices=("plan", "library"),
+                    help="--prepare: the mixed module's cover: tvm-pesto's plan for h200 with TVM, cuBLAS and cuDNN "
+                         "(default), or every cuBLAS / cuDNN match")
     ap.add_argument("--out", default=None, help="JSON log (--run: default DIR/logs/gpu-check.json; no mode: "
                     "cost_models/gpu-check-<gpu>.json)")
     ap.add_argument("--repeat", type=int, default=5)

@@ -353,7 +353,7 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     ctx, man = setup(Path(args.folder).resolve())
-    res = {"device": ctx.device_name, "torch": torch.__version__,
+    res = {"device": ctx.device_name, "target": man["target"], "torch": torch.__version__,
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "timer": "Python loop: sync, N calls, sync; median of 5 blocks of ~50 ms after 3 warm-up calls"}
     parts = args.parts.split(",")

@@ -45,6 +45,7 @@ from tvm import relax
 
 import gpu_runner as runner
 from gpu_runner import Row
+import tvm_pesto
 from tvm_pesto import __version__, zoo
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.backends.onnx_export import flatten_args
@@ -317,58 +318,74 @@ PLANNERS = {"cublas": lambda f: cublas.plan_gemm(f), "cudnn": lambda f: cudnn.pl
 EMULATORS = {"cublas": lambda p, a: cublas.emulate_gemm(p, a), "cudnn": lambda p, a: cudnn.emulate_conv(p, a)}
 
 
-def library_units(rg) -> tuple[list, dict]:
-    """The cover of the mixed module: every cuBLAS and cuDNN match whose plan builds as a unit
-    of that library, every other op a ``tvm`` unit of its own; and each library unit's plan."""
-    units, plans, taken = [], {}, set()
+#: The mixed module's cover: ``plan`` what tvm-pesto plans for the ``h200`` preset with TVM,
+#: cuBLAS and cuDNN as candidates (costs from the shipped H200 logs); ``library`` every cuBLAS
+#: and cuDNN match (Collage's all-library cover).
+MIX_COVERS = ("plan", "library")
+#: The preset the mixed module is planned and lowered for.
+MIX_CLUSTER = "h200"
+
+
+def library_units(rg) -> list:
+    """Every cuBLAS and cuDNN match as a unit of that library (the first of overlapping ones),
+    every other op a ``tvm`` unit of its own."""
+    units, taken = [], set()
     for lib in ("cublas", "cudnn"):
         for m in patterns.match_nodes(rg, lib):
-            if taken & set(m.nodes):
-                continue
-            try:
-                plan = PLANNERS[lib](candidate_function(rg, m.nodes, lift_constants=False).func)
-            except Exception:  # noqa: BLE001 - a match the plan builder refuses stays on TVM, as in the flow
-                continue
-            plans[len(units)] = plan
-            units.append(Candidate(lib, tuple(sorted(m.nodes)), m.pattern))
-            taken |= set(m.nodes)
-    units += [Candidate("tvm", (v,)) for v in range(rg.graph.num_nodes) if v not in taken]
-    return units, plans
+            if not taken & set(m.nodes):
+                units.append(Candidate(lib, tuple(sorted(m.nodes)), m.pattern))
+                taken |= set(m.nodes)
+    return units + [Candidate("tvm", (v,)) for v in range(rg.graph.num_nodes) if v not in taken]
 
 
-def prepare_mixed(rg, name: str, folder: Path, target, man: dict, entry: dict, nvcc: bool) -> Row:
-    """``main`` with every cuBLAS / cuDNN match as that library's extern call and the rest
-    TVM-CUDA kernels (Collage's all-library cover), lowered by the builder for the ``h200``
-    device without building the units here (``lower_units(build=False)``); each extern's plan
-    and constants (``data/<m>.mixed.npz``) let the runner register it under the name the
-    module calls."""
+def mixed_cover(zm, rg, cover: str) -> tuple:
+    """(graph, units, device of each unit) of the mixed module: tvm-pesto's plan for
+    :data:`MIX_CLUSTER` (``cover="plan"``), or :func:`library_units`."""
+    cluster = parse_cluster(MIX_CLUSTER)
+    if cover == "library":
+        units = library_units(rg)
+        return rg, units, [cluster.devices[0]] * len(units)
+    pl = tvm_pesto.place(zm.mod, cluster, backends="tvm,cublas,cudnn")
+    return pl.analysis.rg, list(pl.plan.units), [cluster.devices[d] for d in pl.plan.assignment]
+
+
+def prepare_mixed(zm, rg, name: str, folder: Path, target, man: dict, entry: dict, nvcc: bool,
+                  cover: str = "plan") -> Row:
+    """``main`` with cuBLAS / cuDNN units as their library's extern calls and the rest TVM-CUDA
+    kernels (:func:`mixed_cover`), lowered by the builder for the ``h200`` device without
+    building the units here (``lower_units(build=False)``); each extern's plan and constants
+    (``data/<m>.mixed.npz``) let the runner register it under the name the module calls."""
     row = Row(name, "mixed")
-    units, plans = library_units(rg)
-    info = {"externs": {}}
+    info = {"cover": cover, "externs": {}}
     entry["mixed"] = info
-    if not plans:
-        info["skip"] = {"reason": "no-matches", "detail": f"no cuBLAS or cuDNN match in {name}"}
+    rg, units, devices = mixed_cover(zm, rg, cover)
+    lib_units = [k for k, u in enumerate(units) if u.backend != "tvm"]
+    if not lib_units:
+        info["skip"] = {"reason": "no-matches", "detail": f"the {cover} cover of {name} has no cuBLAS or cuDNN unit"}
         row.skip("everything", "no-matches", info["skip"]["detail"])
         return row
-    device = parse_cluster("h200").devices[0]
-    low = lower_units(rg, units, [device] * len(units), build=False)
+    low = lower_units(rg, units, devices, build=False)
     store = {}
     for j, (gname, k) in enumerate(sorted(low.externs.items(), key=lambda kv: kv[1])):
-        plan = plans[k]
-        func = candidate_function(rg, units[k].nodes, lift_constants=False).func
+        lib, func = units[k].backend, candidate_function(rg, units[k].nodes, lift_constants=False).func
+        try:
+            plan = PLANNERS[lib](func)
+        except Exception as e:  # noqa: BLE001 - a unit the cover chose that its library cannot run
+            row.add(f"x{j} {lib} {units[k].pattern}: plan", "build_failed", _msg(e))
+            continue
         d = _plan_dict(plan, f"x{j}", store)
-        if units[k].backend == "cudnn":
+        if lib == "cudnn":
             y = plan.y_dims if plan.layout == "NCHW" else (plan.y_dims[0], plan.y_dims[2], plan.y_dims[3],
                                                              plan.y_dims[1])
             d["y_shape"] = [int(v) for v in y]
-        info["externs"][gname] = {"lib": units[k].backend, "pattern": units[k].pattern, "prefix": f"x{j}",
+        info["externs"][gname] = {"lib": lib, "pattern": units[k].pattern, "prefix": f"x{j}",
                                   "n_in": len(func.params), "plan": d}
     counts = {lib: sum(1 for e in info["externs"].values() if e["lib"] == lib) for lib in ("cublas", "cudnn")}
     info["data"] = f"data/{name}.mixed.npz"
     np.savez(folder / info["data"], **store)
     row.subgraphs = len(info["externs"])
-    row.add("lower", "ok", f"{counts['cublas']} cuBLASLt + {counts['cudnn']} cuDNN extern calls, "
-            f"{sum(1 for u in units if u.backend == 'tvm')} ops on TVM-CUDA")
+    row.add(f"lower the {cover} cover", "ok", f"{counts['cublas']} cuBLASLt + {counts['cudnn']} cuDNN extern "
+            f"calls, the other {sum(len(u.nodes) for u in units if u.backend == 'tvm')} ops on TVM-CUDA")
     build_modules(low.mod, f"{name}.mixed", f"{name} with library calls", folder, target, man, info, nvcc, row)
     row.skip("load, run and time on the GPU", "no-gpu", "runs with --run on the GPU machine")
     return row
@@ -617,7 +634,7 @@ def _git_commit() -> str | None:
 
 
 def prepare(folder, models=DEFAULT_MODELS, arch: str = "sm_90", wheel_cache=None, allow_missing_wheels: bool = False,
-            max_mib: float = MAX_MIB, say=print) -> tuple[dict, list[dict]]:
+            max_mib: float = MAX_MIB, say=print, mix: str = "plan") -> tuple[dict, list[dict]]:
     """Build the folder; returns (manifest, row dicts). See the module docstring.
 
     Raises
@@ -683,7 +700,7 @@ def prepare(folder, models=DEFAULT_MODELS, arch: str = "sm_90", wheel_cache=None
         steps = [("tvm-cuda", lambda: prepare_tvm(rg, zm, name, folder, target, man, entry, nvcc, store))]
         steps += [(lib, lambda lib=lib: prepare_library(rg, name, lib, folder, entry)) for lib in ("cublas", "cudnn")]
         steps += [("tensorrt", lambda: prepare_tensorrt(rg, name, entry))]
-        steps += [("mixed", lambda: prepare_mixed(rg, name, folder, target, man, entry, nvcc))]
+        steps += [("mixed", lambda: prepare_mixed(zm, rg, name, folder, target, man, entry, nvcc, mix))]
         for backend, step in steps:
             try:
                 rows.append(step())

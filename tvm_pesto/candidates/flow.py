@@ -49,7 +49,11 @@ def make_candidates(analysis, cluster, backends="all", max_region: int = 40):
     ``analysis`` is a :class:`~tvm_pesto.graph.analysis.Analysis`. ``backends="tvm"`` gives
     TVM's fusion groups only (one candidate per group). Backends asked for by name that cannot
     run here are reported once with a warning that names what stands in (TVM); with ``"all"``
-    they are only listed in ``unavailable``.
+    they are only listed in ``unavailable``. A backend asked for by name that cannot run here
+    but runs on a kind of device the cluster has and this machine does not (``present`` is
+    false for all of them, e.g. the ``h200`` preset on a machine without GPUs) is a candidate
+    all the same: the plan is for that machine, and the module is built where the backend loads
+    (:func:`~tvm_pesto.builder.lower.lower_units` with ``build=False`` names its units here).
 
     Returns
     -------
@@ -63,6 +67,7 @@ def make_candidates(analysis, cluster, backends="all", max_region: int = 40):
     usable, why, seen = [], {}, set()
     for kind in sorted({d.kind for d in cluster.devices}):
         got, reasons = available_backends(names, device_kind=kind)
+        got += _elsewhere(names, reasons, cluster, kind)
         for b in got:
             if b.name not in seen:
                 seen.add(b.name)
@@ -80,6 +85,20 @@ def make_candidates(analysis, cluster, backends="all", max_region: int = 40):
     cs = generate_candidates(analysis.rg, usable, max_region=max_region)
     cs.unavailable = {**why, **cs.unavailable}  # and those whose checks failed on this graph
     return cs
+
+
+def _elsewhere(names, reasons: dict, cluster, kind: str) -> list:
+    """The backends of ``names`` that cannot run here (``reasons``) but run on ``kind`` devices,
+    when none of the cluster's ``kind`` devices is on this machine; they leave ``reasons``."""
+    if names is None or any(d.present for d in cluster.devices if d.kind == kind):
+        return []
+    out = []
+    for n in names:
+        bk = get_backend(n)
+        if n in reasons and kind in bk.device_kinds:
+            reasons.pop(n)
+            out.append(bk)
+    return out
 
 
 __all__ = ["backend_names", "make_candidates"]

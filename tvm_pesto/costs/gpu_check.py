@@ -10,9 +10,14 @@ candidate the check timed by its measured time, gives a TVM candidate it did not
 shares of its ops in timed groups, and scales the rest by the median measured / roofline ratio
 of their backend's timings in the logs. A TVM-CUDA group's time loses
 the launch it carries when timed alone (:attr:`CheckTimes.launch_s`), as TVM groups measured on
-a CPU lose the VM's call overhead, so that a model's groups add up to its ``main``. The
-roofline knows no per-call cost: on an H200 a cuDNN call from the placed module measured about
-6x its roofline estimate, a cuBLASLt call 2.8x (``docs/gpu.md``).
+a CPU lose the VM's call overhead, so that a model's groups add up to its ``main``.
+
+The check times a cuBLASLt or cuDNN call in a Python loop, which a module built with CUDA graphs
+(``tvm_cuda.compile_cuda``'s default) does not pay: there the call is captured with the kernels
+around it. ``cost_models/gpu-graphs-*.json`` (``tests/gpu/gpu_peers.py --parts graphs``) hold
+the same units timed inside a captured CUDA graph; where a unit has one, it replaces the loop
+timing, in the unit's cost and in its backend's ratio (on an H200, 2.9-29x less for cuDNN,
+3.2-9.2x for cuBLASLt: ``docs/gpu.md``).
 
 Examples
 --------
@@ -37,8 +42,10 @@ from .cache import measure_target
 from .roofline import LAUNCH_S, node_seconds
 from .table import MIN_COST_S
 
-#: The shipped logs, in ``cost_models/``.
+#: The shipped logs, in ``cost_models/``: the device check's, and the library units timed in
+#: CUDA graphs.
 LOG_GLOB = "gpu-check-*.json"
+GRAPH_GLOB = "gpu-graphs-*.json"
 #: The check's backend name -> the candidates' backends its timings stand for (a ``tvm``
 #: candidate on a GPU compiles as the ``tvm-cuda`` group the check timed).
 SERVES = {"tvm-cuda": ("tvm-cuda", "tvm"), "cublas": ("cublas",), "cudnn": ("cudnn",)}
@@ -54,9 +61,10 @@ class CheckTimes:
     target: str
     seconds: dict = field(default_factory=dict)  # (key, candidate backend) -> (check backend, median seconds)
     files: list = field(default_factory=list)
-    records: list = field(default_factory=list)  # (check backend, seconds, op, FLOPs, bytes)
+    records: list = field(default_factory=list)  # (check backend, seconds, op, FLOPs, bytes, key)
     gaps: list = field(default_factory=list)  # per model: (sum of its groups' times - main's) / kernels
     mains: dict = field(default_factory=dict)  # model -> its TVM-CUDA ``main``'s median seconds
+    graph_timed: int = 0  # library timings replaced by their CUDA-graph timing
 
     @property
     def launch_s(self) -> float:
@@ -73,7 +81,7 @@ class CheckTimes:
         """Candidate backend -> the median of measured / roofline over the timed subgraphs of
         the check backend that stands for it (at least :data:`MIN_FOR_RATIO` of them)."""
         by = defaultdict(list)
-        for backend, t, op, flops, nbytes in self.records:
+        for backend, t, op, flops, nbytes, _ in self.records:
             node = SimpleNamespace(op=op, flops=flops, bytes_read=nbytes, bytes_written=0)
             by[backend].append(self.seconds_of(backend, t) / node_seconds(node, device))
         return {cand: float(np.median(r)) for backend, r in by.items() if len(r) >= MIN_FOR_RATIO
@@ -86,16 +94,19 @@ class CheckTimes:
                 and measure_target(device) == self.target)
 
 
-def load_check_logs(paths=None, skip_models=()) -> list[CheckTimes]:
+def load_check_logs(paths=None, skip_models=(), graph_paths=None) -> list[CheckTimes]:
     """The check logs (default: the shipped ones, :func:`shipped_check_logs`), grouped by GPU
-    and target, without the rows of ``skip_models`` (to score a model the logs never saw).
+    and target, without the rows of ``skip_models`` (to score a model the logs never saw); each
+    library timing replaced by the same unit's CUDA-graph timing in ``graph_paths`` where there
+    is one (default: the shipped ``gpu-graphs-*.json`` with the shipped check logs, none with
+    ``paths``).
 
     Raises
     ------
     CostError
         For a file that is not a device-check log.
     """
-    if paths is None and not skip_models:
+    if paths is None and not skip_models and graph_paths is None:
         return shipped_check_logs()
     groups: dict = {}
     for path in map(Path, shipped_log_paths() if paths is None else paths):
@@ -113,32 +124,80 @@ def load_check_logs(paths=None, skip_models=()) -> list[CheckTimes]:
                 if path.name not in ct.files:
                     ct.files.append(path.name)
                 ct.records.append((rec["backend"], float(rec["median_s"]), rec["op"], float(rec["flops"]),
-                                   float(rec["bytes"])))
+                                   float(rec["bytes"]), rec["key"]))
                 for backend in SERVES.get(rec["backend"], ()):
                     ct.seconds[(rec["key"], backend)] = (rec["backend"], float(rec["median_s"]))
+    if graph_paths is None:
+        graph_paths = shipped_graph_paths() if paths is None else []
+    graphs = _graph_seconds(graph_paths, skip_models)
+    for ct in groups.values():
+        _use_graph_times(ct, graphs)
     return list(groups.values())
 
 
-def shipped_log_paths() -> list[Path]:
-    """The shipped check logs (``cost_models/gpu-check-*.json``), each name once."""
+def _graph_seconds(paths, skip_models=()) -> dict:
+    """(GPU, target, key, library) -> seconds per call in a captured CUDA graph, from
+    ``gpu_peers.py --parts graphs`` logs.
+
+    Raises
+    ------
+    CostError
+        For a file that is not such a log.
+    """
+    out = {}
+    for path in map(Path, paths):
+        try:
+            log = json.loads(path.read_text())
+            gpu, target = log["device"], log["target"]
+            units = [(g["model"], g["key"], g["lib"], float(g["graph_us"]) * 1e-6) for g in log["graphs"]
+                     if "graph_us" in g]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CostError(f"{path} is not a log of library units timed in CUDA graphs (python3 "
+                            f"tests/gpu/gpu_peers.py --parts graphs writes them): {e}") from e
+        for model, key, lib, t in units:
+            if model not in skip_models:
+                out[(gpu, target, key, lib)] = t
+    return out
+
+
+def _use_graph_times(ct: CheckTimes, graphs: dict) -> None:
+    """Library timings of ``ct`` replaced by their CUDA-graph timings where ``graphs`` has one."""
+    for i, (backend, t, op, flops, nbytes, key) in enumerate(ct.records):
+        g = graphs.get((ct.gpu, ct.target, key, backend))
+        if g is not None:
+            ct.records[i] = (backend, g, op, flops, nbytes, key)
+            ct.graph_timed += 1
+            for cand in SERVES.get(backend, ()):
+                ct.seconds[(key, cand)] = (backend, g)
+
+
+def shipped_log_paths(glob: str = LOG_GLOB) -> list[Path]:
+    """The shipped check logs (``cost_models/gpu-check-*.json``; ``glob``: other shipped logs),
+    each name once."""
     paths, seen = [], set()
     for d in data_dirs("cost_models"):
-        for p in sorted(d.glob(LOG_GLOB)) if d.is_dir() else []:
+        for p in sorted(d.glob(glob)) if d.is_dir() else []:
             if p.name not in seen:
                 seen.add(p.name)
                 paths.append(p)
     return paths
 
 
+def shipped_graph_paths() -> list[Path]:
+    """The shipped logs of library units timed in CUDA graphs (``cost_models/gpu-graphs-*.json``)."""
+    return shipped_log_paths(GRAPH_GLOB)
+
+
 def shipped_check_logs() -> list[CheckTimes]:
     """:func:`load_check_logs` of the shipped logs, read once per process (again when a file
     changes)."""
-    return _load_cached(tuple((str(p), p.stat().st_mtime) for p in shipped_log_paths()))
+    stamp = tuple((str(p), p.stat().st_mtime) for p in shipped_log_paths())
+    return _load_cached(stamp, tuple((str(p), p.stat().st_mtime) for p in shipped_graph_paths()))
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(stamped: tuple) -> list[CheckTimes]:
-    return load_check_logs([p for p, _ in stamped])
+def _load_cached(stamped: tuple, graphs: tuple) -> list[CheckTimes]:
+    return load_check_logs([p for p, _ in stamped], graph_paths=[p for p, _ in graphs])
 
 
 def _add_gap(groups: dict, gpu: str, row: dict) -> None:
@@ -229,4 +288,5 @@ def _keys(cs) -> list[str]:
     return [candidate_key(cs.rg, c.nodes) for c in cs]
 
 
-__all__ = ["CheckTimes", "apply_check_logs", "load_check_logs", "shipped_check_logs", "shipped_log_paths"]
+__all__ = ["CheckTimes", "apply_check_logs", "load_check_logs", "shipped_check_logs", "shipped_graph_paths",
+           "shipped_log_paths"]
