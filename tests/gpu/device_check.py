@@ -5,7 +5,7 @@ The lent GPU machine (one H200) has no TVM, no package registry, and takes at mo
 call, working tree included. So the check has two halves::
 
     python tests/gpu/device_check.py --prepare DIR   # here: build the folder (with the working
-                                                     # tree <= 60 MiB, what a device call carries)
+                                                     # tree <= 62 MiB, what a device call carries)
     python tests/gpu/device_check.py --run DIR       # GPU machine: run it, write the JSON log
     python tests/gpu/device_check.py --dry-run       # here: --prepare (a temp folder unless
                                                      # --prepare DIR), then its CPU twins runtime-only
@@ -13,7 +13,8 @@ call, working tree included. So the check has two halves::
 
 ``--prepare`` (``tests/gpu/prepare.py``) compiles each model (small size) for CUDA sm_90 with
 TVM and nvcc, exports it and its CPU twin, writes inputs and references, the cuBLAS/cuDNN
-plans with their inputs and weights, the runtime-only TVM package, the tvm-ffi and
+plans with their inputs and weights, the mixed module (``--mix``: tvm-pesto's plan for h200, or
+every library match) with its units' plans, the runtime-only TVM package, the tvm-ffi and
 cudnn-frontend wheels for CPython 3.12, and the runner. Everything that needs no GPU is
 checked on the way: compile, export, nvcc, pattern coverage, each plan emulated against TVM,
 TensorRT's ONNX regions in ONNX Runtime, the folder's size.
@@ -88,7 +89,8 @@ def _prepare(args, folder: Path, arch: str):
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else list(prep.DEFAULT_MODELS)
     try:
         return prep.prepare(folder, models, arch=arch, wheel_cache=args.wheel_cache,
-                            allow_missing_wheels=args.allow_missing_wheels, max_mib=args.max_mib, mix=args.mix)
+                            allow_missing_wheels=args.allow_missing_wheels,
+                            max_mib=prep.MAX_MIB if args.max_mib is None else args.max_mib, mix=args.mix)
     except (prep.PrepareError, PestoError) as e:  # an unusable folder, no TVM package to copy
         raise CannotStart(str(e)) from e
 
@@ -126,8 +128,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--min-repeat-ms", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=300.0, help="--run: stop timing after this many seconds")
-    ap.add_argument("--max-mib", type=float, default=60.0, help="--prepare: limit on what one device call carries, "
-                    "the working tree plus the folder (at most 64)")
+    ap.add_argument("--max-mib", type=float, default=None, help="--prepare: limit on what one device call carries, "
+                    "the working tree plus the folder (default prepare.MAX_MIB, at most 64)")
     ap.add_argument("--wheel-cache", default=None, help="--prepare: wheel cache (default ~/.cache/tvm-pesto/wheels)")
     ap.add_argument("--allow-missing-wheels", action="store_true",
                     help="--prepare: go on when a wheel cannot be downloaded (the row says registry-unreachable)")

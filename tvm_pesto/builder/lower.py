@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from ..backends import get_backend
-from ..backends.base import instance_key
+from ..backends.base import BackendUnavailableError, instance_key
 from ..candidates.generate import candidate_function
 from ..costs.build_time import record as record_build
 from ..errors import PlanError
@@ -106,6 +106,9 @@ def lower_units(rg: RelaxGraph, units, devices, build: bool = True) -> Lowered:
         When the units overlap or leave an op uncovered.
     BuildError
         When a backend cannot build a unit (the message names the backend and why).
+    BackendUnavailableError
+        When ``build`` and a unit's backend cannot load here (for a device not on this machine,
+        the message says to build there or lower with ``build=False``).
     """
     _check_units(rg, units)
     ext = []  # (unit index, segment, global name)
@@ -115,7 +118,7 @@ def lower_units(rg: RelaxGraph, units, devices, build: bool = True) -> Lowered:
             continue
         seg = candidate_function(rg, u.nodes, lift_constants=False)
         if build:
-            gname = bk.build(seg.func, devices[k])
+            gname = _build(bk, seg.func, devices[k])
             record_build(bk.built(gname), len(u.nodes))
         else:
             gname = bk.global_name(instance_key(seg.func), devices[k])
@@ -133,6 +136,20 @@ def lower_units(rg: RelaxGraph, units, devices, build: bool = True) -> Lowered:
     for v, nd in enumerate(low.graph.nodes):
         unit_nodes[unit_of_var[nd.extra["var"]]].append(v)
     return Lowered(low, unit_nodes, externs)
+
+
+def _build(bk, func, device) -> str:
+    """``bk.build``; a backend that cannot load here, for a device that is not here, is the
+    plan of another machine: the error says so and how to build it there."""
+    try:
+        return bk.build(func, device)
+    except BackendUnavailableError as e:
+        if getattr(device, "present", True):
+            raise
+        raise BackendUnavailableError(
+            f"{e}. The plan puts units on {bk.name!r} for {getattr(device, 'name', device)!r}, a device this machine "
+            "does not have: build it on the machine that has it (tvm_pesto.build there), or lower it here for that "
+            "machine with lower_units(..., build=False), whose extern calls that machine registers") from e
 
 
 def _item_order(rg: RelaxGraph, units, ext) -> tuple[list, set]:
