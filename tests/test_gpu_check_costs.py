@@ -16,7 +16,7 @@ from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import candidate_costs, roofline_candidate_costs
 from tvm_pesto.costs.cache import measure_target
-from tvm_pesto.costs.gpu_check import apply_check_logs, load_check_logs
+from tvm_pesto.costs.gpu_check import apply_check_logs, boundary_ops, load_check_logs
 from tvm_pesto.costs.roofline import node_seconds
 from tvm_pesto.errors import CostError
 
@@ -177,3 +177,30 @@ def test_libraries_named_for_a_gpu_this_machine_lacks_are_planned_with_the_logs(
             warnings.simplefilter("ignore", RuntimeWarning)
             on_cpu = tvm_pesto.make_candidates(tvm_pesto.analyze(mod), parse_cluster("cpu:1"), backends="tvm,cudnn")
         assert "cudnn" not in {c.backend for c in on_cpu} and "cudnn" in on_cpu.unavailable
+
+
+def test_library_units_at_mains_edge_keep_their_loop_timing():
+    """A module built with CUDA graphs runs an op that reads an input of ``main`` or writes its
+    result outside the captured graph (as a Python call, for a library unit): on mlp_mixer the
+    cuDNN patch convolution (it reads the image) costs its loop timing, an interior cuBLASLt
+    GEMM its CUDA-graph timing."""
+    (h200,) = [c for c in load_check_logs() if c.serves(H200.devices[0])]
+    rg = tvm_pesto.analyze(tiny_mlp()[0]).rg
+    edge = boundary_ops(rg)
+    ops = [n.op for n in rg.graph.nodes]
+    assert {0, len(ops) - 1} <= edge and ops[0] == "relax.nn.layer_norm"  # reads x; the result
+    assert not edge & {1, 2, 3}  # interior ops read only values computed inside
+    cs = tvm_pesto.make_candidates(tvm_pesto.analyze(zoo.load("mlp_mixer", "small").mod), H200,
+                                   backends="tvm,cublas,cudnn")
+    table = candidate_costs(cs, H200, "roofline").table[:, 0]
+    edge = boundary_ops(cs.rg)
+    seen = set()
+    for i, c in enumerate(cs):
+        k = (candidate_key(cs.rg, c.nodes), c.backend)
+        if c.backend not in ("cublas", "cudnn") or k not in h200.loop:
+            continue
+        at_edge = bool(edge.intersection(c.nodes))
+        want = h200.loop[k] if at_edge else h200.seconds[k][1]
+        assert table[i] == pytest.approx(want), (c.label(), at_edge)
+        seen.add((c.backend, at_edge))
+    assert ("cudnn", True) in seen and ("cublas", False) in seen, seen

@@ -17,7 +17,9 @@ The check times a cuBLASLt or cuDNN call in a Python loop, which a module built 
 around it. ``cost_models/gpu-graphs-*.json`` (``tests/gpu/gpu_peers.py --parts graphs``) hold
 the same units timed inside a captured CUDA graph; where a unit has one, it replaces the loop
 timing, in the unit's cost and in its backend's ratio (on an H200, 2.9-29x less for cuDNN,
-3.2-9.2x for cuBLASLt: ``docs/gpu.md``).
+3.2-9.2x for cuBLASLt: ``docs/gpu.md``). TVM's ``RewriteCUDAGraph`` captures work on static
+storage only: a library unit that reads an input of ``main`` or writes its result runs outside
+the graph, a Python call each time, and keeps its loop timing (:func:`boundary_ops`).
 
 Examples
 --------
@@ -65,6 +67,7 @@ class CheckTimes:
     gaps: list = field(default_factory=list)  # per model: (sum of its groups' times - main's) / kernels
     mains: dict = field(default_factory=dict)  # model -> its TVM-CUDA ``main``'s median seconds
     graph_timed: int = 0  # library timings replaced by their CUDA-graph timing
+    loop: dict = field(default_factory=dict)  # (key, candidate backend) -> the loop timing a graph one replaced
 
     @property
     def launch_s(self) -> float:
@@ -86,6 +89,13 @@ class CheckTimes:
             by[backend].append(self.seconds_of(backend, t) / node_seconds(node, device))
         return {cand: float(np.median(r)) for backend, r in by.items() if len(r) >= MIN_FOR_RATIO
                 for cand in SERVES.get(backend, ())}
+
+    def loop_factors(self) -> dict:
+        """Candidate backend -> the median of loop / CUDA-graph timing of its units."""
+        by = defaultdict(list)
+        for (key, cand), t in self.loop.items():
+            by[cand].append(t / self.seconds[(key, cand)][1])
+        return {cand: float(np.median(r)) for cand, r in by.items()}
 
     def serves(self, device) -> bool:
         """Whether these timings are of ``device``'s GPU model and target."""
@@ -169,6 +179,7 @@ def _use_graph_times(ct: CheckTimes, graphs: dict) -> None:
             ct.graph_timed += 1
             for cand in SERVES.get(backend, ()):
                 ct.seconds[(key, cand)] = (backend, g)
+                ct.loop[(key, cand)] = t
 
 
 def shipped_log_paths(glob: str = LOG_GLOB) -> list[Path]:
@@ -244,11 +255,15 @@ def _column(cs, dev, col: np.ndarray, ct: CheckTimes, keys: list[str]):
     col = col.copy()
     base = col.copy()
     timed, op_s = [], {}
+    edge = boundary_ops(cs.rg) if ct.loop else set()
+    loop_factor = ct.loop_factors()
     for i, c in enumerate(cs):
         hit = ct.seconds.get((keys[i], c.backend))
         if hit is None or not np.isfinite(col[i]):
             continue
         t = ct.seconds_of(*hit)
+        if edge.intersection(c.nodes) and (keys[i], c.backend) in ct.loop:
+            t = ct.loop[(keys[i], c.backend)]  # outside the captured graph: a Python call each time
         if c.backend in SERVES["tvm-cuda"]:
             op_s.update(_op_shares(cs.rg.graph, c.nodes, t, dev))
         col[i] = t
@@ -265,7 +280,26 @@ def _column(cs, dev, col: np.ndarray, ct: CheckTimes, keys: list[str]):
                 _op_seconds(cs.rg.graph, rest, dev).sum() * scale if rest else 0.0)
         else:
             col[i] = base[i] * scale
+            if edge.intersection(c.nodes):
+                col[i] *= loop_factor.get(c.backend, 1.0)
     return col, {"timed": len(timed), "ratio": factor, "ops_from_groups": len(op_s), "files": list(ct.files)}
+
+
+def boundary_ops(rg) -> set:
+    """The ops of ``rg`` that read an input of ``main`` or produce its result: in a module built
+    with CUDA graphs they run outside the captured graph (``RewriteCUDAGraph`` captures work
+    on static storage; inputs and the result are not)."""
+    # lazy: Relax's analysis loads TVM's compiler; this module is imported with the costs
+    # package, which the runtime side imports without it
+    from tvm import relax
+
+    ins = set(rg.inputs)
+    outs = set(relax.analysis.free_vars(rg.output)) if rg.output is not None else set()
+    for b in rg.bindings:  # a result read through an alias (a tuple item) is its producer's
+        if b.var in outs and not isinstance(b.value, relax.Call):
+            outs |= set(relax.analysis.free_vars(b.value))
+    return {v for v, k in enumerate(rg.node_binding)
+            if rg.bindings[k].var in outs or ins.intersection(relax.analysis.free_vars(rg.bindings[k].value))}
 
 
 def _op_seconds(graph, nodes, dev) -> np.ndarray:
@@ -288,5 +322,5 @@ def _keys(cs) -> list[str]:
     return [candidate_key(cs.rg, c.nodes) for c in cs]
 
 
-__all__ = ["CheckTimes", "apply_check_logs", "load_check_logs", "shipped_check_logs", "shipped_graph_paths",
-           "shipped_log_paths"]
+__all__ = ["CheckTimes", "apply_check_logs", "boundary_ops", "load_check_logs", "shipped_check_logs",
+           "shipped_graph_paths", "shipped_log_paths"]
