@@ -752,9 +752,14 @@ def run_mixed(ctx, name: str, entry: dict, which: str) -> Row:
     GELU is the tanh form) and timed; the CPU twin (row ``mixed-cpu-twin``) calls the NumPy
     emulations instead."""
     info, backend = entry.get("mixed"), "mixed" if which == "cuda" else "mixed-cpu-twin"
-    if not info or info.get("skip") or not info.get("externs"):
+    if not info or info.get("skip"):
         row = Row(name, backend)
         row.skip("everything", "no-matches", (info or {}).get("skip", {}).get("detail", "no library match"))
+        return row
+    if len(info["externs"]) < info["units"]:
+        row = Row(name, backend)
+        row.add("plan the library units", "build_failed", f"at --prepare: {info['units'] - len(info['externs'])} of "
+                f"{info['units']} library units have no plan (the prepare row 'mixed' says why)")
         return row
     try:
         register_units(ctx, info, emulated=which == "cpu_twin")

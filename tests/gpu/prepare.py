@@ -365,6 +365,7 @@ def prepare_mixed(zm, rg, name: str, folder: Path, target, man: dict, entry: dic
         row.skip("everything", "no-matches", info["skip"]["detail"])
         return row
     low = lower_units(rg, units, devices, build=False)
+    info["units"] = len(low.externs)
     store = {}
     for j, (gname, k) in enumerate(sorted(low.externs.items(), key=lambda kv: kv[1])):
         lib, func = units[k].backend, candidate_function(rg, units[k].nodes, lift_constants=False).func
