@@ -42,7 +42,9 @@ from tvm_pesto.cluster import gpu_probe as probe
 from tvm_pesto.run import streams
 from tvm_pesto.backends.onnx_export import OnnxExportError, flatten_args, relax_to_onnx
 from tvm_pesto.backends.onnx_ops import supports_call
+from tvm_pesto.builder.lower import lower_units
 from tvm_pesto.candidates import candidate_function
+from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import BuildError, ExecutionError
 from tvm_pesto.graph.relax_import import from_relax
 
@@ -639,20 +641,14 @@ def test_prepared_folder_fits_and_its_cpu_twins_load_runtime_only(prepared, tmp_
 def test_lowering_for_another_machine_names_units_it_cannot_build():
     """``lower_units(build=False)``: cuDNN and cuBLAS units (unavailable without a GPU) become
     extern calls under the names their backends register, and nothing is registered here."""
-    from tvm_pesto.builder.lower import lower_units
-    from tvm_pesto.candidates import Candidate
-    from tvm_pesto.cluster import parse_cluster
+    _gpu_runner()  # tests/gpu on the path
+    import prepare  # lazy: tests/gpu is on the path only after _gpu_runner()
 
     rg = from_relax(zoo.load("mlp_mixer", "small").mod)
     device = parse_cluster("h200").devices[0]
-    units, taken = [], set()
-    for lib in ("cublas", "cudnn"):
-        for m in patterns.match_nodes(rg, lib):
-            if not taken & set(m.nodes):
-                units.append(Candidate(lib, tuple(sorted(m.nodes)), m.pattern))
-                taken |= set(m.nodes)
-    n_lib = len(units)
-    units += [Candidate("tvm", (v,)) for v in range(rg.graph.num_nodes) if v not in taken]
+    units = prepare.library_units(rg)
+    n_lib = sum(u.backend != "tvm" for u in units)
+    assert [u.backend != "tvm" for u in units[:n_lib]] == [True] * n_lib
     low = lower_units(rg, units, [device] * len(units), build=False)
     assert sorted(low.externs.values()) == list(range(n_lib)) and n_lib > 1
     for gname, k in low.externs.items():
