@@ -10,7 +10,7 @@ of the repeats' time per call, host work included, as a Python caller sees it):
 
 ``models``
     each prepared zoo model (size ``small``): TVM-CUDA's ``main`` through the VM, and the mixed
-    module's (every cuBLAS / cuDNN match a library call, ``prepare.prepare_mixed``), each checked
+    module's (library units and TVM-CUDA kernels, ``prepare.prepare_mixed``), each checked
     on a second input against PyTorch too (a replayed CUDA graph must not answer the first), PyTorch eager
     on ``cuda``, ``torch.compile`` (Inductor, default mode) and ``torch.compile(mode=
     "reduce-overhead")`` (CUDA graphs), each output checked against the prepared PyTorch CPU

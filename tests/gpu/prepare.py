@@ -11,13 +11,17 @@ copied in as ``run_gpu_check.py``). The folder::
                               folders (about 13 MiB; tvm_pesto.run.runtime_pkg)
     wheels/                   tvm-ffi and cudnn-frontend for CPython 3.12, typing_extensions (which
                               tvm-ffi imports); cached downloads
-    lib/                      gpu_probe.py (the project's probes), pesto_cublaslt.py and
-                              pesto_cudnn_graph.py (written from the backends' source)
+    lib/                      gpu_probe.py (the project's probes), pesto_cublaslt.py,
+                              pesto_cudnn_graph.py and pesto_emulate.py (written from the
+                              backends' source)
     models/<m>.cuda.so        main + each distinct TVM fusion group, CUDA (sm_90), exported
     models/<m>.cpu.so         the same module for llvm: the CPU twin, run runtime-only here
+    models/<m>.mixed.*.so     the mixed module (``--mix``): library units as extern calls, the rest
+                              TVM-CUDA; CUDA and CPU twin (``prepare_mixed``)
     kernels/<sha>.fatbin      nvcc's sm_90 binary of each CUDA source (the runner serves them)
     data/<m>.npz              inputs and PyTorch reference outputs
     data/<m>.<lib>.npz        each library subgraph's inputs, weights and TVM CPU reference
+    data/<m>.mixed.npz        the mixed module's units: their constants (plans in the manifest)
 
 Checked here, as rows (see ``gpu_runner.Row``): TVM-CUDA compile, export and nvcc; the CPU
 twin build; pattern coverage; every cuBLAS GEMM plan and cuDNN convolution plan emulated in
@@ -644,6 +648,8 @@ def prepare(folder, models=DEFAULT_MODELS, arch: str = "sm_90", wheel_cache=None
         When ``folder`` is a non-empty folder that is not a prepared GPU check.
     """
     t0 = time.time()
+    if mix not in MIX_COVERS:
+        raise PrepareError(f"unknown mixed-module cover {mix!r}: use one of {', '.join(MIX_COVERS)}")
     folder = Path(folder).resolve()
     _clear(folder)
     for sub in ("models", "data", "wheels"):
