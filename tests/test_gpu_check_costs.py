@@ -204,3 +204,29 @@ def test_library_units_at_mains_edge_keep_their_loop_timing():
         assert table[i] == pytest.approx(want), (c.label(), at_edge)
         seen.add((c.backend, at_edge))
     assert ("cudnn", True) in seen and ("cublas", False) in seen, seen
+
+
+def test_a_library_never_timed_on_a_gpu_not_here_is_left_out_of_its_plan():
+    """Planning for a GPU this machine lacks, a library that cannot load here is priced only
+    from that GPU's logs: TensorRT (never timed on the H200) and cuDNN on a V100 (no logs) get
+    infinite costs and no unit, instead of a bare roofline guess (vgg11's whole-model TensorRT
+    region would simulate at 0.006 ms against TVM's measured 0.22 ms); cuDNN on the H200 keeps
+    its logged costs."""
+    an = tvm_pesto.analyze(zoo.load("vgg11", "small").mod)
+    for cluster, named, left_out, kept in ((H200, "tvm,cudnn,tensorrt", "tensorrt", "cudnn"),
+                                           (parse_cluster("1xV100-pcie"), "tvm,cudnn", "cudnn", "tvm")):
+        if get_backend(left_out).available()[0]:
+            continue  # it loads here: its candidates are measured, not planned for elsewhere
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            cs = tvm_pesto.make_candidates(an, cluster, backends=named)
+            ct = candidate_costs(cs, cluster, "roofline")
+        lib = np.array([c.backend == left_out for c in cs])
+        assert lib.any() and np.isinf(ct.table[lib, 0]).all(), left_out
+        assert ct.gpu_check[0]["unpriced"] == {left_out: int(lib.sum())}
+        other = np.array([c.backend == kept for c in cs])
+        assert np.isfinite(ct.table[other, 0]).all(), kept
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            plan = tvm_pesto.place(an, cluster, backends=named).plan
+        assert left_out not in {u.backend for u in plan.units}

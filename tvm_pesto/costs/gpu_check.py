@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,19 +233,58 @@ def apply_check_logs(cs, cluster, table: np.ndarray, columns: list[str], logs=No
     -------
     (table, columns, applied)
         ``applied``: device index -> ``{"timed": candidates given their measured time,
-        "ratio": {backend: factor the others were scaled by}, "files": the logs}``.
+        "ratio": {backend: factor the others were scaled by}, "files": the logs}``, and
+        ``"unpriced"``: backend -> candidates made infeasible (:func:`_unpriced`).
     """
     logs = shipped_check_logs() if logs is None else logs
     out, cols, applied = table.copy(), list(columns), {}
     keys = None
     for j, dev in enumerate(cluster.devices):
         ct = next((c for c in logs if c.serves(dev)), None)
-        if ct is None or not cols[j].startswith("roofline"):
-            continue
-        keys = keys if keys is not None else _keys(cs)
-        out[:, j], applied[j] = _column(cs, dev, out[:, j], ct, keys)
-        cols[j] = "gpu-check+" + cols[j]
+        if ct is not None and cols[j].startswith("roofline"):
+            keys = keys if keys is not None else _keys(cs)
+            out[:, j], applied[j] = _column(cs, dev, out[:, j], ct, keys)
+            cols[j] = "gpu-check+" + cols[j]
+        unpriced = _unpriced(cs, dev, ct, out[:, j])
+        if unpriced:
+            applied.setdefault(j, {})["unpriced"] = unpriced
     return out, cols, applied
+
+
+def _unpriced(cs, dev, ct, col: np.ndarray) -> dict:
+    """On a GPU that is not on this machine, the candidates of a backend that cannot load here
+    and that ``ct`` (that GPU's logs, or None) never timed become infeasible in ``col`` (in
+    place): its column would be a bare roofline guess with no per-call cost (TensorRT's
+    whole-model region of vgg11 at 0.006 ms against TVM's measured 0.22 ms) and would decide the
+    plan. Returns backend -> candidates left out; warns once per backend and GPU."""
+    if dev.kind != "gpu" or dev.present:
+        return {}
+    timed = {cand for (_, cand) in ct.seconds} if ct is not None else set()
+    out: dict = {}
+    for name in sorted({c.backend for c in cs} - timed):
+        if _loads_here(name):
+            continue
+        idx = [i for i, c in enumerate(cs) if c.backend == name]
+        col[idx] = np.inf
+        out[name] = len(idx)
+        if (name, dev.model) not in _WARNED:
+            _WARNED.add((name, dev.model))
+            warnings.warn(f"backend {name!r} has no timings on {dev.model or dev.name} (the device check never ran it "
+                          f"there), so its {len(idx)} candidates are left out of the plan for {dev.name}; run the device "
+                          "check with it on that GPU (docs/gpu.md)", RuntimeWarning, stacklevel=4)
+    return out
+
+
+#: (backend, GPU model) pairs already warned about.
+_WARNED: set = set()
+
+
+def _loads_here(name: str) -> bool:
+    # lazy: the backends registry imports the backends' modules; the costs package is imported
+    # by the runtime side without them
+    from ..backends import get_backend
+
+    return bool(get_backend(name).available()[0])
 
 
 def _column(cs, dev, col: np.ndarray, ct: CheckTimes, keys: list[str]):
