@@ -262,7 +262,7 @@ def _unpriced(cs, dev, ct, col: np.ndarray) -> dict:
     timed = {cand for (_, cand) in ct.seconds} if ct is not None else set()
     out: dict = {}
     for name in sorted({c.backend for c in cs} - timed):
-        if _loads_here(name):
+        if _loads_here(name, dev.kind):
             continue
         idx = [i for i, c in enumerate(cs) if c.backend == name]
         col[idx] = np.inf
@@ -279,12 +279,15 @@ def _unpriced(cs, dev, ct, col: np.ndarray) -> dict:
 _WARNED: set = set()
 
 
-def _loads_here(name: str) -> bool:
+def _loads_here(name: str, kind: str) -> bool:
+    """Whether backend ``name`` loads on this machine; True for one that does not run on ``kind``
+    devices at all (its column is infinite already, and nothing is to be said)."""
     # lazy: the backends registry imports the backends' modules; the costs package is imported
     # by the runtime side without them
     from ..backends import get_backend
 
-    return bool(get_backend(name).available()[0])
+    bk = get_backend(name)
+    return kind not in bk.device_kinds or bool(bk.available()[0])
 
 
 def _column(cs, dev, col: np.ndarray, ct: CheckTimes, keys: list[str]):
