@@ -238,12 +238,13 @@ def apply_check_logs(cs, cluster, table: np.ndarray, columns: list[str], logs=No
     """
     logs = shipped_check_logs() if logs is None else logs
     out, cols, applied = table.copy(), list(columns), {}
-    keys = None
+    keys = edge = None
     for j, dev in enumerate(cluster.devices):
         ct = next((c for c in logs if c.serves(dev)), None)
         if ct is not None and cols[j].startswith("roofline"):
             keys = keys if keys is not None else _keys(cs)
-            out[:, j], applied[j] = _column(cs, dev, out[:, j], ct, keys)
+            edge = edge if edge is not None else boundary_ops(cs.rg)
+            out[:, j], applied[j] = _column(cs, dev, out[:, j], ct, keys, edge)
             cols[j] = "gpu-check+" + cols[j]
         unpriced = _unpriced(cs, dev, ct, out[:, j])
         if unpriced:
@@ -290,15 +291,16 @@ def _loads_here(name: str, kind: str) -> bool:
     return kind not in bk.device_kinds or bool(bk.available()[0])
 
 
-def _column(cs, dev, col: np.ndarray, ct: CheckTimes, keys: list[str]):
+def _column(cs, dev, col: np.ndarray, ct: CheckTimes, keys: list[str], edge: set):
     """One device's column: timed candidates get their time; TVM candidates the check did not
     time get the shares of their ops in timed groups (a group's time split over its ops by
     their roofline estimates), roofline times their backend's ratio for ops in none; library
-    candidates roofline times their backend's ratio."""
+    candidates roofline times their backend's ratio. A library candidate holding an op of
+    ``edge`` (:func:`boundary_ops`) costs its loop timing, or its ratio times the backend's loop
+    / graph factor."""
     col = col.copy()
     base = col.copy()
     timed, op_s = [], {}
-    edge = boundary_ops(cs.rg) if ct.loop else set()
     loop_factor = ct.loop_factors()
     for i, c in enumerate(cs):
         hit = ct.seconds.get((keys[i], c.backend))
