@@ -173,10 +173,17 @@ def _spin(seconds):
     return f
 
 
-def _options(times):
-    """Options whose 'build' is a call spinning for the given seconds."""
+def _options(times, bounds=None):
+    """Options whose 'build' is a call spinning for the given seconds; each predicted at its
+    time, the flow's with the bound ``bounds[name]`` (seconds of its makespan) proved."""
     cluster = SimpleNamespace(name="cpu:1", num_devices=1, devices=[SimpleNamespace(cores=1)])
-    opts = [decide.Option(n, cluster, SimpleNamespace(backend_mix={}), t) for n, t in times.items()]
+    bounds = bounds or {}
+
+    def placement(n, t):
+        info = {"bound_s": bounds[n], "decided_by": "relaxed-ilp (= heft)"} if n in bounds else {}
+        return SimpleNamespace(backend_mix={}, plan=SimpleNamespace(info=info, solve_s=0.25),
+                               sim=SimpleNamespace(makespan=t))
+    opts = [decide.Option(n, cluster, placement(n, t), t) for n, t in times.items()]
     return opts, (lambda o: _spin(times[o.name]))
 
 
@@ -194,3 +201,43 @@ def test_a_clear_winner_needs_no_runoff():
     opts, build = _options({"plan": 0.4e-3, "library:onnxruntime": 2e-3})
     _, d = decide.choose(opts, build, [], budget_s=0.2)
     assert d["chosen"] == "plan" and d["runoff"] is None
+
+
+def test_a_measured_library_call_is_certified_by_the_flows_bound():
+    # the flow's plan proved optimal (bound = its makespan); the library call measures faster
+    opts, build = _options({"plan": 1.2e-3, "library:onnxruntime": 0.3e-3}, bounds={"plan": 1.2e-3})
+    _, d = decide.choose(opts, build, [], budget_s=0.2)
+    c = d["claim"]
+    assert d["chosen"] == "library:onnxruntime" and c["decided_by"] == "measured-ilp (= library:onnxruntime)"
+    measured = {o["name"]: o["measured_s"] for o in d["options"]}
+    # every plan of the shape costs at least the flow's measured time: the library call is the optimum
+    assert c["status"] == "optimal" and c["gap"] == 0.0 and c["bound_s"] == measured["library:onnxruntime"]
+    assert c["shapes"][0]["bound_s"] == pytest.approx(measured["plan"])
+    info = opts[1].placement.plan.info  # the kept plan carries the claim, as the flow's plans do
+    assert info["decided_by"] == c["decided_by"] and info["status"] == "optimal" and opts[1].placement.plan.solve_s == 0.25
+
+
+def test_a_loose_bound_leaves_a_gap_and_no_bound_leaves_no_claim():
+    # the flow's bound is half its makespan: a plan nobody measured might be twice as fast
+    opts, build = _options({"plan": 1.2e-3, "library:onnxruntime": 0.9e-3}, bounds={"plan": 0.6e-3})
+    _, d = decide.choose(opts, build, [], budget_s=0.2)
+    c = d["claim"]
+    measured = {o["name"]: o["measured_s"] for o in d["options"]}
+    assert d["chosen"] == "library:onnxruntime" and c["status"] == "feasible"
+    assert c["bound_s"] == pytest.approx(measured["plan"] / 2)
+    assert c["gap"] == pytest.approx(1 - measured["plan"] / 2 / measured["library:onnxruntime"])
+    opts, build = _options({"plan": 1.2e-3, "library:onnxruntime": 0.3e-3})  # a heuristic's plan: no bound
+    _, d = decide.choose(opts, build, [], budget_s=0.2)
+    assert d["claim"] is None and "decided_by" not in opts[1].placement.plan.info
+
+
+def test_the_kept_option_of_a_real_build_carries_the_measured_claim(chosen):
+    placed = chosen[0]
+    d, claim = placed.decision, placed.placement.claim()
+    assert d["claim"] is not None  # auto proves a bound on each shape
+    measured = [o["measured_s"] for o in d["options"] if "measured_s" in o]
+    assert d["claim"]["bound_s"] <= min(measured) and claim["solver_status"] == d["claim"]["status"]
+    if d["chosen"] == "plan":
+        assert not claim["decided_by"].startswith("measured")
+    else:
+        assert claim["decided_by"] == f"measured-ilp (= {d['chosen']})"

@@ -22,7 +22,19 @@ the measurement then decides. Options within :data:`RUNOFF` of the fastest are t
 settled by one lucky block; and where a whole-model library option is within
 :data:`PREFER_LIBRARY` of the fastest, it is kept: a user's own library call, no slower within
 what a shared machine lets us tell apart, beats a plan of several units. ``decision`` lists
-each option's predicted and measured seconds and which one was kept. Only clusters of this
+each option's predicted and measured seconds and which one was kept.
+
+The kept option is then certified (:func:`certify`) as the optimum of the joint problem over
+both core shapes with the measured options priced by their measurement: on each shape the
+flow's plan was measured, so its ratio of measured seconds to predicted makespan calibrates
+every plan of that shape the options did not measure, and the bound the flow's ILP proved
+there, so calibrated, bounds all of them. The least of those bounds and of the measured
+times bounds every plan; ``decision["claim"]`` gives it with the kept option's gap, and a
+kept option other than the flow's plan carries that claim as its own (``decided_by``
+``measured-ilp (= library:openvino)``: the ILP's bounds prove the measured choice the best
+plan within the gap; a kept flow's plan keeps its decider, with the claim over both shapes).
+Where a shape's flow proved no bound (a heuristic solver) there is no
+claim and ``decided_by`` says ``measured (...)``. Only clusters of this
 machine's CPU cores are measured (``cpu:N``); other clusters keep the flow's plan, and
 ``decision["measured"]`` says why not.
 
@@ -40,6 +52,7 @@ from .cluster.specs import cpu_cluster
 from .errors import PestoError, error_line
 from .plan import JointProblem, simulate
 from .solve.joint import solve_joint
+from .solve.joint_decide import OPTIMAL_GAP, restate
 
 #: Environment variable: ``0`` makes ``build(measure_final=None)`` keep the flow's plan unmeasured.
 MEASURE_ENV = "TVM_PESTO_MEASURE_FINAL"
@@ -211,7 +224,67 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         decision["options"].append(rec)
     pred = {o.name: o.predicted_s for o in opts if o.name in ("plan", "one-device")}
     decision["shape"] = opts[[o.name for o in opts].index(min(pred, key=pred.get))].cluster.name
+    decision["claim"] = certify(opts, decision)
+    if decision["claim"]:
+        _restate_kept(opts, best, decision["claim"])
     return built[best], decision
+
+
+#: The options that are the flow's plan on a core shape: each calibrates and bounds its shape.
+FLOW_OPTIONS = ("plan", "one-device")
+
+
+def certify(opts: list[Option], decision: dict) -> dict | None:
+    """The claim for the kept option: a bound on every plan of both core shapes, and the gap.
+
+    On each shape the flow's plan (``plan``, ``one-device``) was measured: ``scale`` =
+    measured seconds / predicted makespan calibrates that shape's predictions, and the bound
+    its ILP proved (in the plan's makespan) times ``scale`` bounds every plan of the shape
+    the options did not measure. The least of those and of the measured times bounds every
+    plan (``bound_s``); ``gap`` is the kept option's measured time against it. None when a
+    shape's flow proved no bound or was not measured (no claim can be made).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as NS
+    >>> flow = NS(plan=NS(info={"bound_s": 0.9e-3}, solve_s=0.2), sim=NS(makespan=1e-3))
+    >>> opts = [Option("plan", None, flow, 1e-3), Option("library:onnxruntime", None, None, 1e-3)]
+    >>> d = {"chosen": "library:onnxruntime", "options": [{"name": "plan", "measured_s": 2e-3},
+    ...                                                  {"name": "library:onnxruntime", "measured_s": 1.5e-3}]}
+    >>> c = certify(opts, d)
+    >>> round(c["bound_s"] * 1e3, 3), c["gap"], c["status"], c["decided_by"]
+    (1.5, 0.0, 'optimal', 'measured-ilp (= library:onnxruntime)')
+    """
+    measured = {o["name"]: o["measured_s"] for o in decision["options"] if "measured_s" in o}
+    shapes = []
+    for o in opts:
+        if o.name not in FLOW_OPTIONS:
+            continue
+        bound, span = o.placement.plan.info.get("bound_s"), float(o.placement.sim.makespan)
+        if bound is None or o.name not in measured or span <= 0:
+            return None  # a shape whose plans nothing bounds
+        scale = measured[o.name] / span
+        shapes.append({"option": o.name, "scale": scale, "bound_s": float(bound) * scale,
+                       "decided_by": o.placement.plan.info.get("decided_by"), "solve_s": float(o.placement.plan.solve_s)})
+    if not shapes:
+        return None
+    chosen = decision["chosen"]
+    kept_s = measured[chosen]
+    bound = min([s["bound_s"] for s in shapes] + list(measured.values()))
+    gap = max(0.0, (kept_s - bound) / kept_s)
+    by = shapes[0]["decided_by"] if chosen == "plan" else f"measured-ilp (= {chosen})"
+    return {"decided_by": by, "bound_s": bound, "kept_s": kept_s, "gap": gap,
+            "status": "optimal" if gap <= OPTIMAL_GAP else "feasible", "shapes": shapes,
+            "solve_s": sum(s["solve_s"] for s in shapes)}
+
+
+def _restate_kept(opts: list[Option], chosen: str, claim: dict) -> None:
+    """Give the kept option's plan the measured claim (its bound in the plan's makespan)."""
+    kept = next(o for o in opts if o.name == chosen)
+    plan, span = kept.placement.plan, float(kept.placement.sim.makespan)
+    restate(plan.info, claim["bound_s"] * span / claim["kept_s"], span, claim["decided_by"])
+    plan.info["heuristics"] = opts[0].placement.plan.info.get("heuristics")
+    plan.solve_s = claim["solve_s"]
 
 
 def unmeasured(why: str, placement, cluster) -> dict:
@@ -249,6 +322,7 @@ def decision_table(decision: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BUDGET_S", "MEASURE_ENV", "PREFER_LIBRARY", "RUNOFF", "Option", "choose", "decision_table",
+__all__ = ["BUDGET_S", "FLOW_OPTIONS", "MEASURE_ENV", "PREFER_LIBRARY", "RUNOFF", "Option", "certify", "choose",
+           "decision_table",
            "measure_final_default", "options",
            "unmeasured", "whole_model_placement", "why_not_measured"]
