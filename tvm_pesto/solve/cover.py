@@ -111,7 +111,8 @@ class _Piece:
             raise InfeasibleError(f"nodes {missing[:8]} ({ops}) have no usable candidate; keep the tvm backend "
                                   "enabled (it covers every op)")
         lb = [min(self.cost[c] / len(node_sets[c]) for c in self.cover[i]) for i in range(self.k)]
-        self.clb = {c: float(sum(lb[i] for i in range(self.k) if (self.cmask[c] >> i) & 1)) for c in self.cands}
+        # each candidate's bound summed over its own ops (in local order), not over the piece
+        self.clb = {c: float(sum(lb[i] for i in sorted({local[v] for v in node_sets[c]}))) for c in self.cands}
         self.h0 = float(sum(lb))
 
     def moves(self, mask: int, last: int, rule: str):
@@ -285,7 +286,8 @@ def best_cover(graph, node_sets, costs, max_states: int = MAX_STATES, exact_work
         pos = {v: i for i, v in enumerate(universe)}
         inside = set(universe)
         usable = [c for c in usable if inside.issuperset(node_sets[c])]
-        local = [[pos[v] for v in node_sets[c]] if c in set(usable) else [] for c in range(len(node_sets))]
+        kept = set(usable)
+        local = [[pos[v] for v in node_sets[c]] if c in kept else [] for c in range(len(node_sets))]
         parts = [[universe[i] for i in part] for part in pieces(len(universe), local, usable)]
     chosen: list[int] = []
     total, states, inexact, bound = 0.0, 0, 0, 0.0
