@@ -24,17 +24,17 @@ settled by one lucky block; and where a whole-model library option is within
 what a shared machine lets us tell apart, beats a plan of several units. ``decision`` lists
 each option's predicted and measured seconds and which one was kept.
 
-The kept option is then certified (:func:`certify`) as the optimum of the joint problem over
-both core shapes with the measured options priced by their measurement: on each shape the
-flow's plan and others were measured, so the least ratio of measured seconds to predicted
-makespan among them calibrates every plan of that shape the options did not measure, and the
-bound the flow's ILP proved there, so calibrated, bounds all of them. The least of those bounds and of the measured
-times bounds every plan; ``decision["claim"]`` gives it with the kept option's gap, and a
-kept option other than the flow's plan carries that claim as its own (``decided_by``
+The kept option is then certified (:func:`certify`) against every plan of both core shapes,
+the measured ones priced by their measurement: on each shape the flow's plan and others were
+measured, so the least ratio of measured seconds to predicted makespan among them calibrates
+every plan of that shape the options did not measure, and the bound the flow's ILP proved
+there, so calibrated, bounds all of them. The least of those bounds and of the measured times
+bounds every plan; ``decision["claim"]`` gives it with the kept option's gap, and a kept
+option other than the flow's plan carries that claim as its own (``decided_by``
 ``measured-ilp (= library:openvino)``: the ILP's bounds prove the measured choice the best
 plan within the gap; a kept flow's plan keeps its decider, with the claim over both shapes).
-Where a shape's flow proved no bound (a heuristic solver) there is no
-claim and ``decided_by`` says ``measured (...)``. Only clusters of this
+Where a shape's flow proved no bound (a heuristic solver) there is no claim and
+``decided_by`` says ``measured (...)``. Only clusters of this
 machine's CPU cores are measured (``cpu:N``); other clusters keep the flow's plan, and
 ``decision["measured"]`` says why not.
 
@@ -180,7 +180,8 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
 
     ``build(option) -> PlacedModule``. An option whose second call takes over
     :data:`RUNAWAY` times the fastest option's and over :data:`RUNAWAY_MIN_S` is measured
-    by that call alone (``timed_once``). Options within :data:`RUNOFF` of the fastest run off; ``decision["runoff"]`` says which, and why a library call was kept
+    by that call alone (``timed_once``). Options within :data:`RUNOFF` of the fastest run
+    off; ``decision["runoff"]`` says which, and why a library call was kept
     (:data:`PREFER_LIBRARY`). An option that fails to build or to run is reported
     in ``decision`` with its error and left out; the flow's plan (the first option) is
     never left out silently: its failure raises.
@@ -254,9 +255,10 @@ def certify(opts: list[Option], decision: dict) -> dict | None:
     On each shape the flow's plan (``plan``, ``one-device``) was measured: ``scale``, the
     least ratio of measured seconds to predicted makespan among the shape's measured options,
     calibrates that shape's predictions, and the bound its ILP proved (in the plan's
-    makespan) times ``scale`` bounds every plan of the shape the options did not measure. The least of those and of the measured times bounds every
-    plan (``bound_s``); ``gap`` is the kept option's measured time against it. None when a
-    shape's flow proved no bound or was not measured (no claim can be made).
+    makespan) times ``scale`` bounds every plan of the shape the options did not measure.
+    The least of those and of the measured times bounds every plan (``bound_s``); ``gap`` is
+    the kept option's measured time against it. None when a shape's flow proved no bound or
+    was not measured (no claim can be made).
 
     Examples
     --------
@@ -288,7 +290,8 @@ def certify(opts: list[Option], decision: dict) -> dict | None:
         # than predicted (a unit gone wrong) does not lift the bound of every other plan
         scale = min(r for n, r in ratio.items() if _shape(opts, n) == o.cluster.name)
         shapes.append({"option": o.name, "scale": scale, "bound_s": float(bound) * scale,
-                       "decided_by": o.placement.plan.info.get("decided_by"), "solve_s": float(o.placement.plan.solve_s)})
+                       "decided_by": o.placement.plan.info.get("decided_by"),
+                       "solve_s": float(o.placement.plan.solve_s)})
     if not shapes:
         return None
     chosen = decision["chosen"]
@@ -350,7 +353,6 @@ def decision_table(decision: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BUDGET_S", "FLOW_OPTIONS", "MEASURE_ENV", "PREFER_LIBRARY", "RUNAWAY", "RUNAWAY_MIN_S", "RUNOFF", "Option", "certify", "choose",
-           "decision_table",
-           "measure_final_default", "options",
+__all__ = ["BUDGET_S", "FLOW_OPTIONS", "MEASURE_ENV", "PREFER_LIBRARY", "RUNAWAY", "RUNAWAY_MIN_S", "RUNOFF",
+           "Option", "certify", "choose", "decision_table", "measure_final_default", "options",
            "unmeasured", "whole_model_placement", "why_not_measured"]
