@@ -186,7 +186,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     in ``decision`` with its error and left out; the flow's plan (the first option) is
     never left out silently: its failure raises.
     """
-    built, errors, first = {}, {}, {}
+    built, errors, call_s = {}, {}, {}
     for k, o in enumerate(opts):
         if progress:
             progress(k + 1, len(opts))
@@ -195,16 +195,16 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
             pm(*inputs)  # a library's first call sets it up (ONNX Runtime's: 100x a call)
             t0 = time.perf_counter()
             pm(*inputs)
-            first[o.name] = time.perf_counter() - t0
+            call_s[o.name] = time.perf_counter() - t0
         except Exception as e:  # noqa: BLE001 - an alternative that does not build is reported
             if k == 0:
                 raise
             errors[o.name] = error_line(e)
             continue
         built[o.name] = pm
-    slow = {n for n, t in first.items() if t > max(RUNAWAY * min(first.values()), RUNAWAY_MIN_S)}
+    slow = {n for n, t in call_s.items() if t > max(RUNAWAY * min(call_s.values()), RUNAWAY_MIN_S)}
     timed = _time({n: p for n, p in built.items() if n not in slow}, inputs, budget_s, rounds=2)
-    timed.update({n: {"s": first[n], "blocks_s": [first[n]], "calls": 1} for n in slow})
+    timed.update({n: {"s": call_s[n], "blocks_s": [call_s[n]], "calls": 1} for n in slow})
     best = min(timed, key=lambda n: timed[n]["s"])
     close = [n for n in timed if timed[n]["s"] <= timed[best]["s"] * (1 + RUNOFF)]
     runoff = None
@@ -279,6 +279,7 @@ def certify(opts: list[Option], decision: dict) -> dict | None:
     measured = {o["name"]: o["measured_s"] for o in decision["options"] if "measured_s" in o}
     ratio = {o.name: measured[o.name] / float(o.placement.sim.makespan) for o in opts
              if o.name in measured and float(o.placement.sim.makespan) > 0}
+    shape = {o.name: o.cluster.name for o in opts}
     shapes = []
     for o in opts:
         if o.name not in FLOW_OPTIONS:
@@ -288,7 +289,7 @@ def certify(opts: list[Option], decision: dict) -> dict | None:
             return None  # a shape whose plans nothing bounds
         # the shape's most favourable measured/predicted ratio: one plan measured far slower
         # than predicted (a unit gone wrong) does not lift the bound of every other plan
-        scale = min(r for n, r in ratio.items() if _shape(opts, n) == o.cluster.name)
+        scale = min(r for n, r in ratio.items() if shape[n] == o.cluster.name)
         shapes.append({"option": o.name, "scale": scale, "bound_s": float(bound) * scale,
                        "decided_by": o.placement.plan.info.get("decided_by"),
                        "solve_s": float(o.placement.plan.solve_s)})
@@ -302,10 +303,6 @@ def certify(opts: list[Option], decision: dict) -> dict | None:
     return {"decided_by": by, "bound_s": bound, "kept_s": kept_s, "gap": gap,
             "status": "optimal" if gap <= OPTIMAL_GAP else "feasible", "shapes": shapes,
             "solve_s": sum(s["solve_s"] for s in shapes)}
-
-
-def _shape(opts: list[Option], name: str) -> str:
-    return next(o.cluster.name for o in opts if o.name == name)
 
 
 def _restate_kept(opts: list[Option], chosen: str, claim: dict) -> None:
