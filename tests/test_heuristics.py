@@ -23,6 +23,7 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import InfeasibleError, SolverError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import JointProblem, Plan, Problem, simulate
+from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.solve import HEURISTICS, SOLVERS, get_solver, solve
 from tvm_pesto.solve.bounds import lower_bound
 from tvm_pesto.solve.heft import Timeline
@@ -373,6 +374,17 @@ def test_no_lower_bound_exceeds_the_best_plan(case):
         lb = lower_bound(p, lp=True, comm=True)
         assert lb["lp_s"] is not None and lb["segment_s"] is not None and lb["path_memory_s"] is not None, lb
         check_bounds(lb, min(spans))
+
+
+def test_stage_dp_puts_a_dropped_node_where_it_can_run():
+    # node 10 costs nothing on g0 (so the DP drops it) and cannot run on g1 or g2, where its
+    # neighbours are: it goes back on a device that runs it, not next to a neighbour
+    p = random_problem(1, 11, 3, 0.3, 0.8, 0, comm_scale=50.0)
+    assert p.costs[10, 0] == 0 and np.isinf(p.costs[10, 1:]).all()
+    plan = solve(p, "stage-dp")
+    assert plan.assignment[10] == 0
+    kinds = {v["kind"] for v in evaluate(p, plan, "stage", "latency").violations}
+    assert "placement" not in kinds, kinds
 
 
 @settings(max_examples=40, deadline=None)

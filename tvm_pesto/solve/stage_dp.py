@@ -52,17 +52,20 @@ def _with_dropped(problem: Problem, assignment: np.ndarray, dropped: list[int], 
             seen.add(key)
             todo.append(list(unit))
     placed = a >= 0
-    for unit in todo:  # first guess: the device of a placed neighbour
-        near = [a[w] for v in unit for w in g.preds(v) + g.succs(v) if placed[w]]
-        a[unit] = near[0] if near else 0
+    runs = {tuple(unit): [d for d in range(problem.num_devices) if np.isfinite(problem.costs[unit, d]).all()]
+            for unit in todo}
+    for unit in todo:  # first guess: the device of a placed neighbour that runs the unit
+        near = [int(a[w]) for v in unit for w in g.preds(v) + g.succs(v) if placed[w]]
+        ok = [d for d in near if d in runs[tuple(unit)]] or runs[tuple(unit)] or [0]
+        a[unit] = ok[0]
     for _ in range(4):  # then the best neighbour's device, until nothing changes
         changed = False
         for unit in todo:
-            cands = sorted({int(a[w]) for v in unit for w in g.preds(v) + g.succs(v)} | {int(a[unit[0]])})
+            near = {int(a[w]) for v in unit for w in g.preds(v) + g.succs(v)} | {int(a[unit[0]])}
+            # a unit no neighbour's device runs may go to any device that runs it
+            cands = sorted(near & set(runs[tuple(unit)])) or runs[tuple(unit)]
             was, best, best_key = int(a[unit[0]]), None, None
             for dev in cands:
-                if not np.isfinite(problem.costs[unit, dev]).all():
-                    continue
                 a[unit] = dev
                 ev = evaluate(problem, Plan(a, device_orders(problem, a)), "stage", objective, microbatches)
                 key = (len(ev.violations), ev.objective_value)
