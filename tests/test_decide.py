@@ -249,6 +249,88 @@ def test_the_kept_option_of_a_real_build_carries_the_measured_claim(chosen):
         assert claim["decided_by"] == f"measured-ilp (= {d['chosen']})"
 
 
+def test_each_shape_of_a_real_build_is_solved_again_on_its_measured_costs(chosen):
+    d = chosen[0].decision
+    measured = {o["name"]: o["measured_s"] for o in d["options"] if "measured_s" in o}
+    clusters = {o["name"]: o["cluster"] for o in d["options"]}
+    assert [s["option"] for s in d["claim"]["shapes"]] == ["plan", "one-device"]
+    for s in d["claim"]["shapes"]:
+        if not s["solved_again"]:  # the flow's bound, calibrated, is over the kept option's time
+            assert s["bound_s"] >= measured[d["chosen"]] * (1 - 1e-9) and s["solve_s"] == 0
+            continue
+        # the priced solve's plan, priced by measurement, and its bound below it
+        assert s["bound_s"] <= s["priced_s"] * (1 + 1e-6) and s["solve_s"] > 0
+        assert s["plan_is"] is None or clusters[s["plan_is"]] == s["cluster"]
+        if s["plan_is"] is not None:  # a measured plan is priced at its measurement at most (one unit: exactly)
+            assert s["priced_s"] <= measured[s["plan_is"]] * (1 + 1e-6)
+    assert d["claim"]["solve_s"] == pytest.approx(sum(s["solve_s"] + s["flow_solve_s"] for s in d["claim"]["shapes"]))
+
+
+def _priced_options(times, predicted):
+    """A plan of two units and two one-unit library calls on one device; the library calls'
+    units are candidates 1 and 2 of the flow's table (predicted at ``predicted``)."""
+    cluster = SimpleNamespace(name="cpu:1", num_devices=1, devices=[SimpleNamespace(cores=2)])
+    cands = [SimpleNamespace(backend="tvm", nodes=(0,)), SimpleNamespace(backend="onnxruntime", nodes=(0, 1)),
+             SimpleNamespace(backend="openvino", nodes=(0, 1))]
+
+    def placement(n, units, info=None):
+        plan = SimpleNamespace(info=info or {}, solve_s=0.25, units=units, assignment=np.zeros(len(units), int))
+        return SimpleNamespace(backend_mix={u.backend: len(u.nodes) for u in units}, plan=plan, sim=SimpleNamespace(makespan=predicted[n]),
+                               candidates=cands, costs=SimpleNamespace(table=np.array([[0.1e-3], [1e-3], [1e-3]])))
+    flow = placement("plan", [cands[0], cands[1]], {"bound_s": 0.5e-3, "decided_by": "relaxed-ilp (= heft)"})
+    opts = [decide.Option("plan", cluster, flow, predicted["plan"]),
+            decide.Option("library:onnxruntime", cluster, placement("library:onnxruntime", [cands[1]]), 1e-3),
+            decide.Option("library:openvino", cluster, placement("library:openvino", [cands[2]]), 1e-3)]
+    return opts, (lambda o: _spin(times[o.name]))
+
+
+def test_the_priced_solve_prices_each_measured_library_call_by_its_measurement():
+    opts, build = _priced_options({"plan": 3e-3, "library:onnxruntime": 0.6e-3, "library:openvino": 2e-3},
+                                  {"plan": 1e-3, "library:onnxruntime": 1e-3, "library:openvino": 1e-3})
+    seen = {}
+
+    def resolve(o, table):  # the priced optimum: the cheapest candidate covering both ops
+        seen["table"] = table
+        best = 1 + int(np.argmin(table[1:, 0]))
+        units = [o.placement.candidates[best]]
+        plan = SimpleNamespace(info={"bound_s": float(table[best, 0]), "decided_by": "relaxed-ilp (= heft)"},
+                               solve_s=0.5, units=units, assignment=np.zeros(1, int))
+        return SimpleNamespace(plan=plan, sim=SimpleNamespace(makespan=float(table[best, 0])),
+                               backend_mix={units[0].backend: 2})
+    _, d = decide.choose(opts, build, [], budget_s=0.2, resolve=resolve)
+    m = {o["name"]: o["measured_s"] for o in d["options"]}
+    scale = min(m[n] / 1e-3 for n in m)  # the library call's ratio is the least
+    table = seen["table"][:, 0]
+    assert table[0] == pytest.approx(0.1e-3 * scale)  # a candidate nobody measured: calibrated
+    assert table[1] == pytest.approx(m["library:onnxruntime"]) and table[2] == pytest.approx(m["library:openvino"])
+    c = d["claim"]
+    assert d["chosen"] == "library:onnxruntime" and c["shapes"][0]["plan_is"] == "library:onnxruntime"
+    assert c["status"] == "optimal" and c["bound_s"] == pytest.approx(m["library:onnxruntime"])
+    assert c["solve_s"] == pytest.approx(0.75)  # the flow's solve and the priced one
+
+
+def test_a_shape_that_cannot_beat_the_kept_option_is_not_solved_again():
+    # the flow's plan is kept and its bound, calibrated, is its own time: nothing to price
+    opts, build = _priced_options({"plan": 0.5e-3, "library:onnxruntime": 2e-3, "library:openvino": 2e-3},
+                                  {"plan": 0.5e-3, "library:onnxruntime": 1e-3, "library:openvino": 1e-3})
+    calls = []
+    _, d = decide.choose(opts, build, [], budget_s=0.2, resolve=lambda o, t: calls.append(o))
+    assert d["chosen"] == "plan" and not calls
+    s = d["claim"]["shapes"][0]
+    assert not s["solved_again"] and s["solve_s"] == 0 and d["claim"]["status"] == "optimal"
+
+
+def test_a_priced_solve_that_fails_leaves_no_claim_and_says_why():
+    opts, build = _priced_options({"plan": 3e-3, "library:onnxruntime": 0.6e-3, "library:openvino": 2e-3},
+                                  {"plan": 1e-3, "library:onnxruntime": 1e-3, "library:openvino": 1e-3})
+
+    def resolve(o, table):
+        raise PestoError("no plan fits")
+    _, d = decide.choose(opts, build, [], budget_s=0.2, resolve=resolve)
+    assert d["claim"] is None and "no plan fits" in d["claim_error"]
+    assert "no claim: the cpu:1 shape could not be solved again" in decide.decision_table(d)
+
+
 def test_a_plan_measured_far_over_its_prediction_lifts_no_bound():
     # the flow's plan runs 4x its prediction, the library call as predicted: unmeasured plans
     # are calibrated by the library's ratio (1x), so the flow's bound (1 ms) leaves a gap

@@ -1,7 +1,9 @@
-"""The Ray executor: every zoo model placed over two CPU devices and run as two Ray actors
-computes what PyTorch computes; faults (a failing segment, an actor that dies, a run past its
-timeout, an actor Ray cannot place) raise clear errors, hang nothing and clean up; links are
-measured over Ray; a local Ray head started here listens on 127.0.0.1 only.
+"""The Ray executor: zoo models of three shapes placed over two CPU devices and run as two Ray
+actors compute what PyTorch computes (every zoo model runs placed on the thread executor in
+``test_placed_zoo.py``; the executors run the same program); faults (a failing segment, an
+actor that dies, a run past its timeout, an actor Ray cannot place) raise clear errors, hang
+nothing and clean up; links are measured over Ray; a local Ray head started here listens on
+127.0.0.1 only.
 
 One local Ray (2 CPUs) serves the whole module; it is shut down at the end."""
 from __future__ import annotations
@@ -66,8 +68,13 @@ def _close(name, out, ref):
         assert np.abs(o - r).max() <= 1e-4 * scale, f"{name}: max err {np.abs(o - r).max()}"
 
 
-@pytest.mark.parametrize("name", zoo.list_models())
-def test_ray_executor_matches_torch_on_every_zoo_model(name, ray_session):
+#: token ids and attention (bert), wide branches with many copies between the devices
+#: (inception_v3), a plain stack (mlp_mixer)
+RAY_MODELS = ["bert", "inception_v3", "mlp_mixer"]
+
+
+@pytest.mark.parametrize("name", RAY_MODELS)
+def test_ray_executor_matches_torch_on_zoo_models(name, ray_session):
     zm, pm = _placed(name)
     threads = pm(*zm.example_inputs)
     ex = use_ray(pm, session=ray_session)

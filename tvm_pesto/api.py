@@ -26,6 +26,7 @@ True
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,9 +116,10 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         ``auto`` (default: every heuristic, then the joint ILPs decide and prove a bound;
         ``plan.info["decided_by"]``, ``solver_status``, ``solver_gap``) or one placement solver
         (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
-    costs : {"auto", "measured", "xgb", "roofline", "hybrid"} or ndarray
-        The cost source, or a ready ``[candidates, devices]`` table for the candidates
-        this call generates. ``hybrid`` predicts every candidate, measures the close calls
+    costs : {"auto", "measured", "xgb", "roofline", "hybrid"}, ndarray or CostTable
+        The cost source, or a ready ``[candidates, devices]`` table (a
+        :class:`~tvm_pesto.costs.CostTable` keeps its source, and so its split margin) for
+        the candidates this call generates. ``hybrid`` predicts every candidate, measures the close calls
         with a third of its budget (:mod:`tvm_pesto.costs.hybrid`), then measures the
         plan's units that are still predictions and plans again until the plan is
         measured or the budget (1 in 25 distinct candidates) is spent; the cost table's
@@ -223,13 +225,19 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
     h = None
     if isinstance(costs, str):
         _fit_machine_if_needed(cluster, costs)
-    if isinstance(costs, np.ndarray):
+    if isinstance(costs, CostTable):
+        ct = costs
+    elif isinstance(costs, np.ndarray):
         ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
     elif costs == "hybrid":  # a third of the budget on the close calls, the rest on the plan's own units
         h = Hybrid(cs, cluster, cache=cache, progress=progress).measure_stakes(HYBRID_STAKE_SHARE)
         ct = h.cost_table()
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
+    if ct.table.shape != (len(cs), cluster.num_devices):
+        raise PestoError(f"the cost table has shape {ct.table.shape}, but the module has {len(cs)} candidates on "
+                         f"{cluster.num_devices} devices; give one row per candidate this call generates (in its "
+                         "order) and one column per device")
     return CostedCandidates(analysis, cluster, cs, ct, h)
 
 
@@ -328,8 +336,9 @@ def build_placement(pl: Placement, cluster, progress=None):
 def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_final: bool | None = None,
                  progress=None):
     """Build ``pl`` and, where :mod:`tvm_pesto.decide` can measure on ``cluster``, its
-    alternatives (``place_on(cluster) -> Placement`` places the module on another shape of
-    the same cores); the fastest, measured, with ``.decision`` set."""
+    alternatives (``place_on(cluster, costs=None) -> Placement`` places the module on another
+    shape of the same cores, or on a given cost table); the fastest, measured, with
+    ``.decision`` set."""
     measure = decide.measure_final_default() if measure_final is None else bool(measure_final)
     why = decide.why_not_measured(cluster) if measure else "measure_final is off"
     if why is None and inputs is None:
@@ -342,8 +351,12 @@ def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_fin
         placed.decision = decide.unmeasured(why, pl, cluster)
         return placed
     opts = decide.options(pl, cluster, place_on)
+
+    def resolve(o, table):  # the shape solved again as the flow solved it, on its measured costs
+        return place_on(o.cluster, costs=dataclasses.replace(o.placement.costs, table=table))
+
     placed, decision = decide.choose(opts, lambda o: build_placement(o.placement, o.cluster), list(inputs),
-                                     progress=progress)
+                                     progress=progress, resolve=resolve)
     placed.decision = decision
     return placed
 
@@ -396,7 +409,7 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
     else:
         analysis = analyze(mod)
 
-        def place_on(c):
+        def place_on(c, costs=costs):
             return place(analysis, c, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,
                          deterministic=deterministic, executor=executor, **solver_options)
 

@@ -10,8 +10,9 @@ fastest is kept:
 * ``one-device``: on ``cpu:N`` with N > 1, the flow's plan on the same cores as one device
   (``cpu:1``, every core in it: the libraries' own intra- and inter-op threads use them);
 * ``library:<backend>``: the whole model as one unit of each library backend (ONNX Runtime
-  in each of its modes, PyTorch, ...) that can run every op, on that device: what a user
-  of that library runs today;
+  in each of its modes, PyTorch, ...) that can run every op, on that device, and as TVM's
+  fusion groups (``library:tvm``: what ``tvm.compile`` of the module runs): what a user of
+  that library runs today;
 * ``library:<backend> on <device>``: on ``cpu:N`` with N > 1, the same on the first device
   of the cluster asked for (for ``cpu:2``, one core: the library with one thread, which a
   model of a few hundred microseconds often runs fastest with).
@@ -24,15 +25,17 @@ settled by one lucky block; and where a whole-model library option is within
 what a shared machine lets us tell apart, beats a plan of several units. ``decision`` lists
 each option's predicted and measured seconds and which one was kept.
 
-The kept option is then certified (:func:`certify`) against every plan of both core shapes,
-the measured ones priced by their measurement: on each shape the flow's plan and others were
-measured, so the least ratio of measured seconds to predicted makespan among them calibrates
-every plan of that shape the options did not measure, and the bound the flow's ILP proved
-there, so calibrated, bounds all of them. The least of those bounds and of the measured times
-bounds every plan; ``decision["claim"]`` gives it with the kept option's gap, and a kept
+The kept option is then certified (:func:`certify`) against every plan of both core shapes:
+each shape is solved again by the flow's solver on its cost table priced by measurement
+(:func:`priced_table`): each measured one-unit option (a whole-model library call) costs what
+it measured, and every other candidate its prediction times the least ratio of measured
+seconds to predicted makespan among the shape's measured options. The bound that solve
+proves bounds every plan of the shape; the least of those bounds and of the measured times
+bounds every plan, and ``decision["claim"]`` gives it with the kept option's gap; a kept
 option other than the flow's plan carries that claim as its own (``decided_by``
-``measured-ilp (= library:openvino)``: the ILP's bounds prove the measured choice the best
-plan within the gap; a kept flow's plan keeps its decider, with the claim over both shapes).
+``measured-ilp (= library:openvino)``: the ILP on measured costs proves the measured choice
+the best plan within the gap; a kept flow's plan keeps its decider, with the claim over both
+shapes). Each shape's entry says which plan the priced solve returned (``plan_is``).
 Where a shape's flow proved no bound (a heuristic solver) there is no claim and
 ``decided_by`` says ``measured (...)``. Only clusters of this
 machine's CPU cores are measured (``cpu:N``); other clusters keep the flow's plan, and
@@ -50,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cluster.specs import cpu_cluster
-from .errors import PestoError, error_line
+from .errors import InfeasibleError, PestoError, error_line
 from .plan import JointProblem, simulate
 from .solve.joint import solve_joint
 from .solve.joint_decide import OPTIMAL_GAP, restate
@@ -101,26 +104,38 @@ def why_not_measured(cluster) -> str | None:
     return None
 
 
+#: Backends whose whole model is its fusion groups, one unit each (what ``tvm.compile`` of the
+#: module builds), not one library call.
+GROUPED = ("tvm",)
+
+
 def whole_model_placement(placement, backend: str, cluster):
-    """The placement of the whole model as one ``backend`` unit on ``cluster``'s device 0
-    (the flow's solver on a cost table where only that candidate is finite), or None (no
-    such candidate, or it would not build within the placement's build budget)."""
+    """The placement of the whole model in ``backend`` alone on ``cluster``'s device 0 (the
+    flow's solver on a cost table where only that backend's candidates on device 0 are
+    finite: for a library, its one whole-model candidate; for a :data:`GROUPED` backend,
+    every candidate of it), or None (no such cover, or a library call that would not build
+    within the placement's build budget)."""
     n = placement.analysis.op_graph.num_nodes
     table = placement.costs.table
-    whole = [i for i, c in enumerate(placement.candidates)
-             if c.backend == backend and len(c.nodes) == n and np.isfinite(table[i, 0])]
-    if not whole:
+    if backend in GROUPED:
+        keep = [i for i, c in enumerate(placement.candidates) if c.backend == backend and np.isfinite(table[i, 0])]
+    else:
+        keep = [i for i, c in enumerate(placement.candidates)
+                if c.backend == backend and len(c.nodes) == n and np.isfinite(table[i, 0])][:1]
+        budget = placement.plan.info.get("build_budget")
+        if keep and budget and placement.build_s is not None and placement.build_s[keep[0], 0] > budget["max_build_s"]:
+            return None  # it would not build within the budget
+    if not keep:
         return None
-    i = whole[0]
-    budget = placement.plan.info.get("build_budget")
-    if budget and placement.build_s is not None and placement.build_s[i, 0] > budget["max_build_s"]:
-        return None  # it would not build within the budget
     masked = np.full_like(table, np.inf)
-    masked[i, 0] = table[i, 0]
+    masked[keep, 0] = table[keep, 0]
     ct = dataclasses.replace(placement.costs, table=masked)  # what was measured or predicted, as reported
     jp = JointProblem(placement.analysis.op_graph, cluster, list(placement.candidates), masked,
                       cost_source=placement.costs.source)
-    plan, problem = solve_joint(jp, solver="single", search_s=0)
+    try:
+        plan, problem = solve_joint(jp, solver="single", search_s=0)
+    except InfeasibleError:  # the backend's candidates do not cover every op
+        return None
     plan.solver = f"library:{backend}"
     return dataclasses.replace(placement, costs=ct, joint=jp, problem=problem, plan=plan, sim=simulate(problem, plan))
 
@@ -138,11 +153,11 @@ def options(placement, cluster, place_one_device) -> list[Option]:
         wide_pl = place_one_device(wide)
         out.append(Option("one-device", wide, wide_pl, float(wide_pl.sim.run_s)))
     libraries = [(f"library:{b}", wide, whole_model_placement(wide_pl, b, wide))
-                 for b in sorted({c.backend for c in wide_pl.candidates if c.backend != "tvm"})]
+                 for b in sorted({c.backend for c in wide_pl.candidates})]
     if cluster.num_devices > 1:  # the library on one of the narrow devices (one thread on cpu:N)
         narrow = cluster.devices[0]
         libraries += [(f"library:{b} on {narrow.name}", cluster, whole_model_placement(placement, b, cluster))
-                      for b in sorted({c.backend for c in placement.candidates if c.backend != "tvm"})]
+                      for b in sorted({c.backend for c in placement.candidates})]
     for name, c, lp in libraries:
         if lp is not None and not any(_same_plan(o, c, lp) for o in out):
             out.append(Option(name, c, lp, float(lp.sim.run_s)))
@@ -175,7 +190,7 @@ def _time(built: dict, inputs, budget_s: float, rounds: int) -> dict:
                        warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block)
 
 
-def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None):
+def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None, resolve=None):
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
 
     ``build(option) -> PlacedModule``. An option whose second call takes over
@@ -184,7 +199,8 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     off; ``decision["runoff"]`` says which, and why a library call was kept
     (:data:`PREFER_LIBRARY`). An option that fails to build or to run is reported
     in ``decision`` with its error and left out; the flow's plan (the first option) is
-    never left out silently: its failure raises.
+    never left out silently: its failure raises. ``resolve`` solves a shape again on its
+    measured costs (:func:`certify`).
     """
     built, errors, call_s = {}, {}, {}
     for k, o in enumerate(opts):
@@ -239,7 +255,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         decision["options"].append(rec)
     pred = {o.name: o.predicted_s for o in opts if o.name in ("plan", "one-device")}
     decision["shape"] = opts[[o.name for o in opts].index(min(pred, key=pred.get))].cluster.name
-    decision["claim"] = certify(opts, decision)
+    decision["claim"] = certify(opts, decision, resolve)
     if decision["claim"]:
         _restate_kept(opts, best, decision["claim"])
     return built[best], decision
@@ -249,16 +265,86 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
 FLOW_OPTIONS = ("plan", "one-device")
 
 
-def certify(opts: list[Option], decision: dict) -> dict | None:
+def shape_scale(shape: Option, opts: list[Option], ratio: dict) -> float:
+    """The least ratio of measured seconds to predicted makespan (``ratio``) among the
+    options measured on ``shape``'s cluster: the shape's most favourable calibration, so
+    that one plan measured far over its prediction (a unit gone wrong) lifts no other
+    plan's bound."""
+    return min(ratio[o.name] for o in opts if o.cluster.name == shape.cluster.name and o.name in ratio)
+
+
+def priced_table(shape: Option, opts: list[Option], ratio: dict) -> np.ndarray:
+    """``shape``'s cost table priced by the final choice's measurements.
+
+    ``ratio``: measured seconds / predicted makespan of each measured option. Of the options
+    measured on ``shape``'s cluster, each one-unit option (a whole-model library call; the
+    flow's plan when it is one unit) costs what it measured: its candidate costs its ratio
+    times its prediction on every device with as many cores as the one it ran on. Every
+    other candidate of a backend that such a call measured costs the least ratio among that
+    backend's calls times its prediction (a library's regions are calibrated by the library's
+    own measured call, as the cost model fits each backend apart), and every candidate of
+    another backend :func:`shape_scale` (the least ratio of all) times its prediction.
+
+    Examples
+    --------
+    Three candidates on one device; ONNX Runtime's whole-model call (candidate 1) was
+    measured at twice its prediction, and the flow's plan (candidates 0 and 2) at 1.5
+    times: candidate 1 is priced at its measurement, ONNX Runtime's region (candidate 2) at
+    twice its prediction, TVM's op at 1.5 times.
+
+    >>> from types import SimpleNamespace as NS
+    >>> cpu1 = NS(name="cpu:1", devices=[NS(cores=2)])
+    >>> cands = [NS(backend="tvm", nodes=(0,)), NS(backend="onnxruntime", nodes=(0, 1)),
+    ...          NS(backend="onnxruntime", nodes=(1,))]
+    >>> costs = NS(table=np.array([[1.0], [3.0], [2.0]]))
+    >>> flow = NS(candidates=cands, costs=costs, plan=NS(units=[cands[0], cands[2]]),
+    ...           backend_mix={"tvm": 1, "onnxruntime": 1})
+    >>> lib = NS(plan=NS(units=[cands[1]], assignment=np.array([0])), backend_mix={"onnxruntime": 2})
+    >>> opts = [Option("plan", cpu1, flow, 3.0), Option("library:onnxruntime", cpu1, lib, 3.0)]
+    >>> priced_table(opts[0], opts, {"plan": 1.5, "library:onnxruntime": 2.0}).ravel().tolist()
+    [1.5, 6.0, 4.0]
+    """
+    same = [o for o in opts if o.cluster.name == shape.cluster.name and o.name in ratio]
+    base = shape.placement.costs.table
+    cands = shape.placement.candidates
+    by_backend: dict[str, float] = {}
+    for o in same:  # the options that ran one backend alone calibrate that backend's candidates
+        mix = set(o.placement.backend_mix)
+        if len(mix) == 1:
+            b = mix.pop()
+            by_backend[b] = min(by_backend.get(b, np.inf), ratio[o.name])
+    scale = shape_scale(shape, opts, ratio)
+    table = base * np.array([[by_backend.get(c.backend, scale)] for c in cands]).reshape(-1, 1)
+    index = {(c.backend, tuple(c.nodes)): i for i, c in enumerate(cands)}
+    for o in same:
+        units = o.placement.plan.units
+        if len(units) != 1:
+            continue
+        i = index.get((units[0].backend, tuple(units[0].nodes)))
+        if i is None:
+            continue
+        cores = shape.cluster.devices[int(o.placement.plan.assignment[0])].cores
+        alike = [d for d, dev in enumerate(shape.cluster.devices) if dev.cores == cores]
+        table[i, alike] = base[i, alike] * ratio[o.name]
+    return table
+
+
+def certify(opts: list[Option], decision: dict, resolve=None) -> dict | None:
     """The claim for the kept option: a bound on every plan of both core shapes, and the gap.
 
-    On each shape the flow's plan (``plan``, ``one-device``) was measured: ``scale``, the
-    least ratio of measured seconds to predicted makespan among the shape's measured options,
-    calibrates that shape's predictions, and the bound its ILP proved (in the plan's
-    makespan) times ``scale`` bounds every plan of the shape the options did not measure.
-    The least of those and of the measured times bounds every plan (``bound_s``); ``gap`` is
-    the kept option's measured time against it. None when a shape's flow proved no bound or
-    was not measured (no claim can be made).
+    On each shape the flow's plan (``plan``, ``one-device``) was measured. ``resolve(option,
+    table) -> Placement`` solves the shape again (the flow's solver, its split margin) on
+    its cost table priced by measurement (:func:`priced_table`), and the bound that solve
+    proves bounds every plan of the shape. Without ``resolve``, or where the priced solve
+    cannot matter (the bound the flow proved times :func:`shape_scale`, under every priced
+    plan, is not under the kept option's time), that calibrated bound does. The least of
+    the shapes' bounds and of the measured times bounds every plan (``bound_s``); ``gap``
+    is the kept option's measured time against it. Each shape's entry says whether it was
+    ``solved_again``, which plan the priced solve returned (``plan_is``: the measured option
+    it is, or None for a plan nobody measured) and its decider; ``solve_s`` adds the flows'
+    solves and the priced ones. None when a shape's solve proved no bound or the flow's plan
+    was not measured (no claim can be made); a priced solve that fails leaves no claim and
+    ``decision["claim_error"]`` says why.
 
     Examples
     --------
@@ -279,30 +365,48 @@ def certify(opts: list[Option], decision: dict) -> dict | None:
     measured = {o["name"]: o["measured_s"] for o in decision["options"] if "measured_s" in o}
     ratio = {o.name: measured[o.name] / float(o.placement.sim.makespan) for o in opts
              if o.name in measured and float(o.placement.sim.makespan) > 0}
-    shape = {o.name: o.cluster.name for o in opts}
     shapes = []
     for o in opts:
         if o.name not in FLOW_OPTIONS:
             continue
+        if o.name not in ratio:
+            return None  # the shape's own plan was not measured: nothing calibrates it
+        flow = {"flow_decided_by": o.placement.plan.info.get("decided_by"),
+                "flow_solve_s": float(o.placement.plan.solve_s)}
+        scale = shape_scale(o, opts, ratio)
         bound = o.placement.plan.info.get("bound_s")
-        if bound is None or o.name not in ratio:
+        calibrated = None if bound is None else float(bound) * scale
+        if resolve is None or (calibrated is not None and calibrated >= measured[decision["chosen"]] * (1 - 1e-9)):
+            # the priced table costs at least scale x the flow's: this shape cannot beat the kept option
+            shape = {"bound_s": calibrated, "decided_by": flow["flow_decided_by"], "solve_s": 0.0,
+                     "solved_again": False}
+        else:
+            try:
+                again = resolve(o, priced_table(o, opts, ratio))
+            except PestoError as e:
+                decision["claim_error"] = (f"the {o.cluster.name} shape could not be solved again on measured "
+                                           f"costs: {error_line(e)}")
+                return None
+            bound = again.plan.info.get("bound_s")
+            shape = {"bound_s": None if bound is None else float(bound),
+                     "decided_by": again.plan.info.get("decided_by"),
+                     "solve_s": float(again.plan.solve_s), "solved_again": True, "priced_s": float(again.sim.makespan),
+                     "priced_mix": again.backend_mix, "priced_units": len(again.plan.units),
+                     "plan_is": next((p.name for p in opts if p.name in measured
+                                      and _same_plan(p, o.cluster, again)), None)}
+        if shape["bound_s"] is None:
             return None  # a shape whose plans nothing bounds
-        # the shape's most favourable measured/predicted ratio: one plan measured far slower
-        # than predicted (a unit gone wrong) does not lift the bound of every other plan
-        scale = min(r for n, r in ratio.items() if shape[n] == o.cluster.name)
-        shapes.append({"option": o.name, "scale": scale, "bound_s": float(bound) * scale,
-                       "decided_by": o.placement.plan.info.get("decided_by"),
-                       "solve_s": float(o.placement.plan.solve_s)})
+        shapes.append({"option": o.name, "cluster": o.cluster.name, "scale": scale, **shape, **flow})
     if not shapes:
         return None
     chosen = decision["chosen"]
     kept_s = measured[chosen]
     bound = min([s["bound_s"] for s in shapes] + list(measured.values()))
     gap = max(0.0, (kept_s - bound) / kept_s)
-    by = shapes[0]["decided_by"] if chosen == "plan" else f"measured-ilp (= {chosen})"
+    by = shapes[0]["flow_decided_by"] if chosen == "plan" else f"measured-ilp (= {chosen})"
     return {"decided_by": by, "bound_s": bound, "kept_s": kept_s, "gap": gap,
             "status": "optimal" if gap <= OPTIMAL_GAP else "feasible", "shapes": shapes,
-            "solve_s": sum(s["solve_s"] for s in shapes)}
+            "solve_s": sum(s["solve_s"] + s["flow_solve_s"] for s in shapes)}
 
 
 def _restate_kept(opts: list[Option], chosen: str, claim: dict) -> None:
@@ -343,6 +447,8 @@ def decision_table(decision: dict) -> str:
                      f"{mix if 'error' not in o else 'failed: ' + o['error']}")
     if not decision.get("measured"):
         lines.append(f"not measured: {decision.get('why')}")
+    if decision.get("claim_error"):
+        lines.append(f"no claim: {decision['claim_error']}")
     runoff = decision.get("runoff") or {}
     if runoff:
         lines.append(f"runoff of {', '.join(runoff['options'])} ({runoff['blocks']} blocks each)"

@@ -106,7 +106,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
             pairs = machine_dispatch(cluster, executor, refit=refit, session=session)["links"]
     analysis = api.analyze(lm.mod)
 
-    def place_on(c, progress=None):
+    def place_on(c, progress=None, costs=costs):
         return api.place(analysis, c, backends=backends, solver=solver, costs=costs, progress=progress,
                          deterministic=deterministic, split_margin=split_margin, executor=executor,
                          max_build_s=max_build_s)
