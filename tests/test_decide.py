@@ -28,6 +28,10 @@ def test_every_option_is_built_timed_and_the_fastest_kept(chosen):
     assert d["measured"] is True and names[0] == "plan" and "one-device" in names
     # every op of the MLP runs in ONNX Runtime: its whole-model option is weighed, or it is the flow's
     assert "library:onnxruntime" in names or d["options"][1]["backend_mix"] == {"onnxruntime": _ops(placed)}
+    # and TVM's own build of the model, its fusion groups on one device (what tvm.compile runs)
+    tvm_only = [o for o in d["options"] if o["backend_mix"] == {"tvm": _ops(placed)}]
+    assert "library:tvm" in names or tvm_only
+    assert all(o["name"] != "library:tvm" or o["cluster"] == "cpu:1" for o in d["options"])
     timed = {o["name"]: o["measured_s"] for o in d["options"] if "measured_s" in o}
     assert set(timed) == set(names) and all(t > 0 for t in timed.values())
     fastest = min(timed, key=timed.get)
@@ -361,7 +365,29 @@ def test_an_option_far_slower_than_the_rest_is_timed_by_one_call():
         return g
     _, d = decide.choose(opts, counting, [], budget_s=0.2)
     plan = d["options"][0]
-    assert calls["plan"] == 2 and plan["timed_once"] and plan["measured_s"] >= 150e-3
+    assert calls["plan"] == 2 and plan["timed_once"] == "second call" and plan["measured_s"] >= 150e-3
     # 120x the fastest too, but a call under RUNAWAY_MIN_S is cheap to time in blocks
     assert d["chosen"] == "library:onnxruntime" and not any("timed_once" in o for o in d["options"][1:])
     assert "plan (one call)" in decide.decision_table(d)
+
+
+def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch):
+    # a first call over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call is the
+    # option's time: an untuned build of a large model is not called twice for a minute each
+    monkeypatch.setattr(decide, "RUNAWAY_FIRST_S", 0.05)
+    opts, build = _options({"plan": 0.5e-3, "library:tvm": 0.2})
+    calls = {"library:tvm": 0}
+
+    def counting(o):
+        f = build(o)
+        if o.name != "library:tvm":
+            return f
+
+        def g(*a):
+            calls["library:tvm"] += 1
+            f(*a)
+        return g
+    _, d = decide.choose(opts, counting, [], budget_s=0.2)
+    tvm = d["options"][1]
+    assert calls["library:tvm"] == 1 and tvm["timed_once"] == "first call" and tvm["measured_s"] >= 0.2
+    assert d["chosen"] == "plan" and "timed_once" not in d["options"][0]

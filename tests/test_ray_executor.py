@@ -253,12 +253,13 @@ def test_ray_cli_run_json(ray_session, tmp_path):
     from tvm_pesto.cli.main import cli
 
     out = tmp_path / "out.json"
+    # the plan as placed, on Ray (the final choice among other options runs on threads: test_decide.py)
     res = CliRunner().invoke(cli, ["run", "mlp_mixer", "--size", "small", "--cluster", "cpu:2", "--backends", "tvm",
                                    "--costs", "roofline", "--solver", "m-topo", "--executor", "ray", "--repeat", "3",
-                                   "--refit", "--json", str(out)])
+                                   "--refit", "--json", str(out)], env={"TVM_PESTO_MEASURE_FINAL": "0"})
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())
-    assert r["executor"] == "ray" and r["max_abs_err"] <= 1e-4
+    assert r["executor"] == "ray" and r["max_abs_err"] <= 1e-4 and r["decision"]["measured"] is False
     assert r["measured_s"] > 0 and r["simulated_s"] > 0 and r["devices_used"]
     assert r["link_model"]["engine"] == "ray" and set(r["link_model"]["pairs"]) == {"0->1", "1->0"}
     assert r["links"]["latency_s"][0][1] == r["link_model"]["pairs"]["0->1"]["latency_s"]
