@@ -101,12 +101,15 @@ def test_rpc_measurement_equals_local_measurement(rpc_tracker, tmp_path):
     here = measure_groups(an.rg, an.groups, local.devices[0], cache, repeat=7, min_repeat_ms=40)
     there = measure_groups(an.rg, an.groups, far.devices[0], cache, repeat=7, min_repeat_ms=40)
     assert here[0] > 1e-4
-    # The same kernel in the same units: compared by the fastest of three alternating rounds,
-    # as another job on these cores (a second test worker) slows whichever round it meets; the
-    # bounds catch a unit slip or a doubled overhead, not the load of the moment (0.74 seen
-    # while a benchmark shared the cores).
+    # The same kernel in the same units: compared by the fastest of alternating rounds (three,
+    # up to six while the two disagree), as another job on these cores (a second test worker)
+    # slows whichever round it meets; the bounds catch a unit slip or a doubled overhead, which
+    # every round would show, not the load of the moment (0.74 seen while a benchmark shared the
+    # cores; 3.3 after three rounds while the other worker ran on the remote server's core).
     heres, theres = [here[0]], [there[0]]
-    for k in range(2):
+    for k in range(5):
+        if k >= 2 and 0.5 < min(theres) / min(heres) < 2.0:
+            break
         again = MeasureCache(tmp_path / f"round{k}.jsonl")
         heres.append(measure_groups(an.rg, an.groups, local.devices[0], again, repeat=7, min_repeat_ms=40)[0])
         theres.append(measure_groups(an.rg, an.groups, far.devices[0], again, repeat=7, min_repeat_ms=40)[0])
