@@ -348,22 +348,26 @@ def test_a_plan_measured_far_over_its_prediction_lifts_no_bound():
     assert c["bound_s"] == pytest.approx(scale * 1e-3) and c["status"] == "feasible" and c["gap"] > 0.3
 
 
+def _counting(build, calls):
+    """``build`` whose options named in ``calls`` count their calls there."""
+    def counted(o):
+        f = build(o)
+        if o.name not in calls:
+            return f
+
+        def g(*a):
+            calls[o.name] += 1
+            f(*a)
+        return g
+    return counted
+
+
 def test_an_option_far_slower_than_the_rest_is_timed_by_one_call():
     # 150 ms a call against 0.5 ms: timing it in blocks (at least 5 calls a block) would cost
     # more than the whole budget; its second call is its measurement (the first sets a library up)
     opts, build = _options({"plan": 150e-3, "library:onnxruntime": 0.5e-3, "library:openvino": 60e-3})
     calls = {"plan": 0}
-
-    def counting(o):
-        f = build(o)
-        if o.name != "plan":
-            return f
-
-        def g(*a):
-            calls["plan"] += 1
-            f(*a)
-        return g
-    _, d = decide.choose(opts, counting, [], budget_s=0.2)
+    _, d = decide.choose(opts, _counting(build, calls), [], budget_s=0.2)
     plan = d["options"][0]
     assert calls["plan"] == 2 and plan["timed_once"] == "second call" and plan["measured_s"] >= 150e-3
     # 120x the fastest too, but a call under RUNAWAY_MIN_S is cheap to time in blocks
@@ -377,17 +381,7 @@ def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch)
     monkeypatch.setattr(decide, "RUNAWAY_FIRST_S", 0.05)
     opts, build = _options({"plan": 0.5e-3, "library:tvm": 0.2})
     calls = {"library:tvm": 0}
-
-    def counting(o):
-        f = build(o)
-        if o.name != "library:tvm":
-            return f
-
-        def g(*a):
-            calls["library:tvm"] += 1
-            f(*a)
-        return g
-    _, d = decide.choose(opts, counting, [], budget_s=0.2)
+    _, d = decide.choose(opts, _counting(build, calls), [], budget_s=0.2)
     tvm = d["options"][1]
     assert calls["library:tvm"] == 1 and tvm["timed_once"] == "first call" and tvm["measured_s"] >= 0.2
     assert d["chosen"] == "plan" and "timed_once" not in d["options"][0]
