@@ -28,8 +28,9 @@ each option's predicted and measured seconds and which one was kept.
 The kept option is then certified (:func:`certify`) against every plan of both core shapes:
 each shape is solved again by the flow's solver on its cost table priced by measurement
 (:func:`priced_table`): each measured one-unit option (a whole-model library call) costs what
-it measured, and every other candidate its prediction times the least ratio of measured
-seconds to predicted makespan among the shape's measured options. The bound that solve
+it measured, the other candidates of a measured library its measured/predicted ratio times
+their prediction, and every other candidate its prediction times the least such ratio among
+the shape's measured options. The bound that solve
 proves bounds every plan of the shape; the least of those bounds and of the measured times
 bounds every plan, and ``decision["claim"]`` gives it with the kept option's gap; a kept
 option other than the flow's plan carries that claim as its own (``decided_by``
@@ -237,7 +238,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     slow = {n for n, t in call_s.items() if t > max(RUNAWAY * min(call_s.values()), RUNAWAY_MIN_S)}
     timed = _time({n: p for n, p in built.items() if n not in slow | once}, inputs, budget_s, rounds=2)
     timed.update({n: {"s": call_s[n], "blocks_s": [call_s[n]], "calls": 1} for n in slow})
-    timed.update({n: {"s": first_s[n], "blocks_s": [first_s[n]], "calls": 1, "first": True} for n in once})
+    timed.update({n: {"s": first_s[n], "blocks_s": [first_s[n]], "calls": 1} for n in once})
     best = min(timed, key=lambda n: timed[n]["s"])
     close = [n for n in timed if timed[n]["s"] <= timed[best]["s"] * (1 + RUNOFF)]
     runoff = None
@@ -331,7 +332,7 @@ def priced_table(shape: Option, opts: list[Option], ratio: dict) -> np.ndarray:
             b = mix.pop()
             by_backend[b] = min(by_backend.get(b, np.inf), ratio[o.name])
     scale = shape_scale(shape, opts, ratio)
-    table = base * np.array([[by_backend.get(c.backend, scale)] for c in cands]).reshape(-1, 1)
+    table = base * np.array([by_backend.get(c.backend, scale) for c in cands])[:, None]
     index = {(c.backend, tuple(c.nodes)): i for i, c in enumerate(cands)}
     for o in same:
         units = o.placement.plan.units
