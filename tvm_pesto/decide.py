@@ -68,6 +68,8 @@ RUNOFF = 0.10
 #: Rough seconds the runoff takes in all (blocks of its options, :data:`RUNOFF_ROUNDS` rounds).
 RUNOFF_BUDGET_S = 2.0
 RUNOFF_ROUNDS = 4
+#: Runoffs at most: another when one moved the fastest within :data:`RUNOFF` of an option it left out.
+RUNOFF_PASSES = 3
 #: A whole-model library option within this fraction of the fastest option is kept.
 PREFER_LIBRARY = 0.03
 #: An option whose second call takes over this many times the fastest option's second call,
@@ -202,8 +204,10 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     :data:`RUNAWAY_FIRST_S` and :data:`RUNAWAY` times the fastest first call, or whose
     second call takes over :data:`RUNAWAY` times the fastest option's and over
     :data:`RUNAWAY_MIN_S`, is measured by that call alone (``timed_once``: which call).
-    Options within :data:`RUNOFF` of the fastest run off; ``decision["runoff"]`` says which, and why a library call was kept
-    (:data:`PREFER_LIBRARY`). An option that fails to build or to run is reported
+    Options within :data:`RUNOFF` of the fastest run off (again, up to :data:`RUNOFF_PASSES`,
+    while a runoff slows the fastest to within :data:`RUNOFF` of one it left out: the kept
+    option is the fastest of all the times reported); ``decision["runoff"]`` says which, and
+    why a library call was kept (:data:`PREFER_LIBRARY`). An option that fails to build or to run is reported
     in ``decision`` with its error and left out; the flow's plan (the first option) is
     never left out silently: its failure raises. ``resolve`` solves a shape again on its
     measured costs (:func:`certify`).
@@ -239,18 +243,22 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     timed = _time({n: p for n, p in built.items() if n not in slow | once}, inputs, budget_s, rounds=2)
     timed.update({n: {"s": call_s[n], "blocks_s": [call_s[n]], "calls": 1} for n in slow})
     timed.update({n: {"s": first_s[n], "blocks_s": [first_s[n]], "calls": 1} for n in once})
-    best = min(timed, key=lambda n: timed[n]["s"])
-    close = [n for n in timed if timed[n]["s"] <= timed[best]["s"] * (1 + RUNOFF)]
-    runoff = None
-    if len(close) > 1:
+    best, ran = min(timed, key=lambda n: timed[n]["s"]), []
+    for _ in range(RUNOFF_PASSES):  # again while a runoff moved the best near an option not in it
+        close = [n for n in timed if timed[n]["s"] <= timed[best]["s"] * (1 + RUNOFF) and n not in slow | once]
+        if len(close) < 2 or set(close) <= set(ran):
+            break
         again = _time({n: built[n] for n in close}, inputs, RUNOFF_BUDGET_S, rounds=RUNOFF_ROUNDS)
-        for n in close:  # the median of every block, both passes
+        for n in close:  # the median of every block, every pass
             timed[n]["blocks_s"] += again[n]["blocks_s"]
             timed[n]["calls"] += again[n]["calls"]
             timed[n]["s"] = float(np.median(timed[n]["blocks_s"]))
-        best = min(close, key=lambda n: timed[n]["s"])
-        runoff = {"options": close, "blocks": len(timed[best]["blocks_s"])}
-        libs = [n for n in close if n.startswith("library:")]
+        ran += [n for n in close if n not in ran]
+        best = min(timed, key=lambda n: timed[n]["s"])
+    runoff = None
+    if ran:
+        runoff = {"options": ran, "blocks": len(timed[best]["blocks_s"])}
+        libs = [n for n in ran if n.startswith("library:")]
         lib = min(libs, key=lambda n: timed[n]["s"]) if libs else None
         if lib is not None and lib != best and timed[lib]["s"] <= timed[best]["s"] * (1 + PREFER_LIBRARY):
             runoff["library_kept"] = (f"{lib} is within {PREFER_LIBRARY:.0%} of {best} "
