@@ -403,3 +403,54 @@ def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch)
     tvm = d["options"][1]
     assert calls["library:tvm"] == 1 and tvm["timed_once"] == "first call" and tvm["measured_s"] >= 0.2
     assert d["chosen"] == "plan" and "timed_once" not in d["options"][0]
+
+
+def _recording_solves(monkeypatch):
+    """Record each ``place_from_costs`` call of a build: its time limit and the seconds it solved."""
+    from tvm_pesto import api
+
+    calls, inner = [], api.place_from_costs
+
+    def record(costed, *a, time_limit_s=30.0, **k):
+        pl = inner(costed, *a, time_limit_s=time_limit_s, **k)
+        calls.append((time_limit_s, pl.plan.solve_s))
+        return pl
+    monkeypatch.setattr(api, "place_from_costs", record)
+    return calls
+
+
+def test_the_flow_and_the_final_choices_solves_share_one_budget(monkeypatch):
+    calls = _recording_solves(monkeypatch)
+    mod, (x,) = tiny_mlp()
+    placed = tvm_pesto.build(mod, "cpu:2", costs="roofline", inputs=[x], time_limit_s=8.0, measure_final=True)
+    # the flow's plan gets FLOW_SHARE; the one-device flow and the priced solves what it left
+    assert calls[0][0] == pytest.approx(8.0 * decide.FLOW_SHARE) and len(calls) >= 2
+    spent = 0.0
+    for limit, solved in calls:
+        assert limit <= max(1.0, 8.0 - spent) + 1e-9
+        spent += solved
+    claim = placed.decision["claim"]
+    assert claim["solve_s"] == pytest.approx(sum(s for _, s in calls))  # every solve counted, once
+
+
+def test_deterministic_budgets_give_each_solve_the_whole_limit(monkeypatch):
+    calls = _recording_solves(monkeypatch)
+    mod, (x,) = tiny_mlp()
+    tvm_pesto.build(mod, "cpu:2", costs="roofline", inputs=[x], time_limit_s=8.0, deterministic=True,
+                    measure_final=True)
+    assert len(calls) >= 2 and all(limit == 8.0 for limit, _ in calls)
+
+
+def test_place_keeps_a_share_of_its_limit_for_the_split_check(monkeypatch):
+    from tvm_pesto import api
+    from tvm_pesto.solve import split
+
+    limits, inner = [], api.solve_joint
+    monkeypatch.setattr(api, "solve_joint", lambda jp, **k: limits.append(k["time_limit_s"]) or inner(jp, **k))
+    mod, _ = tiny_mlp()
+    pl = api.place(mod, "cpu:2", costs="roofline", time_limit_s=6.0)
+    assert limits[0] == pytest.approx(6.0 * (1 - split.SINGLE_SHARE), rel=0.02)
+    assert all(limit <= 6.0 for limit in limits[1:])  # the single-device plans: what the first left
+    assert pl.plan.solve_s > 0
+    api.place(mod, "cpu:1", costs="roofline", time_limit_s=6.0)  # one device: no split check, the whole limit
+    assert limits[-1] == pytest.approx(6.0, rel=0.02)

@@ -25,7 +25,7 @@ from tvm_pesto.cluster import Cluster, parse_cluster  # noqa: E402
 from tvm_pesto.errors import ExecutionError  # noqa: E402
 from tvm_pesto.plan import Plan  # noqa: E402
 from tvm_pesto.run.program import Program, Step  # noqa: E402
-from tvm_pesto.run.ray_executor import (RayExecutor, RaySession, measure_ray_links, schedule,  # noqa: E402
+from tvm_pesto.run.ray_executor import (RayExecutor, RaySession, schedule,  # noqa: E402
                                         use_ray)
 
 
@@ -70,7 +70,8 @@ def _close(name, out, ref):
 
 #: token ids and attention (bert), wide branches with many copies between the devices
 #: (inception_v3), a plain stack (mlp_mixer)
-RAY_MODELS = ["bert", "inception_v3", "mlp_mixer"]
+# a transformer and an MLP-Mixer; a CNN (inception_v3) runs on Ray in tutorials/place_over_ray.py
+RAY_MODELS = ["bert", "mlp_mixer"]
 
 
 @pytest.mark.parametrize("name", RAY_MODELS)
@@ -215,20 +216,6 @@ def test_ray_actor_ray_cannot_place(ray_session, tmp_path):
     pm.close()
 
 
-def test_ray_links_are_measured_and_used(ray_session):
-    c = parse_cluster("cpu:2")
-    pts = measure_ray_links(c, ray_session, sizes=(1 << 10, 1 << 16, 1 << 20), repeat=5, warmup=5)
-    assert set(pts) == {"0->1", "1->0"} and c.meta["links_measured"] == "ray"
-    for i, j in [(0, 1), (1, 0)]:
-        p = pts[f"{i}->{j}"]
-        # bytes per second (a copy through Ray's object store: hundreds of MB/s on a quiet machine,
-        # a few MB/s while other jobs load both cores; a unit slip to MB/s would give ~1e2)
-        assert p["latency_s"] == c.latency[i, j] and 0 < c.latency[i, j] < 0.5 and c.bandwidth[i, j] > 1e5
-        # a real hand-over between processes: each point between 1 us and 0.5 s (seconds, not
-        # another unit; a point passed 50 ms while another test worker loaded both cores)
-        assert all(1e-6 < t < 0.5 for t in p["points"].values()), p["points"]
-
-
 def test_ray_head_listens_on_loopback_only(ray_session):
     psutil = pytest.importorskip("psutil")
     ray_procs = [p for p in psutil.process_iter(["name", "cmdline"])
@@ -263,4 +250,11 @@ def test_ray_cli_run_json(ray_session, tmp_path):
     assert r["measured_s"] > 0 and r["simulated_s"] > 0 and r["devices_used"]
     assert r["link_model"]["engine"] == "ray" and set(r["link_model"]["pairs"]) == {"0->1", "1->0"}
     assert r["links"]["latency_s"][0][1] == r["link_model"]["pairs"]["0->1"]["latency_s"]
+    for p in r["link_model"]["pairs"].values():  # --refit measured them over Ray now
+        # bytes per second (a copy through Ray's object store: hundreds of MB/s on a quiet machine,
+        # a few MB/s while other jobs load both cores; a unit slip to MB/s would give ~1e2)
+        assert 0 < p["latency_s"] < 0.5 and p["bandwidth_Bps"] > 1e5
+        # a real hand-over between processes: each point between 1 us and 0.5 s (seconds, not
+        # another unit; a point passed 50 ms while another test worker loaded both cores)
+        assert all(1e-6 < t < 0.5 for t in p["points"].values()), p["points"]
     assert ray_session.owned  # the CLI used the Ray already running and left it running

@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,7 +54,8 @@ from .plan.simulate import HOME_DEVICE
 from .run.dispatch import machine_dispatch
 from .solve import split
 from .solve.build_budget import solve_within
-from .solve.joint import solve_joint
+from .solve.budget import is_deterministic
+from .solve.joint import MIN_ILP_S, solve_joint
 from .solve.joint_decide import restate
 
 
@@ -125,7 +127,12 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         measured or the budget (1 in 25 distinct candidates) is spent; the cost table's
         ``hybrid["rounds"]`` lists what each round measured.
     time_limit_s, search_s
-        ILP time limit and joint local-search budget (:func:`tvm_pesto.solve.joint.solve_joint`).
+        Solving budget and joint local-search budget (:func:`tvm_pesto.solve.joint.solve_joint`).
+        With wall-clock budgets ``time_limit_s`` bounds all the solving of this call: the
+        plan's solve, then the single-device plans of the split check, which keep
+        :data:`~tvm_pesto.solve.split.SINGLE_SHARE` of it, and any ``hybrid`` rounds, each
+        within what the solves before it left; ``plan.solve_s`` counts them all. With
+        deterministic budgets each solve gets ``time_limit_s`` nominal seconds of work.
     deterministic : bool, optional
         Work budgets and fixed seeds instead of wall-clock budgets, so the plan is the same
         on any machine (default: off, unless inside
@@ -251,14 +258,21 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     Several solvers can be run on one :class:`CostedCandidates` (``tvm-pesto place --solver
     all``); with ``hybrid`` costs each one's rounds add to the measurements the next starts from.
     """
+    t0 = time.perf_counter()
     h = costed.hybrid
     ct = costed.costs if h is None else h.cost_table()
     build_s = None if max_build_s is None else estimate_build_s(costed.candidates, costed.cluster)
+    may_split = costed.cluster.num_devices > 1 and not colocate and split_margin != 0
 
-    def solve(table: CostTable, search=search_s):
+    def limit(share: float) -> float:  # wall-clock: ``share`` of what is left of time_limit_s
+        if is_deterministic(deterministic):
+            return time_limit_s  # nominal seconds of work, each solve
+        return max(MIN_ILP_S, time_limit_s - (time.perf_counter() - t0)) * share
+
+    def solve(table: CostTable, search=search_s, share=1.0 - split.SINGLE_SHARE if may_split else 1.0):
         def once(t: np.ndarray):
             jp = costed.joint(CostTable(t, list(table.columns)), colocate)
-            return (jp, *solve_joint(jp, solver=solver, time_limit_s=time_limit_s, search_s=search,
+            return (jp, *solve_joint(jp, solver=solver, time_limit_s=limit(share), search_s=search,
                                      deterministic=deterministic, **solver_options))
 
         if build_s is None:
@@ -278,6 +292,7 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
     if (len(set(plan.assignment.tolist())) > 1 or away) and margin > 0 and not colocate:
         jp, plan, problem, sim = _keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
+    plan.solve_s = time.perf_counter() - t0  # every solve above: rounds, the split check
     return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s)
 
 
@@ -293,10 +308,12 @@ def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
     best = split.best_single_device(ct.table)
     one, proved = None, {}
     # the device whose kernels add up least, and the home device (no input or result copies)
-    for d in dict.fromkeys(x for x in (best, HOME_DEVICE) if x is not None and np.isfinite(ct.table[:, x]).any()):
+    devices = list(dict.fromkeys(x for x in (best, HOME_DEVICE)
+                                 if x is not None and np.isfinite(ct.table[:, x]).any()))
+    for k, d in enumerate(devices):
         try:  # the one-device plan searches covers only: a short search is enough
             _, p1, _ = solve(CostTable(split.single_device_table(ct.table, d), list(ct.columns)),
-                             search=split.SINGLE_SEARCH_S)
+                             search=split.SINGLE_SEARCH_S, share=1.0 / (len(devices) - k))
             prob1 = jp.contract(jp.cover_of(p1))  # the real costs, not the masked ones
             cand = (p1, prob1, simulate(prob1, p1), d)
         except InfeasibleError:  # this device cannot hold the whole model
@@ -334,13 +351,13 @@ def build_placement(pl: Placement, cluster, progress=None):
 
 
 def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_final: bool | None = None,
-                 progress=None):
+                 progress=None, solving: decide.Solving | None = None):
     """Build ``pl`` and, where :mod:`tvm_pesto.decide` can measure on ``cluster``, its
-    alternatives (``place_on(cluster, costs=None) -> Placement`` places the module on another
-    shape of the same cores, or on a given cost table); the fastest, measured, with
-    ``.decision`` set."""
-    measure = decide.measure_final_default() if measure_final is None else bool(measure_final)
-    why = decide.why_not_measured(cluster) if measure else "measure_final is off"
+    alternatives (``place_on(cluster, costs=None, time_limit_s=...) -> Placement`` places the
+    module on another shape of the same cores, or on a given cost table); the fastest,
+    measured, with ``.decision`` set. ``solving`` (:class:`~tvm_pesto.decide.Solving`) is
+    the budget ``pl`` was solved under: the solves here share what it left."""
+    why = decide.skip_reason(cluster, measure_final)
     if why is None and inputs is None:
         try:
             inputs = random_inputs(mod)
@@ -350,11 +367,21 @@ def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_fin
         placed = build_placement(pl, cluster, progress)
         placed.decision = decide.unmeasured(why, pl, cluster)
         return placed
-    opts = decide.options(pl, cluster, place_on)
+    solving = solving or decide.Solving(decide.SOLVE_S, measured=True)
+    solving.spend(pl.plan.solve_s)
+    resolved = []
+
+    def solve_on(c, costs=None, parts=1):
+        p = place_on(c, **({} if costs is None else {"costs": costs}), time_limit_s=solving.next_s(parts))
+        solving.spend(p.plan.solve_s)
+        return p
 
     def resolve(o, table):  # the shape solved again as the flow solved it, on its measured costs
-        return place_on(o.cluster, costs=dataclasses.replace(o.placement.costs, table=table))
+        resolved.append(o.name)  # two shapes at most: the first gets half of what is left
+        return solve_on(o.cluster, dataclasses.replace(o.placement.costs, table=table), parts=3 - len(resolved))
 
+    # the one-device flow, then at most two priced solves: the first gets a third of what is left
+    opts = decide.options(pl, cluster, lambda c: solve_on(c, parts=3))
     placed, decision = decide.choose(opts, lambda o: build_placement(o.placement, o.cluster), list(inputs),
                                      progress=progress, resolve=resolve)
     placed.decision = decision
@@ -408,12 +435,15 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
         placed = PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, None, progress=progress)
     else:
         analysis = analyze(mod)
+        limit = solver_options.pop("time_limit_s", decide.SOLVE_S)
+        solving = decide.Solving(limit, decide.skip_reason(cluster, measure_final) is None, deterministic)
 
-        def place_on(c, costs=costs):
+        def place_on(c, costs=costs, time_limit_s=limit):
             return place(analysis, c, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,
-                         deterministic=deterministic, executor=executor, **solver_options)
+                         deterministic=deterministic, executor=executor, time_limit_s=time_limit_s, **solver_options)
 
-        placed = final_choice(mod, place_on(cluster), cluster, place_on, inputs, measure_final, progress)
+        placed = final_choice(mod, place_on(cluster, time_limit_s=solving.flow_s()), cluster, place_on, inputs,
+                              measure_final, progress, solving)
     if executor == "ray":
         placed.use_ray(address=ray_address)
     return placed

@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .. import api
+from .. import api, decide
 from ..builder.placed import PlacedModule, compile_for
 from ..builder.rewrite import apply_plan
 from ..cluster import parse_cluster
@@ -106,16 +106,18 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
             pairs = machine_dispatch(cluster, executor, refit=refit, session=session)["links"]
     analysis = api.analyze(lm.mod)
 
-    def place_on(c, progress=None, costs=costs):
+    solving = decide.Solving(decide.SOLVE_S, decide.skip_reason(cluster) is None, deterministic)
+
+    def place_on(c, progress=None, costs=costs, time_limit_s=decide.SOLVE_S):
         return api.place(analysis, c, backends=backends, solver=solver, costs=costs, progress=progress,
                          deterministic=deterministic, split_margin=split_margin, executor=executor,
-                         max_build_s=max_build_s)
+                         max_build_s=max_build_s, time_limit_s=time_limit_s)
 
     with step("candidates, costs and plan") as cb:
-        pl = place_on(cluster, cb)
+        pl = place_on(cluster, cb, time_limit_s=solving.flow_s())
     flow = pl.claim()  # the flow's plan on the cluster asked for, before the measured final choice
     with step("build the plan (and time it against the one-device and whole-model library plans)") as cb:
-        pm = api.final_choice(lm.mod, pl, cluster, place_on, inputs=lm.example_inputs, progress=cb)
+        pm = api.final_choice(lm.mod, pl, cluster, place_on, inputs=lm.example_inputs, progress=cb, solving=solving)
         asked, (pl, cluster) = cluster.name, (pm.placement, pm.cluster)  # the option kept: its cluster is the core shape used
     dispatch = dispatch_info(cluster)
     link_model = {"engine": cluster.meta.get("links_measured", "spec"),

@@ -34,6 +34,9 @@ SPLIT_MARGIN = {"measured": 0.07, "hybrid": 0.07, "xgb": 0.15, "xgb+roofline": 0
 
 #: Seconds of joint search for the single-device plan (it chooses covers only).
 SINGLE_SEARCH_S = 1.0
+#: With wall-clock budgets, the share of ``place``'s time limit kept from the plan's solve for
+#: the single-device plans the split check solves after it (the rest of the limit, shared).
+SINGLE_SHARE = 0.15
 
 
 def split_margin(source: str) -> float:
@@ -126,5 +129,5 @@ def split_decision(split_s: float, single_s: float | None, margin: float) -> dic
             "gain": None if single_s is None else float(1.0 - split_s / single_s)}
 
 
-__all__ = ["SINGLE_SEARCH_S", "SPLIT_MARGIN", "best_single_device", "check_margin", "margin_bound",
+__all__ = ["SINGLE_SEARCH_S", "SINGLE_SHARE", "SPLIT_MARGIN", "best_single_device", "check_margin", "margin_bound",
            "one_device_bound", "single_device_table", "split_decision", "split_margin"]
