@@ -12,6 +12,7 @@ from tvm_pesto.api import build_placement, cost_candidates, place_from_costs
 from tvm_pesto.candidates.examples import reference_output, tiny_mlp
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import PestoError
+from tvm_pesto.solve import budget
 
 
 @pytest.fixture(scope="module")
@@ -424,7 +425,7 @@ def test_the_flow_and_the_final_choices_solves_share_one_budget(monkeypatch):
     mod, (x,) = tiny_mlp()
     placed = tvm_pesto.build(mod, "cpu:2", costs="roofline", inputs=[x], time_limit_s=8.0, measure_final=True)
     # the flow's plan gets FLOW_SHARE; the one-device flow and the priced solves what it left
-    assert calls[0][0] == pytest.approx(8.0 * decide.FLOW_SHARE) and len(calls) >= 2
+    assert calls[0][0] == pytest.approx(8.0 * budget.FLOW_SHARE) and len(calls) >= 2
     spent = 0.0
     for limit, solved in calls:
         assert limit <= max(1.0, 8.0 - spent) + 1e-9

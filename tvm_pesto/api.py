@@ -45,18 +45,17 @@ from .costs.build_time import estimate as estimate_build_s
 from .costs.hybrid import Hybrid, plan_units_to_measure
 from .costs.machine import calibrate_machine, needs_fit
 from .costs.xgb import load_model
-from .errors import InfeasibleError, PestoError
+from .errors import PestoError
 from .graph.analysis import Analysis, analyze
 from .models import random_inputs
 from .plan import JointProblem, Plan, simulate
 from .plan.placement import Placement, solver_gap, solver_status
 from .plan.simulate import HOME_DEVICE
 from .run.dispatch import machine_dispatch
-from .solve import split
+from .solve import budget, split
 from .solve.build_budget import solve_within
 from .solve.budget import is_deterministic
 from .solve.joint import MIN_ILP_S, solve_joint
-from .solve.joint_decide import restate
 
 
 def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None, progress=None,
@@ -291,58 +290,9 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     margin = split.split_margin(ct.source) if split_margin is None else split.check_margin(split_margin)
     away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
     if (len(set(plan.assignment.tolist())) > 1 or away) and margin > 0 and not colocate:
-        jp, plan, problem, sim = _keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
+        jp, plan, problem, sim = split.keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
     plan.solve_s = time.perf_counter() - t0  # every solve above: rounds, the split check
     return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s)
-
-
-def _keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
-    """The split plan, or the best single-device plan when the split's predicted gain is
-    within ``margin`` (:mod:`tvm_pesto.solve.split`); the decision goes to ``plan.info``.
-    The single-device plans tried: the device whose kernels add up least, and the home
-    device (a plan elsewhere copies the inputs there and the result back, which its run
-    time, ``SimResult.run_s``, counts). A plan on one device away from home is replaced by
-    the home device's when that one is predicted faster at all. The kept plan's claim
-    (``bound_s``, ``mip_gap``, ``status``) is under the rule that decided it: a split counts
-    its makespan / (1 - margin) (:func:`~tvm_pesto.solve.split.margin_bound`)."""
-    best = split.best_single_device(ct.table)
-    one, proved = None, {}
-    # the device whose kernels add up least, and the home device (no input or result copies)
-    devices = list(dict.fromkeys(x for x in (best, HOME_DEVICE)
-                                 if x is not None and np.isfinite(ct.table[:, x]).any()))
-    for k, d in enumerate(devices):
-        try:  # the one-device plan searches covers only: a short search is enough
-            _, p1, _ = solve(CostTable(split.single_device_table(ct.table, d), list(ct.columns)),
-                             search=split.SINGLE_SEARCH_S, share=1.0 / (len(devices) - k))
-            prob1 = jp.contract(jp.cover_of(p1))  # the real costs, not the masked ones
-            cand = (p1, prob1, simulate(prob1, p1), d)
-        except InfeasibleError:  # this device cannot hold the whole model
-            continue
-        proved[d] = p1.info.get("bound_s")
-        if one is None or cand[2].run_s < one[2].run_s:
-            one = cand
-    # run times: the home device's copies and the executor's dispatch included; a plan on one
-    # device away from home is no split (no coin toss): the faster of the two is kept
-    split_plan = len(set(plan.assignment.tolist())) > 1
-    decision = split.split_decision(sim.run_s, one[2].run_s if one else None, margin if split_plan else 0.0)
-    decision["device"] = None if one is None else jp.cluster.devices[one[3]].name
-    if one is None:
-        plan.info["split"] = decision
-        return jp, plan, problem, sim
-    # the claim under the rule that decided: a split counts its makespan / (1 - margin)
-    bound_all = plan.info.get("bound_s")
-    bound_one = split.one_device_bound(ct.table, proved, bound_all)
-    bound = split.margin_bound(bound_all, bound_one, decision["margin"])
-    keep = decision["keep_split"]
-    kept = (jp, plan, problem, sim) if keep else (jp, one[0], one[1], one[2])
-    kept[1].info["split"] = decision
-    if "decided_by" in plan.info:
-        by = plan.info["decided_by"] if keep else f"split-margin: {one[0].info.get('decided_by')}"
-        scale = 1.0 - decision["margin"] if keep else 1.0  # the bound in the kept plan's makespan
-        restate(kept[1].info, None if bound is None else bound * scale, kept[3].makespan, by)
-        kept[1].info.update(bound_all_s=bound_all, bound_one_device_s=bound_one, split_margin=decision["margin"],
-                            heuristics=plan.info.get("heuristics"))  # on the whole problem, as the bound
-    return kept
 
 
 def build_placement(pl: Placement, cluster, progress=None):
@@ -351,11 +301,11 @@ def build_placement(pl: Placement, cluster, progress=None):
 
 
 def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_final: bool | None = None,
-                 progress=None, solving: decide.Solving | None = None):
+                 progress=None, solving: budget.Solving | None = None):
     """Build ``pl`` and, where :mod:`tvm_pesto.decide` can measure on ``cluster``, its
     alternatives (``place_on(cluster, costs=None, time_limit_s=...) -> Placement`` places the
     module on another shape of the same cores, or on a given cost table); the fastest,
-    measured, with ``.decision`` set. ``solving`` (:class:`~tvm_pesto.decide.Solving`) is
+    measured, with ``.decision`` set. ``solving`` (:class:`~tvm_pesto.budget.Solving`) is
     the budget ``pl`` was solved under: the solves here share what it left."""
     why = decide.skip_reason(cluster, measure_final)
     if why is None and inputs is None:
@@ -367,7 +317,7 @@ def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_fin
         placed = build_placement(pl, cluster, progress)
         placed.decision = decide.unmeasured(why, pl, cluster)
         return placed
-    solving = solving or decide.Solving(decide.SOLVE_S, measured=True)
+    solving = solving or budget.Solving(budget.SOLVE_S, measured=True)
     solving.spend(pl.plan.solve_s)
     resolved = []
 
@@ -435,8 +385,8 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
         placed = PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, None, progress=progress)
     else:
         analysis = analyze(mod)
-        limit = solver_options.pop("time_limit_s", decide.SOLVE_S)
-        solving = decide.Solving(limit, decide.skip_reason(cluster, measure_final) is None, deterministic)
+        limit = solver_options.pop("time_limit_s", budget.SOLVE_S)
+        solving = budget.Solving(limit, decide.skip_reason(cluster, measure_final) is None, deterministic)
 
         def place_on(c, costs=costs, time_limit_s=limit):
             return place(analysis, c, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,

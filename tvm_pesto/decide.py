@@ -37,7 +37,8 @@ option other than the flow's plan carries that claim as its own (``decided_by``
 ``measured-ilp (= library:openvino)``: the ILP on measured costs proves the measured choice
 the best plan within the gap; a kept flow's plan keeps its decider, with the claim over both
 shapes). Each shape's entry says which plan the priced solve returned (``plan_is``).
-The flow's solves and these share one solving budget (:class:`Solving`, :data:`SOLVE_S`).
+The flow's solves and these share one solving budget
+(:class:`~tvm_pesto.solve.budget.Solving`, :data:`~tvm_pesto.solve.budget.SOLVE_S`).
 Where a shape's flow proved no bound (a heuristic solver) there is no claim and
 ``decided_by`` says ``measured (...)``. Only clusters of this
 machine's CPU cores are measured (``cpu:N``); other clusters keep the flow's plan, and
@@ -57,7 +58,6 @@ import numpy as np
 from .cluster.specs import cpu_cluster
 from .errors import InfeasibleError, PestoError, error_line
 from .plan import JointProblem, simulate
-from .solve.budget import is_deterministic
 from .solve.joint import solve_joint
 from .solve.joint_decide import OPTIMAL_GAP, restate
 
@@ -118,53 +118,6 @@ def skip_reason(cluster, measure_final: bool | None = None) -> str | None:
     None takes :func:`measure_final_default`."""
     measure = measure_final_default() if measure_final is None else bool(measure_final)
     return why_not_measured(cluster) if measure else "measure_final is off"
-
-
-#: Seconds of solving a final choice takes in all by default: the flow's plan, the one-device
-#: flow and the solves of :func:`certify` (``time_limit_s`` of ``build``).
-SOLVE_S = 30.0
-#: With wall-clock budgets, the share of the solving budget the flow's plan on the cluster
-#: asked for gets when the final choice is measured; the one-device flow and the solves of
-#: :func:`certify` share what it leaves.
-FLOW_SHARE = 0.75
-
-
-class Solving:
-    """The solving budget of a final choice: ``time_limit_s`` seconds for all its solves.
-
-    With wall-clock budgets the flow's plan gets :data:`FLOW_SHARE` of it when the choice is
-    measured (all of it when not), and each later solve a part of what the ones before left
-    (``parts``: the solves still to come, this one included; at least ``min_s``). With
-    deterministic budgets every solve gets ``time_limit_s`` nominal seconds, as ``place`` does.
-
-    Examples
-    --------
-    >>> b = Solving(30.0, measured=True, deterministic=False)
-    >>> b.flow_s()
-    22.5
-    >>> b.spend(22.5); b.next_s(parts=3)
-    2.5
-    >>> Solving(30.0, measured=True, deterministic=True).next_s(parts=3)
-    30.0
-    """
-
-    def __init__(self, time_limit_s: float, measured: bool, deterministic: bool | None = None, min_s: float = 1.0):
-        self.time_limit_s, self.measured, self.min_s, self.spent_s = float(time_limit_s), measured, min_s, 0.0
-        self.wall = not is_deterministic(deterministic)
-
-    def flow_s(self) -> float:
-        """The flow's time limit on the cluster asked for."""
-        return self.time_limit_s * FLOW_SHARE if self.wall and self.measured else self.time_limit_s
-
-    def next_s(self, parts: int = 1) -> float:
-        """The next solve's time limit, with ``parts`` solves still to come."""
-        if not self.wall:
-            return self.time_limit_s
-        return max(self.min_s, (self.time_limit_s - self.spent_s) / max(parts, 1))
-
-    def spend(self, seconds: float) -> None:
-        """Count a solve's seconds."""
-        self.spent_s += float(seconds)
 
 
 #: Backends whose whole model is its fusion groups, one unit each (what ``tvm.compile`` of the
@@ -538,7 +491,7 @@ def decision_table(decision: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BUDGET_S", "FLOW_OPTIONS", "FLOW_SHARE", "GROUPED", "MEASURE_ENV", "PREFER_LIBRARY", "RUNAWAY",
-           "RUNAWAY_FIRST_S", "RUNAWAY_MIN_S", "RUNOFF", "SOLVE_S", "Option", "Solving", "certify", "choose",
+__all__ = ["BUDGET_S", "FLOW_OPTIONS", "GROUPED", "MEASURE_ENV", "PREFER_LIBRARY", "RUNAWAY",
+           "RUNAWAY_FIRST_S", "RUNAWAY_MIN_S", "RUNOFF", "Option", "certify", "choose",
            "decision_table", "measure_final_default", "options", "priced_table", "shape_scale", "skip_reason",
            "unmeasured", "whole_model_placement", "why_not_measured"]

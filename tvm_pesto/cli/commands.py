@@ -17,6 +17,7 @@ from ..cluster.dispatch import dispatch_info, local_shape
 from ..costs.remote import remote_cluster
 from ..errors import InfeasibleError, PestoError
 from ..graph import dnn_partitioning as dp
+from ..jsonio import jsonable
 from ..models import load_model
 from ..plan import Problem, simulate
 from ..plan.expert_split import load_expert_split
@@ -27,7 +28,7 @@ from ..run.executor import to_numpy
 from ..run.pipeline import microbatch_inputs, run_pipeline
 from ..run.ray_executor import RaySession, use_ray
 from ..run.runtime import BENCH_MIN_S
-from ..solve import SOLVERS, get_solver, solve
+from ..solve import SOLVERS, budget, get_solver, solve
 from ..solve.bounds import lower_bound
 from ..solve.joint import joint_lower_bound
 from .memory_fit import memory_error
@@ -106,9 +107,9 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
             pairs = machine_dispatch(cluster, executor, refit=refit, session=session)["links"]
     analysis = api.analyze(lm.mod)
 
-    solving = decide.Solving(decide.SOLVE_S, decide.skip_reason(cluster) is None, deterministic)
+    solving = budget.Solving(budget.SOLVE_S, decide.skip_reason(cluster) is None, deterministic)
 
-    def place_on(c, progress=None, costs=costs, time_limit_s=decide.SOLVE_S):
+    def place_on(c, progress=None, costs=costs, time_limit_s=budget.SOLVE_S):
         return api.place(analysis, c, backends=backends, solver=solver, costs=costs, progress=progress,
                          deterministic=deterministic, split_margin=split_margin, executor=executor,
                          max_build_s=max_build_s, time_limit_s=time_limit_s)
@@ -164,7 +165,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
         "dispatch": dispatch,
         "max_abs_err": err, "solve_s": pl.plan.solve_s,
         "measured_over_simulated": bench_res["median_s"] / pl.sim.run_s if pl.sim.run_s else None,
-        "search": _jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",
+        "search": jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",
                                                               "joint_ilp", "decision") if k in pl.plan.info}),
         "split": pl.plan.info.get("split"),
         "contention": cluster.meta.get("contention"),
@@ -440,7 +441,7 @@ def _place_output(problem, cluster, goal: dict, lb: dict, load_s: float, results
     out = {"graph": problem.graph.name, "num_nodes": problem.num_nodes, "num_edges": problem.graph.num_edges,
            "cluster": cluster.name, "devices": [d.name for d in cluster.devices], "cost_source": problem.cost_source,
            "model": goal["model"], "objective": goal["objective"], "microbatches": goal["microbatches"],
-           "lower_bound_s": lb["best"], "lower_bound": _jsonable(lb), "load_s": load_s, "best": best,
+           "lower_bound_s": lb["best"], "lower_bound": jsonable(lb), "load_s": load_s, "best": best,
            "results": results,
            # top level: the best plan, as `place --json` promises
            "objective_value": results[best]["objective_value"],
@@ -451,7 +452,7 @@ def _place_output(problem, cluster, goal: dict, lb: dict, load_s: float, results
     if costed is not None:  # what `run` reports of the plan: the flow's summary, the split decision, the units
         pl = solved[best][2]
         out.update({k: v for k, v in pl.summary().items() if k not in out})
-        out.update(backends=backends, split=_jsonable(pl.plan.info.get("split")), units=results[best]["units"])
+        out.update(backends=backends, split=jsonable(pl.plan.info.get("split")), units=results[best]["units"])
     return out
 
 
@@ -474,7 +475,7 @@ def _result(problem, plan, ev, lb) -> dict:
             "solve_s": plan.solve_s, "solver_status": api.solver_status(plan), "solver_gap": api.solver_gap(plan),
             "peak_memory_bytes": ev.memory_bytes.tolist(), "device_load_s": ev.device_load_s.tolist(),
             "devices_used": plan.devices_used(), "backend_mix": plan.backend_mix(),
-            "info": _jsonable(plan.info), "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)},
+            "info": jsonable(plan.info), "assignment": {ids[v]: int(d) for v, d in enumerate(plan.assignment)},
             "order": [[ids[v] for v in seq] for seq in plan.order]}
 
 
@@ -488,15 +489,3 @@ def _mode(deterministic: bool, info: dict) -> dict:
     if not ok and info.get("deterministic_reason"):
         out["deterministic_reason"] = info["deterministic_reason"]
     return out
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, np.integer)):
-        return x.item()
-    if isinstance(x, (str, int, float, bool)) or x is None:
-        return x
-    return str(x)

@@ -341,6 +341,54 @@ class Meter:
         return out
 
 
-__all__ = ["CAP_EXTRA_S", "CAP_FACTOR", "MIP_NODES_PER_S", "MIP_REFERENCE_ROWS", "Meter", "MipLimits", "SEARCH_WORK_PER_S", "SEED",
-           "SIMULATION_OVERHEAD", "cap_s", "combine", "deterministic_mode", "is_deterministic", "mip_limits",
+# -- the solving budget of a final choice ---------------------------------------------------
+#: Seconds of solving a final choice takes in all by default: the flow's plan, the one-device
+#: flow and the solves of :func:`tvm_pesto.decide.certify` (``time_limit_s`` of ``tvm_pesto.build``).
+SOLVE_S = 30.0
+#: With wall-clock budgets, the share of the solving budget the flow's plan on the cluster
+#: asked for gets when the final choice is measured; the one-device flow and the solves of
+#: :func:`tvm_pesto.decide.certify` share what it leaves.
+FLOW_SHARE = 0.75
+
+
+class Solving:
+    """The solving budget of a final choice: ``time_limit_s`` seconds for all its solves.
+
+    With wall-clock budgets the flow's plan gets :data:`FLOW_SHARE` of it when the choice is
+    measured (all of it when not), and each later solve a part of what the ones before left
+    (``parts``: the solves still to come, this one included; at least ``min_s``). With
+    deterministic budgets every solve gets ``time_limit_s`` nominal seconds, as ``place`` does.
+
+    Examples
+    --------
+    >>> b = Solving(30.0, measured=True, deterministic=False)
+    >>> b.flow_s()
+    22.5
+    >>> b.spend(22.5); b.next_s(parts=3)
+    2.5
+    >>> Solving(30.0, measured=True, deterministic=True).next_s(parts=3)
+    30.0
+    """
+
+    def __init__(self, time_limit_s: float, measured: bool, deterministic: bool | None = None, min_s: float = 1.0):
+        self.time_limit_s, self.measured, self.min_s, self.spent_s = float(time_limit_s), measured, min_s, 0.0
+        self.wall = not is_deterministic(deterministic)
+
+    def flow_s(self) -> float:
+        """The flow's time limit on the cluster asked for."""
+        return self.time_limit_s * FLOW_SHARE if self.wall and self.measured else self.time_limit_s
+
+    def next_s(self, parts: int = 1) -> float:
+        """The next solve's time limit, with ``parts`` solves still to come."""
+        if not self.wall:
+            return self.time_limit_s
+        return max(self.min_s, (self.time_limit_s - self.spent_s) / max(parts, 1))
+
+    def spend(self, seconds: float) -> None:
+        """Count a solve's seconds."""
+        self.spent_s += float(seconds)
+
+
+__all__ = ["CAP_EXTRA_S", "CAP_FACTOR", "FLOW_SHARE", "MIP_NODES_PER_S", "MIP_REFERENCE_ROWS", "Meter", "MipLimits", "SEARCH_WORK_PER_S", "SEED",
+           "SIMULATION_OVERHEAD", "SOLVE_S", "Solving", "cap_s", "combine", "deterministic_mode", "is_deterministic", "mip_limits",
            "mode_name", "outcome", "simulation_work"]

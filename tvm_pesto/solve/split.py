@@ -18,9 +18,13 @@ True
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from ..errors import PestoError
+from ..errors import InfeasibleError, PestoError
+from ..plan.simulate import HOME_DEVICE, simulate
+from .joint_decide import restate
 
 #: The least predicted gain (a share of the single-device time) a split must show, by cost
 #: source: ``measured`` 7 %: about how far the same kernels drift over half an hour on a
@@ -129,5 +133,54 @@ def split_decision(split_s: float, single_s: float | None, margin: float) -> dic
             "gain": None if single_s is None else float(1.0 - split_s / single_s)}
 
 
-__all__ = ["SINGLE_SEARCH_S", "SINGLE_SHARE", "SPLIT_MARGIN", "best_single_device", "check_margin", "margin_bound",
-           "one_device_bound", "single_device_table", "split_decision", "split_margin"]
+def keep_split_if_worth(ct, jp, plan, problem, sim, margin: float, solve):
+    """The split plan, or the best single-device plan when the split's predicted gain is
+    within ``margin`` (this module); the decision goes to ``plan.info``.
+    The single-device plans tried: the device whose kernels add up least, and the home
+    device (a plan elsewhere copies the inputs there and the result back, which its run
+    time, ``SimResult.run_s``, counts). A plan on one device away from home is replaced by
+    the home device's when that one is predicted faster at all. The kept plan's claim
+    (``bound_s``, ``mip_gap``, ``status``) is under the rule that decided it: a split counts
+    its makespan / (1 - margin) (:func:`margin_bound`)."""
+    best = best_single_device(ct.table)
+    one, proved = None, {}
+    # the device whose kernels add up least, and the home device (no input or result copies)
+    devices = list(dict.fromkeys(x for x in (best, HOME_DEVICE)
+                                 if x is not None and np.isfinite(ct.table[:, x]).any()))
+    for k, d in enumerate(devices):
+        try:  # the one-device plan searches covers only: a short search is enough
+            _, p1, _ = solve(dataclasses.replace(ct, table=single_device_table(ct.table, d)),
+                             search=SINGLE_SEARCH_S, share=1.0 / (len(devices) - k))
+            prob1 = jp.contract(jp.cover_of(p1))  # the real costs, not the masked ones
+            cand = (p1, prob1, simulate(prob1, p1), d)
+        except InfeasibleError:  # this device cannot hold the whole model
+            continue
+        proved[d] = p1.info.get("bound_s")
+        if one is None or cand[2].run_s < one[2].run_s:
+            one = cand
+    # run times: the home device's copies and the executor's dispatch included; a plan on one
+    # device away from home is no split (no coin toss): the faster of the two is kept
+    split_plan = len(set(plan.assignment.tolist())) > 1
+    decision = split_decision(sim.run_s, one[2].run_s if one else None, margin if split_plan else 0.0)
+    decision["device"] = None if one is None else jp.cluster.devices[one[3]].name
+    if one is None:
+        plan.info["split"] = decision
+        return jp, plan, problem, sim
+    # the claim under the rule that decided: a split counts its makespan / (1 - margin)
+    bound_all = plan.info.get("bound_s")
+    bound_one = one_device_bound(ct.table, proved, bound_all)
+    bound = margin_bound(bound_all, bound_one, decision["margin"])
+    keep = decision["keep_split"]
+    kept = (jp, plan, problem, sim) if keep else (jp, one[0], one[1], one[2])
+    kept[1].info["split"] = decision
+    if "decided_by" in plan.info:
+        by = plan.info["decided_by"] if keep else f"split-margin: {one[0].info.get('decided_by')}"
+        scale = 1.0 - decision["margin"] if keep else 1.0  # the bound in the kept plan's makespan
+        restate(kept[1].info, None if bound is None else bound * scale, kept[3].makespan, by)
+        kept[1].info.update(bound_all_s=bound_all, bound_one_device_s=bound_one, split_margin=decision["margin"],
+                            heuristics=plan.info.get("heuristics"))  # on the whole problem, as the bound
+    return kept
+
+
+__all__ = ["SINGLE_SEARCH_S", "SINGLE_SHARE", "SPLIT_MARGIN", "best_single_device", "check_margin",
+           "keep_split_if_worth", "margin_bound", "one_device_bound", "single_device_table", "split_decision", "split_margin"]
