@@ -170,14 +170,21 @@ def test_rpc_bad_addresses(spec, msg):
 def test_rpc_session_that_times_out_leaves_a_valid_cache(rpc_tracker, tmp_path, monkeypatch):
     an = tvm_pesto.analyze(_chain(6))
     far = remote_cluster(parse_cluster("cpu:1"), rpc_tracker, KEY)
-    path = tmp_path / "m.jsonl"
-    monkeypatch.setattr(remote, "SESSION_TIMEOUT_S", 1.5)
-    t = time.monotonic()
-    with pytest.raises(CostError, match=r"ended early.*time.*What was measured before stays in the cache"):
-        measure_groups(an.rg, an.groups, far.devices[0], MeasureCache(path), repeat=3, min_repeat_ms=250)
-    assert time.monotonic() - t < 20
-    partial = MeasureCache(path)
-    assert not partial.skipped and not partial.expired and 1 <= len(partial) < 7  # complete records only
+    # a session that ends while the groups are timed (each takes over 0.75 s); under load the
+    # upload and the first group may take the whole of a short one: then a longer one, until
+    # something was measured before the end
+    for timeout_s in (1.5, 2.5, 4.0):
+        path = tmp_path / f"m{timeout_s}.jsonl"
+        monkeypatch.setattr(remote, "SESSION_TIMEOUT_S", timeout_s)
+        t = time.monotonic()
+        with pytest.raises(CostError, match=r"ended early.*time.*What was measured before stays in the cache"):
+            measure_groups(an.rg, an.groups, far.devices[0], MeasureCache(path), repeat=3, min_repeat_ms=250)
+        assert time.monotonic() - t < 20 + timeout_s
+        partial = MeasureCache(path)
+        assert not partial.skipped and not partial.expired and len(partial) < 7  # complete records only
+        if len(partial) >= 1:
+            break
+    assert 1 <= len(partial), "no session measured anything before it ended"
     monkeypatch.setattr(remote, "SESSION_TIMEOUT_S", 120.0)
     times = measure_groups(an.rg, an.groups, far.devices[0], MeasureCache(path), repeat=3, min_repeat_ms=5)
     assert np.isfinite(times).all() and len(MeasureCache(path)) == 7  # 6 groups + the call overhead
