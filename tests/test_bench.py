@@ -102,6 +102,19 @@ def test_scale_quick(tmp_path):
     assert (tmp_path / "scale_wall_time.png").exists()
 
 
+def test_scale_caps_the_ilp_path_and_says_where(tmp_path):
+    res = invoke("scale", "--sizes", "300", "--algorithms", "heft,ilp", "--lns", "600", "--ilp-refine", "600",
+                 "--ilp-max-s", "2", "--json", str(tmp_path / "s.json"), "--md", str(tmp_path / "s.md"))
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "s.json").read_text())
+    ilp = next(r for r in data["rows"] if r["algorithm"] == "ilp")
+    heft = next(r for r in data["rows"] if r["algorithm"] == "heft")
+    assert data["settings"]["ilp_max_s"] == 2 and ilp["deterministic"] is False
+    assert "cap hit in the LNS" in ilp["clock_stopped"] and ilp["wall_s"] < 2 + 5
+    assert ilp["makespan_s"] <= heft["makespan_s"] * (1 + 1e-9)
+    assert "Where a clock stopped the ILP path" in (tmp_path / "s.md").read_text()
+
+
 @pytest.mark.parametrize("args, needle", [
     (["placement", "--quick", "--algorithms", "heft,nope"], "unknown solver 'nope'"),
     (["scale", "--sizes", "10,ten"], "--sizes must be comma-separated integers"),

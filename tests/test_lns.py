@@ -2,6 +2,7 @@
 graphs too large for one MIP."""
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -10,6 +11,8 @@ import pytest
 from tvm_pesto.bench.random_dag import dnn_like_problem
 from tvm_pesto.plan import simulate
 from tvm_pesto.solve import solve
+from tvm_pesto.solve import budget
+from tvm_pesto.solve.budget import wall_cap
 from tvm_pesto.solve.ilp import solve as ilp_solve
 from tvm_pesto.solve.lns import lns, remaining_time
 from tvm_pesto.solve.single import one_device_plan
@@ -55,6 +58,24 @@ def test_the_ilp_path_runs_the_lns_from_heft_and_says_where_the_plan_came_from(d
     assert span <= heft * (1 + 1e-9)
     assert plan.info["objective_value_s"] == pytest.approx(span)
     assert "lns" in plan.info["source"] or "refine" in plan.info["source"]
+
+
+def test_a_wall_cap_ends_the_ilp_paths_work_budgets_and_says_where(dag):
+    """Work budgets far larger than the cap: the cap ends the LNS (and skips the local search);
+    the plan is still valid and no worse than HEFT, and says a clock decided it."""
+    t = time.perf_counter()
+    with wall_cap(1.5):
+        plan = ilp_solve(dag, target=40, time_limit_s=1.0, fine_heuristics=False, lns_s=600, refine_s=600,
+                         deterministic=True)
+    took = time.perf_counter() - t
+    assert took < 1.5 + 5, took  # the cap, plus what no cap stops (HEFT's start, the last simulations)
+    assert plan.info["deterministic"] is False
+    why = plan.info["deterministic_reason"]
+    assert "wall-clock cap hit in the LNS" in why and "polish" in why, why
+    assert simulate(dag, plan).makespan <= simulate(dag, solve(dag, "heft")).makespan * (1 + 1e-9)
+    with wall_cap(30.0), wall_cap(0.2):  # the earlier cap holds, inner or outer
+        assert budget.cap_left_s() <= 0.2 and budget.mip_limits(5.0, "cbc", deterministic=True).time_limit_s <= 0.2
+    assert budget.cap_left_s() == float("inf")
 
 
 def test_a_multithreaded_solve_earlier_in_the_process_does_not_change_a_deterministic_one(dag):

@@ -152,9 +152,11 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
               help="seconds of large-neighbourhood search (MIP windows) in the ILP path  [default: 25, 3 with --quick]")
 @click.option("--ilp-refine", "refine_s", default=None, type=float,
               help="seconds of local search at the end of the ILP path  [default: 5, 1 with --quick]")
+@click.option("--ilp-max-s", default=bs.ILP_MAX_S, show_default=True, type=float,
+              help="wall-clock seconds the ILP path may take per size (0: no cap)")
 @deterministic_option(True)
 def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithms, target, solver, seed, lns_s,
-          refine_s, deterministic):
+          refine_s, ilp_max_s, deterministic):
     """Wall time of every solver and of coarsen+ILP on random DNN-like DAGs of 1k, 10k, 100k ops."""
     ctx = click.get_current_context()
     try:
@@ -167,7 +169,8 @@ def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithm
         res = bs.run_scale(ns, algs, ilp_time_limit_s=ilp_time_limit, target=target, solver=solver, seed=seed,
                            progress=lambda m: console.print(f"  {m}"),
                            lns_s=lns_s if lns_s is not None else (3.0 if quick else 25.0),
-                           refine_s=refine_s if refine_s is not None else (1.0 if quick else 5.0))
+                           refine_s=refine_s if refine_s is not None else (1.0 if quick else 5.0),
+                           ilp_max_s=ilp_max_s if ilp_max_s > 0 else None)
     res["command"] = _command_line(ctx)
     res["deterministic"] = deterministic
     _write_outputs(res, json_path, md_path, plots_dir, lambda: bs.scale_markdown(res),

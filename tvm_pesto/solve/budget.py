@@ -27,6 +27,10 @@ same thing everywhere:
   when it stops a search first, the result says so (``deterministic: False`` and the
   reason) instead of silently changing the plan.
 
+A **wall-clock cap** over a whole call (:func:`wall_cap`) bounds every search and MIP
+started inside it, in either mode: a benchmark or a caller with a deadline holds it on any
+machine, and a search the cap stopped says so.
+
 Whatever the mode, a result reports whether a clock decided it: ``deterministic`` is True
 when no wall-clock limit (deadline or cap) cut the work short, so a wall-clock run whose
 searches all ended on their own is reported as repeatable too. :func:`outcome` and
@@ -71,6 +75,9 @@ CAP_EXTRA_S = 60.0
 SEED = 0
 
 _MODE: contextvars.ContextVar[bool] = contextvars.ContextVar("tvm_pesto_deterministic", default=False)
+_CAP: contextvars.ContextVar[float] = contextvars.ContextVar("tvm_pesto_wall_cap", default=math.inf)
+#: The shortest time limit a MIP started under a cap gets (a limit of 0 is no limit to some solvers).
+MIN_MIP_S = 0.05
 
 
 def is_deterministic(deterministic: bool | None = None) -> bool:
@@ -96,6 +103,32 @@ def deterministic_mode(on: bool = True):
         yield
     finally:
         _MODE.reset(token)
+
+
+@contextlib.contextmanager
+def wall_cap(seconds: float):
+    """Stop every search (:class:`Meter`) and MIP (:func:`mip_limits`) started inside the
+    block ``seconds`` from now at the latest, in either mode (an outer cap still holds when
+    it is earlier). A search or MIP the cap stopped reports it as a clock stop (``outcome``).
+
+    Examples
+    --------
+    >>> with wall_cap(0.5):
+    ...     m = Meter(30.0, deterministic=True)
+    ...     round(m.deadline - m.t0, 1) <= 0.5, mip_limits(3.0, "cbc").time_limit_s <= 0.5
+    (True, True)
+    """
+    deadline = time.perf_counter() + max(float(seconds), 0.0)
+    token = _CAP.set(min(_CAP.get(), deadline))
+    try:
+        yield
+    finally:
+        _CAP.reset(token)
+
+
+def cap_left_s() -> float:
+    """Seconds left before the ambient :func:`wall_cap` (``inf`` outside one)."""
+    return max(_CAP.get() - time.perf_counter(), 0.0)
 
 
 def mode_name(deterministic: bool | None = None) -> str:
@@ -210,6 +243,7 @@ def mip_limits(time_limit_s: float, solver: str, deterministic: bool | None = No
     Wall-clock mode: the time limit itself (and ``threads`` as given). Deterministic mode:
     ``ceil(time_limit_s * MIP_NODES_PER_S[solver] * min(1, MIP_REFERENCE_ROWS / rows))``
     branch-and-bound nodes, one thread, a fixed seed, and :func:`cap_s` as the time limit.
+    Either way the time limit ends at an ambient :func:`wall_cap` (at least :data:`MIN_MIP_S`).
 
     Examples
     --------
@@ -222,10 +256,11 @@ def mip_limits(time_limit_s: float, solver: str, deterministic: bool | None = No
     15
     """
     t = float(time_limit_s)
+    left = max(cap_left_s(), MIN_MIP_S)  # an ambient wall_cap
     if not is_deterministic(deterministic):
-        return MipLimits(False, t, t, threads=threads)
+        return MipLimits(False, min(t, left), t, threads=threads)
     rate = MIP_NODES_PER_S.get(solver, min(MIP_NODES_PER_S.values())) * min(1.0, MIP_REFERENCE_ROWS / max(rows, 1))
-    return MipLimits(True, cap_s(t), t, max_nodes=max(1, math.ceil(t * rate)), threads=1, seed=SEED)
+    return MipLimits(True, min(cap_s(t), left), t, max_nodes=max(1, math.ceil(t * rate)), threads=1, seed=SEED)
 
 
 # -- local search -------------------------------------------------------------------------
@@ -252,7 +287,7 @@ class Meter:
         What the search is, for the report.
     cap_deadline : float, optional
         A ``time.perf_counter()`` instant that ends the search whatever the budget (a
-        parent's deadline or cap).
+        parent's deadline or cap; an ambient :func:`wall_cap` ends it too).
     clock_only : bool
         Count no work: the meter is only the deadline (wall-clock mode) or the safety cap
         (deterministic mode), for a search that counts its own work (e.g. evaluations).
@@ -284,7 +319,7 @@ class Meter:
         else:
             self.work_budget = math.inf
             deadline = self.t0 + self.seconds
-        self.deadline = deadline if cap_deadline is None else min(deadline, cap_deadline)
+        self.deadline = min(deadline, _CAP.get(), math.inf if cap_deadline is None else cap_deadline)
         self.work = 0.0
         self.clock_stopped = False
 
@@ -389,6 +424,6 @@ class Solving:
         self.spent_s += float(seconds)
 
 
-__all__ = ["CAP_EXTRA_S", "CAP_FACTOR", "FLOW_SHARE", "MIP_NODES_PER_S", "MIP_REFERENCE_ROWS", "Meter", "MipLimits", "SEARCH_WORK_PER_S", "SEED",
-           "SIMULATION_OVERHEAD", "SOLVE_S", "Solving", "cap_s", "combine", "deterministic_mode", "is_deterministic", "mip_limits",
-           "mode_name", "outcome", "simulation_work"]
+__all__ = ["CAP_EXTRA_S", "CAP_FACTOR", "FLOW_SHARE", "MIN_MIP_S", "MIP_NODES_PER_S", "MIP_REFERENCE_ROWS", "Meter", "MipLimits",
+           "SEARCH_WORK_PER_S", "SEED", "SIMULATION_OVERHEAD", "SOLVE_S", "Solving", "cap_left_s", "cap_s", "combine",
+           "deterministic_mode", "is_deterministic", "mip_limits", "mode_name", "outcome", "simulation_work", "wall_cap"]

@@ -30,7 +30,7 @@ from ..errors import PestoError
 from ..plan import Plan, Problem, simulate
 from ..plan.objective import check_choice
 from .bounds import lower_bound
-from .budget import combine, mode_name
+from .budget import cap_left_s, combine, mode_name, outcome
 from .coarse_ilp import solve_coarse_ilp
 from .comm_bounds import path_memory_bound
 from .ilp_solve import _scorer, solve_ilp
@@ -117,7 +117,9 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     if lns_s > 0 and objective == "latency":
         plan = _lns_step(problem, plan, lns_s, lns_starts, coarse_only.get("fine_heuristics", True), floor,
                          deterministic, lns_options or {}, steps, score)
-    if refine_s > 0:
+    if refine_s > 0 and not cap_left_s():  # an ambient wall_cap ended: no seeds, no search
+        plan.info.update(combine(plan.info, outcome(True, "polish", deterministic)))
+    elif refine_s > 0:
         seeds = [plan] + critical_path_splits(problem)
         best = polish(problem, seeds, time_budget_s=refine_s, floor_s=floor, deterministic=deterministic,
                       score=None if objective == "latency" else score)
