@@ -125,7 +125,7 @@ def random_problem(seed, n, d, unlike, tight):
     return make_problem(n, edges, costs, d=d, mem=mem, memory=memory, colocate=groups)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_bound_never_exceeds_a_simulated_plan(case):
     p = random_problem(*case)

@@ -355,7 +355,7 @@ def test_msct_with_lp_gives_a_valid_plan(case, threshold):
     assert plan.info["favorite"] in ("lp", "none")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_no_lower_bound_exceeds_the_best_plan(case):
     # every bound lower_bound computes by default, the LP and the transfer-aware segment and

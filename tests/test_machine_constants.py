@@ -234,34 +234,6 @@ def kept_excess() -> float:
     return float(kept["dispatch"].get("crossing_excess_s") or 0.0)
 
 
-def test_the_ray_fit_times_the_ray_executor_itself():
-    pytest.importorskip("ray.dag", reason="the Ray executor needs ray[cgraph]: pip install 'tvm-pesto[distributed]'")
-    import ray
-
-    from tvm_pesto.run.ray_session import RaySession
-
-    if ray.is_initialized():  # another module's Ray: this test wants its own
-        ray.shutdown()
-    session = RaySession(num_cpus=2)
-    try:
-        c = parse_cluster("cpu:2")
-        res = rd.measure_ray_dispatch(c, session, min_s=0.05)
-    finally:
-        session.close()
-    t = res["programs_s"]
-    assert set(t) == {"one", "one_large", "there", "back"} and 0 < t["one"] < 0.5 and t["there"] > 2 * res["add_s"]
-    assert res["handoff_s"] == pytest.approx(max(t["back"] - t["there"] - res["add_s"], 0.0))
-    assert res["run_s"] == pytest.approx(t["one"] - res["add_s"])
-    # the caller's hop of 1 MiB in and 1 MiB back, over the four floats': seconds per byte
-    assert res["caller_s_per_byte"] == pytest.approx(max((t["one_large"] - t["one"] - res["add_large_s"]
-                                                           + res["add_s"]) / (2 << 20), 0.0))
-    assert res["caller_s_per_byte"] < 1e-6  # at least a megabyte a second
-    info = dispatch_info(c)
-    assert info["executor"] == "ray" and info["source"] == "measured" and info["run_s"] == res["run_s"]
-    assert info["caller_s_per_byte"] == res["caller_s_per_byte"]
-
-
-
 def test_the_ray_caller_sleeps_through_most_of_a_run():
     from tvm_pesto.run.ray_executor import RECENT_RUNS, WAIT_SHARE, WAKE_S, RayExecutor
 

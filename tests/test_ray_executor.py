@@ -232,7 +232,8 @@ def test_ray_head_listens_on_loopback_only(ray_session):
 
 
 def test_ray_cli_run_json(ray_session, tmp_path):
-    """``tvm-pesto run ... --executor ray``: the keys the issue checks, and the Ray link model."""
+    """``tvm-pesto run ... --executor ray --refit``: the keys the issue checks, the Ray link model
+    and the Ray executor's dispatch fit, as measured and kept."""
     import json
 
     from click.testing import CliRunner
@@ -258,3 +259,18 @@ def test_ray_cli_run_json(ray_session, tmp_path):
         # another unit; a point passed 50 ms while another test worker loaded both cores)
         assert all(1e-6 < t < 0.5 for t in p["points"].values()), p["points"]
     assert ray_session.owned  # the CLI used the Ray already running and left it running
+    # the dispatch fit --refit kept: each program timed through the Ray executor itself
+    from tvm_pesto.run import dispatch as rd
+
+    rec = rd.load_constants(rd.constants_path(parse_cluster("cpu:2"), "ray"))
+    t, fit = rec["programs_s"], rec["dispatch"]
+    assert rec["executor"] == "ray" and set(t) == {"one", "one_large", "there", "back"}
+    assert 0 < t["one"] < 0.5 and t["there"] > 2 * rec["add_s"]
+    assert fit["handoff_s"] == pytest.approx(max(t["back"] - t["there"] - rec["add_s"], 0.0))
+    assert fit["run_s"] == pytest.approx(t["one"] - rec["add_s"])
+    # the caller's hop of 1 MiB in and 1 MiB back, over the four floats': seconds per byte
+    assert fit["caller_s_per_byte"] == pytest.approx(max((t["one_large"] - t["one"] - rec["add_large_s"]
+                                                          + rec["add_s"]) / (2 << 20), 0.0))
+    assert fit["caller_s_per_byte"] < 1e-6  # at least a megabyte a second
+    assert r["dispatch"]["executor"] == "ray" and r["dispatch"]["source"] == "measured"
+    assert r["dispatch"]["run_s"] == pytest.approx(fit["run_s"])

@@ -314,7 +314,8 @@ def fit_constants(cluster, executor: str, session=None) -> dict:
             "seconds": round(time.perf_counter() - t0, 2), "load": [load0, os.getloadavg()[0]],
             "dispatch": {k: res[k] for k in (*FIGURES, "handoff_s", "crossing_excess_s", "caller_s_per_byte")
                          if k in res},
-            "programs_s": res["programs_s"], "add_s": res["add_s"], "links": links,
+            "programs_s": res["programs_s"], "add_s": res["add_s"],
+            **({"add_large_s": res["add_large_s"]} if "add_large_s" in res else {}), "links": links,
             "contention": {k: cont[k] for k in ("compute", "memory")}}
 
 
