@@ -7,7 +7,8 @@ For each size, a random layered DAG (:mod:`tvm_pesto.bench.random_dag`) on a
 two and ``refine_s`` of local search (the other heuristics are not re-run on the fine
 graph), all within ``ilp_max_s`` wall-clock seconds (:func:`tvm_pesto.solve.budget.wall_cap`:
 the searches' work budgets hold the plan fixed across machines, and the cap holds the wall
-time on a slower one, where the row then says which search it stopped). Each row has the wall time, the simulated makespan and its ratio to the lower bound
+time on a slower one, where the row then says which search it stopped). Each row has the
+wall time, the simulated makespan and its ratio to the lower bound
 of :func:`tvm_pesto.solve.lower_bound` without the LP (critical path, total work and, up to
 5,000 ops, the transfer-aware segment and path-memory bounds); the ILP row also has the ratio
 after each step of its path (``ratio_by_step``), so the report says where an improvement

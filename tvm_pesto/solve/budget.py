@@ -424,6 +424,7 @@ class Solving:
         self.spent_s += float(seconds)
 
 
-__all__ = ["CAP_EXTRA_S", "CAP_FACTOR", "FLOW_SHARE", "MIN_MIP_S", "MIP_NODES_PER_S", "MIP_REFERENCE_ROWS", "Meter", "MipLimits",
-           "SEARCH_WORK_PER_S", "SEED", "SIMULATION_OVERHEAD", "SOLVE_S", "Solving", "cap_left_s", "cap_s", "combine",
-           "deterministic_mode", "is_deterministic", "mip_limits", "mode_name", "outcome", "simulation_work", "wall_cap"]
+__all__ = ["CAP_EXTRA_S", "CAP_FACTOR", "FLOW_SHARE", "MIN_MIP_S", "MIP_NODES_PER_S", "MIP_REFERENCE_ROWS", "Meter",
+           "MipLimits", "SEARCH_WORK_PER_S", "SEED", "SIMULATION_OVERHEAD", "SOLVE_S", "Solving", "cap_left_s", "cap_s",
+           "combine", "deterministic_mode", "is_deterministic", "mip_limits", "mode_name", "outcome", "simulation_work",
+           "wall_cap"]
