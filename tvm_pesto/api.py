@@ -54,7 +54,6 @@ from .plan.simulate import HOME_DEVICE
 from .run.dispatch import machine_dispatch
 from .solve import budget, split
 from .solve.build_budget import solve_within
-from .solve.budget import is_deterministic
 from .solve.joint import MIN_ILP_S, solve_joint
 
 
@@ -257,16 +256,15 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     Several solvers can be run on one :class:`CostedCandidates` (``tvm-pesto place --solver
     all``); with ``hybrid`` costs each one's rounds add to the measurements the next starts from.
     """
-    solving = [0.0]  # seconds in solve_joint so far (a hybrid round's measurements are not solving)
+    # seconds in solve_joint so far (a hybrid round's measurements are not solving)
+    solving = budget.Solving(time_limit_s, measured=False, deterministic=deterministic, min_s=MIN_ILP_S)
     h = costed.hybrid
     ct = costed.costs if h is None else h.cost_table()
     build_s = None if max_build_s is None else estimate_build_s(costed.candidates, costed.cluster)
     may_split = costed.cluster.num_devices > 1 and not colocate and split_margin != 0
 
-    def limit(share: float) -> float:  # wall-clock: ``share`` of what is left of time_limit_s
-        if is_deterministic(deterministic):
-            return time_limit_s  # nominal seconds of work, each solve
-        return max(MIN_ILP_S, time_limit_s - solving[0]) * share
+    def limit(share: float) -> float:  # wall-clock: ``share`` of what is left; work budgets: the whole limit
+        return solving.left_s() * share if solving.wall else solving.left_s()
 
     def solve(table: CostTable, search=search_s, share=1.0 - split.SINGLE_SHARE if may_split else 1.0):
         def once(t: np.ndarray):
@@ -274,7 +272,7 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
             jp = costed.joint(CostTable(t, list(table.columns)), colocate)
             out = (jp, *solve_joint(jp, solver=solver, time_limit_s=limit(share), search_s=search,
                                     deterministic=deterministic, **solver_options))
-            solving[0] += time.perf_counter() - t0
+            solving.spend(time.perf_counter() - t0)
             return out
 
         if build_s is None:
@@ -294,7 +292,7 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
     if (len(set(plan.assignment.tolist())) > 1 or away) and margin > 0 and not colocate:
         jp, plan, problem, sim = split.keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
-    plan.solve_s = solving[0]  # every solve above: rounds, the split check
+    plan.solve_s = solving.spent_s  # every solve above: rounds, the split check
     return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s)
 
 

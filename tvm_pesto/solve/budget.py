@@ -419,6 +419,10 @@ class Solving:
             return self.time_limit_s
         return max(self.min_s, (self.time_limit_s - self.spent_s) / max(parts, 1))
 
+    def left_s(self) -> float:
+        """What is left of the budget (at least ``min_s``); with deterministic budgets, all of it."""
+        return max(self.min_s, self.time_limit_s - self.spent_s) if self.wall else self.time_limit_s
+
     def spend(self, seconds: float) -> None:
         """Count a solve's seconds."""
         self.spent_s += float(seconds)
