@@ -28,11 +28,11 @@ def _measurements_of_this_run(tmp_path_factory):
         os.environ.pop("TVM_PESTO_CACHE", None)
 
 
-@pytest.fixture(scope="module", params=[("GenuineIntel/6/167", True), ("GenuineIntel/6/999", False)],
+@pytest.fixture(scope="module", params=[("AuthenticAMD/23/1", True), ("GenuineIntel/6/999", False)],
                 ids=["trained-cpu-kind", "unknown-cpu-kind"])
 def cpu_kind(request):
     """This machine's CPU taken as another kind (``$TVM_PESTO_CPU_KIND``), once per kind: the
-    Intel Xeon of family 6 model 167 (``trained``: the bundled cost model was trained on it, and
+    AMD EPYC of family 23 model 1 (``trained``: the bundled cost model was trained on it, and
     its calibration was fitted there) and a kind it never saw. Whatever CPU runs the suite, a test that depends
     on the kind then checks both outcomes. Module-scoped, so that module fixtures can depend
     on it: while a kind is set, the module's tests that do not use it may run under it too.

@@ -181,6 +181,27 @@ def test_repeated_passes_are_merged_to_the_fastest(tmp_path, sweep_descs):
     assert nf["n_rerun_pairs"] == 2 and nf["rerun_mape"] == pytest.approx(100 * (2.0 + 1 / 3) / 2)
 
 
+def test_a_merged_log_merged_again_keeps_every_pass(tmp_path):
+    """The bundled log is a merged one; merging a new pass into it keeps the passes it had
+    (their ``runs``: the noise floor's re-run pairs), not just their reduction."""
+    from tvm_pesto.costs.jsonl import append_record, read_records
+    from tvm_pesto.lab.profile import merge_logs
+
+    rec = {"key": "k", "backend": "tvm", "target": "llvm", "model": "m"}
+    for run, t in (("1", 3e-3), ("2", 2e-3)):
+        append_record(tmp_path / f"pass{run}.jsonl", dict(rec, median_s=t, run=run))
+    append_record(tmp_path / "pass3.jsonl", dict(rec, median_s=4e-3, run="3"))
+    append_record(tmp_path / "other.jsonl", dict(rec, key="k2", median_s=5e-3, run="3"))
+    merge_logs([tmp_path / "pass1.jsonl", tmp_path / "pass2.jsonl"], tmp_path / "bundled.jsonl.gz")
+    merge_logs([tmp_path / "bundled.jsonl.gz", tmp_path / "pass3.jsonl", tmp_path / "other.jsonl"],
+               tmp_path / "again.jsonl.gz")
+    got = {r["key"]: r for _, r, _ in read_records(tmp_path / "again.jsonl.gz")}
+    assert got["k"]["runs"] == [3e-3, 2e-3, 4e-3] and got["k"]["median_s"] == 2e-3
+    assert got["k2"]["runs"] == [5e-3] and got["k2"]["median_s"] == 5e-3
+    merge_logs([tmp_path / "again.jsonl.gz"], tmp_path / "median.jsonl", reduce="median")
+    assert [r["median_s"] for _, r, _ in read_records(tmp_path / "median.jsonl") if r["key"] == "k"] == [3e-3]
+
+
 def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, sweep_descs):
     """A log stored as ``NAME.jsonl.gz`` (the bundled training data) reads under either name,
     with the rows of the plain file; ``merge_logs`` writes the same gzip bytes twice."""
@@ -279,6 +300,16 @@ def test_metrics_on_the_fixed_small_dataset(sweep_descs, target):
     seen = lab_metrics.metrics(train, model.predict_rows(train))
     assert seen["mape"] < 10.0 and seen["within_10pct"] > 0.6, seen
 
+
+def test_a_held_out_model_is_held_out_at_every_size():
+    """The profiler names a model profiled at size full ``NAME:full``; holding out ``NAME``
+    keeps those rows (and any row sharing their structural key) out of training too."""
+    rows = [{"model": m, "key": k} for m, k in
+            [("gpt2", "a"), ("gpt2:full", "b"), ("bert", "c"), ("bert:full", "b"), ("bert:full", "d")]]
+    train, test = ev.split_by_model(rows, ["gpt2"])
+    assert [r["model"] for r in test] == ["gpt2", "gpt2:full"]
+    assert [(r["model"], r["key"]) for r in train] == [("bert", "c"), ("bert:full", "d")]
+    assert ev.model_origin("text_encoder:full") == "outside" and ev.is_zoo_model("gpt2:full")
 
 def test_metrics_detect_a_useless_model(sweep_descs):
     """The same checks fail for a model trained on shuffled times (they can fail)."""
@@ -496,17 +527,21 @@ def test_bundled_default_model_meets_its_held_out_targets(tmp_path):
     meta = cmx.load_model(path).meta
     assert {"resnet50", "gpt2"} <= set(meta["train_models"]) and r["heldout_scored_by"]["train_rows"] > 1000
     # two architecture families outside the zoo, never trained on, reported apart
-    assert len(r["heldout_families"]) >= 2 and not set(r["heldout_families"]) & set(meta["train_models"])
+    assert len(r["heldout_families"]) >= 2
+    assert not set(r["heldout_families"]) & {dataset.base_model(m) for m in meta["train_models"]}  # at no size
     for fam in r["heldout_families"]:
         assert r["heldout_family"][fam]["n"] > 100
     # tuned TVM rows and two device sizes (the 1-core device of cpu:2, the 2-core device of cpu:1)
     assert "tvm-ms" in meta["backends"] and {device_size_key({"kind": "cpu", "model": "host-cpu", "cores": int(
         d.split("@")[0].split("/")[-1])}) for d in meta["devices"]} == {"cpu/host-cpu/1", "cpu/host-cpu/2"}
-    # training is deterministic, so these are exact: MAPE 14.2 %, Spearman 0.990, top-1 94.9 % on the
-    # held-out models, labels measured on quiet machines
-    assert r["heldout"]["mape"] <= 20.0
-    assert r["heldout"]["spearman"] >= 0.95
-    assert r["heldout"]["top1_backend_accuracy"] >= 0.90
+    # training is deterministic, so these are exact (cost_models/README.md): at size small MAPE 15.2 %,
+    # Spearman 0.985, top-1 95.3 % on the held-out models; at size full (Zen 1 rows; the recipe saw other
+    # models at full; the model before them priced these rows at 0.3-10 % of their time per backend)
+    # MAPE 58.4 %, Spearman 0.833. Labels measured on quiet machines.
+    small, full = r["heldout"]["per_size"]["small"], r["heldout"]["per_size"]["full"]
+    assert small["mape"] <= 20.0 and small["spearman"] >= 0.95 and small["top1_backend_accuracy"] >= 0.90
+    assert full["n"] > 500 and full["mape"] <= 65.0 and full["spearman"] >= 0.8
+    assert r["heldout_family"]["text_encoder:full"]["n"] > 100 and r["heldout_family"]["mobilenet_v3:full"]["n"] > 100
     assert r["seen"]["mape"] <= 10.0
     assert all(d["busy"] == 0 for d in r["noise_floor"]["load_by_device"].values())
 

@@ -398,12 +398,30 @@ def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch)
     # a first call over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call is the
     # option's time: an untuned build of a large model is not called twice for a minute each
     monkeypatch.setattr(decide, "RUNAWAY_FIRST_S", 0.05)
-    opts, build = _options({"plan": 0.5e-3, "library:tvm": 0.2})
+    opts, build = _options({"plan": 0.5e-3, "library:tvm": 0.2}, predicted={"library:tvm": 1e-3})  # mispredicted
     calls = {"library:tvm": 0}
     _, d = decide.choose(opts, _counting(build, calls), [], budget_s=0.2)
     tvm = d["options"][1]
     assert calls["library:tvm"] == 1 and tvm["timed_once"] == "first call" and tvm["measured_s"] >= 0.2
     assert d["chosen"] == "plan" and "timed_once" not in d["options"][0]
+
+
+def test_a_library_option_predicted_to_run_away_is_not_run(monkeypatch):
+    # predicted over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call: neither built
+    # nor called (untuned TVM at size full: a minute a call), and the decision says why; a flow's
+    # plan predicted as slow still runs, and a library option predicted under the limit runs
+    monkeypatch.setattr(decide, "RUNAWAY_FIRST_S", 0.05)
+    opts, build = _options({"plan": 1e-3, "one-device": 2e-3, "library:tvm": 0.3, "library:onnxruntime": 0.8e-3},
+                           predicted={"one-device": 0.5, "library:onnxruntime": 0.04})
+    calls = {n: 0 for n in ("one-device", "library:tvm", "library:onnxruntime")}
+    built = []
+    _, d = decide.choose(opts, lambda o: built.append(o.name) or _counting(build, calls)(o), [], budget_s=0.2)
+    by = {o["name"]: o for o in d["options"]}
+    assert "library:tvm" not in built and calls["library:tvm"] == 0 and "measured_s" not in by["library:tvm"]
+    assert by["library:tvm"]["skipped"].startswith("not run: predicted 0.3 s a call, over 10x the fastest first call")
+    assert calls["one-device"] > 1 and calls["library:onnxruntime"] > 1 and d["chosen"] == "library:onnxruntime"
+    assert "library:tvm" in decide.decision_table(d) and "not run: predicted" in decide.decision_table(d)
+    assert d["claim"] is None or d["claim"]["kept_s"] == by["library:onnxruntime"]["measured_s"]
 
 
 def _recording_solves(monkeypatch):

@@ -68,7 +68,7 @@ def test_flow_eval_scores_real_fused_groups(measured, cpu_kind):
     assert res["kind"] == "flow" and res["cluster"] == "cpu:2" and res["devices"] == [dev()]
     assert res["high_load"] is False and res["high_load_models"] == []
     # the bundled calibration (the suite turns the machine's fit off) has entries for the kind it
-    # was fitted on (one-core devices of the Xeon 6/167): other kinds and sizes are left as predicted
+    # was fitted on (one-core devices of the Zen 1, 23/1): other kinds and sizes are left as predicted
     entries = [bk for bk, dk in load_calibration(load_model()).entries if dk == dev()]
     if cpu_kind.trained and dev().startswith("cpu/host-cpu/1@"):
         assert "tvm" in entries

@@ -17,6 +17,10 @@ fastest is kept:
   of the cluster asked for (for ``cpu:2``, one core: the library with one thread, which a
   model of a few hundred microseconds often runs fastest with).
 
+A whole-model library option predicted far slower than the first calls so far
+(:data:`RUNAWAY` times the fastest, and over :data:`RUNAWAY_FIRST_S`) is not built or run:
+untuned TVM at size full takes a minute a call. Its entry says ``skipped`` and why.
+
 Which core shape (``cpu:N`` or ``cpu:1``) the flow predicts faster is the plan's ``shape``;
 the measurement then decides. Options within :data:`RUNOFF` of the fastest are timed again
 (:data:`RUNOFF_BUDGET_S`) and compared by the median of all their blocks, so a near-tie is not
@@ -206,10 +210,26 @@ def _time(built: dict, inputs, budget_s: float, rounds: int) -> dict:
                        warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block)
 
 
+def _predicted_runaway(option: Option, first_s: dict) -> str | None:
+    """Why ``option`` is not built or run at all (None: it is): a whole-model library option
+    predicted over :data:`RUNAWAY` times the fastest first call so far and over
+    :data:`RUNAWAY_FIRST_S` (untuned TVM at size full: a minute a call, predicted within 2x)
+    would cost the build that call and lose. The flow's plans always run: they calibrate the claim."""
+    if option.name in FLOW_OPTIONS or not first_s:
+        return None
+    fastest = min(first_s.values())
+    if option.predicted_s > max(RUNAWAY * fastest, RUNAWAY_FIRST_S):
+        return (f"not run: predicted {option.predicted_s:.3g} s a call, over {RUNAWAY:g}x the fastest first call "
+                f"({fastest:.3g} s, set-up included) and over {RUNAWAY_FIRST_S:g} s")
+    return None
+
+
 def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None, resolve=None):
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
 
-    ``build(option) -> PlacedModule``. An option whose first call takes over
+    ``build(option) -> PlacedModule``. A whole-model library option predicted over
+    :data:`RUNAWAY` times the fastest first call so far and over :data:`RUNAWAY_FIRST_S` is
+    neither built nor run (``skipped``: why). An option whose first call takes over
     :data:`RUNAWAY_FIRST_S` and :data:`RUNAWAY` times the fastest first call, or whose
     second call takes over :data:`RUNAWAY` times the fastest option's and over
     :data:`RUNAWAY_MIN_S`, is measured by that call alone (``timed_once``: which call).
@@ -221,10 +241,14 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     never left out silently: its failure raises. ``resolve`` solves a shape again on its
     measured costs (:func:`certify`).
     """
-    built, errors, first_s, call_s = {}, {}, {}, {}
+    built, errors, first_s, call_s, skipped = {}, {}, {}, {}, {}
     for k, o in enumerate(opts):
         if progress:
             progress(k + 1, len(opts))
+        why = _predicted_runaway(o, first_s)
+        if why:
+            skipped[o.name] = why
+            continue
         try:
             pm = build(o)
             t0 = time.perf_counter()
@@ -285,6 +309,8 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
             rec["measured_s"] = timed[o.name]["s"]
             if o.name in slow | once:  # its second call (over RUNAWAY x the fastest one's), or its first
                 rec["timed_once"] = "first call" if o.name in once else "second call"
+        elif o.name in skipped:
+            rec["skipped"] = skipped[o.name]
         else:
             rec["error"] = errors.get(o.name, "not built")
         decision["options"].append(rec)
@@ -478,8 +504,8 @@ def decision_table(decision: dict) -> str:
     for name, o in zip(names, decision["options"]):
         meas = f"{o['measured_s'] * 1e3:13.3f}" if "measured_s" in o else f"{'—':>13s}"
         mix = ", ".join(f"{b} {k}" for b, k in sorted((o.get("backend_mix") or {}).items()))
-        lines.append(f"{name:{w}s}{o['cluster']:10s}{o['predicted_s'] * 1e3:13.3f}{meas}  "
-                     f"{mix if 'error' not in o else 'failed: ' + o['error']}")
+        note = f"failed: {o['error']}" if "error" in o else o.get("skipped", mix)
+        lines.append(f"{name:{w}s}{o['cluster']:10s}{o['predicted_s'] * 1e3:13.3f}{meas}  {note}")
     if not decision.get("measured"):
         lines.append(f"not measured: {decision.get('why')}")
     if decision.get("claim_error"):

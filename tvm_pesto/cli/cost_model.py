@@ -61,6 +61,14 @@ def print_metrics(name: str, m: dict) -> None:
                   f"(of {m.get('n_choices', 0)})  regret {_frac(m.get('mean_regret'))}")
 
 
+def _print_sizes(name: str, m: dict) -> None:
+    """The error per model size, where rows of more than one size were scored."""
+    sizes = (m or {}).get("per_size") or {}
+    if len(sizes) > 1:
+        console.print("  " + name + " by size: " + "; ".join(
+            f"{s} n={v['n']} MAPE {_pct(v['mape'])}% Spearman {_corr(v['spearman'])}" for s, v in sizes.items()))
+
+
 @click.command("profile")
 @click.argument("models", nargs=-1, required=True)
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
@@ -163,6 +171,7 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
     """Train a cost model on profiler LOGS (and MetaSchedule databases) and save it."""
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from ..lab.dataset import load_dataset
+    from ..lab.dataset import base_model
     from ..lab.evaluate import split_by_model
 
     if not logs and not tuning_dbs:
@@ -177,7 +186,7 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
         raise PestoError(f"{', '.join(both)} cannot be both kept out of training (--heldout) and trained on "
                          "(--eval-heldout); name each model in one of them")
     train_rows, test_rows = split_by_model(ds.rows, held)
-    missing = [h for h in held + recipe if not any(r["model"] == h for r in ds.rows)]
+    missing = [h for h in held + recipe if not any(base_model(r["model"]) == base_model(h) for r in ds.rows)]
     if missing:
         raise PestoError(f"held-out model(s) {', '.join(missing)} have no rows in the logs; "
                          f"models present: {', '.join(sorted({r['model'] for r in ds.rows}))}")
@@ -256,6 +265,7 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flo
     console.print(f"[bold]{res['model']}[/] (target {res['target']}; label {label}; held-out models: "
                   f"{', '.join(res['heldout_models']) or 'none'})")
     print_metrics("held-out", res["heldout"])
+    _print_sizes("held-out", res["heldout"])
     if res.get("heldout_scored_by"):
         console.print(f"  (held-out: scored by the same recipe retrained without them on "
                       f"{res['heldout_scored_by']['train_rows']} rows; the shipped model was trained on them)")

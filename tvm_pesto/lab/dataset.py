@@ -25,6 +25,7 @@ from ..costs.jsonl import log_file, open_log
 from ..costs.timing import OVERHEAD_KEY
 from ..costs.xgb import default_model_path
 from ..errors import CostError
+from ..zoo import SIZES
 from .tuning_rows import read_tuning_db
 
 
@@ -38,6 +39,31 @@ class Dataset:
     infeasible: int = 0  # records of candidates a backend could not build (median_s < 0)
     overheads: dict = field(default_factory=dict)  # device key -> [VM call overhead seconds]
     sources: list = field(default_factory=list)
+
+
+def model_size(name: str) -> str:
+    """The size a row's model was profiled at: the profiler names a model profiled at a size
+    other than ``small`` ``NAME:SIZE`` (``gpt2:full``); every other name is of size ``small``.
+
+    Examples
+    --------
+    >>> model_size("gpt2:full"), model_size("gpt2"), model_size("tuning-db:ms-small")
+    ('full', 'small', 'small')
+    """
+    base, _, size = name.rpartition(":")
+    return size if base and size in SIZES else "small"
+
+
+def base_model(name: str) -> str:
+    """A row's model name without its size (:func:`model_size`).
+
+    Examples
+    --------
+    >>> base_model("gpt2:full"), base_model("gpt2"), base_model("tuning-db:ms-small")
+    ('gpt2', 'gpt2', 'tuning-db:ms-small')
+    """
+    size = model_size(name)
+    return name[: -len(size) - 1] if name.endswith(":" + size) else name
 
 
 def _is_tuning_db(p: Path) -> bool:
@@ -185,4 +211,4 @@ def merge_runs(rows, reduce: str = "min") -> list:
     return out
 
 
-__all__ = ["Dataset", "bundled_log_head", "load_dataset", "merge_runs", "read_log"]
+__all__ = ["Dataset", "base_model", "bundled_log_head", "load_dataset", "merge_runs", "model_size", "read_log"]

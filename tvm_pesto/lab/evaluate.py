@@ -29,28 +29,31 @@ from ..costs.features import dominant_kind
 from ..errors import CostError
 from ..zoo import MODELS
 from ..zoo.outside import MODELS as OUTSIDE
-from .dataset import load_dataset
+from .dataset import base_model, load_dataset
 from .fit import DEFAULT_ROUNDS, train
 from .metrics import UNITS, metrics, noise_floor
 
 
 def is_zoo_model(name: str) -> bool:
     """Whether a row's model name is a zoo model (not a sweep or a tuning database)."""
-    return name.split(":")[0] in MODELS
+    return base_model(name) in MODELS
 
 
 def model_origin(name: str) -> str:
-    """``zoo``, ``outside`` (:mod:`tvm_pesto.zoo.outside`) or ``given`` for a flow model name."""
-    return "zoo" if name in MODELS else ("outside" if name in OUTSIDE else "given")
+    """``zoo``, ``outside`` (:mod:`tvm_pesto.zoo.outside`) or ``given`` for a model name (of
+    any size)."""
+    base = base_model(name)
+    return "zoo" if base in MODELS else ("outside" if base in OUTSIDE else "given")
 
 
 def split_by_model(rows, heldout) -> tuple[list, list]:
-    """``(train, test)``: test = rows of the held-out models; train = the other rows minus
-    any whose structural key occurs in the test rows."""
-    held = set(heldout)
-    test = [r for r in rows if r["model"] in held]
+    """``(train, test)``: test = rows of the held-out models, at every size (``gpt2`` holds
+    out ``gpt2:full`` too); train = the other rows minus any whose structural key occurs in
+    the test rows."""
+    held = {base_model(h) for h in heldout}
+    test = [r for r in rows if base_model(r["model"]) in held]
     keys = {r["key"] for r in test}
-    train = [r for r in rows if r["model"] not in held and r["key"] not in keys]
+    train = [r for r in rows if base_model(r["model"]) not in held and r["key"] not in keys]
     return train, test
 
 
@@ -180,13 +183,14 @@ def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, 
             raise CostError(f"cost model {model.path} lists no training logs; pass logs to evaluate on")
     ds = load_dataset(logs, tuning_dbs)
     ds.rows = relabel(ds.rows, label)
-    held_all = set(model.meta.get("heldout_models", []))
+    held_all = {base_model(m) for m in model.meta.get("heldout_models", [])}
     families = {m for m in held_all if model_origin(m) == "outside"}  # architectures no zoo model has
-    recipe = set(model.meta.get("eval_heldout_models", []))  # trained on, scored by the recipe without them
+    # trained on, scored by the recipe without them
+    recipe = {base_model(m) for m in model.meta.get("eval_heldout_models", [])}
     held = (held_all - families) | recipe
     train_models = set(model.meta.get("train_models", []))
-    test = [r for r in ds.rows if r["model"] in held]
-    seen = [r for r in ds.rows if r["model"] in train_models and r["model"] not in held_all]
+    test = [r for r in ds.rows if base_model(r["model"]) in held]
+    seen = [r for r in ds.rows if r["model"] in train_models and base_model(r["model"]) not in held_all]
     res: dict = {"model": model.path, "target": model.target, "heldout_models": sorted(held),
                  "heldout_families": sorted(families), "label": label,
                  "units": UNITS, "logs": list(logs), "skipped_lines": [list(s) for s in ds.skipped],
@@ -207,10 +211,10 @@ def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, 
     res["heldout"] = metrics(test, p_test) if test else {"n": 0}
     res["seen"] = metrics(seen, p_seen) if seen else {"n": 0}
     if families:
-        fam = [r for r in ds.rows if r["model"] in families]
+        fam = [r for r in ds.rows if base_model(r["model"]) in families]
         p_fam = model.predict_rows(fam)
         res["heldout_family"] = {"pooled": metrics(fam, p_fam) if fam else {"n": 0}}
-        for m in sorted(families):
+        for m in sorted({r["model"] for r in fam} | families):  # each family, and each at a size of its own
             sel = [i for i, r in enumerate(fam) if r["model"] == m]
             res["heldout_family"][m] = metrics([fam[i] for i in sel], p_fam[sel]) if sel else {"n": 0}
     res["noise_floor"] = noise_floor(ds.rows)

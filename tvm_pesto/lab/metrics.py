@@ -21,6 +21,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..costs.features import device_key
+from .dataset import model_size
 
 UNITS = {"mape": "percent", "median_ape": "percent", "p90_ape": "percent", "within_10pct": "fraction",
          "top1_backend_accuracy": "fraction", "mean_regret": "fraction (chosen/best - 1)",
@@ -85,17 +86,23 @@ def backend_choice(rows, pred) -> dict:
 
 
 def metrics(rows, pred) -> dict:
-    """All metrics of predictions ``pred`` (seconds) against the rows' measured ``time_s``."""
+    """All metrics of predictions ``pred`` (seconds) against the rows' measured ``time_s``:
+    pooled, and ``per_device``, ``per_backend`` and ``per_size`` (the model's size,
+    :func:`~tvm_pesto.lab.dataset.model_size`)."""
     pred = np.asarray(pred, dtype=np.float64)
     meas = np.array([r["time_s"] for r in rows], dtype=np.float64)
     out = error_metrics(meas, pred)
     per_dev: dict = defaultdict(list)
     per_bk: dict = defaultdict(list)
+    per_size: dict = defaultdict(list)
     for i, r in enumerate(rows):
         per_dev[device_key(r["device"])].append(i)
         per_bk[r["backend"]].append(i)
+        per_size[model_size(r.get("model", ""))].append(i)
     out["per_device"] = {k: error_metrics(meas[v], pred[v]) for k, v in sorted(per_dev.items())}
     out["per_backend"] = {k: error_metrics(meas[v], pred[v]) for k, v in sorted(per_bk.items())}
+    out["per_size"] = {k: {**error_metrics(meas[v], pred[v]), **backend_choice([rows[i] for i in v], pred[v])}
+                       for k, v in sorted(per_size.items())}
     out.update(backend_choice(rows, pred))
     return out
 

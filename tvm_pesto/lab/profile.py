@@ -368,7 +368,8 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
 
     Repeated passes (``run`` labels) are merged: ``median_s`` becomes the smallest
     (``reduce="min"``, default) or the median (``"median"``) of the passes' medians,
-    ``runs`` lists them all, ``repeats`` and ``load`` are the first pass's. On a shared
+    ``runs`` lists them all, ``repeats`` and ``load`` are the first pass's. A merged log
+    merges again with the passes its records' ``runs`` hold (the bundled log and a new pass). On a shared
     machine interference only ever adds time, so the fastest pass is the most
     reproducible estimate of a subgraph's own cost.
     Fields training does not read (``host``, ``time``, the MeasureCache summary fields
@@ -436,9 +437,11 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
             recs = list(per_run.values())
             first = dict(recs[0])
             meds = [float(r["median_s"]) for r in recs]
+            # a record of a merged log brings every pass it merged (its runs), not its reduction alone
+            runs = [float(m) for r in recs for m in (r.get("runs") or [r["median_s"]])]
             if all(m >= 0 for m in meds):
-                first["median_s"] = float(np.min(meds) if reduce == "min" else np.median(meds))
-            first["runs"] = [float(f"{m:.5g}") for m in meds]
+                first["median_s"] = float(np.min(meds) if reduce == "min" else np.median(runs))
+            first["runs"] = [float(f"{m:.5g}") for m in runs]
             rec = _compact({k: first[k] for k in MERGED_FIELDS if k in first})
             f.write(json.dumps(rec, separators=(",", ":")) + "\n")
     os.replace(tmp, out)
