@@ -301,6 +301,15 @@ def test_metrics_on_the_fixed_small_dataset(sweep_descs, target):
     assert seen["mape"] < 10.0 and seen["within_10pct"] > 0.6, seen
 
 
+def test_leave_one_model_out_makes_one_fold_of_every_size_of_a_model(sweep_descs):
+    rename = {"sweep-attention": "bert", "sweep-matmul": "bert:full", "sweep-conv2d": "resnet50"}
+    rows = [dict(r, model=rename.get(r["model"], r["model"])) for r in synthetic_rows(sweep_descs)]
+    res = ev.cross_validate(rows, "model", rounds=10)
+    assert sorted(res["folds"]) == ["bert", "resnet50"]
+    assert res["folds"]["bert"]["n"] == sum(r["model"] in ("bert", "bert:full") for r in rows)
+    assert res["pooled"]["n"] == sum(r["model"] in rename.values() for r in rows)
+
+
 def test_a_held_out_model_is_held_out_at_every_size():
     """The profiler names a model profiled at size full ``NAME:full``; holding out ``NAME``
     keeps those rows (and any row sharing their structural key) out of training too."""

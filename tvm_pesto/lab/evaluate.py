@@ -69,7 +69,7 @@ def cross_validate(rows, by: str = "model", target: str = "log_time", rounds: in
     Parameters
     ----------
     by : {"model", "op_kind"}
-        ``model``: each zoo model is a fold (sweeps always train); ``op_kind``: each
+        ``model``: each zoo model (at every size) is a fold (sweeps always train); ``op_kind``: each
         dominant op kind with at least 10 rows is a fold.
 
     Returns
@@ -80,7 +80,8 @@ def cross_validate(rows, by: str = "model", target: str = "log_time", rounds: in
     """
     rounds = rounds or DEFAULT_ROUNDS
     if by == "model":
-        names = sorted({r["model"] for r in rows if is_zoo_model(r["model"])}) if folds is None else list(folds)
+        names = sorted({base_model(r["model"]) for r in rows if is_zoo_model(r["model"])}) if folds is None \
+            else list(folds)  # a model's every size is one fold
         parts = [(n, *split_by_model(rows, [n])) for n in names]
     elif by == "op_kind":
         kinds = defaultdict(list)
