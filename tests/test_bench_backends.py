@@ -24,7 +24,8 @@ class _Cluster:
 def _model(best, dp, joint, pesto=None):
     m = {"best_single_s": best, "collage_dp_s": dp, "joint_s": joint, "pesto_s": pesto, "max_abs_err": 1e-6,
          "collage_dp_speedup_vs_best_single": best / dp, "speedup_vs_best_single": best / joint,
-         "ratio_vs_best_single": joint / best, "speedup_predicted_choice": best / joint}
+         "ratio_vs_best_single": joint / best, "speedup_predicted_choice": best / joint,
+         "blocks_s": {"single:x": [best, best], "collage_dp": [dp, dp * 1.2]}, "same_programs": []}
     if pesto is not None:
         m["pesto_speedup_vs_best_single"] = best / pesto
     return m
@@ -43,6 +44,25 @@ def test_the_summary_is_the_geomean_and_worst_over_the_models(monkeypatch):
     assert res["worst_speedup_pesto_vs_best_single"] == pytest.approx(1.0)
     assert res["max_abs_err"] == pytest.approx(1e-6) and res["errors"] == {}
     assert res["machine"]["nproc"] >= 1 and res["rounds"] == bb.ROUNDS
+    # every model's every variant counts in the run's noise: each collage_dp's blocks differ by 20 %
+    assert res["noise"]["count"] == 6 and sorted(res["noise"]["unconfirmed"]) == ["a/collage_dp", "b/collage_dp",
+                                                                                 "c/collage_dp"]
+
+
+class _Plan:
+    def __init__(self, *units):
+        self.units = [type("U", (), {"backend": b, "nodes": n}) for b, n in units]
+
+
+def test_variants_of_the_same_cover_are_the_same_program_and_their_difference_is_noise():
+    ort, tvm_a, tvm_b = ("onnxruntime", (0, 1, 2)), ("tvm", (0,)), ("onnxruntime", (1, 2))
+    plans = {"single:onnxruntime": _Plan(ort), "single:tvm": _Plan(tvm_a, ("tvm", (1, 2))),
+             "collage_dp": _Plan(ort), "joint_1dev": _Plan(tvm_b, tvm_a), "joint_2dev": _Plan(ort)}
+    # joint_1dev's cover is not ort's; joint_2dev's is, but on other devices: not the same program
+    assert bb.same_programs(plans) == [("single:onnxruntime", "collage_dp")]
+    noise = bb.timing_noise({"single:onnxruntime": [1.0, 1.01], "collage_dp": [1.3, 1.31]},
+                            bb.same_programs(plans))
+    assert noise["same_program_max"] == pytest.approx(0.3) and noise["unconfirmed"] == []
 
 
 def test_a_model_that_fails_is_reported_not_summed(monkeypatch):

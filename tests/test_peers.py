@@ -29,6 +29,27 @@ def test_blocks_rank_a_slow_call_behind_a_fast_one_and_rotate():
     assert runs == ["slow", "fast", "slow"]  # round 1: slow, fast; round 2 starts with fast
 
 
+def test_a_best_block_stands_only_when_another_block_reproduces_it(monkeypatch):
+    from tvm_pesto.run import blocks
+
+    clock = {"now": 0.0, "calls": 0}  # a clock the calls advance: no machine's noise in this test
+    monkeypatch.setattr(blocks, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock["now"])}))
+
+    def wobbly():  # each block (a warm-up call and 3 timed ones) 30 % faster than the one before
+        clock["now"] += 0.004 * 0.7 ** (clock["calls"] // 4)
+        clock["calls"] += 1
+
+    def steady():
+        clock["now"] += 0.001
+
+    r = time_blocks({"wobbly": wobbly, "steady": steady}, rounds=2, warmup_s=0.0, block_s=0.0, min_calls=3,
+                    agree=0.03, max_rounds=5)
+    assert r["steady"]["confirmed"] and len(r["steady"]["blocks_s"]) == 2
+    assert len(r["wobbly"]["blocks_s"]) == 5 and not r["wobbly"]["confirmed"]
+    assert r["wobbly"]["spread"] == pytest.approx(1 / 0.7 - 1)
+    assert "confirmed" not in time_blocks({"a": steady}, rounds=2, warmup_s=0.0, block_s=0.0, min_calls=1)["a"]
+
+
 def test_a_slow_model_ends_its_block_early():
     r = time_blocks({"a": lambda: time.sleep(0.02)}, rounds=1, warmup_s=0.0, block_s=10.0, min_calls=100,
                     max_block_s=0.05)

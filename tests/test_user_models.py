@@ -199,3 +199,29 @@ def test_a_placed_model_exports_and_runs_after_release_all(tmp_path):
         pm.close()
     ref = relax.VirtualMachine(tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu(0))
     np.testing.assert_allclose(want, ref["main"](tvm.runtime.tensor(x)).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_users_own_torch_model_and_its_onnx_come_in_through_the_top_level_importers(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    class ConvAttention(torch.nn.Module):  # a conv stem, then attention over its positions
+        def __init__(self):
+            super().__init__()
+            self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, 2, 1), torch.nn.ReLU())
+            self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+        def forward(self, x):
+            t = self.stem(x).flatten(2).transpose(1, 2)
+            return self.attn(t, t, t, need_weights=False)[0].mean(1)
+
+    torch.manual_seed(0)
+    model = ConvAttention().eval()
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    ref = model(torch.from_numpy(x)).detach().numpy()
+    path = tmp_path / "conv_attention.onnx"
+    torch.onnx.export(model, (torch.from_numpy(x),), str(path), input_names=["x"], dynamo=False)
+    for mod in (tvm_pesto.from_torch(model, (x,)), tvm_pesto.from_onnx(str(path))):
+        placed = tvm_pesto.build(mod, "cpu:2", backends="tvm", costs="roofline", measure_final=False)
+        out = placed(x)
+        placed.close()
+        assert np.abs(np.asarray(out) - ref).max() < 1e-4

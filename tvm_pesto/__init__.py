@@ -27,6 +27,8 @@ _LAZY = {
     "make_candidates": ("api", "make_candidates"),
     "estimate_costs": ("api", "estimate_costs"),
     "place": ("api", "place"),
+    "from_torch": ("frontend", "from_torch"),
+    "from_onnx": ("frontend", "from_onnx"),
     "Cluster": ("cluster", "Cluster"),
     "Device": ("cluster", "Device"),
     "parse_cluster": ("cluster", "parse_cluster"),

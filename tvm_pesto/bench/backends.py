@@ -35,7 +35,7 @@ from ..cluster.linkbench import measure_links as _measure
 from ..costs import candidate_costs
 from ..errors import PestoError
 from ..run.blocks import time_blocks
-from .report import geomean, machine_info
+from .report import AGREE, geomean, machine_info, timing_noise
 
 #: Blocks per variant, the order of the variants rotated between them.
 ROUNDS = 3
@@ -209,7 +209,9 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, round
         "devices_used": {k: p.devices_used() for k, p in plans.items()},
         "load_avg_1min": [load_before, load_timed, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "blocks_s": {k: v["blocks_s"] for k, v in timed.items()},
+        "same_programs": same_programs(plans),
     }
+    res["noise"] = timing_noise(res["blocks_s"], res["same_programs"])
     if best_b:
         for key in ("joint", "pesto", "collage_dp"):
             if res.get(f"{key}_s"):
@@ -310,7 +312,7 @@ def _time_and_release(fns: dict, placed: dict, rounds: int) -> dict:
     # lazy: loads TVM's compiler and the backends, which importing this module does not
     from ..backends import release_all
 
-    timed = time_blocks(fns, rounds=rounds)
+    timed = time_blocks(fns, rounds=rounds, agree=AGREE)
     for pm in placed.values():
         pm.close()
     placed.clear()
@@ -321,6 +323,14 @@ def _time_and_release(fns: dict, placed: dict, rounds: int) -> dict:
 
 def _unit_key(u) -> tuple:
     return (u.backend, tuple(u.nodes))
+
+
+def same_programs(plans: dict) -> list[tuple[str, str]]:
+    """Pairs of the one-device variants whose plans are the same cover (the same units of the
+    same backends): the same program built twice, whose timings differ only by noise."""
+    one_dev = [k for k in plans if k.startswith("single:") or k in ("collage_dp", "joint_1dev")]
+    cover = {k: sorted(map(_unit_key, plans[k].units)) for k in one_dev}
+    return [(a, b) for i, a in enumerate(one_dev) for b in one_dev[i + 1:] if cover[a] == cover[b]]
 
 
 def bench_backends(models=None, size: str = "small", backends=None, cache=None, rounds: int = ROUNDS,
@@ -335,7 +345,8 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
         ``geomean_speedup_vs_best_single`` and ``worst_ratio_vs_best_single`` (the joint
         solve), ``geomean_speedup_collage_dp_vs_best_single`` (the mix alone),
         ``geomean_speedup_pesto_vs_best_single`` and ``worst_speedup_pesto_vs_best_single``
-        (what ``build`` returns).
+        (what ``build`` returns); ``noise`` (:func:`~tvm_pesto.bench.report.timing_noise` over
+        every model's variants).
     """
     quiet_openmp()
     # lazy: loads TVM and PyTorch, which importing this module does not
@@ -362,8 +373,10 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
     pe = [m["pesto_speedup_vs_best_single"] for m in ms if "pesto_speedup_vs_best_single" in m]
     out["worst_speedup_pesto_vs_best_single"] = float(min(pe)) if pe else None
     out["max_abs_err"] = max((m["max_abs_err"] for m in ms if m.get("max_abs_err") is not None), default=None)
+    out["noise"] = timing_noise({f"{n}/{k}": b for n, m in out["models"].items() for k, b in m["blocks_s"].items()},
+                                [(f"{n}/{a}", f"{n}/{b}") for n, m in out["models"].items() for a, b in m["same_programs"]])
     out["load_average_after"] = machine_info()["load_average"]
     return out
 
 
-__all__ = ["ROUNDS", "bench_backends", "bench_model", "restrict_to"]
+__all__ = ["ROUNDS", "bench_backends", "bench_model", "restrict_to", "same_programs"]

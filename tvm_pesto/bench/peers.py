@@ -54,7 +54,7 @@ from ..decide import whole_model_placement
 from ..errors import error_line
 from ..run.blocks import time_blocks
 from ..run.loaders import onnx_session
-from .report import geomean, machine_info
+from .report import AGREE, geomean, machine_info, noise_line, timing_noise
 
 #: Blocks per variant, the order of the variants rotated between them.
 ROUNDS = 3
@@ -193,7 +193,7 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
     with tempfile.TemporaryDirectory(prefix="pesto-peers-") as tmp:
         variants = peer_variants(model, inputs, mod, cores, tmp, torch_compile, build_options)
         ok = {v.name: v.call for v in variants if v.call is not None}
-        timed = time_blocks(ok, rounds=rounds)
+        timed = time_blocks(ok, rounds=rounds, agree=AGREE)
     ref = _first(_torch_eager(model, inputs, cores)[0]())
     res: dict = {"variants": {}}
     for v in variants:
@@ -212,6 +212,7 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
         best = min(have, key=have.get) if have else None
         res[key] = best
         res[f"ratio_vs_{key}"] = (have[best] / pesto) if best and pesto else None
+    res["noise"] = timing_noise({n: t["blocks_s"] for n, t in timed.items()})
     res["max_abs_err"] = res["variants"].get("pesto", {}).get("max_abs_err")
     res["build_s"] = res["variants"].get("pesto", {}).get("build_s")
     return res
@@ -258,7 +259,8 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
         ``models.<name>`` (:func:`bench_model`), ``geomean_vs_best_peer``,
         ``worst_vs_best_peer``, ``geomean_vs_best_peer_all``, ``worst_vs_best_peer_all``,
         ``max_abs_err``, ``overhead_median_s`` (:func:`one_unit_overhead`, median over the
-        models; with ``overhead``), ``cores``, ``machine`` and ``load_average`` before and after.
+        models; with ``overhead``), ``noise`` (:func:`~tvm_pesto.bench.report.timing_noise`
+        over every model's variants), ``cores``, ``machine`` and ``load_average`` before and after.
     """
     machine = machine_info()
     cores = int(cores or machine["nproc"])
@@ -282,6 +284,8 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
     res["overhead_median_s"] = float(np.median(over)) if over else None
     errs = [m["max_abs_err"] for m in ms if m.get("max_abs_err") is not None]
     res["max_abs_err"] = max(errs) if errs else None
+    res["noise"] = timing_noise({f"{n}/{k}": v["blocks_s"] for n, m in res["models"].items()
+                                 for k, v in m["variants"].items() if "blocks_s" in v})
     res["load_average_after"] = machine_info()["load_average"]
     return res
 
@@ -308,6 +312,8 @@ def markdown(res: dict) -> str:
                      f"{res['overhead_median_s'] * 1e6:.1f} us (median over the models)")
     lines.append(f"geomean vs best own-library peer: {g:.3f}, worst {w:.3f}; geomean vs best peer (all): {ga:.3f}"
                  if g and w and ga else "no ratio")
+    if res.get("noise"):
+        lines.append(noise_line(res["noise"]))
     return "\n".join(lines) + "\n"
 
 

@@ -4,9 +4,14 @@ from __future__ import annotations
 import math
 import os
 import platform
+import statistics
 import tempfile
 
 from ..cluster.host import cpu_identity
+from ..run.blocks import best_two_spread
+
+#: A benchmark's time stands when a second block reproduces its best within this fraction.
+AGREE = 0.03
 
 
 def machine_info() -> dict:
@@ -50,6 +55,72 @@ def geomean(xs) -> float | None:
     """
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def timing_noise(blocks: dict, same=(), agree: float = AGREE) -> dict:
+    """How far one run's timings can be trusted, from its own blocks.
+
+    Parameters
+    ----------
+    blocks : dict
+        variant -> its block medians (``time_blocks(...)[name]["blocks_s"]``).
+    same : iterable of (str, str)
+        Pairs of variants that run the same program (the same cover of the same device):
+        their difference is the run's noise, whatever the blocks say.
+    agree : float
+        A variant is ``unconfirmed`` when its two best blocks differ by more than this.
+
+    Returns
+    -------
+    dict
+        ``spread_median`` and ``spread_max`` (second-best block over the best, minus 1, over
+        the variants with two blocks), ``spread_max_variant``, ``unconfirmed`` (variant names),
+        ``same_program`` (``"a = b"`` -> the slower one over the faster, minus 1),
+        ``same_program_max`` and ``count`` (variants). A ratio of two variants closer to 1
+        than these is not resolved by the run.
+
+    Examples
+    --------
+    >>> from tvm_pesto.bench.report import timing_noise
+    >>> n = timing_noise({"a": [1.0, 1.01], "b": [2.0, 2.6, 2.5], "c": [2.2, 2.21]}, same=[("b", "c")])
+    >>> n["spread_max_variant"], n["unconfirmed"], round(n["same_program_max"], 2)
+    ('b', ['b'], 0.1)
+    """
+    spreads = {k: best_two_spread(v) for k, v in blocks.items()}
+    have = {k: s for k, s in spreads.items() if s is not None}
+    worst = max(have, key=have.get) if have else None
+    same_program = {}
+    for a, b in same:
+        if blocks.get(a) and blocks.get(b):
+            ta, tb = min(blocks[a]), min(blocks[b])
+            same_program[f"{a} = {b}"] = max(ta, tb) / min(ta, tb) - 1.0
+    return {"count": len(blocks), "spread_median": statistics.median(have.values()) if have else None,
+            "spread_max": have[worst] if worst else None, "spread_max_variant": worst,
+            "unconfirmed": [k for k, s in spreads.items() if s is None or s > agree],
+            "same_program": same_program, "same_program_max": max(same_program.values(), default=None)}
+
+
+def noise_line(noise: dict, agree: float = AGREE) -> str:
+    """One sentence of :func:`timing_noise` for a benchmark's printout.
+
+    Examples
+    --------
+    >>> print(noise_line(timing_noise({"a": [1.0, 1.01], "b": [2.0, 2.6]}, same=[("a", "b")])))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    timing noise: a variant's two best blocks differed by median 15.5 %, up to 30.0 % (b);
+    1 of 2 variants not reproduced within 3 %; the same program timed as two variants differed
+    by up to 100.0 %: ratios closer to 1 than that are not resolved by this run
+    """
+    pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
+    if noise.get("spread_median") is None:
+        return "timing noise: not known (one block per variant)"
+    parts = [f"timing noise: a variant's two best blocks differed by median {pct(noise['spread_median'])}, "
+             f"up to {pct(noise['spread_max'])} ({noise['spread_max_variant']})"]
+    parts.append(f"{len(noise['unconfirmed'])} of {noise['count']} variants not reproduced within {100 * agree:.0f} %")
+    if noise.get("same_program_max") is not None:
+        parts.append(f"the same program timed as two variants differed by up to {pct(noise['same_program_max'])}: "
+                     "ratios closer to 1 than that are not resolved by this run")
+    return "; ".join(parts)
 
 
 def markdown_table(headers: list[str], rows: list[list], align: str | None = None) -> str:

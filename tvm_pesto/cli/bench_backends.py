@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from ..bench.backends import ROUNDS, bench_backends, quiet_openmp
+from ..bench.report import noise_line
 from ..costs.cache import MeasureCache
 from ..jsonio import write_json
 from ..solve.budget import deterministic_mode
@@ -72,6 +73,8 @@ def _print(res: dict) -> None:
                       f"{x(res.get('geomean_speedup_predicted_choice'))}); tvm_pesto.build "
                       f"{x(res.get('geomean_speedup_pesto_vs_best_single'))} (worst "
                       f"{x(res.get('worst_speedup_pesto_vs_best_single'))})")
+    if res.get("noise"):
+        console.print(noise_line(res["noise"]))
     un = {k: v for m in models.values() for k, v in m.get("unavailable", {}).items()}
     for k, v in un.items():
         console.print(f"  backend {k} unavailable: {v}")
