@@ -203,8 +203,7 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, round
         "measure_s": measure_s,
         "unavailable": dict(cs.unavailable),
         "failed_builds": failed,
-        "same_cover_as_best_single": {k: sorted(map(_unit_key, plans[k].units)) ==
-                                      sorted(map(_unit_key, plans[f"single:{best_b}"].units))
+        "same_cover_as_best_single": {k: _cover(plans[k]) == _cover(plans[f"single:{best_b}"])
                                       for k in ("collage_dp", "joint_1dev", "joint_2dev")} if best_b else {},
         "devices_used": {k: p.devices_used() for k, p in plans.items()},
         "load_avg_1min": [load_before, load_timed, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
@@ -321,15 +320,16 @@ def _time_and_release(fns: dict, placed: dict, rounds: int) -> dict:
     return timed
 
 
-def _unit_key(u) -> tuple:
-    return (u.backend, tuple(u.nodes))
+def _cover(plan) -> list[tuple]:
+    """The plan's units as sorted ``(backend, nodes)``: equal for plans of the same cover."""
+    return sorted((u.backend, tuple(u.nodes)) for u in plan.units)
 
 
 def same_programs(plans: dict) -> list[tuple[str, str]]:
     """Pairs of the one-device variants whose plans are the same cover (the same units of the
     same backends): the same program built twice, whose timings differ only by noise."""
     one_dev = [k for k in plans if k.startswith("single:") or k in ("collage_dp", "joint_1dev")]
-    cover = {k: sorted(map(_unit_key, plans[k].units)) for k in one_dev}
+    cover = {k: _cover(plans[k]) for k in one_dev}
     return [(a, b) for i, a in enumerate(one_dev) for b in one_dev[i + 1:] if cover[a] == cover[b]]
 
 
