@@ -561,3 +561,13 @@ def test_api_unavailable_backend_warns_once_and_names_what_stands_in(monkeypatch
     assert_names(said[0], r"backend 'tvm-ms' is unavailable \(no MetaSchedule tuning database given; set "
                           r"TVM_PESTO_MS_DB to a work directory", r"its subgraphs stay on tvm")
     assert set(cs.by_backend()) == {"tvm"} and "tvm-ms" in cs.unavailable
+
+
+def test_a_plan_applied_on_a_cluster_of_another_size_names_the_cluster_to_use():
+    from tvm_pesto.builder.rewrite import apply_plan
+    from tvm_pesto.candidates.examples import tiny_mlp
+
+    mod, _ = tiny_mlp()
+    one = tvm_pesto.place(mod, "cpu:1", backends="tvm", solver="m-topo", costs="roofline")
+    with pytest.raises(PlanError, match=r"orders for 1 devices; cpu:2 has 2: .*placed\.cluster"):
+        apply_plan(one.analysis.rg, one.plan, parse_cluster("cpu:2"))

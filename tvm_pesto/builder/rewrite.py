@@ -122,7 +122,8 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.
         raise PlanError(f"the plan has {len(plan.units)} units but assigns {len(plan.assignment)} nodes")
     if plan.num_devices != cluster.num_devices:
         raise PlanError(f"the plan has orders for {plan.num_devices} devices; {cluster.name} has "
-                        f"{cluster.num_devices}")
+                        f"{cluster.num_devices}: apply it on the cluster it was placed for (a built module's "
+                        f"placed.cluster: the final choice may keep a plan on another core shape)")
     low = lower_units(rg, plan.units, [cluster.devices[int(d)] for d in plan.assignment])
     rg, groups = low.rg, low.unit_nodes
     segs = plan_segments(rg, groups, plan)
