@@ -170,8 +170,7 @@ def merge_cmd(logs, output, assume_cpu_kind):
 def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, json_path):
     """Train a cost model on profiler LOGS (and MetaSchedule databases) and save it."""
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
-    from ..lab.dataset import load_dataset
-    from ..lab.dataset import base_model
+    from ..lab.dataset import base_model, load_dataset
     from ..lab.evaluate import split_by_model
 
     if not logs and not tuning_dbs:
