@@ -21,6 +21,7 @@ from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.cli.main import cli
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.cluster.contention import contention_factors
+from tvm_pesto.cluster.linkbench import fit_links
 from tvm_pesto.cluster.dispatch import ASSUMED_DISPATCH, dispatch_info, set_dispatch
 from tvm_pesto.costs.machine import MACHINE_ENV
 from tvm_pesto.errors import ClusterError
@@ -106,6 +107,25 @@ def test_a_kept_file_that_is_not_a_fit_names_the_fix(own_cache):
     path.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(ClusterError, match="delete it"):
         rd.machine_dispatch(parse_cluster("cpu:2"), "thread")
+
+
+def test_links_measured_over_ray_are_not_replaced_by_a_plan_for_threads(own_cache, monkeypatch):
+    """Ray's links measured into a cluster (as ``measure_ray_links`` does) and then a plan for
+    the thread executor: refused, naming both executors and the fix, not replaced silently;
+    planned for Ray they are used, and a refit replaces them on purpose."""
+    calls = []
+    monkeypatch.setattr(rd, "fit_constants", _fake_fit(calls))
+    c = parse_cluster("cpu:2")
+    fit_links(c, {(0, 1): {1024: 4e-4, 1 << 20: 1.1e-3}, (1, 0): {1024: 4e-4, 1 << 20: 1.1e-3}}, "ray")
+    ray_latency = float(c.latency[0, 1])
+    with pytest.raises(ClusterError, match=r"measured over the ray executor.*executor='ray'.*--executor thread"):
+        rd.machine_dispatch(c, "thread", announce=False)
+    assert calls == [] and c.latency[0, 1] == ray_latency  # nothing measured, nothing written
+    with pytest.raises(ClusterError, match="measured over the ray executor"):
+        place(analyze(tiny_mlp()[0]), c, backends="tvm", costs="roofline", solver="m-topo")
+    assert rd.machine_dispatch(c, "ray", session=object(), announce=False)["executor"] == "ray"
+    assert rd.machine_dispatch(c, "thread", refit=True, announce=False)["executor"] == "thread"
+    assert c.meta["links_measured"] == "thread" and calls == ["ray", "thread"]
 
 
 def test_the_thread_fit_measures_here_once(own_cache, monkeypatch):

@@ -400,6 +400,9 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
 
     * A cluster that carries figures for ``executor`` already (a fit earlier in this process,
       or a file of ``tvm-pesto cluster bench``) keeps them, unless ``refit``.
+    * A cluster whose links were measured over another executor (``measure_ray_links`` and
+      then a plan for the thread executor) is refused, unless ``refit``: its links would be
+      replaced without a word.
     * A cluster whose devices are not all CPU devices of this machine gets the assumed
       figures (:data:`tvm_pesto.cluster.dispatch.ASSUMED_DISPATCH`), and its links stay as
       its spec gives them. One device of this machine takes the dispatch figures of the
@@ -426,7 +429,8 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
     Raises
     ------
     ClusterError
-        For an unknown executor, or a kept fit that cannot be read.
+        For an unknown executor, a kept fit that cannot be read, or links measured over
+        another executor (without ``refit``).
     CostError
         When ``$TVM_PESTO_MACHINE_CALIBRATION`` holds anything but ``auto`` or ``off``.
     """
@@ -437,6 +441,13 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
     shape = local_shape(cluster)
     if shape is not None and len(shape) == 1:
         return _one_device(cluster, executor)
+    over = cluster.meta.get("links_measured")
+    if over not in (None, executor) and not refit:
+        raise ClusterError(f"{cluster.name}'s links were measured over the {over} executor, and planning for the "
+                           f"{executor} executor would replace them with its own: plan for the executor they were "
+                           f"measured over (executor={over!r} in tvm_pesto.place and build, --executor {over} "
+                           f"in tvm-pesto run), or measure them over the {executor} executor (tvm-pesto cluster "
+                           f"bench --executor {executor})")
     if shape is None:
         assume_dispatch(cluster, executor, "devices not on this machine")
         return {**dispatch_info(cluster), "links": None, "file": None}
