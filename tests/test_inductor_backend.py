@@ -163,8 +163,13 @@ def test_bundle_of_aot_packages_loads_in_a_fresh_process_without_compiling(tmp_p
     arts = [a for a in man["artifacts"] if a["backend"] == "inductor"]
     assert [a["kind"] for a in arts] == ["inductor-aoti"] and arts[0]["files"][0].endswith(".pt2")
     np.save(tmp_path / "x.npy", x)
-    env = {**os.environ, "CXX": "pesto-no-such-c++", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-cache")}
+    scratch = tmp_path / "tmpdir"  # the process's $TMPDIR: PyTorch unpacks the package there
+    scratch.mkdir()
+    env = {**os.environ, "CXX": "pesto-no-such-c++", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-cache"),
+           "TMPDIR": str(scratch)}
     res = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_COMPILING, path, str(tmp_path / "x.npy"),
                           str(tmp_path / "got.npy")], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     np.testing.assert_allclose(np.load(tmp_path / "got.npy"), want, atol=1e-6, rtol=1e-6)
+    left = [p.name for p in scratch.iterdir() if p.name.startswith(("aotinductor_", "tvm-pesto-aoti-"))]
+    assert not left, f"the unpacked package outlived the process: {left}"

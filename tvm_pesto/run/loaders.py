@@ -22,8 +22,11 @@ Examples
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
+import tempfile
 import threading
 import weakref
 from collections import OrderedDict
@@ -289,11 +292,32 @@ def load_torch_export(meta: dict, root: str, device) -> Callable:
 
 def load_inductor_aoti(meta: dict, root: str, device) -> Callable:
     """An AOTInductor package (``.pt2``) as ``f(*inputs, *outputs)``: the library compiled at
-    export, loaded without compiling."""
+    export, loaded without compiling.
+
+    PyTorch's loader unpacks the package into a folder of ``$TMPDIR`` that it removes when it
+    is destroyed, which a loader held by TVM's function registry never is: the folder is made
+    in a scratch folder of this process instead, removed when the process ends."""
     import torch
 
-    model = torch._inductor.aoti_load_package(_file(meta, root))
+    lock = _AOTI_SCRATCH["lock"]
+    with lock:
+        if _AOTI_SCRATCH["dir"] is None:
+            _AOTI_SCRATCH["dir"] = tempfile.mkdtemp(prefix="tvm-pesto-aoti-")
+            atexit.register(shutil.rmtree, _AOTI_SCRATCH["dir"], ignore_errors=True)
+        old = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = _AOTI_SCRATCH["dir"]
+        try:
+            model = torch._inductor.aoti_load_package(_file(meta, root))
+        finally:
+            if old is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = old
     return torch_runner(model, int(meta["num_inputs"]), int(meta.get("cores", 1)))
+
+
+#: This process's scratch folder for unpacked AOTInductor packages (:func:`load_inductor_aoti`).
+_AOTI_SCRATCH: dict = {"dir": None, "lock": threading.Lock()}
 
 
 def load_tvm_vm(meta: dict, root: str, device) -> Callable:
