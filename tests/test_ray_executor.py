@@ -1,5 +1,5 @@
-"""The Ray executor: zoo models of three shapes placed over two CPU devices and run as two Ray
-actors compute what PyTorch computes (every zoo model runs placed on the thread executor in
+"""The Ray executor: zoo models of three shapes (a transformer, an MLP-Mixer, a CNN) placed over
+two CPU devices and run as two Ray actors compute what PyTorch computes (every zoo model runs placed on the thread executor in
 ``test_placed_zoo.py``; the executors run the same program); faults (a failing segment, an
 actor that dies, a run past its timeout, an actor Ray cannot place) raise clear errors, hang
 nothing and clean up; links are measured over Ray; a local Ray head started here listens on
@@ -68,10 +68,9 @@ def _close(name, out, ref):
         assert np.abs(o - r).max() <= 1e-4 * scale, f"{name}: max err {np.abs(o - r).max()}"
 
 
-#: token ids and attention (bert), wide branches with many copies between the devices
-#: (inception_v3), a plain stack (mlp_mixer)
-# a transformer and an MLP-Mixer; a CNN (inception_v3) runs on Ray in tutorials/place_over_ray.py
-RAY_MODELS = ["bert", "mlp_mixer"]
+#: token ids and attention, every value alternating between the two actors; an MLP-Mixer runs
+#: on Ray in the build, load and fault tests below, a CNN (vgg11) in the dying-actor test
+RAY_MODELS = ["bert"]
 
 
 @pytest.mark.parametrize("name", RAY_MODELS)
