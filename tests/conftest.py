@@ -14,7 +14,7 @@ import os
 import pytest
 
 #: The test files that take longest, longest first (seconds of test time on a 2-core AMD Zen 1
-#: VM, `pytest --durations=0` at 06bb078): Ray actors 286, CLI runs 197, the GPU check's dry
+#: VM, `pytest --durations=0` at da77efa): Ray actors 286, CLI runs 197, the GPU check's dry
 #: runs 146, tutorials 131, cost model 115, training 114, heuristics 102, determinism 98, the
 #: zoo placed 98, users' models 94, model files 89, the zoo 65. xdist's ``loadfile`` hands
 #: files out in collection order (``--no-loadscope-reorder`` in pyproject.toml; its default
