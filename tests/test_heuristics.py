@@ -549,7 +549,7 @@ def test_joint_solve_gives_a_valid_plan(case, solver):
         check_joint_plan(jp, *res, solver)
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case, st.sampled_from(HEURISTICS))
 def test_joint_local_search_gives_a_valid_plan(case, solver):
     # the same with the joint local search on (10 ms), co-location groups included: the plan

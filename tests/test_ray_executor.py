@@ -1,9 +1,9 @@
 """The Ray executor: zoo models of three shapes (a transformer, an MLP-Mixer, a CNN) placed over
-two CPU devices and run as two Ray actors compute what PyTorch computes (every zoo model runs placed on the thread executor in
-``test_placed_zoo.py``; the executors run the same program); faults (a failing segment, an
-actor that dies, a run past its timeout, an actor Ray cannot place) raise clear errors, hang
-nothing and clean up; links are measured over Ray; a local Ray head started here listens on
-127.0.0.1 only.
+two CPU devices and run as two Ray actors compute what PyTorch computes (every zoo model runs
+placed on the thread executor in ``test_placed_zoo.py``; the executors run the same program);
+faults (a failing segment, an actor that dies, a run past its timeout, an actor Ray cannot
+place) raise clear errors, hang nothing and clean up; links are measured over Ray; a local Ray
+head started here listens on 127.0.0.1 only.
 
 One local Ray (2 CPUs) serves the whole module; it is shut down at the end."""
 from __future__ import annotations
