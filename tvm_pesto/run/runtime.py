@@ -16,6 +16,7 @@ from ..errors import ExecutionError, error_line
 from .executor import Executor, TraceEvent, to_numpy
 from .loaders import direct_call
 from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
+from .torch_io import as_torch, from_torch
 
 #: Least seconds :meth:`PlacedRuntime.benchmark` times and warms up for (a 40-µs model: 5,000
 #: timed runs after 1,250 warm-up runs; a 3-ms one: 67 after 17).
@@ -26,8 +27,9 @@ ALIGN = 64
 
 
 class PlacedRuntime:
-    """Call it like a function on numpy arrays (returns numpy) or TVM tensors (returns TVM
-    tensors). ``vms`` maps a device index to its ``VirtualMachine`` (only devices on this
+    """Call it like a function on numpy arrays (returns numpy), torch tensors (returns torch
+    tensors sharing the outputs' memory; a CPU tensor goes in as a numpy view) or TVM tensors
+    (returns TVM tensors). ``vms`` maps a device index to its ``VirtualMachine`` (only devices on this
     machine); ``program`` says which segment runs where and what moves between devices.
 
     The worker threads (one per device) start on the first call. :meth:`close` stops and
@@ -105,6 +107,7 @@ class PlacedRuntime:
         values = list(values)
         if len(values) != len(ins):
             raise ExecutionError(f"the module has {len(ins)} state inputs, got {len(values)} values")
+        values, _ = from_torch(values)
         self._state = {i: self._on_device(v, self.program.input_devices[i]) for i, v in zip(ins, values)}
 
     def state(self) -> list[np.ndarray]:
@@ -117,7 +120,7 @@ class PlacedRuntime:
     def step(self, *args, trace: list | None = None):
         """Run once on the non-state inputs ``args`` (in input order) and the current state;
         keep the new state on its devices and return the other outputs (one value, or a
-        tuple), as TVM tensors.
+        tuple), as TVM tensors (torch tensors when ``args`` has one).
 
         Raises
         ------
@@ -132,6 +135,7 @@ class PlacedRuntime:
             raise ExecutionError(f"step takes the {len(data)} non-state inputs "
                                  f"({', '.join(self.program.inputs[k].split(':', 1)[1] for k in data)}), "
                                  f"got {len(args)}")
+        args, torch_in = from_torch(args)
         given = dict(zip(data, args))
         inputs = [self._state[k] if k in self._state else self._on_device(given[k], self.program.input_devices[k])
                   for k in range(len(self.program.inputs))]
@@ -139,8 +143,8 @@ class PlacedRuntime:
         for o, i in self.program.state:
             self._state[i] = res[o]
         carried = {o for o, _ in self.program.state}
-        rest = [r for k, r in enumerate(res) if k not in carried]
-        return rest[0] if len(rest) == 1 else tuple(rest)
+        rest = tuple(as_torch(r) if torch_in else r for k, r in enumerate(res) if k not in carried)
+        return rest[0] if len(rest) == 1 else rest
 
     def _run(self, ex: Executor, inputs, trace=None):
         try:
@@ -154,11 +158,14 @@ class PlacedRuntime:
             raise
 
     def __call__(self, *args):
+        args, torch_in = from_torch(args)
         if self._direct_applies(args):
-            return self._call_direct(args)
-        as_numpy = any(isinstance(a, np.ndarray) for a in args)
-        res = self._run(self._exec(), self._inputs(args))
-        return to_numpy(res) if as_numpy else res
+            res = self._call_direct(args)
+        else:
+            res = self._run(self._exec(), self._inputs(args))
+            if not torch_in and any(isinstance(a, np.ndarray) for a in args):
+                res = to_numpy(res)
+        return as_torch(res) if torch_in else res
 
     def _direct_applies(self, args) -> bool:
         return (self._direct is not None and all(isinstance(a, np.ndarray) or _host_tensor(a) for a in args)
@@ -184,7 +191,9 @@ class PlacedRuntime:
         """Run once and return ``(outputs, trace)``: what ran on which device when (a list of
         :class:`~tvm_pesto.run.executor.TraceEvent`, seconds from the start). A call that
         takes the library's own call (one unit, numpy inputs) is one event, its outputs numpy
-        arrays; otherwise the executor's steps, its outputs TVM tensors."""
+        arrays; otherwise the executor's steps, its outputs TVM tensors (torch tensors, either
+        way, for torch tensors in)."""
+        args, torch_in = from_torch(args)
         trace: list = []
         if self._direct_applies(args):
             step = self._direct[0]
@@ -194,7 +203,7 @@ class PlacedRuntime:
         else:
             res = self._run(self._exec(), self._inputs(args), trace=trace)
         self.last_trace = trace
-        return res, trace
+        return (as_torch(res) if torch_in else res), trace
 
     def benchmark(self, *args, repeat: int = 20, warmup: int = 3, min_seconds: float = BENCH_MIN_S,
                   warmup_seconds: float = BENCH_WARMUP_S) -> dict:
@@ -212,6 +221,7 @@ class PlacedRuntime:
             ``median_s``, ``min_s``, ``max_s``, ``repeat`` (the runs timed), ``warmup`` (the
             runs before them).
         """
+        args, _ = from_torch(args)  # timed as a call on them runs, less the outputs' wrapping
         if self._direct_applies(args):  # what a call on these numpy arrays runs
             def once():
                 self._call_direct(args)
