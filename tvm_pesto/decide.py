@@ -24,9 +24,11 @@ untuned TVM at size full takes a minute a call. Its entry says ``skipped`` and w
 Which core shape (``cpu:N`` or ``cpu:1``) the flow predicts faster is the plan's ``shape``;
 the measurement then decides. Options within :data:`RUNOFF` of the fastest are timed again
 (:data:`RUNOFF_BUDGET_S`) and compared by the median of all their blocks, so a near-tie is not
-settled by one lucky block; and where a whole-model library option is within
-:data:`PREFER_LIBRARY` of the fastest, it is kept: a user's own library call, no slower within
-what a shared machine lets us tell apart, beats a plan of several units. ``decision`` lists
+settled by one lucky block; and where a whole-model library call (a ``library:`` option, or
+a flow's plan that is one unit: :func:`library_call`) is within :data:`PREFER_LIBRARY` of a
+fastest plan of several units, it is kept: a user's own library call, no slower within what a
+shared machine lets us tell apart, beats a plan of several units. The fastest option that is
+a library call itself is kept as it is. ``decision`` lists
 each option's predicted and measured seconds and which one was kept.
 
 The kept option is then certified (:func:`certify`) against every plan of both core shapes:
@@ -292,9 +294,11 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     runoff = None
     if ran:
         runoff = {"options": ran, "blocks": len(timed[best]["blocks_s"])}
-        libs = [n for n in ran if n.startswith("library:")]
+        calls = {o.name for o in opts if library_call(o)}
+        libs = [n for n in ran if n in calls]
         lib = min(libs, key=lambda n: timed[n]["s"]) if libs else None
-        if lib is not None and lib != best and timed[lib]["s"] <= timed[best]["s"] * (1 + PREFER_LIBRARY):
+        if (lib is not None and best not in calls
+                and timed[lib]["s"] <= timed[best]["s"] * (1 + PREFER_LIBRARY)):
             runoff["library_kept"] = (f"{lib} is within {PREFER_LIBRARY:.0%} of {best} "
                                       f"({timed[lib]['s'] / timed[best]['s'] - 1:+.1%}): the library call is kept")
             best = lib
@@ -321,6 +325,14 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     if decision["claim"]:
         _restate_kept(opts, best, decision["claim"])
     return built[best], decision
+
+
+def library_call(option: Option) -> bool:
+    """Whether ``option`` runs the whole model as one library call: a ``library:`` option, or
+    a flow's plan of one unit (the flow chose one library for every op; :func:`options` then
+    lists no library option beside it)."""
+    units = getattr(option.placement.plan, "units", None) or []
+    return option.name.startswith("library:") or len(units) == 1
 
 
 #: The options that are the flow's plan on a core shape: each calibrates and bounds its shape.
@@ -482,5 +494,5 @@ def _restate_kept(opts: list[Option], chosen: str, claim: dict) -> None:
 
 __all__ = ["BUDGET_S", "FLOW_OPTIONS", "GROUPED", "MEASURE_ENV", "PREFER_LIBRARY", "RUNAWAY",
            "RUNAWAY_FIRST_S", "RUNAWAY_MIN_S", "RUNOFF", "Option", "certify", "choose",
-           "decision_table", "measure_final_default", "options", "priced_table", "shape_scale", "skip_reason",
+           "decision_table", "library_call", "measure_final_default", "options", "priced_table", "shape_scale", "skip_reason",
            "unmeasured", "whole_model_placement", "why_not_measured"]
