@@ -92,3 +92,18 @@ def test_a_numpy_input_lands_on_the_cpu_index_of_its_device():
         assert str(t.device) == f"cpu:{d}"
         np.testing.assert_array_equal(to_numpy(t), inputs[0])
     placed.close()
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_library_output_becomes_an_aligned_tensor_view_or_copy(offset):
+    """A library's output array as a TVM tensor: a view when its data is 64-byte aligned, an
+    aligned copy when not (TVM's kernels assume the alignment)."""
+    from tvm_pesto.run.runtime import _aligned_copy, _as_tensor
+
+    base = _aligned_copy(np.arange(32, dtype="float32"))
+    a = base[offset:offset + 8].reshape(2, 4)
+    t = _as_tensor(a, tvm.cpu(0))
+    view = np.from_dlpack(t)
+    assert str(t.device) == "cpu:0" and view.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(view, a)
+    assert np.shares_memory(view, a) == (offset == 0)

@@ -132,6 +132,31 @@ def test_openvino_binds_inputs_by_name_when_it_drops_an_unused_one():
 
 
 @needs_openvino
+def test_openvino_keeps_inputs_bound_across_new_views_of_the_same_memory(monkeypatch):
+    """A torch tensor comes in as a new numpy view on every call: the same memory stays bound
+    (no new binding); a view of other strides at the same address, or other memory, does not."""
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(out)
+    call = direct_call(get_backend("openvino").build(bb.get()["main"], ONE_CORE))
+    binds = []
+    bind = call._bind
+    monkeypatch.setattr(call, "_bind", lambda arrays: binds.append(1) or bind(arrays))
+    a = np.random.default_rng(0).standard_normal((4, 4)).astype("float32")
+    np.testing.assert_allclose(call(a)[0], 2 * a, rtol=1e-6)
+    a[0, 0] = 7.0  # the bound memory changes in place
+    np.testing.assert_allclose(call(a.view())[0], 2 * a, rtol=1e-6)
+    np.testing.assert_allclose(call(a[:])[0], 2 * a, rtol=1e-6)
+    assert len(binds) == 1
+    np.testing.assert_allclose(call(a.T)[0], 2 * a.T, rtol=1e-6)  # same address, other strides
+    np.testing.assert_allclose(call(a.copy() + 1)[0], 2 * (a + 1), rtol=1e-6)  # other memory
+    assert len(binds) == 3
+
+
+@needs_openvino
 def test_openvino_keeps_the_device_threads_affinity():
     """A device thread pinned to one core stays there through OpenVINO's calls (OpenVINO's
     own pinning would move it to every core of the process)."""

@@ -111,3 +111,28 @@ def test_a_training_step_from_torch_returns_torch():
         assert [float(g) for g in got] == want and want[1] < want[0]
     finally:
         tr.close()
+
+
+def test_the_same_tensor_gets_the_same_view_and_a_changed_one_a_new_view():
+    views: dict = {}
+    t = torch.arange(6.0).reshape(2, 3)
+    first = from_torch((t,), views)[0][0]
+    assert from_torch((t,), views)[0][0] is first  # a binding by the object recognises it
+    t[0, 0] = 9.0
+    assert first[0, 0] == 9.0  # a view: in-place changes are seen
+    t.resize_(3, 2)
+    again = from_torch((t,), views)[0][0]
+    assert again is not first and again.shape == (3, 2)
+    nc = torch.arange(6.0).reshape(2, 3).t()  # not contiguous: a copy each call, never kept
+    a = from_torch((nc,), views)[0][0]
+    nc[0, 0] = 5.0
+    b = from_torch((nc,), views)[0][0]
+    assert a[0, 0] == 0.0 and b[0, 0] == 5.0
+
+
+def test_a_placed_model_sees_in_place_changes_of_a_torch_input(one_unit):
+    placed, inputs = one_unit
+    x = torch.from_numpy(inputs[0].copy())
+    placed(x)
+    x.mul_(2)
+    np.testing.assert_array_equal(placed(x).numpy(), placed(2 * inputs[0]))

@@ -5,8 +5,9 @@ A library's convenient call (ONNX Runtime's ``session.run(None, feed)``, OpenVIN
 call. :class:`OnnxRuntimeCall` skips the wrapper's checks; :class:`OpenVinoCall` does the rest of
 that work once:
 
-* inputs seen before (the same array objects of the same shape and type, as in a loop that
-  refills its buffers) stay bound by address, and the outputs are written into buffers made
+* inputs seen before (the same memory, shape and type: the same array objects, as in a loop
+  that refills its buffers, or new views of them, as a torch tensor's is on every call) stay
+  bound by address, and the outputs are written into buffers made
   once, then copied out, when every output has a static shape and they are small together
   (:data:`BOUND_OUTPUT_BYTES`: copying large outputs costs more than the binding saves);
 * other inputs go through the library's own call (its unbound path).
@@ -87,7 +88,7 @@ class OpenVinoCall:
             <= BOUND_OUTPUT_BYTES
         self._outs = outs if small else None
         self._lock = threading.Lock()
-        self._bound_to: tuple = ()  # (array, shape, dtype) of the inputs bound (kept alive here)
+        self._bound_to: tuple = ()  # (array, address, shape, dtype) of the inputs bound (kept alive here)
         self._buffers: list = []
 
     def __call__(self, *arrays):
@@ -98,8 +99,8 @@ class OpenVinoCall:
             if len(arrays) != len(bound):
                 bound = self._bind(arrays)
             else:
-                for a, (b, shape, dtype) in zip(arrays, bound):
-                    if a is not b or a.shape != shape or a.dtype != dtype:
+                for a, (b, address, shape, dtype) in zip(arrays, bound):
+                    if a is not b and not _same_memory(a, address, shape, dtype):
                         bound = self._bind(arrays)
                         break
             if bound is None:
@@ -127,7 +128,7 @@ class OpenVinoCall:
             self._request.set_input_tensor(k, ov.Tensor(arrays[pos], shared_memory=True))
         for k, buf in enumerate(self._buffers):
             self._request.set_output_tensor(k, ov.Tensor(buf, shared_memory=True))
-        self._bound_to = tuple((a, a.shape, a.dtype) for a in arrays)
+        self._bound_to = tuple((a, a.ctypes.data, a.shape, a.dtype) for a in arrays)
         return self._bound_to
 
     def _unbound(self, arrays):
@@ -136,6 +137,14 @@ class OpenVinoCall:
             req = self._per_thread.request = self.compiled.create_infer_request()
         res = req.infer({k: arrays[pos] for pos, k in self._used}, share_inputs=True)
         return list(res.to_tuple())
+
+
+def _same_memory(a, address: int, shape: tuple, dtype) -> bool:
+    """Whether ``a`` is a C-contiguous array of ``shape`` and ``dtype`` at ``address``: the
+    memory a binding already points to. The bound array is kept alive, so no other memory can
+    be at that address: ``a`` views the same data."""
+    return (isinstance(a, np.ndarray) and a.shape == shape and a.dtype == dtype and a.flags.c_contiguous
+            and a.ctypes.data == address)
 
 
 __all__ = ["BOUND_OUTPUT_BYTES", "OnnxRuntimeCall", "OpenVinoCall"]

@@ -59,6 +59,7 @@ class PlacedRuntime:
         self.decision: dict | None = None
         self._direct = _direct(program)  # held here: the model owns its one unit's call
         self._devs = [dev.tvm_device() for dev in cluster.devices]
+        self._torch_views: dict = {}  # the last call's views of its torch inputs (torch_io.from_torch)
 
     @property
     def devices_used(self) -> list[int]:
@@ -158,7 +159,7 @@ class PlacedRuntime:
             raise
 
     def __call__(self, *args):
-        args, torch_in = from_torch(args)
+        args, torch_in = from_torch(args, self._torch_views)
         if self._direct_applies(args):
             res = self._call_direct(args)
         else:
@@ -329,10 +330,10 @@ def _as_tensor(a: np.ndarray, dev):
     """A library's output ``a`` as a TVM tensor on the host device ``dev``: a view when it
     can be one (``cpu(0)``, data aligned as TVM's kernels expect, :data:`ALIGN`), else a copy."""
     a = np.ascontiguousarray(a)
-    if dev.index == 0:
+    if dev.index == 0 and a.ctypes.data % ALIGN == 0:  # checked first: a refused view costs 20 us
         try:
             return tvm_ffi.from_dlpack(a, require_alignment=ALIGN)
-        except (ValueError, RuntimeError):  # not aligned
+        except (ValueError, RuntimeError):  # a dtype without a DLPack view
             pass
     try:
         return _host_copy(a, dev)

@@ -31,10 +31,16 @@ def _tensor_type():
     return None if torch is None else torch.Tensor
 
 
-def from_torch(args) -> tuple[list, bool]:
+def from_torch(args, views: dict | None = None) -> tuple[list, bool]:
     """``(args, torch_in)``: ``args`` with each torch tensor as numpy (on the CPU, a view)
     or a TVM tensor (elsewhere, or a dtype numpy lacks, through DLPack), and whether any was
     a torch tensor (then the outputs go back as torch tensors, :func:`as_torch`).
+
+    ``views`` (a dict the caller keeps between calls) holds the last view made per argument
+    position: the same contiguous CPU tensor, at the same address and of the same shape,
+    gets the same numpy object again, which a library's binding of its inputs recognises
+    without looking at the memory (:class:`~tvm_pesto.run.library_call.OpenVinoCall`). The
+    last tensors stay alive until other tensors come at their positions, as a binding's do.
 
     Raises
     ------
@@ -54,22 +60,32 @@ def from_torch(args) -> tuple[list, bool]:
             raise ExecutionError(f"input {k} is a torch tensor that requires grad: a placed model runs inference "
                                  "and returns no gradient; pass it detached (x.detach()) or make it under "
                                  "torch.no_grad()")
-        a = a.resolve_conj().resolve_neg().contiguous()  # no copy when it already is
-        if a.device.type == "cpu":
-            try:
-                out.append(a.numpy())
-                continue
-            except TypeError:  # a dtype numpy lacks (bfloat16): through DLPack
-                pass
-        out.append(tvm_ffi.from_dlpack(a))
+        plain = a.is_cpu and a.is_contiguous() and not a.is_conj() and not a.is_neg()  # viewed as it is
+        seen = views.get(k) if views is not None and plain else None
+        if seen is not None and seen[0] is a and seen[1] == a.data_ptr() and seen[2] == a.shape:
+            out.append(seen[3])
+            continue
+        out.append(_view(a))
+        if plain and views is not None and isinstance(out[-1], np.ndarray):
+            views[k] = (a, a.data_ptr(), a.shape, out[-1])
     return out, True
+
+
+def _view(a):
+    """A torch tensor as a numpy view (CPU) or a TVM tensor (through DLPack)."""
+    a = a.resolve_conj().resolve_neg().contiguous()  # no copy when it already is
+    if a.is_cpu:
+        try:
+            return a.numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16): through DLPack
+            pass
+    return tvm_ffi.from_dlpack(a)
 
 
 def as_torch(value):
     """``value`` (a numpy array, a TVM tensor, or a tuple of them) as torch tensors sharing
     its memory."""
-    import torch  # a caller passed torch tensors in, so torch is imported: this costs nothing
-
+    torch = sys.modules["torch"]  # a caller passed torch tensors in
     if isinstance(value, tuple):
         return tuple(as_torch(v) for v in value)
     if isinstance(value, np.ndarray):
