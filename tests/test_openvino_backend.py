@@ -227,9 +227,10 @@ def test_measured_costs_time_whole_regions():
             assert np.isfinite(c) and c > 0, (n, c)
 
 
-def _bundle_round_trip(tmp_path, backend, kind):
+def _bundle_round_trip(tmp_path, backend, kind, atol=1e-5):
     """Build tiny_mlp with ``backend`` on its first half and TVM on the rest, export, release
-    every built unit, load the bundle and compare."""
+    every built unit, load the bundle and compare; the artifact's record and the build's
+    largest error against TVM."""
     mod, (x,) = tiny_mlp()
     an = tvm_pesto.analyze(mod)
     order = an.rg.graph.topo_order()
@@ -239,7 +240,8 @@ def _bundle_round_trip(tmp_path, backend, kind):
     try:
         assert backend in pm.plan.backend_mix()
         want = pm(x)
-        np.testing.assert_allclose(want, _reference(mod, [x]), atol=1e-5, rtol=1e-5)
+        err = float(np.max(np.abs(want - _reference(mod, [x]))))
+        np.testing.assert_allclose(want, _reference(mod, [x]), atol=atol, rtol=atol)
         path = pm.export(str(tmp_path / "bundle"))
         man = json.loads(Path(path, "manifest.json").read_text())
         arts = [a for a in man["artifacts"] if a["backend"] == backend]
@@ -252,19 +254,20 @@ def _bundle_round_trip(tmp_path, backend, kind):
             loaded.close()
     finally:
         pm.close()
-    return arts[0]
+    return arts[0], err
 
 
 @needs_openvino
 def test_openvino_bundle_exports_and_loads(tmp_path):
-    art = _bundle_round_trip(tmp_path, "openvino", "openvino")
+    art, _ = _bundle_round_trip(tmp_path, "openvino", "openvino")
+    assert "precision" not in art  # float32: the loader's default
     assert art["files"][0].endswith(".onnx") and "openvino" in LOADERS
 
 
 def test_parallel_bundle_exports_and_loads(tmp_path):
     if WIDE.cores < 2:
         pytest.skip("onnxruntime-parallel needs a device of two or more cores (this machine has one)")
-    art = _bundle_round_trip(tmp_path, "onnxruntime-parallel", "onnx")
+    art, _ = _bundle_round_trip(tmp_path, "onnxruntime-parallel", "onnx")
     assert art["parallel"] is True
 
 
@@ -295,6 +298,40 @@ def test_build_runs_a_whole_tiny_model_in_openvino():
         np.testing.assert_allclose(pm(tvm.runtime.tensor(x)).numpy(), ref, atol=1e-5, rtol=1e-5)
     finally:
         pm.close()
+
+
+BF16 = backend_status(["openvino-bf16"])["openvino-bf16"]
+
+
+def test_bfloat16_is_offered_only_when_named_and_says_why_not():
+    usable, why = available_backends(None)
+    assert "openvino-bf16" not in [b.name for b in usable] + list(why)
+    ok, reason = BF16
+    assert ok or "bfloat16" in reason or "openvino" in reason, reason
+
+
+@needs_openvino
+def test_bfloat16_on_a_cpu_without_it_names_the_backend_to_use(monkeypatch):
+    import openvino as ov
+
+    from tvm_pesto.backends.openvino import OpenVinoBf16Backend
+
+    class Core:
+        available_devices = ["CPU"]
+
+        def get_property(self, device, name):
+            return ["FP32", "INT8", "EXPORT_IMPORT"]
+
+    monkeypatch.setattr(ov, "Core", Core)
+    ok, why = OpenVinoBf16Backend().available()
+    assert not ok and "no bfloat16 units" in why and "FP32, INT8" in why and "use the openvino backend" in why
+
+
+@pytest.mark.skipif(not BF16[0], reason=f"openvino-bf16 is unavailable here: {BF16[1]}")
+def test_bfloat16_computes_in_bfloat16_and_its_bundle_keeps_the_precision(tmp_path):
+    art, err = _bundle_round_trip(tmp_path, "openvino-bf16", "openvino", atol=0.1)
+    assert art["precision"] == "bf16" and art["files"][0].endswith(".onnx")
+    assert err > 1e-5  # not float32's 1e-7: bfloat16 keeps 8 bits of mantissa
 
 
 def test_available_backends_offers_both_on_cpu():

@@ -114,3 +114,19 @@ def test_the_cli_names_an_unknown_model():
 
     res = CliRunner().invoke(cli, ["bench", "peers", "--model", "no_such_model"])
     assert res.exit_code != 0 and "unknown model(s) no_such_model" in res.output and "resnet50" in res.output
+
+
+def test_reduced_precision_is_its_own_variant_where_the_cpu_has_it(one_model):
+    """The default build stays in float32; where OpenVINO would compute in bfloat16 by default,
+    a build that may use it is timed beside it, with its own error."""
+    from tvm_pesto.backends import backend_status
+
+    v = one_model["models"]["mlp"]["variants"]
+    if "seconds" in v["openvino"]:
+        assert v["openvino"]["precision"] in ("f32", "bf16", "f16")
+    assert "openvino-bf16" not in (v["pesto"]["backend_mix"] or {})
+    ok, why = backend_status(["openvino-bf16"])["openvino-bf16"]
+    assert ("pesto-bf16" in v) == ok, why
+    if ok:
+        assert v["pesto-bf16"]["seconds"] > 0 and v["pesto-bf16"]["max_abs_err"] < 0.05
+        assert "pesto-bf16" in markdown(one_model)

@@ -43,6 +43,8 @@ class OpenVinoBackend(OnnxGraphBackend):
     build_s_guess = (0.012, 0.0006)  # compile_model (1,884 builds of 1-194 ops, Xeon, 2 vCPUs)
     artifact_kind = "openvino"
     cost_proxy = "onnxruntime"  # another whole-graph CPU library on the same ONNX, until trained on
+    #: OpenVINO's inference precision (:func:`tvm_pesto.run.loaders.openvino_model`)
+    precision = "f32"
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -61,4 +63,36 @@ class OpenVinoBackend(OnnxGraphBackend):
         return True, ""
 
     def make_callable(self, func: relax.Function, device):
-        return openvino_runner(relax_to_onnx(func).SerializeToString(), device_cores(device))
+        return openvino_runner(relax_to_onnx(func).SerializeToString(), device_cores(device), self.precision)
+
+    def artifact_meta(self) -> dict:
+        return {} if self.precision == "f32" else {"precision": self.precision}
+
+
+class OpenVinoBf16Backend(OpenVinoBackend):
+    """OpenVINO computing in bfloat16 (OpenVINO's own default on CPUs with bfloat16 units:
+    AVX512-BF16, AMX): faster on such CPUs, accurate to about 1e-2 relative instead of
+    float32's 1e-6. Offered only when named (``--backends tvm,onnxruntime,openvino,openvino-bf16``;
+    :data:`~tvm_pesto.backends.registry.NAMED_ONLY`): a plan in reduced precision is the user's
+    choice, and the run report's error against the single-device build says what it cost.
+    """
+
+    name = "openvino-bf16"
+    precision = "bf16"
+    cost_proxy = "openvino"  # the same library; predicted as its float32 units until trained on
+
+    def available(self) -> tuple[bool, str]:
+        ok, why = super().available()
+        if not ok:
+            return ok, why
+        import openvino as ov
+
+        try:
+            caps = list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+        except Exception as e:  # noqa: BLE001 - a plugin that cannot say: report it
+            return False, f"openvino cannot list the CPU's capabilities ({type(e).__name__}: {e}); reinstall openvino"
+        if "BF16" not in caps:
+            return False, (f"this CPU has no bfloat16 units (OpenVINO lists {', '.join(caps) or 'none'}), so OpenVINO "
+                           "would compute in float32 here; use the openvino backend")
+        return True, ""
+

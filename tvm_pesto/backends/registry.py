@@ -24,6 +24,7 @@ BUILTIN: dict[str, str] = {
     "onnxruntime": "onnxruntime:OnnxRuntimeBackend",
     "onnxruntime-parallel": "onnxruntime:OnnxRuntimeParallelBackend",
     "openvino": "openvino:OpenVinoBackend",
+    "openvino-bf16": "openvino:OpenVinoBf16Backend",
     "torch": "torch_ops:TorchBackend",
     "inductor": "inductor:InductorBackend",
     "tvm-cuda": "gpu.tvm_cuda:TvmCudaBackend",
@@ -34,8 +35,9 @@ BUILTIN: dict[str, str] = {
 
 #: Backends that ``all`` (``available_backends(None)``) leaves out: offered only when named
 #: (``--backends inductor,tvm``). Each Inductor candidate is a C++ compile of seconds, and
-#: measured costs build every candidate (hundreds in a zoo model).
-NAMED_ONLY: frozenset[str] = frozenset({"inductor"})
+#: measured costs build every candidate (hundreds in a zoo model); ``openvino-bf16`` computes
+#: in reduced precision, which only the user can accept.
+NAMED_ONLY: frozenset[str] = frozenset({"inductor", "openvino-bf16"})
 
 _FACTORIES: dict[str, Callable[[], Backend]] = {}
 _INSTANCES: dict[str, Backend] = {}

@@ -12,7 +12,10 @@ Per model, in one process, each variant is built once and then timed in blocks:
 * ``torch-compile``: ``torch.compile`` with Inductor (when a C++ compiler is on the PATH),
   compiled in this process (no compile workers left running beside the timed blocks);
 * ``pesto``: ``tvm_pesto.build(mod, "cpu:N")``, the default build, called on numpy arrays;
-* ``pesto-1dev``: the same on ``cpu:1`` (one device of all cores).
+* ``pesto-1dev``: the same on ``cpu:1`` (one device of all cores);
+* ``pesto-bf16``: the default build with the ``openvino-bf16`` backend named too, where this
+  CPU has bfloat16 units: OpenVINO's default precision there (the ``openvino`` peer's
+  ``precision`` says which it ran), which the default build does not choose for the user.
 
 Every peer gets the machine's cores in the setting its library is usually run with. Each
 variant runs in its own block (:func:`tvm_pesto.run.blocks.time_blocks`: a warm-up, then
@@ -48,6 +51,8 @@ import numpy as np
 
 import tvm_pesto
 
+from ..backends import available_backends, backend_status
+from ..candidates.flow import backend_names
 from ..cluster.device_thread import owns_every_core
 from ..cluster.specs import cpu_cluster
 from ..decide import whole_model_placement
@@ -112,7 +117,8 @@ def _openvino(path: str, inputs, cores: int):
     cm = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": cores, "PERFORMANCE_HINT": "LATENCY"})
     req = cm.create_infer_request()
     feed = dict(enumerate(inputs))
-    return (lambda: req.infer(feed)[0]), {"version": ov.__version__, "threads": cores}
+    precision = cm.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    return (lambda: req.infer(feed)[0]), {"version": ov.__version__, "threads": cores, "precision": precision}
 
 
 def _torch_eager(model, inputs, cores: int, compiled: bool = False):
@@ -156,6 +162,9 @@ def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: b
     out: list[Variant] = [_built("pesto", lambda: _pesto(mod, inputs, f"cpu:{cores}", opts))]
     if cores > 1:
         out.append(_built("pesto-1dev", lambda: _pesto(mod, inputs, "cpu:1", opts)))
+    bf16 = _with_bf16(opts)
+    if bf16 is not None:
+        out.append(_built("pesto-bf16", lambda: _pesto(mod, inputs, f"cpu:{cores}", bf16)))
     try:
         t = time.perf_counter()
         to_onnx(model, inputs, path)
@@ -181,6 +190,16 @@ def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: b
     else:
         out.append(Variant("torch-compile", None, 0.0, error="no C++ compiler on the PATH (Inductor needs one)"))
     return out
+
+
+def _with_bf16(build_options: dict) -> dict | None:
+    """The build options with ``openvino-bf16`` among the backends, or None where that
+    backend is not available (a CPU without bfloat16 units)."""
+    if not backend_status(["openvino-bf16"])["openvino-bf16"][0]:
+        return None
+    names = backend_names(build_options.get("backends", "all"))
+    names = names if names is not None else [b.name for b in available_backends(None)[0]]
+    return {**build_options, "backends": [n for n in names if n != "openvino-bf16"] + ["openvino-bf16"]}
 
 
 def _importable(name: str) -> bool:
@@ -293,6 +312,8 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
 def markdown(res: dict) -> str:
     """The result as a markdown table: ms per call of each variant, the best peers, the ratio."""
     names = ["ort", "ort-parallel", "ort-1", "torch", "openvino", "torch-compile", "pesto", "pesto-1dev"]
+    if any("pesto-bf16" in r["variants"] for r in res["models"].values()):
+        names.append("pesto-bf16")
     head = "| model | " + " | ".join(names) + " | best own-library peer | ratio | best peer (all) | ratio | max err |"
     lines = [head, "|" + "---|" * (len(names) + 6)]
     for m, r in res["models"].items():

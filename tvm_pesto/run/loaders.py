@@ -154,10 +154,11 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     return run
 
 
-def openvino_model(model, cores: int):
+def openvino_model(model, cores: int, precision: str = "f32"):
     """An OpenVINO model compiled for the CPU from ``model`` (ONNX bytes or a path), as
     tvm-pesto runs its units: ``cores`` inference threads, the latency hint (one stream),
-    float32 inference (OpenVINO would pick bfloat16 on CPUs that have it) and no CPU pinning.
+    ``precision`` inference (``f32``; OpenVINO's own default is ``bf16`` on CPUs that have
+    it, which the ``openvino-bf16`` backend asks for) and no CPU pinning.
 
     OpenVINO's pinning re-pins the thread that calls ``infer`` to cores of its own choosing
     and afterwards to every core of the process, undoing the device thread's affinity
@@ -171,7 +172,7 @@ def openvino_model(model, cores: int):
     core = _openvino_core()
     ov_model = core.read_model(bytes(model) if isinstance(model, (bytes, bytearray)) else os.fspath(model))
     config = {"INFERENCE_NUM_THREADS": int(cores), "PERFORMANCE_HINT": "LATENCY", "ENABLE_CPU_PINNING": False,
-              "INFERENCE_PRECISION_HINT": ov.Type.f32}
+              "INFERENCE_PRECISION_HINT": getattr(ov.Type, precision)}
     return core.compile_model(ov_model, "CPU", config)
 
 
@@ -193,8 +194,9 @@ def _openvino_core():
     return ov.Core()
 
 
-def openvino_runner(model, cores: int) -> Callable:
-    """``f(*inputs, *outputs)`` over :func:`openvino_model` of ``model``; tensors shared.
+def openvino_runner(model, cores: int, precision: str = "f32") -> Callable:
+    """``f(*inputs, *outputs)`` over :func:`openvino_model` of ``model`` (in ``precision``);
+    tensors shared.
 
     Each set of buffer addresses gets an infer request whose input and output tensors are
     the DPS buffers themselves (``openvino.Tensor(view, shared_memory=True)``): OpenVINO
@@ -206,7 +208,7 @@ def openvino_runner(model, cores: int) -> Callable:
     """
     import openvino as ov
 
-    compiled = openvino_model(model, cores)
+    compiled = openvino_model(model, cores, precision)
     names = onnx_input_names(model)
     n_in = len(names)
     port = {n: k for k, p in enumerate(compiled.inputs) for n in p.get_names()}
@@ -280,7 +282,7 @@ def load_onnx(meta: dict, root: str, device) -> Callable:
 
 
 def load_openvino(meta: dict, root: str, device) -> Callable:
-    return openvino_runner(_file(meta, root), int(meta.get("cores", 1)))
+    return openvino_runner(_file(meta, root), int(meta.get("cores", 1)), meta.get("precision", "f32"))
 
 
 def load_torch_export(meta: dict, root: str, device) -> Callable:
