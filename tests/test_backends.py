@@ -2,6 +2,7 @@
 DLPack zero copy, build failures as BuildError, thread counts from the device's affinity."""
 import builtins
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -10,13 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
+import tvm_pesto
 from tvm_pesto.backends import (
     available_backends, backend_status, get_backend, list_backends, register_backend, unregister_backend,
 )
 from tvm_pesto.backends.base import Backend, BackendUnavailableError, calling_thread_cores
+from tvm_pesto.backends.registry import NAMED_ONLY
 from tvm_pesto.backends.onnx_export import OnnxExportError, relax_to_onnx
 from tvm_pesto.backends.torch_ops import TorchBackend
 from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
+from tvm_pesto.candidates.flow import _WARNED, backend_names, make_candidates
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.cluster.device_thread import enter_device_thread
 from tvm_pesto.errors import BuildError, PestoError
@@ -305,3 +309,24 @@ def test_the_backends_command_lists_every_backend_with_its_reason(tmp_path):
     for name, r in rows.items():
         assert r["available"] or r["reason"], name  # unavailable always says why
     assert rows["tvm"]["available"] and rows["tvm"]["device_kinds"] == ["cpu", "gpu"]
+
+
+def test_all_with_a_named_only_backend_offers_every_backend_and_that_one():
+    """``all,openvino-bf16``: every backend ``all`` offers plus the one named; only the named
+    ones are warned about when they cannot run here."""
+    names = backend_names("all,openvino-bf16")
+    assert names[0] == "tvm" and "openvino-bf16" in names and "onnxruntime" in names
+    assert not (set(names) & NAMED_ONLY - {"openvino-bf16"})  # inductor stays out unless named
+    assert backend_names(["all", "inductor"]) == backend_names("inductor, all")
+    with pytest.raises(PestoError, match="bogus"):
+        backend_names("all,bogus")
+    mod, _ = tiny_mlp()
+    _WARNED.discard("openvino-bf16")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cs = make_candidates(tvm_pesto.analyze(mod), "cpu:1", "all,openvino-bf16")
+    warned = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert not [w for w in warned if "'openvino-bf16'" not in w], warned  # not cublas, tensorrt, ...
+    have = {c.backend for c in cs.candidates}
+    ok, why = backend_status(["openvino-bf16"])["openvino-bf16"]
+    assert ("openvino-bf16" in have) == ok and (ok or warned), (have, why)

@@ -72,7 +72,7 @@ class OpenVinoBackend(OnnxGraphBackend):
 class OpenVinoBf16Backend(OpenVinoBackend):
     """OpenVINO computing in bfloat16 (OpenVINO's own default on CPUs with bfloat16 units:
     AVX512-BF16, AMX): faster on such CPUs, accurate to about 1e-2 relative instead of
-    float32's 1e-6. Offered only when named (``--backends tvm,onnxruntime,openvino,openvino-bf16``;
+    float32's 1e-6. Offered only when named (``--backends all,openvino-bf16``;
     :data:`~tvm_pesto.backends.registry.NAMED_ONLY`): a plan in reduced precision is the user's
     choice, and the run report's error against the single-device build says what it cost.
     """

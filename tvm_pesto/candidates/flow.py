@@ -9,12 +9,15 @@ Examples
 --------
 >>> backend_names("all") is None, backend_names("torch, onnxruntime")
 (True, ['tvm', 'torch', 'onnxruntime'])
+>>> "inductor" in backend_names("all,inductor") and "onnxruntime" in backend_names("all,inductor")
+True
 """
 from __future__ import annotations
 
 import warnings
 
-from ..backends import available_backends, get_backend
+from ..backends import available_backends, get_backend, list_backends
+from ..backends.registry import NAMED_ONLY
 from ..cluster import as_cluster
 from ..errors import PestoError
 from .generate import generate_candidates, placement_candidates
@@ -24,8 +27,10 @@ _WARNED: set = set()
 
 
 def backend_names(backends) -> list[str] | None:
-    """``"all"`` -> None (every registered backend); ``"tvm"`` -> ["tvm"]; a comma-separated
-    string or a list -> that list (``tvm`` added: it covers every op).
+    """``"all"`` -> None (every registered backend but those offered only when named,
+    :data:`~tvm_pesto.backends.registry.NAMED_ONLY`); ``"tvm"`` -> ["tvm"]; a comma-separated
+    string or a list -> that list (``tvm`` added: it covers every op), where ``all`` stands
+    for every registered backend (``"all,openvino-bf16"``: those and a named-only one).
 
     Raises
     ------
@@ -39,8 +44,20 @@ def backend_names(backends) -> list[str] | None:
     if not names:
         raise PestoError("no backend named; use --backends all, tvm, or a comma-separated list of backend names")
     for n in names:
-        get_backend(n)  # unknown names fail here, listing the known ones
-    return ["tvm"] + [n for n in names if n != "tvm"]
+        if n != "all":
+            get_backend(n)  # unknown names fail here, listing the known ones
+    if "all" in names:
+        every = [n for n in list_backends() if n not in NAMED_ONLY]
+        names = every + [n for n in names if n not in every and n != "all"]
+    return ["tvm"] + [n for n in dict.fromkeys(names) if n != "tvm"]
+
+
+def _named(backends) -> set:
+    """The backend names ``backends`` spells out (not those ``all`` stands for)."""
+    if backends is None or isinstance(backends, str) and backends.strip() == "all":
+        return set()
+    names = backends.split(",") if isinstance(backends, str) else [str(b) for b in backends]
+    return {n.strip() for n in names if n.strip() and n.strip() != "all"}
 
 
 def make_candidates(analysis, cluster, backends="all", max_region: int = 40):
@@ -65,9 +82,10 @@ def make_candidates(analysis, cluster, backends="all", max_region: int = 40):
     if names == ["tvm"]:
         return placement_candidates(analysis.rg, analysis.groups)
     usable, why, seen = [], {}, set()
+    named = _named(backends)  # spelled out, not stood for by "all"
     for kind in sorted({d.kind for d in cluster.devices}):
         got, reasons = available_backends(names, device_kind=kind)
-        got += _elsewhere(names, reasons, cluster, kind)
+        got += _elsewhere(None if names is None else [n for n in names if n in named], reasons, cluster, kind)
         for b in got:
             if b.name not in seen:
                 seen.add(b.name)
@@ -77,7 +95,7 @@ def make_candidates(analysis, cluster, backends="all", max_region: int = 40):
     for b in usable:
         why.pop(b.name, None)
     if names is not None:
-        for n in names:
+        for n in sorted(named):
             if n in why and n not in _WARNED:
                 _WARNED.add(n)
                 warnings.warn(f"backend {n!r} is unavailable ({why[n]}); its subgraphs stay on tvm", RuntimeWarning,

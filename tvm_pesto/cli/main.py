@@ -25,8 +25,9 @@ from .progress import ErrorGroup, console, step
 COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
 BACKENDS_HELP = ("backends that compete for each subgraph: all (every backend available on the cluster's "
                  "devices but inductor, whose every candidate is a compile of seconds: name it, as in "
-                 "tvm,onnxruntime,inductor), tvm (TVM's fusion groups only: placement without backend choice), or a "
-                 "comma-separated list such as tvm,onnxruntime")
+                 "tvm,onnxruntime,inductor, or all,inductor), tvm (TVM's fusion groups only: placement without backend "
+                 "choice), or a comma-separated list such as tvm,onnxruntime; openvino-bf16 (bfloat16, on CPUs with "
+                 "bfloat16 units) is offered only when named too")
 SOLVER_HELP = ("auto: every heuristic, then the joint ILPs decide and prove a bound (the plan's gap to it is "
                "reported); or one of heft, m-etf, m-topo, m-sct, single, ilp, stage-dp")
 MODEL_HELP = ("a zoo model name, an ONNX file, a torch.export program (.pt2) or a Relax module as "
