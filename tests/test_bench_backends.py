@@ -25,7 +25,8 @@ def _model(best, dp, joint, pesto=None):
     m = {"best_single_s": best, "collage_dp_s": dp, "joint_s": joint, "pesto_s": pesto, "max_abs_err": 1e-6,
          "collage_dp_speedup_vs_best_single": best / dp, "speedup_vs_best_single": best / joint,
          "ratio_vs_best_single": joint / best, "speedup_predicted_choice": best / joint,
-         "blocks_s": {"single:x": [best, best], "collage_dp": [dp, dp * 1.2]}, "same_programs": []}
+         "blocks_s": {"single:x": [best, best], "collage_dp": [dp, dp * 1.2]}, "same_programs": [],
+         "ceiling": {"mix_free_boundaries": best / dp * 1.1, "joint_free_communication": best / joint * 1.5}}
     if pesto is not None:
         m["pesto_speedup_vs_best_single"] = best / pesto
     return m
@@ -39,6 +40,9 @@ def test_the_summary_is_the_geomean_and_worst_over_the_models(monkeypatch):
     assert res["geomean_speedup_collage_dp_vs_best_single"] == pytest.approx((1.25 * 0.8 * 1.0) ** (1 / 3))
     assert res["geomean_speedup_vs_best_single"] == pytest.approx((2.0 * 0.5 * 2.0) ** (1 / 3))
     assert res["worst_ratio_vs_best_single"] == pytest.approx(2.0)
+    # the ceilings too: each model's figure over its best single backend, as a geomean
+    assert res["geomean_ceiling_mix_free_boundaries"] == pytest.approx(1.1 * (1.25 * 0.8 * 1.0) ** (1 / 3))
+    assert res["geomean_ceiling_joint_free_communication"] == pytest.approx(1.5 * (2.0 * 0.5 * 2.0) ** (1 / 3))
     # c's build did not run: the build's figures are over a and b only
     assert res["geomean_speedup_pesto_vs_best_single"] == pytest.approx(math.sqrt(2.0 * 1.0))
     assert res["worst_speedup_pesto_vs_best_single"] == pytest.approx(1.0)

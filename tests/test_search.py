@@ -160,7 +160,7 @@ def test_dp_reports_uncoverable_nodes():
 def test_end_to_end_numerics_for_every_backend_mix(tmp_path):
     """The flow on one and two devices with each backend alone, Collage's cover and the joint
     solve (measured costs): every built variant computes what TVM alone computes."""
-    from tvm_pesto.bench.backends import restrict_to
+    from tvm_pesto.solve.ceiling import restrict_to
     from tvm_pesto.builder.placed import PlacedModule
     from tvm_pesto.builder.rewrite import apply_plan
     from tvm_pesto.costs import candidate_costs
@@ -179,7 +179,7 @@ def test_end_to_end_numerics_for_every_backend_mix(tmp_path):
         joint = JointProblem(an.op_graph, cl, list(cs), candidate_costs(cs, cl, "measured", cache=cache).table)
         variants = {"dp": (joint.costs, "single"), "joint": (joint.costs, "ilp")}
         if spec == "cpu:1":
-            variants.update({f"single:{b}": (restrict_to(joint, b), "single") for b in ("tvm", "torch", "onnxruntime")})
+            variants.update({f"single:{b}": (restrict_to(joint.candidates, joint.costs, b), "single") for b in ("tvm", "torch", "onnxruntime")})
         for name, (costs, solver) in variants.items():
             jp = JointProblem(an.op_graph, cl, list(cs), costs)
             plan, placed = solve_joint(jp, solver=solver, time_limit_s=20, search_s=1.0)

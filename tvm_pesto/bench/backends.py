@@ -12,6 +12,9 @@ warm-up, then calls for a fixed time, the median kept; the order rotates every r
 variant's time is its best block median): single calls of two libraries interleaved would
 time one library's idle threads inside the other's call. Every variant is called on numpy
 arrays, as a user calls a model, and its output compared with the TVM-only single-device build.
+Beside the timings, :func:`ceilings` says how much any plan of these candidates could gain on
+the measured costs: the mix with every library call's fixed cost free, the joint solve with
+free communication between the devices.
 
 Examples
 --------
@@ -31,10 +34,12 @@ import time
 import numpy as np
 
 from ..cluster.contention import measure_contention
+from ..cluster.ideal import free_communication
 from ..cluster.linkbench import measure_links as _measure
 from ..costs import candidate_costs
 from ..errors import PestoError
 from ..run.blocks import time_blocks
+from ..solve.ceiling import mix_ceiling, restrict_to
 from .report import AGREE, geomean, machine_info, timing_noise
 
 #: Blocks per variant, the order of the variants rotated between them.
@@ -101,19 +106,6 @@ def bench_clusters(measure_links: bool = True):
     return c1, c2
 
 
-def restrict_to(joint, backend: str) -> np.ndarray:
-    """Costs of ``backend`` alone: its own candidates, plus TVM candidates made only of ops
-    ``backend`` has no usable candidate for (``inf`` elsewhere)."""
-    cands = joint.candidates
-    fin = np.isfinite(joint.costs).any(axis=1)
-    mine = np.array([c.backend == backend for c in cands])
-    coverable = {v for c, m, f in zip(cands, mine, fin) if m and f for v in c.nodes}
-    keep = np.array([m or (c.backend == "tvm" and not (set(c.nodes) & coverable)) for c, m in zip(cands, mine)])
-    out = joint.costs.copy()
-    out[~keep] = np.inf
-    return out
-
-
 def _variant(costed, table, solver: str, time_limit_s: float, search_s: float):
     """Solve one variant of the benchmark: the flow's solve of ``costed``
     (:func:`tvm_pesto.api.place_from_costs`) on ``table`` instead of its costs where given,
@@ -164,6 +156,8 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, round
     else:
         placed["pesto"], fns["pesto"], errs["pesto"] = pesto.pop("placed"), pesto.pop("call"), pesto["max_abs_err"]
     predicted, predicted_key, joint_key, select = _choose_joint(variants, fns, select_by)
+    say(f"{name}: ceilings (free boundaries on one device, free communication on two)")
+    ceiling = ceilings(costed1, costed2, predicted, call_costs(c1, backends, cache), time_limit_s, search_s)
     say(f"{name}: timing {len(placed)} variants in blocks, {rounds} rounds")
     load_timed = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     timed = _time_and_release(fns, placed, rounds)
@@ -189,6 +183,7 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, round
         "pesto": pesto,
         "selection_times_s": select,
         "predicted_s": predicted,
+        "ceiling": ceiling,
         "search_s": {k: p.solve_s for k, p in plans.items()},
         "backend_mix": {k: p.backend_mix() for k, p in plans.items()},
         "solver_status": {k: api.solver_status(plans[k]) for k in ("joint_1dev", "joint_2dev")},
@@ -254,12 +249,68 @@ def _solve_variants(name: str, costed1, costed2, time_limit_s: float, search_s: 
     singles = sorted({c.backend for c in costed1.candidates})
     variants: dict[str, tuple] = {}
     for b in singles:
-        variants[f"single:{b}"] = (c1, _variant(costed1, restrict_to(joint1, b), "single", time_limit_s, 0))
+        variants[f"single:{b}"] = (c1, _variant(costed1, restrict_to(joint1.candidates, joint1.costs, b), "single",
+                                                time_limit_s, 0))
     variants["collage_dp"] = (c1, _variant(costed1, None, "single", time_limit_s, 0))
     say(f"{name}: joint solve on 1 and 2 devices")
     variants["joint_1dev"] = (c1, _variant(costed1, None, "ilp", time_limit_s, search_s))
     variants["joint_2dev"] = (c2, _variant(costed2, None, "ilp", time_limit_s, search_s))
     return variants
+
+
+def call_costs(cluster, backends, cache=None) -> dict:
+    """Backend -> the seconds of one call of it on ``cluster``'s first device, measured on a
+    one-op model (an add of 16 floats) through the flow: what any call of that backend costs
+    beyond its work (backends with no candidate there are left out)."""
+    # lazy: both load TVM's compiler, which importing this module does not
+    from tvm import relax
+    from .. import api
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(y)
+    an = api.analyze(bb.get())
+    cs = api.make_candidates(an, cluster, backends if backends is not None else "all")
+    table = candidate_costs(cs, cluster, "measured", cache=cache).table[:, 0]
+    return {c.backend: float(v) for c, v in zip(cs, table) if np.isfinite(v)}
+
+
+def ceilings(costed1, costed2, predicted: dict, fixed_s: dict, time_limit_s: float, search_s: float) -> dict:
+    """How much any plan of these candidates could gain over the best single backend, on these costs.
+
+    ``mix`` and ``mix_free_boundaries``: Collage's cover on ``costed1``'s one device, as
+    solved and with every library call's fixed cost (``fixed_s``, :func:`call_costs`) taken
+    off (:func:`~tvm_pesto.solve.ceiling.mix_ceiling`). ``joint_free_communication``: no plan
+    on ``costed1``'s device or on ``costed2``'s devices with links, hand-offs and contention
+    free (:func:`~tvm_pesto.cluster.ideal.free_communication`) beats the best single
+    backend by more: the joint solve there proves a bound on every plan (``bound_s``, the
+    relaxed joint ILP's; :func:`~tvm_pesto.solve.joint.joint_lower_bound` when it has none),
+    a run's dispatch added. Both against the best single backend's predicted seconds in
+    ``predicted``.
+    """
+    # lazy: loads the backends' packages and TVM's compiler, which importing this module does not
+    from ..api import solver_status
+    from ..backends import get_backend
+    from ..cluster.dispatch import dispatch_s
+    from ..solve.joint import joint_lower_bound
+
+    j1 = costed1.joint()
+    native = tuple(b for b in sorted({c.backend for c in j1.candidates}) if getattr(get_backend(b), "native", False))
+    mc = mix_ceiling(j1.graph, j1.candidates, j1.costs[:, 0], fixed_s=fixed_s, native=native)
+    free = dataclasses.replace(costed2, cluster=free_communication(costed2.cluster))
+    plan, span = _variant(free, None, "auto", time_limit_s, search_s)
+    bound = plan.info.get("bound_s")
+    if bound is None:
+        bound = joint_lower_bound(free.joint())["best"]
+    best_single = min(v for k, v in predicted.items() if k.startswith("single:"))
+    floor = min(predicted["collage_dp"], float(bound) + dispatch_s(free.cluster, 1))
+    return {"mix": mc["mix"], "mix_free_boundaries": mc["ceiling"], "fixed_s": mc["fixed_s"],
+            "free_mix": mc["free_mix"], "joint_free_communication": best_single / floor,
+            "joint_free_bound_s": float(bound), "joint_free_plan_s": span,
+            "joint_free_devices": plan.devices_used(), "joint_free_status": solver_status(plan)}
 
 
 def _build_variants(variants: dict, analysis, zm, ref: list[np.ndarray]):
@@ -345,8 +396,9 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
         ``geomean_speedup_vs_best_single`` and ``worst_ratio_vs_best_single`` (the joint
         solve), ``geomean_speedup_collage_dp_vs_best_single`` (the mix alone),
         ``geomean_speedup_pesto_vs_best_single`` and ``worst_speedup_pesto_vs_best_single``
-        (what ``build`` returns); ``noise`` (:func:`~tvm_pesto.bench.report.timing_noise` over
-        every model's variants).
+        (what ``build`` returns); ``geomean_ceiling_mix_free_boundaries`` and
+        ``geomean_ceiling_joint_free_communication`` (every model's :func:`ceilings`); ``noise``
+        (:func:`~tvm_pesto.bench.report.timing_noise` over every model's variants).
     """
     quiet_openmp()
     # lazy: loads TVM and PyTorch, which importing this module does not
@@ -372,6 +424,8 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
     out["worst_ratio_vs_best_single"] = float(max(rt)) if rt else None
     pe = [m["pesto_speedup_vs_best_single"] for m in ms if "pesto_speedup_vs_best_single" in m]
     out["worst_speedup_pesto_vs_best_single"] = float(min(pe)) if pe else None
+    for key in ("mix_free_boundaries", "joint_free_communication"):
+        out[f"geomean_ceiling_{key}"] = geomean([m["ceiling"][key] for m in ms if "ceiling" in m])
     out["max_abs_err"] = max((m["max_abs_err"] for m in ms if m.get("max_abs_err") is not None), default=None)
     out["noise"] = timing_noise({f"{n}/{k}": b for n, m in out["models"].items() for k, b in m["blocks_s"].items()},
                                 [(f"{n}/{a}", f"{n}/{b}") for n, m in out["models"].items() for a, b in m["same_programs"]])
@@ -379,4 +433,4 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
     return out
 
 
-__all__ = ["ROUNDS", "bench_backends", "bench_model", "restrict_to", "same_programs"]
+__all__ = ["ROUNDS", "bench_backends", "bench_model", "call_costs", "ceilings", "same_programs"]

@@ -63,6 +63,14 @@ def _print(res: dict) -> None:
                       f"{x(m.get('pesto_speedup_vs_best_single')):>8s}{m['max_abs_err']:10.2g}{m['candidates']:7d}"
                       f"{m['measured_this_run']:6d}  (joint: {m['joint_choice']}; build kept "
                       f"{m.get('pesto', {}).get('chosen') or m.get('pesto', {}).get('error', 'n/a')})")
+    console.print("[bold]ceilings[/] (from the measured costs, over the best single backend's prediction): the mix "
+                  "with every library call's fixed cost free; any plan with free communication between devices")
+    for n, m in models.items():
+        c = m.get("ceiling")
+        if c:
+            console.print(f"  {n:14s} mix {x(c['mix'])} as solved, {x(c['mix_free_boundaries'])} with free boundaries "
+                          f"{c['free_mix']}; joint at most {x(c['joint_free_communication'])} with free communication "
+                          f"(its plan: devices {c['joint_free_devices']}, {c['joint_free_status']})")
     for n, e in res.get("errors", {}).items():
         console.print(f"[red]{n}: {e}[/]")
     g, w = res.get("geomean_speedup_vs_best_single"), res.get("worst_ratio_vs_best_single")
@@ -73,6 +81,9 @@ def _print(res: dict) -> None:
                       f"{x(res.get('geomean_speedup_predicted_choice'))}); tvm_pesto.build "
                       f"{x(res.get('geomean_speedup_pesto_vs_best_single'))} (worst "
                       f"{x(res.get('worst_speedup_pesto_vs_best_single'))})")
+    if res.get("geomean_ceiling_mix_free_boundaries") is not None:
+        console.print(f"geomean ceilings: mix with free boundaries {x(res['geomean_ceiling_mix_free_boundaries'])}, "
+                      f"joint with free communication {x(res.get('geomean_ceiling_joint_free_communication'))}")
     if res.get("noise"):
         console.print(noise_line(res["noise"]))
     un = {k: v for m in models.values() for k, v in m.get("unavailable", {}).items()}
