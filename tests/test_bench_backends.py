@@ -94,3 +94,13 @@ def test_the_joint_shape_is_chosen_by_blocks_or_by_prediction():
     assert pkey == "joint_1dev" and key == "joint_2dev"  # measured faster, though predicted slower
     assert len(select["joint_1dev"]) == 2 and predicted == {"joint_1dev": 1.0, "joint_2dev": 2.0}
     assert bb._choose_joint(variants, fns, "predicted")[2:] == ("joint_1dev", {})
+
+
+def test_a_model_file_is_loaded_like_a_zoo_name_and_a_missing_one_is_named(monkeypatch, tmp_path):
+    """``--model`` takes model files as ``tvm-pesto run`` does (``models.load_model``): a file that
+    is not there is reported under its path, with the fix, and the other models still run."""
+    monkeypatch.setattr(bb, "bench_clusters", lambda: (_Cluster("cpu:1"), _Cluster("cpu:2")))
+    missing = str(tmp_path / "mine.onnx")
+    res = bb.bench_backends([missing])
+    assert list(res["errors"]) == [missing] and "does not exist" in res["errors"][missing]
+    assert "check the path" in res["errors"][missing] and res["models"] == {}

@@ -1,10 +1,11 @@
 """``tvm-pesto bench backends``: single backends vs Collage-DP vs the joint solve vs ``build``, measured.
 
-For every zoo model, through the one flow (:mod:`tvm_pesto.api`: candidates -> measured
-costs -> :func:`~tvm_pesto.api.place_from_costs`, the split decision off -> builder ->
-executor): each backend alone (TVM for the ops it has no candidate for) on one CPU device,
-Collage's cover alone on one device (the backend-mix effect), the joint solve (backend +
-device + order, ``ilp``) on one and on two CPU devices, and ``pesto``: what
+For every zoo model (or the models named: zoo names or model files), through the one flow
+(:mod:`tvm_pesto.api`: candidates -> measured costs -> :func:`~tvm_pesto.api.place_from_costs`,
+the split decision off -> builder -> executor): each backend alone (TVM for the ops it has no
+candidate for) on one CPU device, Collage's cover alone on one device (the backend-mix
+effect), the joint solve (backend + device + order, ``ilp``) on one and on two CPU devices,
+and ``pesto``: what
 :func:`tvm_pesto.build` returns on ``cpu:2`` with measured costs (the default solver and the
 final measured choice of :mod:`tvm_pesto.decide`), the model a user gets. All variants are
 built in this process and timed in blocks (:func:`tvm_pesto.run.blocks.time_blocks`: a
@@ -122,20 +123,22 @@ def _variant(costed, table, solver: str, time_limit_s: float, search_s: float):
 def bench_model(name: str, size: str = "small", backends=None, cache=None, rounds: int = ROUNDS,
                 time_limit_s: float = 30.0, progress=None, clusters=None, select_by: str = "measured",
                 search_s: float = 5.0) -> dict:
-    """Benchmark one zoo model; see the module docstring for what is measured.
+    """Benchmark one model (a zoo name or a model file, :func:`tvm_pesto.models.load_model`);
+    see the module docstring for what is measured.
 
     ``select_by``: how ``joint_s`` picks between the 1- and 2-device joint results:
     ``"measured"`` (the faster in a separate short timing of the two, not reused for the
     reported numbers) or ``"predicted"`` (lower simulated makespan).
     """
     # lazy: loads TVM's compiler and PyTorch, which importing this module does not
-    from .. import api, zoo
+    from .. import api
+    from ..models import load_model
 
     def say(msg):
         if progress:
             progress(msg)
 
-    zm = zoo.load(name, size)
+    zm = load_model(name, size)
     ref = _reference(zm)
     c1, c2 = clusters if clusters is not None else bench_clusters()
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None

@@ -17,7 +17,7 @@ from .progress import console
 
 
 @click.command("backends")
-@click.option("--model", "models", multiple=True, help="zoo model name (repeatable; default: every zoo model)")
+@click.option("--model", "models", multiple=True, help="zoo model name or model file (.onnx, .pt2, .py; repeatable; default: every zoo model)")
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
 @click.option("--backends", default=None, help="comma-separated backend names (default: every registered one)")
 @click.option("--rounds", default=ROUNDS, show_default=True, help="timed blocks per variant (order rotated)")
