@@ -414,9 +414,19 @@ class PlacementPass:
     segments are legalized to TIR calls with their outputs on the segment's device
     (:func:`tvm_pesto.builder.program.legalize_on_devices`). That path is for TVM's own
     VM, which runs one call at a time; :func:`build` runs the devices concurrently.
-    ``last_placement`` keeps what was decided; ``plan=`` applies a given plan instead
-    (e.g. one saved from an earlier placement); ``deterministic=True`` places with work
-    budgets (see :func:`place`), so a compile flow gives the same module on any machine.
+
+    The plan is chosen as :func:`build` chooses it: on ``cpu:N`` of this machine the flow's
+    plan, its plan on the same cores as one device and each library's whole model are built
+    and timed against each other (``measure_final``, ``inputs``: as in :func:`build`), and
+    the fastest is the module; a plan the costs predict fast can run slower than one
+    library's call (calls of several libraries in a row wake each other's thread pools).
+    Its shape may then be one device on the same cores: the module has one vdevice, and a
+    VM given the cluster's devices uses the first. ``last_placement`` keeps what was
+    decided, ``last_decision`` each option's predicted and measured time, ``last_cluster``
+    the cluster the module is placed on. ``plan=`` applies a given plan instead (e.g. one
+    saved from an earlier placement); ``deterministic=True`` places with work budgets and
+    measures nothing (see :func:`place`), so a compile flow gives the same module on any
+    machine; ``measure_final=False`` keeps the flow's plan unmeasured.
 
     Examples
     --------
@@ -424,7 +434,7 @@ class PlacementPass:
     >>> from tvm import relax
     >>> from tvm_pesto.candidates.examples import tiny_mlp
     >>> mod, (x,) = tiny_mlp()
-    >>> seq = tvm.transform.Sequential([PlacementPass("cpu:2", costs="roofline")])
+    >>> seq = tvm.transform.Sequential([PlacementPass("cpu:2", costs="roofline", measure_final=False)])
     >>> ex = tvm.compile(seq(mod))
     >>> vm = relax.VirtualMachine(ex, [tvm.cpu(0), tvm.cpu(0)])
     >>> vm["main"](tvm.runtime.tensor(x)).numpy().shape
@@ -432,22 +442,36 @@ class PlacementPass:
     """
 
     def __init__(self, cluster, backends="all", solver: str = "auto", costs="auto", plan: Plan | None = None,
-                 deterministic: bool | None = None, **solver_options):
+                 deterministic: bool | None = None, measure_final: bool | None = None, inputs=None,
+                 **solver_options):
         self.cluster = as_cluster(cluster)
         self.backends = backends
         self.solver = solver
         self.costs = costs
         self.plan = plan  # apply this plan (with units) instead of solving
         self.deterministic = deterministic
+        self.measure_final = False if deterministic else measure_final
+        self.inputs = inputs
         self.solver_options = solver_options
         self.last_placement: Placement | None = None
+        self.last_decision: dict | None = None
+        self.last_cluster = None
 
     def transform_module(self, mod, ctx):
         if self.plan is not None:
+            self.last_cluster = self.cluster
             return legalize_on_devices(apply_plan(analyze(mod).rg, self.plan, self.cluster))
+        if decide.skip_reason(self.cluster, self.measure_final) is None:
+            placed = build(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,
+                           deterministic=self.deterministic, measure_final=self.measure_final, inputs=self.inputs,
+                           **self.solver_options)
+            placed.close()  # its units stay registered for the VM's extern calls
+            self.last_placement, self.last_decision, self.last_cluster = \
+                placed.placement, placed.decision, placed.cluster
+            return legalize_on_devices(placed.placed_mod)
         pl = place(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,
                    deterministic=self.deterministic, **self.solver_options)
-        self.last_placement = pl
+        self.last_placement, self.last_decision, self.last_cluster = pl, None, self.cluster
         return legalize_on_devices(apply_plan(pl.analysis.rg, pl.plan, self.cluster))
 
 
