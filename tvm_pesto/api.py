@@ -419,7 +419,7 @@ class PlacementPass:
     plan, its plan on the same cores as one device and each library's whole model are built
     and timed against each other (``measure_final``, ``inputs``: as in :func:`build`), and
     the fastest is the module; a plan the costs predict fast can run slower than one
-    library's call (calls of several libraries in a row wake each other's thread pools).
+    library's call (a call right after another library's runs slower than alone).
     Its shape may then be one device on the same cores: the module has one vdevice, and a
     VM given the cluster's devices uses the first. ``last_placement`` keeps what was
     decided, ``last_decision`` each option's predicted and measured time, ``last_cluster``
