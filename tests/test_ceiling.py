@@ -127,3 +127,17 @@ def test_the_call_costs_of_the_backends_are_measured_on_a_one_op_model(tmp_path)
     got = call_costs(parse_cluster("cpu:1"), ["tvm", "onnxruntime"], MeasureCache(tmp_path / "m.jsonl"))
     assert set(got) == {"tvm", "onnxruntime"} and all(0 < v < 1e-2 for v in got.values())
     assert got["onnxruntime"] > got["tvm"]  # a library call costs more than an add inside TVM's segment
+
+
+def test_a_library_alone_is_its_whole_model_call_even_where_a_split_is_predicted_cheaper():
+    """A cover of two calls of one library predicted under its one call (1.0 + 1.0 < 2.5) is
+    not that library alone: its users run the one call, which is what a mix must beat."""
+    cands = [Candidate("a", (0,)), Candidate("a", (1,)), Candidate("a", (0, 1)),
+             Candidate("b", (0,)), Candidate("b", (1,)), Candidate("b", (0, 1))]
+    c = mix_ceiling(_chain(2), cands, np.array([1.0, 1.0, 2.5, 3.0, 3.0, 4.0]))
+    assert c["single_s"] == {"a": 2.5, "b": 4.0} and c["best_single"] == "a"
+    assert c["mix_s"] == pytest.approx(2.0) and c["mix"] == pytest.approx(1.25)
+    # a backend with no whole-model candidate keeps its cheapest cover (the fallback for what it lacks)
+    from tvm_pesto.solve.ceiling import alone
+    t = alone(cands[:2] + [Candidate("tvm", (0,)), Candidate("tvm", (1,))], np.array([1.0, 1.0, 5.0, 5.0]), "a", 2)
+    assert t.tolist() == [1.0, 1.0, np.inf, np.inf]

@@ -2,11 +2,12 @@
 
 For every zoo model (or the models named: zoo names or model files), through the one flow
 (:mod:`tvm_pesto.api`: candidates -> measured costs -> :func:`~tvm_pesto.api.place_from_costs`,
-the split decision off -> builder -> executor): each backend alone (TVM for the ops it has no
-candidate for) on one CPU device, Collage's cover alone on one device (the backend-mix
-effect), the joint solve (backend + device + order, ``ilp``) on one and on two CPU devices,
-and ``pesto``: what :func:`tvm_pesto.build` returns on ``cpu:2`` with measured costs (the
-default solver and the final measured choice of :mod:`tvm_pesto.decide`), the model a user gets. All variants are
+the split decision off -> builder -> executor): each backend alone on one CPU device (its
+whole-model call, as its users run it; where it has none, its cheapest cover with TVM for the
+ops it lacks), Collage's cover alone on one device (the backend-mix effect), the joint solve
+(backend + device + order, ``ilp``) on one and on two CPU devices, and ``pesto``: what
+:func:`tvm_pesto.build` returns on ``cpu:2`` with measured costs (the default solver and the
+final measured choice of :mod:`tvm_pesto.decide`), the model a user gets. All variants are
 built in this process and timed in blocks (:func:`tvm_pesto.run.blocks.time_blocks`: a
 warm-up, then calls for a fixed time, the median kept; the order rotates every round; a
 variant's time is its best block median): single calls of two libraries interleaved would
@@ -39,7 +40,7 @@ from ..cluster.linkbench import measure_links as _measure
 from ..costs import candidate_costs
 from ..errors import PestoError
 from ..run.blocks import time_blocks
-from ..solve.ceiling import mix_ceiling, restrict_to
+from ..solve.ceiling import alone, mix_ceiling
 from .report import AGREE, geomean, machine_info, timing_noise
 
 #: Blocks per variant, the order of the variants rotated between them.
@@ -251,8 +252,8 @@ def _solve_variants(name: str, costed1, costed2, time_limit_s: float, search_s: 
     singles = sorted({c.backend for c in costed1.candidates})
     variants: dict[str, tuple] = {}
     for b in singles:
-        variants[f"single:{b}"] = (c1, _variant(costed1, restrict_to(joint1.candidates, joint1.costs, b), "single",
-                                                time_limit_s, 0))
+        table = alone(joint1.candidates, joint1.costs, b, joint1.graph.num_nodes)
+        variants[f"single:{b}"] = (c1, _variant(costed1, table, "single", time_limit_s, 0))
     variants["collage_dp"] = (c1, _variant(costed1, None, "single", time_limit_s, 0))
     say(f"{name}: joint solve on 1 and 2 devices")
     variants["joint_1dev"] = (c1, _variant(costed1, None, "ilp", time_limit_s, search_s))

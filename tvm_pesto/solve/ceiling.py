@@ -3,7 +3,7 @@
 Collage's cover (:mod:`tvm_pesto.solve.cover`) beats the best single backend only when some
 region is faster in another library, and by more than the extra library calls at the
 region's boundaries cost. :func:`mix_ceiling` separates the two. On one device's costs it
-solves the cover of each backend alone (:func:`restrict_to`) and the cover over every
+solves each backend alone (:func:`alone`: its whole-model call) and the cover over every
 backend with **free boundaries**: each library call's fixed cost taken off every candidate
 of that library, and one call's added back. A backend's fixed cost per call is what a call
 of a one-op model costs where that was measured (``fixed_s``), and at most its cheapest
@@ -79,6 +79,35 @@ def restrict_to(candidates, costs: np.ndarray, backend: str, fallback: str = "tv
     return out
 
 
+def alone(candidates, costs: np.ndarray, backend: str, num_nodes: int, fallback: str = "tvm") -> np.ndarray:
+    """Costs of ``backend`` alone as its users run it: its whole-model candidate only, where
+    it has a usable one (one call of the library), else :func:`restrict_to` (its cheapest
+    cover, ``fallback`` for the ops it lacks). A cover of several calls of one library can
+    be predicted a little under its whole-model call and run well over it (the regions'
+    boundaries undo the library's own fusion and memory planning), so a library's single
+    figure is its one call.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from tvm_pesto.candidates import Candidate
+    >>> cands = [Candidate("ort", (0,)), Candidate("ort", (1,)), Candidate("ort", (0, 1)), Candidate("tvm", (0,)),
+    ...          Candidate("tvm", (1,))]
+    >>> alone(cands, np.array([1.0, 1.0, 2.5, 3.0, 3.0]), "ort", 2).tolist()
+    [inf, inf, 2.5, inf, inf]
+    >>> alone(cands, np.array([1.0, 1.0, 2.5, 3.0, 3.0]), "tvm", 2).tolist()
+    [inf, inf, inf, 3.0, 3.0]
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    fin = np.isfinite(costs).any(axis=1) if costs.ndim == 2 else np.isfinite(costs)
+    whole = [i for i, c in enumerate(candidates) if c.backend == backend and len(c.nodes) == num_nodes and fin[i]]
+    if not whole:
+        return restrict_to(candidates, costs, backend, fallback)
+    out = np.full_like(costs, np.inf)
+    out[whole] = costs[whole]
+    return out
+
+
 def mix_ceiling(graph, candidates, costs, fixed_s: dict | None = None, native=("tvm",),
                 fallback: str = "tvm") -> dict:
     """The best single backend, Collage's cover and the cover with free boundaries, on one
@@ -91,8 +120,8 @@ def mix_ceiling(graph, candidates, costs, fixed_s: dict | None = None, native=("
     Returns
     -------
     dict
-        ``single_s`` (backend -> seconds of its cover alone, ``native`` and ``fallback``
-        backends not listed on their own), ``best_single`` and ``best_single_s``, ``mix_s``
+        ``single_s`` (backend -> seconds of it alone, :func:`alone`; ``native`` and
+        ``fallback`` backends not listed on their own), ``best_single`` and ``best_single_s``, ``mix_s``
         (the cover over every backend), ``fixed_s`` (backend -> the fixed cost taken off each
         of its calls), ``free_boundaries_s`` (the cover with every
         call's fixed cost taken off, plus the smallest fixed cost of the backends it uses: one
@@ -112,7 +141,7 @@ def mix_ceiling(graph, candidates, costs, fixed_s: dict | None = None, native=("
     single = {}
     for b in libraries:
         try:
-            single[b] = best_cover(graph, sets, restrict_to(candidates, costs, b, fallback)).cost
+            single[b] = best_cover(graph, sets, alone(candidates, costs, b, graph.num_nodes, fallback)).cost
         except InfeasibleError:  # the fallback does not cover what this backend lacks
             continue
     if not single:
@@ -137,4 +166,4 @@ def mix_ceiling(graph, candidates, costs, fixed_s: dict | None = None, native=("
             "mix": single[best] / mix.cost, "ceiling": single[best] / free_s}
 
 
-__all__ = ["MIN_S", "mix_ceiling", "restrict_to"]
+__all__ = ["MIN_S", "alone", "mix_ceiling", "restrict_to"]
