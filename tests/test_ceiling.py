@@ -141,3 +141,13 @@ def test_a_library_alone_is_its_whole_model_call_even_where_a_split_is_predicted
     from tvm_pesto.solve.ceiling import alone
     t = alone(cands[:2] + [Candidate("tvm", (0,)), Candidate("tvm", (1,))], np.array([1.0, 1.0, 5.0, 5.0]), "a", 2)
     assert t.tolist() == [1.0, 1.0, np.inf, np.inf]
+
+
+def test_the_call_added_back_is_the_cheapest_of_any_library():
+    """One call is added back to the free cover: the smallest fixed cost of any library, not of
+    the libraries that cover uses, else a cover by the cheap-call library could beat the figure."""
+    cands = [Candidate("a", (0,)), Candidate("a", (1,)), Candidate("a", (0, 1)),
+             Candidate("b", (0,)), Candidate("b", (1,)), Candidate("b", (0, 1))]
+    c = mix_ceiling(_chain(2), cands, np.array([11.0, 11.0, 21.0, 6.0, 6.0, 7.0]), fixed_s={"a": 1.0, "b": 5.0})
+    assert c["fixed_s"] == {"a": 1.0, "b": 5.0} and c["best_single_s"] == pytest.approx(7.0)
+    assert c["free_boundaries_s"] == pytest.approx(2.0 + 1.0) and c["ceiling"] == pytest.approx(7.0 / 3.0)

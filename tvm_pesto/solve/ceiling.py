@@ -7,8 +7,11 @@ solves each backend alone (:func:`alone`: its whole-model call) and the cover ov
 backend with **free boundaries**: each library call's fixed cost taken off every candidate
 of that library, and one call's added back. A backend's fixed cost per call is what a call
 of a one-op model costs where that was measured (``fixed_s``), and at most its cheapest
-candidate (no call of it costs less), which errs on the generous side: no cover of these candidates at these costs that makes at least one library
-call beats the best single backend by more than ``ceiling``. Candidates of ``native``
+candidate (no call of it costs less); the smallest of them is added back. So no cover of
+these candidates at these costs that makes at least one library call beats the best single
+backend by more than ``ceiling``: each of its calls costs its candidate's free cost plus its
+fixed cost, and the free costs of the cheapest free cover plus one smallest fixed cost are
+no more. Candidates of ``native``
 backends (compiled into the module's own segments, no call of their own) keep their costs.
 
 A ceiling near 1 says that on this machine no region of this model is enough faster in
@@ -124,8 +127,8 @@ def mix_ceiling(graph, candidates, costs, fixed_s: dict | None = None, native=("
         ``fallback`` backends not listed on their own), ``best_single`` and ``best_single_s``, ``mix_s``
         (the cover over every backend), ``fixed_s`` (backend -> the fixed cost taken off each
         of its calls), ``free_boundaries_s`` (the cover with every
-        call's fixed cost taken off, plus the smallest fixed cost of the backends it uses: one
-        call is never free), ``free_mix`` (backend ->
+        call's fixed cost taken off, plus the smallest fixed cost of any library: a cover
+        makes at least one call), ``free_mix`` (backend ->
         ops in that cover), ``mix`` (``mix_s``'s speedup over the best single backend) and
         ``ceiling`` (``free_boundaries_s``'s).
 
@@ -160,7 +163,7 @@ def mix_ceiling(graph, candidates, costs, fixed_s: dict | None = None, native=("
     ops: dict[str, int] = {}
     for i in cover.chosen:
         ops[candidates[i].backend] = ops.get(candidates[i].backend, 0) + len(candidates[i].nodes)
-    free_s = cover.cost + min((fixed[b] for b in ops if b in fixed), default=0.0)
+    free_s = cover.cost + min(fixed.values(), default=0.0)
     return {"single_s": single, "best_single": best, "best_single_s": single[best], "mix_s": mix.cost,
             "fixed_s": fixed, "free_boundaries_s": free_s, "free_mix": ops,
             "mix": single[best] / mix.cost, "ceiling": single[best] / free_s}
