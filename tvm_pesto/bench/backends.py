@@ -122,13 +122,14 @@ def _variant(costed, table, solver: str, time_limit_s: float, search_s: float):
 
 def bench_model(name: str, size: str = "small", backends=None, cache=None, rounds: int = ROUNDS,
                 time_limit_s: float = 30.0, progress=None, clusters=None, select_by: str = "measured",
-                search_s: float = 5.0) -> dict:
+                search_s: float = 5.0, call_s: dict | None = None) -> dict:
     """Benchmark one model (a zoo name or a model file, :func:`tvm_pesto.models.load_model`);
     see the module docstring for what is measured.
 
     ``select_by``: how ``joint_s`` picks between the 1- and 2-device joint results:
     ``"measured"`` (the faster in a separate short timing of the two, not reused for the
-    reported numbers) or ``"predicted"`` (lower simulated makespan).
+    reported numbers) or ``"predicted"`` (lower simulated makespan). ``call_s``: each backend's
+    fixed cost per call on ``cpu:1`` (:func:`call_costs`; measured here when not given).
     """
     # lazy: loads TVM's compiler and PyTorch, which importing this module does not
     from .. import api
@@ -160,7 +161,8 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, round
         placed["pesto"], fns["pesto"], errs["pesto"] = pesto.pop("placed"), pesto.pop("call"), pesto["max_abs_err"]
     predicted, predicted_key, joint_key, select = _choose_joint(variants, fns, select_by)
     say(f"{name}: ceilings (free boundaries on one device, free communication on two)")
-    ceiling = ceilings(costed1, costed2, predicted, call_costs(c1, backends, cache), time_limit_s, search_s)
+    call_s = call_s if call_s is not None else call_costs(c1, backends, cache)
+    ceiling = ceilings(costed1, costed2, predicted, call_s, time_limit_s, search_s)
     say(f"{name}: timing {len(placed)} variants in blocks, {rounds} rounds")
     load_timed = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     timed = _time_and_release(fns, placed, rounds)
@@ -409,12 +411,13 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
 
     names = list(models) if models else zoo.list_models()
     c1, c2 = bench_clusters()
+    call_s = call_costs(c1, backends, cache)  # the same for every model
     out = {"size": size, "machine": machine_info(), "clusters": {"cpu:1": c1.to_dict(), "cpu:2": c2.to_dict()},
            "rounds": rounds, "models": {}, "errors": {}}
     for n in names:
         try:
             out["models"][n] = bench_model(n, size, backends, cache, rounds, time_limit_s, progress, (c1, c2),
-                                           select_by=select_by)
+                                           select_by=select_by, call_s=call_s)
         except PestoError as e:
             out["errors"][n] = str(e)
     ms = list(out["models"].values())

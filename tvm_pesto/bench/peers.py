@@ -51,8 +51,7 @@ import numpy as np
 
 import tvm_pesto
 
-from ..backends import available_backends, backend_status
-from ..candidates.flow import backend_names
+from ..backends import backend_status
 from ..cluster.device_thread import owns_every_core
 from ..cluster.specs import cpu_cluster
 from ..decide import whole_model_placement
@@ -193,13 +192,14 @@ def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: b
 
 
 def _with_bf16(build_options: dict) -> dict | None:
-    """The build options with ``openvino-bf16`` among the backends, or None where that
-    backend is not available (a CPU without bfloat16 units)."""
+    """The build options with ``openvino-bf16`` named beside their backends (``all`` stands for
+    every backend but the named-only ones, :func:`~tvm_pesto.candidates.flow.backend_names`),
+    or None where that backend is not available (a CPU without bfloat16 units)."""
     if not backend_status(["openvino-bf16"])["openvino-bf16"][0]:
         return None
-    names = backend_names(build_options.get("backends", "all"))
-    names = names if names is not None else [b.name for b in available_backends(None)[0]]
-    return {**build_options, "backends": [n for n in names if n != "openvino-bf16"] + ["openvino-bf16"]}
+    backends = build_options.get("backends", "all")
+    named = backends.split(",") if isinstance(backends, str) else list(backends)
+    return {**build_options, "backends": [n.strip() for n in named if n.strip() != "openvino-bf16"] + ["openvino-bf16"]}
 
 
 def _importable(name: str) -> bool:
