@@ -12,6 +12,12 @@ quiet machine. A ``TVM_PESTO_CACHE`` the caller set is kept (to share a cache on
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# No clock decides a property test: no per-example deadline, and slow data generation (a
+# loaded machine) is not a failure. Tests' own @settings start from this profile.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 #: The test files that take longest, longest first (seconds of test time on a 2-core AMD Zen 1
 #: VM, `pytest --durations=0` at da77efa): Ray actors 286, CLI runs 197, the GPU check's dry
@@ -44,25 +50,71 @@ def _measurements_of_this_run(tmp_path_factory):
         os.environ.pop("TVM_PESTO_CACHE", None)
 
 
-@pytest.fixture(scope="module", params=[("AuthenticAMD/23/1", True), ("GenuineIntel/6/999", False)],
-                ids=["trained-cpu-kind", "unknown-cpu-kind"])
+#: A CPU kind no shipped data were made on (the matrix's unseen column).
+UNSEEN_CPU_KIND = "UnseenVendor/0/0"
+
+
+def _kind_of(key: str) -> str:
+    """``AuthenticAMD/23/1`` from a device key ``cpu/host-cpu/1@AuthenticAMD/23/1`` ("" for none)."""
+    return key.split("@", 1)[1] if "@" in key else ""
+
+
+def shipped_cpu_kinds() -> dict:
+    """Each CPU kind the shipped data were made on, read from the data, with what was made there.
+
+    Returns
+    -------
+    dict
+        kind -> ``{"trained": the bundled cost model has rows of it, "calibrated": its
+        calibration has entries for it, "tuned": a shipped tuning database was tuned on it}``.
+    """
+    from tvm_pesto.costs.calibration import load_calibration
+    from tvm_pesto.costs.tuning_db import read_device_file
+    from tvm_pesto.costs.xgb import load_model
+    from tvm_pesto.package_data import data_dirs
+
+    model = load_model()
+    trained = {_kind_of(k) for k in model.meta.get("devices", [])}
+    cal = load_calibration(model)
+    calibrated = {_kind_of(dk) for _, dk in (cal.entries if cal else {})}
+    tuned = set()
+    for d in data_dirs("cost_models"):
+        for folder in sorted(d.glob("*/")) if d.is_dir() else []:
+            desc = read_device_file(folder)
+            if desc and desc.get("cpu_kind"):
+                tuned.add(desc["cpu_kind"])
+    kinds = sorted((trained | calibrated | tuned) - {""})
+    assert kinds, "no CPU kind in the shipped data: the cost model, its calibration or the tuning databases"
+    return {k: {"trained": k in trained, "calibrated": k in calibrated, "tuned": k in tuned} for k in kinds}
+
+
+def _cpu_kind_params():
+    kinds = shipped_cpu_kinds()
+    assert UNSEEN_CPU_KIND not in kinds
+    kinds[UNSEEN_CPU_KIND] = {"trained": False, "calibrated": False, "tuned": False}
+    return [pytest.param((k, facts), id=k.replace("/", "-")) for k, facts in kinds.items()]
+
+
+@pytest.fixture(scope="module", params=_cpu_kind_params())
 def cpu_kind(request):
-    """This machine's CPU taken as another kind (``$TVM_PESTO_CPU_KIND``), once per kind: the
-    AMD EPYC of family 23 model 1 (``trained``: the bundled cost model was trained on it, and
-    its calibration was fitted there) and a kind it never saw. Whatever CPU runs the suite, a test that depends
-    on the kind then checks both outcomes. Module-scoped, so that module fixtures can depend
-    on it: while a kind is set, the module's tests that do not use it may run under it too.
+    """This machine's CPU taken as another kind (``$TVM_PESTO_CPU_KIND``), once per kind: each
+    kind the shipped data were made on (:func:`shipped_cpu_kinds`: the cost model's rows, its
+    calibration, the tuning databases) and one they never saw (:data:`UNSEEN_CPU_KIND`).
+    Whatever CPU runs the suite, a test that depends on the kind then checks every outcome.
+    Module-scoped, so that module fixtures can depend on it: while a kind is set, the module's
+    tests that do not use it may run under it too.
 
     Yields
     ------
     types.SimpleNamespace
-        ``kind`` (``vendor/family/model``) and ``trained`` (bool).
+        ``kind`` (``vendor/family/model``), ``trained``, ``calibrated`` and ``tuned`` (bool:
+        what the shipped data hold of that kind).
     """
     import types
 
     from tvm_pesto.cluster.host import CPU_KIND_ENV
 
-    kind, trained = request.param
+    kind, facts = request.param
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CPU_KIND_ENV, kind)
-        yield types.SimpleNamespace(kind=kind, trained=trained)
+        yield types.SimpleNamespace(kind=kind, **facts)

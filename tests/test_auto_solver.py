@@ -92,6 +92,7 @@ def brute_force(problem: JointProblem) -> float:
     return float(best)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
 def test_auto_finds_the_brute_force_optimum_and_its_bound_holds(seed):
     problem = random_joint(seed, n=5, num_devices=2, extra=4)
@@ -128,10 +129,12 @@ def _never_worse(seeds, search_s: float) -> list:
     return worse
 
 
+@pytest.mark.slow
 def test_auto_is_never_worse_than_any_heuristic_on_200_random_problems():
     assert not _never_worse(range(1000, 1200), search_s=0.0)
 
 
+@pytest.mark.slow
 def test_auto_with_the_joint_search_is_never_worse_than_any_heuristic_with_it():
     assert not _never_worse(range(2000, 2030), search_s=0.5)
 

@@ -29,6 +29,7 @@ def placement(tmp_path_factory):
     return out, json.loads((out / "p.json").read_text())
 
 
+@pytest.mark.slow
 def test_placement_json_has_every_case_algorithm_and_field(placement):
     _, data = placement
     assert data["benchmark"] == "placement"
@@ -83,6 +84,7 @@ def test_case_checks_flag_a_missed_goal_and_a_worse_ilp():
     assert case_checks(row)["goal_met"] is True
 
 
+@pytest.mark.slow
 def test_scale_quick(tmp_path):
     res = invoke("scale", "--quick", "--ilp-time-limit", "0.5", "--lns", "0.5", "--ilp-refine", "0.2",
                  "--json", str(tmp_path / "s.json"),
@@ -102,6 +104,7 @@ def test_scale_quick(tmp_path):
     assert (tmp_path / "scale_wall_time.png").exists()
 
 
+@pytest.mark.slow
 def test_scale_caps_the_ilp_path_and_says_where(tmp_path):
     res = invoke("scale", "--sizes", "300", "--algorithms", "heft,ilp", "--lns", "600", "--ilp-refine", "600",
                  "--ilp-max-s", "2", "--json", str(tmp_path / "s.json"), "--md", str(tmp_path / "s.md"))
@@ -110,7 +113,7 @@ def test_scale_caps_the_ilp_path_and_says_where(tmp_path):
     ilp = next(r for r in data["rows"] if r["algorithm"] == "ilp")
     heft = next(r for r in data["rows"] if r["algorithm"] == "heft")
     assert data["settings"]["ilp_max_s"] == 2 and ilp["deterministic"] is False
-    assert "cap hit in the LNS" in ilp["clock_stopped"] and ilp["wall_s"] < 2 + 5
+    assert "cap hit in the LNS" in ilp["clock_stopped"] and ilp["wall_s"] < 60  # its budgets alone: 1200 s
     assert ilp["makespan_s"] <= heft["makespan_s"] * (1 + 1e-9)
     assert "Where a clock stopped the ILP path" in (tmp_path / "s.md").read_text()
 

@@ -84,6 +84,7 @@ def test_a_model_that_fails_is_reported_not_summed(monkeypatch):
     assert list(res["models"]) == ["good"] and res["geomean_speedup_vs_best_single"] == pytest.approx(2.0)
 
 
+@pytest.mark.slow
 def test_the_joint_shape_is_chosen_by_blocks_or_by_prediction():
     import time
 
@@ -107,3 +108,27 @@ def test_a_model_file_is_loaded_like_a_zoo_name_and_a_missing_one_is_named(monke
     res = bb.bench_backends([missing])
     assert list(res["errors"]) == [missing] and "does not exist" in res["errors"][missing]
     assert "check the path" in res["errors"][missing] and res["models"] == {}
+
+
+@pytest.mark.slow
+def test_bench_model_runs_end_to_end_on_a_tiny_model_file(tmp_path):
+    """The function behind ``tvm-pesto bench backends``, unreplaced, on a 12-op MLP given as a
+    model file: every variant built, timed and checked, the ceilings computed (figures are
+    the machine's; only what must hold on any machine is checked)."""
+    from tvm_pesto.candidates.examples import tiny_mlp
+
+    mod, _ = tiny_mlp()
+    path = tmp_path / "mlp.tvmscript"
+    path.write_text(mod.script(show_meta=True))
+    res = bb.bench_model(str(path), backends="tvm,onnxruntime", rounds=1, time_limit_s=5.0, search_s=0.5,
+                         clusters=bb.bench_clusters(measure_links=False))
+    assert res["num_ops"] == 12 and res["failed_builds"] == {}
+    assert set(res["single_s"]) == {"tvm", "onnxruntime"} and all(s > 0 for s in res["single_s"].values())
+    assert res["best_single_s"] == min(res["single_s"].values())
+    for key in ("collage_dp_s", "joint_1dev_s", "joint_2dev_s", "pesto_s"):
+        assert res[key] > 0, key
+    assert res["max_abs_err"] <= 1e-4 and set(res["max_abs_err_per_variant"]) >= {"collage_dp", "pesto"}
+    # a ceiling is a bound over the best single backend: a library alone is one of its covers
+    assert res["ceiling"]["mix_free_boundaries"] >= 1.0 - 1e-9
+    assert res["ceiling"]["joint_free_communication"] >= 1.0 - 1e-9
+    assert res["pesto_speedup_vs_best_single"] == pytest.approx(res["best_single_s"] / res["pesto_s"])

@@ -125,6 +125,7 @@ def random_problem(seed, n, d, unlike, tight):
     return make_problem(n, edges, costs, d=d, mem=mem, memory=memory, colocate=groups)
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_bound_never_exceeds_a_simulated_plan(case):

@@ -91,6 +91,7 @@ def check_every_record_once(path, extra=None) -> list[dict]:
     return lines
 
 
+@pytest.mark.slow
 def test_concurrent_cache_writers_lose_and_interleave_nothing(tmp_path):
     path = tmp_path / "m.jsonl"
     loads = []
@@ -111,6 +112,7 @@ def test_concurrent_cache_writers_lose_and_interleave_nothing(tmp_path):
     assert loads == sorted(loads)  # appends only ever grow what a reader sees
 
 
+@pytest.mark.slow
 def test_concurrent_profile_log_writers_lose_and_interleave_nothing(tmp_path):
     path = tmp_path / "prof.jsonl"
     run_writers(path, "profile")
@@ -202,6 +204,7 @@ def test_unserializable_record_leaves_file_and_cache_untouched(tmp_path):
     assert p.read_bytes() == before and c.get("n", "tvm", "t") is None
 
 
+@pytest.mark.slow
 def test_a_rewrite_while_others_append_loses_no_record(tmp_path):
     """Appenders wait for a rewrite's lock and append after what it kept: a log compacted
     while other processes write to it keeps every record they wrote (here the rewrite keeps all)."""

@@ -100,6 +100,7 @@ def test_candidate_parameters_are_tensors():
     assert len(outs) == 1 and isinstance(outs[0].ty, relax.TensorType)
 
 
+@pytest.mark.slow
 def test_measure_cache_persists_and_survives_a_corrupted_line(tmp_path):
     mod, _ = tiny_mlp()
     rg = from_relax(mod)
@@ -135,6 +136,7 @@ class _Flaky(TorchBackend):
         return super().make_callable(func, device)
 
 
+@pytest.mark.slow
 def test_build_failure_marks_candidate_infeasible(tmp_path):
     register_backend("flaky", _Flaky)
     try:
@@ -166,6 +168,7 @@ def test_validity_rejects_disconnected():
     assert not is_valid(g, [])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["inception_v3", "bert"])
 def test_patterns_indexed_by_root_op_find_what_matching_every_pattern_finds(name, monkeypatch):
     """Each pattern is tried only at nodes whose op its root can match; every pattern at

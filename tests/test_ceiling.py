@@ -120,6 +120,7 @@ def test_the_benchmark_ceilings_of_a_real_model():
     assert c["joint_free_status"] and c["joint_free_devices"]
 
 
+@pytest.mark.slow
 def test_the_call_costs_of_the_backends_are_measured_on_a_one_op_model(tmp_path):
     from tvm_pesto.bench.backends import call_costs
     from tvm_pesto.costs.cache import MeasureCache

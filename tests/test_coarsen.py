@@ -164,6 +164,7 @@ def test_memory_counts_internal_tensors():
         assert coarse.mem[gi] == pytest.approx(problem.mem[grp].sum())
 
 
+@pytest.mark.slow
 def test_coarsen_is_fast():
     problem = random_problem(20_000, 4, 0, p=0.3)
     problem.graph.topo_order()
@@ -171,9 +172,10 @@ def test_coarsen_is_fast():
     coarse, groups = coarsen(problem, 60)
     elapsed = time.perf_counter() - t
     assert coarse.num_nodes <= 60
-    assert elapsed < 10.0, f"coarsening 20k nodes took {elapsed:.1f} s"
+    assert elapsed < 60.0, f"coarsening 20k nodes took {elapsed:.1f} s"  # a guard against quadratic work
 
 
+@pytest.mark.slow
 def test_coarse_ilp_end_to_end_never_worse_than_heuristics():
     problem = random_problem(80, 3, 5, p=0.3)
     heur, spans = best_heuristic_plan(problem)
@@ -194,6 +196,7 @@ def test_coarse_ilp_without_fine_heuristics_returns_expanded_plan():
     assert "coarse_status" in plan.info and "coarse_timed_out" in plan.info
 
 
+@pytest.mark.slow
 def test_coarse_ilp_propagates_the_mip_status():
     from test_ilp import make_problem
 

@@ -138,6 +138,7 @@ def random_blocks(seed, d, symmetric, tight):
     return make_problem(n, edges, costs, d=d, mem=mem, memory=memory, latency=1e-4, bandwidth=1e9, links=links)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**31 - 1), st.integers(2, 3), st.booleans(), st.booleans())
 def test_bounds_never_exceed_the_brute_force_optimum(seed, d, symmetric, tight):

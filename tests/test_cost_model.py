@@ -229,6 +229,7 @@ def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, swe
         append_record(a, {"key": "k"})
 
 
+@pytest.mark.slow
 def test_profile_zoo_measures_each_model_in_a_process_of_its_own(tmp_path):
     """A long process slowed OpenVINO's two-thread calls (docs/cost_model.md): each model and
     each sweep family is profiled in a fresh process, appending to the same log."""
@@ -253,6 +254,7 @@ def test_profile_zoo_measures_each_model_in_a_process_of_its_own(tmp_path):
     assert bad[0].errors and bad[0].pid not in pids | {os.getpid()}  # a failure is reported, not raised
 
 
+@pytest.mark.slow
 def test_profiler_logs_enough_to_rebuild_features_without_the_ir(tmp_path):
     from tvm_pesto.lab.profile import profile_module
 
@@ -285,6 +287,7 @@ def test_training_is_deterministic(tmp_path, sweep_descs):
     assert np.array_equal(loaded.predict_rows(rows[:20]), m1.predict_rows(rows[:20]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["log_time", "log_ratio"])
 def test_metrics_on_the_fixed_small_dataset(sweep_descs, target):
     rows = synthetic_rows(sweep_descs)
@@ -366,6 +369,7 @@ def _tiny_tir_module():
     return tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)})
 
 
+@pytest.mark.slow
 def test_train_on_a_metaschedule_database_from_a_short_tuning_run(tmp_path, sweep_descs):
     from click.testing import CliRunner
 
@@ -517,6 +521,7 @@ def test_missing_model_is_a_clear_error(tmp_path):
 
 
 # -- the bundled model --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_bundled_default_model_meets_its_held_out_targets(tmp_path):
     from click.testing import CliRunner
 
@@ -593,6 +598,7 @@ def test_heldout_families_are_reported_apart_from_heldout_zoo_models(tmp_path, s
     assert "vit" not in cmx.load_model(out).meta["train_models"]
 
 
+@pytest.mark.slow
 def test_profile_takes_models_outside_the_zoo(tmp_path):
     from click.testing import CliRunner
 

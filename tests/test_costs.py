@@ -123,6 +123,7 @@ def test_a_tuple_read_from_outside_a_group_is_a_tensor_parameter(tmp_path, monke
     assert t[0] == t[1]
 
 
+@pytest.mark.slow
 def test_an_implausible_whole_model_timing_is_taken_twice_more(tmp_path, monkeypatch):
     """The whole model's time rescales every TVM-native cost of the model, so one timing far
     from what its groups add up to (0.27x and 1.89x seen on shared VMs) is timed twice more
@@ -159,6 +160,7 @@ def test_an_implausible_whole_model_timing_is_taken_twice_more(tmp_path, monkeyp
     assert len(made) == 1  # plausible: no retiming
 
 
+@pytest.mark.slow
 def test_tvm_records_of_the_old_method_are_measured_again(tmp_path):
     """A ``tvm`` record written before groups were timed with their weights (no stamp) is not
     trusted: the group is measured again and the new record carries the method's stamp."""
@@ -214,6 +216,7 @@ def test_unknown_cost_source_and_absent_device():
         tvm_pesto.estimate_costs(an, parse_cluster("2xV100-nvlink"), "measured")
 
 
+@pytest.mark.slow
 def test_the_whole_model_as_one_library_unit_is_timed_as_its_direct_call(tmp_path):
     """A candidate that is the whole model, of a backend whose units have a call on numpy
     arrays, costs what a one-unit program runs (that call, no VM overhead subtracted); a
@@ -242,6 +245,7 @@ def test_the_whole_model_as_one_library_unit_is_timed_as_its_direct_call(tmp_pat
     assert [(r.get("timing") or {}).get("method") for r in again] == ["direct"]  # only the whole model again
 
 
+@pytest.mark.slow
 def test_records_measured_under_more_load_than_now_are_measured_again(tmp_path):
     """A record's time includes whatever else ran on the cores then: one taken while the load
     average was at least a core's worth above today's is measured again; others are kept."""

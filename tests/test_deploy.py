@@ -69,6 +69,7 @@ def _run(root, path, env=None):
     return np.load(out), res.stdout
 
 
+@pytest.mark.slow
 def test_export_writes_libraries_artifacts_and_a_checked_manifest(bundle):
     _, path, devices = bundle
     man = json.loads(Path(path, "manifest.json").read_text())
@@ -79,6 +80,7 @@ def test_export_writes_libraries_artifacts_and_a_checked_manifest(bundle):
         assert Path(path, f).is_file()
 
 
+@pytest.mark.slow
 def test_load_in_a_fresh_process_gives_the_same_output(bundle):
     root, path, _ = bundle
     got, _ = _run(root, path)
@@ -95,6 +97,7 @@ def runtime_only_tvm(tmp_path_factory):
     return dst
 
 
+@pytest.mark.slow
 def test_load_needs_only_tvms_runtime(bundle, runtime_only_tvm):
     root, path, _ = bundle
     env = dict(os.environ, TVM_USE_RUNTIME_LIB="1",

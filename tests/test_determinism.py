@@ -41,6 +41,8 @@ from tvm_pesto.solve import budget, solve
 from tvm_pesto.solve.polish import polish
 from tvm_pesto.solve.refine import refine
 
+pytestmark = pytest.mark.slow  # plans compared across fresh processes: out of the `-m "not slow"` lane
+
 MODE = os.environ.get("TVM_PESTO_DETERMINISM_MODE", "deterministic")
 DETERMINISTIC = MODE != "wall-clock"
 LAYERGRAPH = str(benchmark_dir() / "latency-inputs" / "LayerGraphs" / "bert24_inference.json")

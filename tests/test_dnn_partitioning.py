@@ -90,6 +90,7 @@ def test_colocation_pairs_forward_with_backward(path):
     assert colocation_groups(g, forward_backward=False) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", FILES, ids=ids_of)
 def test_heuristic_split_round_trips_through_the_file_format(path, tmp_path):
     g, _, cl, p = build(path)

@@ -62,17 +62,18 @@ def measured(tmp_path_factory, cpu_kind):
     return res, mods, cache
 
 
+@pytest.mark.slow
 def test_flow_eval_scores_real_fused_groups(measured, cpu_kind):
     res, mods, cache = measured
     json.dumps(res)  # JSON-ready as returned
     assert res["kind"] == "flow" and res["cluster"] == "cpu:2" and res["devices"] == [dev()]
     assert res["high_load"] is False and res["high_load_models"] == []
-    # the bundled calibration (the suite turns the machine's fit off) has entries for the kind it
-    # was fitted on (one-core devices of the Zen 1, 23/1): other kinds and sizes are left as predicted
+    # the bundled calibration (the suite turns the machine's fit off) has entries for the kinds it
+    # was fitted on (one-core devices): other kinds and sizes are left as predicted
     entries = [bk for bk, dk in load_calibration(load_model()).entries if dk == dev()]
-    if cpu_kind.trained and dev().startswith("cpu/host-cpu/1@"):
+    if cpu_kind.calibrated and dev().startswith("cpu/host-cpu/1@"):
         assert "tvm" in entries
-    elif not cpu_kind.trained:
+    elif not cpu_kind.calibrated:
         assert entries == []
     for name, mod in mods.items():
         r = res["flow"][name]
@@ -109,6 +110,7 @@ def test_flow_eval_scores_real_fused_groups(measured, cpu_kind):
     assert set(res["targets"]["raw"]) == {"models", "mape_met", "sum_met", "all_met"}
 
 
+@pytest.mark.slow
 def test_flow_scores_the_library_units_per_backend(measured):
     """Each library backend's units (those covering one fused group, and its largest) are
     measured and predicted as the product's path gives them, scored per backend."""
@@ -136,6 +138,7 @@ def test_flow_scores_the_library_units_per_backend(measured):
     assert all(r["n"] == sum(res["flow"][n]["library"][b]["n"] for n in r["models"]) for b, r in res["library"].items())
 
 
+@pytest.mark.slow
 def test_flow_library_backends_are_chosen_and_checked_first(monkeypatch):
     import tvm_pesto.lab.flow_eval as fe
 
@@ -152,6 +155,7 @@ def test_flow_library_backends_are_chosen_and_checked_first(monkeypatch):
     assert isinstance(res.exception, PestoError) and "add --flow" in str(res.exception)
 
 
+@pytest.mark.slow
 def test_flow_fits_this_machines_calibration_first_as_estimate_costs_does(measured, monkeypatch):
     """Where the xgb source would fit this machine's calibration before its first costs, the
     flow does too, and scores what that calibration then gives (here: the bundled one)."""
@@ -170,6 +174,7 @@ def test_flow_fits_this_machines_calibration_first_as_estimate_costs_does(measur
     assert all(r["mape"] == r["raw"]["mape"] and r["calibrated"] is False for r in res["flow"].values())
 
 
+@pytest.mark.slow
 def test_high_load_is_flagged_and_strict_refuses(measured, monkeypatch):
     _, mods, cache = measured
     monkeypatch.setattr(os, "getloadavg", _loads(3.5))
@@ -185,6 +190,7 @@ def test_high_load_is_flagged_and_strict_refuses(measured, monkeypatch):
     assert res["high_load"] is False
 
 
+@pytest.mark.slow
 def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch, tmp_path):
     import tvm_pesto.lab.flow_eval as fe
 
@@ -276,6 +282,7 @@ def _write_cal(model_path, a, b, sha=None, version=1):
     calibration_path(model_path).write_text(json.dumps(data))
 
 
+@pytest.mark.slow
 def test_xgb_source_applies_the_stored_calibration(model_copy, cpu_kind):
     a = tvm_pesto.analyze(sweep_module("matmul", limit=3))
     cs = tvm_pesto.make_candidates(a, "cpu:2", "tvm")

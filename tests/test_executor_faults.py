@@ -123,9 +123,7 @@ def test_a_failing_segment_names_device_segment_and_error(pm):
     B.mode = "raise"
     ex = pm._exec()
     trace: list = []
-    t = time.perf_counter()
-    _, err = within(10, ex.run, pm._inputs([X]), trace)
-    assert time.perf_counter() - t < 5
+    _, err = within(10, ex.run, pm._inputs([X]), trace)  # a hang guard: the error ends the run, not a timeout
     assert isinstance(err, ExecutionError), repr(err)
     msg = str(err)
     assert "device 1 (cpu1)" in msg and "dev1_seg0" in msg and "ValueError: boom on purpose" in msg, msg
@@ -181,6 +179,7 @@ def test_a_worker_that_exited_is_reported_not_hung_on(pm):
     assert pm._executor is not ex
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_worker_that_dies_while_the_caller_waits_is_reported(pm):
     ex = pm._exec()
@@ -191,9 +190,7 @@ def test_a_worker_that_dies_while_the_caller_waits_is_reported(pm):
         raise RuntimeError("simulated worker crash")
 
     w.jobs.put(crash)
-    t = time.perf_counter()
-    _, err = within(10, pm, X)
-    assert time.perf_counter() - t < 5
+    _, err = within(10, pm, X)  # a hang guard: the dead worker ends the wait, not a timeout
     assert isinstance(err, ExecutionError), repr(err)
     assert "device 1 (cpu1)" in str(err) and "RuntimeError: simulated worker crash" in str(err), str(err)
     assert not w.is_alive() and ex.busy_devices() == []
@@ -209,14 +206,17 @@ def ctrl_c():
 
 
 def _interrupt_when_started(delay_release=0.3):
-    """Ctrl-C in the main thread once the segment runs; release the segment a bit later.
-    ``t.interrupted`` says whether the interrupt was sent (the segment started in time)."""
+    """Ctrl-C in the main thread once the segment runs; release the segment a bit later
+    (``delay_release=None``: the test releases it). ``t.interrupted`` says whether the
+    interrupt was sent (the segment started in time)."""
     b = B
 
     def go():
         t.interrupted = b.started.wait(30)
         if t.interrupted:
             _thread.interrupt_main()
+            if delay_release is None:
+                return
             time.sleep(delay_release)
         b.release.set()
 
@@ -236,12 +236,10 @@ def test_keyboard_interrupt_stops_the_run_cleanly(pm, ctrl_c):
     B.mode = "block"
     ex = pm._exec()
     timer = _interrupt_when_started()
-    t = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         pm(X)
         pytest.fail(_no_interrupt(timer))
-    assert time.perf_counter() - t < 5
-    timer.join(5)
+    timer.join(10)
     assert B.returned.is_set()  # the running step finished before the interrupt propagated
     assert ex.busy_devices() == []
     assert ex.broken is None
@@ -257,14 +255,14 @@ def test_keyboard_interrupt_during_a_step_longer_than_the_grace(pm, ctrl_c):
     B.mode = "block"
     ex = pm._exec()
     ex.abandon_timeout_s = 0.2
-    timer = _interrupt_when_started(delay_release=1.5)
-    t = time.perf_counter()
+    timer = _interrupt_when_started(delay_release=None)  # the step goes on only when this test says
     with pytest.raises(KeyboardInterrupt):
         pm(X)
         pytest.fail(_no_interrupt(timer))
-    assert time.perf_counter() - t < 1.4  # it did not wait for the step
+    # it did not wait for the step: the step is still blocked, device 1 still busy with it
     assert ex.busy_devices() == [1] and not B.returned.is_set()
-    timer.join(5)
+    B.release.set()
+    timer.join(10)
     B.mode = "ok"
     np.testing.assert_allclose(pm(X), _want(X))  # queued behind the abandoned run, then runs
     assert ex.busy_devices() == []

@@ -153,6 +153,7 @@ def test_a_tvm_check_that_cannot_read_the_match_says_no(monkeypatch, rg):
 
 
 # -- heuristics ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_heuristic_that_raises_is_named_in_the_plan_and_warned(monkeypatch, caplog):
     problem = dnn_like_problem(12, cluster="2xV100-nvlink")
 

@@ -148,6 +148,7 @@ def op_cases():
     return funcs, _cpu_vm(funcs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(OP_CASES))
 def test_onnx_export_matches_tvm(op_cases, name):
     funcs, vm = op_cases
@@ -184,6 +185,7 @@ def test_onnx_unsupported_op_is_explained():
         relax_to_onnx(nhwc)
 
 
+@pytest.mark.slow
 def test_onnx_export_zoo_models_match_tvm_and_torch():
     m = zoo.load("mlp_mixer", "small")
     model = relax_to_onnx(m.mod["main"])
@@ -201,6 +203,7 @@ def test_onnx_export_zoo_models_match_tvm_and_torch():
 
 
 # -- TVM-CUDA ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tvm_cuda_models_compile_and_export(tmp_path):
     for name, arch in (("mlp_mixer", "sm_80"), ("vgg11", "sm_90")):
         ex = tvm_cuda.compile_cuda(zoo.load(name, "small").mod, arch, what=name)
@@ -210,6 +213,7 @@ def test_tvm_cuda_models_compile_and_export(tmp_path):
         assert src.count("__global__") >= 5
 
 
+@pytest.mark.slow
 def test_tvm_cuda_captures_cuda_graphs_unless_told_not_to():
     """``compile_cuda`` captures the static parts of ``main`` into CUDA graphs by default (on an
     H200 the small zoo models' ``main`` took 4-23 % less time; docs/gpu.md), not with
@@ -226,6 +230,7 @@ def test_tvm_cuda_captures_cuda_graphs_unless_told_not_to():
     assert "cuda_graph" not in off and "vm.builtin.cuda_graph.run_or_capture" in on
 
 
+@pytest.mark.slow
 def test_tvm_cuda_groups_for_each_arch_and_nvcc(tmp_path):
     from tvm_pesto.graph.fusion import fusion_groups
 
@@ -302,6 +307,7 @@ def test_backend_pattern_checks_run_tvm_checks():
 
 
 # -- cuBLAS plans ----------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "mlp_mixer", "vgg11"])
 def test_cublas_plans_match_tvm(name):
     rg = _rg(name)
@@ -372,6 +378,7 @@ CONV_CASES = {
 }
 
 
+@pytest.mark.slow
 def test_cudnn_plans_match_tvm():
     rg = _rg("vgg11")
     ms = patterns.match_nodes(rg, "cudnn")
@@ -395,6 +402,7 @@ def test_cudnn_plan_rejects_other_subgraphs():
 
 
 # -- TensorRT: ONNX regions ---------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "bert"])
 def test_tensorrt_regions_export_valid_onnx(name):
     rg = _rg(name)
@@ -552,6 +560,7 @@ def test_check_rows_allow_only_documented_skips():
     assert runner.exit_code([skipped.to_dict()]) == 0 and runner.exit_code([d, skipped.to_dict()]) == 1
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_device_check_dry_run_passes_on_the_healthy_tree(prepared):
     _, log, r = prepared
@@ -573,6 +582,7 @@ def test_device_check_dry_run_passes_on_the_healthy_tree(prepared):
         assert {s["reason"] for s in rows[("mlp_mixer", "cublas")]["skipped"]} == {"no-gpu"}
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_device_check_dry_run_fails_when_a_backend_is_broken(tmp_path):
     broken = ("import tvm_pesto.backends.gpu.cublas as cublas\n"
@@ -599,6 +609,7 @@ def test_device_check_dry_run_fails_when_a_backend_is_broken(tmp_path):
     assert subs and all(s["plan"] is None and s["status"] == "build_failed" for s in subs)  # the GPU run fails too
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_prepared_folder_fits_and_its_cpu_twins_load_runtime_only(prepared, tmp_path):
     from tvm_pesto.run.runtime_pkg import tree_bytes
@@ -663,6 +674,7 @@ def test_lowering_for_another_machine_names_units_it_cannot_build():
             lower_units(rg, units, [device] * len(units))
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_mixed_module_twin_runs_the_library_units_runtime_only(prepared, tmp_path):
     """The mixed module (tvm-pesto's plan for h200 with TVM, cuBLAS and cuDNN: its library units
@@ -695,6 +707,7 @@ def test_mixed_module_twin_runs_the_library_units_runtime_only(prepared, tmp_pat
     assert _rows(tmp_path / "bad.json")[("mlp_mixer", "mixed-cpu-twin")]["status"] == "mismatch"
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_the_twins_emulated_units_compute_each_librarys_plans(prepared, monkeypatch):
     """What the mixed twin registers for a cuBLAS or cuDNN unit (``emulated_unit``), called as
@@ -731,6 +744,7 @@ def _plan_from_dict(cls, d, data, prefix):
     return cls(**kw)
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_prepared_plans_reproduce_the_reference(prepared):
     """The plans as plain data (what the GPU runner replays) compute the stored reference."""
@@ -891,6 +905,7 @@ def test_cudnn_backend_calls_with_raw_pointers_and_exact_float32(monkeypatch, al
     assert ("tensor_core" in _StandInGraph.deselected) is (not allow_tf32)
 
 
+@pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("offset,status", [(0.0, "ok"), (0.5, "mismatch")])
 def test_runner_replays_plans_through_the_library_calls(prepared, monkeypatch, offset, status):
@@ -940,6 +955,7 @@ def test_runner_replays_plans_through_the_library_calls(prepared, monkeypatch, o
     assert "tensor_core" in _StandInGraph.deselected  # float32 plans stay exact, as CudnnBackend builds them
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_runner_fails_on_a_mismatch_and_stops_on_a_truncated_folder(prepared, tmp_path):
     folder = prepared[0]
@@ -958,6 +974,7 @@ def test_runner_fails_on_a_mismatch_and_stops_on_a_truncated_folder(prepared, tm
     assert res.returncode == 2 and "truncated" in res.stderr, res.stderr[-2000:]
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_runner_serves_the_prebuilt_kernels_to_tvms_cuda_loader(prepared, tmp_path):
     """TVM's CUDA loader asks ``tvm_callback_cuda_compile`` for a module's binary: the runner

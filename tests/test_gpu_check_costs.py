@@ -142,6 +142,7 @@ def test_the_shipped_graph_log_times_every_logged_library_unit():
     assert all(r[1] < 20e-6 for r in libs)  # replayed in a graph: 2-16 us on the H200, not 14-66 us
 
 
+@pytest.mark.slow
 def test_the_shipped_h200_logs_time_the_zoos_fusion_groups():
     """The shipped logs are keyed as the planner keys candidates: on an H200 preset every zoo
     model the check ran has its fusion groups costed from the logs (a change of
@@ -158,6 +159,7 @@ def test_the_shipped_h200_logs_time_the_zoos_fusion_groups():
     assert candidate_costs(cs, parse_cluster("2xA100-nvlink"), "roofline").columns == ["roofline", "roofline"]
 
 
+@pytest.mark.slow
 def test_libraries_named_for_a_gpu_this_machine_lacks_are_planned_with_the_logs():
     """Planning for the ``h200`` preset on a machine without its GPU: cuBLAS and cuDNN, asked
     for by name, are candidates (the plan is for the H200), priced from the shipped logs; on
@@ -206,6 +208,7 @@ def test_library_units_at_mains_edge_keep_their_loop_timing():
     assert ("cudnn", True) in seen and ("cublas", False) in seen, seen
 
 
+@pytest.mark.slow
 def test_a_library_never_timed_on_a_gpu_not_here_is_left_out_of_its_plan():
     """Planning for a GPU this machine lacks, a library that cannot load here is priced only
     from that GPU's logs: TensorRT (never timed on the H200) and cuDNN on a V100 (no logs) get

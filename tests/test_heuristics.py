@@ -300,6 +300,7 @@ random_case = st.tuples(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_every_heuristic_gives_a_valid_plan(case):
@@ -319,6 +320,7 @@ def test_every_heuristic_gives_a_valid_plan(case):
         check_bounds(lower_bound(p, lp=True, comm=False), best)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_ilp_gives_a_valid_plan(case):
@@ -356,6 +358,7 @@ def test_msct_with_lp_gives_a_valid_plan(case, threshold):
     assert plan.info["favorite"] in ("lp", "none")
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_no_lower_bound_exceeds_the_best_plan(case):
@@ -463,6 +466,7 @@ def test_bad_options_are_solver_errors():
         solve(p, "m-sct", favorite="random")
 
 
+@pytest.mark.slow
 def test_large_graph_is_fast():
     n = 5000
     p = random_problem(7, n, 8)
@@ -537,6 +541,7 @@ def _solve_joint_or_explain(jp, case, solver, **options):
         return None
 
 
+@pytest.mark.slow
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case, st.sampled_from(HEURISTICS))
 def test_joint_solve_gives_a_valid_plan(case, solver):
@@ -549,6 +554,7 @@ def test_joint_solve_gives_a_valid_plan(case, solver):
         check_joint_plan(jp, *res, solver)
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case, st.sampled_from(HEURISTICS))
 def test_joint_local_search_gives_a_valid_plan(case, solver):
@@ -577,6 +583,7 @@ def test_joint_local_search_with_colocation_groups_does_not_crash():
         check_joint_plan(jp, *solve_joint(jp, solver=solver, search_s=2.0), solver)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_joint_ilp_gives_a_valid_plan(case):
@@ -589,6 +596,7 @@ def test_joint_ilp_gives_a_valid_plan(case):
         check_joint_plan(jp, *res, "ilp")
 
 
+@pytest.mark.slow
 def test_joint_ilp_warm_start_is_never_a_device_that_cannot_run_it():
     # found by test_joint_ilp_gives_a_valid_plan: the warm start (the cover on the plan's busiest
     # device) held a unit that cannot run there; when the ILP found nothing better within its

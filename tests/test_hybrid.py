@@ -22,6 +22,7 @@ def tiny():
     return an, cl, tvm_pesto.make_candidates(an, cl, "all")
 
 
+@pytest.mark.slow
 def test_hybrid_measures_the_close_calls_and_predicts_the_rest(tiny, tmp_path):
     an, cl, cs = tiny
     cache = MeasureCache(tmp_path / "m.jsonl")
@@ -41,6 +42,7 @@ def test_hybrid_measures_the_close_calls_and_predicts_the_rest(tiny, tmp_path):
     assert hyb.saved_s > 0
 
 
+@pytest.mark.slow
 def test_the_default_measures_a_fraction_of_the_distinct_candidates(tiny, tmp_path):
     an, cl, cs = tiny
     keys = candidate_keys(cs)
@@ -67,6 +69,7 @@ def test_a_fraction_outside_zero_to_one_is_refused(tiny):
         uncertain_candidates(an.op_graph, list(cs), np.ones((len(cs), 1)), fraction=1.5)
 
 
+@pytest.mark.slow
 def test_place_with_hybrid_costs_measures_the_plan_and_plans_again(tiny, tmp_path):
     an, cl, cs = tiny
     pl = tvm_pesto.place(an, cl, costs="hybrid", cache=MeasureCache(tmp_path / "m.jsonl"), deterministic=True)
@@ -119,6 +122,7 @@ def _decoder():
     return bb.get()
 
 
+@pytest.mark.slow
 def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_path, monkeypatch):
     """A model trained on tiny_cnn's subgraphs only: the xgb table names the decoder's
     ``conv2d_transpose`` candidates as unseen, and hybrid measures their contenders before any

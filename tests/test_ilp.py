@@ -101,6 +101,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[f"case{k}" for k in range(len(CASES))])
 def test_ilp_matches_brute_force(case):
     problem = make_problem(**case)
@@ -139,6 +140,7 @@ def test_highs_backend_matches_brute_force():
     assert plan.info["makespan_s"] == pytest.approx(brute_force(problem), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_time_out_returns_incumbent_never_worse_than_warm_start():
     problem = make_problem(n=30, d=3, seed=5, p=0.12, lat_scale=0.1)
     warm = Plan.from_assignment(np.arange(30) % 3, np.arange(30), 3, solver="round_robin")
@@ -259,6 +261,7 @@ def test_solver_crash_falls_back_to_the_other_solver_then_warm_start(monkeypatch
 
 
 # -- honest solver status ------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["cbc", "highs"])
 def test_time_limit_is_reported_as_time_limit_not_optimal(solver):
     # 30 nodes on 3 devices cannot be closed in 1 s (gap 10-20 % on this machine); PuLP's

@@ -94,6 +94,7 @@ def test_candidates_are_regions_costed_as_torch():
     assert len(rows) and np.isfinite(rows).all() and (rows > 0).all()
 
 
+@pytest.mark.slow
 @needs_inductor
 def test_whole_model_is_one_inductor_unit_matching_tvm():
     """``place(..., backends=["inductor"])`` then the whole model as one Inductor unit: built
@@ -140,6 +141,7 @@ _LOAD_WITHOUT_COMPILING = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @needs_inductor
 def test_bundle_of_aot_packages_loads_in_a_fresh_process_without_compiling(tmp_path):
     """Half of tiny_mlp on Inductor, the rest on TVM: built, exported (an AOTInductor ``.pt2``

@@ -89,6 +89,7 @@ def test_burst_length_follows_min_repeat_ms_with_a_floor():
     assert burst_seconds(0) == pytest.approx(1e-3)
 
 
+@pytest.mark.slow
 def test_measured_groups_are_timed_against_a_reference(tmp_path):
     from tvm_pesto.api import analyze, as_cluster
     from tvm_pesto.costs.cache import MeasureCache

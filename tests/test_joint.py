@@ -80,6 +80,7 @@ def test_pieces_split_where_no_candidate_spans():
     assert pieces(6, [[0], [1, 2], [3], [3, 4], [5]], range(5)) == [[0], [1, 2], [3, 4], [5]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backends, solver", [("all", "auto"), ("tvm,torch", "heft")])
 def test_the_search_on_a_2000_op_transformer_ends_within_its_budget(backends, solver):
     """2,010 ops, thousands of candidates (costs in hand: predicted). The cover search stays

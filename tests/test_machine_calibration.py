@@ -15,6 +15,8 @@ from tvm_pesto.costs.calibration import CALIBRATION_ENV, calibration_path, load_
 from tvm_pesto.costs.xgb import load_model, predict_candidate_costs
 from tvm_pesto.errors import CostError
 
+pytestmark = pytest.mark.slow  # fits this machine's calibration by measuring: out of the `-m "not slow"` lane
+
 ONE = ("mlp_mixer",)
 
 

@@ -128,6 +128,7 @@ def test_links_measured_over_ray_are_not_replaced_by_a_plan_for_threads(own_cach
     assert c.meta["links_measured"] == "thread" and calls == ["ray", "thread"]
 
 
+@pytest.mark.slow
 def test_the_thread_fit_measures_here_once(own_cache, monkeypatch):
     c = parse_cluster("cpu:2")
     info = rd.machine_dispatch(c, "thread", announce=False)
@@ -228,6 +229,7 @@ def test_the_plan_weighs_the_fitted_figures(multi_s, devices):
     assert pl.sim.dispatch_s == pytest.approx(1e-6 if devices == 1 else multi_s)
 
 
+@pytest.mark.slow
 def test_the_run_json_names_the_figures_and_when_they_were_fitted(own_cache, tmp_path, monkeypatch):
     mod, _ = tiny_mlp()
     src = tmp_path / "tiny.tvmscript"

@@ -18,6 +18,8 @@ from tvm_pesto.errors import GraphError, PestoError, UnsupportedModuleError
 from tvm_pesto.frontend import check_static
 from tvm_pesto.models import INT_INPUT_RANGE, SUFFIXES, LoadedModel, load_model, parse_input_shapes
 
+pytestmark = pytest.mark.slow  # model files exported and imported in every form: out of the `-m "not slow"` lane
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):

@@ -85,6 +85,7 @@ CASES = [dict(seed=s, n=5, d=2) for s in range(4)] + [dict(seed=10 + s, n=4, d=3
         [dict(seed=20 + s, n=6, d=2, training=True) for s in range(2)] + [dict(seed=30, n=5, d=2, tight=False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["op", "stage"])
 @pytest.mark.parametrize("case", CASES, ids=[f"seed{c['seed']}" for c in CASES])
 def test_bounds_hold_against_brute_force(case, model):

@@ -10,6 +10,7 @@ from tvm_pesto.backends.onnx_ops import supports_call
 from tvm_pesto.run.loaders import onnx_session
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [None, "TopLeft", "BottomRight"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("sq,skv", [(5, 5), (3, 6)])

@@ -74,6 +74,7 @@ def test_openvino_unavailable_names_the_install_command(monkeypatch):
     assert not ok and "pip install openvino" in why and "simulated" in why
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [tiny_mlp, tiny_cnn])
 @pytest.mark.parametrize("backend", [pytest.param("openvino", marks=needs_openvino), "onnxruntime-parallel"])
 def test_whole_model_matches_tvm_in_place_and_direct(model, backend):
@@ -87,6 +88,7 @@ def test_whole_model_matches_tvm_in_place_and_direct(model, backend):
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_openvino_writes_the_dps_buffers_and_follows_new_ones():
     """Requests kept per set of addresses must see new contents in the same buffers, bind new
@@ -257,6 +259,7 @@ def _bundle_round_trip(tmp_path, backend, kind, atol=1e-5):
     return arts[0], err
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_openvino_bundle_exports_and_loads(tmp_path):
     art, _ = _bundle_round_trip(tmp_path, "openvino", "openvino")
@@ -264,6 +267,7 @@ def test_openvino_bundle_exports_and_loads(tmp_path):
     assert art["files"][0].endswith(".onnx") and "openvino" in LOADERS
 
 
+@pytest.mark.slow
 def test_parallel_bundle_exports_and_loads(tmp_path):
     if WIDE.cores < 2:
         pytest.skip("onnxruntime-parallel needs a device of two or more cores (this machine has one)")
@@ -271,6 +275,7 @@ def test_parallel_bundle_exports_and_loads(tmp_path):
     assert art["parallel"] is True
 
 
+@pytest.mark.slow
 @needs_openvino
 def test_build_runs_a_whole_tiny_model_in_openvino():
     """``build(mod, "cpu:1", backends=["openvino"])``: the whole model as one OpenVINO unit is
@@ -327,6 +332,7 @@ def test_bfloat16_on_a_cpu_without_it_names_the_backend_to_use(monkeypatch):
     assert not ok and "no bfloat16 units" in why and "FP32, INT8" in why and "use the openvino backend" in why
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not BF16[0], reason=f"openvino-bf16 is unavailable here: {BF16[1]}")
 def test_bfloat16_computes_in_bfloat16_and_its_bundle_keeps_the_precision(tmp_path):
     art, err = _bundle_round_trip(tmp_path, "openvino-bf16", "openvino", atol=0.1)

@@ -6,6 +6,7 @@ conftest.py, so these ask for it.)"""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 
@@ -19,6 +20,7 @@ def _run(pp, mod, x):
     return vm["main"](tvm.runtime.tensor(x)).numpy()
 
 
+@pytest.mark.slow
 def test_the_pass_keeps_the_fastest_measured_option_and_runs_it_in_the_stock_vm():
     mod, (x,) = tiny_cnn()
     pp = tvm_pesto.PlacementPass("cpu:2", backends="tvm,onnxruntime", costs="roofline", measure_final=True)
@@ -34,6 +36,7 @@ def test_the_pass_keeps_the_fastest_measured_option_and_runs_it_in_the_stock_vm(
     assert pp.last_placement.plan.backend_mix() == chosen["backend_mix"]
 
 
+@pytest.mark.slow
 def test_a_deterministic_pass_measures_nothing():
     mod, (x,) = tiny_cnn()
     for pp in (tvm_pesto.PlacementPass("cpu:2", costs="roofline", deterministic=True, measure_final=True),

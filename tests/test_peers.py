@@ -12,48 +12,63 @@ from tvm_pesto.frontend import from_torch
 from tvm_pesto.run.blocks import time_blocks
 
 
+class FakeClock:
+    """Seconds that only the timed calls advance: what a block measures is known exactly,
+    whatever else the machine is doing."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def call(self, seconds, then=None):
+        """A callable that takes ``seconds`` of this clock (and calls ``then``)."""
+        def f():
+            self.now += seconds
+            if then:
+                then()
+        return f
+
+
 def test_blocks_rank_a_slow_call_behind_a_fast_one_and_rotate():
-    order = []
-
-    def slow():
-        order.append("slow")
-        time.sleep(0.002)
-
-    def fast():
-        order.append("fast")
-
-    r = time_blocks({"slow": slow, "fast": fast}, rounds=2, warmup_s=0.0, block_s=0.01, min_calls=3)
-    assert r["slow"]["s"] >= 0.002 > r["fast"]["s"]
-    assert len(r["slow"]["blocks_s"]) == 2 and r["slow"]["calls"] >= 6
+    order, clock = [], FakeClock()
+    slow = clock.call(0.002, lambda: order.append("slow"))
+    fast = clock.call(0.0001, lambda: order.append("fast"))
+    r = time_blocks({"slow": slow, "fast": fast}, rounds=2, warmup_s=0.0, block_s=0.01, min_calls=3, clock=clock)
+    assert r["slow"]["s"] == pytest.approx(0.002) and r["fast"]["s"] == pytest.approx(0.0001)
+    assert len(r["slow"]["blocks_s"]) == 2 and r["slow"]["calls"] == 2 * 5  # 5 calls fill 10 ms
     runs = [n for k, n in enumerate(order) if k == 0 or order[k - 1] != n]
     assert runs == ["slow", "fast", "slow"]  # round 1: slow, fast; round 2 starts with fast
 
 
-def test_a_best_block_stands_only_when_another_block_reproduces_it(monkeypatch):
-    from tvm_pesto.run import blocks
-
-    clock = {"now": 0.0, "calls": 0}  # a clock the calls advance: no machine's noise in this test
-    monkeypatch.setattr(blocks, "time", type("T", (), {"perf_counter": staticmethod(lambda: clock["now"])}))
+def test_a_best_block_stands_only_when_another_block_reproduces_it():
+    clock, n = FakeClock(), {"calls": 0}
 
     def wobbly():  # each block (a warm-up call and 3 timed ones) 30 % faster than the one before
-        clock["now"] += 0.004 * 0.7 ** (clock["calls"] // 4)
-        clock["calls"] += 1
+        clock.now += 0.004 * 0.7 ** (n["calls"] // 4)
+        n["calls"] += 1
 
-    def steady():
-        clock["now"] += 0.001
-
+    steady = clock.call(0.001)
     r = time_blocks({"wobbly": wobbly, "steady": steady}, rounds=2, warmup_s=0.0, block_s=0.0, min_calls=3,
-                    agree=0.03, max_rounds=5)
+                    agree=0.03, max_rounds=5, clock=clock)
     assert r["steady"]["confirmed"] and len(r["steady"]["blocks_s"]) == 2
     assert len(r["wobbly"]["blocks_s"]) == 5 and not r["wobbly"]["confirmed"]
     assert r["wobbly"]["spread"] == pytest.approx(1 / 0.7 - 1)
-    assert "confirmed" not in time_blocks({"a": steady}, rounds=2, warmup_s=0.0, block_s=0.0, min_calls=1)["a"]
+    assert "confirmed" not in time_blocks({"a": steady}, rounds=2, warmup_s=0.0, block_s=0.0, min_calls=1,
+                                          clock=clock)["a"]
 
 
 def test_a_slow_model_ends_its_block_early():
-    r = time_blocks({"a": lambda: time.sleep(0.02)}, rounds=1, warmup_s=0.0, block_s=10.0, min_calls=100,
-                    max_block_s=0.05)
-    assert 3 <= r["a"]["calls"] < 10
+    clock = FakeClock()
+    r = time_blocks({"a": clock.call(0.02)}, rounds=1, warmup_s=0.0, block_s=10.0, min_calls=100,
+                    max_block_s=0.05, clock=clock)
+    assert r["a"]["calls"] == 3  # 60 ms: past max_block_s with the three calls a median needs
+
+
+def test_blocks_time_real_calls_by_default():
+    r = time_blocks({"a": lambda: time.sleep(0.001)}, rounds=1, warmup_s=0.0, block_s=0.0, min_calls=3)
+    assert r["a"]["calls"] == 3 and r["a"]["s"] >= 0.001  # a sleep lasts at least as long as asked
 
 
 def _mlp():
@@ -70,6 +85,7 @@ def one_model():
                        build_options={"costs": "roofline"}, rounds=1)
 
 
+@pytest.mark.slow
 def test_every_peer_is_reported_with_its_time_or_why_not(one_model):
     m = one_model["models"]["mlp"]
     v = m["variants"]
@@ -81,6 +97,7 @@ def test_every_peer_is_reported_with_its_time_or_why_not(one_model):
     assert v["ort-parallel"]["threads"] == "inter 2 / intra 1" and v["ort-1"]["threads"] == 1
 
 
+@pytest.mark.slow
 def test_the_ratio_is_the_best_own_library_peer_over_pesto(one_model):
     m = one_model["models"]["mlp"]
     secs = {n: r["seconds"] for n, r in m["variants"].items() if "seconds" in r}
@@ -97,6 +114,7 @@ def test_the_ratio_is_the_best_own_library_peer_over_pesto(one_model):
     assert "| mlp |" in table and f"{m['ratio_vs_best_peer']:.2f}" in table
 
 
+@pytest.mark.slow
 def test_a_peer_that_cannot_run_is_reported_not_fatal():
     class NoOnnx(torch.nn.Module):
         def forward(self, x):
@@ -116,6 +134,7 @@ def test_the_cli_names_an_unknown_model():
     assert res.exit_code != 0 and "unknown model(s) no_such_model" in res.output and "resnet50" in res.output
 
 
+@pytest.mark.slow
 def test_reduced_precision_is_its_own_variant_where_the_cpu_has_it(one_model):
     """The default build stays in float32; where OpenVINO would compute in bfloat16 by default,
     a build that may use it is timed beside it, with its own error."""

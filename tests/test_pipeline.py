@@ -37,11 +37,12 @@ def segment(fn, sleep_s=0.0, fail_on=None):
     return call
 
 
-def two_stage_runtime(sleep_s=0.0, fail_on=None) -> PlacedRuntime:
-    """device 0: a = 2x+1, (p, q) = split(a); device 1: b = tanh(p) * q; output (b, a)."""
-    vms = {0: {"s0": segment(lambda x: 2 * x + 1, sleep_s, fail_on),
+def two_stage_runtime(sleep_s=0.0, fail_on=None, first=None, second=None) -> PlacedRuntime:
+    """device 0: a = first(x) = 2x+1, (p, q) = split(a); device 1: b = second(p, q) = tanh(p) * q;
+    output (b, a)."""
+    vms = {0: {"s0": segment(first or (lambda x: 2 * x + 1), sleep_s, fail_on),
                "s1": segment(lambda a: (a[: len(a) // 2], a[len(a) // 2:]))},
-           1: {"s2": segment(lambda p, q: np.tanh(p) * q, sleep_s)}}
+           1: {"s2": segment(second or (lambda p, q: np.tanh(p) * q), sleep_s)}}
     steps = [Step("call", "a", ["in:x"], 0, "s0"), Step("call", "pq", ["a"], 0, "s1"),
              Step("item", "p", ["pq"], 0, index=0), Step("item", "q", ["pq"], 0, index=1),
              Step("copy", "p@1", ["p"], 1), Step("copy", "q@1", ["q"], 1), Step("call", "b", ["p@1", "q@1"], 1, "s2"),
@@ -64,16 +65,32 @@ def test_pipelined_outputs_equal_the_unpipelined_ones():
 
 
 def test_the_stream_overlaps_the_devices():
-    rt = two_stage_runtime(sleep_s=0.03)
+    """Device 1's step of microbatch m waits until device 0 has started microbatch m + 1:
+    a pipeline runs them side by side; one by one, the wait would end only at its hang guard."""
+    import threading
+
+    started = {}  # microbatch (the input's value) -> device 0 began it
+    overlapped = []
+
+    def first(x):
+        started.setdefault(float(x[0]), threading.Event()).set()
+        return 2 * x + 1
+
+    def second(p, q):
+        m = (float(p[0]) - 1) / 2  # the microbatch's value, back from a = 2x + 1
+        if m < 6:  # the last one has no next microbatch to wait for
+            overlapped.append(started.setdefault(m + 1, threading.Event()).wait(10))
+        return np.tanh(p) * q
+
+    rt = two_stage_runtime(first=first, second=second)
     batches = [[np.full(8, m + 1, dtype="float32")] for m in range(6)]
-    t = time.perf_counter()
-    for b in batches:
-        rt(*b)
-    one_by_one = time.perf_counter() - t
-    _, facts = run_pipeline(rt, batches)
-    # 2 x 30 ms per microbatch one by one (60 ms); pipelined about 60 + 5 x 30 ms for all six
-    assert facts["wall_s"] < 0.8 * one_by_one, (facts["wall_s"], one_by_one)
+    outs, _ = run_pipeline(rt, batches)
+    assert overlapped == [True] * 5, overlapped
+    want = two_stage_runtime()
+    for out, b in zip(outs, batches):
+        np.testing.assert_array_equal(out[0], want(*b)[0])
     rt.close()
+    want.close()
 
 
 def test_a_failing_microbatch_names_device_step_and_microbatch():
@@ -94,6 +111,7 @@ def test_microbatch_inputs_differ_but_keep_shapes_and_dtypes():
     assert not np.array_equal(bs[1][0], bs[0][0]) and not np.array_equal(bs[1][1], bs[0][1])
 
 
+@pytest.mark.slow
 def test_run_throughput_streams_a_zoo_model_through_a_stage_plan(tmp_path):
     out = tmp_path / "run.json"
     res = CliRunner().invoke(cli, ["run", "mlp_mixer", "--size", "small", "--cluster", "cpu:2", "--objective",

@@ -15,6 +15,8 @@ from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import InfeasibleError
 from tvm_pesto.plan import Plan, Problem, simulate
 
+pytestmark = pytest.mark.slow  # every zoo model built and run on two devices: out of the `-m "not slow"` lane
+
 
 def _alternating_plan(analysis):
     """Groups alternate between the two devices along a topological order: the most

@@ -28,6 +28,8 @@ from tvm_pesto.run.program import Program, Step  # noqa: E402
 from tvm_pesto.run.ray_executor import (RayExecutor, RaySession, schedule,  # noqa: E402
                                         use_ray)
 
+pytestmark = pytest.mark.slow  # Ray actors in processes of their own: out of the `-m "not slow"` lane
+
 
 @pytest.fixture(scope="module")
 def ray_session():
@@ -159,7 +161,7 @@ def test_ray_failing_segment_and_run_past_its_timeout(ray_session):
         t = time.monotonic()
         with pytest.raises(ExecutionError, match=r"returned nothing within 0.0001 s.*actors were killed"):
             pm(*zm.example_inputs)
-        assert time.monotonic() - t < 10 and not ex.actors and ex.graph is None
+        assert time.monotonic() - t < 30 and not ex.actors and ex.graph is None  # a hang guard
         ex.timeout_s = 60
         _close("mlp_mixer", pm(*zm.example_inputs), ref)  # new actors
         assert ex.actor_info[0]["pid"] != pid
@@ -210,13 +212,13 @@ def test_ray_actor_ray_cannot_place(ray_session, tmp_path):
     t = time.monotonic()
     with pytest.raises(ExecutionError, match=r"need 65 CPU.*device 1 \(cpu1\) alone 64.*has 2 in all"):
         ex.run([np.asarray(x) for x in zm.example_inputs])
-    assert time.monotonic() - t < 5 and not ex.actors
+    assert time.monotonic() - t < 30 and not ex.actors  # a hang guard: refused before any actor waits
     ex.close()
     pm.close()
 
 
 def test_ray_head_listens_on_loopback_only(ray_session):
-    psutil = pytest.importorskip("psutil")
+    import psutil
     ray_procs = [p for p in psutil.process_iter(["name", "cmdline"])
                  if p.info["name"] in ("raylet", "gcs_server")]
     assert ray_procs, "no raylet / gcs_server process found"

@@ -69,6 +69,7 @@ def test_refine_respects_memory():
     assert (simulate(p, out).peak_memory <= p.capacity).all()
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_case)
 def test_refined_plan_is_valid_and_never_worse(case):

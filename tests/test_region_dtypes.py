@@ -11,8 +11,7 @@ from tvm_pesto.backends import available_backends
 from tvm_pesto.backends.base import MatchContext, region_check
 from tvm_pesto.candidates.generate import generate_candidates
 from tvm_pesto.graph.relax_import import from_relax
-
-pytest.importorskip("onnxruntime")
+import onnxruntime  # noqa: F401 - a required dependency: a broken install fails, it does not skip
 
 
 def token_model(tokens: int = 8, vocab: int = 32, dim: int = 16, normalize: bool = False):

@@ -12,6 +12,8 @@ import outside_zoo as oz
 from tvm_pesto.backends import release_all
 from tvm_pesto.cli.main import cli
 
+pytestmark = pytest.mark.slow  # the CLI runs models end to end with every backend: out of the `-m "not slow"` lane
+
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
 # split: None unless the plan used several devices; contention: the cluster's, if measured

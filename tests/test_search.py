@@ -97,6 +97,7 @@ def _identical_devices(d, mem=1e9):
     return Cluster("alike", devs, np.full((d, d), 1e-5), np.full((d, d), 1e9))
 
 
+@pytest.mark.slow
 def test_joint_ilp_reports_the_time_limit_honestly():
     # a fork into 20 branches on 4 near-identical devices: a bin-packing HiGHS does not close
     # in 20 s (gap about 1 %), let alone 0.5 s; PuLP calls that stop "Optimal"
@@ -157,6 +158,7 @@ def test_dp_reports_uncoverable_nodes():
         collage_dp(g, [(0,)], [1.0])
 
 
+@pytest.mark.slow
 def test_end_to_end_numerics_for_every_backend_mix(tmp_path):
     """The flow on one and two devices with each backend alone, Collage's cover and the joint
     solve (measured costs): every built variant computes what TVM alone computes."""

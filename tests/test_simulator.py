@@ -91,12 +91,14 @@ def _assert_same(got, want):
         np.testing.assert_array_equal(g, w, err_msg=name)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances())
 def test_core_equals_reference(inst):
     _assert_same(_core.simulate(*inst), simulate_reference(*inst))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances(orders="any"))
 def test_core_equals_reference_on_any_orders(inst):
@@ -110,6 +112,7 @@ def test_core_equals_reference_on_any_orders(inst):
     _assert_same(_core.simulate(*inst), want)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances())
 def test_invariants(inst):
@@ -154,6 +157,7 @@ def test_invariants(inst):
     assert (peak <= capacity).all()
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances(), st.data())
 def test_swapped_dependency_deadlocks(inst, data):
@@ -297,6 +301,7 @@ def _list_schedule_py(n, src, dst, ebytes, costs, latency, inv_bw, priority, ass
     return order, start, finish
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(instances(), st.data())
 def test_list_schedule(inst, data):

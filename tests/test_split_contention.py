@@ -57,6 +57,7 @@ def test_nodes_running_at_once_on_one_host_are_slowed_by_the_measured_factor():
     assert other_hosts.makespan == pytest.approx(1.0)  # devices of two machines share nothing
 
 
+@pytest.mark.slow
 def test_contention_is_measured_on_this_machine():
     c = parse_cluster("cpu:2")
     res = measure_contention(c, repeat=3, min_repeat_ms=10)
@@ -72,6 +73,7 @@ def test_contention_is_measured_on_this_machine():
         measure_contention(parse_cluster("cpu:1"))
 
 
+@pytest.mark.slow
 def test_cluster_bench_writes_the_contention_the_simulator_reads(tmp_path):
     out = tmp_path / "c.json"
     res = CliRunner().invoke(cli, ["cluster", "bench", "--cluster", "cpu:2", "-o", str(out)])

@@ -171,6 +171,7 @@ def series_parallel(rng, n):
     return edges + [(k, k + 1, 0.3) for k in range(v, n - 1)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, n, seed, fpgas, cpus", [("chain", 6, 0, 2, 1), ("chain", 5, 1, 3, 1),
                                                          ("sp", 7, 2, 2, 1), ("sp", 7, 3, 3, 0), ("sp", 6, 4, 2, 1)])
 def test_dp_equals_brute_force(tmp_path, shape, n, seed, fpgas, cpus):
@@ -215,6 +216,7 @@ def test_dp_on_the_layergraphs_beats_the_experts_and_meets_its_bound():
 
 
 # -- stage plans from every solver ------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["throughput", "latency"])
 def test_every_solver_gives_valid_stage_plans(objective):
     p = layergraph("throughput", "bert24_training")

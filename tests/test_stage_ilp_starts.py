@@ -37,6 +37,7 @@ def test_every_heuristic_is_a_start():
     assert set(START_SOLVERS) == {*HEURISTICS, "stage-dp"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["latency", "throughput"])
 def test_the_ilp_is_never_worse_than_a_heuristic_on_a_layergraph(objective):
     g, meta = dp.load_layer_graph(os.path.join(ROOT, "throughput-inputs", "LayerGraphs", "bert24_training.json"))
@@ -57,6 +58,7 @@ def test_the_ilp_is_never_worse_than_a_heuristic_on_a_layergraph(objective):
     assert info["lower_bound_s"] <= value and info["gap"] == pytest.approx(value / info["lower_bound_s"] - 1)
 
 
+@pytest.mark.slow
 def test_when_m_topo_is_the_best_heuristic_the_ilp_starts_from_it():
     p = dnn_like_problem(24, seed=5, cluster="4xV100-pcie")  # 24 ops, 4 GPUs
     vals = heuristic_values(p, "latency")

@@ -1,6 +1,7 @@
 """Clusters of several hosts: placement cuts where the least traffic crosses between hosts,
 and the simulator makes transfers between hosts share each host's network interface."""
 import numpy as np
+import pytest
 
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
@@ -41,6 +42,7 @@ def _chains_on(problem, nid, devices: dict) -> Plan:
     return Plan.from_assignment(assignment, [layer[v] for v in range(problem.num_nodes)], problem.num_devices)
 
 
+@pytest.mark.slow
 def test_two_host_placement_cuts_where_the_least_traffic_crosses():
     cluster = parse_cluster("2x2xA100-25g")
     g, nid = four_chains()

@@ -25,6 +25,7 @@ from tvm_pesto.train.constraints import group_summary, training_colocation
 GRAD_MODELS = ["mlp_mixer", "bert", "vgg11", "gpt2"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GRAD_MODELS)
 def test_gradients_match_pytorch_autograd(name):
     step = build_step(name)
@@ -66,6 +67,7 @@ def _tiny():
     return TinyCNN(), (np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32),)
 
 
+@pytest.mark.slow
 def test_placed_run_equals_single_device_and_pytorch():
     model, inputs = _tiny()
     step = build_step((model, inputs), "cross_entropy", "adam")
@@ -136,6 +138,7 @@ def test_memory_of_a_step_counts_kept_activations_once():
     assert simulate(prob, plan).peak_memory.tolist() == [295.0, 24.0]
 
 
+@pytest.mark.slow
 def test_training_decreases_the_loss_on_the_synthetic_task():
     tr = build_trainer("mlp_mixer", "auto", "sgd", "cpu:2", costs="roofline", solver="single")
     try:
@@ -150,6 +153,7 @@ def test_no_trainable_parameters_is_a_clear_error():
         build_step((nn.ReLU(), (np.ones((1, 4), np.float32),)))
 
 
+@pytest.mark.slow
 def test_unknown_optimizer_and_loss_name_the_fix():
     with pytest.raises(TrainingError, match=r"unknown optimizer 'adagrad'; use one of sgd, momentum, adam"):
         make_optimizer("adagrad")
@@ -175,6 +179,7 @@ def test_operator_without_gradient_is_named():
         build_step((Sliced(), (np.ones((1, 4), np.float32),)), "mse")
 
 
+@pytest.mark.slow
 def test_cli_train_writes_the_figures(tmp_path):
     from tvm_pesto.cli.main import cli
 
@@ -209,6 +214,7 @@ def test_unknown_zoo_model_lists_the_names():
         build_step("nosuch")
 
 
+@pytest.mark.slow
 def test_bench_training_measures_and_simulates_every_plan():
     from tvm_pesto.bench.training import bench_training, training_markdown
 

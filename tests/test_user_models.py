@@ -20,6 +20,8 @@ from tvm_pesto.plan import Plan
 from random_relax import example_inputs, random_function
 from user_encoders import relax_module
 
+pytestmark = pytest.mark.slow  # random and users' models built and run: out of the `-m "not slow"` lane
+
 CLUSTER = parse_cluster("cpu:2")
 DEVICES = [tvm.cpu(0), tvm.cpu(1)]
 MODULES_PER_BATCH = 50
@@ -202,7 +204,7 @@ def test_a_placed_model_exports_and_runs_after_release_all(tmp_path):
 
 
 def test_a_users_own_torch_model_and_its_onnx_come_in_through_the_top_level_importers(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
 
     class ConvAttention(torch.nn.Module):  # a conv stem, then attention over its positions
         def __init__(self):

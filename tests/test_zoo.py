@@ -34,6 +34,7 @@ def op_calls(mod: tvm.IRModule, op_name: str | None = None) -> list[relax.Call]:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", zoo.list_models())
 def test_small_model_matches_torch(name):
     m = zoo.load(name, "small")
@@ -70,6 +71,7 @@ def test_builds_are_seeded():
         assert torch.equal(p1, p2)
 
 
+@pytest.mark.slow
 def test_inception_small_is_branchy():
     mod = zoo.load("inception_v3", "small").mod
     concats = op_calls(mod, "relax.concat")
@@ -188,6 +190,7 @@ def test_from_torch_keeps_real_tuples():
     np.testing.assert_allclose(out[1].numpy(), 2 * x)
 
 
+@pytest.mark.slow
 def test_from_torch_eval_batchnorm_and_decomposition_fallback():
     torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 5)

@@ -203,14 +203,15 @@ def _close(placed) -> None:
         pass
 
 
-def _time(built: dict, inputs, budget_s: float, rounds: int) -> dict:
+def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_counter) -> dict:
     """:func:`~tvm_pesto.run.blocks.time_blocks` over the built options, ``budget_s`` in all."""
     # lazy: loads TVM, which importing this module does not
     from .run.blocks import time_blocks
 
     per_block = budget_s / (rounds * len(built))
     return time_blocks({n: (lambda p=p: p(*inputs)) for n, p in built.items()}, rounds=rounds,
-                       warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block)
+                       warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block,
+                       clock=clock)
 
 
 def _predicted_runaway(option: Option, first_s: dict) -> str | None:
@@ -227,7 +228,8 @@ def _predicted_runaway(option: Option, first_s: dict) -> str | None:
     return None
 
 
-def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None, resolve=None):
+def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None, resolve=None,
+           clock=time.perf_counter):
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
 
     ``build(option) -> PlacedModule``. A whole-model library option predicted over
@@ -242,7 +244,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     why a library call was kept (:data:`PREFER_LIBRARY`). An option that fails to build or to run is reported
     in ``decision`` with its error and left out; the flow's plan (the first option) is
     never left out silently: its failure raises. ``resolve`` solves a shape again on its
-    measured costs (:func:`certify`).
+    measured costs (:func:`certify`); ``clock`` gives the seconds each timing reads (a fake one in tests).
     """
     built, errors, first_s, call_s, skipped = {}, {}, {}, {}, {}
     for k, o in enumerate(opts):
@@ -254,9 +256,9 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
             continue
         try:
             pm = build(o)
-            t0 = time.perf_counter()
+            t0 = clock()
             pm(*inputs)  # a library's first call sets it up (ONNX Runtime's: 100x a call)
-            first_s[o.name] = time.perf_counter() - t0
+            first_s[o.name] = clock() - t0
         except Exception as e:  # noqa: BLE001 - an alternative that does not build is reported
             if k == 0:
                 raise
@@ -267,16 +269,16 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     once = {n for n, t in first_s.items() if t > max(RUNAWAY * min(first_s.values()), RUNAWAY_FIRST_S)}
     for name in [n for n in list(built) if n not in once]:
         try:
-            t0 = time.perf_counter()
+            t0 = clock()
             built[name](*inputs)
-            call_s[name] = time.perf_counter() - t0
+            call_s[name] = clock() - t0
         except Exception as e:  # noqa: BLE001 - as above
             if name == opts[0].name:
                 raise
             errors[name] = error_line(e)
             _close(built.pop(name))
     slow = {n for n, t in call_s.items() if t > max(RUNAWAY * min(call_s.values()), RUNAWAY_MIN_S)}
-    timed = _time({n: p for n, p in built.items() if n not in slow | once}, inputs, budget_s, rounds=2)
+    timed = _time({n: p for n, p in built.items() if n not in slow | once}, inputs, budget_s, rounds=2, clock=clock)
     timed.update({n: {"s": call_s[n], "blocks_s": [call_s[n]], "calls": 1} for n in slow})
     timed.update({n: {"s": first_s[n], "blocks_s": [first_s[n]], "calls": 1} for n in once})
     best, ran = min(timed, key=lambda n: timed[n]["s"]), []
@@ -284,7 +286,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         close = [n for n in timed if timed[n]["s"] <= timed[best]["s"] * (1 + RUNOFF) and n not in slow | once]
         if len(close) < 2 or set(close) <= set(ran):
             break
-        again = _time({n: built[n] for n in close}, inputs, RUNOFF_BUDGET_S, rounds=RUNOFF_ROUNDS)
+        again = _time({n: built[n] for n in close}, inputs, RUNOFF_BUDGET_S, rounds=RUNOFF_ROUNDS, clock=clock)
         for n in close:  # the median of every block, every pass
             timed[n]["blocks_s"] += again[n]["blocks_s"]
             timed[n]["calls"] += again[n]["calls"]

@@ -40,7 +40,7 @@ Examples
 >>> from tvm_pesto.candidates.examples import tiny_mlp
 >>> cs = placement_candidates(tvm_pesto.analyze(tiny_mlp()[0]).rg)
 >>> ct = candidate_costs(cs, parse_cluster("cpu:1"), "hybrid")   # measures some candidates here
->>> ct.measured + ct.predicted == len(cs), ct.saved_s >= 0
+>>> ct.measured + ct.cached + ct.predicted == len(cs), ct.saved_s >= 0   # measured now, or before
 (True, True)
 """
 from __future__ import annotations

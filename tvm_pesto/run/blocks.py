@@ -26,19 +26,20 @@ import time
 import numpy as np
 
 
-def _block(f, warmup_s: float, block_s: float, min_calls: int, max_block_s: float | None) -> tuple[float, int]:
+def _block(f, warmup_s: float, block_s: float, min_calls: int, max_block_s: float | None,
+           clock=time.perf_counter) -> tuple[float, int]:
     """One block of ``f``: the warm-up, then the median seconds of its timed calls and their number."""
-    t0 = time.perf_counter()
+    t0 = clock()
     f()
-    while time.perf_counter() - t0 < warmup_s:
+    while clock() - t0 < warmup_s:
         f()
     times: list[float] = []
-    t0 = time.perf_counter()
+    t0 = clock()
     while True:
-        t = time.perf_counter()
+        t = clock()
         f()
-        times.append(time.perf_counter() - t)
-        spent = time.perf_counter() - t0
+        times.append(clock() - t)
+        spent = clock() - t0
         if (len(times) >= min_calls and spent >= block_s) or (
                 max_block_s is not None and spent >= max_block_s and len(times) >= 3):
             return float(np.median(times)), len(times)
@@ -57,7 +58,8 @@ def best_two_spread(blocks_s) -> float | None:
 
 
 def time_blocks(calls: dict, rounds: int = 3, warmup_s: float = 0.2, block_s: float = 0.3, min_calls: int = 20,
-                max_block_s: float | None = None, agree: float | None = None, max_rounds: int | None = None) -> dict:
+                max_block_s: float | None = None, agree: float | None = None, max_rounds: int | None = None,
+                clock=time.perf_counter) -> dict:
     """Seconds per call of each zero-argument callable, timed in rotating blocks.
 
     Parameters
@@ -102,7 +104,7 @@ def time_blocks(calls: dict, rounds: int = 3, warmup_s: float = 0.2, block_s: fl
 
     def run(order):
         for n in order:
-            s, k = _block(calls[n], warmup_s, block_s, min_calls, max_block_s)
+            s, k = _block(calls[n], warmup_s, block_s, min_calls, max_block_s, clock)
             out[n]["blocks_s"].append(s)
             out[n]["calls"] += k
 
