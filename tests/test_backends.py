@@ -1,6 +1,7 @@
 """Backends: registry, availability with reasons, numerics of each CPU backend against TVM,
 DLPack zero copy, build failures as BuildError, thread counts from the device's affinity."""
 import builtins
+import importlib.util
 import threading
 import warnings
 
@@ -54,6 +55,7 @@ def test_registry_lists_cpu_backends_and_reasons():
         get_backend("no-such-backend")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [tiny_cnn, tiny_mlp])
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime", "tvm"])
 def test_whole_model_matches_tvm(model, backend):
@@ -65,6 +67,7 @@ def test_whole_model_matches_tvm(model, backend):
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None)
 @given(m=st.integers(1, 9), k=st.integers(1, 9), n=st.integers(1, 9), act=st.sampled_from(["relu", "tanh", "sigmoid"]),
        batch=st.booleans())
@@ -102,6 +105,7 @@ def test_torch_writes_into_the_dps_output_zero_copy():
     assert np.abs(out.numpy()).sum() > 0
 
 
+@pytest.mark.slow
 def test_onnxruntime_keeps_its_binding_only_while_the_buffers_stay():
     """The kept binding must follow new buffers (rebind), new contents in the same buffers,
     and calls from another thread (each thread binds its own)."""
@@ -147,17 +151,16 @@ def _resize_func(method, coord, rounding, layout="NCHW"):
     return bb.get()["main"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
 @pytest.mark.parametrize("method, coord, rounding", [
     ("nearest_neighbor", "asymmetric", "floor"), ("nearest_neighbor", "half_pixel", "round_prefer_ceil"),
     ("linear", "half_pixel", ""), ("linear", "align_corners", ""), ("linear", "pytorch_half_pixel", ""),
     ("cubic", "half_pixel", "")])
 def test_resize2d_runs_in_the_onnx_libraries_as_tvm_computes_it(backend, method, coord, rounding):
-    ok, why = available_backends()
-    if backend not in {b.name for b in ok}:
-        pytest.skip(f"{backend} is not available here: {why.get(backend)}")
     from tvm_pesto.backends.onnx_ops import supports_call
 
+    _library(backend)
     func = _resize_func(method, coord, rounding)
     assert supports_call(func.body.blocks[0].bindings[0].value)
     x = np.random.default_rng(0).standard_normal((1, 3, 5, 7)).astype("float32")
@@ -172,6 +175,50 @@ def test_a_resize2d_without_an_exact_onnx_resize_is_left_to_tvm(method, coord, r
     from tvm_pesto.backends.onnx_ops import supports_call
 
     func = _resize_func(method, coord, rounding, layout)
+    assert not supports_call(func.body.blocks[0].bindings[0].value)
+    with pytest.raises(OnnxExportError, match=why):
+        relax_to_onnx(func)
+
+
+def _pad_func(mode, widths=(0, 0, 0, 0, 1, 2, 2, 0), value=0.5):
+    x = relax.Var("x", relax.TensorType((1, 3, 5, 7), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.pad(x, list(widths), mode, value))
+        bb.emit_func_output(out)
+    return bb.get()["main"]
+
+
+def _library(backend):
+    """Fail unless ``backend`` is available; skip only for OpenVINO not installed (an optional extra)."""
+    ok, why = available_backends()
+    if backend not in {b.name for b in ok}:
+        if backend == "openvino" and importlib.util.find_spec("openvino") is None:
+            pytest.skip(f"{backend} is not available here: {why.get(backend)}")
+        pytest.fail(f"{backend} is not available here: {why.get(backend)}")
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
+def test_pad_runs_in_the_onnx_libraries_as_tvm_computes_it(backend, mode):
+    from tvm_pesto.backends.onnx_ops import supports_call
+
+    _library(backend)
+    func = _pad_func(mode)
+    assert supports_call(func.body.blocks[0].bindings[0].value)
+    x = np.random.default_rng(0).standard_normal((1, 3, 5, 7)).astype("float32")
+    want = _run_tvm(func, [x])
+    assert want.shape == (1, 3, 8, 9)
+    np.testing.assert_array_equal(_run_backend(backend, func, [x]), want)
+
+
+@pytest.mark.parametrize("mode, widths, why", [("circular", (0, 0, 0, 0, 1, 1, 1, 1), "pad mode 'circular'"),
+                                               ("constant", (0, 0, 0, 0, -1, 0, 0, 0), "negative pad widths")])
+def test_a_pad_without_an_onnx_pad_is_left_to_tvm(mode, widths, why):
+    from tvm_pesto.backends.onnx_ops import supports_call
+
+    func = _pad_func(mode, widths)
     assert not supports_call(func.body.blocks[0].bindings[0].value)
     with pytest.raises(OnnxExportError, match=why):
         relax_to_onnx(func)
@@ -250,6 +297,7 @@ def test_backend_interface_is_abstract():
         Half()
 
 
+@pytest.mark.slow
 def test_metaschedule_variant_reads_a_database(tmp_path, monkeypatch):
     from tvm_pesto.backends.tvm_cpu import TvmMetaScheduleBackend
 

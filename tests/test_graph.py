@@ -183,6 +183,42 @@ def test_a_split_weight_folds_through_its_parts_further_than_fold_constant():
     np.testing.assert_allclose(outs[1], xs @ c[3:].T, rtol=1e-6)
 
 
+def test_position_ids_from_an_arange_of_numbers_fold_to_a_constant():
+    """A transformer's position ids (``arange`` of numbers, then a lookup in the position
+    table): FoldConstant leaves the range, and all that is computed from it, to run at every
+    inference; the fold makes the lookup a constant, so only the model's own ops remain."""
+    table = np.random.default_rng(0).standard_normal((16, 4)).astype("float32")
+    x = relax.Var("x", relax.TensorType((2, 5, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            ids = bb.emit(relax.op.expand_dims(relax.op.arange(0, 5, 1, "int64"), axis=[0]))
+            pos = bb.emit(relax.op.take(relax.const(table), relax.op.astype(ids, "int32"), axis=0))
+            y = bb.emit_output(relax.op.add(x, pos))
+        bb.emit_func_output(y)
+    before = bb.get()
+    left = relax.transform.FoldConstant()(before)["main"].body.blocks[0].bindings  # FoldConstant alone
+    assert any(isinstance(b.value, relax.Call) and b.value.op.name == "relax.arange" for b in left)
+    assert [n.op for n in from_relax(before).graph.nodes] == ["relax.add"]
+    xs = np.random.default_rng(1).standard_normal((2, 5, 4)).astype("float32")
+    out = relax.VirtualMachine(tvm.compile(before, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(xs)).numpy()
+    np.testing.assert_array_equal(out, xs + table[:5][None])
+
+
+def test_an_arange_of_symbolic_bounds_is_left_as_it_is():
+    from tvm_pesto.graph.fold import fold_layout_constants
+
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n,), "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.add(x, relax.op.arange(0, n, 1, "int64")))
+        bb.emit_func_output(y)
+    before = bb.get()
+    tvm.ir.assert_structural_equal(fold_layout_constants(before), before)
+
+
 def test_dynamic_shapes_are_rejected_with_a_clear_message():
     n = tvm.tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType((n, 4), "float32"))

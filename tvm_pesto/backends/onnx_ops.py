@@ -410,6 +410,27 @@ def _take(e, call, out):
     return e.one("Gather", [x, e.tensor(call.args[1])], out, axis=int(axis))
 
 
+#: Relax ``nn.pad`` mode -> ONNX ``Pad`` mode (``circular`` needs opset 19's ``wrap``: not exported).
+_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge"}
+
+
+def _pad_problem(call) -> str | None:
+    """Why an ``nn.pad`` call cannot be exported (None: it can)."""
+    if str(call.attrs.pad_mode) not in _PAD_MODES:
+        return f"pad mode {str(call.attrs.pad_mode)!r} has no ONNX Pad mode at opset 17"
+    return "negative pad widths (a crop)" if min(ints(call.attrs.pad_width)) < 0 else None
+
+
+@_reg("relax.nn.pad")
+def _pad(e, call, out):
+    if _pad_problem(call):
+        raise OnnxExportError(f"nn.pad cannot be exported: {_pad_problem(call)}")
+    widths = ints(call.attrs.pad_width)  # (before, after) per axis; ONNX: every before, then every after
+    mode = _PAD_MODES[str(call.attrs.pad_mode)]
+    value = [e.init(np.array(float(call.attrs.pad_value), _x_dtype(call)), "pad_value")] if mode == "constant" else []
+    return e.one("Pad", [e.tensor(call.args[0]), e.int64s(widths[::2] + widths[1::2], "pads")] + value, out, mode=mode)
+
+
 @_reg("relax.zeros_like", "relax.ones_like", "relax.zeros", "relax.ones", "relax.full", "relax.full_like")
 def _filled(e, call, out):
     shp = tensor_shape(call.ty, f"{call.op.name} result")
@@ -427,6 +448,8 @@ def _filled(e, call, out):
     return e.one("Identity", [e.init(np.full(shp, val, dtype=dt), "filled")], out)
 
 
+#: Relax operator -> why one of its calls has no exact ONNX form (None: it has one).
+_PROBLEMS = {"relax.image.resize2d": _resize_problem, "relax.nn.pad": _pad_problem}
 #: Relax operator names the exporter converts.
 SUPPORTED_OPS: frozenset[str] = frozenset(CONVERTERS)
 
@@ -462,7 +485,7 @@ def supports_call(call) -> bool:
     if name in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d") and \
             str(at.layout) != "NCHW":
         return False
-    if name == "relax.image.resize2d" and _resize_problem(call) is not None:
+    if name in _PROBLEMS and _PROBLEMS[name](call) is not None:
         return False
     for a in call.args:
         if is_tensor_const(a) and str(a.ty.dtype) not in DTYPES:

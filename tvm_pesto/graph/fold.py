@@ -1,4 +1,5 @@
-"""Fold layout ops on constants in NumPy, before Relax ``FoldConstant`` sees them.
+"""Fold layout ops on constants, and ranges of constant bounds, in NumPy, before Relax
+``FoldConstant`` sees them.
 
 ``FoldConstant`` evaluates each call on constants by legalizing it and compiling a kernel
 for it, which costs a compile per call. A model exported with ``torch.export`` carries one
@@ -9,7 +10,10 @@ same values bit for bit, in microseconds; the result is structurally the module
 ``FoldConstant`` gives (``tests/test_graph.py``), except after a ``split`` of a constant
 (``nn.MultiheadAttention``'s packed q/k/v weight): ``FoldConstant`` folds the split but
 leaves the transposes of its parts to run at every inference, and this fold takes them too.
-Anything else on constants is left to ``FoldConstant``.
+An ``arange`` whose bounds are numbers (the position ids of a transformer exported from
+PyTorch) becomes its values too: ``FoldConstant`` folds only calls on tensor constants, so it
+left the range, and everything computed from it, to run at every inference, in a kernel that
+no ONNX library is given. Anything else on constants is left to ``FoldConstant``.
 
 Examples
 --------
@@ -94,6 +98,8 @@ class _LayoutFolder(PyExprMutator):
             return None
         if call.op.name == "relax.split":
             return self._split(call, binding.var.ty)
+        if call.op.name == "relax.arange":
+            return _arange(call, binding.var.ty)
         fold = FOLDERS.get(call.op.name)
         shape = _static_shape(binding.var.ty)
         if fold is None or shape is None or not call.args:
@@ -121,9 +127,26 @@ class _LayoutFolder(PyExprMutator):
         return relax.Tuple([relax.const(np.ascontiguousarray(p), f.dtype) for p, f in zip(parts, ty.fields)])
 
 
+def _number(arg):
+    """The Python number of a constant scalar argument, or None (a symbolic one)."""
+    return arg.value if isinstance(arg, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) else None
+
+
+def _arange(call, ty):
+    """``arange(start, end, step)`` of numbers: its values as a constant (None: not numbers, or
+    not of the static shape its type says)."""
+    bounds = [_number(a) for a in call.args]
+    shape = _static_shape(ty)
+    if any(b is None for b in bounds) or shape is None:
+        return None
+    value = np.arange(*bounds).astype(str(ty.dtype))
+    return relax.const(value, str(ty.dtype)) if value.shape == shape else None
+
+
 def fold_layout_constants(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with every :data:`FOLDERS` op whose data is a constant replaced by its value,
-    and every ``split`` of a constant bound to its parts (the parts' uses read them)."""
+    """``mod`` with every :data:`FOLDERS` op whose data is a constant and every ``arange`` of
+    numbers replaced by its value, and every ``split`` of a constant bound to its parts (the
+    parts' uses read them)."""
     folder = _LayoutFolder(mod)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
