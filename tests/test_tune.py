@@ -95,7 +95,7 @@ def test_tune_writes_a_database_with_every_trial_and_reports_progress(tuned):
     assert [(t.name, t.budget, t.existing, t.spent) for t in res.tasks] == [
         ("fused_matmul_relu", 3, 0, 3), ("matmul1", 3, 0, 3)]
     for t in res.tasks:
-        assert 0 < t.best_s < 1e-2 and 0 < t.baseline_s < 1e-2 and t.best_before_s is None
+        assert 0 < t.best_s < 10 and 0 < t.baseline_s < 10 and t.best_before_s is None
     assert seen[-1][:2] == (6, 6) and {label for _, _, label in seen} == {
         "task 1/2 fused_matmul_relu", "task 2/2 matmul1"}
     rows, skipped = read_tuning_db(wd)  # the cost model reads it as tuned rows
