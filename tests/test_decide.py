@@ -527,3 +527,40 @@ def test_place_keeps_a_share_of_its_limit_for_the_split_check(monkeypatch):
     assert pl.plan.solve_s == pytest.approx(1.5 * len(limits))  # every solve, counted once
     api.place(mod, "cpu:1", costs="roofline", time_limit_s=6.0)  # one device: no split check, the whole limit
     assert limits[-1] == 6.0
+
+
+def _returning(build, outs):
+    """``build`` whose options' calls return ``outs[name]``."""
+    def built(o):
+        f = build(o)
+        return lambda *a: f() or outs[o.name]
+    return built
+
+
+def test_an_option_that_computes_another_model_is_left_out_however_fast():
+    # the flow's plan runs a library kernel that computes other values (OpenVINO in float32 on a
+    # T5-style encoder on an AMD Zen 5 was 0.39 off): the fastest option, and never kept
+    right = np.linspace(-3, 3, 8).astype("float32")
+    outs = {"plan": right + 0.4, "library:tvm": right, "library:onnxruntime": right + 1e-6}
+    opts, build = _options({"plan": 1e-4, "library:tvm": 3e-3, "library:onnxruntime": 1e-3})
+    _, d = _choose(opts, _returning(build, outs), [], budget_s=0.2)
+    by = {o["name"]: o for o in d["options"]}
+    assert d["chosen"] == "library:onnxruntime" and "measured_s" not in by["plan"]
+    assert by["plan"]["error"].startswith("wrong numerics: max abs err 0.4 against TVM's build of the model")
+    assert "wrong numerics" in decide.decision_table(d) and "measured_s" in by["library:onnxruntime"]
+
+
+def test_reduced_precision_is_held_to_its_own_tolerance_and_nothing_is_checked_without_tvms_build():
+    right = np.linspace(-3, 3, 8).astype("float32")
+    outs = {"plan": right, "library:tvm": right, "library:openvino-bf16": right + 0.02 * 3}  # bf16 rounding
+    opts, build = _options({"plan": 2e-3, "library:tvm": 3e-3, "library:openvino-bf16": 1e-3})
+    opts[2].placement.backend_mix = {"openvino-bf16": 3}
+    _, d = _choose(opts, _returning(build, outs), [], budget_s=0.2)
+    assert d["chosen"] == "library:openvino-bf16"
+    outs["library:openvino-bf16"] = right + 0.2 * 3  # past REDUCED_TOL of the output's magnitude
+    _, d = _choose(opts, _returning(build, outs), [], budget_s=0.2)
+    assert d["chosen"] == "plan" and d["options"][2]["error"].startswith("wrong numerics")
+    # no TVM build of the model to compare with (a runaway left out, say): nothing is called wrong
+    opts, build = _options({"plan": 2e-3, "library:onnxruntime": 1e-3})
+    _, d = _choose(opts, _returning(build, {"plan": right, "library:onnxruntime": right + 5}), [], budget_s=0.2)
+    assert d["chosen"] == "library:onnxruntime"

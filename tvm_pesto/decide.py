@@ -2,53 +2,41 @@
 
 The flow predicts, and a prediction can be wrong; a plan slower than the library a user
 already has is a defect. Before :func:`tvm_pesto.build` returns (and in ``tvm-pesto run``)
-the options below are built and timed against each other in blocks
+these options are built and timed against each other in blocks
 (:func:`tvm_pesto.run.blocks.time_blocks`, about :data:`BUDGET_S` seconds in all), and the
 fastest is kept:
 
 * ``plan``: the flow's plan on the cluster asked for;
 * ``one-device``: on ``cpu:N`` with N > 1, the flow's plan on the same cores as one device
   (``cpu:1``, every core in it: the libraries' own intra- and inter-op threads use them);
-* ``library:<backend>``: the whole model as one unit of each library backend (ONNX Runtime
-  in each of its modes, PyTorch, ...) that can run every op, on that device, and as TVM's
-  fusion groups (``library:tvm``: what ``tvm.compile`` of the module runs): what a user of
-  that library runs today;
+* ``library:<backend>``: the whole model as one unit of each library backend that can run
+  every op, on that device, and as TVM's fusion groups (``library:tvm``: what
+  ``tvm.compile`` of the module runs): what a user of that library runs today;
 * ``library:<backend> on <device>``: on ``cpu:N`` with N > 1, the same on the first device
-  of the cluster asked for (for ``cpu:2``, one core: the library with one thread, which a
-  model of a few hundred microseconds often runs fastest with).
+  of the cluster asked for (for ``cpu:2``, one core: the library with one thread).
 
 A whole-model library option predicted far slower than the first calls so far
-(:data:`RUNAWAY` times the fastest, and over :data:`RUNAWAY_FIRST_S`) is not built or run:
-untuned TVM at size full takes a minute a call. Its entry says ``skipped`` and why.
+(:data:`RUNAWAY` times the fastest, and over :data:`RUNAWAY_FIRST_S`) is not built or run,
+and its entry says why. An option whose first output is not TVM's (:func:`wrong_numerics`)
+is left out with the error: it computes another model, however fast.
 
-Which core shape (``cpu:N`` or ``cpu:1``) the flow predicts faster is the plan's ``shape``;
-the measurement then decides. Options within :data:`RUNOFF` of the fastest are timed again
-(:data:`RUNOFF_BUDGET_S`) and compared by the median of all their blocks, so a near-tie is not
-settled by one lucky block; and where a whole-model library call (a ``library:`` option, or
-a flow's plan that is one unit: :func:`library_call`) is within :data:`PREFER_LIBRARY` of a
-fastest plan of several units, it is kept: a user's own library call, no slower within what a
-shared machine lets us tell apart, beats a plan of several units. The fastest option that is
-a library call itself is kept as it is. ``decision`` lists
-each option's predicted and measured seconds and which one was kept.
+Which core shape the flow predicts faster is the plan's ``shape``; the measurement decides.
+Options within :data:`RUNOFF` of the fastest are timed again (:data:`RUNOFF_BUDGET_S`) and
+compared by the median of all their blocks; a whole-model library call (:func:`library_call`)
+within :data:`PREFER_LIBRARY` of a fastest plan of several units is kept (a user's own library
+call, no slower within what a shared machine tells apart). ``decision`` lists each option's
+predicted and measured seconds and which one was kept.
 
 The kept option is then certified (:func:`certify`) against every plan of both core shapes:
 each shape is solved again by the flow's solver on its cost table priced by measurement
-(:func:`priced_table`): each measured one-unit option (a whole-model library call) costs what
-it measured, the other candidates of a measured library its measured/predicted ratio times
-their prediction, and every other candidate its prediction times the least such ratio among
-the shape's measured options. The bound that solve
-proves bounds every plan of the shape; the least of those bounds and of the measured times
-bounds every plan, and ``decision["claim"]`` gives it with the kept option's gap; a kept
-option other than the flow's plan carries that claim as its own (``decided_by``
-``measured-ilp (= library:openvino)``: the ILP on measured costs proves the measured choice
-the best plan within the gap; a kept flow's plan keeps its decider, with the claim over both
-shapes). Each shape's entry says which plan the priced solve returned (``plan_is``).
-The flow's solves and these share one solving budget
-(:class:`~tvm_pesto.solve.budget.Solving`, :data:`~tvm_pesto.solve.budget.SOLVE_S`).
-Where a shape's flow proved no bound (a heuristic solver) there is no claim and
-``decided_by`` says ``measured (...)``. Only clusters of this
-machine's CPU cores are measured (``cpu:N``); other clusters keep the flow's plan, and
-``decision["measured"]`` says why not.
+(:func:`priced_table`), and the least of those bounds and of the measured times bounds every
+plan: ``decision["claim"]`` gives it with the kept option's gap, and a kept option other than
+the flow's plan carries that claim as its own (``decided_by`` ``measured-ilp (=
+library:openvino)``). The flow's solves and these share one solving budget
+(:class:`~tvm_pesto.solve.budget.Solving`). Where a shape's flow proved no bound there is no
+claim and ``decided_by`` says ``measured (...)``. Only clusters of this machine's CPU cores
+are measured (``cpu:N``); other clusters keep the flow's plan, and ``decision["measured"]``
+says why not.
 
 ``$TVM_PESTO_MEASURE_FINAL`` (``1``, default; ``0``) sets the default of ``measure_final``.
 """
@@ -90,6 +78,10 @@ RUNAWAY_MIN_S = 0.1
 #: fastest first call is measured by that call (setup included: at most its time too much;
 #: an untuned TVM build of a large model can take a minute a call).
 RUNAWAY_FIRST_S = 10.0
+#: An option whose first output differs from TVM's build of the model (``library:tvm``) by over
+#: this times the output's largest magnitude (at least 1) computes another model: it is left
+#: out (a library's fused kernel can be wrong); :data:`REDUCED_TOL` for bfloat16 backends.
+NUMERICS_TOL, REDUCED_TOL = 1e-3, 5e-2
 
 
 @dataclass
@@ -210,15 +202,12 @@ def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_cou
 
     per_block = budget_s / (rounds * len(built))
     return time_blocks({n: (lambda p=p: p(*inputs)) for n, p in built.items()}, rounds=rounds,
-                       warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block,
-                       clock=clock)
+                       warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block, clock=clock)
 
 
 def _predicted_runaway(option: Option, first_s: dict) -> str | None:
-    """Why ``option`` is not built or run at all (None: it is): a whole-model library option
-    predicted over :data:`RUNAWAY` times the fastest first call so far and over
-    :data:`RUNAWAY_FIRST_S` (untuned TVM at size full: a minute a call, predicted within 2x)
-    would cost the build that call and lose. The flow's plans always run: they calibrate the claim."""
+    """Why ``option`` is not built or run at all (None: it is): a library option predicted over
+    :data:`RUNAWAY` x the fastest first call and :data:`RUNAWAY_FIRST_S`; the flow's plans always run."""
     if option.name in FLOW_OPTIONS or not first_s:
         return None
     fastest = min(first_s.values())
@@ -232,21 +221,15 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
            clock=time.perf_counter):
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
 
-    ``build(option) -> PlacedModule``. A whole-model library option predicted over
-    :data:`RUNAWAY` times the fastest first call so far and over :data:`RUNAWAY_FIRST_S` is
-    neither built nor run (``skipped``: why). An option whose first call takes over
-    :data:`RUNAWAY_FIRST_S` and :data:`RUNAWAY` times the fastest first call, or whose
-    second call takes over :data:`RUNAWAY` times the fastest option's and over
-    :data:`RUNAWAY_MIN_S`, is measured by that call alone (``timed_once``: which call).
-    Options within :data:`RUNOFF` of the fastest run off (again, up to :data:`RUNOFF_PASSES`,
-    while a runoff slows the fastest to within :data:`RUNOFF` of one it left out: the kept
-    option is the fastest of all the times reported); ``decision["runoff"]`` says which, and
-    why a library call was kept (:data:`PREFER_LIBRARY`). An option that fails to build or to run is reported
-    in ``decision`` with its error and left out; the flow's plan (the first option) is
-    never left out silently: its failure raises. ``resolve`` solves a shape again on its
-    measured costs (:func:`certify`); ``clock`` gives the seconds each timing reads (a fake one in tests).
+    ``build(option) -> PlacedModule``. Runaways (:data:`RUNAWAY`) are not run (``skipped``)
+    or are measured by one call (``timed_once``); options within :data:`RUNOFF` of the
+    fastest run off (``decision["runoff"]``, up to :data:`RUNOFF_PASSES` times). An option
+    that fails to build or to run, or computes another model (:func:`wrong_numerics`), is
+    reported with its error and left out; the flow's plan failing to build or run raises.
+    ``resolve`` solves a shape again on its measured costs (:func:`certify`); ``clock`` gives
+    the seconds each timing reads (a fake one in tests).
     """
-    built, errors, first_s, call_s, skipped = {}, {}, {}, {}, {}
+    built, errors, first_s, call_s, skipped, outputs = {}, {}, {}, {}, {}, {}
     for k, o in enumerate(opts):
         if progress:
             progress(k + 1, len(opts))
@@ -257,14 +240,20 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         try:
             pm = build(o)
             t0 = clock()
-            pm(*inputs)  # a library's first call sets it up (ONNX Runtime's: 100x a call)
+            out = pm(*inputs)  # a library's first call sets it up (ONNX Runtime's: 100x a call)
             first_s[o.name] = clock() - t0
+            if out is not None:
+                outputs[o.name] = out
         except Exception as e:  # noqa: BLE001 - an alternative that does not build is reported
             if k == 0:
                 raise
             errors[o.name] = error_line(e)
             continue
         built[o.name] = pm
+    for name, why in wrong_numerics(opts, outputs).items():  # reported, never kept: not the model
+        errors[name] = why
+        first_s.pop(name)
+        _close(built.pop(name))
     # over RUNAWAY_FIRST_S and RUNAWAY x the fastest first call: that call is its time
     once = {n for n, t in first_s.items() if t > max(RUNAWAY * min(first_s.values()), RUNAWAY_FIRST_S)}
     for name in [n for n in list(built) if n not in once]:
@@ -329,6 +318,27 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     return built[best], decision
 
 
+def wrong_numerics(opts: list[Option], outputs: dict) -> dict:
+    """Option name -> why it is left out, for each option whose first output is not within
+    :data:`NUMERICS_TOL` (:data:`REDUCED_TOL` with a ``-bf16`` backend) of ``library:tvm``'s."""
+    # lazy: loads TVM, which importing this module does not
+    from .run.executor import max_abs_err, to_numpy
+
+    if "library:tvm" not in outputs:
+        return {}
+    ref = to_numpy(outputs["library:tvm"])
+    scale = max([1.0] + [float(np.abs(np.asarray(a, np.float64)).max())
+                         for a in (ref if isinstance(ref, tuple) else (ref,)) if np.size(a)])
+    out = {}
+    for o in opts:
+        if o.name in outputs and o.name != "library:tvm":
+            reduced = any(b.endswith("-bf16") for b in o.placement.backend_mix)
+            tol, err = (REDUCED_TOL if reduced else NUMERICS_TOL) * scale, max_abs_err(to_numpy(outputs[o.name]), ref)
+            if not err <= tol:  # NaN too
+                out[o.name] = f"wrong numerics: max abs err {err:.3g} against TVM's build of the model (over {tol:.3g})"
+    return out
+
+
 def library_call(option: Option) -> bool:
     """Whether ``option`` runs the whole model as one library call: a ``library:`` option, or
     a flow's plan of one unit (the flow chose one library for every op; :func:`options` then
@@ -352,14 +362,10 @@ def shape_scale(shape: Option, opts: list[Option], ratio: dict) -> float:
 def priced_table(shape: Option, opts: list[Option], ratio: dict) -> np.ndarray:
     """``shape``'s cost table priced by the final choice's measurements.
 
-    ``ratio``: measured seconds / predicted makespan of each measured option. Of the options
-    measured on ``shape``'s cluster, each one-unit option (a whole-model library call; the
-    flow's plan when it is one unit) costs what it measured: its candidate costs its ratio
-    times its prediction on every device with as many cores as the one it ran on. Every
-    other candidate of a backend that such a call measured costs the least ratio among that
-    backend's calls times its prediction (a library's regions are calibrated by the library's
-    own measured call, as the cost model fits each backend apart), and every candidate of
-    another backend :func:`shape_scale` (the least ratio of all) times its prediction.
+    ``ratio``: measured seconds / predicted makespan of each measured option. On ``shape``'s
+    cluster, a one-unit option's candidate costs what it measured (on every device with as
+    many cores); another candidate of a backend such a call measured costs that backend's
+    least ratio times its prediction, and any other :func:`shape_scale` times its prediction.
 
     Examples
     --------
@@ -408,19 +414,13 @@ def priced_table(shape: Option, opts: list[Option], ratio: dict) -> np.ndarray:
 def certify(opts: list[Option], decision: dict, resolve=None) -> dict | None:
     """The claim for the kept option: a bound on every plan of both core shapes, and the gap.
 
-    On each shape the flow's plan (``plan``, ``one-device``) was measured. ``resolve(option,
-    table) -> Placement`` solves the shape again (the flow's solver, its split margin) on
-    its cost table priced by measurement (:func:`priced_table`), and the bound that solve
-    proves bounds every plan of the shape. Without ``resolve``, or where the priced solve
-    cannot matter (the bound the flow proved times :func:`shape_scale`, under every priced
-    plan, is not under the kept option's time), that calibrated bound does. The least of
-    the shapes' bounds and of the measured times bounds every plan (``bound_s``); ``gap``
-    is the kept option's measured time against it. Each shape's entry says whether it was
-    ``solved_again``, which plan the priced solve returned (``plan_is``: the measured option
-    it is, or None for a plan nobody measured) and its decider; ``solve_s`` adds the flows'
-    solves and the priced ones. None when a shape's solve proved no bound or the flow's plan
-    was not measured (no claim can be made); a priced solve that fails leaves no claim and
-    ``decision["claim_error"]`` says why.
+    ``resolve(option, table) -> Placement`` solves a shape again on its cost table priced by
+    measurement (:func:`priced_table`); its bound bounds every plan of the shape. Without
+    ``resolve``, or where it cannot matter, the flow's bound times :func:`shape_scale` does.
+    The least of the bounds and measured times is ``bound_s``; ``gap`` is the kept option's
+    time against it; each shape says if it was ``solved_again`` and which plan (``plan_is``).
+    None when a shape proved no bound or the flow's plan was not measured; a priced solve that
+    fails leaves no claim and ``decision["claim_error"]`` says why.
 
     Examples
     --------

@@ -24,7 +24,7 @@ from ..plan.expert_split import load_expert_split
 from ..plan.objective import check_choice, evaluate
 from ..plan.trace import write_trace_dir
 from ..run.dispatch import machine_dispatch
-from ..run.executor import to_numpy
+from ..run.executor import max_abs_err, to_numpy
 from ..run.pipeline import microbatch_inputs, run_pipeline
 from ..run.ray_executor import RaySession, use_ray
 from ..run.runtime import BENCH_MIN_S
@@ -48,13 +48,6 @@ def reference_output(mod, inputs, target=None):
     vm = relax.VirtualMachine(ex, tvm.cpu(0))
     out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs])
     return to_numpy(out), vm, ex
-
-
-def max_abs_err(a, b) -> float:
-    if isinstance(a, tuple):
-        return max(max_abs_err(x, y) for x, y in zip(a, b))
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.max(np.abs(a - b))) if a.size else 0.0
 
 
 def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", costs: str = "auto",

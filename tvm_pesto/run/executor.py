@@ -477,3 +477,19 @@ def to_numpy(value):
     if isinstance(value, (tuple, list)) or type(value).__name__ == "Array":
         return tuple(to_numpy(v) for v in value)
     return np.asarray(value)
+
+
+def max_abs_err(a, b) -> float:
+    """The largest absolute difference between two outputs (tuples compared element-wise).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> max_abs_err((np.ones(2), np.zeros(3)), (np.ones(2), np.full(3, 0.5)))
+    0.5
+    """
+    if isinstance(a, (tuple, list)):
+        return max((max_abs_err(x, y) for x, y in zip(a, b)), default=0.0)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
