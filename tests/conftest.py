@@ -19,16 +19,16 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
 
-#: The test files that take longest, longest first (seconds of test time on a 2-core AMD Zen 1
-#: VM, `pytest --durations=0` at da77efa): Ray actors 286, CLI runs 197, the GPU check's dry
-#: runs 146, tutorials 131, cost model 115, training 114, heuristics 102, determinism 98, the
-#: zoo placed 98, users' models 94, model files 89, the zoo 65. xdist's ``loadfile`` hands
-#: files out in collection order (``--no-loadscope-reorder`` in pyproject.toml; its default
-#: order is by the number of tests, which put the Ray file, 9 tests and 5 minutes, last);
-#: these first, the rest after in their usual order, so the two workers end together.
-SLOWEST_FILES = ("test_ray_executor.py", "test_run_cli.py", "test_gpu_backends.py", "test_tutorials.py",
-                 "test_cost_model.py", "test_train.py", "test_heuristics.py", "test_determinism.py",
-                 "test_placed_zoo.py", "test_user_models.py", "test_models.py", "test_zoo.py")
+#: The test files that take longest, longest first (their slowest tests, `pytest --durations=40`,
+#: on a 2-vCPU AMD Zen 5, clean clone of 3bc3169): Ray actors 121 s, CLI runs 61, tutorials 54,
+#: users' models 52, determinism 44, the zoo placed 39, the GPU check's dry runs 38, cost model
+#: 37, heuristics 32, bench backends 25. xdist's ``loadfile`` hands files out in collection
+#: order (``--no-loadscope-reorder`` in pyproject.toml; its default order is by the number of
+#: tests, which put the Ray file last); these first, the rest after in their usual order, so the
+#: two workers end together.
+SLOWEST_FILES = ("test_ray_executor.py", "test_run_cli.py", "test_tutorials.py", "test_user_models.py",
+                 "test_determinism.py", "test_placed_zoo.py", "test_gpu_backends.py", "test_cost_model.py",
+                 "test_heuristics.py", "test_bench_backends.py", "test_train.py", "test_models.py", "test_zoo.py")
 
 
 def pytest_collection_modifyitems(config, items):
