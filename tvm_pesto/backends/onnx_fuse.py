@@ -5,6 +5,11 @@ into elementwise ops (torch's ``hardsigmoid``/``hardswish`` arrive as ``add``, `
 ``divide`` and ``multiply``). ONNX Runtime and OpenVINO run each of those as its own pass over
 the tensor, and the pass breaks their layout propagation (ONNX Runtime reorders blocked
 layouts around it). :func:`fuse_hard_activations` writes them back as the single ONNX ops.
+And ``rsqrt`` exports as ``Reciprocal(Sqrt(v))``, so an RMS norm's ``x * rsqrt(mean(x^2) + eps)``
+reaches ONNX Runtime as a ``Mul`` of a ``Reciprocal``, which its ``SimplifiedLayerNormalization``
+fusion does not match (it looks for a ``Div``): :func:`divide_by_reciprocals` writes
+``a * Reciprocal(b)`` as ``a / b`` (a T5-style encoder, one thread: 48.8 -> 37.6 us a call, the
+same as the model's own ONNX from ``torch.onnx.export``).
 
 Examples
 --------
@@ -94,4 +99,35 @@ def fuse_hard_activations(nodes: list, inits: list, keep: set[str]) -> tuple[lis
     return out, [t for t in inits if t.name in read or t.name in keep]
 
 
-__all__ = ["fuse_hard_activations"]
+def divide_by_reciprocals(nodes: list, keep: set[str]) -> list:
+    """Each ``Mul(a, Reciprocal(b))`` (either operand order) whose reciprocal nothing else reads
+    becomes ``Div(a, b)``.
+
+    Examples
+    --------
+    >>> from onnx import helper
+    >>> nodes = [helper.make_node("Sqrt", ["v"], ["s"]), helper.make_node("Reciprocal", ["s"], ["r"]),
+    ...          helper.make_node("Mul", ["x", "r"], ["y"])]
+    >>> [(n.op_type, list(n.input)) for n in divide_by_reciprocals(nodes, keep={"y"})]
+    [('Sqrt', ['v']), ('Div', ['x', 's'])]
+    """
+    from onnx import helper
+
+    producer = {o: n for n in nodes for o in n.output}
+    uses = Counter(i for n in nodes for i in n.input)
+    uses.update(keep)
+    replaced: dict[int, object] = {}
+    for mul in nodes:
+        if mul.op_type != "Mul" or len(mul.input) != 2:
+            continue
+        for a, r in ((mul.input[0], mul.input[1]), (mul.input[1], mul.input[0])):
+            rec = producer.get(r)
+            if rec is not None and rec.op_type == "Reciprocal" and uses[r] == 1 and id(rec) not in replaced:
+                replaced[id(rec)] = None
+                replaced[id(mul)] = helper.make_node("Div", [a, rec.input[0]], list(mul.output), name=mul.name)
+                break
+    out = [replaced.get(id(n), n) for n in nodes]
+    return [n for n in out if n is not None]
+
+
+__all__ = ["divide_by_reciprocals", "fuse_hard_activations"]

@@ -34,7 +34,7 @@ from tvm import relax
 from ..errors import BuildError
 from ..run.loaders import onnx_runner
 from .base import Backend, device_cores, op_level_patterns, op_short_name
-from .onnx_export import relax_to_onnx
+from .onnx_export import EXPORT_STAMP, relax_to_onnx
 from .onnx_ops import SUPPORTED_OPS, supports_call
 
 #: Short op names (``"nn.conv2d"``) the exporter converts.
@@ -65,6 +65,11 @@ class OnnxGraphBackend(Backend):
     def artifact_meta(self) -> dict:
         """Entries the artifact's loader reads besides the file (none by default)."""
         return {}
+
+    def measure_stamp(self) -> str | None:
+        """The exported graph's form (:data:`~tvm_pesto.backends.onnx_export.EXPORT_STAMP`):
+        a region timed in an earlier form is measured again."""
+        return EXPORT_STAMP
 
     def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
         model = relax_to_onnx(func)
