@@ -81,13 +81,6 @@ def _flat_numpy(out) -> list[np.ndarray]:
     return res
 
 
-def _max_err(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    if len(a) != len(b):
-        return float("inf")
-    return float(max(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))) if x.size else 0.0
-                     for x, y in zip(a, b)))
-
-
 def bench_clusters(measure_links: bool = True):
     """``cpu:1`` and ``cpu:2`` of this machine; ``cpu:2``'s links measured with the
     executor's own hand-off, its devices' contention and the executor's dispatch per run
@@ -228,6 +221,7 @@ def _build_pesto(zm, cluster, backends, cache, ref: list[np.ndarray]) -> dict:
     (``{"error": ...}`` when it does not build)."""
     # lazy: loads TVM's compiler, which importing this module does not
     from .. import api
+    from ..run.executor import max_abs_err
 
     t = time.perf_counter()
     try:
@@ -240,7 +234,7 @@ def _build_pesto(zm, cluster, backends, cache, ref: list[np.ndarray]) -> dict:
     decision = pm.decision or {}
     summary = pm.placement.summary() if pm.placement is not None else {}
     return {"placed": pm, "call": lambda: pm(*args), "build_s": build_s,
-            "max_abs_err": _max_err(_flat_numpy(pm(*args)), ref),
+            "max_abs_err": max_abs_err(_flat_numpy(pm(*args)), ref),
             "chosen": decision.get("chosen"), "cluster": pm.cluster.name,
             "backend_mix": summary.get("backend_mix"), "decided_by": summary.get("decided_by"),
             "options": {o["name"]: o.get("measured_s") for o in decision.get("options", [])}}
@@ -327,6 +321,7 @@ def _build_variants(variants: dict, analysis, zm, ref: list[np.ndarray]):
     """
     # lazy: loads TVM's compiler, which importing this module does not
     from ..builder.placed import PlacedModule
+    from ..run.executor import max_abs_err
     from ..builder.rewrite import apply_plan
 
     placed, errs, failed = {}, {}, {}
@@ -337,7 +332,7 @@ def _build_variants(variants: dict, analysis, zm, ref: list[np.ndarray]):
             failed[key] = str(e)
             continue
         placed[key] = pm
-        errs[key] = _max_err(_flat_numpy(pm(*zm.example_inputs)), ref)
+        errs[key] = max_abs_err(_flat_numpy(pm(*zm.example_inputs)), ref)
     fns = {k: (lambda pm=pm, args=tuple(zm.example_inputs): pm(*args)) for k, pm in placed.items()}
     return placed, errs, failed, fns
 

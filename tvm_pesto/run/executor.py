@@ -480,16 +480,23 @@ def to_numpy(value):
 
 
 def max_abs_err(a, b) -> float:
-    """The largest absolute difference between two outputs (tuples compared element-wise).
+    """The largest absolute difference between two outputs (tuples compared element-wise);
+    infinite where their structure or shapes differ (nothing is broadcast).
 
     Examples
     --------
     >>> import numpy as np
     >>> max_abs_err((np.ones(2), np.zeros(3)), (np.ones(2), np.full(3, 0.5)))
     0.5
+    >>> max_abs_err(np.ones((1, 3)), np.ones(3)), max_abs_err((np.ones(2),), (np.ones(2), np.ones(2)))
+    (inf, inf)
     """
-    if isinstance(a, (tuple, list)):
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        if not (isinstance(a, (tuple, list)) and isinstance(b, (tuple, list))) or len(a) != len(b):
+            return float("inf")
         return max((max_abs_err(x, y) for x, y in zip(a, b)), default=0.0)
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
     return float(np.max(np.abs(a - b))) if a.size else 0.0
 
