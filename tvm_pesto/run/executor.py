@@ -496,7 +496,5 @@ def max_abs_err(a, b) -> float:
             return float("inf")
         return max((max_abs_err(x, y) for x, y in zip(a, b)), default=0.0)
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        return float("inf")
-    return float(np.max(np.abs(a - b))) if a.size else 0.0
+    return float("inf") if a.shape != b.shape else float(np.max(np.abs(a - b))) if a.size else 0.0
 
