@@ -1,10 +1,8 @@
 """The final choice: the flow's plan against the plans a user could run instead, measured.
 
-The flow predicts, and a prediction can be wrong; a plan slower than the library a user
-already has is a defect. Before :func:`tvm_pesto.build` returns (and in ``tvm-pesto run``)
-these options are built and timed against each other in blocks
-(:func:`tvm_pesto.run.blocks.time_blocks`, about :data:`BUDGET_S` seconds in all), and the
-fastest is kept:
+A plan slower than the library a user already has is a defect. Before :func:`tvm_pesto.build`
+returns (and in ``tvm-pesto run``) these options are built and timed against each other in
+blocks (:func:`tvm_pesto.run.blocks.time_blocks`, about :data:`BUDGET_S` s in all); the fastest is kept:
 
 * ``plan``: the flow's plan on the cluster asked for;
 * ``one-device``: on ``cpu:N`` with N > 1, the flow's plan on the same cores as one device
@@ -15,9 +13,9 @@ fastest is kept:
 * ``library:<backend> on <device>``: on ``cpu:N`` with N > 1, the same on the first device
   of the cluster asked for (for ``cpu:2``, one core: the library with one thread).
 
-A whole-model library option predicted far slower than the first calls so far
-(:data:`RUNAWAY` times the fastest, and over :data:`RUNAWAY_FIRST_S`) is not built or run,
-and its entry says why. An option whose first output is not TVM's (:func:`wrong_numerics`)
+A library option predicted :data:`PREDICTED_SLOW` times the best prediction, or far slower
+than the first calls so far (:data:`RUNAWAY` x the fastest, over :data:`RUNAWAY_FIRST_S`),
+is not built or run, and its entry says why. An option whose first output is not TVM's (:func:`wrong_numerics`)
 is left out with the error: it computes another model, however fast.
 
 Which core shape the flow predicts faster is the plan's ``shape``; the measurement decides.
@@ -42,6 +40,7 @@ says why not.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -49,12 +48,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .backends import get_backend
 from .cluster.specs import cpu_cluster
 from .decision import decision_table, unmeasured
 from .errors import InfeasibleError, PestoError, error_line
 from .plan import JointProblem, simulate
 from .solve.joint import solve_joint
-from .solve.joint_decide import OPTIMAL_GAP, restate
+from .claim import FLOW_OPTIONS, certify, priced_table, restate_kept, same_plan, shape_scale
 
 #: Environment variable: ``0`` makes ``build(measure_final=None)`` keep the flow's plan unmeasured.
 MEASURE_ENV = "TVM_PESTO_MEASURE_FINAL"
@@ -69,15 +69,18 @@ RUNOFF_ROUNDS = 4
 RUNOFF_PASSES = 3
 #: A whole-model library option within this fraction of the fastest option is kept.
 PREFER_LIBRARY = 0.03
-#: An option whose second call takes over this many times the fastest option's second call,
-#: and over :data:`RUNAWAY_MIN_S`, is not timed in blocks (a plan gone wrong may take a minute
-#: a call): that call is its time.
+#: An option whose quick calls take this many times the fastest option's, and over
+#: :data:`RUNAWAY_MIN_S`, is not timed in blocks: that call is its time.
 RUNAWAY = 10.0
 RUNAWAY_MIN_S = 0.1
-#: An option whose first call takes over this many seconds and over :data:`RUNAWAY` times the
-#: fastest first call is measured by that call (setup included: at most its time too much;
-#: an untuned TVM build of a large model can take a minute a call).
+#: An option whose first call takes this many seconds and :data:`RUNAWAY` x the fastest first
+#: call is measured by that call (set-up included; an untuned large model: a minute a call).
 RUNAWAY_FIRST_S = 10.0
+#: Each option is called up to QUICK_CALLS times (within QUICK_S) after its first call; one
+#: DROP x the fastest such call, or not among the MAX_LIVE fastest, is closed at once.
+QUICK_CALLS, QUICK_S, DROP, MAX_LIVE = 3, 0.2, 1.5, 3
+#: A library option predicted this many times the best option's prediction is not built.
+PREDICTED_SLOW = 5.0
 #: An option whose first output differs from TVM's build of the model (``library:tvm``) by over
 #: this times the output's largest magnitude (at least 1) computes another model: it is left
 #: out (a library's fused kernel can be wrong); :data:`REDUCED_TOL` for bfloat16 backends.
@@ -96,8 +99,7 @@ class Option:
 
 def measure_final_default() -> bool:
     """Whether ``build`` measures its final choice when not told (:data:`MEASURE_ENV`)."""
-    v = os.environ.get(MEASURE_ENV, "1").strip().lower() or "1"
-    if v not in ("0", "1", "off", "on"):
+    if (v := os.environ.get(MEASURE_ENV, "1").strip().lower() or "1") not in ("0", "1", "off", "on"):
         raise PestoError(f"${MEASURE_ENV} is {v!r}; set it to 1 (measure the final choice) or 0 (keep the flow's plan)")
     return v in ("1", "on")
 
@@ -174,25 +176,18 @@ def options(placement, cluster, place_one_device) -> list[Option]:
         libraries += [(f"library:{b} on {narrow.name}", cluster, whole_model_placement(placement, b, cluster))
                       for b in sorted({c.backend for c in placement.candidates})]
     for name, c, lp in libraries:
-        if lp is not None and not any(_same_plan(o, c, lp) for o in out):
+        if lp is not None and not any(same_plan(o, c, lp) for o in out):
             out.append(Option(name, c, lp, float(lp.sim.run_s)))
     return out
 
 
-def _same_plan(option: Option, cluster, placement) -> bool:
-    """Whether ``placement`` on ``cluster`` runs what ``option`` runs: the same units of the
-    same backends on the same devices of a cluster of the same name."""
-    a, b = option.placement.plan, placement.plan
-    return (option.cluster.name == cluster.name and len(a.units) == len(b.units)
-            and all(u.backend == v.backend and tuple(u.nodes) == tuple(v.nodes) for u, v in zip(a.units, b.units))
-            and list(map(int, a.assignment)) == list(map(int, b.assignment)))
-
-
 def _close(placed) -> None:
-    try:
+    """Stop ``placed`` and drop its library units from their backends' keeping (a placed model
+    holds its own units: another option sharing one runs on), so its weights can go."""
+    with contextlib.suppress(Exception):  # a worker still in a step ends after it; nothing else holds it
         placed.close(timeout=1.0)
-    except Exception:  # noqa: BLE001 - a worker still in a step ends after it; nothing else holds it
-        pass
+    for g, unit in (getattr(placed, "units", None) or {}).items():
+        get_backend(unit.backend).release([g])
 
 
 def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_counter) -> dict:
@@ -200,15 +195,59 @@ def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_cou
     # lazy: loads TVM, which importing this module does not
     from .run.blocks import time_blocks
 
+    if not built:
+        return {}
     per_block = budget_s / (rounds * len(built))
     return time_blocks({n: (lambda p=p: p(*inputs)) for n, p in built.items()}, rounds=rounds,
                        warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block, clock=clock)
 
 
-def _predicted_runaway(option: Option, first_s: dict) -> str | None:
-    """Why ``option`` is not built or run at all (None: it is): a library option predicted over
-    :data:`RUNAWAY` x the fastest first call and :data:`RUNAWAY_FIRST_S`; the flow's plans always run."""
-    if option.name in FLOW_OPTIONS or not first_s:
+def _first_calls(o: Option, flow: bool, build, inputs, clock, first_s, call_s, outputs, errors):
+    """Build option ``o``, make its first call and its quick calls (:func:`_quick`; none for a
+    runaway first call, over :data:`RUNAWAY_FIRST_S` and :data:`RUNAWAY` x the fastest); the
+    built option, or None with its error noted (``flow``: the flow's plan, whose failure raises)."""
+    pm = None
+    try:
+        pm = build(o)
+        t0 = clock()
+        out = pm(*inputs)  # a library's first call sets it up (ONNX Runtime's: 100x a call)
+        first_s[o.name] = clock() - t0
+        if out is not None:
+            outputs[o.name] = out
+        if first_s[o.name] <= max(RUNAWAY * min(first_s.values()), RUNAWAY_FIRST_S):
+            call_s[o.name] = _quick(pm, inputs, clock)
+        return pm
+    except Exception as e:  # noqa: BLE001 - an alternative that does not build or run is reported
+        if flow:
+            raise
+        errors[o.name] = error_line(e)
+        first_s.pop(o.name, None)
+        if pm is not None:
+            _close(pm)
+        return None
+
+
+def _quick(placed, inputs, clock) -> float:
+    """The least of :data:`QUICK_CALLS` calls (fewer past :data:`QUICK_S`): an option's speed
+    before its blocks, past a library's first calls."""
+    best, t_start = float("inf"), clock()
+    for _ in range(QUICK_CALLS):
+        t0 = clock()
+        placed(*inputs)
+        best = min(best, clock() - t0)
+        if clock() - t_start > QUICK_S:
+            break
+    return best
+
+
+def _predicted_runaway(option: Option, first_s: dict, best_predicted: float) -> str | None:
+    """Why ``option`` is not built or run at all (None: it is): see the module docstring."""
+    if option.name in FLOW_OPTIONS:
+        return None
+    if option.predicted_s >= PREDICTED_SLOW * best_predicted > 0:
+        return (f"not run: predicted {option.predicted_s:.3g} s a call, {option.predicted_s / best_predicted:.0f}x "
+                f"the best option's prediction ({best_predicted:.3g} s)")
+    if not first_s:
         return None
     fastest = min(first_s.values())
     if option.predicted_s > max(RUNAWAY * fastest, RUNAWAY_FIRST_S):
@@ -222,51 +261,37 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
 
     ``build(option) -> PlacedModule``. Runaways (:data:`RUNAWAY`) are not run (``skipped``)
-    or are measured by one call (``timed_once``); options within :data:`RUNOFF` of the
-    fastest run off (``decision["runoff"]``, up to :data:`RUNOFF_PASSES` times). An option
+    or are measured by their first or quick calls (``timed_once``), as are options
+    :data:`DROP` x the fastest quick calls or behind :data:`MAX_LIVE` faster ones (closed as
+    soon as they are); options within :data:`RUNOFF` of the fastest run off
+    (``decision["runoff"]``, up to :data:`RUNOFF_PASSES` times). An option
     that fails to build or to run, or computes another model (:func:`wrong_numerics`), is
     reported with its error and left out; the flow's plan failing to build or run raises.
     ``resolve`` solves a shape again on its measured costs (:func:`certify`); ``clock`` gives
     the seconds each timing reads (a fake one in tests).
     """
-    built, errors, first_s, call_s, skipped, outputs = {}, {}, {}, {}, {}, {}
+    built, errors, first_s, call_s, skipped, outputs, dropped = {}, {}, {}, {}, {}, {}, set()
     for k, o in enumerate(opts):
         if progress:
             progress(k + 1, len(opts))
-        why = _predicted_runaway(o, first_s)
+        why = _predicted_runaway(o, first_s, min(p.predicted_s for p in opts))
         if why:
             skipped[o.name] = why
             continue
-        try:
-            pm = build(o)
-            t0 = clock()
-            out = pm(*inputs)  # a library's first call sets it up (ONNX Runtime's: 100x a call)
-            first_s[o.name] = clock() - t0
-            if out is not None:
-                outputs[o.name] = out
-        except Exception as e:  # noqa: BLE001 - an alternative that does not build is reported
-            if k == 0:
-                raise
-            errors[o.name] = error_line(e)
+        pm = _first_calls(o, k == 0, build, inputs, clock, first_s, call_s, outputs, errors)
+        if pm is None:
             continue
         built[o.name] = pm
+        live = sorted((n for n in built if n in call_s), key=call_s.get)
+        for n in [n for n in live[MAX_LIVE:]] + [n for n in live[:MAX_LIVE] if call_s[n] > DROP * call_s[live[0]]]:
+            dropped.add(n)  # not kept unless all faster ones fail: closed now, as a large model's options
+            _close(built.pop(n))  # hold its weights each
     for name, why in wrong_numerics(opts, outputs).items():  # reported, never kept: not the model
         errors[name] = why
-        first_s.pop(name)
-        _close(built.pop(name))
-    # over RUNAWAY_FIRST_S and RUNAWAY x the fastest first call: that call is its time
-    once = {n for n, t in first_s.items() if t > max(RUNAWAY * min(first_s.values()), RUNAWAY_FIRST_S)}
-    for name in [n for n in list(built) if n not in once]:
-        try:
-            t0 = clock()
-            built[name](*inputs)
-            call_s[name] = clock() - t0
-        except Exception as e:  # noqa: BLE001 - as above
-            if name == opts[0].name:
-                raise
-            errors[name] = error_line(e)
-            _close(built.pop(name))
-    slow = {n for n, t in call_s.items() if t > max(RUNAWAY * min(call_s.values()), RUNAWAY_MIN_S)}
+        first_s.pop(name), call_s.pop(name, None), dropped.discard(name)
+        _close(built.pop(name)) if name in built else None
+    once = set(first_s) - set(call_s)
+    slow = dropped | {n for n, t in call_s.items() if t > max(RUNAWAY * min(call_s.values()), RUNAWAY_MIN_S)}
     timed = _time({n: p for n, p in built.items() if n not in slow | once}, inputs, budget_s, rounds=2, clock=clock)
     timed.update({n: {"s": call_s[n], "blocks_s": [call_s[n]], "calls": 1} for n in slow})
     timed.update({n: {"s": first_s[n], "blocks_s": [first_s[n]], "calls": 1} for n in once})
@@ -296,6 +321,8 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     for n, p in built.items():
         if n != best:
             _close(p)
+    if best not in built:  # closed early (DROP) and fastest after all: an option found wrong, or slower in blocks
+        built[best] = build(next(o for o in opts if o.name == best))
     decision = {"measured": True, "chosen": best, "options": [], "runoff": runoff}
     for o in opts:
         rec = {"name": o.name, "cluster": o.cluster.name, "devices": o.cluster.num_devices,
@@ -303,8 +330,8 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
                "backend_mix": o.placement.backend_mix}
         if o.name in timed:
             rec["measured_s"] = timed[o.name]["s"]
-            if o.name in slow | once:  # its second call (over RUNAWAY x the fastest one's), or its first
-                rec["timed_once"] = "first call" if o.name in once else "second call"
+            if o.name in slow | once:  # its quick calls (over DROP or RUNAWAY x the fastest), or its first
+                rec["timed_once"] = "first call" if o.name in once else "quick calls"
         elif o.name in skipped:
             rec["skipped"] = skipped[o.name]
         else:
@@ -314,7 +341,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     decision["shape"] = opts[[o.name for o in opts].index(min(pred, key=pred.get))].cluster.name
     decision["claim"] = certify(opts, decision, resolve)
     if decision["claim"]:
-        _restate_kept(opts, best, decision["claim"])
+        restate_kept(opts, best, decision["claim"])
     return built[best], decision
 
 
@@ -345,153 +372,6 @@ def library_call(option: Option) -> bool:
     lists no library option beside it)."""
     units = getattr(option.placement.plan, "units", None) or []
     return option.name.startswith("library:") or len(units) == 1
-
-
-#: The options that are the flow's plan on a core shape: each calibrates and bounds its shape.
-FLOW_OPTIONS = ("plan", "one-device")
-
-
-def shape_scale(shape: Option, opts: list[Option], ratio: dict) -> float:
-    """The least ratio of measured seconds to predicted makespan (``ratio``) among the
-    options measured on ``shape``'s cluster: the shape's most favourable calibration, so
-    that one plan measured far over its prediction (a unit gone wrong) lifts no other
-    plan's bound."""
-    return min(ratio[o.name] for o in opts if o.cluster.name == shape.cluster.name and o.name in ratio)
-
-
-def priced_table(shape: Option, opts: list[Option], ratio: dict) -> np.ndarray:
-    """``shape``'s cost table priced by the final choice's measurements.
-
-    ``ratio``: measured seconds / predicted makespan of each measured option. On ``shape``'s
-    cluster, a one-unit option's candidate costs what it measured (on every device with as
-    many cores); another candidate of a backend such a call measured costs that backend's
-    least ratio times its prediction, and any other :func:`shape_scale` times its prediction.
-
-    Examples
-    --------
-    Three candidates on one device; ONNX Runtime's whole-model call (candidate 1) was
-    measured at twice its prediction, and the flow's plan (candidates 0 and 2) at 1.5
-    times: candidate 1 is priced at its measurement, ONNX Runtime's region (candidate 2) at
-    twice its prediction, TVM's op at 1.5 times.
-
-    >>> from types import SimpleNamespace as NS
-    >>> cpu1 = NS(name="cpu:1", devices=[NS(cores=2)])
-    >>> cands = [NS(backend="tvm", nodes=(0,)), NS(backend="onnxruntime", nodes=(0, 1)),
-    ...          NS(backend="onnxruntime", nodes=(1,))]
-    >>> costs = NS(table=np.array([[1.0], [3.0], [2.0]]))
-    >>> flow = NS(candidates=cands, costs=costs, plan=NS(units=[cands[0], cands[2]]),
-    ...           backend_mix={"tvm": 1, "onnxruntime": 1})
-    >>> lib = NS(plan=NS(units=[cands[1]], assignment=np.array([0])), backend_mix={"onnxruntime": 2})
-    >>> opts = [Option("plan", cpu1, flow, 3.0), Option("library:onnxruntime", cpu1, lib, 3.0)]
-    >>> priced_table(opts[0], opts, {"plan": 1.5, "library:onnxruntime": 2.0}).ravel().tolist()
-    [1.5, 6.0, 4.0]
-    """
-    same = [o for o in opts if o.cluster.name == shape.cluster.name and o.name in ratio]
-    base = shape.placement.costs.table
-    cands = shape.placement.candidates
-    by_backend: dict[str, float] = {}
-    for o in same:  # the options that ran one backend alone calibrate that backend's candidates
-        mix = set(o.placement.backend_mix)
-        if len(mix) == 1:
-            b = mix.pop()
-            by_backend[b] = min(by_backend.get(b, np.inf), ratio[o.name])
-    scale = shape_scale(shape, opts, ratio)
-    table = base * np.array([by_backend.get(c.backend, scale) for c in cands])[:, None]
-    index = {(c.backend, tuple(c.nodes)): i for i, c in enumerate(cands)}
-    for o in same:
-        units = o.placement.plan.units
-        if len(units) != 1:
-            continue
-        i = index.get((units[0].backend, tuple(units[0].nodes)))
-        if i is None:
-            continue
-        cores = shape.cluster.devices[int(o.placement.plan.assignment[0])].cores
-        alike = [d for d, dev in enumerate(shape.cluster.devices) if dev.cores == cores]
-        table[i, alike] = base[i, alike] * ratio[o.name]
-    return table
-
-
-def certify(opts: list[Option], decision: dict, resolve=None) -> dict | None:
-    """The claim for the kept option: a bound on every plan of both core shapes, and the gap.
-
-    ``resolve(option, table) -> Placement`` solves a shape again on its cost table priced by
-    measurement (:func:`priced_table`); its bound bounds every plan of the shape. Without
-    ``resolve``, or where it cannot matter, the flow's bound times :func:`shape_scale` does.
-    The least of the bounds and measured times is ``bound_s``; ``gap`` is the kept option's
-    time against it; each shape says if it was ``solved_again`` and which plan (``plan_is``).
-    None when a shape proved no bound or the flow's plan was not measured; a priced solve that
-    fails leaves no claim and ``decision["claim_error"]`` says why.
-
-    Examples
-    --------
-    The flow's plan (bound 0.9 ms, predicted 1 ms) measured 2 ms, the library call
-    (predicted 1 ms) 1.5 ms: the shape's most favourable ratio is 1.5, so no plan of the
-    shape runs under 0.9 x 1.5 = 1.35 ms, and the library call is within 10 % of that:
-
-    >>> from types import SimpleNamespace as NS
-    >>> cpu1 = NS(name="cpu:1")
-    >>> flow = NS(plan=NS(info={"bound_s": 0.9e-3}, solve_s=0.2), sim=NS(makespan=1e-3))
-    >>> opts = [Option("plan", cpu1, flow, 1e-3), Option("library:onnxruntime", cpu1, NS(sim=NS(makespan=1e-3)), 1e-3)]
-    >>> d = {"chosen": "library:onnxruntime", "options": [{"name": "plan", "measured_s": 2e-3},
-    ...                                                  {"name": "library:onnxruntime", "measured_s": 1.5e-3}]}
-    >>> c = certify(opts, d)
-    >>> round(c["bound_s"] * 1e3, 3), round(c["gap"], 3), c["status"], c["decided_by"]
-    (1.35, 0.1, 'feasible', 'measured-ilp (= library:onnxruntime)')
-    """
-    measured = {o["name"]: o["measured_s"] for o in decision["options"] if "measured_s" in o}
-    ratio = {o.name: measured[o.name] / float(o.placement.sim.makespan) for o in opts
-             if o.name in measured and float(o.placement.sim.makespan) > 0}
-    shapes = []
-    for o in opts:
-        if o.name not in FLOW_OPTIONS:
-            continue
-        if o.name not in ratio:
-            return None  # the shape's own plan was not measured: nothing calibrates it
-        flow = {"flow_decided_by": o.placement.plan.info.get("decided_by"),
-                "flow_solve_s": float(o.placement.plan.solve_s)}
-        scale = shape_scale(o, opts, ratio)
-        bound = o.placement.plan.info.get("bound_s")
-        calibrated = None if bound is None else float(bound) * scale
-        if resolve is None or (calibrated is not None and calibrated >= measured[decision["chosen"]] * (1 - 1e-9)):
-            # the priced table costs at least scale x the flow's: this shape cannot beat the kept option
-            shape = {"bound_s": calibrated, "decided_by": flow["flow_decided_by"], "solve_s": 0.0,
-                     "solved_again": False}
-        else:
-            try:
-                again = resolve(o, priced_table(o, opts, ratio))
-            except PestoError as e:
-                decision["claim_error"] = (f"the {o.cluster.name} shape could not be solved again on measured "
-                                           f"costs: {error_line(e)}")
-                return None
-            bound = again.plan.info.get("bound_s")
-            shape = {"bound_s": None if bound is None else float(bound),
-                     "decided_by": again.plan.info.get("decided_by"),
-                     "solve_s": float(again.plan.solve_s), "solved_again": True, "priced_s": float(again.sim.makespan),
-                     "priced_mix": again.backend_mix, "priced_units": len(again.plan.units),
-                     "plan_is": next((p.name for p in opts if p.name in measured
-                                      and _same_plan(p, o.cluster, again)), None)}
-        if shape["bound_s"] is None:
-            return None  # a shape whose plans nothing bounds
-        shapes.append({"option": o.name, "cluster": o.cluster.name, "scale": scale, **shape, **flow})
-    if not shapes:
-        return None
-    chosen = decision["chosen"]
-    kept_s = measured[chosen]
-    bound = min([s["bound_s"] for s in shapes] + list(measured.values()))
-    gap = max(0.0, (kept_s - bound) / kept_s)
-    by = shapes[0]["flow_decided_by"] if chosen == "plan" else f"measured-ilp (= {chosen})"
-    return {"decided_by": by, "bound_s": bound, "kept_s": kept_s, "gap": gap,
-            "status": "optimal" if gap <= OPTIMAL_GAP else "feasible", "shapes": shapes,
-            "solve_s": sum(s["solve_s"] + s["flow_solve_s"] for s in shapes)}
-
-
-def _restate_kept(opts: list[Option], chosen: str, claim: dict) -> None:
-    """Give the kept option's plan the measured claim (its bound in the plan's makespan)."""
-    kept = next(o for o in opts if o.name == chosen)
-    plan, span = kept.placement.plan, float(kept.placement.sim.makespan)
-    restate(plan.info, claim["bound_s"] * span / claim["kept_s"], span, claim["decided_by"])
-    plan.info["heuristics"] = opts[0].placement.plan.info.get("heuristics")
-    plan.solve_s = claim["solve_s"]
 
 
 __all__ = ["BUDGET_S", "FLOW_OPTIONS", "GROUPED", "MEASURE_ENV", "PREFER_LIBRARY", "RUNAWAY",

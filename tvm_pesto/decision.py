@@ -27,7 +27,7 @@ def decision_table(decision: dict) -> str:
     plan (kept)                     cpu:2             1.000        1.100  tvm 3
     """
     names = [o["name"] + (" (kept)" if o["name"] == decision["chosen"] else "")
-             + (" (one call)" if o.get("timed_once") else "") for o in decision["options"]]
+             + (f" ({o['timed_once']})" if o.get("timed_once") else "") for o in decision["options"]]
     w = max([32] + [len(n) + 2 for n in names])
     lines = [f"{'option':{w}s}{'shape':10s}{'predicted ms':>13s}{'measured ms':>13s}  backends"]
     for name, o in zip(names, decision["options"]):

@@ -267,16 +267,17 @@ class Backend(abc.ABC):
                     num_outputs=len(output_types(unit.func)), cores=device_cores(unit.device))
         return meta
 
-    def release(self) -> int:
-        """Unregister every global function this backend built and drop its references to
-        them (their sessions, weights and worker threads are freed once no one else holds
-        them: a placed model keeps the :class:`BuiltUnit` of each of its units). Returns how
-        many were removed."""
+    def release(self, names=None) -> int:
+        """Unregister every global function this backend built (or those of ``names``) and
+        drop its references to them (their sessions, weights and worker threads are freed
+        once no one else holds them: a placed model keeps the :class:`BuiltUnit` of each of
+        its units). Returns how many were removed."""
         import tvm_ffi
 
         with self._lock:
-            names = list(self._built)
-            self._built.clear()
+            names = [n for n in (self._built if names is None else names) if n in self._built]
+            for n in names:
+                del self._built[n]
         for n in names:
             try:
                 tvm_ffi.remove_global_func(n)

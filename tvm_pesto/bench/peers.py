@@ -8,7 +8,9 @@ Per model, in one process, each variant is built once and then timed in blocks:
 * ``ort-1``: ONNX Runtime with one thread;
 * ``torch``: PyTorch eager with cores threads;
 * ``openvino``: OpenVINO's CPU plugin on the same ONNX file, cores threads, latency hint
-  (when ``openvino`` is installed);
+  (when ``openvino`` is installed), in its default precision (bfloat16 on a CPU with bf16
+  units; the variant's ``precision`` says which);
+* ``openvino-f32``: the same with ``INFERENCE_PRECISION_HINT`` float32;
 * ``torch-compile``: ``torch.compile`` with Inductor (when a C++ compiler is on the PATH),
   compiled in this process (no compile workers left running beside the timed blocks);
 * ``pesto``: ``tvm_pesto.build(mod, "cpu:N")``, the default build, called on numpy arrays;
@@ -24,8 +26,11 @@ rounds; a variant's time is its best block median. Interleaving single calls of 
 libraries would time one library's idle threads inside the other's call.
 
 The ratio of a model is the best peer's seconds over ``pesto``'s (above 1: tvm-pesto is
-faster). ``best_peer`` counts the libraries tvm-pesto has as backends (ONNX Runtime in any
-mode, PyTorch); ``best_peer_all`` every peer. Outputs are compared with PyTorch eager.
+faster). ``best_peer`` is the fastest peer that computes in float32, as the default build
+does (every peer but an ``openvino`` call whose ``precision`` is not ``f32``);
+``best_peer_all`` every peer. Outputs are compared with PyTorch eager (with ONNX Runtime's
+where a model file has no PyTorch model). ``build_s`` and ``peak_rss_mb`` are the default
+build's seconds and the process's largest resident memory while it built (sampled).
 
 Examples
 --------
@@ -39,10 +44,13 @@ Not run as a doctest: it builds and times every peer, which takes minutes.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -57,13 +65,18 @@ from ..cluster.specs import cpu_cluster
 from ..decide import whole_model_placement
 from ..errors import error_line
 from ..run.blocks import time_blocks
+from ..run.executor import max_abs_err
 from ..run.loaders import onnx_session
+from .sources import ModelSource, bench_source, run_isolated
 from .report import AGREE, geomean, machine_info, noise_line, timing_noise
 
 #: Blocks per variant, the order of the variants rotated between them.
 ROUNDS = 3
-#: Peers whose library tvm-pesto has as a backend: ``worst_vs_best_peer`` is over these.
-OWN_LIBRARIES = ("ort", "ort-parallel", "ort-1", "torch")
+#: Peers that compute in float32 whatever the CPU: ``worst_vs_best_peer`` is over these and
+#: the ``openvino`` call where its precision is float32.
+FLOAT32_PEERS = ("ort", "ort-parallel", "ort-1", "torch", "torch-compile", "openvino-f32")
+#: Seconds between two samples of the build's resident memory.
+RSS_SAMPLE_S = 0.05
 
 
 @dataclass
@@ -110,10 +123,13 @@ def _ort(path: str, inputs, cores: int, mode: str):
     return (lambda: sess.run(None, feed)), {"threads": {"parallel": f"inter {cores} / intra 1", "one": 1}.get(mode, cores)}
 
 
-def _openvino(path: str, inputs, cores: int):
+def _openvino(path: str, inputs, cores: int, f32: bool = False):
     import openvino as ov
 
-    cm = ov.Core().compile_model(path, "CPU", {"INFERENCE_NUM_THREADS": cores, "PERFORMANCE_HINT": "LATENCY"})
+    config = {"INFERENCE_NUM_THREADS": cores, "PERFORMANCE_HINT": "LATENCY"}
+    if f32:
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+    cm = ov.Core().compile_model(path, "CPU", config)
     req = cm.create_infer_request()
     feed = dict(enumerate(inputs))
     precision = cm.get_property("INFERENCE_PRECISION_HINT").get_type_name()
@@ -140,21 +156,47 @@ def _torch_eager(model, inputs, cores: int, compiled: bool = False):
     return call, {"threads": cores}
 
 
+@contextlib.contextmanager
+def peak_rss(box: dict):
+    """Sample this process's resident memory until the block ends; ``box["peak_rss_mb"]``
+    is the largest sample (and the first, taken on entry)."""
+    # lazy: psutil is only needed while a build is watched
+    import psutil
+
+    proc, done = psutil.Process(), threading.Event()
+    peak = [proc.memory_info().rss]
+
+    def watch():
+        while not done.wait(RSS_SAMPLE_S):
+            peak[0] = max(peak[0], proc.memory_info().rss)
+
+    th = threading.Thread(target=watch, name="peak-rss", daemon=True)
+    th.start()
+    try:
+        yield box
+    finally:
+        done.set()
+        th.join()
+        box["peak_rss_mb"] = round(max(peak[0], proc.memory_info().rss) / 2**20, 1)
+
+
 def _pesto(mod, inputs, cluster: str, build_options: dict):
-    placed = tvm_pesto.build(mod, cluster, **build_options)
+    watched: dict = {}
+    with peak_rss(watched):
+        placed = tvm_pesto.build(mod, cluster, **build_options)
     summary = placed.placement.summary() if placed.placement is not None else {}
     info = {"cluster": cluster, "backend_mix": summary.get("backend_mix"),
-            "devices_used": len(placed.devices_used), "decided_by": summary.get("decided_by")}
+            "devices_used": len(placed.devices_used), "decided_by": summary.get("decided_by"), **watched}
     return (lambda: placed(*inputs)), info
 
 
 def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: bool = True,
-                  build_options: dict | None = None) -> list[Variant]:
-    """Build every variant of one model (see the module docstring); failures are recorded."""
-    # lazy: loads PyTorch, which importing this module does not
-    from ..zoo.export import to_onnx
+                  build_options: dict | None = None, onnx_path: str | None = None) -> list[Variant]:
+    """Build every variant of one model (see the module docstring); failures are recorded.
 
-    path = os.path.join(workdir, "model.onnx")
+    ``model`` is the PyTorch model (None for a model file without one: its PyTorch peers
+    say so); ``onnx_path`` the model's own ONNX file (default: ``model`` exported to one).
+    """
     # tvm-pesto first: its build times its options (the final choice), which the threads and
     # compile workers a PyTorch or torch.compile peer leaves behind would disturb
     opts = dict(build_options or {})
@@ -164,31 +206,45 @@ def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: b
     bf16 = _with_bf16(opts)
     if bf16 is not None:
         out.append(_built("pesto-bf16", lambda: _pesto(mod, inputs, f"cpu:{cores}", bf16)))
-    try:
-        t = time.perf_counter()
-        to_onnx(model, inputs, path)
-        export_s = time.perf_counter() - t
-    except Exception as e:  # noqa: BLE001 - no ONNX file: the ONNX peers say why
-        path, export_s = None, 0.0
-        why = error_line(e)
+    path, export_s, why = _own_onnx(model, inputs, workdir, onnx_path)
     for name, mode in (("ort", "seq"), ("ort-parallel", "parallel"), ("ort-1", "one")):
         v = _built(name, lambda m=mode: _ort(path, inputs, cores, m)) if path else Variant(name, None, 0.0, error=why)
         v.build_s += export_s
         out.append(v)
-    out.append(_built("torch", lambda: _torch_eager(model, inputs, cores)))
-    if not path:
-        out.append(Variant("openvino", None, 0.0, error=why))
-    elif _importable("openvino"):
-        out.append(_built("openvino", lambda: _openvino(path, inputs, cores)))
-    else:
-        out.append(Variant("openvino", None, 0.0, error="not installed (pip install openvino)"))
-    if not torch_compile:
-        out.append(Variant("torch-compile", None, 0.0, error="not asked for (--no-torch-compile)"))
+    no_torch = "no PyTorch model (the model is an ONNX file)" if model is None else None
+    out.append(_built("torch", lambda: _torch_eager(model, inputs, cores)) if model is not None
+               else Variant("torch", None, 0.0, error=no_torch))
+    for name, f32 in (("openvino", False), ("openvino-f32", True)):
+        if not path:
+            out.append(Variant(name, None, 0.0, error=why))
+        elif _importable("openvino"):
+            out.append(_built(name, lambda f=f32: _openvino(path, inputs, cores, f)))
+        else:
+            out.append(Variant(name, None, 0.0, error="not installed (pip install openvino)"))
+    if not torch_compile or model is None:
+        out.append(Variant("torch-compile", None, 0.0, error=no_torch or "not asked for (--no-torch-compile)"))
     elif shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++") or shutil.which("clang++"):
         out.append(_built("torch-compile", lambda: _torch_eager(model, inputs, cores, compiled=True)))
     else:
         out.append(Variant("torch-compile", None, 0.0, error="no C++ compiler on the PATH (Inductor needs one)"))
     return out
+
+
+def _own_onnx(model, inputs, workdir: str, onnx_path: str | None) -> tuple[str | None, float, str | None]:
+    """``(path, seconds, why not)``: the model's own ONNX file, exported from ``model`` when
+    none is given; no path and the reason when it cannot be made."""
+    if onnx_path is not None:
+        return onnx_path, 0.0, None
+    if model is None:
+        return None, 0.0, "no ONNX file and no PyTorch model to export one from"
+    # lazy: loads PyTorch, which importing this module does not
+    from ..zoo.export import to_onnx
+
+    t = time.perf_counter()
+    try:
+        return to_onnx(model, inputs, os.path.join(workdir, "model.onnx")), time.perf_counter() - t, None
+    except Exception as e:  # noqa: BLE001 - no ONNX file: the ONNX peers say why
+        return None, 0.0, error_line(e)
 
 
 def _with_bf16(build_options: dict) -> dict | None:
@@ -207,33 +263,45 @@ def _importable(name: str) -> bool:
 
 
 def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool = True,
-                build_options: dict | None = None, rounds: int = ROUNDS) -> dict:
-    """Every variant of one model, built and timed; the ratios to the best peers."""
+                build_options: dict | None = None, rounds: int = ROUNDS, onnx_path: str | None = None) -> dict:
+    """Every variant of one model, built and timed; the ratios to the best peers.
+
+    Returns
+    -------
+    dict
+        ``variants.<name>``; ``best_peer`` and ``ratio_vs_best_peer`` (float32 peers),
+        ``best_peer_all`` and ``ratio_vs_best_peer_all``; ``build_s``, ``peak_rss_mb`` and
+        ``max_abs_err`` of the default build; ``error``: None, or why the default build
+        has no time; ``noise``.
+    """
     with tempfile.TemporaryDirectory(prefix="pesto-peers-") as tmp:
-        variants = peer_variants(model, inputs, mod, cores, tmp, torch_compile, build_options)
+        variants = peer_variants(model, inputs, mod, cores, tmp, torch_compile, build_options, onnx_path)
         ok = {v.name: v.call for v in variants if v.call is not None}
         timed = time_blocks(ok, rounds=rounds, agree=AGREE)
-    ref = _first(_torch_eager(model, inputs, cores)[0]())
-    res: dict = {"variants": {}}
+    by_name = {v.name: v for v in variants}
+    refs = [n for n in ("torch", "ort") if by_name[n].error is None]
+    ref = by_name[refs[0]].output if refs else None
+    res: dict = {"variants": {}, "reference": refs[0] if refs else None}
     for v in variants:
         rec = {"build_s": round(v.build_s, 3), **v.info}
         if v.error:
             rec["error"] = v.error
         else:
             rec.update(seconds=timed[v.name]["s"], blocks_s=timed[v.name]["blocks_s"],
-                       max_abs_err=float(np.max(np.abs(v.output.astype(np.float64) - ref))) if v.output.shape == ref.shape
-                       else float("inf"))
+                       max_abs_err=max_abs_err(v.output.astype(np.float64), ref) if ref is not None else None)
         res["variants"][v.name] = rec
     secs = {n: r["seconds"] for n, r in res["variants"].items() if "seconds" in r}
     pesto = secs.get("pesto")
-    for key, pool in (("best_peer", OWN_LIBRARIES), ("best_peer_all", [n for n in secs if not n.startswith("pesto")])):
+    f32 = [n for n in secs if n in FLOAT32_PEERS or (n == "openvino" and res["variants"][n].get("precision") == "f32")]
+    for key, pool in (("best_peer", f32), ("best_peer_all", [n for n in secs if not n.startswith("pesto")])):
         have = {n: secs[n] for n in pool if n in secs}
         best = min(have, key=have.get) if have else None
         res[key] = best
         res[f"ratio_vs_{key}"] = (have[best] / pesto) if best and pesto else None
     res["noise"] = timing_noise({n: t["blocks_s"] for n, t in timed.items()})
-    res["max_abs_err"] = res["variants"].get("pesto", {}).get("max_abs_err")
-    res["build_s"] = res["variants"].get("pesto", {}).get("build_s")
+    built = res["variants"].get("pesto", {})
+    res.update(max_abs_err=built.get("max_abs_err"), build_s=built.get("build_s"), peak_rss_mb=built.get("peak_rss_mb"),
+               error=built.get("error"))
     return res
 
 
@@ -266,47 +334,83 @@ def one_unit_overhead(mod, inputs, cores: int, rounds: int = ROUNDS) -> dict:
     return {"library_s": lib, "pesto_s": ours, "overhead_s": ours - lib}
 
 
+def _bench_one(model, inputs, mod, onnx_path, *, cores, torch_compile, build_options, rounds, overhead) -> dict:
+    """:func:`bench_model` of one loaded model, and its :func:`one_unit_overhead`."""
+    row = bench_model("", model, inputs, mod, cores, torch_compile, build_options, rounds, onnx_path)
+    if overhead and mod is not None:
+        try:
+            row["overhead"] = one_unit_overhead(mod, inputs, cores, rounds)
+        except Exception as e:  # noqa: BLE001 - reported beside the model, the benchmark goes on
+            row["overhead"] = {"error": error_line(e)}
+    return row
+
+
 def bench_peers(models, cores: int | None = None, torch_compile: bool = True, build_options: dict | None = None,
-                rounds: int = ROUNDS, progress=None, overhead: bool = True) -> dict:
-    """Run :func:`bench_model` for ``models`` (``(name, torch_model, inputs, mod)`` tuples,
-    built lazily by a callable each: ``[(name, make)]`` with ``make() -> (torch_model,
-    inputs, mod)``); add the geomeans and the worst ratio.
+                rounds: int = ROUNDS, progress=None, overhead: bool = True, model_timeout_s: float | None = None) -> dict:
+    """Run :func:`bench_model` for ``models``; add the geomeans and the worst ratio.
+
+    ``models`` holds :class:`~tvm_pesto.bench.sources.ModelSource` records, or ``(name,
+    make)`` pairs with ``make() -> (torch_model, inputs, mod)``. With ``model_timeout_s``,
+    each source is benched in a process of its own (:func:`~tvm_pesto.bench.sources.run_isolated`)
+    that may run that long. A model that fails to load or build is a row with its ``error``.
 
     Returns
     -------
     dict
         ``models.<name>`` (:func:`bench_model`), ``geomean_vs_best_peer``,
         ``worst_vs_best_peer``, ``geomean_vs_best_peer_all``, ``worst_vs_best_peer_all``,
-        ``max_abs_err``, ``overhead_median_s`` (:func:`one_unit_overhead`, median over the
-        models; with ``overhead``), ``noise`` (:func:`~tvm_pesto.bench.report.timing_noise`
-        over every model's variants), ``cores``, ``machine`` and ``load_average`` before and after.
+        ``max_abs_err``, ``build_s_median``, ``build_s_max``, ``peak_rss_mb_max``,
+        ``failed`` (names of the models without a time), ``overhead_median_s``
+        (:func:`one_unit_overhead`, median over the models; with ``overhead``), ``noise``
+        (:func:`~tvm_pesto.bench.report.timing_noise` over every model's variants),
+        ``cores``, ``machine`` and ``load_average`` before and after.
     """
     machine = machine_info()
     cores = int(cores or machine["nproc"])
     res: dict = {"cores": cores, "machine": machine, "models": {}}
-    for name, make in models:
+    bench = functools.partial(_bench_one, cores=cores, torch_compile=torch_compile, build_options=build_options,
+                              rounds=rounds, overhead=overhead)
+    for item in models:
+        source = item if isinstance(item, ModelSource) else None
+        name = source.label if source else item[0]
         if progress:
             progress(name)
-        model, inputs, mod = make()
-        res["models"][name] = bench_model(name, model, inputs, mod, cores, torch_compile, build_options, rounds)
-        if overhead:
-            try:
-                res["models"][name]["overhead"] = one_unit_overhead(mod, inputs, cores, rounds)
-            except Exception as e:  # noqa: BLE001 - reported beside the model, the benchmark goes on
-                res["models"][name]["overhead"] = {"error": f"{type(e).__name__}: {e}"}
-    ms = res["models"].values()
-    for key in ("best_peer", "best_peer_all"):
-        rs = [m[f"ratio_vs_{key}"] for m in ms if m.get(f"ratio_vs_{key}")]
-        res[f"geomean_vs_{key}"] = geomean(rs)
-        res[f"worst_vs_{key}"] = min(rs) if rs else None
-    over = [m["overhead"]["overhead_s"] for m in ms if "overhead_s" in m.get("overhead", {})]
-    res["overhead_median_s"] = float(np.median(over)) if over else None
-    errs = [m["max_abs_err"] for m in ms if m.get("max_abs_err") is not None]
-    res["max_abs_err"] = max(errs) if errs else None
-    res["noise"] = timing_noise({f"{n}/{k}": v["blocks_s"] for n, m in res["models"].items()
-                                 for k, v in m["variants"].items() if "blocks_s" in v})
+        if source is not None and model_timeout_s:
+            row = run_isolated(source, bench, model_timeout_s)
+        else:
+            row = bench_source(source.load if source else _made(item[1]), bench)
+        res["models"][name] = row
+    res.update(summarize(res["models"]))
     res["load_average_after"] = machine_info()["load_average"]
     return res
+
+
+def _made(make):
+    """``make() -> (model, inputs, mod)`` as a source's loader (no ONNX file of its own)."""
+    return lambda: (*make(), None)
+
+
+def summarize(rows: dict) -> dict:
+    """The run's figures from its rows (``models``): see :func:`bench_peers`."""
+    out: dict = {}
+    ms = rows.values()
+    for key in ("best_peer", "best_peer_all"):
+        rs = [m[f"ratio_vs_{key}"] for m in ms if m.get(f"ratio_vs_{key}")]
+        out[f"geomean_vs_{key}"] = geomean(rs)
+        out[f"worst_vs_{key}"] = min(rs) if rs else None
+    over = [m["overhead"]["overhead_s"] for m in ms if "overhead_s" in m.get("overhead", {})]
+    out["overhead_median_s"] = float(np.median(over)) if over else None
+    errs = [m["max_abs_err"] for m in ms if m.get("max_abs_err") is not None]
+    out["max_abs_err"] = max(errs) if errs else None
+    builds = [m["build_s"] for m in ms if m.get("build_s") is not None and not m.get("error")]
+    out["build_s_median"] = float(np.median(builds)) if builds else None
+    out["build_s_max"] = max(builds) if builds else None
+    rss = [m["peak_rss_mb"] for m in ms if m.get("peak_rss_mb") is not None]
+    out["peak_rss_mb_max"] = max(rss) if rss else None
+    out["failed"] = sorted(n for n, m in rows.items() if m.get("error"))
+    out["noise"] = timing_noise({f"{n}/{k}": v["blocks_s"] for n, m in rows.items()
+                                 for k, v in m["variants"].items() if "blocks_s" in v})
+    return out
 
 
 def markdown(res: dict) -> str:
@@ -314,8 +418,10 @@ def markdown(res: dict) -> str:
     names = ["ort", "ort-parallel", "ort-1", "torch", "openvino", "torch-compile", "pesto", "pesto-1dev"]
     if any("pesto-bf16" in r["variants"] for r in res["models"].values()):
         names.append("pesto-bf16")
-    head = "| model | " + " | ".join(names) + " | best own-library peer | ratio | best peer (all) | ratio | max err |"
-    lines = [head, "|" + "---|" * (len(names) + 6)]
+    names.insert(names.index("openvino") + 1, "openvino-f32")
+    head = ("| model | " + " | ".join(names) + " | best float32 peer | ratio | best peer (all) | ratio | max err "
+            "| build s | build MB |")
+    lines = [head, "|" + "---|" * (len(names) + 8)]
     for m, r in res["models"].items():
         cells = [f"{r['variants'][n]['seconds'] * 1e3:.3f}" if "seconds" in r["variants"].get(n, {}) else "—"
                  for n in names]
@@ -324,6 +430,8 @@ def markdown(res: dict) -> str:
             cells += [str(r.get(key) or "—"), f"{ratio:.2f}" if ratio else "—"]
         err = r.get("max_abs_err")
         cells.append(f"{err:.1e}" if err is not None else "—")
+        cells += [f"{r['build_s']:.0f}" if r.get("build_s") is not None else "—",
+                  f"{r['peak_rss_mb']:.0f}" if r.get("peak_rss_mb") is not None else "—"]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     g, w = res.get("geomean_vs_best_peer"), res.get("worst_vs_best_peer")
     ga = res.get("geomean_vs_best_peer_all")
@@ -331,12 +439,17 @@ def markdown(res: dict) -> str:
     if res.get("overhead_median_s") is not None:
         lines.append(f"per-call overhead of a one-unit plan over ONNX Runtime alone: "
                      f"{res['overhead_median_s'] * 1e6:.1f} us (median over the models)")
-    lines.append(f"geomean vs best own-library peer: {g:.3f}, worst {w:.3f}; geomean vs best peer (all): {ga:.3f}"
+    lines.append(f"geomean vs best float32 peer: {g:.3f}, worst {w:.3f}; geomean vs best peer (all): {ga:.3f}"
                  if g and w and ga else "no ratio")
+    if res.get("build_s_median") is not None:
+        lines.append(f"build: median {res['build_s_median']:.1f} s, max {res['build_s_max']:.1f} s; "
+                     f"peak resident memory of a build: {res['peak_rss_mb_max']:.0f} MB")
+    for m in res.get("failed", []):
+        lines.append(f"{m}: {res['models'][m]['error']}")
     if res.get("noise"):
         lines.append(noise_line(res["noise"]))
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["OWN_LIBRARIES", "Variant", "bench_model", "bench_peers", "markdown", "one_unit_overhead",
+__all__ = ["FLOAT32_PEERS", "Variant", "bench_model", "bench_peers", "markdown", "one_unit_overhead",
            "peer_variants"]

@@ -4,6 +4,8 @@
 """
 from __future__ import annotations
 
+import sys
+
 import click
 
 from ..bench.backends import quiet_openmp
@@ -12,35 +14,39 @@ from ..jsonio import write_json, write_text
 from .progress import console
 
 
-def _models(zoo_names, sizes, outside: bool):
-    """``[(label, make)]``: zoo models at each size, then the models of ``zoo.outside``."""
-    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
-    from .. import zoo
-    from ..frontend import from_torch
-    from ..zoo import outside
+def _sources(zoo_names, out_names, sizes, corpus: str | None, corpus_models) -> list:
+    """The :class:`~tvm_pesto.bench.sources.ModelSource` of every model asked for."""
+    # lazy: loads PyTorch and timm only when a corpus is asked for
+    from ..bench.sources import ModelSource
 
-    out = []
-    for size in sizes:
-        for name in zoo_names:
-            out.append((f"{name}/{size}", lambda n=name, s=size: _zoo(zoo.load(n, s))))
-        if outside:
-            for name in outside.list_models():
-                def make(n=name, s=size):
-                    model, inputs = outside.build(n, s)
-                    return model, inputs, from_torch(model, inputs, name=f"{n}/{s}")
-                out.append((f"{name}/{size}", make))
-    return out
+    if corpus is not None:
+        if corpus != "timm":
+            # lazy: loads PyTorch; the CLI imports a verb's code when the verb runs
+            from ..zoo.corpus import model_files
 
+            return [ModelSource("file", path) for path in model_files(corpus)]
+        # lazy: as above
+        from ..zoo.corpus import CORPUS
 
-def _zoo(m):
-    return m.torch_model, m.example_inputs, m.mod
+        unknown = [m for m in corpus_models if m not in CORPUS]
+        if unknown:
+            raise PestoError(f"unknown corpus model(s) {', '.join(unknown)}; the timm corpus: {', '.join(CORPUS)}")
+        return [ModelSource("corpus", name, size) for size in sizes for name in (corpus_models or CORPUS)]
+    return [ModelSource(kind, name, size) for size in sizes
+            for kind, names in (("zoo", zoo_names), ("outside", out_names)) for name in names]
 
 
 @click.command("peers")
 @click.option("--model", "models", multiple=True,
-              help="zoo or zoo.outside model name (repeatable; default: every zoo model and every outside model)")
+              help="zoo or zoo.outside model name, or with --corpus timm a corpus model (repeatable; default: all)")
 @click.option("--size", "sizes", multiple=True, type=click.Choice(["small", "full"]),
               help="model size (repeatable; default: small)")
+@click.option("--corpus", default=None, metavar="timm|DIR",
+              help="bench a corpus instead of the zoo: 'timm' (timm and torchvision architectures, random weights; "
+                   "needs timm and torchvision) or a folder of .onnx / .pt2 files")
+@click.option("--model-timeout", "model_timeout", default=None, type=float,
+              help="bench each model in a process of its own that may run this many seconds (default with "
+                   "--corpus: 1800); a crash or a timeout is the model's row, the run goes on")
 @click.option("--cores", default=None, type=int, help="threads for the peers and N of cpu:N (default: this machine's)")
 @click.option("--costs", default="auto", show_default=True, help="cost source of tvm-pesto's build")
 @click.option("--torch-compile/--no-torch-compile", default=True, show_default=True,
@@ -48,26 +54,31 @@ def _zoo(m):
 @click.option("--rounds", default=3, show_default=True, help="timed blocks per variant (order rotated)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @click.option("--md", "md_path", default=None, help="write the table as markdown here")
-def peers(models, sizes, cores, costs, torch_compile, rounds, json_path, md_path):
-    """Each model in ONNX Runtime (sequential, parallel, one thread), PyTorch, OpenVINO,
-    torch.compile and tvm-pesto (cpu:N and cpu:1), in one process, timed in blocks."""
+def peers(models, sizes, corpus, model_timeout, cores, costs, torch_compile, rounds, json_path, md_path):
+    """Each model in ONNX Runtime (sequential, parallel, one thread), PyTorch, OpenVINO
+    (default precision and float32), torch.compile and tvm-pesto (cpu:N and cpu:1), in one
+    process, timed in blocks."""
     quiet_openmp()  # before anything imports torch
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .. import zoo
     from ..bench.peers import bench_peers, markdown
     from ..zoo import outside
 
-    known_zoo, known_out = zoo.list_models(), outside.list_models()
-    unknown = [m for m in models if m not in known_zoo and m not in known_out]
-    if unknown:
-        raise PestoError(f"unknown model(s) {', '.join(unknown)}; valid: {', '.join(known_zoo + known_out)}")
-    zoo_names = [m for m in models if m in known_zoo] if models else known_zoo
-    out_names = [m for m in models if m in known_out] if models else known_out
-    todo = [(label, make) for label, make in _models(zoo_names, sizes or ("small",), bool(out_names))
-            if label.split("/")[0] in zoo_names + out_names]
+    zoo_names, out_names = zoo.list_models(), outside.list_models()
+    if corpus is None:
+        unknown = [m for m in models if m not in zoo_names and m not in out_names]
+        if unknown:
+            raise PestoError(f"unknown model(s) {', '.join(unknown)}; valid: {', '.join(zoo_names + out_names)}")
+        if models:
+            zoo_names, out_names = [m for m in models if m in zoo_names], [m for m in models if m in out_names]
+    elif corpus != "timm" and models:
+        raise PestoError("--model picks models of the zoo or of --corpus timm; a --corpus folder is benched whole")
+    todo = _sources(zoo_names, out_names, sizes or ("small",), corpus, models)
+    timeout = model_timeout if model_timeout is not None else (1800.0 if corpus is not None else None)
     res = bench_peers(todo, cores=cores, torch_compile=torch_compile, build_options={"costs": costs}, rounds=rounds,
-                      progress=lambda m: console.print(f"  {m}"))
-    res["command"] = click.get_current_context().command_path
+                      progress=lambda m: console.print(f"  {m}"), model_timeout_s=timeout)
+    res["command"] = " ".join(["tvm-pesto", *sys.argv[1:]])
+    res["corpus"] = corpus or "zoo"
     text = markdown(res)
     click.echo(text)
     if json_path:

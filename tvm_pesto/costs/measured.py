@@ -105,31 +105,100 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
     report = report if report is not None else MeasureReport()
     tkey = measure_target(device)
     costs = np.full(len(cs), np.nan)
-    native_set = _measure_native(cs, device, cache, tkey, costs, report, repeat, min_repeat_ms)
+    native_set = {i for i, c in enumerate(cs) if getattr(get_backend(c.backend), "native", False)}
     todo, whole = _look_up_library(cs, device, cache, tkey, costs, report, native_set)
-    if todo:
-        wrappers, jobs = _build_library(cs, todo, device, cache, tkey, costs, report)
-        if jobs:
-            whole |= _time_library(cs, wrappers, jobs, device, cache, tkey, costs, report, repeat, min_repeat_ms,
-                                   progress)
+    # the libraries first, a batch of at most the model's weights at a time, each batch's
+    # units released once timed: a large model's regions would otherwise hold its weights
+    # many times over
+    for batch in _batches(cs, todo):
+        whole |= _measure_batch(cs, batch, device, cache, tkey, costs, report, repeat, min_repeat_ms, progress)
+    _measure_native(cs, sorted(native_set), device, cache, tkey, costs, report, repeat, min_repeat_ms)
     _subtract_overhead(cs.rg, costs, native_set | whole, device, cache, tkey, repeat, min_repeat_ms)
     report.seconds += time.perf_counter() - t0
     return costs
 
 
-def _measure_native(cs, device, cache, tkey, costs, report, repeat, min_repeat_ms) -> set:
-    """Fill ``costs`` of the TVM-native candidates: the spine's group measurement (it caches
-    and subtracts overhead). Returns their indices."""
-    native = [i for i, c in enumerate(cs) if getattr(get_backend(c.backend), "native", False)]
+def _measure_native(cs, native: list, device, cache, tkey, costs, report, repeat, min_repeat_ms) -> None:
+    """Fill ``costs`` of the TVM-native candidates ``native``: the spine's group measurement
+    (it caches and subtracts overhead), each group's timing ended after one call where that
+    call takes :data:`SLOW_FACTOR` times a library candidate holding the group."""
     if native:
         before = len(cache)
         had_overhead = cache.get(OVERHEAD_KEY, "tvm", tkey) is not None
         costs[native] = measure_groups(cs.rg, [list(cs[i].nodes) for i in native], device, cache,
-                                       repeat=repeat, min_repeat_ms=min_repeat_ms)
+                                       repeat=repeat, min_repeat_ms=min_repeat_ms,
+                                       caps=_caps(cs, native, costs))
         new = len(cache) - before - (0 if had_overhead else 1)
         report.measured += new
         report.cached += len(native) - new
-    return set(native)
+
+
+#: A TVM-native group whose first call takes this many times the best library candidate
+#: holding it is not timed further: that call is its cost (an untuned TVM matmul of a
+#: ViT-B/16 took 1.3 s a call where ONNX Runtime's whole layer took milliseconds).
+SLOW_FACTOR = 3.0
+
+
+def _caps(cs, native: list, costs) -> list:
+    """Per candidate of ``native``: :data:`SLOW_FACTOR` times the least measured cost of a
+    library candidate whose nodes hold all of its nodes (None where none does)."""
+    by_node: dict = {}
+    for j, c in enumerate(cs):
+        if j not in native and np.isfinite(costs[j]):
+            for v in c.nodes:
+                by_node.setdefault(v, []).append(j)
+    caps = []
+    for i in native:
+        nodes = set(cs[i].nodes)
+        holders = [j for j in by_node.get(cs[i].nodes[0], ()) if nodes <= set(cs[j].nodes)]
+        caps.append(SLOW_FACTOR * min(costs[j] for j in holders) if holders else None)
+    return caps
+
+
+#: A batch of library candidates measured together holds at most the model's weights or this
+#: many bytes of weights, whichever is more (each batch compiles and warms its own timing module).
+BATCH_BYTES = 512 << 20
+
+
+def _batches(cs, todo: dict):
+    """``todo`` (:func:`_look_up_library`) in parts whose candidates hold at most the model's
+    weights or :data:`BATCH_BYTES` together (at least one entry a part)."""
+    rg = cs.rg
+    limit = max(sum(n.param_bytes for n in rg.graph.nodes), BATCH_BYTES)
+    part: dict = {}
+    held = 0
+    for entry, idxs in todo.items():
+        w = sum(rg.graph.nodes[v].param_bytes for v in cs[idxs[0]].nodes)
+        if part and held + w > limit:
+            yield part
+            part, held = {}, 0
+        part[entry] = idxs
+        held += w
+    if part:
+        yield part
+
+
+def _measure_batch(cs, batch: dict, device, cache, tkey, costs, report, repeat, min_repeat_ms, progress) -> set:
+    """Build, time and release one batch of library entries (:func:`_batches`); the
+    candidates timed as their direct call."""
+    wrappers, jobs = _build_library(cs, batch, device, cache, tkey, costs, report)
+    try:
+        if not jobs:
+            return set()
+        return _time_library(cs, wrappers, jobs, device, cache, tkey, costs, report, repeat, min_repeat_ms, progress)
+    finally:
+        _release(jobs)
+
+
+def _release(jobs: list) -> None:
+    """Drop the units a measurement built (their sessions and weights); a placed model builds
+    the ones it keeps again."""
+    by_backend: dict = {}
+    for _fname, _k, bname, _idxs, _params, _direct, gname in jobs:
+        if gname is not None:
+            by_backend.setdefault(bname, []).append(gname)
+    for bname, names in by_backend.items():
+        get_backend(bname).release(names)
 
 
 def _look_up_library(cs, device, cache, tkey, costs, report, native_set: set) -> tuple[dict, set]:
@@ -187,7 +256,8 @@ def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[
     candidates infeasible.
 
     Returns ``(wrappers, jobs)``: ``{name: wrapper function}`` and ``[(name, key, backend,
-    candidate indices, wrapper params, direct call or None)]``.
+    candidate indices, wrapper params, direct call or None, the unit's global name or None
+    where it was built before)]``.
     """
     rg = cs.rg
     jobs = []  # (name, key, backend, idx list, wrapper params, direct call)
@@ -197,6 +267,7 @@ def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[
         c = cs[i0]
         bk = get_backend(bname)
         real = candidate_function(rg, c.nodes, lift_constants=False)
+        held = bk.is_built(real.func, device)  # built before (a placed model's unit): not ours to release
         try:
             gname = bk.build(real.func, device)
         except PestoError as e:
@@ -207,7 +278,7 @@ def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[
         wrappers[fname] = _wrapper(gname, real.func.params, out_ty_of(real.func), fname)
         # the whole model as one unit runs as the library's own call (run.runtime's direct path)
         direct = bk.direct_call(gname) if bk.direct and len(c.nodes) == len(rg.graph.nodes) else None
-        jobs.append((fname, k, bname, idxs, real.func.params, direct))
+        jobs.append((fname, k, bname, idxs, real.func.params, direct, None if held else gname))
     return wrappers, jobs
 
 
@@ -218,7 +289,7 @@ def _time_library(cs, wrappers: dict, jobs: list, device, cache, tkey, costs, re
     rg = cs.rg
     whole: set = set()
     results, timings = _time_wrappers(wrappers, jobs, device, repeat, min_repeat_ms)
-    for fname, k, bname, idxs, _, direct in jobs:
+    for fname, k, bname, idxs, _, direct, _gname in jobs:
         res = results.get(fname)
         c = cs[idxs[0]]
         if isinstance(res, str):
@@ -310,7 +381,7 @@ def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_m
             rng = np.random.default_rng(0)
             timer = ReferenceTimer(vm, dev, rounds=repeat, burst_s=burst_seconds(min_repeat_ms), key=measure_target(device))
             timed = {}  # fname -> index in the timer's results
-            for fname, _k, _b, _idxs, params, direct in jobs:
+            for fname, _k, _b, _idxs, params, direct, _gname in jobs:
                 try:
                     args = random_args(params, dev, rng)
                     vm[fname](*args)  # warm-up (also creates ORT sessions for this thread's cores)
@@ -354,6 +425,18 @@ def measure_cost_table(cs: CandidateSet, cluster, cache: MeasureCache | None = N
     return out
 
 
+#: The whole model's untuned TVM build is not timed (for calibration) where its groups add
+#: up to more seconds than this a call: its timing takes seven calls or more.
+WHOLE_MAX_S = 1.0
+
+
+def _worth_timing_whole(groups_s: float, library_s) -> bool:
+    """Whether TVM's whole model, whose groups add up to ``groups_s``, is worth timing beside
+    libraries whose whole-model candidates take ``library_s``."""
+    finite = [float(x) for x in library_s if np.isfinite(x)]
+    return groups_s <= WHOLE_MAX_S and not (finite and groups_s > SLOW_FACTOR * min(finite))
+
+
 def calibrate_native(cs: CandidateSet, cluster, table: np.ndarray, cache: MeasureCache) -> dict[int, float]:
     """Scale the TVM-native columns of ``table`` in place so that, per device, the fusion
     groups add up to the whole model's measured time (:func:`~tvm_pesto.costs.timing.calibrate`).
@@ -361,20 +444,29 @@ def calibrate_native(cs: CandidateSet, cluster, table: np.ndarray, cache: Measur
     A group timed alone runs with its inputs and weights hot in cache and pays its own
     call; inside the model it does neither. The factor of the fusion-group cover is applied
     to every native candidate of that device; other backends' calls are left as measured.
-    Returns device index -> factor (devices without a complete fusion-group cover are skipped).
+    Returns device index -> factor. Devices without a complete fusion-group cover are
+    skipped, and so are those where the cover is not worth timing whole (seconds of
+    untuned TVM a call: over :data:`WHOLE_MAX_S`, or :data:`SLOW_FACTOR` times a library's
+    whole-model candidate).
     """
     native = np.array([bool(getattr(get_backend(c.backend), "native", False)) for c in cs], dtype=bool)
     index = {c.nodes: i for i, c in enumerate(cs) if native[i]}
     groups = [index.get(tuple(sorted(g))) for g in fusion_groups(cs.rg.graph)]
     if not native.any() or any(i is None for i in groups):
         return {}
+    whole = [i for i, c in enumerate(cs) if not native[i] and len(c.nodes) == len(cs.rg.graph.nodes)]
     factors: dict[int, float] = {}
-    done: dict[tuple, float] = {}
+    done: dict[tuple, float | None] = {}
     for j, dev in enumerate(cluster.devices):
         k = _device_group(dev)
         if k not in done:
             parts = table[groups, j]
+            if not _worth_timing_whole(float(np.sum(parts)), table[whole, j]):
+                done[k] = None
+                continue
             _, done[k] = calibrate(parts, measure_whole(cs.rg, dev, cache, expect_s=float(np.sum(parts))))
+        if done[k] is None:
+            continue
         factors[j] = float(done[k])
         table[native, j] *= done[k]
     return factors
