@@ -76,17 +76,24 @@ def test_every_peer_is_reported_with_its_time_or_why_not(one_model):
         assert v[name]["seconds"] > 0, (name, v[name])
         assert v[name]["max_abs_err"] < 1e-4, (name, v[name])
     assert "seconds" in v["openvino"] or "openvino" in v["openvino"]["error"]
+    if "seconds" in v["openvino-f32"]:  # OpenVINO asked for float32, whatever its default on this CPU
+        assert v["openvino-f32"]["precision"] == "f32" and v["openvino-f32"]["max_abs_err"] < 1e-4
+    assert v["pesto"]["peak_rss_mb"] > 0 and one_model["models"]["mlp"]["error"] is None
     assert v["torch-compile"]["error"].startswith("not asked for")
     assert v["ort-parallel"]["threads"] == "inter 2 / intra 1" and v["ort-1"]["threads"] == 1
 
 
 @pytest.mark.slow
-def test_the_ratio_is_the_best_own_library_peer_over_pesto(one_model):
+def test_the_ratio_is_the_best_float32_peer_over_pesto(one_model):
     m = one_model["models"]["mlp"]
-    secs = {n: r["seconds"] for n, r in m["variants"].items() if "seconds" in r}
-    own = {n: secs[n] for n in ("ort", "ort-parallel", "ort-1", "torch")}
-    assert m["best_peer"] == min(own, key=own.get)
-    assert m["ratio_vs_best_peer"] == pytest.approx(own[m["best_peer"]] / secs["pesto"])
+    v = m["variants"]
+    secs = {n: r["seconds"] for n, r in v.items() if "seconds" in r}
+    f32 = {n: t for n, t in secs.items()
+           if n in ("ort", "ort-parallel", "ort-1", "torch", "openvino-f32", "torch-compile")
+           or (n == "openvino" and v[n]["precision"] == "f32")}
+    assert {"ort", "ort-parallel", "ort-1", "torch"} <= set(f32)
+    assert m["best_peer"] == min(f32, key=f32.get)
+    assert m["ratio_vs_best_peer"] == pytest.approx(f32[m["best_peer"]] / secs["pesto"])
     every = {n: s for n, s in secs.items() if not n.startswith("pesto")}
     assert m["best_peer_all"] == min(every, key=every.get)
     assert one_model["geomean_vs_best_peer"] == pytest.approx(m["ratio_vs_best_peer"])
@@ -132,3 +139,34 @@ def test_reduced_precision_is_its_own_variant_where_the_cpu_has_it(one_model):
     if ok:
         assert v["pesto-bf16"]["seconds"] > 0 and v["pesto-bf16"]["max_abs_err"] < 0.05
         assert "pesto-bf16" in markdown(one_model)
+
+
+@pytest.mark.slow
+def test_a_corpus_folder_is_benched_file_by_file_each_in_its_own_process(tmp_path):
+    """``--corpus DIR``: every ONNX file is a row (a broken one with its error); the model's
+    own ONNX file is what the ONNX peers run, and with no PyTorch model ONNX Runtime's output
+    is the reference; the JSON carries the build's seconds and memory, and the summary."""
+    from outside_zoo import write_onnx
+
+    from tvm_pesto.bench.peers import FLOAT32_PEERS
+    from tvm_pesto.cli.main import cli
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_onnx("convnext", folder)
+    (folder / "broken.onnx").write_bytes(b"not onnx")
+    out = tmp_path / "c.json"
+    res = CliRunner().invoke(cli, ["bench", "peers", "--corpus", str(folder), "--no-torch-compile", "--rounds", "1",
+                                   "--costs", "roofline", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert set(r["models"]) == {"broken.onnx", "convnext_small.onnx"} and r["complete"] is True
+    bad, good = r["models"]["broken.onnx"], r["models"]["convnext_small.onnx"]
+    assert bad["error"].startswith("load: ") and "broken.onnx" in bad["error"] and bad["ratio_vs_best_peer"] is None
+    assert good["error"] is None and good["reference"] == "ort" and good["max_abs_err"] < 1e-4
+    assert good["variants"]["torch"]["error"].startswith("no PyTorch model")
+    assert good["best_peer"] in FLOAT32_PEERS and good["ratio_vs_best_peer"] > 0
+    assert good["build_s"] > 0 and good["peak_rss_mb"] > 100  # a Python process with TVM and ONNX Runtime loaded
+    assert r["failed"] == ["broken.onnx"] and r["peak_rss_mb_max"] == good["peak_rss_mb"]
+    assert r["build_s_max"] == r["build_s_median"] == good["build_s"]
+    assert "broken.onnx: load: " in res.output and "build: median" in res.output

@@ -191,19 +191,21 @@ def _pesto(mod, inputs, cluster: str, build_options: dict):
 
 
 def peer_variants(model, inputs, mod, cores: int, workdir: str, torch_compile: bool = True,
-                  build_options: dict | None = None, onnx_path: str | None = None) -> list[Variant]:
+                  build_options: dict | None = None, onnx_path: str | None = None,
+                  extra_builds: bool = True) -> list[Variant]:
     """Build every variant of one model (see the module docstring); failures are recorded.
 
     ``model`` is the PyTorch model (None for a model file without one: its PyTorch peers
-    say so); ``onnx_path`` the model's own ONNX file (default: ``model`` exported to one).
+    say so); ``onnx_path`` the model's own ONNX file (default: ``model`` exported to one);
+    ``extra_builds``: ``pesto-1dev`` and ``pesto-bf16`` beside the default build.
     """
     # tvm-pesto first: its build times its options (the final choice), which the threads and
     # compile workers a PyTorch or torch.compile peer leaves behind would disturb
     opts = dict(build_options or {})
     out: list[Variant] = [_built("pesto", lambda: _pesto(mod, inputs, f"cpu:{cores}", opts))]
-    if cores > 1:
+    if cores > 1 and extra_builds:
         out.append(_built("pesto-1dev", lambda: _pesto(mod, inputs, "cpu:1", opts)))
-    bf16 = _with_bf16(opts)
+    bf16 = _with_bf16(opts) if extra_builds else None
     if bf16 is not None:
         out.append(_built("pesto-bf16", lambda: _pesto(mod, inputs, f"cpu:{cores}", bf16)))
     path, export_s, why = _own_onnx(model, inputs, workdir, onnx_path)
@@ -263,7 +265,8 @@ def _importable(name: str) -> bool:
 
 
 def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool = True,
-                build_options: dict | None = None, rounds: int = ROUNDS, onnx_path: str | None = None) -> dict:
+                build_options: dict | None = None, rounds: int = ROUNDS, onnx_path: str | None = None,
+                extra_builds: bool = True) -> dict:
     """Every variant of one model, built and timed; the ratios to the best peers.
 
     Returns
@@ -275,7 +278,8 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
         has no time; ``noise``.
     """
     with tempfile.TemporaryDirectory(prefix="pesto-peers-") as tmp:
-        variants = peer_variants(model, inputs, mod, cores, tmp, torch_compile, build_options, onnx_path)
+        variants = peer_variants(model, inputs, mod, cores, tmp, torch_compile, build_options, onnx_path,
+                                 extra_builds)
         ok = {v.name: v.call for v in variants if v.call is not None}
         timed = time_blocks(ok, rounds=rounds, agree=AGREE)
     by_name = {v.name: v for v in variants}
@@ -334,9 +338,10 @@ def one_unit_overhead(mod, inputs, cores: int, rounds: int = ROUNDS) -> dict:
     return {"library_s": lib, "pesto_s": ours, "overhead_s": ours - lib}
 
 
-def _bench_one(model, inputs, mod, onnx_path, *, cores, torch_compile, build_options, rounds, overhead) -> dict:
+def _bench_one(model, inputs, mod, onnx_path, *, cores, torch_compile, build_options, rounds, overhead,
+               extra_builds) -> dict:
     """:func:`bench_model` of one loaded model, and its :func:`one_unit_overhead`."""
-    row = bench_model("", model, inputs, mod, cores, torch_compile, build_options, rounds, onnx_path)
+    row = bench_model("", model, inputs, mod, cores, torch_compile, build_options, rounds, onnx_path, extra_builds)
     if overhead and mod is not None:
         try:
             row["overhead"] = one_unit_overhead(mod, inputs, cores, rounds)
@@ -346,13 +351,16 @@ def _bench_one(model, inputs, mod, onnx_path, *, cores, torch_compile, build_opt
 
 
 def bench_peers(models, cores: int | None = None, torch_compile: bool = True, build_options: dict | None = None,
-                rounds: int = ROUNDS, progress=None, overhead: bool = True, model_timeout_s: float | None = None) -> dict:
+                rounds: int = ROUNDS, progress=None, overhead: bool = True, model_timeout_s: float | None = None,
+                checkpoint=None, extra_builds: bool = True) -> dict:
     """Run :func:`bench_model` for ``models``; add the geomeans and the worst ratio.
 
     ``models`` holds :class:`~tvm_pesto.bench.sources.ModelSource` records, or ``(name,
     make)`` pairs with ``make() -> (torch_model, inputs, mod)``. With ``model_timeout_s``,
     each source is benched in a process of its own (:func:`~tvm_pesto.bench.sources.run_isolated`)
     that may run that long. A model that fails to load or build is a row with its ``error``.
+    ``checkpoint(result)`` is called after each model with the result so far (a long run
+    that is stopped keeps what it measured). ``extra_builds``: see :func:`peer_variants`.
 
     Returns
     -------
@@ -369,7 +377,7 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
     cores = int(cores or machine["nproc"])
     res: dict = {"cores": cores, "machine": machine, "models": {}}
     bench = functools.partial(_bench_one, cores=cores, torch_compile=torch_compile, build_options=build_options,
-                              rounds=rounds, overhead=overhead)
+                              rounds=rounds, overhead=overhead, extra_builds=extra_builds)
     for item in models:
         source = item if isinstance(item, ModelSource) else None
         name = source.label if source else item[0]
@@ -380,6 +388,8 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
         else:
             row = bench_source(source.load if source else _made(item[1]), bench)
         res["models"][name] = row
+        if checkpoint:
+            checkpoint({**res, **summarize(res["models"])})
     res.update(summarize(res["models"]))
     res["load_average_after"] = machine_info()["load_average"]
     return res

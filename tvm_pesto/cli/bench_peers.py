@@ -47,6 +47,8 @@ def _sources(zoo_names, out_names, sizes, corpus: str | None, corpus_models) -> 
 @click.option("--model-timeout", "model_timeout", default=None, type=float,
               help="bench each model in a process of its own that may run this many seconds (default with "
                    "--corpus: 1800); a crash or a timeout is the model's row, the run goes on")
+@click.option("--extra-builds/--no-extra-builds", default=None,
+              help="also build on cpu:1 and with openvino-bf16 named (default: on for the zoo, off with --corpus)")
 @click.option("--cores", default=None, type=int, help="threads for the peers and N of cpu:N (default: this machine's)")
 @click.option("--costs", default="auto", show_default=True, help="cost source of tvm-pesto's build")
 @click.option("--torch-compile/--no-torch-compile", default=True, show_default=True,
@@ -54,7 +56,7 @@ def _sources(zoo_names, out_names, sizes, corpus: str | None, corpus_models) -> 
 @click.option("--rounds", default=3, show_default=True, help="timed blocks per variant (order rotated)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @click.option("--md", "md_path", default=None, help="write the table as markdown here")
-def peers(models, sizes, corpus, model_timeout, cores, costs, torch_compile, rounds, json_path, md_path):
+def peers(models, sizes, corpus, model_timeout, extra_builds, cores, costs, torch_compile, rounds, json_path, md_path):
     """Each model in ONNX Runtime (sequential, parallel, one thread), PyTorch, OpenVINO
     (default precision and float32), torch.compile and tvm-pesto (cpu:N and cpu:1), in one
     process, timed in blocks."""
@@ -75,10 +77,12 @@ def peers(models, sizes, corpus, model_timeout, cores, costs, torch_compile, rou
         raise PestoError("--model picks models of the zoo or of --corpus timm; a --corpus folder is benched whole")
     todo = _sources(zoo_names, out_names, sizes or ("small",), corpus, models)
     timeout = model_timeout if model_timeout is not None else (1800.0 if corpus is not None else None)
+    about = {"command": " ".join(["tvm-pesto", *sys.argv[1:]]), "corpus": corpus or "zoo"}
     res = bench_peers(todo, cores=cores, torch_compile=torch_compile, build_options={"costs": costs}, rounds=rounds,
-                      progress=lambda m: console.print(f"  {m}"), model_timeout_s=timeout)
-    res["command"] = " ".join(["tvm-pesto", *sys.argv[1:]])
-    res["corpus"] = corpus or "zoo"
+                      progress=lambda m: console.print(f"  {m}"), model_timeout_s=timeout,
+                      checkpoint=(lambda r: write_json(json_path, {**r, **about, "complete": False})) if json_path
+                      else None, extra_builds=corpus is None if extra_builds is None else extra_builds)
+    res.update(about, complete=True)
     text = markdown(res)
     click.echo(text)
     if json_path:
