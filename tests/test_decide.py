@@ -466,6 +466,30 @@ def test_an_option_far_slower_than_the_fastest_is_closed_before_the_next_is_buil
     assert "timed_once" not in by["library:openvino"] and d["chosen"] == "plan"
 
 
+def test_closing_an_option_releases_only_the_units_no_live_option_calls(monkeypatch):
+    # a PlacementPass module calls its units by their registered names: a unit the kept plan
+    # shares with a closed option stays registered; the closed option's own unit is let go
+    released = []
+    monkeypatch.setattr(decide, "get_backend", lambda name: SimpleNamespace(release=released.extend))
+    unit = SimpleNamespace(backend="onnxruntime")
+    times = {"plan": 1e-3, "library:onnxruntime": 4e-3}
+    units = {"plan": {"shared": unit, "plan-only": unit}, "library:onnxruntime": {"shared": unit, "lib-only": unit}}
+
+    class Placed:
+        def __init__(self, name):
+            self.units, self.call = units[name], _spin(times[name])
+
+        def __call__(self, *a):
+            return self.call(*a)
+
+        def close(self, timeout=None):
+            pass
+
+    opts, _ = _options(times)
+    _, d = _choose(opts, lambda o: Placed(o.name), [], budget_s=0.2)
+    assert d["chosen"] == "plan" and released == ["lib-only"]
+
+
 def test_at_most_max_live_options_are_held_at_once_and_the_plan_may_go_too(monkeypatch):
     monkeypatch.setattr(decide, "MAX_LIVE", 2)
     times = {"plan": 1.3e-3, "one-device": 1.2e-3, "library:onnxruntime": 1e-3, "library:openvino": 1.1e-3}

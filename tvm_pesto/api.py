@@ -38,7 +38,7 @@ from .builder.placed import PlacedModule
 from .builder.program import legalize_on_devices
 from .builder.rewrite import apply_plan
 from .candidates import placement_candidates
-from .candidates.flow import backend_names, make_candidates
+from .candidates.flow import backend_names, make_candidates, with_precision
 from .cluster import Cluster, as_cluster
 from .costs import CostTable, candidate_costs
 from .costs.build_time import estimate as estimate_build_s
@@ -103,7 +103,7 @@ HYBRID_MAX_ROUNDS = 8
 def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs="auto", cache=None, progress=None,
           time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
           colocate: list[list[int]] | None = None, split_margin: float | None = None, executor: str = "thread",
-          max_build_s: float | None = None, **solver_options) -> Placement:
+          max_build_s: float | None = None, precision: str = "fp32", **solver_options) -> Placement:
     """Decide backend, device and order for every subgraph of a module.
 
     Parameters
@@ -158,6 +158,12 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         the plan's sum is kept within it (:mod:`tvm_pesto.solve.build_budget`; the TVM
         device modules every plan compiles are not in it). ``plan.info["build_budget"]``
         says what the plan is estimated to take.
+    precision : {"fp32", "bf16"}
+        ``fp32`` (default): every backend computes in float32. ``bf16``: the backends that
+        compute in bfloat16 on this CPU (``openvino-bf16``) compete too
+        (:func:`~tvm_pesto.candidates.flow.with_precision`); the final choice holds their
+        outputs to :data:`~tvm_pesto.decide.REDUCED_TOL` of the float32 build's. ``build``
+        and ``PlacementPass`` take it too.
 
     Examples
     --------
@@ -167,8 +173,8 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
     >>> pl.plan.info["budget"], pl.plan.info["deterministic"]
     ('work', True)
     """
-    costed = cost_candidates(mod_or_analysis, cluster, backends, costs, cache=cache, progress=progress,
-                             executor=executor)
+    costed = cost_candidates(mod_or_analysis, cluster, with_precision(backends, precision), costs, cache=cache,
+                             progress=progress, executor=executor)
     return place_from_costs(costed, solver, time_limit_s=time_limit_s, search_s=search_s,
                             deterministic=deterministic, colocate=colocate, split_margin=split_margin,
                             max_build_s=max_build_s, **solver_options)
@@ -346,7 +352,8 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
 
     ``deterministic`` and ``solver_options`` go to :func:`place` (``max_build_s=`` among them:
     the plan's library builds within that many seconds; the whole-model library options of
-    the final choice that would not build within it are left out). ``executor`` runs the
+    the final choice that would not build within it are left out; ``precision="bf16"``: the
+    backends that compute in bfloat16 on this CPU compete too). ``executor`` runs the
     devices: ``"thread"`` (one pinned thread per device, this process) or ``"ray"`` (one
     Ray actor per device, :mod:`tvm_pesto.run.ray_executor`: a local Ray on 127.0.0.1, or
     the cluster at ``ray_address``); ``close()`` the module to stop the actors.

@@ -181,13 +181,16 @@ def options(placement, cluster, place_one_device) -> list[Option]:
     return out
 
 
-def _close(placed) -> None:
-    """Stop ``placed`` and drop its library units from their backends' keeping (a placed model
-    holds its own units: another option sharing one runs on), so its weights can go."""
+def _close(placed, live=()) -> None:
+    """Stop ``placed`` and drop its library units from their backends' keeping, so its weights
+    can go; not those a ``live`` option also calls (a module of ``PlacementPass`` calls its
+    units by their registered names)."""
     with contextlib.suppress(Exception):  # a worker still in a step ends after it; nothing else holds it
         placed.close(timeout=1.0)
+    used = {g for p in live for g in (getattr(p, "units", None) or {})}
     for g, unit in (getattr(placed, "units", None) or {}).items():
-        get_backend(unit.backend).release([g])
+        if g not in used:
+            get_backend(unit.backend).release([g])
 
 
 def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_counter) -> dict:
@@ -202,10 +205,11 @@ def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_cou
                        warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block, clock=clock)
 
 
-def _first_calls(o: Option, flow: bool, build, inputs, clock, first_s, call_s, outputs, errors):
+def _first_calls(o: Option, flow: bool, build, inputs, clock, first_s, call_s, outputs, errors, live):
     """Build option ``o``, make its first call and its quick calls (:func:`_quick`; none for a
     runaway first call, over :data:`RUNAWAY_FIRST_S` and :data:`RUNAWAY` x the fastest); the
-    built option, or None with its error noted (``flow``: the flow's plan, whose failure raises)."""
+    built option, or None with its error noted (``flow``: the flow's plan, whose failure raises;
+    ``live``: the options built so far, :func:`_close`)."""
     pm = None
     try:
         pm = build(o)
@@ -223,7 +227,7 @@ def _first_calls(o: Option, flow: bool, build, inputs, clock, first_s, call_s, o
         errors[o.name] = error_line(e)
         first_s.pop(o.name, None)
         if pm is not None:
-            _close(pm)
+            _close(pm, live)
         return None
 
 
@@ -278,18 +282,18 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         if why:
             skipped[o.name] = why
             continue
-        pm = _first_calls(o, k == 0, build, inputs, clock, first_s, call_s, outputs, errors)
+        pm = _first_calls(o, k == 0, build, inputs, clock, first_s, call_s, outputs, errors, built.values())
         if pm is None:
             continue
         built[o.name] = pm
         live = sorted((n for n in built if n in call_s), key=call_s.get)
         for n in [n for n in live[MAX_LIVE:]] + [n for n in live[:MAX_LIVE] if call_s[n] > DROP * call_s[live[0]]]:
             dropped.add(n)  # not kept unless all faster ones fail: closed now, as a large model's options
-            _close(built.pop(n))  # hold its weights each
+            _close(built.pop(n), built.values())  # hold its weights each
     for name, why in wrong_numerics(opts, outputs).items():  # reported, never kept: not the model
         errors[name] = why
         first_s.pop(name), call_s.pop(name, None), dropped.discard(name)
-        _close(built.pop(name)) if name in built else None
+        _close(built.pop(name), built.values()) if name in built else None
     once = set(first_s) - set(call_s)
     slow = dropped | {n for n, t in call_s.items() if t > max(RUNAWAY * min(call_s.values()), RUNAWAY_MIN_S)}
     timed = _time({n: p for n, p in built.items() if n not in slow | once}, inputs, budget_s, rounds=2, clock=clock)
@@ -320,7 +324,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
             best = lib
     for n, p in built.items():
         if n != best:
-            _close(p)
+            _close(p, [built[best]] if best in built else [])
     if best not in built:  # closed early (DROP) and fastest after all: an option found wrong, or slower in blocks
         built[best] = build(next(o for o in opts if o.name == best))
     decision = {"measured": True, "chosen": best, "options": [], "runoff": runoff}

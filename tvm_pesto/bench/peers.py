@@ -120,7 +120,8 @@ def _ort(path: str, inputs, cores: int, mode: str):
         so.intra_op_num_threads = 1 if mode == "one" else cores
     sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     feed = {i.name: a for i, a in zip(sess.get_inputs(), inputs)}
-    return (lambda: sess.run(None, feed)), {"threads": {"parallel": f"inter {cores} / intra 1", "one": 1}.get(mode, cores)}
+    return (lambda: sess.run(None, feed)), {"threads": {"parallel": f"inter {cores} / intra 1", "one": 1}.get(mode, cores),
+                                            "precision": "f32"}
 
 
 def _openvino(path: str, inputs, cores: int, f32: bool = False):
@@ -153,7 +154,7 @@ def _torch_eager(model, inputs, cores: int, compiled: bool = False):
         with torch.no_grad():
             return fn(*args)
 
-    return call, {"threads": cores}
+    return call, {"threads": cores, "precision": "f32"}
 
 
 @contextlib.contextmanager
@@ -186,7 +187,8 @@ def _pesto(mod, inputs, cluster: str, build_options: dict):
         placed = tvm_pesto.build(mod, cluster, **build_options)
     summary = placed.placement.summary() if placed.placement is not None else {}
     info = {"cluster": cluster, "backend_mix": summary.get("backend_mix"),
-            "devices_used": len(placed.devices_used), "decided_by": summary.get("decided_by"), **watched}
+            "devices_used": len(placed.devices_used), "decided_by": summary.get("decided_by"),
+            "precision": "bf16" if "openvino-bf16" in str(build_options.get("backends", "")) else "f32", **watched}
     return (lambda: placed(*inputs)), info
 
 
@@ -273,7 +275,8 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
     -------
     dict
         ``variants.<name>``; ``best_peer`` and ``ratio_vs_best_peer`` (float32 peers),
-        ``best_peer_all`` and ``ratio_vs_best_peer_all``; ``build_s``, ``peak_rss_mb`` and
+        ``best_peer_all`` and ``ratio_vs_best_peer_all``; ``best_peer_bf16`` and
+        ``ratio_vs_best_peer_bf16`` (``pesto-bf16`` against a peer that ran bfloat16); ``build_s``, ``peak_rss_mb`` and
         ``max_abs_err`` of the default build; ``error``: None, or why the default build
         has no time; ``noise``.
     """
@@ -297,11 +300,13 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
     secs = {n: r["seconds"] for n, r in res["variants"].items() if "seconds" in r}
     pesto = secs.get("pesto")
     f32 = [n for n in secs if n in FLOAT32_PEERS or (n == "openvino" and res["variants"][n].get("precision") == "f32")]
-    for key, pool in (("best_peer", f32), ("best_peer_all", [n for n in secs if not n.startswith("pesto")])):
+    bf16 = [n for n in secs if n == "openvino" and res["variants"][n].get("precision") == "bf16"]
+    for key, pool, ours in (("best_peer", f32, pesto), ("best_peer_all", [n for n in secs if not n.startswith("pesto")],
+                                                        pesto), ("best_peer_bf16", bf16, secs.get("pesto-bf16"))):
         have = {n: secs[n] for n in pool if n in secs}
         best = min(have, key=have.get) if have else None
         res[key] = best
-        res[f"ratio_vs_{key}"] = (have[best] / pesto) if best and pesto else None
+        res[f"ratio_vs_{key}"] = (have[best] / ours) if best and ours else None
     res["noise"] = timing_noise({n: t["blocks_s"] for n, t in timed.items()})
     built = res["variants"].get("pesto", {})
     res.update(max_abs_err=built.get("max_abs_err"), build_s=built.get("build_s"), peak_rss_mb=built.get("peak_rss_mb"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..backends import available_backends, get_backend, list_backends
+from ..backends import available_backends, backend_status, get_backend, list_backends
 from ..backends.registry import NAMED_ONLY
 from ..cluster import as_cluster
 from ..errors import PestoError
@@ -50,6 +50,41 @@ def backend_names(backends) -> list[str] | None:
         every = [n for n in list_backends() if n not in NAMED_ONLY]
         names = every + [n for n in names if n not in every and n != "all"]
     return ["tvm"] + [n for n in dict.fromkeys(names) if n != "tvm"]
+
+
+#: ``precision`` of :func:`tvm_pesto.build`: ``fp32`` (default: every backend computes in
+#: float32) or ``bf16`` (the backends that compute in bfloat16 on this CPU compete too).
+PRECISIONS = ("fp32", "bf16")
+
+
+def with_precision(backends, precision: str = "fp32"):
+    """``backends`` with, for ``precision="bf16"``, every backend that computes in bfloat16
+    (a ``precision`` of ``bf16``: ``openvino-bf16``) and can run here added beside them.
+
+    Raises
+    ------
+    PestoError
+        An unknown precision, or ``bf16`` where no backend can compute in bfloat16 on this CPU
+        (the message says why each cannot).
+
+    Examples
+    --------
+    >>> with_precision("all", "fp32")
+    'all'
+    """
+    if precision not in PRECISIONS:
+        raise PestoError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return backends
+    reduced = [n for n in list_backends() if getattr(get_backend(n), "precision", "f32") == "bf16"]
+    status = backend_status(reduced)
+    usable = [n for n in reduced if status[n][0]]
+    if not usable:
+        why = "; ".join(f"{n}: {status[n][1]}" for n in reduced) or "no such backend is registered"
+        raise PestoError(f"precision bf16: no backend can compute in bfloat16 on this CPU ({why}); "
+                         "use precision fp32")
+    names = backend_names(backends) or ["all"]
+    return names + [n for n in usable if n not in names]
 
 
 def _named(backends) -> set:
@@ -119,4 +154,4 @@ def _elsewhere(names, reasons: dict, cluster, kind: str) -> list:
     return out
 
 
-__all__ = ["backend_names", "make_candidates"]
+__all__ = ["PRECISIONS", "backend_names", "make_candidates", "with_precision"]

@@ -19,7 +19,8 @@ from ..costs.calibration import CALIBRATION_ENV
 from ..decision import decision_table
 from ..errors import UnseenOpsWarning
 from ..jsonio import write_json
-from .options import deterministic_option, max_build_s_option, ms_db_option, rpc_options, split_margin_option
+from .options import (backends_at, deterministic_option, max_build_s_option, ms_db_option, precision_option, rpc_options,
+                      split_margin_option)
 from .progress import ErrorGroup, console, step
 
 COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
@@ -218,10 +219,12 @@ def _gap_line(res) -> str | None:
 @ms_db_option()
 @max_build_s_option()
 @split_margin_option()
+@precision_option()
 @deterministic_option(True)
 def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, objective, exec_model,
-          microbatches, time_limit, json_path, max_build_s, split_margin, deterministic):
+          microbatches, time_limit, json_path, max_build_s, split_margin, precision, deterministic):
     """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
+    backends = backends_at(backends, precision)
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import place_any
 
@@ -276,13 +279,15 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
               "again now and keep them (default: the fit kept for this machine, measured on first use)")
 @max_build_s_option()
 @split_margin_option()
+@precision_option()
 @rpc_options()
 @ms_db_option()
 @deterministic_option(False)
 def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
-        objective, microbatches, executor, ray_address, refit, max_build_s, split_margin, rpc_tracker, rpc_key,
-        deterministic):
+        objective, microbatches, executor, ray_address, refit, max_build_s, split_margin, precision, rpc_tracker,
+        rpc_key, deterministic):
     """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
+    backends = backends_at(backends, precision)
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import run_model
 

@@ -43,6 +43,25 @@ def max_build_s_option():
                              "machine's earlier builds; builds already cached cost nothing); default: no budget")
 
 
+def precision_option():
+    """The ``--precision fp32|bf16`` option of a verb that places a model with the flow (the
+    ``precision`` of :func:`tvm_pesto.api.place`); the verb passes ``--backends`` through
+    :func:`backends_at`."""
+    return click.option("--precision", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16"]),
+                        help="bf16: the backends that compute in bfloat16 on this CPU (openvino-bf16) compete too, "
+                             "held to a bfloat16 tolerance of the float32 build's output")
+
+
+def backends_at(backends, precision: str):
+    """``--backends`` with ``--precision``'s backends added (:func:`~tvm_pesto.candidates.flow.with_precision`),
+    as the comma-separated list the verbs take."""
+    # lazy: loads the backend registry; the CLI imports a verb's code when the verb runs
+    from ..candidates.flow import with_precision
+
+    out = with_precision(backends, precision)
+    return out if isinstance(out, str) else ",".join(out)
+
+
 MS_DB_HELP = ("MetaSchedule database for the tvm-ms backend (a --work-dir of tvm-pesto tune); the same as setting "
               "TVM_PESTO_MS_DB")
 
