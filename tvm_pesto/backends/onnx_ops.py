@@ -15,6 +15,7 @@ from tvm import relax
 
 from .onnx_graph import (DTYPES, Exporter, OnnxExportError, dtype_of, elem_type, flat_types, ints, is_tensor_const,
                          tensor_shape)
+from .onnx_index_ops import CONVERTERS as INDEX_CONVERTERS, PROBLEMS as INDEX_PROBLEMS
 
 #: A converter gets (exporter, call, out_name) and returns the ONNX name(s) of its result.
 Converter = Callable[[Exporter, relax.Call, str], object]
@@ -33,10 +34,12 @@ def _reg(*names):
 _BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "power": "Pow",
            "maximum": "Max", "minimum": "Min", "equal": "Equal", "greater": "Greater",
            "less": "Less", "greater_equal": "GreaterOrEqual", "less_equal": "LessOrEqual",
-           "logical_and": "And", "logical_or": "Or"}
+           "logical_and": "And", "logical_or": "Or", "logical_xor": "Xor"}
 _UNARY = {"nn.relu": "Relu", "sigmoid": "Sigmoid", "tanh": "Tanh", "exp": "Exp", "log": "Log",
           "sqrt": "Sqrt", "abs": "Abs", "negative": "Neg", "erf": "Erf", "sin": "Sin", "cos": "Cos",
-          "floor": "Floor", "ceil": "Ceil", "round": "Round", "logical_not": "Not", "sign": "Sign"}
+          "floor": "Floor", "ceil": "Ceil", "round": "Round", "logical_not": "Not", "sign": "Sign",
+          "tan": "Tan", "asin": "Asin", "acos": "Acos", "atan": "Atan", "sinh": "Sinh", "cosh": "Cosh",
+          "asinh": "Asinh", "acosh": "Acosh", "atanh": "Atanh", "isnan": "IsNaN", "isinf": "IsInf"}
 
 
 def _binary(e: Exporter, call, out):
@@ -448,30 +451,23 @@ def _filled(e, call, out):
     return e.one("Identity", [e.init(np.full(shp, val, dtype=dt), "filled")], out)
 
 
+CONVERTERS.update(INDEX_CONVERTERS)
 #: Relax operator -> why one of its calls has no exact ONNX form (None: it has one).
-_PROBLEMS = {"relax.image.resize2d": _resize_problem, "relax.nn.pad": _pad_problem}
+_PROBLEMS = {"relax.image.resize2d": _resize_problem, "relax.nn.pad": _pad_problem, **INDEX_PROBLEMS}
 #: Relax operator names the exporter converts.
 SUPPORTED_OPS: frozenset[str] = frozenset(CONVERTERS)
 
 
 def supports_call(call) -> bool:
-    """Whether one Relax call can be exported (its op has a converter and its layout fits).
-
-    Parameters
-    ----------
-    call : relax.Call
-        A call binding value from a Relax function.
-
-    Returns
-    -------
-    bool
+    """Whether one Relax call (a binding's value) can be exported: its op has a converter, its
+    layout fits and nothing of :data:`_PROBLEMS` stands in the way.
 
     Examples
     --------
     >>> from tvm import relax
     >>> x = relax.Var("x", relax.TensorType((2, 3), "float32"))
     >>> bb = relax.BlockBuilder()
-    >>> supports_call(bb.normalize(relax.op.nn.relu(x))), supports_call(bb.normalize(relax.op.cumsum(x, axis=0)))
+    >>> supports_call(bb.normalize(relax.op.nn.relu(x))), supports_call(bb.normalize(relax.op.cumprod(x, axis=0)))
     (True, False)
     """
     if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
