@@ -154,5 +154,16 @@ class Exporter:
         return self.init(np.array(list(vals), dtype=np.int64), base)
 
 
-__all__ = ["DTYPES", "Exporter", "OnnxExportError", "dtype_of", "elem_type", "flat_types", "ints", "is_tensor_const",
+def registrar(table: dict):
+    """A decorator factory that files a converter in ``table`` under each Relax op name given."""
+    def reg(*names):
+        def deco(fn):
+            for n in names:
+                table[n] = fn
+            return fn
+        return deco
+    return reg
+
+
+__all__ = ["registrar", "DTYPES", "Exporter", "OnnxExportError", "dtype_of", "elem_type", "flat_types", "ints", "is_tensor_const",
            "tensor_shape"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_graph import Exporter, OnnxExportError, ints, tensor_shape
+from .onnx_graph import Exporter, OnnxExportError, ints, registrar, tensor_shape
 
 #: Relax operator name -> its converter ``(exporter, call, out_name) -> ONNX name``.
 CONVERTERS: dict = {}
@@ -21,12 +21,7 @@ CONVERTERS: dict = {}
 PROBLEMS: dict = {}
 
 
-def _reg(*names):
-    def deco(fn):
-        for n in names:
-            CONVERTERS[n] = fn
-        return fn
-    return deco
+_reg = registrar(CONVERTERS)
 
 
 def _rank(call, what: str) -> int:

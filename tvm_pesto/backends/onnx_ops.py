@@ -14,7 +14,7 @@ import tvm
 from tvm import relax
 
 from .onnx_graph import (DTYPES, Exporter, OnnxExportError, dtype_of, elem_type, flat_types, ints, is_tensor_const,
-                         tensor_shape)
+                         registrar, tensor_shape)
 from .onnx_index_ops import CONVERTERS as INDEX_CONVERTERS, PROBLEMS as INDEX_PROBLEMS
 
 #: A converter gets (exporter, call, out_name) and returns the ONNX name(s) of its result.
@@ -23,12 +23,7 @@ Converter = Callable[[Exporter, relax.Call, str], object]
 CONVERTERS: dict[str, Converter] = {}
 
 
-def _reg(*names):
-    def deco(fn):
-        for n in names:
-            CONVERTERS[n] = fn
-        return fn
-    return deco
+_reg = registrar(CONVERTERS)
 
 
 _BINARY = {"add": "Add", "subtract": "Sub", "multiply": "Mul", "divide": "Div", "power": "Pow",
