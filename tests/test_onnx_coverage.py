@@ -53,6 +53,8 @@ CASES = {
     "relax.nn.instance_norm": ([x4(), _v("g", (4,)), _v("b", (4,))],
                                lambda p: relax.op.nn.instance_norm(p[0], p[1], p[2], 1, [2, 3])),
     "relax.nn.pixel_shuffle": ([x4()], lambda p: relax.op.nn.pixel_shuffle(p[0], 2)),
+    "relax.nn.group_norm": ([x4(), _v("g", (4,)), _v("b", (4,))],
+                            lambda p: relax.op.nn.group_norm(p[0], p[1], p[2], 2, 1, [2, 3])),
 }
 
 

@@ -79,6 +79,10 @@ def test_every_peer_is_reported_with_its_time_or_why_not(one_model):
     if "seconds" in v["openvino-f32"]:  # OpenVINO asked for float32, whatever its default on this CPU
         assert v["openvino-f32"]["precision"] == "f32" and v["openvino-f32"]["max_abs_err"] < 1e-4
     assert v["pesto"]["peak_rss_mb"] > 0 and one_model["models"]["mlp"]["error"] is None
+    # the kept option's build-time measurement, and the blocks' time over it
+    m = one_model["models"]["mlp"]
+    kept = v["pesto"]["options_measured_s"][v["pesto"]["chosen"]]
+    assert m["held"] == pytest.approx(v["pesto"]["seconds"] / kept) and one_model["held_median"] == m["held"]
     assert v["torch-compile"]["error"].startswith("not asked for")
     assert v["ort-parallel"]["threads"] == "inter 2 / intra 1" and v["ort-1"]["threads"] == 1
 

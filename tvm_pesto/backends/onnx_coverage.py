@@ -54,7 +54,7 @@ UNCONVERTED: dict[str, str] = {
                      "relax.variance", "relax.image.resize3d", "relax.nn.adaptive_avg_pool1d",
                      "relax.nn.adaptive_avg_pool3d", "relax.nn.avg_pool1d", "relax.nn.avg_pool3d",
                      "relax.nn.max_pool1d", "relax.nn.max_pool3d", "relax.nn.conv1d_transpose",
-                     "relax.nn.conv2d_transpose", "relax.nn.conv3d", "relax.nn.group_norm", "relax.nn.rms_norm",
+                     "relax.nn.conv2d_transpose", "relax.nn.conv3d", "relax.nn.rms_norm",
                      "relax.nn.softplus"], _LATER),
 }
 

@@ -1,7 +1,7 @@
 """Relax -> ONNX converters of the ops that reorder, select or accumulate elements (``flip``,
 ``tile``, ``stack``, ``cumsum``, ``tril``/``triu``, ``argmax``/``argmin``, ``gather_elements``,
 ``gather_nd``, ``einsum``) and of the normalizations and activations that carry a per-channel
-tensor (``nn.prelu``, ``nn.instance_norm``, ``nn.pixel_shuffle``). :mod:`.onnx_ops` merges
+tensor (``nn.prelu``, ``nn.instance_norm``, ``nn.group_norm``, ``nn.pixel_shuffle``). :mod:`.onnx_ops` merges
 :data:`CONVERTERS` into the exporter's table; semantics follow TVM's legalization of each op.
 
 Examples
@@ -148,6 +148,34 @@ def _instance_norm(e: Exporter, call, out):
 
 
 PROBLEMS["relax.nn.instance_norm"] = _instance_norm_problem
+
+
+def _group_norm_problem(call) -> str | None:
+    rank, at = _rank(call, "group_norm input"), call.attrs
+    if int(at.channel_axis) % rank != 1 or sorted(a % rank for a in ints(at.axes)) != list(range(2, rank)):
+        return "group_norm over axes other than the spatial ones of NC..."
+    if not (bool(at.center) and bool(at.scale)):
+        return "group_norm without its scale or shift"
+    return None
+
+
+@_reg("relax.nn.group_norm")
+def _group_norm(e: Exporter, call, out):
+    """Opset 17 has no GroupNormalization: each group of channels normalized as one instance
+    (``InstanceNormalization`` over ``(N, G, rest)``), then the per-channel scale and shift."""
+    shp = tensor_shape(call.args[0].ty, "group_norm input")
+    g = int(call.attrs.num_groups)
+    grouped = e.one("Reshape", [e.tensor(call.args[0]), e.int64s([shp[0], g, -1])])
+    ones, zeros = e.init(np.ones(g, np.float32), "ones"), e.init(np.zeros(g, np.float32), "zeros")
+    normed = e.one("InstanceNormalization", [grouped, ones, zeros], epsilon=float(call.attrs.epsilon))
+    back = e.one("Reshape", [normed, e.int64s(list(shp))])
+    per_channel = e.int64s([-1] + [1] * (len(shp) - 2))
+    scale = e.one("Reshape", [e.tensor(call.args[1]), per_channel])
+    shift = e.one("Reshape", [e.tensor(call.args[2]), per_channel])
+    return e.one("Add", [e.one("Mul", [back, scale]), shift], out)
+
+
+PROBLEMS["relax.nn.group_norm"] = _group_norm_problem
 
 
 @_reg("relax.nn.pixel_shuffle")

@@ -186,7 +186,12 @@ def _pesto(mod, inputs, cluster: str, build_options: dict):
     with peak_rss(watched):
         placed = tvm_pesto.build(mod, cluster, **build_options)
     summary = placed.placement.summary() if placed.placement is not None else {}
-    info = {"cluster": cluster, "backend_mix": summary.get("backend_mix"),
+    decision = placed.decision or {}
+    # what the final choice measured of each option at build time, against the blocks later
+    # (issue 53, item 5: the kept option's blocks within 3 % of its build-time measurement)
+    measured = {o["name"]: o.get("measured_s") for o in decision.get("options", [])}
+    info = {"cluster": cluster, "backend_mix": summary.get("backend_mix"), "chosen": decision.get("chosen"),
+            "options_measured_s": measured,
             "devices_used": len(placed.devices_used), "decided_by": summary.get("decided_by"),
             "precision": "bf16" if "openvino-bf16" in str(build_options.get("backends", "")) else "f32", **watched}
     return (lambda: placed(*inputs)), info
@@ -276,7 +281,9 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
     dict
         ``variants.<name>``; ``best_peer`` and ``ratio_vs_best_peer`` (float32 peers),
         ``best_peer_all`` and ``ratio_vs_best_peer_all``; ``best_peer_bf16`` and
-        ``ratio_vs_best_peer_bf16`` (``pesto-bf16`` against a peer that ran bfloat16); ``build_s``, ``peak_rss_mb`` and
+        ``ratio_vs_best_peer_bf16`` (``pesto-bf16`` against a peer that ran bfloat16);
+        ``held``: the default build's time in the blocks over what its final choice measured
+        of the kept option at build time; ``build_s``, ``peak_rss_mb`` and
         ``max_abs_err`` of the default build; ``error``: None, or why the default build
         has no time; ``noise``.
     """
@@ -309,8 +316,9 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
         res[f"ratio_vs_{key}"] = (have[best] / ours) if best and ours else None
     res["noise"] = timing_noise({n: t["blocks_s"] for n, t in timed.items()})
     built = res["variants"].get("pesto", {})
+    at_build = (built.get("options_measured_s") or {}).get(built.get("chosen"))
     res.update(max_abs_err=built.get("max_abs_err"), build_s=built.get("build_s"), peak_rss_mb=built.get("peak_rss_mb"),
-               error=built.get("error"))
+               error=built.get("error"), held=built["seconds"] / at_build if at_build and "seconds" in built else None)
     return res
 
 
@@ -373,6 +381,7 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
         ``models.<name>`` (:func:`bench_model`), ``geomean_vs_best_peer``,
         ``worst_vs_best_peer``, ``geomean_vs_best_peer_all``, ``worst_vs_best_peer_all``,
         ``max_abs_err``, ``build_s_median``, ``build_s_max``, ``peak_rss_mb_max``,
+        ``held_median`` and ``held_worst`` (the rows' ``held``, the farthest from 1),
         ``failed`` (names of the models without a time), ``overhead_median_s``
         (:func:`one_unit_overhead`, median over the models; with ``overhead``), ``noise``
         (:func:`~tvm_pesto.bench.report.timing_noise` over every model's variants),
@@ -422,6 +431,9 @@ def summarize(rows: dict) -> dict:
     out["build_s_max"] = max(builds) if builds else None
     rss = [m["peak_rss_mb"] for m in ms if m.get("peak_rss_mb") is not None]
     out["peak_rss_mb_max"] = max(rss) if rss else None
+    held = [m["held"] for m in ms if m.get("held")]
+    out["held_median"] = float(np.median(held)) if held else None
+    out["held_worst"] = max(held, key=lambda h: abs(np.log(h))) if held else None
     out["failed"] = sorted(n for n, m in rows.items() if m.get("error"))
     out["noise"] = timing_noise({f"{n}/{k}": v["blocks_s"] for n, m in rows.items()
                                  for k, v in m["variants"].items() if "blocks_s" in v})
@@ -459,6 +471,9 @@ def markdown(res: dict) -> str:
     if res.get("build_s_median") is not None:
         lines.append(f"build: median {res['build_s_median']:.1f} s, max {res['build_s_max']:.1f} s; "
                      f"peak resident memory of a build: {res['peak_rss_mb_max']:.0f} MB")
+    if res.get("held_median") is not None:
+        lines.append(f"the kept option in the blocks over its build-time measurement: median {res['held_median']:.3f}, "
+                     f"farthest {res['held_worst']:.3f}")
     for m in res.get("failed", []):
         lines.append(f"{m}: {res['models'][m]['error']}")
     if res.get("noise"):
