@@ -284,7 +284,8 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
         ``ratio_vs_best_peer_bf16`` (``pesto-bf16`` against a peer that ran bfloat16);
         ``held``: the default build's time in the blocks over what its final choice measured
         of the kept option at build time; ``build_s``, ``peak_rss_mb`` and
-        ``max_abs_err`` of the default build; ``error``: None, or why the default build
+        ``max_abs_err`` of the default build (``output_scale``: the reference's largest
+        magnitude); ``error``: None, or why the default build
         has no time; ``noise``.
     """
     with tempfile.TemporaryDirectory(prefix="pesto-peers-") as tmp:
@@ -295,7 +296,9 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
     by_name = {v.name: v for v in variants}
     refs = [n for n in ("torch", "ort") if by_name[n].error is None]
     ref = by_name[refs[0]].output if refs else None
-    res: dict = {"variants": {}, "reference": refs[0] if refs else None}
+    res: dict = {"variants": {}, "reference": refs[0] if refs else None,
+                 # errors read against it: a random-weight network's outputs can reach 1e7
+                 "output_scale": float(np.max(np.abs(ref.astype(np.float64)))) if ref is not None and ref.size else None}
     for v in variants:
         rec = {"build_s": round(v.build_s, 3), **v.info}
         if v.error:
