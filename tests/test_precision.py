@@ -42,3 +42,18 @@ def test_build_and_place_take_precision():
     assert "openvino-bf16" in {c.backend for c in pl.candidates}
     placed = tvm_pesto.build(mod, "cpu:1", costs="roofline", measure_final=False, precision="bf16")
     assert "openvino-bf16" in {c.backend for c in placed.placement.candidates}
+
+
+def test_the_pass_in_tvm_compile_takes_precision():
+    import tvm
+
+    from tvm_pesto.api import PlacementPass
+
+    mod, _ = tiny_mlp()
+    p = PlacementPass("cpu:1", costs="roofline", measure_final=False, deterministic=True, precision="bf16")
+    if not BF16_OK:
+        with pytest.raises(PestoError, match="bfloat16"):
+            tvm.transform.Sequential([p])(mod)
+        return  # the error is the answer on a CPU without bfloat16 units
+    tvm.transform.Sequential([p])(mod)
+    assert "openvino-bf16" in {c.backend for c in p.last_placement.candidates}
