@@ -126,3 +126,8 @@ def test_calls_an_op_converter_cannot_take_exactly_are_refused_with_the_op_left_
     assert not supports_call(call)
     _, call = _func([x], lambda p: relax.op.cumsum(p[0], axis=0, dtype="int64"))  # into another dtype
     assert not supports_call(call)
+    g, b = _v("g", (4,)), _v("b", (4,))
+    _, call = _func([x4(), g, b], lambda p: relax.op.nn.instance_norm(p[0], p[1], p[2], 1, [2]))  # one spatial axis
+    assert not supports_call(call)
+    _, call = _func([x4(), g, b], lambda p: relax.op.nn.group_norm(p[0], p[1], p[2], 2, 1, [2, 3], center=False))
+    assert not supports_call(call)

@@ -132,12 +132,15 @@ def _prelu(e: Exporter, call, out):
     return e.one("PRelu", [e.tensor(call.args[0]), slope], out)
 
 
-def _instance_norm_problem(call) -> str | None:
-    rank, at = _rank(call, "instance_norm input"), call.attrs
+def _spatial_norm_problem(call) -> str | None:
+    """Why an ``instance_norm`` or ``group_norm`` call has no exact ONNX form: normalized over
+    other axes than the spatial ones of ``NC...``, or without its scale or shift."""
+    op = call.op.name.removeprefix("relax.nn.")
+    rank, at = _rank(call, f"{op} input"), call.attrs
     if int(at.channel_axis) % rank != 1 or sorted(a % rank for a in ints(at.axes)) != list(range(2, rank)):
-        return "instance_norm over axes other than the spatial ones of NC..."
+        return f"{op} over axes other than the spatial ones of NC..."
     if not (bool(at.center) and bool(at.scale)):
-        return "instance_norm without its scale or shift"
+        return f"{op} without its scale or shift"
     return None
 
 
@@ -147,16 +150,7 @@ def _instance_norm(e: Exporter, call, out):
                  out, epsilon=float(call.attrs.epsilon))
 
 
-PROBLEMS["relax.nn.instance_norm"] = _instance_norm_problem
-
-
-def _group_norm_problem(call) -> str | None:
-    rank, at = _rank(call, "group_norm input"), call.attrs
-    if int(at.channel_axis) % rank != 1 or sorted(a % rank for a in ints(at.axes)) != list(range(2, rank)):
-        return "group_norm over axes other than the spatial ones of NC..."
-    if not (bool(at.center) and bool(at.scale)):
-        return "group_norm without its scale or shift"
-    return None
+PROBLEMS["relax.nn.instance_norm"] = _spatial_norm_problem
 
 
 @_reg("relax.nn.group_norm")
@@ -175,7 +169,7 @@ def _group_norm(e: Exporter, call, out):
     return e.one("Add", [e.one("Mul", [back, scale]), shift], out)
 
 
-PROBLEMS["relax.nn.group_norm"] = _group_norm_problem
+PROBLEMS["relax.nn.group_norm"] = _spatial_norm_problem
 
 
 @_reg("relax.nn.pixel_shuffle")

@@ -143,8 +143,9 @@ def _caps(cs, native: list, costs) -> list:
     """Per candidate of ``native``: :data:`SLOW_FACTOR` times the least measured cost of a
     library candidate whose nodes hold all of its nodes (None where none does)."""
     by_node: dict = {}
+    skip = set(native)
     for j, c in enumerate(cs):
-        if j not in native and np.isfinite(costs[j]):
+        if j not in skip and np.isfinite(costs[j]):
             for v in c.nodes:
                 by_node.setdefault(v, []).append(j)
     caps = []
