@@ -181,7 +181,7 @@ LAYERS = {
     "solve": 5,
     "builder": 6,
     "run": 7,
-    "decide": 8, "decision": 8, "claim": 8, "api": 8, "train": 8,  # train builds a step and places it with api
+    "placing": 8, "choose": 8, "api": 8, "train": 8,  # api -> choose -> placing; train builds a step and places it with api
     "cli": 9, "bench": 9,
 }
 #: (importing package, imported module): why it may point up a layer. The list only shrinks

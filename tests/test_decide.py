@@ -1,4 +1,4 @@
-"""The final choice (:mod:`tvm_pesto.decide`): the flow's plan timed against its alternatives."""
+"""The final choice (:mod:`tvm_pesto.choose`): the flow's plan timed against its alternatives."""
 import dataclasses
 from types import SimpleNamespace
 
@@ -7,7 +7,8 @@ import pytest
 from fake_clock import FakeClock
 
 import tvm_pesto
-from tvm_pesto import decide
+from tvm_pesto import choose
+from tvm_pesto.choose import measure, options
 from tvm_pesto.api import build_placement, cost_candidates, place_from_costs
 from tvm_pesto.candidates.examples import reference_output, tiny_mlp
 from tvm_pesto.cluster import parse_cluster
@@ -39,7 +40,7 @@ def test_every_option_is_built_timed_and_the_fastest_kept(chosen):
     fastest = min(timed, key=timed.get)
     if d["chosen"] != fastest:  # only a library call within PREFER_LIBRARY of the fastest, said so
         assert len(placed.plan.units) == 1 and d["runoff"]["library_kept"].startswith(d["chosen"])
-        assert timed[d["chosen"]] <= timed[fastest] * (1 + decide.PREFER_LIBRARY)
+        assert timed[d["chosen"]] <= timed[fastest] * (1 + measure.PREFER_LIBRARY)
     kept = next(o for o in d["options"] if o["name"] == d["chosen"])
     assert placed.cluster.name == kept["cluster"] and placed.cluster.num_devices == kept["devices"]
     assert placed.plan.solver.startswith("library:") == d["chosen"].startswith("library:")
@@ -88,14 +89,14 @@ def test_a_library_plan_the_flow_chose_is_not_weighed_twice():
 
     pl = onnxruntime_whole(parse_cluster("cpu:2"))
     assert len(pl.plan.units) == 1 and list(pl.plan.assignment) == [0]
-    names = [o.name for o in decide.options(pl, pl.joint.cluster, onnxruntime_whole)]
+    names = [o.name for o in options.make_options(pl, pl.joint.cluster, onnxruntime_whole(options.one_device_cluster()))]
     # the plan is ONNX Runtime on cpu0 and the one-device plan ONNX Runtime on both cores: they stand for both
     assert names == ["plan", "one-device"]
 
 
 @pytest.mark.slow
 def test_the_decision_prints_as_a_table(chosen):
-    text = decide.decision_table(chosen[0].decision)
+    text = choose.decision_table(chosen[0].decision)
     assert "(kept)" in text and "library:onnxruntime" in text and "one-device" in text
 
 
@@ -108,32 +109,32 @@ def test_off_keeps_the_flow_plan_and_says_so():
 
 
 def test_a_cluster_not_of_this_machine_is_not_measured():
-    assert "not this machine's CPU cores" in decide.why_not_measured(parse_cluster("4xV100-pcie"))
-    assert decide.why_not_measured(parse_cluster("cpu:2")) is None
+    assert "not this machine's CPU cores" in options.why_not_measured(parse_cluster("4xV100-pcie"))
+    assert options.why_not_measured(parse_cluster("cpu:2")) is None
 
 
 def test_the_environment_switch(monkeypatch):
-    monkeypatch.setenv(decide.MEASURE_ENV, "0")
-    assert decide.measure_final_default() is False
-    monkeypatch.setenv(decide.MEASURE_ENV, "1")
-    assert decide.measure_final_default() is True
-    monkeypatch.setenv(decide.MEASURE_ENV, "maybe")
+    monkeypatch.setenv(options.MEASURE_ENV, "0")
+    assert options.measure_final_default() is False
+    monkeypatch.setenv(options.MEASURE_ENV, "1")
+    assert options.measure_final_default() is True
+    monkeypatch.setenv(options.MEASURE_ENV, "maybe")
     with pytest.raises(PestoError, match="TVM_PESTO_MEASURE_FINAL is 'maybe'"):
-        decide.measure_final_default()
+        options.measure_final_default()
 
 
 @pytest.mark.slow
 def test_an_alternative_that_fails_is_reported_and_the_plan_that_fails_raises():
     mod, (x,) = tiny_mlp()
     pl = tvm_pesto.place(mod, "cpu:2", costs="roofline")
-    opts = decide.options(pl, pl.joint.cluster, lambda c: tvm_pesto.place(mod, c, costs="roofline"))
+    opts = options.make_options(pl, pl.joint.cluster, tvm_pesto.place(mod, options.one_device_cluster(), costs="roofline"))
 
     def build(o):
         if o.name == "one-device":
             raise RuntimeError("no such luck")
         return build_placement(o.placement, o.cluster)
 
-    placed, d = decide.choose(opts, build, [x], budget_s=0.3)
+    placed, d = measure.choose(opts, build, [x], budget_s=0.3)
     failed = next(o for o in d["options"] if o["name"] == "one-device")
     assert failed["error"] == "RuntimeError: no such luck" and "measured_s" not in failed
     assert d["chosen"] != "one-device"
@@ -142,7 +143,7 @@ def test_an_alternative_that_fails_is_reported_and_the_plan_that_fails_raises():
         raise RuntimeError("the plan itself")
 
     with pytest.raises(RuntimeError, match="the plan itself"):
-        decide.choose(opts, broken, [x], budget_s=0.3)
+        measure.choose(opts, broken, [x], budget_s=0.3)
 
 
 def test_a_whole_model_library_plan_is_called_through_the_library_itself(tmp_path):
@@ -152,7 +153,7 @@ def test_a_whole_model_library_plan_is_called_through_the_library_itself(tmp_pat
 
     mod, (x,) = tiny_mlp()
     pl = tvm_pesto.place(mod, "cpu:1", costs="roofline")
-    lp = decide.whole_model_placement(pl, "onnxruntime", pl.joint.cluster)
+    lp = options.whole_model_placement(pl, "onnxruntime", pl.joint.cluster)
     placed = build_placement(lp, pl.joint.cluster)
     step = placed._direct[0]
     assert step.extern.startswith("pesto.onnxruntime.")
@@ -183,9 +184,11 @@ def _spin(seconds):
     return CLOCK.call(seconds)
 
 
-def _choose(opts, build, inputs, **kw):
-    """:func:`decide.choose` on the fake clock."""
-    return decide.choose(opts, build, inputs, clock=CLOCK, **kw)
+def _choose(opts, build, inputs, resolve=None, **kw):
+    """:func:`measure.choose` on the fake clock, then the claim (:func:`choose.certify_kept`)."""
+    placed, d = measure.choose(opts, build, inputs, clock=CLOCK, **kw)
+    choose.certify_kept(opts, d, resolve)
+    return placed, d
 
 
 def _options(times, bounds=None, predicted=None):
@@ -200,7 +203,7 @@ def _options(times, bounds=None, predicted=None):
         info = {"bound_s": bounds[n], "decided_by": "relaxed-ilp (= heft)"} if n in bounds else {}
         return SimpleNamespace(backend_mix={}, plan=SimpleNamespace(info=info, solve_s=0.25),
                                sim=SimpleNamespace(makespan=t))
-    opts = [decide.Option(n, cluster, placement(n, predicted[n]), predicted[n]) for n in times]
+    opts = [options.Option(n, cluster, placement(n, predicted[n]), predicted[n]) for n in times]
     return opts, (lambda o: _spin(times[o.name]))
 
 
@@ -208,16 +211,16 @@ def test_a_near_tie_runs_off_and_keeps_the_library_call():
     opts, build = _options({"plan": 1e-3, "library:onnxruntime": 1e-3})
     fn, d = _choose(opts, build, [], budget_s=0.2)
     assert set(d["runoff"]["options"]) == {"plan", "library:onnxruntime"}
-    assert d["runoff"]["blocks"] == 2 + decide.RUNOFF_ROUNDS
+    assert d["runoff"]["blocks"] == 2 + measure.RUNOFF_ROUNDS
     # the same call twice: within PREFER_LIBRARY of each other, so the library call is kept
     assert d["chosen"] == "library:onnxruntime"
-    assert "runoff of" in decide.decision_table(d)
+    assert "runoff of" in choose.decision_table(d)
 
 
 def _fixed_times(monkeypatch, times):
     """Every timing in blocks gives each option ``times[name]`` (the order of near-equal spins
     is up to the machine's load; the rule under test is not)."""
-    monkeypatch.setattr(decide, "_time", lambda built, *a, **k: {
+    monkeypatch.setattr(measure, "_time", lambda built, *a, **k: {
         n: {"s": times[n], "blocks_s": [times[n]], "calls": 5} for n in built})
 
 
@@ -243,7 +246,7 @@ def test_a_flow_plan_of_one_library_unit_is_kept_over_a_near_tied_plan_of_severa
     _fixed_times(monkeypatch, times)
     _, d = _choose(opts, build, [], budget_s=0.2)
     assert d["chosen"] == "one-device" and d["runoff"]["library_kept"].startswith("one-device is within 3%")
-    assert decide.library_call(opts[1]) and not decide.library_call(opts[0])
+    assert options.library_call(opts[1]) and not options.library_call(opts[0])
 
 
 def test_a_two_speed_option_is_judged_by_its_best_block_over_every_pass(monkeypatch):
@@ -251,8 +254,8 @@ def test_a_two_speed_option_is_judged_by_its_best_block_over_every_pass(monkeypa
     # from the runoff on; the one-thread option is steady at 1.15 ms. The runoff takes both (within
     # RUNOFF); compared by their best blocks the two-thread call is kept. A median over the
     # passes (2 slow blocks, 4 fast) would keep it too; one over the first pass only would not.
-    passes, timed = [], decide._time
-    monkeypatch.setattr(decide, "_time", lambda built, *a, **k: passes.append(set(built)) or timed(built, *a, **k))
+    passes, timed = [], measure._time
+    monkeypatch.setattr(measure, "_time", lambda built, *a, **k: passes.append(set(built)) or timed(built, *a, **k))
 
     def spin(name):
         if name == "plan":
@@ -271,7 +274,7 @@ def test_an_option_is_never_judged_by_another_statistic_than_the_others(monkeypa
     # one lucky block: the runoff's options are judged by their best block, as are the options
     # left out of it (a median for some and a best for others once kept a slower option)
     blocks = {"plan": [1e-3, 1.6e-3], "library:onnxruntime": [1.05e-3, 1.05e-3], "library:openvino": [1.2e-3]}
-    monkeypatch.setattr(decide, "_time", lambda built, *a, **k: {
+    monkeypatch.setattr(measure, "_time", lambda built, *a, **k: {
         n: {"s": min(blocks[n]), "blocks_s": list(blocks[n]), "calls": 5} for n in built})
     opts, build = _options({n: 1e-5 for n in blocks})
     _, d = _choose(opts, build, [], budget_s=0.2)
@@ -361,9 +364,9 @@ def _priced_options(times, predicted):
         return SimpleNamespace(backend_mix={u.backend: len(u.nodes) for u in units}, plan=plan, sim=SimpleNamespace(makespan=predicted[n]),
                                candidates=cands, costs=SimpleNamespace(table=np.array([[0.1e-3], [1e-3], [1e-3]])))
     flow = placement("plan", [cands[0], cands[1]], {"bound_s": 0.5e-3, "decided_by": "relaxed-ilp (= heft)"})
-    opts = [decide.Option("plan", cluster, flow, predicted["plan"]),
-            decide.Option("library:onnxruntime", cluster, placement("library:onnxruntime", [cands[1]]), 1e-3),
-            decide.Option("library:openvino", cluster, placement("library:openvino", [cands[2]]), 1e-3)]
+    opts = [options.Option("plan", cluster, flow, predicted["plan"]),
+            options.Option("library:onnxruntime", cluster, placement("library:onnxruntime", [cands[1]]), 1e-3),
+            options.Option("library:openvino", cluster, placement("library:openvino", [cands[2]]), 1e-3)]
     return opts, (lambda o: _spin(times[o.name]))
 
 
@@ -411,7 +414,7 @@ def test_a_priced_solve_that_fails_leaves_no_claim_and_says_why():
         raise PestoError("no plan fits")
     _, d = _choose(opts, build, [], budget_s=0.2, resolve=resolve)
     assert d["claim"] is None and "no plan fits" in d["claim_error"]
-    assert "no claim: the cpu:1 shape could not be solved again" in decide.decision_table(d)
+    assert "no claim: the cpu:1 shape could not be solved again" in choose.decision_table(d)
 
 
 def test_a_plan_measured_far_over_its_prediction_lifts_no_bound():
@@ -453,10 +456,10 @@ def test_an_option_far_slower_than_the_rest_is_timed_by_its_quick_calls():
     assert calls["plan"] == 3 and by["plan"]["timed_once"] == "quick calls"
     assert by["plan"]["measured_s"] == pytest.approx(150e-3)
     # over DROP x the fastest quick call: closed after its first and QUICK_CALLS quick calls
-    assert calls["library:tvm"] == 1 + decide.QUICK_CALLS and by["library:tvm"]["timed_once"] == "quick calls"
+    assert calls["library:tvm"] == 1 + measure.QUICK_CALLS and by["library:tvm"]["timed_once"] == "quick calls"
     # within DROP of the fastest: timed in blocks
     assert d["chosen"] == "library:onnxruntime" and "timed_once" not in by["library:openvino"]
-    assert "plan (quick calls)" in decide.decision_table(d)
+    assert "plan (quick calls)" in choose.decision_table(d)
 
 
 def test_an_option_far_slower_than_the_fastest_is_closed_before_the_next_is_built():
@@ -486,7 +489,7 @@ def test_closing_an_option_releases_only_the_units_no_live_option_calls(monkeypa
     # a PlacementPass module calls its units by their registered names: a unit the kept plan
     # shares with a closed option stays registered; the closed option's own unit is let go
     released = []
-    monkeypatch.setattr(decide, "get_backend", lambda name: SimpleNamespace(release=released.extend))
+    monkeypatch.setattr(measure, "get_backend", lambda name: SimpleNamespace(release=released.extend))
     unit = SimpleNamespace(backend="onnxruntime")
     times = {"plan": 1e-3, "library:onnxruntime": 4e-3}
     units = {"plan": {"shared": unit, "plan-only": unit}, "library:onnxruntime": {"shared": unit, "lib-only": unit}}
@@ -507,7 +510,7 @@ def test_closing_an_option_releases_only_the_units_no_live_option_calls(monkeypa
 
 
 def test_at_most_max_live_options_are_held_at_once_and_the_plan_may_go_too(monkeypatch):
-    monkeypatch.setattr(decide, "MAX_LIVE", 2)
+    monkeypatch.setattr(measure, "MAX_LIVE", 2)
     times = {"plan": 1.3e-3, "one-device": 1.2e-3, "library:onnxruntime": 1e-3, "library:openvino": 1.1e-3}
     opts, build = _options(times)
     _, d = _choose(opts, build, [], budget_s=0.2)
@@ -521,7 +524,7 @@ def test_at_most_max_live_options_are_held_at_once_and_the_plan_may_go_too(monke
 def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch):
     # a first call over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call is the
     # option's time: an untuned build of a large model is not called twice for a minute each
-    monkeypatch.setattr(decide, "RUNAWAY_FIRST_S", 0.05)
+    monkeypatch.setattr(measure, "RUNAWAY_FIRST_S", 0.05)
     opts, build = _options({"plan": 0.5e-3, "library:tvm": 0.2}, predicted={"library:tvm": 1e-3})  # mispredicted
     calls = {"library:tvm": 0}
     _, d = _choose(opts, _counting(build, calls), [], budget_s=0.2)
@@ -534,7 +537,7 @@ def test_a_library_option_predicted_to_run_away_is_not_run(monkeypatch):
     # predicted over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call: neither built
     # nor called (untuned TVM at size full: a minute a call), and the decision says why; a flow's
     # plan predicted as slow still runs, and a library option predicted under the limit runs
-    monkeypatch.setattr(decide, "RUNAWAY_FIRST_S", 0.05)
+    monkeypatch.setattr(measure, "RUNAWAY_FIRST_S", 0.05)
     opts, build = _options({"plan": 1e-3, "one-device": 2e-3, "library:tvm": 0.3, "library:onnxruntime": 0.8e-3},
                            predicted={"plan": 0.1, "one-device": 0.5, "library:onnxruntime": 0.04, "library:tvm": 0.15})
     calls = {n: 0 for n in ("one-device", "library:tvm", "library:onnxruntime")}
@@ -544,7 +547,7 @@ def test_a_library_option_predicted_to_run_away_is_not_run(monkeypatch):
     assert "library:tvm" not in built and calls["library:tvm"] == 0 and "measured_s" not in by["library:tvm"]
     assert by["library:tvm"]["skipped"].startswith("not run: predicted 0.15 s a call, over 10x the fastest first call")
     assert calls["one-device"] > 1 and calls["library:onnxruntime"] > 1 and d["chosen"] == "library:onnxruntime"
-    assert "library:tvm" in decide.decision_table(d) and "not run: predicted" in decide.decision_table(d)
+    assert "library:tvm" in choose.decision_table(d) and "not run: predicted" in choose.decision_table(d)
     assert d["claim"] is None or d["claim"]["kept_s"] == by["library:onnxruntime"]["measured_s"]
 
 
@@ -555,8 +558,8 @@ def test_a_library_option_predicted_far_slower_than_the_best_prediction_is_not_b
     # plan, which here predicts far under them all
     best = 1e-3
     opts, build = _options({"plan": best, "library:onnxruntime": best, "library:tvm": 2e-3, "library:openvino": 2e-3},
-                           predicted={"plan": best / 100, "library:tvm": decide.PREDICTED_SLOW * best,
-                                      "library:openvino": 0.99 * decide.PREDICTED_SLOW * best})
+                           predicted={"plan": best / 100, "library:tvm": measure.PREDICTED_SLOW * best,
+                                      "library:openvino": 0.99 * measure.PREDICTED_SLOW * best})
     built = []
     _, d = _choose(opts, lambda o: built.append(o.name) or build(o), [], budget_s=0.2)
     by = {o["name"]: o for o in d["options"]}
@@ -567,15 +570,15 @@ def test_a_library_option_predicted_far_slower_than_the_best_prediction_is_not_b
 
 def _recording_solves(monkeypatch):
     """Record each ``place_from_costs`` call of a build: its time limit and the seconds it solved."""
-    from tvm_pesto import api
+    from tvm_pesto import placing
 
-    calls, inner = [], api.place_from_costs
+    calls, inner = [], placing.place_from_costs
 
     def record(costed, *a, time_limit_s=30.0, **k):
         pl = inner(costed, *a, time_limit_s=time_limit_s, **k)
         calls.append((time_limit_s, pl.plan.solve_s))
         return pl
-    monkeypatch.setattr(api, "place_from_costs", record)
+    monkeypatch.setattr(placing, "place_from_costs", record)
     return calls
 
 
@@ -604,25 +607,25 @@ def test_deterministic_budgets_give_each_solve_the_whole_limit(monkeypatch):
 
 
 def test_place_keeps_a_share_of_its_limit_for_the_split_check(monkeypatch):
-    from tvm_pesto import api
+    from tvm_pesto import placing
     from tvm_pesto.solve import split
 
-    limits, inner, clock = [], api.solve_joint, FakeClock()
-    monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=clock))  # place's clock: each solve takes 1.5 s
+    limits, inner, clock = [], placing.solve_joint, FakeClock()
+    monkeypatch.setattr(placing, "time", SimpleNamespace(perf_counter=clock))  # place's clock: each solve takes 1.5 s
 
     def timed(jp, **k):
         limits.append(k["time_limit_s"])
         out = inner(jp, **k)
         clock.now += 1.5
         return out
-    monkeypatch.setattr(api, "solve_joint", timed)
+    monkeypatch.setattr(placing, "solve_joint", timed)
     mod, _ = tiny_mlp()
-    pl = api.place(mod, "cpu:2", costs="roofline", time_limit_s=6.0)
+    pl = placing.place(mod, "cpu:2", costs="roofline", time_limit_s=6.0)
     assert len(limits) >= 2 and limits[0] == pytest.approx(6.0 * (1 - split.SINGLE_SHARE))
     for k, limit in enumerate(limits[1:], 1):  # the single-device plans: shares of what the solves before left
         assert limit <= max(1.0, 6.0 - 1.5 * k) + 1e-9
     assert pl.plan.solve_s == pytest.approx(1.5 * len(limits))  # every solve, counted once
-    api.place(mod, "cpu:1", costs="roofline", time_limit_s=6.0)  # one device: no split check, the whole limit
+    placing.place(mod, "cpu:1", costs="roofline", time_limit_s=6.0)  # one device: no split check, the whole limit
     assert limits[-1] == 6.0
 
 
@@ -645,7 +648,7 @@ def test_an_option_that_computes_another_model_is_left_out_however_fast():
     by = {o["name"]: o for o in d["options"]}
     assert d["chosen"] == "library:onnxruntime" and "measured_s" not in by["plan"]
     assert by["plan"]["error"].startswith("wrong numerics: max abs err 0.4 against TVM's build of the model")
-    assert "wrong numerics" in decide.decision_table(d) and "measured_s" in by["library:onnxruntime"]
+    assert "wrong numerics" in choose.decision_table(d) and "measured_s" in by["library:onnxruntime"]
 
 
 def test_reduced_precision_is_held_to_its_own_tolerance_and_nothing_is_checked_without_tvms_build():

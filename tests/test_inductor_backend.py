@@ -99,7 +99,7 @@ def test_candidates_are_regions_costed_as_torch():
 def test_whole_model_is_one_inductor_unit_matching_tvm():
     """``place(..., backends=["inductor"])`` then the whole model as one Inductor unit: built
     (compiled at build time, its seconds recorded) and run by the placed module within 1e-4."""
-    from tvm_pesto.decide import whole_model_placement
+    from tvm_pesto.choose import whole_model_placement
 
     mod, (x,) = tiny_cnn()
     ref = _reference(mod, [x])

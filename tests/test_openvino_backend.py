@@ -281,7 +281,7 @@ def test_build_runs_a_whole_tiny_model_in_openvino():
     """``build(mod, "cpu:1", backends=["openvino"])``: the whole model as one OpenVINO unit is
     an option that builds, runs and is timed, and the model built as that unit computes the
     reference."""
-    from tvm_pesto.decide import whole_model_placement
+    from tvm_pesto.choose import whole_model_placement
 
     mod, (x,) = tiny_cnn()
     ref = _reference(mod, [x])

@@ -14,7 +14,7 @@ import tvm_pesto  # noqa: E402
 from tvm_pesto.api import build_placement, place  # noqa: E402
 from tvm_pesto.candidates.examples import tiny_mlp  # noqa: E402
 from tvm_pesto.cluster.specs import cpu_cluster  # noqa: E402
-from tvm_pesto.decide import whole_model_placement  # noqa: E402
+from tvm_pesto.choose import whole_model_placement  # noqa: E402
 from tvm_pesto.errors import ExecutionError  # noqa: E402
 from tvm_pesto.plan import Plan  # noqa: E402
 from tvm_pesto.run.torch_io import from_torch  # noqa: E402

@@ -1,10 +1,12 @@
-"""The one flow: analyze -> candidates -> costs -> solve -> lower + build -> run.
+"""The one flow: analyze -> candidates -> costs -> solve -> choose -> build -> run.
 
 Every entry point walks it: :func:`build` (Python), :class:`PlacementPass` (inside a TVM
-compile flow), and the CLI verbs ``demo``, ``run`` and ``place``. :func:`place` is
-:func:`cost_candidates` (candidates and their costs) then :func:`place_from_costs` (solve,
-hybrid rounds, split decision); callers that solve one cost table several times (``place
---solver all``, the benchmarks' restricted tables) call the two halves. ``backends`` says which
+compile flow), and the CLI verbs ``demo``, ``run`` and ``place``. :func:`build` is
+:func:`place` (:mod:`tvm_pesto.placing`: candidates, costs, solve) then the final choice
+(:func:`tvm_pesto.choose.final.final_choice`: the options measured, the fastest built);
+:func:`place` is :func:`cost_candidates` then :func:`place_from_costs`, which callers that
+solve one cost table several times (``place --solver all``, the benchmarks' restricted tables)
+call apart. This module is the public face of those stages. ``backends`` says which
 backends compete for each subgraph: ``"all"`` (every backend available on the cluster's
 devices, the default), ``"tvm"`` (TVM's fusion groups only: placement without backend
 choice), or a list of names (``tvm`` is always kept: it covers every op).
@@ -26,323 +28,22 @@ True
 """
 from __future__ import annotations
 
-import dataclasses
-import time
-from dataclasses import dataclass
-
-import numpy as np
 import tvm
 
-from . import decide
-from .builder.placed import PlacedModule
+from .builder.placed import PlacedModule, build_placement
 from .builder.program import legalize_on_devices
 from .builder.rewrite import apply_plan
-from .candidates import placement_candidates
-from .candidates.flow import backend_names, make_candidates, with_precision
-from .cluster import Cluster, as_cluster
-from .costs import CostTable, candidate_costs
-from .costs.build_time import estimate as estimate_build_s
-from .costs.hybrid import Hybrid, plan_units_to_measure
-from .costs.machine import calibrate_machine, needs_fit
-from .costs.xgb import load_model
+from .candidates.flow import backend_names, make_candidates
+from .choose import skip_reason
+from .choose.final import final_choice
+from .cluster import as_cluster
+from .costs.machine import calibrate_machine
 from .errors import PestoError
 from .graph.analysis import Analysis, analyze
-from .models import random_inputs
-from .plan import JointProblem, Plan, simulate
+from .placing import CostedCandidates, Request, cost_candidates, estimate_costs, place, place_from_costs
+from .plan import Plan
 from .plan.placement import Placement, solver_gap, solver_status
-from .plan.simulate import HOME_DEVICE
-from .run.dispatch import machine_dispatch
-from .solve import budget, split
-from .solve.build_budget import solve_within
-from .solve.joint import MIN_ILP_S, solve_joint
-
-
-def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None, progress=None,
-                   calibrate: bool = True) -> tuple[np.ndarray, str]:
-    """``[groups, devices]`` seconds of the fusion groups, and the source really used.
-
-    The costs of placement alone: :func:`tvm_pesto.costs.candidate_costs` on the ``tvm``
-    candidates (one per fusion group).
-    """
-    cluster = as_cluster(cluster)
-    if calibrate:
-        _fit_machine_if_needed(cluster, source)
-    ct = candidate_costs(placement_candidates(analysis.rg, analysis.groups), cluster, source,
-                         cache=cache, progress=progress, calibrate=calibrate)
-    return ct.table, ct.source
-
-
-def _machine_constants(cluster: Cluster, executor: str) -> None:
-    """Before the first plan of a cluster of this machine's CPU devices, give it the
-    executor's links, dispatch and contention fitted here (kept per machine; fitted now when
-    none is kept, :func:`tvm_pesto.run.dispatch.machine_dispatch`); other clusters get the
-    assumed figures, which their reports name as assumed."""
-    machine_dispatch(cluster, executor)
-
-
-def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
-    """Before the first ``xgb``/``hybrid`` costs on a local CPU device size this machine has
-    no calibration for, fit one (:func:`tvm_pesto.costs.machine.needs_fit`)."""
-    if source not in ("xgb", "hybrid"):
-        return
-    try:
-        cm = load_model()
-    except (ImportError, PestoError):  # no xgboost or no model: the cost source says so, with its fix
-        return
-    if needs_fit(cm, cluster):
-        calibrate_machine(cluster, cm, announce=True)
-
-
-#: ``costs="hybrid"`` in :func:`place`: the share of the measuring budget spent on the close
-#: calls of the predictions (:meth:`tvm_pesto.costs.hybrid.Hybrid.measure_stakes`); the rest goes to
-#: rounds that measure the plan's own predicted units and plan again (at most this many).
-HYBRID_STAKE_SHARE = 1 / 3
-HYBRID_MAX_ROUNDS = 8
-
-
-def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs="auto", cache=None, progress=None,
-          time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
-          colocate: list[list[int]] | None = None, split_margin: float | None = None, executor: str = "thread",
-          max_build_s: float | None = None, precision: str = "fp32", **solver_options) -> Placement:
-    """Decide backend, device and order for every subgraph of a module.
-
-    Parameters
-    ----------
-    mod_or_analysis : tvm.IRModule or Analysis
-    cluster : Cluster or str
-        e.g. ``"cpu:2"``, ``"4xV100-pcie"``, a JSON file.
-    backends : "all", "tvm", or list of str
-    solver : str
-        ``auto`` (default: every heuristic, then the joint ILPs decide and prove a bound;
-        ``plan.info["decided_by"]``, ``solver_status``, ``solver_gap``) or one placement solver
-        (``heft``, ``m-etf``, ``m-sct``, ``m-topo``, ``single``, ``ilp``).
-    costs : {"auto", "measured", "xgb", "roofline", "hybrid"}, ndarray or CostTable
-        The cost source, or a ready ``[candidates, devices]`` table (a
-        :class:`~tvm_pesto.costs.CostTable` keeps its source, and so its split margin) for
-        the candidates this call generates. ``hybrid`` predicts every candidate, measures the close calls
-        with a third of its budget (:mod:`tvm_pesto.costs.hybrid`), then measures the
-        plan's units that are still predictions and plans again until the plan is
-        measured or the budget (1 in 25 distinct candidates) is spent; the cost table's
-        ``hybrid["rounds"]`` lists what each round measured.
-    time_limit_s, search_s
-        Solving budget and joint local-search budget (:func:`tvm_pesto.solve.joint.solve_joint`).
-        With wall-clock budgets ``time_limit_s`` bounds all the solving of this call: the
-        plan's solve, then the single-device plans of the split check, which keep
-        :data:`~tvm_pesto.solve.split.SINGLE_SHARE` of it, and any ``hybrid`` rounds, each
-        within what the solves before it left; ``plan.solve_s`` counts them all. With
-        deterministic budgets each solve gets ``time_limit_s`` nominal seconds of work.
-    deterministic : bool, optional
-        Work budgets and fixed seeds instead of wall-clock budgets, so the plan is the same
-        on any machine (default: off, unless inside
-        :func:`tvm_pesto.solve.budget.deterministic_mode`). ``plan.info["deterministic"]``
-        says whether no clock decided the plan.
-    colocate : list of list of int, optional
-        Groups of op-graph nodes that must share a device (``JointProblem.colocate``), e.g.
-        a training step's forward and gradient ops (:mod:`tvm_pesto.train.constraints`).
-    split_margin : float, optional
-        A plan that uses several devices is kept only when it is predicted faster than the
-        best single-device plan by more than this share (default: the cost source's error,
-        :data:`tvm_pesto.solve.split.SPLIT_MARGIN`; 0 keeps every split; ignored with
-        ``colocate``, whose groups were asked for). ``plan.info["split"]`` has both
-        predictions and the decision.
-    executor : {"thread", "ray"}
-        The executor the plan will run on: the simulator charges its links and dispatch
-        (:mod:`tvm_pesto.cluster.dispatch`). For a cluster of this machine's CPU devices they
-        are fitted here on first use and kept per machine (seconds; over Ray, after its
-        actors start; ``$TVM_PESTO_MACHINE_CALIBRATION=off`` turns that off), other clusters
-        get assumed figures: ``Placement.summary()["dispatch"]`` says which.
-    max_build_s : float, optional
-        A budget for building the plan's library units, in seconds: each candidate's build
-        time is estimated from this machine's earlier builds of its backend (0 when this
-        process built it already: a cached build; :mod:`tvm_pesto.costs.build_time`), and
-        the plan's sum is kept within it (:mod:`tvm_pesto.solve.build_budget`; the TVM
-        device modules every plan compiles are not in it). ``plan.info["build_budget"]``
-        says what the plan is estimated to take.
-    precision : {"fp32", "bf16"}
-        ``fp32`` (default): every backend computes in float32. ``bf16``: the backends that
-        compute in bfloat16 on this CPU (``openvino-bf16``) compete too
-        (:func:`~tvm_pesto.candidates.flow.with_precision`); the final choice holds their
-        outputs to :data:`~tvm_pesto.decide.REDUCED_TOL` of the float32 build's. ``build``
-        and ``PlacementPass`` take it too.
-
-    Examples
-    --------
-    >>> from tvm_pesto.candidates.examples import tiny_mlp
-    >>> mod, _ = tiny_mlp()
-    >>> pl = place(mod, "cpu:2", costs="roofline", solver="ilp", deterministic=True)
-    >>> pl.plan.info["budget"], pl.plan.info["deterministic"]
-    ('work', True)
-    """
-    costed = cost_candidates(mod_or_analysis, cluster, with_precision(backends, precision), costs, cache=cache,
-                             progress=progress, executor=executor)
-    return place_from_costs(costed, solver, time_limit_s=time_limit_s, search_s=search_s,
-                            deterministic=deterministic, colocate=colocate, split_margin=split_margin,
-                            max_build_s=max_build_s, **solver_options)
-
-
-@dataclass
-class CostedCandidates:
-    """A module's candidates on a cluster with their costs: what :func:`place_from_costs`
-    solves (:func:`cost_candidates` makes it).
-
-    Attributes
-    ----------
-    analysis : Analysis
-    cluster : Cluster
-    candidates : CandidateSet
-    costs : CostTable
-        Seconds per (candidate, device). ``dataclasses.replace(costed, costs=...)`` solves the
-        same candidates on other costs (e.g. one backend's alone).
-    hybrid : Hybrid, optional
-        With ``costs="hybrid"``: the source that measures the plan's units in the rounds of
-        :func:`place_from_costs` (it keeps what it measured, for the next solve too).
-    """
-
-    analysis: Analysis
-    cluster: Cluster
-    candidates: object
-    costs: object
-    hybrid: object = None
-
-    def joint(self, table=None, colocate: list[list[int]] | None = None) -> JointProblem:
-        """The joint problem of these candidates with ``table`` (a CostTable; default
-        :attr:`costs`) and the co-location groups ``colocate``."""
-        t = self.costs if table is None else table
-        return JointProblem(self.analysis.op_graph, self.cluster, list(self.candidates), t.table,
-                            cost_source=t.source, colocate=[list(g) for g in colocate or []])
-
-
-def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cache=None, progress=None,
-                    executor: str = "thread") -> CostedCandidates:
-    """The first half of :func:`place`: give ``cluster`` this machine's figures for
-    ``executor`` (fitted on first use), make the candidates of ``backends`` and cost them
-    (``xgb``/``hybrid`` fit this machine's calibration on first use); the arguments are
-    :func:`place`'s.
-
-    Examples
-    --------
-    >>> from tvm_pesto.candidates.examples import tiny_mlp
-    >>> mod, _ = tiny_mlp()
-    >>> costed = cost_candidates(mod, "cpu:2", costs="roofline")
-    >>> costed.costs.table.shape == (len(costed.candidates), 2)
-    True
-    >>> place_from_costs(costed, "heft").plan.solver
-    'heft'
-    """
-    analysis = mod_or_analysis if isinstance(mod_or_analysis, Analysis) else analyze(mod_or_analysis)
-    cluster = as_cluster(cluster)
-    _machine_constants(cluster, executor)
-    cs = make_candidates(analysis, cluster, backends)
-    h = None
-    if isinstance(costs, str):
-        _fit_machine_if_needed(cluster, costs)
-    if isinstance(costs, CostTable):
-        ct = costs
-    elif isinstance(costs, np.ndarray):
-        ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
-    elif costs == "hybrid":  # a third of the budget on the close calls, the rest on the plan's own units
-        h = Hybrid(cs, cluster, cache=cache, progress=progress).measure_stakes(HYBRID_STAKE_SHARE)
-        ct = h.cost_table()
-    else:
-        ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
-    if ct.table.shape != (len(cs), cluster.num_devices):
-        raise PestoError(f"the cost table has shape {ct.table.shape}, but the module has {len(cs)} candidates on "
-                         f"{cluster.num_devices} devices; give one row per candidate this call generates (in its "
-                         "order) and one column per device")
-    return CostedCandidates(analysis, cluster, cs, ct, h)
-
-
-def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_s: float = 30.0,
-                     search_s: float | None = None, deterministic: bool | None = None,
-                     colocate: list[list[int]] | None = None, split_margin: float | None = None,
-                     max_build_s: float | None = None, **solver_options) -> Placement:
-    """The second half of :func:`place`: solve ``costed`` (with ``hybrid`` costs, measure the
-    plan's predicted units and solve again, in rounds), then keep a split only when it beats
-    the best single-device plan by ``split_margin``; the arguments are :func:`place`'s.
-    Several solvers can be run on one :class:`CostedCandidates` (``tvm-pesto place --solver
-    all``); with ``hybrid`` costs each one's rounds add to the measurements the next starts from.
-    """
-    # seconds in solve_joint so far (a hybrid round's measurements are not solving)
-    solving = budget.Solving(time_limit_s, measured=False, deterministic=deterministic, min_s=MIN_ILP_S)
-    h = costed.hybrid
-    ct = costed.costs if h is None else h.cost_table()
-    build_s = None if max_build_s is None else estimate_build_s(costed.candidates, costed.cluster)
-    may_split = costed.cluster.num_devices > 1 and not colocate and split_margin != 0
-
-    def limit(share: float) -> float:  # wall-clock: ``share`` of what is left; work budgets: the whole limit
-        return solving.left_s() * share if solving.wall else solving.left_s()
-
-    def solve(table: CostTable, search=search_s, share=1.0 - split.SINGLE_SHARE if may_split else 1.0):
-        def once(t: np.ndarray):
-            t0 = time.perf_counter()
-            jp = costed.joint(CostTable(t, list(table.columns)), colocate)
-            out = (jp, *solve_joint(jp, solver=solver, time_limit_s=limit(share), search_s=search,
-                                    deterministic=deterministic, **solver_options))
-            solving.spend(time.perf_counter() - t0)
-            return out
-
-        if build_s is None:
-            return once(table.table)
-        return solve_within(costed.joint(table, colocate), build_s, max_build_s, once)
-
-    jp, plan, problem = solve(ct)
-    if h is not None:  # measure the plan's units that are predictions, costliest first, and plan again
-        for _ in range(HYBRID_MAX_ROUNDS):
-            if not h.measure(plan_units_to_measure(h.table, jp.cover_of(plan), h.done)):
-                break
-            ct = h.cost_table()
-            jp, plan, problem = solve(ct)
-        ct = h.cost_table()
-    sim = simulate(problem, plan)
-    margin = split.split_margin(ct.source) if split_margin is None else split.check_margin(split_margin)
-    away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
-    if (len(set(plan.assignment.tolist())) > 1 or away) and margin > 0 and not colocate:
-        jp, plan, problem, sim = split.keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
-    plan.solve_s = solving.spent_s  # every solve above: rounds, the split check
-    return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s)
-
-
-def build_placement(pl: Placement, cluster, progress=None):
-    """The :class:`~tvm_pesto.builder.placed.PlacedModule` of a placement on ``cluster``."""
-    return PlacedModule(apply_plan(pl.analysis.rg, pl.plan, cluster), cluster, pl.plan, pl, progress=progress)
-
-
-def final_choice(mod, pl: Placement, cluster, place_on, inputs=None, measure_final: bool | None = None,
-                 progress=None, solving: budget.Solving | None = None):
-    """Build ``pl`` and, where :mod:`tvm_pesto.decide` can measure on ``cluster``, its
-    alternatives (``place_on(cluster, costs=None, time_limit_s=...) -> Placement`` places the
-    module on another shape of the same cores, or on a given cost table); the fastest,
-    measured, with ``.decision`` set. ``solving`` (:class:`~tvm_pesto.budget.Solving`) is
-    the budget ``pl`` was solved under: the solves here share what it left."""
-    why = decide.skip_reason(cluster, measure_final)
-    if why is None and inputs is None:
-        try:
-            inputs = random_inputs(mod)
-        except PestoError as e:
-            why = f"no inputs to time it on ({e})"
-    if why is not None:
-        placed = build_placement(pl, cluster, progress)
-        placed.decision = decide.unmeasured(why, pl, cluster)
-        return placed
-    solving = solving or budget.Solving(budget.SOLVE_S, measured=True)
-    solving.spend(pl.plan.solve_s)
-    resolved = []
-
-    def solve_on(c, costs=None, parts=1):
-        p = place_on(c, **({} if costs is None else {"costs": costs}), time_limit_s=solving.next_s(parts))
-        solving.spend(p.plan.solve_s)
-        return p
-
-    def resolve(o, table):  # the shape solved again as the flow solved it, on its measured costs
-        resolved.append(o.name)  # two shapes at most: the first gets half of what is left
-        return solve_on(o.cluster, dataclasses.replace(o.placement.costs, table=table), parts=3 - len(resolved))
-
-    # the one-device flow, then at most two priced solves: the first gets a third of what is left
-    opts = decide.options(pl, cluster, lambda c: solve_on(c, parts=3))
-    placed, decision = decide.choose(opts, lambda o: build_placement(o.placement, o.cluster), list(inputs),
-                                     progress=progress, resolve=resolve)
-    placed.decision = decision
-    return placed
+from .solve import budget
 
 
 def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan: Plan | None = None, cache=None,
@@ -358,10 +59,10 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
     Ray actor per device, :mod:`tvm_pesto.run.ray_executor`: a local Ray on 127.0.0.1, or
     the cluster at ``ray_address``); ``close()`` the module to stop the actors.
 
-    ``measure_final`` (default: on, :data:`tvm_pesto.decide.MEASURE_ENV`): on ``cpu:N``,
+    ``measure_final`` (default: on, :data:`tvm_pesto.choose.MEASURE_ENV`): on ``cpu:N``,
     the flow's plan, its plan on the same cores as one device and the whole model in one
     library are built and timed against each other on ``inputs`` (default: seeded random
-    inputs) for about two seconds, and the fastest is returned (:mod:`tvm_pesto.decide`);
+    inputs) for about two seconds, and the fastest is returned (:mod:`tvm_pesto.choose`);
     ``placed.decision`` lists each option's predicted and measured time.
 
     Returns
@@ -394,14 +95,10 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
     else:
         analysis = analyze(mod)
         limit = solver_options.pop("time_limit_s", budget.SOLVE_S)
-        solving = budget.Solving(limit, decide.skip_reason(cluster, measure_final) is None, deterministic)
-
-        def place_on(c, costs=costs, time_limit_s=limit):
-            return place(analysis, c, backends=backends, solver=solver, costs=costs, cache=cache, progress=progress,
-                         deterministic=deterministic, executor=executor, time_limit_s=time_limit_s, **solver_options)
-
-        placed = final_choice(mod, place_on(cluster, time_limit_s=solving.flow_s()), cluster, place_on, inputs,
-                              measure_final, progress, solving)
+        solving = budget.Solving(limit, skip_reason(cluster, measure_final) is None, deterministic)
+        request = Request(backends, solver, costs, cache, progress, deterministic, executor, limit, solver_options)
+        pl = request.place(analysis, cluster, time_limit_s=solving.flow_s())
+        placed = final_choice(mod, pl, cluster, request, inputs, measure_final, progress, solving)
     if executor == "ray":
         placed.use_ray(address=ray_address)
     return placed
@@ -468,7 +165,7 @@ class PlacementPass:
         if self.plan is not None:
             self.last_cluster = self.cluster
             return legalize_on_devices(apply_plan(analyze(mod).rg, self.plan, self.cluster))
-        if decide.skip_reason(self.cluster, self.measure_final) is None:
+        if skip_reason(self.cluster, self.measure_final) is None:
             placed = build(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,
                            deterministic=self.deterministic, measure_final=self.measure_final, inputs=self.inputs,
                            **self.solver_options)
@@ -482,6 +179,6 @@ class PlacementPass:
         return legalize_on_devices(apply_plan(pl.analysis.rg, pl.plan, self.cluster))
 
 
-__all__ = ["Analysis", "CostedCandidates", "Placement", "PlacementPass", "analyze", "backend_names", "build",
-           "calibrate_machine", "cost_candidates", "make_candidates",
-           "estimate_costs", "place", "place_from_costs", "solver_gap", "solver_status"]
+__all__ = ["Analysis", "CostedCandidates", "Placement", "PlacementPass", "Request", "analyze", "backend_names", "build",
+           "build_placement", "calibrate_machine", "cost_candidates", "estimate_costs", "final_choice",
+           "make_candidates", "place", "place_from_costs", "solver_gap", "solver_status"]

@@ -7,7 +7,7 @@ whole-model call, as its users run it; where it has none, its cheapest cover wit
 ops it lacks), Collage's cover alone on one device (the backend-mix effect), the joint solve
 (backend + device + order, ``ilp``) on one and on two CPU devices, and ``pesto``: what
 :func:`tvm_pesto.build` returns on ``cpu:2`` with measured costs (the default solver and the
-final measured choice of :mod:`tvm_pesto.decide`), the model a user gets. All variants are
+final measured choice of :mod:`tvm_pesto.choose`), the model a user gets. All variants are
 built in this process and timed in blocks (:func:`tvm_pesto.run.blocks.time_blocks`: a
 warm-up, then calls for a fixed time, the median kept; the order rotates every round; a
 variant's time is its best block median): single calls of two libraries interleaved would

@@ -62,7 +62,7 @@ import tvm_pesto
 from ..backends import backend_status
 from ..cluster.device_thread import owns_every_core
 from ..cluster.specs import cpu_cluster
-from ..decide import whole_model_placement
+from ..choose.options import whole_model_placement
 from ..errors import error_line
 from ..run.blocks import time_blocks
 from ..run.executor import max_abs_err

@@ -16,6 +16,7 @@ from ..errors import BuildError
 from ..run.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
 from ..run.runtime import PlacedRuntime
 from .program import read_program, split_by_device
+from .rewrite import apply_plan
 
 
 def compile_for(mod: tvm.IRModule, target: dict, what: str, database=None):
@@ -181,4 +182,9 @@ def _jsonable(x):
     return str(x)
 
 
-__all__ = ["PlacedModule", "compile_for", "extern_calls"]
+def build_placement(pl, cluster, progress=None) -> PlacedModule:
+    """The :class:`PlacedModule` of a placement (:class:`~tvm_pesto.plan.placement.Placement`) on ``cluster``."""
+    return PlacedModule(apply_plan(pl.analysis.rg, pl.plan, cluster), cluster, pl.plan, pl, progress=progress)
+
+
+__all__ = ["PlacedModule", "build_placement", "compile_for", "extern_calls"]

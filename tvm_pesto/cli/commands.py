@@ -1,6 +1,8 @@
 """What the CLI verbs do, as plain functions returning JSON-ready dicts."""
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import time
 
@@ -8,7 +10,10 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .. import api, decide
+from .. import api
+from ..choose import skip_reason
+from ..choose.final import final_choice
+from ..placing import Request
 from ..builder.placed import PlacedModule, compile_for
 from ..builder.rewrite import apply_plan
 from ..cluster import parse_cluster
@@ -100,18 +105,14 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
             pairs = machine_dispatch(cluster, executor, refit=refit, session=session)["links"]
     analysis = api.analyze(lm.mod)
 
-    solving = budget.Solving(budget.SOLVE_S, decide.skip_reason(cluster) is None, deterministic)
-
-    def place_on(c, progress=None, costs=costs, time_limit_s=budget.SOLVE_S):
-        return api.place(analysis, c, backends=backends, solver=solver, costs=costs, progress=progress,
-                         deterministic=deterministic, split_margin=split_margin, executor=executor,
-                         max_build_s=max_build_s, time_limit_s=time_limit_s)
-
+    solving = budget.Solving(budget.SOLVE_S, skip_reason(cluster) is None, deterministic)
+    request = Request(backends, solver, costs, deterministic=deterministic, executor=executor,
+                      options={"split_margin": split_margin, "max_build_s": max_build_s})
     with step("candidates, costs and plan") as cb:
-        pl = place_on(cluster, cb, time_limit_s=solving.flow_s())
+        pl = dataclasses.replace(request, progress=cb).place(analysis, cluster, time_limit_s=solving.flow_s())
     flow = pl.claim()  # the flow's plan on the cluster asked for, before the measured final choice
     with step("build the plan (and time it against the one-device and whole-model library plans)") as cb:
-        pm = api.final_choice(lm.mod, pl, cluster, place_on, inputs=lm.example_inputs, progress=cb, solving=solving)
+        pm = final_choice(lm.mod, pl, cluster, request, inputs=lm.example_inputs, progress=cb, solving=solving)
         asked, (pl, cluster) = cluster.name, (pm.placement, pm.cluster)  # the option kept: its cluster is the core shape used
     dispatch = dispatch_info(cluster)
     link_model = {"engine": cluster.meta.get("links_measured", "spec"),
@@ -167,7 +168,7 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
         # Other processes on these cores make both costs and runs noisy: judge the numbers with it.
         "load_avg_1m": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "pinning_failed": pinning_failures(),  # device -> why its threads ran unpinned (costs or run)
-        # what was weighed before this plan was kept (tvm_pesto.decide), and the shape of the cores it runs on
+        # what was weighed before this plan was kept (tvm_pesto.choose), and the shape of the cores it runs on
         "decision": pm.decision, "cluster_asked": asked,
         "core_shape": {"devices": cluster.num_devices, "cores": [d.cores for d in cluster.devices]},
     }

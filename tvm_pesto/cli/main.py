@@ -16,7 +16,7 @@ from ..cluster import parse_cluster
 from ..cluster.contention import measure_contention
 from ..cluster.linkbench import measure_links
 from ..costs.calibration import CALIBRATION_ENV
-from ..decision import decision_table
+from ..choose.decision import decision_table
 from ..errors import UnseenOpsWarning
 from ..jsonio import write_json
 from .options import (backends_at, deterministic_option, max_build_s_option, ms_db_option, precision_option, rpc_options,

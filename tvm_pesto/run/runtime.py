@@ -55,7 +55,7 @@ class PlacedRuntime:
         self._executor = None
         self.last_trace: list = []
         self._state: dict = {}  # input index -> its current value (a TVM tensor on its device)
-        #: What :func:`tvm_pesto.build` weighed before choosing this module (:mod:`tvm_pesto.decide`).
+        #: What :func:`tvm_pesto.build` weighed before choosing this module (:mod:`tvm_pesto.choose`).
         self.decision: dict | None = None
         self._direct = _direct(program)  # held here: the model owns its one unit's call
         self._devs = [dev.tvm_device() for dev in cluster.devices]

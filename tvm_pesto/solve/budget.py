@@ -378,11 +378,11 @@ class Meter:
 
 # -- the solving budget of a final choice ---------------------------------------------------
 #: Seconds of solving a final choice takes in all by default: the flow's plan, the one-device
-#: flow and the solves of :func:`tvm_pesto.decide.certify` (``time_limit_s`` of ``tvm_pesto.build``).
+#: flow and the solves of :func:`tvm_pesto.choose.claim.certify` (``time_limit_s`` of ``tvm_pesto.build``).
 SOLVE_S = 30.0
 #: With wall-clock budgets, the share of the solving budget the flow's plan on the cluster
 #: asked for gets when the final choice is measured; the one-device flow and the solves of
-#: :func:`tvm_pesto.decide.certify` share what it leaves.
+#: :func:`tvm_pesto.choose.claim.certify` share what it leaves.
 FLOW_SHARE = 0.75
 
 

@@ -1,4 +1,4 @@
-"""The final choice's decision record (:mod:`tvm_pesto.decide`) as data and as text.
+"""The final choice's decision record (:mod:`tvm_pesto.choose`) as data and as text.
 
 A decision is a dict: whether the options were ``measured`` (and ``why`` not), the option
 ``chosen``, the core ``shape``, and per option its cluster, predicted and measured seconds,

@@ -1,69 +1,18 @@
-"""The final choice: the flow's plan against the plans a user could run instead, measured.
-
-A plan slower than the library a user already has is a defect. Before :func:`tvm_pesto.build`
-returns (and in ``tvm-pesto run``) these options are built and timed against each other in
-blocks (:func:`tvm_pesto.run.blocks.time_blocks`, about :data:`BUDGET_S` s in all); the fastest is kept:
-
-* ``plan``: the flow's plan on the cluster asked for;
-* ``one-device``: on ``cpu:N`` with N > 1, the flow's plan on the same cores as one device
-  (``cpu:1``, every core in it: the libraries' own intra- and inter-op threads use them);
-* ``library:<backend>``: the whole model as one unit of each library backend that can run
-  every op, on that device, and as TVM's fusion groups (``library:tvm``: what
-  ``tvm.compile`` of the module runs): what a user of that library runs today;
-* ``library:<backend> on <device>``: on ``cpu:N`` with N > 1, the same on the first device
-  of the cluster asked for (for ``cpu:2``, one core: the library with one thread).
-
-A library option predicted :data:`PREDICTED_SLOW` times the best library option's
-prediction (each a measured whole-model call; a flow's plan is a simulation), or far slower
-than the first calls so far (:data:`RUNAWAY` x the fastest, over :data:`RUNAWAY_FIRST_S`),
-is not built or run, and its entry says why. An option whose first output is not TVM's (:func:`wrong_numerics`)
-is left out with the error: it computes another model, however fast.
-
-Which core shape the flow predicts faster is the plan's ``shape``; the measurement decides.
-Options within :data:`RUNOFF` of the fastest are timed again (:data:`RUNOFF_BUDGET_S`).
-Every option is compared by its best block (the least block median over every pass, the
-statistic ``tvm-pesto bench peers`` judges each variant by): a block slower than another of
-the same option is the machine's doing. A shared 2-vCPU machine is two-speed for seconds at a
-time (an ONNX Runtime session of two threads: 0.25 and 0.47 ms a call by turns, one thread
-0.41 throughout), so an option timed only in a slow spell is left its best, not its median,
-and the runoff's later blocks give it the chance of a fast one. A whole-model library call (:func:`library_call`)
-within :data:`PREFER_LIBRARY` of a fastest plan of several units is kept (a user's own library
-call, no slower within what a shared machine tells apart). ``decision`` lists each option's
-predicted and measured seconds and which one was kept.
-
-The kept option is then certified (:func:`certify`) against every plan of both core shapes:
-each shape is solved again by the flow's solver on its cost table priced by measurement
-(:func:`priced_table`), and the least of those bounds and of the measured times bounds every
-plan: ``decision["claim"]`` gives it with the kept option's gap, and a kept option other than
-the flow's plan carries that claim as its own (``decided_by`` ``measured-ilp (=
-library:openvino)``). The flow's solves and these share one solving budget
-(:class:`~tvm_pesto.solve.budget.Solving`). Where a shape's flow proved no bound there is no
-claim and ``decided_by`` says ``measured (...)``. Only clusters of this machine's CPU cores
-are measured (``cpu:N``); other clusters keep the flow's plan, and ``decision["measured"]``
-says why not.
-
-``$TVM_PESTO_MEASURE_FINAL`` (``1``, default; ``0``) sets the default of ``measure_final``.
+"""The options of the final choice built, called and timed against each other in blocks
+(:func:`choose`); see :mod:`tvm_pesto.choose` for the rules.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from .backends import get_backend
-from .cluster.specs import cpu_cluster
-from .decision import decision_table, unmeasured
-from .errors import InfeasibleError, PestoError, error_line
-from .plan import JointProblem, simulate
-from .solve.joint import solve_joint
-from .claim import FLOW_OPTIONS, certify, priced_table, restate_kept, same_plan, shape_scale
+from ..backends import get_backend
+from ..errors import error_line
+from .claim import FLOW_OPTIONS
+from .options import Option, library_call
 
-#: Environment variable: ``0`` makes ``build(measure_final=None)`` keep the flow's plan unmeasured.
-MEASURE_ENV = "TVM_PESTO_MEASURE_FINAL"
 #: Rough seconds the timing of the options takes in all (blocks of every option, two rounds).
 BUDGET_S = 2.0
 #: Options measured within this fraction of the fastest are timed again, in a runoff (a
@@ -94,100 +43,6 @@ PREDICTED_SLOW = 5.0
 NUMERICS_TOL, REDUCED_TOL = 1e-3, 5e-2
 
 
-@dataclass
-class Option:
-    """One way to run the model: ``placement`` on ``cluster``."""
-
-    name: str
-    cluster: object
-    placement: object
-    predicted_s: float
-
-
-def measure_final_default() -> bool:
-    """Whether ``build`` measures its final choice when not told (:data:`MEASURE_ENV`)."""
-    if (v := os.environ.get(MEASURE_ENV, "1").strip().lower() or "1") not in ("0", "1", "off", "on"):
-        raise PestoError(f"${MEASURE_ENV} is {v!r}; set it to 1 (measure the final choice) or 0 (keep the flow's plan)")
-    return v in ("1", "on")
-
-
-def why_not_measured(cluster) -> str | None:
-    """Why the options cannot be timed on ``cluster`` here (None: they can)."""
-    preset = str(cluster.meta.get("preset", ""))
-    if not preset.startswith("cpu:"):
-        return f"{cluster.name} is not this machine's CPU cores (cpu:N); its plan is kept as the flow chose it"
-    if not all(d.present and d.kind == "cpu" and not d.rpc_key for d in cluster.devices):
-        return f"a device of {cluster.name} is not on this machine"
-    return None
-
-
-def skip_reason(cluster, measure_final: bool | None = None) -> str | None:
-    """Why the final choice on ``cluster`` is not measured (None: it is); ``measure_final``
-    None takes :func:`measure_final_default`."""
-    measure = measure_final_default() if measure_final is None else bool(measure_final)
-    return why_not_measured(cluster) if measure else "measure_final is off"
-
-
-#: Backends whose whole model is its fusion groups, one unit each (what ``tvm.compile`` of the
-#: module builds), not one library call.
-GROUPED = ("tvm",)
-
-
-def whole_model_placement(placement, backend: str, cluster):
-    """The placement of the whole model in ``backend`` alone on ``cluster``'s device 0 (the
-    flow's solver on a cost table where only that backend's candidates on device 0 are
-    finite: for a library, its one whole-model candidate; for a :data:`GROUPED` backend,
-    every candidate of it), or None (no such cover, or a library call that would not build
-    within the placement's build budget)."""
-    n = placement.analysis.op_graph.num_nodes
-    table = placement.costs.table
-    if backend in GROUPED:
-        keep = [i for i, c in enumerate(placement.candidates) if c.backend == backend and np.isfinite(table[i, 0])]
-    else:
-        keep = [i for i, c in enumerate(placement.candidates)
-                if c.backend == backend and len(c.nodes) == n and np.isfinite(table[i, 0])][:1]
-        budget = placement.plan.info.get("build_budget")
-        if keep and budget and placement.build_s is not None and placement.build_s[keep[0], 0] > budget["max_build_s"]:
-            return None  # it would not build within the budget
-    if not keep:
-        return None
-    masked = np.full_like(table, np.inf)
-    masked[keep, 0] = table[keep, 0]
-    ct = dataclasses.replace(placement.costs, table=masked)  # what was measured or predicted, as reported
-    jp = JointProblem(placement.analysis.op_graph, cluster, list(placement.candidates), masked,
-                      cost_source=placement.costs.source)
-    try:
-        plan, problem = solve_joint(jp, solver="single", search_s=0)
-    except InfeasibleError:  # the backend's candidates do not cover every op
-        return None
-    plan.solver = f"library:{backend}"
-    return dataclasses.replace(placement, costs=ct, joint=jp, problem=problem, plan=plan, sim=simulate(problem, plan))
-
-
-def options(placement, cluster, place_one_device) -> list[Option]:
-    """The options to measure: the flow's plan, the one-device plan, the whole-model
-    library plans (see the module docstring). ``place_one_device(cluster) -> Placement``
-    runs the flow on the one-device shape. A library plan that is the flow's plan on its
-    shape already (the flow chose that library for the whole model) is not listed twice:
-    the flow's option stands for it."""
-    out = [Option("plan", cluster, placement, float(placement.sim.run_s))]
-    wide, wide_pl = cluster, placement
-    if cluster.num_devices > 1:
-        wide = cpu_cluster(1)
-        wide_pl = place_one_device(wide)
-        out.append(Option("one-device", wide, wide_pl, float(wide_pl.sim.run_s)))
-    libraries = [(f"library:{b}", wide, whole_model_placement(wide_pl, b, wide))
-                 for b in sorted({c.backend for c in wide_pl.candidates})]
-    if cluster.num_devices > 1:  # the library on one of the narrow devices (one thread on cpu:N)
-        narrow = cluster.devices[0]
-        libraries += [(f"library:{b} on {narrow.name}", cluster, whole_model_placement(placement, b, cluster))
-                      for b in sorted({c.backend for c in placement.candidates})]
-    for name, c, lp in libraries:
-        if lp is not None and not any(same_plan(o, c, lp) for o in out):
-            out.append(Option(name, c, lp, float(lp.sim.run_s)))
-    return out
-
-
 def _close(placed, live=()) -> None:
     """Stop ``placed`` and drop its library units from their backends' keeping, so its weights
     can go; not those a ``live`` option also calls (a module of ``PlacementPass`` calls its
@@ -203,7 +58,7 @@ def _close(placed, live=()) -> None:
 def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_counter) -> dict:
     """:func:`~tvm_pesto.run.blocks.time_blocks` over the built options, ``budget_s`` in all."""
     # lazy: loads TVM, which importing this module does not
-    from .run.blocks import time_blocks
+    from ..run.blocks import time_blocks
 
     if not built:
         return {}
@@ -267,7 +122,7 @@ def _predicted_runaway(option: Option, first_s: dict, best_predicted: float) -> 
     return None
 
 
-def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None, resolve=None,
+def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None,
            clock=time.perf_counter):
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
 
@@ -278,8 +133,8 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     (``decision["runoff"]``, up to :data:`RUNOFF_PASSES` times). An option
     that fails to build or to run, or computes another model (:func:`wrong_numerics`), is
     reported with its error and left out; the flow's plan failing to build or run raises.
-    ``resolve`` solves a shape again on its measured costs (:func:`certify`); ``clock`` gives
-    the seconds each timing reads (a fake one in tests).
+    ``clock`` gives the seconds each timing reads (a fake one in tests). The decision has no
+    claim yet: :func:`~tvm_pesto.choose.claim.certify_kept` gives it.
     """
     built, errors, first_s, call_s, skipped, outputs, dropped = {}, {}, {}, {}, {}, {}, set()
     # a library option's prediction is its measured whole-model call, the flow's a simulation
@@ -354,9 +209,6 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         decision["options"].append(rec)
     pred = {o.name: o.predicted_s for o in opts if o.name in ("plan", "one-device")}
     decision["shape"] = opts[[o.name for o in opts].index(min(pred, key=pred.get))].cluster.name
-    decision["claim"] = certify(opts, decision, resolve)
-    if decision["claim"]:
-        restate_kept(opts, best, decision["claim"])
     return built[best], decision
 
 
@@ -364,7 +216,7 @@ def wrong_numerics(opts: list[Option], outputs: dict) -> dict:
     """Option name -> why it is left out, for each option whose first output is not within
     :data:`NUMERICS_TOL` (:data:`REDUCED_TOL` with a ``-bf16`` backend) of ``library:tvm``'s."""
     # lazy: loads TVM, which importing this module does not
-    from .run.executor import max_abs_err, to_numpy
+    from ..run.executor import max_abs_err, to_numpy
 
     if "library:tvm" not in outputs:
         return {}
@@ -381,15 +233,6 @@ def wrong_numerics(opts: list[Option], outputs: dict) -> dict:
     return out
 
 
-def library_call(option: Option) -> bool:
-    """Whether ``option`` runs the whole model as one library call: a ``library:`` option, or
-    a flow's plan of one unit (the flow chose one library for every op; :func:`options` then
-    lists no library option beside it)."""
-    units = getattr(option.placement.plan, "units", None) or []
-    return option.name.startswith("library:") or len(units) == 1
-
-
-__all__ = ["BUDGET_S", "FLOW_OPTIONS", "GROUPED", "MEASURE_ENV", "PREFER_LIBRARY", "RUNAWAY",
-           "RUNAWAY_FIRST_S", "RUNAWAY_MIN_S", "RUNOFF", "Option", "certify", "choose",
-           "decision_table", "library_call", "measure_final_default", "options", "priced_table", "shape_scale", "skip_reason",
-           "unmeasured", "whole_model_placement", "why_not_measured"]
+__all__ = ["BUDGET_S", "DROP", "MAX_LIVE", "NUMERICS_TOL", "PREDICTED_SLOW", "PREFER_LIBRARY", "QUICK_CALLS",
+           "QUICK_S", "REDUCED_TOL", "RUNAWAY", "RUNAWAY_FIRST_S", "RUNAWAY_MIN_S", "RUNOFF", "RUNOFF_BUDGET_S",
+           "RUNOFF_PASSES", "RUNOFF_ROUNDS", "choose", "wrong_numerics"]

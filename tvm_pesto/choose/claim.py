@@ -1,16 +1,16 @@
-"""The claim of the final choice (:mod:`tvm_pesto.decide`): a bound on every plan of both
+"""The claim of the final choice (:mod:`tvm_pesto.choose`): a bound on every plan of both
 core shapes, from the flow's bounds and solves on costs priced by what the options measured.
 
-The options are :class:`tvm_pesto.decide.Option` records (``name``, ``cluster``,
+The options are :class:`tvm_pesto.choose.options.Option` records (``name``, ``cluster``,
 ``placement``, ``predicted_s``); :func:`certify` gives ``decision["claim"]`` and
-:func:`restate_kept` hands it to the kept option's plan.
+:func:`restate_kept` hands it to the kept option's plan; :func:`certify_kept` does both.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .errors import PestoError, error_line
-from .solve.joint_decide import OPTIMAL_GAP, restate
+from ..errors import PestoError, error_line
+from ..solve.joint_decide import OPTIMAL_GAP, restate
 
 
 def same_plan(option, cluster, placement) -> bool:
@@ -170,4 +170,12 @@ def restate_kept(opts: list, chosen: str, claim: dict) -> None:
     plan.solve_s = claim["solve_s"]
 
 
-__all__ = ["FLOW_OPTIONS", "certify", "priced_table", "restate_kept", "same_plan", "shape_scale"]
+def certify_kept(opts: list, decision: dict, resolve=None) -> None:
+    """Set ``decision["claim"]`` (:func:`certify`) and, where there is one, give it to the kept
+    option's plan (:func:`restate_kept`)."""
+    decision["claim"] = certify(opts, decision, resolve)
+    if decision["claim"]:
+        restate_kept(opts, decision["chosen"], decision["claim"])
+
+
+__all__ = ["FLOW_OPTIONS", "certify", "certify_kept", "priced_table", "restate_kept", "same_plan", "shape_scale"]
