@@ -14,8 +14,14 @@ import json
 import math
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
+
+from .errors import PestoError
+
+#: The JSON Schemas of the files the CLI writes (``<kind>.schema.json``), shipped with the package.
+SCHEMAS = Path(__file__).parent / "schemas"
 
 
 def jsonable(x):
@@ -59,8 +65,12 @@ def _atomic_write(path: str, write) -> str:
     return path
 
 
-def write_json(path: str, data) -> str:
+def write_json(path: str, data, schema: str | None = None) -> str:
     """Write ``jsonable(data)`` to ``path`` through a temporary file (no half-written file).
+
+    ``schema`` names the JSON Schema the file follows (:func:`schema_path`): the file is
+    written whole, then checked; a mismatch raises :class:`~tvm_pesto.errors.PestoError`
+    naming the field (a bug of the writer, whose file is kept to report it).
 
     Examples
     --------
@@ -69,7 +79,44 @@ def write_json(path: str, data) -> str:
     >>> json.load(open(p))
     {'x': 1}
     """
-    return _atomic_write(path, lambda f: json.dump(jsonable(data), f, indent=1))
+    out = jsonable(data)
+    written = _atomic_write(path, lambda f: json.dump(out, f, indent=1))
+    if schema is not None:
+        problems = schema_problems(schema, out)
+        if problems:
+            raise PestoError(f"{written} is written whole, but it does not match its schema "
+                             f"({schema_path(schema)}): {'; '.join(problems[:3])}. That is a bug in tvm-pesto: "
+                             "please report it with the file")
+    return written
+
+
+def schema_path(kind: str) -> Path:
+    """The JSON Schema of the files of ``kind`` (e.g. ``run``: ``tvm-pesto run --json``)."""
+    path = SCHEMAS / f"{kind}.schema.json"
+    if not path.is_file():
+        known = sorted(p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json"))
+        raise PestoError(f"no JSON Schema for {kind!r}; the schemas are {known}")
+    return path
+
+
+def schema_problems(kind: str, data) -> list[str]:
+    """Where ``data`` (JSON-ready) breaks the schema of ``kind``: one line per problem, with
+    its JSON path; [] when it matches.
+
+    Examples
+    --------
+    >>> schema_problems("cluster", {"name": "cpu:2"})[0]
+    "$: 'devices' is a required property"
+    """
+    # lazy: jsonschema is needed only where a file is checked
+    import jsonschema
+    import referencing
+
+    shipped = [json.loads(p.read_text()) for p in sorted(SCHEMAS.glob("*.schema.json"))]
+    registry = referencing.Registry().with_resources(
+        (s["$id"], referencing.Resource.from_contents(s)) for s in shipped)  # one schema may name another
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path(kind).read_text()), registry=registry)
+    return [f"{e.json_path}: {e.message}" for e in sorted(validator.iter_errors(data), key=lambda e: list(e.path))]
 
 
 def write_text(path: str, text: str) -> str:

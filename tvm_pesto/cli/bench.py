@@ -62,9 +62,9 @@ def _command_line(ctx: click.Context) -> str:
     return " ".join(shlex.quote(x) for x in parts)
 
 
-def _write_outputs(res: dict, json_path, md_path, plots_dir, markdown, plots) -> None:
+def _write_outputs(res: dict, json_path, md_path, plots_dir, markdown, plots, schema: str) -> None:
     if json_path:
-        write_json(json_path, res)
+        write_json(json_path, res, schema=schema)
         console.print(f"JSON: {json_path}")
     if md_path:
         write_text(md_path, markdown())
@@ -133,7 +133,7 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
                   f"{s['heuristics_within_10pct']} cases where a heuristic is within 10%"
                   + (f"; missed: {', '.join(s['goal_missed'])}" if s["goal_missed"] else ""))
     _write_outputs(res, json_path, md_path, plots_dir, lambda: bp.placement_markdown(res, res["command"]),
-                   lambda d: bp.placement_plots(res, d))
+                   lambda d: bp.placement_plots(res, d), "bench-placement")
 
 
 @bench.command("scale")
@@ -174,7 +174,7 @@ def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithm
     res["command"] = _command_line(ctx)
     res["deterministic"] = deterministic
     _write_outputs(res, json_path, md_path, plots_dir, lambda: bs.scale_markdown(res),
-                   lambda d: bs.scale_plots(res, d))
+                   lambda d: bs.scale_plots(res, d), "bench-scale")
 
 
 from .bench_backends import backends  # noqa: E402  (verbs that live in their own modules)

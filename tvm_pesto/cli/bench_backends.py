@@ -45,7 +45,7 @@ def backends(models, size, backends, rounds, time_limit, select_by, cache_path, 
     res["deterministic"] = deterministic
     _print(res)
     if json_path:
-        write_json(json_path, res)
+        write_json(json_path, res, schema="bench-backends")
 
 
 def _print(res: dict) -> None:

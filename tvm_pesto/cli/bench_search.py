@@ -34,4 +34,4 @@ def search(targets, size, cluster_spec, costs, backends, solver, search_s, json_
     console.print(f"longest: {res['max_search_total_s']:.1f} s; load average {res['machine']['load_average']} -> "
                   f"{res['machine_after']['load_average']}")
     if json_path:
-        write_json(json_path, res)
+        write_json(json_path, res, schema="bench-search")

@@ -48,7 +48,7 @@ def training(models, size, cluster_spec, solvers, gpu_clusters, steps, optimizer
     console.print(md)
     console.print(f"load average {res['machine']['load_average']} -> {res['machine_after']['load_average']}")
     if json_path:
-        write_json(json_path, res)
+        write_json(json_path, res, schema="bench-training")
     if md_path:
         write_text(md_path, md + "\n")
 

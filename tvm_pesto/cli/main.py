@@ -75,7 +75,7 @@ def demo(model, size, cluster_spec, backends, solver, costs, out_dir, determinis
     res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, out_dir=out_dir,
                     deterministic=deterministic)
     _print_run(res)
-    write_json(os.path.join(out_dir, "result.json"), res)
+    write_json(os.path.join(out_dir, "result.json"), res, schema="run")
     console.print(f"Gantt chart (simulated vs measured): {os.path.join(out_dir, 'gantt.png')}")
 
 
@@ -249,7 +249,7 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
     if gap:
         console.print(gap)
     if json_path:
-        write_json(json_path, res)
+        write_json(json_path, res, schema="place")
 
 
 @cli.command()
@@ -305,7 +305,7 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
                       f"{res['measured_one_by_one_s'] * 1e3:.3f} ms; max |pipelined - one by one| "
                       f"{res['max_abs_err_pipelined_vs_one_by_one']:.3g}")
         if json_path:
-            write_json(json_path, res)
+            write_json(json_path, res, schema="run-throughput")
         return
 
     res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, repeat=repeat,
@@ -315,7 +315,7 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
                     max_build_s=max_build_s)
     _print_run(res)
     if json_path:
-        write_json(json_path, res)
+        write_json(json_path, res, schema="run")
 
 
 @cli.command("backends")
@@ -341,7 +341,7 @@ def backends_cmd(json_path):
         kinds = ",".join(r["device_kinds"]) or "?"
         console.print(f"{name:{width}s} {mark} {kinds:8s} {r['reason']}")
     if json_path:
-        write_json(json_path, rows)
+        write_json(json_path, rows, schema="backends")
 
 
 @cli.group()
@@ -408,7 +408,7 @@ def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispa
                       f"(load {dres['load'][0]:.2f} -> {dres['load'][1]:.2f})")
     d = c.to_dict()
     d["meta"]["link_points"] = pts
-    write_json(output, d)
+    write_json(output, d, schema="cluster")
 
 
 from .bench import bench  # noqa: E402  (bench placement | scale | backends | search | training)

@@ -66,7 +66,7 @@ def train(model, size, cluster_spec, steps, optimizer, loss, lr, batch, solver, 
                        trace_dir=trace_dir, deterministic=deterministic)
     _print(res)
     if json_path:
-        write_json(json_path, res)
+        write_json(json_path, res, schema="train")
 
 
 def run_training(model: str, size: str, cluster_spec: str, steps: int, optimizer: str, loss: str,

@@ -81,7 +81,7 @@ def tune(model, size, input_shape, trials, work_dir, cluster_spec, max_tasks, st
                use=f"{how} --backends tvm,tvm-ms --ms-db {res.work_dir}".strip())
     _print(out)
     if json_path:
-        write_json(json_path, out)
+        write_json(json_path, out, schema="tune")
 
 
 def _load():
