@@ -47,11 +47,11 @@ from .costs.machine import calibrate_machine, needs_fit
 from .costs.xgb import load_model
 from .errors import PestoError
 from .graph.analysis import Analysis, analyze
+from .measure.dispatch import machine_dispatch
 from .models import random_inputs
 from .plan import JointProblem, Plan, simulate
 from .plan.placement import Placement, solver_gap, solver_status
 from .plan.simulate import HOME_DEVICE
-from .run.dispatch import machine_dispatch
 from .solve import budget, split
 from .solve.build_budget import solve_within
 from .solve.joint import MIN_ILP_S, solve_joint
@@ -75,7 +75,7 @@ def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None
 def _machine_constants(cluster: Cluster, executor: str) -> None:
     """Before the first plan of a cluster of this machine's CPU devices, give it the
     executor's links, dispatch and contention fitted here (kept per machine; fitted now when
-    none is kept, :func:`tvm_pesto.run.dispatch.machine_dispatch`); other clusters get the
+    none is kept, :func:`tvm_pesto.measure.dispatch.machine_dispatch`); other clusters get the
     assumed figures, which their reports name as assumed."""
     machine_dispatch(cluster, executor)
 

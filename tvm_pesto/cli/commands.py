@@ -18,12 +18,12 @@ from ..costs.remote import remote_cluster
 from ..errors import InfeasibleError, PestoError
 from ..graph import dnn_partitioning as dp
 from ..jsonio import jsonable
+from ..measure.dispatch import machine_dispatch
 from ..models import load_model
 from ..plan import Problem, simulate
 from ..plan.expert_split import load_expert_split
 from ..plan.objective import check_choice, evaluate
 from ..plan.trace import write_trace_dir
-from ..run.dispatch import machine_dispatch
 from ..run.executor import max_abs_err, to_numpy
 from ..run.pipeline import microbatch_inputs, run_pipeline
 from ..run.ray_executor import RaySession, use_ray
@@ -63,7 +63,7 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", co
     no clock decided the plan. ``executor="ray"`` runs the devices as Ray actors
     (:mod:`tvm_pesto.run.ray_executor`; a local Ray on 127.0.0.1, or ``ray_address``). With
     devices of this machine, the executor's links, dispatch and the devices' contention are
-    this machine's fit (:func:`tvm_pesto.run.dispatch.machine_dispatch`: the one kept, or
+    this machine's fit (:func:`tvm_pesto.measure.dispatch.machine_dispatch`: the one kept, or
     measured on first use; ``refit`` measures them again now and keeps them), so the plan and
     the simulation use what this executor costs here (``res["link_model"]``,
     ``res["dispatch"]``: figures, source, time of the fit; ``res["contention"]``).

@@ -58,11 +58,11 @@ from ..costs.calibration import machine_info, machine_key
 from ..costs.machine import MACHINE_ENV, auto_enabled
 from ..errors import ClusterError
 from ..jsonio import write_json
-from .executor import Executor
-from .program import Program, Step
-from .ray_dispatch import time_ray_programs
-from .ray_executor import measure_ray_links
-from .ray_session import RaySession
+from ..run.executor import Executor
+from ..run.program import Program, Step
+from ..run.ray_dispatch import time_ray_programs
+from ..run.ray_executor import measure_ray_links
+from ..run.ray_session import RaySession
 
 #: Format name and version of a kept fit.
 FORMAT = "tvm-pesto-machine-constants"
