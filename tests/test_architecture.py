@@ -157,7 +157,7 @@ def test_the_runtime_side_never_imports_the_compiler():
     """What a deployed bundle loads (``tvm_pesto.run`` and what it imports) must not import
     ``tvm.relax`` or the compiler-side packages, even lazily."""
     g = package_graph()
-    reach = nx.descendants(g, "tvm_pesto.run.load") | {"tvm_pesto.run.load"}
+    reach = nx.descendants(g, "tvm_pesto.run.bundle.load") | {"tvm_pesto.run.bundle.load"}
     compiler_side = ("tvm_pesto.builder", "tvm_pesto.graph", "tvm_pesto.candidates", "tvm_pesto.costs",
                      "tvm_pesto.solve", "tvm_pesto.backends", "tvm_pesto.api", "tvm_pesto.frontend")
     assert not [m for m in reach if m.startswith(compiler_side)], sorted(reach)

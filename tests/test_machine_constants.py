@@ -257,7 +257,7 @@ def kept_excess() -> float:
 
 
 def test_the_ray_caller_sleeps_through_most_of_a_run():
-    from tvm_pesto.run.ray_executor import RECENT_RUNS, WAIT_SHARE, WAKE_S, RayExecutor
+    from tvm_pesto.run.ray.executor import RECENT_RUNS, WAIT_SHARE, WAKE_S, RayExecutor
 
     ex = object.__new__(RayExecutor)  # the waiting rule alone: no actors
     ex._ready = [2e-3] * (RECENT_RUNS - 1)

@@ -25,7 +25,7 @@ from tvm_pesto.cluster import Cluster, parse_cluster  # noqa: E402
 from tvm_pesto.errors import ExecutionError  # noqa: E402
 from tvm_pesto.plan import Plan  # noqa: E402
 from tvm_pesto.run.program import Program, Step  # noqa: E402
-from tvm_pesto.run.ray_executor import (RayExecutor, RaySession, schedule,  # noqa: E402
+from tvm_pesto.run.ray.executor import (RayExecutor, RaySession, schedule,  # noqa: E402
                                         use_ray)
 
 pytestmark = pytest.mark.slow  # Ray actors in processes of their own: out of the `-m "not slow"` lane

@@ -364,7 +364,7 @@ def wrong_numerics(opts: list[Option], outputs: dict) -> dict:
     """Option name -> why it is left out, for each option whose first output is not within
     :data:`NUMERICS_TOL` (:data:`REDUCED_TOL` with a ``-bf16`` backend) of ``library:tvm``'s."""
     # lazy: loads TVM, which importing this module does not
-    from .run.executor import max_abs_err, to_numpy
+    from .run.thread.executor import max_abs_err, to_numpy
 
     if "library:tvm" not in outputs:
         return {}

@@ -221,7 +221,7 @@ def _build_pesto(zm, cluster, backends, cache, ref: list[np.ndarray]) -> dict:
     (``{"error": ...}`` when it does not build)."""
     # lazy: loads TVM's compiler, which importing this module does not
     from .. import api
-    from ..run.executor import max_abs_err
+    from ..run.thread.executor import max_abs_err
 
     t = time.perf_counter()
     try:
@@ -321,7 +321,7 @@ def _build_variants(variants: dict, analysis, zm, ref: list[np.ndarray]):
     """
     # lazy: loads TVM's compiler, which importing this module does not
     from ..builder.placed import PlacedModule
-    from ..run.executor import max_abs_err
+    from ..run.thread.executor import max_abs_err
     from ..builder.rewrite import apply_plan
 
     placed, errs, failed = {}, {}, {}

@@ -65,8 +65,8 @@ from ..cluster.specs import cpu_cluster
 from ..decide import whole_model_placement
 from ..errors import error_line
 from ..measure.blocks import time_blocks
-from ..run.executor import max_abs_err
-from ..run.loaders import onnx_session
+from ..run.libraries.loaders import onnx_session
+from ..run.thread.executor import max_abs_err
 from .sources import ModelSource, bench_source, run_isolated
 from .report import AGREE, geomean, machine_info, noise_line, timing_noise
 

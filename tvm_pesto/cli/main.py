@@ -383,7 +383,7 @@ def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispa
                       f"(load {cres['load'][0]:.2f} -> {cres['load'][1]:.2f})")
     if executor == "ray":
         # lazy: loads TVM; the CLI imports a verb's code when the verb runs
-        from ..run.ray_executor import RaySession, measure_ray_links
+        from ..run.ray.executor import RaySession, measure_ray_links
 
         session = RaySession(ray_address)
         try:

@@ -1,7 +1,7 @@
 """What one run of a placed module costs beyond its kernels and transfers: the executor's dispatch.
 
-A placed module is run by the thread executor (:mod:`tvm_pesto.run.executor`) or by the Ray
-executor (:mod:`tvm_pesto.run.ray_executor`). Neither is free, and neither is in the plan's
+A placed module is run by the thread executor (:mod:`tvm_pesto.run.thread.executor`) or by the Ray
+executor (:mod:`tvm_pesto.run.ray.executor`). Neither is free, and neither is in the plan's
 schedule (the solvers' makespan):
 
 * ``run_s``: one run of a one-device program beyond its kernels. Threads: calling the
