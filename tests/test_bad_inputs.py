@@ -50,7 +50,7 @@ from tvm_pesto.errors import (BuildError, ClusterError, CostError, ExecutionErro
 from tvm_pesto.lab.tuning_rows import read_tuning_db
 from tvm_pesto.models import load_model
 from tvm_pesto.plan import Plan
-from tvm_pesto.run.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
+from tvm_pesto.run.bundle.format import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
 
 MiB = 1 << 20
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -528,7 +528,7 @@ def _bundle(path):
 
 
 def test_api_bundle_with_a_corrupt_file(tmp_path):
-    from tvm_pesto.run.bundle import read_manifest
+    from tvm_pesto.run.bundle.format import read_manifest
 
     bundle = _bundle(tmp_path / "b")
     read_manifest(str(bundle))  # the control: intact, it passes the checks

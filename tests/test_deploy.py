@@ -14,7 +14,7 @@ import pytest
 import tvm_pesto
 from tvm_pesto import zoo
 from tvm_pesto.errors import ExecutionError
-from tvm_pesto.run.runtime_pkg import copy_runtime_package
+from tvm_pesto.run.bundle.runtime_pkg import copy_runtime_package
 
 LOAD_AND_RUN = textwrap.dedent("""
     import sys, numpy as np

@@ -65,7 +65,7 @@ def test_the_check_fails_over_the_limit_and_names_the_largest_files(prep):
 
 
 def test_default_models_with_this_working_tree_fit_a_device_call(prep, tmp_path):
-    from tvm_pesto.run.runtime_pkg import copy_runtime_package, tree_bytes
+    from tvm_pesto.run.bundle.runtime_pkg import copy_runtime_package, tree_bytes
 
     est = prep.FOLDER_MIB
     assert set(prep.DEFAULT_MODELS) <= set(est), "FOLDER_MIB needs every default model"

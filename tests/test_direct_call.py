@@ -12,7 +12,7 @@ from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.cluster.specs import cpu_cluster
 from tvm_pesto.choose import whole_model_placement
 from tvm_pesto.errors import PestoError
-from tvm_pesto.run.executor import to_numpy
+from tvm_pesto.run.thread.executor import to_numpy
 import onnxruntime  # noqa: F401 - a required dependency: a broken install fails, it does not skip
 
 

@@ -19,8 +19,8 @@ from tvm_pesto.candidates import Candidate
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import ExecutionError
 from tvm_pesto.plan import Plan
-from tvm_pesto.run.executor import Executor
 from tvm_pesto.run.program import Program, Step
+from tvm_pesto.run.thread.executor import Executor
 
 SEGMENT = "pesto_test.fault_segment"
 X = np.arange(16, dtype="float32").reshape(4, 4) - 8

@@ -22,8 +22,8 @@ from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.cluster import device_thread, parse_cluster
 from tvm_pesto.errors import InfeasibleError, PestoError
 from tvm_pesto.graph.relax_import import from_relax
-from tvm_pesto.run.executor import Executor
 from tvm_pesto.run.program import Program, Step
+from tvm_pesto.run.thread.executor import Executor
 from tvm_pesto.solve import portfolio
 from tvm_pesto.solve.ilp_solve import solve_ilp
 

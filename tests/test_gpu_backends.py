@@ -39,7 +39,6 @@ from tvm_pesto.backends import BackendUnavailableError, get_backend
 from tvm_pesto.backends.base import MatchContext, instance_key
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.cluster import gpu_probe as probe
-from tvm_pesto.run import streams
 from tvm_pesto.backends.onnx_export import OnnxExportError, flatten_args, relax_to_onnx
 from tvm_pesto.backends.onnx_ops import supports_call
 from tvm_pesto.builder.lower import lower_units
@@ -47,6 +46,7 @@ from tvm_pesto.candidates import candidate_function
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import BuildError, ExecutionError
 from tvm_pesto.graph.relax_import import from_relax
+from tvm_pesto.run.thread import streams
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_OK, GPU_WHY = probe.tvm_cuda_runtime()
@@ -612,7 +612,7 @@ def test_device_check_dry_run_fails_when_a_backend_is_broken(tmp_path):
 @pytest.mark.slow
 @needs_nvcc
 def test_prepared_folder_fits_and_its_cpu_twins_load_runtime_only(prepared, tmp_path):
-    from tvm_pesto.run.runtime_pkg import tree_bytes
+    from tvm_pesto.run.bundle.runtime_pkg import tree_bytes
 
     folder, _, r = prepared
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -1,13 +1,13 @@
-"""A library's call at its floor (:mod:`tvm_pesto.run.library_call`): bound inputs, fresh outputs."""
+"""A library's call at its floor (:mod:`tvm_pesto.run.libraries.calls`): bound inputs, fresh outputs."""
 import threading
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from tvm_pesto.run import library_call
-from tvm_pesto.run.loaders import onnx_session, openvino_runner
-from tvm_pesto.run.library_call import OnnxRuntimeCall, OpenVinoCall
+from tvm_pesto.run.libraries import calls
+from tvm_pesto.run.libraries.calls import OnnxRuntimeCall, OpenVinoCall
+from tvm_pesto.run.libraries.loaders import onnx_session, openvino_runner
 
 
 def _onnx(shape, out_shape=None) -> bytes:
@@ -66,7 +66,7 @@ def test_a_wrong_shape_is_the_library_error(make):
 
 
 def test_large_or_dynamic_outputs_are_made_by_the_library(make):
-    big = library_call.BOUND_OUTPUT_BYTES // 4 + 1
+    big = calls.BOUND_OUTPUT_BYTES // 4 + 1
     if make is _openvino:
         assert make([1, big])._outs is None and make([2, 3])._outs is not None
         assert make(["n", 3])._outs is None

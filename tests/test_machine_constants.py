@@ -1,4 +1,4 @@
-"""The executors' links and dispatch as machine constants (tvm_pesto.run.dispatch.machine_dispatch,
+"""The executors' links and dispatch as machine constants (tvm_pesto.measure.dispatch.machine_dispatch,
 tvm_pesto.cluster.dispatch): fitted here on first use for a cluster of this machine's CPU
 devices, kept per machine, executor and device shape, reused without measuring again, assumed
 (and said to be) for devices that are not here, charged by the simulator, named in the run JSON.
@@ -26,8 +26,8 @@ from tvm_pesto.cluster.dispatch import ASSUMED_DISPATCH, dispatch_info, set_disp
 from tvm_pesto.costs.machine import MACHINE_ENV
 from tvm_pesto.errors import ClusterError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
+from tvm_pesto.measure import dispatch as rd
 from tvm_pesto.plan import Plan, Problem, simulate
-from tvm_pesto.run import dispatch as rd
 
 
 @pytest.fixture
@@ -257,7 +257,7 @@ def kept_excess() -> float:
 
 
 def test_the_ray_caller_sleeps_through_most_of_a_run():
-    from tvm_pesto.run.ray_executor import RECENT_RUNS, WAIT_SHARE, WAKE_S, RayExecutor
+    from tvm_pesto.run.ray.executor import RECENT_RUNS, WAIT_SHARE, WAKE_S, RayExecutor
 
     ex = object.__new__(RayExecutor)  # the waiting rule alone: no actors
     ex._ready = [2e-3] * (RECENT_RUNS - 1)

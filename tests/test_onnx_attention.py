@@ -7,7 +7,7 @@ from tvm import relax
 
 from tvm_pesto.backends.onnx_export import relax_to_onnx
 from tvm_pesto.backends.onnx_ops import supports_call
-from tvm_pesto.run.loaders import onnx_session
+from tvm_pesto.run.libraries.loaders import onnx_session
 
 
 @pytest.mark.slow

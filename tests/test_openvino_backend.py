@@ -26,7 +26,7 @@ from tvm_pesto.costs import candidate_costs
 from tvm_pesto.errors import BuildError
 from tvm_pesto.graph.relax_import import from_relax
 from tvm_pesto.plan import Plan
-from tvm_pesto.run.loaders import LOADERS, direct_call
+from tvm_pesto.run.libraries.loaders import LOADERS, direct_call
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 needs_openvino = pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not installed (pip install openvino)")

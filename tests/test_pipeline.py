@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from tvm_pesto.cli.main import cli
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import ExecutionError
-from tvm_pesto.run.pipeline import microbatch_inputs, run_pipeline
 from tvm_pesto.run.program import Program, Step
 from tvm_pesto.run.runtime import PlacedRuntime
+from tvm_pesto.run.thread.pipeline import microbatch_inputs, run_pipeline
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 

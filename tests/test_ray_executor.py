@@ -25,7 +25,7 @@ from tvm_pesto.cluster import Cluster, parse_cluster  # noqa: E402
 from tvm_pesto.errors import ExecutionError  # noqa: E402
 from tvm_pesto.plan import Plan  # noqa: E402
 from tvm_pesto.run.program import Program, Step  # noqa: E402
-from tvm_pesto.run.ray_executor import (RayExecutor, RaySession, schedule,  # noqa: E402
+from tvm_pesto.run.ray.executor import (RayExecutor, RaySession, schedule,  # noqa: E402
                                         use_ray)
 
 pytestmark = pytest.mark.slow  # Ray actors in processes of their own: out of the `-m "not slow"` lane
@@ -259,7 +259,7 @@ def test_ray_cli_run_json(ray_session, tmp_path):
         assert all(1e-6 < t < 10 for t in p["points"].values()), p["points"]  # a real hand-over: over 1 us
     assert ray_session.owned  # the CLI used the Ray already running and left it running
     # the dispatch fit --refit kept: each program timed through the Ray executor itself
-    from tvm_pesto.run import dispatch as rd
+    from tvm_pesto.measure import dispatch as rd
 
     rec = rd.load_constants(rd.constants_path(parse_cluster("cpu:2"), "ray"))
     t, fit = rec["programs_s"], rec["dispatch"]

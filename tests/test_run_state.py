@@ -7,8 +7,8 @@ import numpy as np
 import tvm
 
 from tvm_pesto.cluster import parse_cluster
-from tvm_pesto.run.executor import Executor
 from tvm_pesto.run.program import Program, Step
+from tvm_pesto.run.thread.executor import Executor
 
 
 def _within(seconds, fn, *args):

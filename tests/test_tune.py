@@ -179,7 +179,7 @@ def test_tvm_ms_applies_the_database_with_tvm_numerics(tuned, ms_backend, tmp_pa
     np.testing.assert_allclose(outs["tvm-ms"], ref, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(outs["tvm-ms"], outs["tvm"], rtol=1e-4, atol=1e-4)
     # deployed: the exported library, loaded by the runtime side, computes the same
-    from tvm_pesto.run.loaders import LOADERS
+    from tvm_pesto.run.libraries.loaders import LOADERS
 
     out_dir = str(tmp_path)
     meta = ms_backend.export_artifact(func, CPU, out_dir, "mlp")

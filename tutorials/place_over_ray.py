@@ -29,9 +29,9 @@ import numpy as np
 import tvm_pesto
 from tvm_pesto import zoo
 from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.measure.dispatch import machine_dispatch
 from tvm_pesto.plan.trace import gantt_png, sim_events, trace_events
-from tvm_pesto.run.dispatch import machine_dispatch
-from tvm_pesto.run.ray_executor import RaySession, use_ray
+from tvm_pesto.run.ray.executor import RaySession, use_ray
 
 size = os.environ.get("TVM_PESTO_TUTORIAL_SIZE", "small")
 out_dir = os.environ.get("TVM_PESTO_TUTORIAL_OUT", "tutorial-out")

@@ -36,7 +36,7 @@ _LAZY = {
     "Plan": ("plan", "Plan"),
     "Problem": ("plan", "Problem"),
     "simulate": ("plan", "simulate"),
-    "load": ("run.load", "load"),
+    "load": ("run.bundle.load", "load"),
 }
 
 

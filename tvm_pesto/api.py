@@ -56,7 +56,7 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
     the final choice that would not build within it are left out; ``precision="bf16"``: the
     backends that compute in bfloat16 on this CPU compete too). ``executor`` runs the
     devices: ``"thread"`` (one pinned thread per device, this process) or ``"ray"`` (one
-    Ray actor per device, :mod:`tvm_pesto.run.ray_executor`: a local Ray on 127.0.0.1, or
+    Ray actor per device, :mod:`tvm_pesto.run.ray.executor`: a local Ray on 127.0.0.1, or
     the cluster at ``ray_address``); ``close()`` the module to stop the actors.
 
     ``measure_final`` (default: on, :data:`tvm_pesto.choose.MEASURE_ENV`): on ``cpu:N``,

@@ -27,7 +27,7 @@ from .graph.analysis import Analysis, analyze
 from .plan import JointProblem, simulate
 from .plan.placement import Placement
 from .plan.simulate import HOME_DEVICE
-from .run.dispatch import machine_dispatch
+from .measure.dispatch import machine_dispatch
 from .solve import budget, split
 from .solve.build_budget import solve_within
 from .solve.joint import MIN_ILP_S, solve_joint
@@ -51,7 +51,7 @@ def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None
 def _machine_constants(cluster: Cluster, executor: str) -> None:
     """Before the first plan of a cluster of this machine's CPU devices, give it the
     executor's links, dispatch and contention fitted here (kept per machine; fitted now when
-    none is kept, :func:`tvm_pesto.run.dispatch.machine_dispatch`); other clusters get the
+    none is kept, :func:`tvm_pesto.measure.dispatch.machine_dispatch`); other clusters get the
     assumed figures, which their reports name as assumed."""
     machine_dispatch(cluster, executor)
 

@@ -212,14 +212,14 @@ def conv_paths(ctx, sub: dict, data, rng, rec: dict) -> None:
 
 
 def stream_part(ctx, man: dict) -> list[dict]:
-    """tvm-pesto's per-device streams (``tvm_pesto.run.streams``) on one GPU: a copy between two
+    """tvm-pesto's per-device streams (``tvm_pesto.run.thread.streams``) on one GPU: a copy between two
     streams of it, and each prepared model's ``main`` (CUDA graphs) in a worker thread bound to a
     raw stream, as the executor runs a device: the first input against the prepared reference,
     a second against the same call made before on the default stream."""
     import threading
 
     sys.path.insert(0, str(HERE.parents[1]))
-    from tvm_pesto.run import streams
+    from tvm_pesto.run.thread import streams
 
     tvm, dev = ctx.tvm, ctx.dev
     rows = []

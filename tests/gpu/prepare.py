@@ -8,7 +8,7 @@ copied in as ``run_gpu_check.py``). The folder::
     manifest.json             what is where, every file's size, the checks done here (rows)
     run_gpu_check.py          the runner: stdlib + NumPy + the folder
     runtime/tvm/              TVM's package without libtvm_compiler.so, 3rdparty/ and its build-only
-                              folders (about 13 MiB; tvm_pesto.run.runtime_pkg)
+                              folders (about 13 MiB; tvm_pesto.run.bundle.runtime_pkg)
     wheels/                   tvm-ffi and cudnn-frontend for CPython 3.12, typing_extensions (which
                               tvm-ffi imports); cached downloads
     lib/                      gpu_probe.py (the project's probes), pesto_cublaslt.py,
@@ -61,7 +61,7 @@ from tvm_pesto.cluster import gpu_probe, parse_cluster
 from tvm_pesto.costs.cache import CACHE_VERSION, target_key
 from tvm_pesto.graph.fusion import fusion_groups
 from tvm_pesto.graph.relax_import import from_relax
-from tvm_pesto.run.runtime_pkg import copy_runtime_package, tree_bytes
+from tvm_pesto.run.bundle.runtime_pkg import copy_runtime_package, tree_bytes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

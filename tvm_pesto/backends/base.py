@@ -34,7 +34,7 @@ import tvm
 from tvm import relax
 
 from ..errors import BuildError, PestoError, error_line
-from ..run.loaders import direct_call, register_unit
+from ..run.libraries.loaders import direct_call, register_unit
 # re-exported: the backends and the candidate generator import these from here
 from .patterns import CheckFn, MatchContext, PatternEntry, default_check, op_level_patterns, region_check  # noqa: F401
 from .relax_calls import (  # noqa: F401
@@ -236,7 +236,7 @@ class Backend(abc.ABC):
         """Write what runs ``func`` without TVM's compiler into ``out_dir`` (files named
         ``stem.*``) and return its description: ``{"kind": ..., "files": [...], ...}``.
 
-        ``kind`` names the loader in :mod:`tvm_pesto.run.loaders` that turns the files
+        ``kind`` names the loader in :mod:`tvm_pesto.run.libraries.loaders` that turns the files
         back into the calling convention above. The default says the backend cannot.
 
         Raises

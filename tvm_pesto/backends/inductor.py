@@ -16,11 +16,11 @@ seconds each build took are the unit callable's ``build_s``
 
 Threads: the device's core count, both in the generated code (``cpp.threads``: Inductor
 writes the OpenMP thread count into it) and for the library calls (``torch.set_num_threads``
-before each call, as the ``torch`` backend does: :func:`tvm_pesto.run.loaders.torch_runner`).
+before each call, as the ``torch`` backend does: :func:`tvm_pesto.run.libraries.loaders.torch_runner`).
 
 Bundles hold an AOTInductor package per unit (``aoti_compile_and_package``, ``.pt2``): the
 compiled shared library and the weights, loaded with ``aoti_load_package``
-(:func:`tvm_pesto.run.loaders.load_inductor_aoti`), so loading a bundle never compiles.
+(:func:`tvm_pesto.run.libraries.loaders.load_inductor_aoti`), so loading a bundle never compiles.
 
 Examples
 --------
@@ -44,7 +44,7 @@ import time
 from tvm import relax
 
 from ..errors import BuildError, error_line
-from ..run.loaders import torch_runner
+from ..run.libraries.loaders import torch_runner
 from .base import device_cores, output_types, static_shape
 from .torch_ops import TorchBackend, _tdtype, exported_subgraph
 

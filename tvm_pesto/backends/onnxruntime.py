@@ -7,7 +7,7 @@ these backends share (which ops, the exported artifact); the library is the subc
 
 ``onnxruntime`` runs the model in ONNX Runtime. At run time inputs and the output are bound by
 pointer (IOBinding over DLPack views), so ORT reads TVM's tensors and writes the DPS output
-tensor in place (:func:`tvm_pesto.run.loaders.onnx_runner`, which a deployed bundle uses too).
+tensor in place (:func:`tvm_pesto.run.libraries.loaders.onnx_runner`, which a deployed bundle uses too).
 ``onnxruntime-parallel`` runs it in ONNX Runtime's parallel mode (independent branches of the
 region at once, one thread each); it is offered whole regions only, on devices of two or
 more cores.
@@ -32,7 +32,7 @@ import os
 from tvm import relax
 
 from ..errors import BuildError
-from ..run.loaders import onnx_runner
+from ..run.libraries.loaders import onnx_runner
 from .base import Backend, device_cores, op_level_patterns, op_short_name
 from .onnx_export import EXPORT_STAMP, relax_to_onnx
 from .onnx_ops import SUPPORTED_OPS, supports_call
@@ -46,7 +46,7 @@ class OnnxGraphBackend(Backend):
 
     Subclasses implement :meth:`available` and :meth:`make_callable` (from
     ``relax_to_onnx(func)``) and name the loader of their artifact in ``artifact_kind``
-    (:data:`tvm_pesto.run.loaders.LOADERS`); :meth:`artifact_meta` adds what the loader reads.
+    (:data:`tvm_pesto.run.libraries.loaders.LOADERS`); :meth:`artifact_meta` adds what the loader reads.
     """
 
     device_kinds = ("cpu",)
@@ -89,7 +89,7 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
 
     name = "onnxruntime"
     build_s_guess = (0.0005, 0.00014)  # a session per unit (1,884 builds of 1-194 ops, Xeon, 2 vCPUs)
-    #: ONNX Runtime's parallel execution mode (:func:`tvm_pesto.run.loaders.onnx_session`)
+    #: ONNX Runtime's parallel execution mode (:func:`tvm_pesto.run.libraries.loaders.onnx_session`)
     parallel = False
 
     def available(self) -> tuple[bool, str]:

@@ -3,8 +3,8 @@
 The subgraph function is exported with :func:`tvm_pesto.backends.onnx_export.relax_to_onnx`,
 as for ONNX Runtime (same ops, same candidates: :class:`~tvm_pesto.backends.onnxruntime.OnnxGraphBackend`),
 and compiled with the device's core count as OpenVINO's inference threads
-(:func:`tvm_pesto.run.loaders.openvino_model`). At run time OpenVINO reads TVM's input
-tensors and writes the DPS output tensors in place (:func:`tvm_pesto.run.loaders.openvino_runner`,
+(:func:`tvm_pesto.run.libraries.loaders.openvino_model`). At run time OpenVINO reads TVM's input
+tensors and writes the DPS output tensors in place (:func:`tvm_pesto.run.libraries.loaders.openvino_runner`,
 which a deployed bundle uses too: its artifact is the ONNX file, compiled again when loaded).
 
 Examples
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from tvm import relax
 
-from ..run.loaders import openvino_runner
+from ..run.libraries.loaders import openvino_runner
 from .base import device_cores
 from .onnx_export import relax_to_onnx
 from .onnxruntime import OnnxGraphBackend
@@ -36,14 +36,14 @@ class OpenVinoBackend(OnnxGraphBackend):
     One compiled model per subgraph and core count, made at build time: ``cores`` inference
     threads, the latency hint, float32 precision, and OpenVINO's own CPU pinning off (it
     would move the calling device thread off its cores; see
-    :func:`~tvm_pesto.run.loaders.openvino_model`).
+    :func:`~tvm_pesto.run.libraries.loaders.openvino_model`).
     """
 
     name = "openvino"
     build_s_guess = (0.012, 0.0006)  # compile_model (1,884 builds of 1-194 ops, Xeon, 2 vCPUs)
     artifact_kind = "openvino"
     cost_proxy = "onnxruntime"  # another whole-graph CPU library on the same ONNX, until trained on
-    #: OpenVINO's inference precision (:func:`tvm_pesto.run.loaders.openvino_model`)
+    #: OpenVINO's inference precision (:func:`tvm_pesto.run.libraries.loaders.openvino_model`)
     precision = "f32"
 
     def available(self) -> tuple[bool, str]:

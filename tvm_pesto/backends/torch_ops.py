@@ -28,7 +28,7 @@ import tvm
 from tvm import relax
 
 from ..errors import BuildError, error_line
-from ..run.loaders import flatten, torch_runner
+from ..run.libraries.loaders import flatten, torch_runner
 from .base import (
     Backend, call_attrs, device_cores, function_bindings, op_level_patterns, op_short_name, pads4,
     prim_value, shape_value, static_shape,

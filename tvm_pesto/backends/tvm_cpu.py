@@ -37,7 +37,7 @@ from tvm import relax
 
 from ..errors import BuildError, CostError, error_line
 from ..graph.subgraph import structural_key
-from ..run.loaders import vm_runner
+from ..run.libraries.loaders import vm_runner
 from .base import Backend, output_types
 from .ms_database import RECORD_FILE, WORKLOAD_FILE, check_database_target, open_database, rpc_target
 from .registry import get_backend

@@ -13,7 +13,7 @@ from .. import __version__
 from ..backends.gpu import tvm_cuda
 from ..backends.registry import built_unit, get_backend, unit_backend
 from ..errors import BuildError
-from ..run.bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
+from ..run.bundle.format import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
 from ..run.runtime import PlacedRuntime
 from .program import read_program, split_by_device
 from .rewrite import apply_plan

@@ -2,7 +2,7 @@
 
 A plan slower than the library a user already has is a defect. Before :func:`tvm_pesto.build`
 returns (and in ``tvm-pesto run``) these options are built and timed against each other in
-blocks (:func:`tvm_pesto.run.blocks.time_blocks`, about :data:`~tvm_pesto.choose.measure.BUDGET_S` s in all); the fastest is kept:
+blocks (:func:`tvm_pesto.measure.blocks.time_blocks`, about :data:`~tvm_pesto.choose.measure.BUDGET_S` s in all); the fastest is kept:
 
 * ``plan``: the flow's plan on the cluster asked for;
 * ``one-device``: on ``cpu:N`` with N > 1, the flow's plan on the same cores as one device

@@ -56,9 +56,9 @@ def _close(placed, live=()) -> None:
 
 
 def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_counter) -> dict:
-    """:func:`~tvm_pesto.run.blocks.time_blocks` over the built options, ``budget_s`` in all."""
+    """:func:`~tvm_pesto.measure.blocks.time_blocks` over the built options, ``budget_s`` in all."""
     # lazy: loads TVM, which importing this module does not
-    from ..run.blocks import time_blocks
+    from ..measure.blocks import time_blocks
 
     if not built:
         return {}
@@ -216,7 +216,7 @@ def wrong_numerics(opts: list[Option], outputs: dict) -> dict:
     """Option name -> why it is left out, for each option whose first output is not within
     :data:`NUMERICS_TOL` (:data:`REDUCED_TOL` with a ``-bf16`` backend) of ``library:tvm``'s."""
     # lazy: loads TVM, which importing this module does not
-    from ..run.executor import max_abs_err, to_numpy
+    from ..run.thread.executor import max_abs_err, to_numpy
 
     if "library:tvm" not in outputs:
         return {}

@@ -23,16 +23,16 @@ from ..costs.remote import remote_cluster
 from ..errors import InfeasibleError, PestoError
 from ..graph import dnn_partitioning as dp
 from ..jsonio import jsonable
+from ..measure.dispatch import machine_dispatch
 from ..models import load_model
 from ..plan import Problem, simulate
 from ..plan.expert_split import load_expert_split
 from ..plan.objective import check_choice, evaluate
 from ..plan.trace import write_trace_dir
-from ..run.dispatch import machine_dispatch
-from ..run.executor import max_abs_err, to_numpy
-from ..run.pipeline import microbatch_inputs, run_pipeline
-from ..run.ray_executor import RaySession, use_ray
+from ..run.ray.executor import RaySession, use_ray
 from ..run.runtime import BENCH_MIN_S
+from ..run.thread.executor import max_abs_err, to_numpy
+from ..run.thread.pipeline import microbatch_inputs, run_pipeline
 from ..solve import SOLVERS, budget, get_solver, solve
 from ..solve.bounds import lower_bound
 from ..solve.joint import joint_lower_bound
@@ -66,9 +66,9 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", co
     ``deterministic``: work budgets instead of wall-clock ones (:func:`tvm_pesto.api.place`);
     ``res["deterministic"]`` says which mode was used, ``res["plan_deterministic"]`` whether
     no clock decided the plan. ``executor="ray"`` runs the devices as Ray actors
-    (:mod:`tvm_pesto.run.ray_executor`; a local Ray on 127.0.0.1, or ``ray_address``). With
+    (:mod:`tvm_pesto.run.ray.executor`; a local Ray on 127.0.0.1, or ``ray_address``). With
     devices of this machine, the executor's links, dispatch and the devices' contention are
-    this machine's fit (:func:`tvm_pesto.run.dispatch.machine_dispatch`: the one kept, or
+    this machine's fit (:func:`tvm_pesto.measure.dispatch.machine_dispatch`: the one kept, or
     measured on first use; ``refit`` measures them again now and keeps them), so the plan and
     the simulation use what this executor costs here (``res["link_model"]``,
     ``res["dispatch"]``: figures, source, time of the fit; ``res["contention"]``).
@@ -189,7 +189,7 @@ def run_pipelined(model: str, size: str, cluster_spec: str, microbatches: int = 
                   costs: str = "auto", repeat: int = 3, input_shapes=None, deterministic: bool = False) -> dict:
     """``tvm-pesto run MODEL --objective throughput``: place MODEL's fusion groups as a stage
     plan for the time per sample of ``microbatches`` microbatches (:mod:`tvm_pesto.plan.stage`),
-    build it, stream the microbatches through the devices (:func:`tvm_pesto.run.pipeline.run_pipeline`)
+    build it, stream the microbatches through the devices (:func:`tvm_pesto.run.thread.pipeline.run_pipeline`)
     and report the measured time per sample (median of ``repeat`` streams) against the
     simulated one and against running the microbatches one by one, and the largest
     difference between pipelined and one-by-one outputs (and the unplaced module's)."""

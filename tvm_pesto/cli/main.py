@@ -383,7 +383,7 @@ def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispa
                       f"(load {cres['load'][0]:.2f} -> {cres['load'][1]:.2f})")
     if executor == "ray":
         # lazy: loads TVM; the CLI imports a verb's code when the verb runs
-        from ..run.ray_executor import RaySession, measure_ray_links
+        from ..run.ray.executor import RaySession, measure_ray_links
 
         session = RaySession(ray_address)
         try:
@@ -398,7 +398,7 @@ def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispa
         console.print(f"  {k}: latency {v['latency_s'] * 1e6:.1f} us, bandwidth {v['bandwidth_Bps'] / 1e9:.2f} GB/s")
     if dispatch and executor == "thread" and sum(d.present and d.kind == "cpu" for d in c.devices) > 1:
         # lazy: loads TVM; the CLI imports a verb's code when the verb runs
-        from ..run.dispatch import measure_dispatch
+        from ..measure.dispatch import measure_dispatch
 
         with step("measure the executor's dispatch (one device, two): after the links, whose latency it uses"):
             dres = measure_dispatch(c)

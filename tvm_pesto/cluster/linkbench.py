@@ -4,7 +4,7 @@ For CPU devices the measurement uses the executor's own mechanism: a value made 
 device's worker thread is copied to the other device and handed over with an event, so
 the fitted latency includes the hand-off, not only the memcpy. The Ray executor's links
 (Ray channels between actors) are measured by
-:func:`tvm_pesto.run.ray_executor.measure_ray_links`, fitted by :func:`fit_links` too.
+:func:`tvm_pesto.run.ray.executor.measure_ray_links`, fitted by :func:`fit_links` too.
 """
 from __future__ import annotations
 

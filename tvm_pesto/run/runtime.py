@@ -13,9 +13,9 @@ import tvm
 import tvm_ffi
 
 from ..errors import ExecutionError, error_line
-from .executor import Executor, TraceEvent, to_numpy
-from .loaders import direct_call
-from .ray_executor import DEFAULT_TIMEOUT_S, use_ray
+from .libraries.loaders import direct_call
+from .ray.executor import DEFAULT_TIMEOUT_S, use_ray
+from .thread.executor import Executor, TraceEvent, to_numpy
 from .torch_io import as_torch, from_torch
 
 #: Least seconds :meth:`PlacedRuntime.benchmark` times and warms up for (a 40-µs model: 5,000
@@ -190,7 +190,7 @@ class PlacedRuntime:
 
     def run_traced(self, *args):
         """Run once and return ``(outputs, trace)``: what ran on which device when (a list of
-        :class:`~tvm_pesto.run.executor.TraceEvent`, seconds from the start). A call that
+        :class:`~tvm_pesto.run.thread.executor.TraceEvent`, seconds from the start). A call that
         takes the library's own call (one unit, numpy inputs) is one event, its outputs numpy
         arrays; otherwise the executor's steps, its outputs TVM tensors (torch tensors, either
         way, for torch tensors in)."""
@@ -251,7 +251,7 @@ class PlacedRuntime:
 
         ``executor`` has the thread executor's interface (``run(inputs, trace=None)``,
         ``close(timeout=None)``, ``broken``), e.g. a
-        :class:`~tvm_pesto.run.ray_executor.RayExecutor`. The current executor is closed
+        :class:`~tvm_pesto.run.ray.executor.RayExecutor`. The current executor is closed
         first; :meth:`close` stops the new one, and a call after it uses threads again.
         """
         for attr in ("run", "close"):
@@ -263,7 +263,7 @@ class PlacedRuntime:
 
     def use_ray(self, address: str | None = None, session=None, bundle: str | None = None,
                 timeout_s: float | None = None):
-        """Run the devices as Ray actors (:func:`tvm_pesto.run.ray_executor.use_ray`): a local
+        """Run the devices as Ray actors (:func:`tvm_pesto.run.ray.executor.use_ray`): a local
         Ray on 127.0.0.1, or the cluster at ``address``.
 
         Returns
@@ -343,7 +343,7 @@ def _as_tensor(a: np.ndarray, dev):
 
 def _direct(program):
     """``(step, f, result)`` when ``program`` is one call of a unit with a direct call on
-    numpy arrays (:func:`tvm_pesto.run.loaders.direct_call`) and nothing moves between
+    numpy arrays (:func:`tvm_pesto.run.libraries.loaders.direct_call`) and nothing moves between
     devices; else None. ``result(args, outs)`` is the program's output from its inputs and
     the unit's outputs, its steps resolved once here instead of on every call."""
     calls = program.calls()

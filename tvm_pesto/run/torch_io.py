@@ -39,7 +39,7 @@ def from_torch(args, views: dict | None = None) -> tuple[list, bool]:
     ``views`` (a dict the caller keeps between calls) holds the last view made per argument
     position: the same contiguous CPU tensor, at the same address and of the same shape,
     gets the same numpy object again, which a library's binding of its inputs recognises
-    without looking at the memory (:class:`~tvm_pesto.run.library_call.OpenVinoCall`). The
+    without looking at the memory (:class:`~tvm_pesto.run.libraries.calls.OpenVinoCall`). The
     last tensors stay alive until other tensors come at their positions, as a binding's do.
 
     Raises

@@ -19,7 +19,7 @@ multi-device run costs beyond its transfers (:func:`dispatch_from_times`). The t
 executor's programs run interleaved (rounds of each in turn; the median of the round
 medians), since a worker's wake-up on a 2-vCPU machine varies by tens of microseconds from
 minute to minute; the Ray executor's one after the other, each over its own actors
-(:mod:`tvm_pesto.run.ray_dispatch`), and ``one`` also on a megabyte, for the caller's cost
+(:mod:`tvm_pesto.run.ray.timing`), and ``one`` also on a megabyte, for the caller's cost
 per byte of input and result (``caller_s_per_byte``).
 
 Machine constants. :func:`machine_dispatch` is the one place that fits, keeps and loads
@@ -58,11 +58,11 @@ from ..costs.calibration import machine_info, machine_key
 from ..costs.machine import MACHINE_ENV, auto_enabled
 from ..errors import ClusterError
 from ..jsonio import write_json
-from .executor import Executor
-from .program import Program, Step
-from .ray_dispatch import time_ray_programs
-from .ray_executor import measure_ray_links
-from .ray_session import RaySession
+from ..run.program import Program, Step
+from ..run.ray.executor import measure_ray_links
+from ..run.ray.session import RaySession
+from ..run.ray.timing import time_ray_programs
+from ..run.thread.executor import Executor
 
 #: Format name and version of a kept fit.
 FORMAT = "tvm-pesto-machine-constants"
@@ -228,8 +228,8 @@ def measure_ray_dispatch(cluster, session=None, programs=("one", "there", "back"
     four-float one: the difference less the two adds', over twice the bytes).
 
     Each of ``programs`` (:func:`dispatch_programs`) runs through a
-    :class:`~tvm_pesto.run.ray_executor.RayExecutor` of its own, over actors that load the
-    kernels' library as a placed module's actors do (:mod:`tvm_pesto.run.ray_dispatch`).
+    :class:`~tvm_pesto.run.ray.executor.RayExecutor` of its own, over actors that load the
+    kernels' library as a placed module's actors do (:mod:`tvm_pesto.run.ray.timing`).
 
     Returns
     -------

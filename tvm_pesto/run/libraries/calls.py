@@ -24,7 +24,7 @@ Examples
 ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
 ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
 >>> m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]); m.ir_version = 8
->>> from tvm_pesto.run.loaders import onnx_session
+>>> from tvm_pesto.run.libraries.loaders import onnx_session
 >>> call = OnnxRuntimeCall(onnx_session(m.SerializeToString(), 1))
 >>> x = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], dtype="float32")
 >>> a = call(x); b = call(x); a[0].tolist(), b[0] is a[0]

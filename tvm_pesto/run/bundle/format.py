@@ -8,7 +8,7 @@ A bundle (written by :meth:`tvm_pesto.builder.placed.PlacedModule.export`) is a 
 * one artifact per non-TVM unit (``extern<k>.onnx``, ``.pt2``, ``.so``);
 * ``program.json`` (the executor's steps), ``cluster.json``, ``plan.json``.
 
-:func:`tvm_pesto.run.load.load` checks every file against the manifest (:func:`read_manifest`,
+:func:`tvm_pesto.run.bundle.load.load` checks every file against the manifest (:func:`read_manifest`,
 :func:`check_files`) before it loads anything, then registers the artifacts' functions
 (:func:`register_artifacts`), loads the libraries (:func:`load_library`) and returns a
 :class:`~tvm_pesto.run.runtime.PlacedRuntime`. Nothing here imports TVM's compiler
@@ -20,8 +20,8 @@ import hashlib
 import json
 import os
 
-from ..errors import ExecutionError
-from .loaders import register_artifact
+from ...errors import ExecutionError
+from ..libraries.loaders import register_artifact
 
 MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "tvm-pesto-bundle"

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
-from ..cluster.device_thread import enter_device_thread
-from ..errors import ExecutionError
-from .program import Program
+from ...cluster.device_thread import enter_device_thread
+from ...errors import ExecutionError
+from ..program import Program
 from .streams import StreamSet
 
 

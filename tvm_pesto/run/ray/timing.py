@@ -1,9 +1,9 @@
-"""Time small programs over the Ray executor: what :func:`tvm_pesto.run.dispatch.measure_ray_dispatch`
+"""Time small programs over the Ray executor: what :func:`tvm_pesto.measure.dispatch.measure_ray_dispatch`
 reads the Ray executor's dispatch from.
 
 The programs' libraries (one per device, compiled by the caller) are written as a bundle, as
 :meth:`~tvm_pesto.builder.placed.PlacedModule.export` writes a placed model's, and each
-program runs through a :class:`~tvm_pesto.run.ray_executor.RayExecutor` of its own: its
+program runs through a :class:`~tvm_pesto.run.ray.executor.RayExecutor` of its own: its
 actors load the library from the bundle's bytes, the compiled graph is bound in program
 order, and every run goes through :meth:`RayExecutor.run`, as a placed module's call does.
 """
@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from .bundle import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
-from .ray_executor import RayExecutor
-from .ray_session import RaySession
+from ..bundle.format import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
+from .executor import RayExecutor
+from .session import RaySession
 
 
 def write_bundle(path: str, executables: dict) -> str:

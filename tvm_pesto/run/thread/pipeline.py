@@ -1,6 +1,6 @@
 """Run a placed program on a stream of microbatches, pipelined over its devices.
 
-The :class:`~tvm_pesto.run.executor.Executor` runs one input at a time: every device waits
+The :class:`~tvm_pesto.run.thread.executor.Executor` runs one input at a time: every device waits
 for the whole run to end before the next input starts. :func:`run_pipeline` streams ``K``
 microbatches instead. Each device's worker (the executor's pinned thread for that device)
 runs its steps for microbatch 0, then for microbatch 1, and so on, as soon as their inputs
@@ -20,7 +20,7 @@ Examples
 --------
 >>> import tvm_pesto
 >>> from tvm_pesto.candidates.examples import tiny_cnn
->>> from tvm_pesto.run.pipeline import microbatch_inputs, run_pipeline
+>>> from tvm_pesto.run.thread.pipeline import microbatch_inputs, run_pipeline
 >>> mod, inputs = tiny_cnn()
 >>> placed = tvm_pesto.build(mod, "cpu:2", costs="roofline")
 >>> outs, facts = run_pipeline(placed, microbatch_inputs(inputs, 4))
@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from ..errors import ExecutionError, error_line
+from ...errors import ExecutionError, error_line
 from .executor import Executor, _copy, to_numpy
 
 

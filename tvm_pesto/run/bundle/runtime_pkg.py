@@ -14,7 +14,7 @@ and by the runtime-only fixture of ``tests/test_deploy.py``.
 
 Examples
 --------
->>> from tvm_pesto.run.runtime_pkg import copy_runtime_package
+>>> from tvm_pesto.run.bundle.runtime_pkg import copy_runtime_package
 >>> import os, tempfile
 >>> rt = os.path.join(tempfile.mkdtemp(), "rt")
 >>> pkg = copy_runtime_package(rt)
@@ -29,7 +29,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import BuildError
+from ...errors import BuildError
 
 #: What the copy leaves out (``shutil.ignore_patterns`` globs, matched on every level).
 EXCLUDED = ("libtvm_compiler*", "3rdparty", "__pycache__")

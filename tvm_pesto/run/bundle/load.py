@@ -1,4 +1,4 @@
-"""Load an exported placed model (a bundle, :mod:`tvm_pesto.run.bundle`) and run it with
+"""Load an exported placed model (a bundle, :mod:`tvm_pesto.run.bundle.format`) and run it with
 TVM's runtime only: no search, no measurement, no compiler.
 
 Examples
@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 
-from ..cluster.cluster import Cluster
-from ..errors import ExecutionError
-from .bundle import load_library, read_manifest, register_artifacts
-from .program import Program
-from .runtime import PlacedRuntime
+from ...cluster.cluster import Cluster
+from ...errors import ExecutionError
+from ..program import Program
+from ..runtime import PlacedRuntime
+from .format import load_library, read_manifest, register_artifacts
 
 
 def _read_json(path: str, name: str):

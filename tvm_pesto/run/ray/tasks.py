@@ -1,15 +1,15 @@
 """The Ray executor's schedule: a placed :class:`~tvm_pesto.run.program.Program` cut into
 tasks, one per segment call, each with what it receives and what it sends.
 
-Pure data, no Ray: :func:`schedule` is what :class:`~tvm_pesto.run.ray_executor.RayExecutor`
+Pure data, no Ray: :func:`schedule` is what :class:`~tvm_pesto.run.ray.executor.RayExecutor`
 binds to its actors in order, and it prints as plain dataclasses.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import ExecutionError
-from .program import Program
+from ...errors import ExecutionError
+from ..program import Program
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The same :class:`~tvm_pesto.run.program.Program` the thread executor runs, run by Ray
 Compiled Graphs (``ray.dag``) instead of threads: each device that runs a segment gets a
-Ray actor (:class:`~tvm_pesto.run.ray_worker.DeviceWorker`) that loads its library and backend artifacts from the
+Ray actor (:class:`~tvm_pesto.run.ray.worker.DeviceWorker`) that loads its library and backend artifacts from the
 bundle :meth:`~tvm_pesto.builder.placed.PlacedModule.export` writes (TVM's runtime only),
 pinned to the device's cores (a GPU device's actor asks Ray for ``num_gpus=1``).
 :func:`schedule` cuts the program into *tasks*, one per segment call, each with what it
@@ -54,14 +54,14 @@ import time
 
 import numpy as np
 
-from ..cluster.linkbench import fit_links
-from ..errors import ExecutionError
-from .bundle import device_files, read_manifest
-from .executor import TraceEvent
-from .program import Program
-from .ray_session import RaySession, import_ray
-from .ray_tasks import Schedule, Task, schedule
-from .ray_worker import StepFailed, from_wire, start_actors, to_wire
+from ...cluster.linkbench import fit_links
+from ...errors import ExecutionError
+from ..bundle.format import device_files, read_manifest
+from ..program import Program
+from ..thread.executor import TraceEvent
+from .session import RaySession, import_ray
+from .tasks import Schedule, Task, schedule
+from .worker import StepFailed, from_wire, start_actors, to_wire
 
 #: Seconds a run may take before the executor gives up on it (kills its actors).
 DEFAULT_TIMEOUT_S = 300.0
@@ -91,7 +91,7 @@ class RayExecutor:
 
     Notes
     -----
-    Same interface as :class:`~tvm_pesto.run.executor.Executor` (``run``, ``close``,
+    Same interface as :class:`~tvm_pesto.run.thread.executor.Executor` (``run``, ``close``,
     ``broken``, ``closed``); the actors and the graph start on the first run.
     """
 

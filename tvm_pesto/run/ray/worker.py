@@ -1,4 +1,4 @@
-"""The Ray side of :mod:`tvm_pesto.run.ray_executor`: the actor of one device
+"""The Ray side of :mod:`tvm_pesto.run.ray.executor`: the actor of one device
 (:class:`DeviceWorker`), how values travel between actors (:func:`to_wire`, :func:`from_wire`),
 and :func:`start_actors`, which asks Ray for one actor per device, pinned to its cores (or one
 GPU) on its host's node.
@@ -13,12 +13,12 @@ import time
 
 import numpy as np
 
-from ..cluster.cluster import Cluster
-from ..cluster.device_thread import enter_device_thread
-from ..errors import ExecutionError, error_line
-from .bundle import check_files, load_library, register_artifacts
-from .program import Program, Step
-from .ray_session import import_ray
+from ...cluster.cluster import Cluster
+from ...cluster.device_thread import enter_device_thread
+from ...errors import ExecutionError, error_line
+from ..bundle.format import check_files, load_library, register_artifacts
+from ..program import Program, Step
+from .session import import_ray
 
 
 # -- values on the wire ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ import os
 import socket
 from contextlib import contextmanager
 
-from ..errors import ExecutionError, error_line
+from ...errors import ExecutionError, error_line
 
 
 def import_ray():

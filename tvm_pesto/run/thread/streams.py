@@ -16,7 +16,7 @@ no event object in Python, and ``Tensor.copyto`` between two GPUs runs
 
 Examples
 --------
->>> from tvm_pesto.run.streams import StreamSet
+>>> from tvm_pesto.run.thread.streams import StreamSet
 >>> s = StreamSet([])            # no GPU devices: every call is a no-op
 >>> s.wait(0, 1) is None
 True
@@ -28,8 +28,8 @@ import threading
 
 import tvm
 
-from ..errors import ExecutionError
-from ..cluster import gpu_probe as probe
+from ...cluster import gpu_probe as probe
+from ...errors import ExecutionError
 
 _MEMCPY_DEFAULT = 4
 

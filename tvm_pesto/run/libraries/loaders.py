@@ -16,7 +16,7 @@ backends use the same builders at build time, so the deployed call is the built 
 
 Examples
 --------
->>> from tvm_pesto.run.loaders import LOADERS
+>>> from tvm_pesto.run.libraries.loaders import LOADERS
 >>> sorted(LOADERS)
 ['inductor-aoti', 'onnx', 'openvino', 'torch-export', 'tvm-vm']
 """
@@ -34,9 +34,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..cluster.device_thread import owns_every_core
-from ..errors import ExecutionError, error_line
-from .library_call import OnnxRuntimeCall, OpenVinoCall
+from ...cluster.device_thread import owns_every_core
+from ...errors import ExecutionError, error_line
+from .calls import OnnxRuntimeCall, OpenVinoCall
 
 
 #: Bindings an ONNX Runtime callable keeps per thread (sets of tensor addresses).
@@ -142,7 +142,7 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
 
     # the model is kept only until the spinning session is made, and only where one will be
     pending = [model] if int(cores) > 1 and owns_every_core(cores) else []
-    alone: list = []  # the direct call (library_call.OnnxRuntimeCall), made on first use
+    alone: list = []  # the direct call (calls.OnnxRuntimeCall), made on first use
 
     def direct(*arrays):
         if not alone:
