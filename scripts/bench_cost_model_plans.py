@@ -35,8 +35,8 @@ def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round:
     from tvm_pesto.builder.placed import PlacedModule
     from tvm_pesto.builder.rewrite import apply_plan
     from tvm_pesto.cluster import parse_cluster
-    from tvm_pesto.costs.cache import MeasureCache
-    from tvm_pesto.costs.xgb import load_model, predict_costs
+    from tvm_pesto.costs.predict.xgb import load_model, predict_costs
+    from tvm_pesto.costs.store.cache import MeasureCache
 
     zm = zoo.load(name, size)
     cluster = parse_cluster(cluster_spec)

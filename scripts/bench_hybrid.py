@@ -1,7 +1,7 @@
 """Plans from ``hybrid`` costs against plans from full measurement, end to end.
 
 Run it before relying on ``--costs hybrid`` on a new machine (are its plans as fast as fully
-measured ones here?), and after a change to :mod:`tvm_pesto.costs.hybrid` or the cost model.
+measured ones here?), and after a change to :mod:`tvm_pesto.costs.predict.hybrid` or the cost model.
 
 For each model: place it on ``--cluster`` with every backend twice through the one flow
 (``tvm_pesto.place``, deterministic budgets, so only the costs differ):
@@ -11,7 +11,7 @@ For each model: place it on ``--cluster`` with every backend twice through the o
 * ``hybrid``: every candidate predicted by the bundled cost model, the close calls and
   then the plan's own predicted units measured, re-planning after each round, within a
   budget of 1 in 25 distinct candidates (a fresh log too; :func:`tvm_pesto.place`,
-  :mod:`tvm_pesto.costs.hybrid`).
+  :mod:`tvm_pesto.costs.predict.hybrid`).
 
 * ``measured-again`` (``--noise-floor``): a second fully measured placement from another
   fresh log: how far two plans from the same source, measured minutes apart, land apart
@@ -28,7 +28,7 @@ kept and reused), and ``hybrid`` places from a copy of that log, so every measur
 chooses is served by the same timing the full plan saw. It reports which measurements the
 hybrid made and its plan simulated under the measured costs against the measured plan's, and
 builds and runs nothing: the hybrid's choices alone, a few seconds a model after the first
-pass, for trying a change to :mod:`tvm_pesto.costs.hybrid` on every model before timing one.
+pass, for trying a change to :mod:`tvm_pesto.costs.predict.hybrid` on every model before timing one.
 
 Usage::
 
@@ -64,7 +64,7 @@ def _module(name: str, size: str):
 def bench_model(name: str, size: str, cluster_spec: str, rounds: int, per_round: int, solver: str,
                 noise_floor: bool = False) -> dict:
     import tvm_pesto
-    from tvm_pesto.costs.cache import MeasureCache
+    from tvm_pesto.costs.store.cache import MeasureCache
     from tvm_pesto.plan import JointProblem, simulate
 
     mod, inputs, origin = _module(name, size)
@@ -138,7 +138,7 @@ def replay_model(name: str, size: str, cluster_spec: str, solver: str, log_dir: 
     """``--replay``: the hybrid's plan against the fully measured one, both from one log; and
     the per-backend lists of measured / predicted (:func:`_prediction_ratios`)."""
     import tvm_pesto
-    from tvm_pesto.costs.cache import MeasureCache
+    from tvm_pesto.costs.store.cache import MeasureCache
     from tvm_pesto.plan import JointProblem, simulate
 
     mod, _, origin = _module(name, size)
@@ -187,7 +187,7 @@ def _medians(ratios: dict) -> dict:
 def _prediction_ratios(cs, cluster, measured) -> dict:
     """Per backend, over every candidate the full pass timed (first device): measured / the
     ``xgb`` source's prediction, as applied (this machine's calibration) and raw; lists."""
-    from tvm_pesto.costs.xgb import predict_candidate_costs
+    from tvm_pesto.costs.predict.xgb import predict_candidate_costs
 
     applied, _ = predict_candidate_costs(cs, cluster)
     raw, _ = predict_candidate_costs(cs, cluster, calibration=False)
@@ -229,7 +229,7 @@ def _replay(names, args) -> dict:
 
 def main(argv=None) -> int:
     from tvm_pesto import zoo
-    from tvm_pesto.costs.hybrid import DEFAULT_FRACTION
+    from tvm_pesto.costs.predict.hybrid import DEFAULT_FRACTION
     from tvm_pesto.jsonio import write_json
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

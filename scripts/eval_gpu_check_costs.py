@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How well the device check's GPU timings price whole models (``tvm_pesto.costs.gpu_check``).
+"""How well the device check's GPU timings price whole models (``tvm_pesto.costs.predict.gpu_check``).
 
 For each zoo model the shipped logs timed, on the GPU preset the logs were taken on (``h200``):
 the model's ``main`` as the check measured it (TVM-CUDA, CUDA graphs), and the simulated
@@ -20,8 +20,8 @@ import numpy as np
 
 from tvm_pesto import zoo
 from tvm_pesto.api import cost_candidates, place_from_costs
-from tvm_pesto.costs.gpu_check import apply_check_logs, load_check_logs
-from tvm_pesto.costs.roofline import roofline_candidate_costs
+from tvm_pesto.costs.predict.gpu_check import apply_check_logs, load_check_logs
+from tvm_pesto.costs.predict.roofline import roofline_candidate_costs
 
 
 def makespan(name: str, cluster: str, logs) -> float:

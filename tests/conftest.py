@@ -68,9 +68,9 @@ def shipped_cpu_kinds() -> dict:
         kind -> ``{"trained": the bundled cost model has rows of it, "calibrated": its
         calibration has entries for it, "tuned": a shipped tuning database was tuned on it}``.
     """
-    from tvm_pesto.costs.calibration import load_calibration
-    from tvm_pesto.costs.tuning_db import read_device_file
-    from tvm_pesto.costs.xgb import load_model
+    from tvm_pesto.costs.predict.calibration import load_calibration
+    from tvm_pesto.costs.predict.xgb import load_model
+    from tvm_pesto.costs.tune.tuning_db import read_device_file
     from tvm_pesto.package_data import data_dirs
 
     model = load_model()

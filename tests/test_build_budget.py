@@ -13,7 +13,7 @@ from tvm_pesto.candidates.flow import make_candidates
 from tvm_pesto.candidates.generate import candidate_function
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.cluster.host import cpu_identity
-from tvm_pesto.costs import build_time
+from tvm_pesto.costs.measure import build_time
 from tvm_pesto.errors import PestoError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import JointProblem

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tvm_pesto.backends.tvm_cpu import TIMING_STAMP
-from tvm_pesto.costs import jsonl
-from tvm_pesto.costs.cache import MeasureCache
-from tvm_pesto.costs.jsonl import INCOMPLETE, append_record, read_records
+from tvm_pesto.costs.store import jsonl
+from tvm_pesto.costs.store.cache import MeasureCache
+from tvm_pesto.costs.store.jsonl import INCOMPLETE, append_record, read_records
 from tvm_pesto.lab.profile import ProfileLog, merge_logs
 
 WRITERS = 4
@@ -27,7 +27,7 @@ RECORDS = 2000  # per writer
 # One writer process: builds its log object, says "ready", waits for "go" on stdin, then appends.
 WRITER = textwrap.dedent("""
     import sys
-    from tvm_pesto.costs.cache import MeasureCache
+    from tvm_pesto.costs.store.cache import MeasureCache
     from tvm_pesto.lab.profile import ProfileLog
 
     path, kind, w, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -212,7 +212,7 @@ def test_a_rewrite_while_others_append_loses_no_record(tmp_path):
     append_record(path, {"w": -1, "i": 0})
     code = textwrap.dedent("""
         import sys
-        from tvm_pesto.costs.jsonl import append_record
+        from tvm_pesto.costs.store.jsonl import append_record
         for i in range(int(sys.argv[3])):
             append_record(sys.argv[1], {"w": int(sys.argv[2]), "i": i})
     """)

@@ -17,9 +17,9 @@ from tvm_pesto.candidates import (
     Reach, candidate_function, candidate_outputs, combined_acyclic, convex_regions, generate_candidates, is_valid,
 )
 from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
-from tvm_pesto.costs.measured import MeasureReport, measure_candidates
 from tvm_pesto.cluster import parse_cluster
-from tvm_pesto.costs.cache import MeasureCache
+from tvm_pesto.costs.measure.measured import MeasureReport, measure_candidates
+from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.errors import BuildError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.graph.relax_import import from_relax

@@ -123,7 +123,7 @@ def test_the_benchmark_ceilings_of_a_real_model():
 @pytest.mark.slow
 def test_the_call_costs_of_the_backends_are_measured_on_a_one_op_model(tmp_path):
     from tvm_pesto.bench.backends import call_costs
-    from tvm_pesto.costs.cache import MeasureCache
+    from tvm_pesto.costs.store.cache import MeasureCache
 
     got = call_costs(parse_cluster("cpu:1"), ["tvm", "onnxruntime"], MeasureCache(tmp_path / "m.jsonl"))
     assert set(got) == {"tvm", "onnxruntime"} and all(0 < v < 10 for v in got.values())  # seconds

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import tvm_pesto
 from tvm_pesto.cluster import Cluster, parse_cluster
-from tvm_pesto.costs import xgb as cmx
-from tvm_pesto.costs.features import (
+from tvm_pesto.costs.predict import xgb as cmx
+from tvm_pesto.costs.predict.features import (
     FEATURE_NAMES, describe_group, device_descriptor, device_key, device_size_key, feature_matrix, feature_vector,
     roofline_s, strided_reduction,
 )
@@ -184,7 +184,7 @@ def test_repeated_passes_are_merged_to_the_fastest(tmp_path, sweep_descs):
 def test_a_merged_log_merged_again_keeps_every_pass(tmp_path):
     """The bundled log is a merged one; merging a new pass into it keeps the passes it had
     (their ``runs``: the noise floor's re-run pairs), not just their reduction."""
-    from tvm_pesto.costs.jsonl import append_record, read_records
+    from tvm_pesto.costs.store.jsonl import append_record, read_records
     from tvm_pesto.lab.profile import merge_logs
 
     rec = {"key": "k", "backend": "tvm", "target": "llvm", "model": "m"}
@@ -207,7 +207,7 @@ def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, swe
     with the rows of the plain file; ``merge_logs`` writes the same gzip bytes twice."""
     import gzip
 
-    from tvm_pesto.costs.jsonl import append_record, read_records
+    from tvm_pesto.costs.store.jsonl import append_record, read_records
     from tvm_pesto.lab.profile import merge_logs
 
     plain = tmp_path / "plain" / "log.jsonl"
@@ -406,7 +406,7 @@ def test_train_on_a_metaschedule_database_from_a_short_tuning_run(tmp_path, swee
 
 # -- cost source --------------------------------------------------------------------------------------
 def test_predict_costs_falls_back_to_roofline_per_uncovered_device(tmp_path, sweep_descs):
-    from tvm_pesto.costs.roofline import roofline_costs
+    from tvm_pesto.costs.predict.roofline import roofline_costs
 
     cpu = parse_cluster("cpu:2")
     host = device_descriptor(cpu.devices[0])

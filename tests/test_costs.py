@@ -11,8 +11,8 @@ import tvm_pesto
 from tvm_pesto.backends.tvm_cpu import TIMING_STAMP
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import MeasureCache, roofline_costs
-from tvm_pesto.costs import timing as measure_mod
-from tvm_pesto.costs.interleave import REF_PREFIX
+from tvm_pesto.costs.measure import timing as measure_mod
+from tvm_pesto.costs.measure.interleave import REF_PREFIX
 from tvm_pesto.errors import CostError
 
 
@@ -223,7 +223,7 @@ def test_the_whole_model_as_one_library_unit_is_timed_as_its_direct_call(tmp_pat
     record of it timed through the VM is measured again; other candidates keep the VM timing."""
     from tvm_pesto.candidates.examples import tiny_mlp
     from tvm_pesto.candidates.flow import make_candidates
-    from tvm_pesto.costs.measured import measure_candidates
+    from tvm_pesto.costs.measure.measured import measure_candidates
 
     an = tvm_pesto.analyze(tiny_mlp()[0])
     cs = make_candidates(an, "cpu:1", backends="onnxruntime,tvm")

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tvm_pesto.cli.main import cli
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.cluster.host import CPU_KIND_ENV, cpu_identity
-from tvm_pesto.costs.features import device_descriptor, device_key
+from tvm_pesto.costs.predict.features import device_descriptor, device_key
 from tvm_pesto.errors import ClusterError
 
 

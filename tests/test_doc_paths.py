@@ -5,7 +5,7 @@ code span (inline or fenced) or as a link target. In code, a path is a slash-sep
 that either starts with a top folder of the repository (:data:`TOP_DIRS`) or ends in a
 source or data file extension (:data:`EXTENSIONS`); the latter may be written relative to the
 checkout, to the doc's own folder (``placement/scale.json`` in ``docs/placement.md``) or to
-the package (``costs/xgb.py`` for ``tvm_pesto/costs/xgb.py``). A link target is relative to
+the package (``costs/predict/xgb.py`` for ``tvm_pesto/costs/predict/xgb.py``). A link target is relative to
 the doc's folder, as Markdown reads it. Not checked: placeholders (``<m>``, ``$OUT``, ``~``,
 ``NAME``), URLs, and the path after an option that names what a command writes (``--json
 out/x.json``, ``-o FILE``, ``> FILE``). A glob (``*``) must match at least one file.
@@ -128,7 +128,7 @@ def test_a_missing_path_is_found(text):
 
 
 @pytest.mark.parametrize("text", [
-    "`tvm_pesto/api.py`, `costs/xgb.py` (the package's), `placement/scale.json` (beside the doc)",
+    "`tvm_pesto/api.py`, `costs/predict/xgb.py` (the package's), `placement/scale.json` (beside the doc)",
     "`tests/test_doc_paths.py::test_a_missing_path_is_found`, `tvm_pesto/api.py:place`",
     "```bash\ntvm-pesto bench placement --json bench-out/placement.json --md bench-out/p.md\n```",
     "`tvm-pesto cluster bench -o cpu2.json`, `python x.py > out/log.json`",

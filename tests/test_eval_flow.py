@@ -19,9 +19,8 @@ from tvm_pesto.candidates.flow import make_candidates
 from tvm_pesto.cli.cost_model import cost_model
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import candidate_costs
-from tvm_pesto.costs.cache import MeasureCache
-from tvm_pesto.costs.machine import calibration_units
-from tvm_pesto.costs.calibration import (
+from tvm_pesto.costs.calibrate.machine import calibration_units
+from tvm_pesto.costs.predict.calibration import (
     CALIBRATION_ENV,
     FORMAT,
     Calibration,
@@ -31,8 +30,9 @@ from tvm_pesto.costs.calibration import (
     fit_calibration,
     load_calibration,
 )
-from tvm_pesto.costs.features import device_descriptor, device_key
-from tvm_pesto.costs.xgb import default_model_path, load_model
+from tvm_pesto.costs.predict.features import device_descriptor, device_key
+from tvm_pesto.costs.predict.xgb import default_model_path, load_model
+from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.errors import CostError, PestoError
 from tvm_pesto.lab.flow_eval import flow_eval, flow_models
 from tvm_pesto.lab.sweep import sweep_module
@@ -159,7 +159,7 @@ def test_flow_library_backends_are_chosen_and_checked_first(monkeypatch):
 def test_flow_fits_this_machines_calibration_first_as_estimate_costs_does(measured, monkeypatch):
     """Where the xgb source would fit this machine's calibration before its first costs, the
     flow does too, and scores what that calibration then gives (here: the bundled one)."""
-    import tvm_pesto.costs.machine as machine
+    import tvm_pesto.costs.calibrate.machine as machine
 
     _, mods, cache = measured
     fits = []

@@ -1,4 +1,4 @@
-"""The device check's GPU timings as costs (``tvm_pesto.costs.gpu_check``)."""
+"""The device check's GPU timings as costs (``tvm_pesto.costs.predict.gpu_check``)."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,9 @@ from tvm_pesto.candidates import candidate_key, generate_candidates, placement_c
 from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import candidate_costs, roofline_candidate_costs
-from tvm_pesto.costs.cache import measure_target
-from tvm_pesto.costs.gpu_check import apply_check_logs, boundary_ops, load_check_logs
-from tvm_pesto.costs.roofline import node_seconds
+from tvm_pesto.costs.predict.gpu_check import apply_check_logs, boundary_ops, load_check_logs
+from tvm_pesto.costs.predict.roofline import node_seconds
+from tvm_pesto.costs.store.cache import measure_target
 from tvm_pesto.errors import CostError
 
 H200 = parse_cluster("h200")

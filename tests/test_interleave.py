@@ -1,11 +1,11 @@
-"""Timing against reference kernels (costs/interleave.py): a machine that changes speed under
+"""Timing against reference kernels (costs/measure/interleave.py): a machine that changes speed under
 the timer leaves the ratio alone; the records say how they were timed."""
 import json
 
 import numpy as np
 import pytest
 
-from tvm_pesto.costs.interleave import (
+from tvm_pesto.costs.measure.interleave import (
     ReferenceTimer,
     burst_seconds,
     reference_functions,
@@ -48,7 +48,7 @@ class ToggleVM:
 def test_ratios_to_the_reference_remove_the_machines_speed_states(monkeypatch):
     """Every function comes out in the same units (its fast time x one factor: the state mix
     of the references' bursts), although the machine flips between states under the timer."""
-    from tvm_pesto.costs import interleave
+    from tvm_pesto.costs.measure import interleave
 
     monkeypatch.setattr(interleave, "_HISTORY", {})
     monkeypatch.setattr(interleave, "_WARMED", set())
@@ -92,8 +92,8 @@ def test_burst_length_follows_min_repeat_ms_with_a_floor():
 @pytest.mark.slow
 def test_measured_groups_are_timed_against_a_reference(tmp_path):
     from tvm_pesto.api import analyze, as_cluster
-    from tvm_pesto.costs.cache import MeasureCache
-    from tvm_pesto.costs.timing import OVERHEAD_KEY, measure_groups
+    from tvm_pesto.costs.measure.timing import OVERHEAD_KEY, measure_groups
+    from tvm_pesto.costs.store.cache import MeasureCache
     from tvm_pesto.zoo import load
 
     a = analyze(load("mlp_mixer", "small").mod)
@@ -115,7 +115,7 @@ def test_timers_with_one_device_key_share_the_references_history(monkeypatch):
     """A short batch timed entirely in the slow state still comes out in the units of the
     process (here: fast, as its earlier, longer batch on the device); without the key (or
     with another) it takes the units of its own state."""
-    from tvm_pesto.costs import interleave
+    from tvm_pesto.costs.measure import interleave
 
     monkeypatch.setattr(interleave, "_HISTORY", {})  # this process's other timers left aside
     monkeypatch.setattr(interleave, "WARM_S", 0.0)
@@ -140,7 +140,7 @@ def test_the_first_timer_of_a_device_samples_the_references_first(monkeypatch):
     """The first batch of a process may sit in one slow state for all of its calls; the first
     timer of a device times the references alone for a while first, so its units are those of
     a mix of states."""
-    from tvm_pesto.costs import interleave
+    from tvm_pesto.costs.measure import interleave
 
     monkeypatch.setattr(interleave, "_HISTORY", {})
     monkeypatch.setattr(interleave, "_WARMED", set())

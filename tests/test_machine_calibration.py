@@ -1,4 +1,4 @@
-"""This machine's calibration of the xgb cost model (tvm_pesto.costs.machine,
+"""This machine's calibration of the xgb cost model (tvm_pesto.costs.calibrate.machine,
 tvm_pesto.calibrate_machine): fitted on real measurements of a small zoo model, kept per
 model file and machine, applied by the xgb source ahead of the bundled calibration, fitted
 by place/estimate_costs on first use when asked to, refitted for a new device size without
@@ -10,9 +10,9 @@ import pytest
 
 from tvm_pesto import zoo
 from tvm_pesto.api import analyze, as_cluster, calibrate_machine, estimate_costs, make_candidates, place
-from tvm_pesto.costs import machine
-from tvm_pesto.costs.calibration import CALIBRATION_ENV, calibration_path, load_calibration, machine_calibration_path
-from tvm_pesto.costs.xgb import load_model, predict_candidate_costs
+from tvm_pesto.costs.calibrate import machine
+from tvm_pesto.costs.predict.calibration import CALIBRATION_ENV, calibration_path, load_calibration, machine_calibration_path
+from tvm_pesto.costs.predict.xgb import load_model, predict_candidate_costs
 from tvm_pesto.errors import CostError
 
 pytestmark = pytest.mark.slow  # fits this machine's calibration by measuring: out of the `-m "not slow"` lane
@@ -22,7 +22,7 @@ ONE = ("mlp_mixer",)
 
 def _key(spec: str) -> str:
     """The device key of ``spec``'s first device on this machine (it names the CPU kind)."""
-    from tvm_pesto.costs.features import device_descriptor, device_key
+    from tvm_pesto.costs.predict.features import device_descriptor, device_key
 
     return device_key(device_descriptor(as_cluster(spec).devices[0]))
 
@@ -105,7 +105,7 @@ def test_a_fit_made_on_another_cpu_with_the_same_brand_string_is_not_applied(own
     """Two VMs both read 'AMD EPYC' with host name 'vm' (a Zen 1 with AVX2, a Zen 4 with
     AVX-512, 3x apart on untuned kernels): a fit made on one must not price the other."""
     from tvm_pesto.cluster.host import parse_cpuinfo
-    from tvm_pesto.costs import calibration
+    from tvm_pesto.costs.predict import calibration
 
     cm = load_model()
     pairs = [("tvm", "cpu/host-cpu/1", p, 3.0 * p) for p in np.geomspace(1e-6, 1e-3, 8)]

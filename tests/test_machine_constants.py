@@ -21,9 +21,9 @@ from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.cli.main import cli
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.cluster.contention import contention_factors
-from tvm_pesto.cluster.linkbench import fit_links
 from tvm_pesto.cluster.dispatch import ASSUMED_DISPATCH, dispatch_info, set_dispatch
-from tvm_pesto.costs.machine import MACHINE_ENV
+from tvm_pesto.cluster.linkbench import fit_links
+from tvm_pesto.costs.calibrate.machine import MACHINE_ENV
 from tvm_pesto.errors import ClusterError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.measure import dispatch as rd

@@ -13,8 +13,8 @@ import tvm_pesto
 from tvm_pesto.backends import get_backend
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import MeasureCache
-from tvm_pesto.costs import measured
-from tvm_pesto.costs import timing as measure_mod
+from tvm_pesto.costs.measure import measured
+from tvm_pesto.costs.measure import timing as measure_mod
 
 
 @I.ir_module

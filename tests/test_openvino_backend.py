@@ -215,7 +215,7 @@ def test_costs_of_untrained_backends():
 
 
 def test_measured_costs_time_whole_regions():
-    from tvm_pesto.costs.measured import measure_candidates
+    from tvm_pesto.costs.measure.measured import measure_candidates
 
     rg = from_relax(tiny_mlp()[0])
     nodes = tuple(range(rg.graph.num_nodes))

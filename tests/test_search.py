@@ -11,7 +11,7 @@ import tvm_pesto
 from tvm_pesto.candidates import Reach, combined_acyclic
 from tvm_pesto.candidates.examples import reference_output, tiny_cnn
 from tvm_pesto.cluster import Cluster, Device, parse_cluster
-from tvm_pesto.costs.cache import MeasureCache
+from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.errors import InfeasibleError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.solve.cover import brute_force_cover, collage_dp

@@ -20,15 +20,15 @@ from click.testing import CliRunner
 from tvm import relax
 
 from tvm_pesto.backends import get_backend
+from tvm_pesto.backends.ms_database import RECORD_FILE, WORKLOAD_FILE
 from tvm_pesto.backends.tvm_cpu import MS_DB_ENV, apply_tuning_database, fuse_for_tuning, set_tuning_database
 from tvm_pesto.cli.main import cli
-from tvm_pesto.backends.ms_database import RECORD_FILE, WORKLOAD_FILE
 from tvm_pesto.cli.progress import console
 from tvm_pesto.cluster import parse_cluster
-from tvm_pesto.costs.cache import MeasureCache
-from tvm_pesto.costs.features import device_descriptor
-from tvm_pesto.costs.tune import split_trials, tune_model, tuning_tasks
-from tvm_pesto.costs.tuning_db import DEVICE_FILE, read_device_file, write_device_file
+from tvm_pesto.costs.predict.features import device_descriptor
+from tvm_pesto.costs.store.cache import MeasureCache
+from tvm_pesto.costs.tune.tune import split_trials, tune_model, tuning_tasks
+from tvm_pesto.costs.tune.tuning_db import DEVICE_FILE, read_device_file, write_device_file
 from tvm_pesto.errors import BuildError, CostError, TuningError
 from tvm_pesto.lab.tuning_rows import read_tuning_db
 
@@ -112,7 +112,7 @@ def test_a_database_is_read_as_the_device_it_was_tuned_on(tuned, tmp_path, cpu_k
     own kind adds to it, any other is refused."""
     import shutil
 
-    from tvm_pesto.costs.features import device_key
+    from tvm_pesto.costs.predict.features import device_key
 
     wd, _, _ = tuned
     other = tmp_path / "db"
@@ -238,7 +238,7 @@ def test_tuned_share_is_the_work_the_database_holds(tuned, ms_backend):
     """``tuned_fraction``: 1 for the tuned MLP, 0 for kernels the database lacks, the FLOP
     share in between; 0 without a database; it is the ``tuned`` feature of a candidate."""
     from tvm_pesto.api import analyze
-    from tvm_pesto.costs.features import FEATURE_NAMES, describe_group, device_descriptor, feature_vector
+    from tvm_pesto.costs.predict.features import FEATURE_NAMES, describe_group, device_descriptor, feature_vector
 
     assert ms_backend.tuned_fraction(_func(mlp()), TARGET) == 0.0  # no database yet
     set_tuning_database(tuned[0])

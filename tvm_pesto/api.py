@@ -37,7 +37,7 @@ from .candidates.flow import backend_names, make_candidates
 from .choose import skip_reason
 from .choose.final import final_choice
 from .cluster import as_cluster
-from .costs.machine import calibrate_machine
+from .costs.calibrate.machine import calibrate_machine
 from .errors import PestoError
 from .graph.analysis import Analysis, analyze
 from .placing import CostedCandidates, Request, cost_candidates, estimate_costs, place, place_from_costs

@@ -18,10 +18,10 @@ from .candidates import placement_candidates
 from .candidates.flow import make_candidates, with_precision
 from .cluster import Cluster, as_cluster
 from .costs import CostTable, candidate_costs
-from .costs.build_time import estimate as estimate_build_s
-from .costs.hybrid import Hybrid, plan_units_to_measure
-from .costs.machine import calibrate_machine, needs_fit
-from .costs.xgb import load_model
+from .costs.measure.build_time import estimate as estimate_build_s
+from .costs.predict.hybrid import Hybrid, plan_units_to_measure
+from .costs.calibrate.machine import calibrate_machine, needs_fit
+from .costs.predict.xgb import load_model
 from .errors import PestoError
 from .graph.analysis import Analysis, analyze
 from .plan import JointProblem, simulate
@@ -58,7 +58,7 @@ def _machine_constants(cluster: Cluster, executor: str) -> None:
 
 def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
     """Before the first ``xgb``/``hybrid`` costs on a local CPU device size this machine has
-    no calibration for, fit one (:func:`tvm_pesto.costs.machine.needs_fit`)."""
+    no calibration for, fit one (:func:`tvm_pesto.costs.calibrate.machine.needs_fit`)."""
     if source not in ("xgb", "hybrid"):
         return
     try:
@@ -70,7 +70,7 @@ def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
 
 
 #: ``costs="hybrid"`` in :func:`place`: the share of the measuring budget spent on the close
-#: calls of the predictions (:meth:`tvm_pesto.costs.hybrid.Hybrid.measure_stakes`); the rest goes to
+#: calls of the predictions (:meth:`tvm_pesto.costs.predict.hybrid.Hybrid.measure_stakes`); the rest goes to
 #: rounds that measure the plan's own predicted units and plan again (at most this many).
 HYBRID_STAKE_SHARE = 1 / 3
 HYBRID_MAX_ROUNDS = 8
@@ -96,7 +96,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         The cost source, or a ready ``[candidates, devices]`` table (a
         :class:`~tvm_pesto.costs.CostTable` keeps its source, and so its split margin) for
         the candidates this call generates. ``hybrid`` predicts every candidate, measures the close calls
-        with a third of its budget (:mod:`tvm_pesto.costs.hybrid`), then measures the
+        with a third of its budget (:mod:`tvm_pesto.costs.predict.hybrid`), then measures the
         plan's units that are still predictions and plans again until the plan is
         measured or the budget (1 in 25 distinct candidates) is spent; the cost table's
         ``hybrid["rounds"]`` lists what each round measured.
@@ -130,7 +130,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
     max_build_s : float, optional
         A budget for building the plan's library units, in seconds: each candidate's build
         time is estimated from this machine's earlier builds of its backend (0 when this
-        process built it already: a cached build; :mod:`tvm_pesto.costs.build_time`), and
+        process built it already: a cached build; :mod:`tvm_pesto.costs.measure.build_time`), and
         the plan's sum is kept within it (:mod:`tvm_pesto.solve.build_budget`; the TVM
         device modules every plan compiles are not in it). ``plan.info["build_budget"]``
         says what the plan is estimated to take.

@@ -434,7 +434,7 @@ TIMERS = {"tvm": "time_evaluator", "library": "python-loop"}
 
 
 def timing_record(meta: dict, backend: str, reps: list, ctx: SimpleNamespace, timer: str) -> dict:
-    """A MeasureCache record (``tvm_pesto.costs.cache``) of one measured subgraph."""
+    """A MeasureCache record (``tvm_pesto.costs.store.cache``) of one measured subgraph."""
     return {"key": meta["key"], "backend": backend, "target": ctx.target, "median_s": float(np.median(reps)),
             "repeats": [float(r) for r in reps], "op": meta["op"], "flops": meta["flops"], "bytes": meta["bytes"],
             "device": ctx.device_name, "time": time.time(), "cache_version": ctx.cache_version,

@@ -55,12 +55,12 @@ from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.backends.onnx_export import flatten_args
 from tvm_pesto.builder.lower import lower_units
 from tvm_pesto.builder.placed import compile_for
-from tvm_pesto.graph.subgraph import structural_key
 from tvm_pesto.candidates import Candidate, candidate_function, candidate_key
 from tvm_pesto.cluster import gpu_probe, parse_cluster
-from tvm_pesto.costs.cache import CACHE_VERSION, target_key
+from tvm_pesto.costs.store.cache import CACHE_VERSION, target_key
 from tvm_pesto.graph.fusion import fusion_groups
 from tvm_pesto.graph.relax_import import from_relax
+from tvm_pesto.graph.subgraph import structural_key
 from tvm_pesto.run.bundle.runtime_pkg import copy_runtime_package, tree_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -199,7 +199,7 @@ def _store_args(args, prefix: str, store: dict) -> list:
 
 
 def _measure_fields(rg, nodes, key: str) -> dict:
-    """The MeasureCache fields of a subgraph (``tvm_pesto.costs.cache``)."""
+    """The MeasureCache fields of a subgraph (``tvm_pesto.costs.store.cache``)."""
     nds = [rg.graph.nodes[v] for v in nodes]
     return {"key": key, "op": "+".join(n.op for n in nds), "flops": float(sum(n.flops for n in nds)),
             "bytes": float(sum(n.bytes_read + n.bytes_written for n in nds))}

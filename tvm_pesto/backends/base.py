@@ -123,7 +123,7 @@ class Backend(abc.ABC):
     #: unit of it runs instead of the VM; a candidate of the whole model is timed as that call
     direct: bool = False
     #: seconds to build a unit, ``(fixed, per op)``, until builds of it are recorded on this
-    #: machine (:mod:`tvm_pesto.costs.build_time` fits them then)
+    #: machine (:mod:`tvm_pesto.costs.measure.build_time` fits them then)
     build_s_guess: tuple[float, float] = (0.0, 0.0)
 
     def __init__(self) -> None:

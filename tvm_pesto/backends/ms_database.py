@@ -2,7 +2,7 @@
 MetaSchedule's own reader.
 
 A MetaSchedule work directory (``tvm.s_tir.meta_schedule.tune_tir`` / ``tune_relax``, or
-``tvm-pesto tune``, :func:`tvm_pesto.costs.tune.tune_model`) holds two JSON-lines files:
+``tvm-pesto tune``, :func:`tvm_pesto.costs.tune.tune.tune_model`) holds two JSON-lines files:
 
 ``database_workload.json``
     one line per tuned TIR function: ``[structural_hash, base64(IRModule JSON)]``;
@@ -16,7 +16,7 @@ tune`` resumes one only for the same target.
 
 Examples
 --------
->>> from tvm_pesto.costs.xgb import default_model_path
+>>> from tvm_pesto.costs.predict.xgb import default_model_path
 >>> database_targets(default_model_path().parent / "ms-small")   # a bundled database
 [{'kind': 'llvm'}]
 """
@@ -40,10 +40,10 @@ FAILED_S = 1e9
 TARGET_FIELDS = ("kind", "arch", "mcpu")
 
 
-#: Records timed on a remote device (over TVM RPC, :mod:`tvm_pesto.costs.remote`) are tuned
+#: Records timed on a remote device (over TVM RPC, :mod:`tvm_pesto.costs.measure.remote`) are tuned
 #: for the device's target tagged ``rpc:KEY`` (TVM keeps a target's ``tag`` in each record it
 #: writes); :func:`target_summary` reads it back as ``rpc_key``, the field
-#: :func:`tvm_pesto.costs.cache.measure_target` adds to a remote device's measurements.
+#: :func:`tvm_pesto.costs.store.cache.measure_target` adds to a remote device's measurements.
 RPC_TAG_PREFIX = "rpc:"
 
 
@@ -139,7 +139,7 @@ def check_database_target(work_dir, target: dict) -> None:
 
     Examples
     --------
-    >>> from tvm_pesto.costs.xgb import default_model_path
+    >>> from tvm_pesto.costs.predict.xgb import default_model_path
     >>> work_dir = default_model_path().parent / "ms-small"   # a bundled database, tuned for llvm
     >>> check_database_target(work_dir, {"kind": "llvm", "num-cores": 2})
     >>> check_database_target(work_dir, {"kind": "cuda", "arch": "sm_80"})

@@ -7,7 +7,7 @@ runs everything no other backend takes. Without MetaSchedule the kernels are nai
 
 ``tvm-ms`` reads a MetaSchedule tuning database (a work directory with
 ``database_workload.json`` and ``database_tuning_record.json``, written by
-``tvm-pesto tune``, :func:`tvm_pesto.costs.tune.tune_model`) and builds each candidate
+``tvm-pesto tune``, :func:`tvm_pesto.costs.tune.tune.tune_model`) and builds each candidate
 with the tuned schedules applied; it is called like the external backends
 (``R.call_dps_packed``). A candidate is legalised and fused by :func:`fuse_for_tuning`
 (the passes of TVM's default CPU pipeline), the database's schedules are applied to the
@@ -47,7 +47,7 @@ from .registry import get_backend
 MS_DB_ENV = "TVM_PESTO_MS_DB"
 
 #: The ``backend_stamp`` of ``tvm`` measurements: groups timed with the model's own weights
-#: bound (:mod:`tvm_pesto.costs.timing`), after calls on constants alone were folded.
+#: bound (:mod:`tvm_pesto.costs.measure.timing`), after calls on constants alone were folded.
 TIMING_STAMP = "weights-bound"
 
 
@@ -88,7 +88,7 @@ def apply_tuning_database(mod: tvm.IRModule, tgt, database: str) -> tvm.IRModule
     Examples
     --------
     >>> from tvm_pesto.candidates.examples import tiny_mlp
-    >>> from tvm_pesto.costs.xgb import default_model_path
+    >>> from tvm_pesto.costs.predict.xgb import default_model_path
     >>> database = default_model_path().parent / "ms-small"   # a bundled database (zoo models' kernels)
     >>> tuned = apply_tuning_database(tiny_mlp()[0], tvm.target.Target({"kind": "llvm"}), database)
     >>> kernels = [f for f in tuned.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
@@ -302,7 +302,7 @@ def set_tuning_database(path) -> str:
     Examples
     --------
     >>> from tvm_pesto.backends import get_backend
-    >>> from tvm_pesto.costs.xgb import default_model_path
+    >>> from tvm_pesto.costs.predict.xgb import default_model_path
     >>> set_tuning_database(default_model_path().parent / "ms-small")   # a bundled database
     '.../ms-small'
     >>> get_backend("tvm-ms").available()

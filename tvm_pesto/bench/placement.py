@@ -46,7 +46,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..cluster import parse_cluster
-from ..costs.roofline import roofline_costs
+from ..costs.predict.roofline import roofline_costs
 from ..errors import GraphError
 from ..graph import dnn_partitioning as dp
 from ..plan import Problem

@@ -26,7 +26,7 @@ from tvm import relax
 from ..backends import get_backend
 from ..backends.base import BackendUnavailableError, instance_key
 from ..candidates.generate import candidate_function
-from ..costs.build_time import record as record_build
+from ..costs.measure.build_time import record as record_build
 from ..errors import PlanError
 from ..graph.relax_import import RelaxGraph, from_relax
 from ..graph.subgraph import Remap, out_ty_of

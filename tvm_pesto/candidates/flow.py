@@ -2,7 +2,7 @@
 
 :func:`make_candidates` is what :func:`tvm_pesto.place` costs and solves (re-exported as
 :func:`tvm_pesto.make_candidates`); it sits with the candidates so that the cost side (this
-machine's calibration, :mod:`tvm_pesto.costs.machine`) builds the same ones without importing
+machine's calibration, :mod:`tvm_pesto.costs.calibrate.machine`) builds the same ones without importing
 the facade :mod:`tvm_pesto.api`.
 
 Examples

@@ -9,7 +9,7 @@ import click
 
 from ..bench.backends import ROUNDS, bench_backends, quiet_openmp
 from ..bench.report import noise_line
-from ..costs.cache import MeasureCache
+from ..costs.store.cache import MeasureCache
 from ..jsonio import write_json
 from ..solve.budget import deterministic_mode
 from .options import deterministic_option

@@ -19,7 +19,7 @@ from ..builder.rewrite import apply_plan
 from ..cluster import parse_cluster
 from ..cluster.device_thread import pinning_failures
 from ..cluster.dispatch import dispatch_info, local_shape
-from ..costs.remote import remote_cluster
+from ..costs.measure.remote import remote_cluster
 from ..errors import InfeasibleError, PestoError
 from ..graph import dnn_partitioning as dp
 from ..jsonio import jsonable
@@ -73,7 +73,7 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", co
     the simulation use what this executor costs here (``res["link_model"]``,
     ``res["dispatch"]``: figures, source, time of the fit; ``res["contention"]``).
     ``rpc_tracker`` and ``rpc_key`` measure the costs on a
-    remote device over TVM RPC (:mod:`tvm_pesto.costs.remote`). ``split_margin`` and
+    remote device over TVM RPC (:mod:`tvm_pesto.costs.measure.remote`). ``split_margin`` and
     ``max_build_s``: see :func:`tvm_pesto.api.place` (``res["split"]`` and
     ``res["build_budget"]`` have what they decided)."""
     if executor not in ("thread", "ray"):

@@ -10,11 +10,11 @@ import os
 import click
 
 from ..cluster import parse_cluster
-from ..costs.cache import MeasureCache
-from ..costs.calibration import calibration_path
-from ..costs.machine import MACHINE_MODELS, calibrate_machine
-from ..costs.remote import remote_cluster
-from ..costs.xgb import load_model
+from ..costs.calibrate.machine import MACHINE_MODELS, calibrate_machine
+from ..costs.measure.remote import remote_cluster
+from ..costs.predict.calibration import calibration_path
+from ..costs.predict.xgb import load_model
+from ..costs.store.cache import MeasureCache
 from ..errors import PestoError
 from ..jsonio import write_json
 from ..lab.fit import DEFAULT_ROUNDS, train

@@ -15,7 +15,7 @@ import click
 from ..cluster import parse_cluster
 from ..cluster.contention import measure_contention
 from ..cluster.linkbench import measure_links
-from ..costs.calibration import CALIBRATION_ENV
+from ..costs.predict.calibration import CALIBRATION_ENV
 from ..choose.decision import decision_table
 from ..errors import UnseenOpsWarning
 from ..jsonio import write_json

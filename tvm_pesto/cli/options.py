@@ -90,7 +90,7 @@ def rpc_options(what: str = "measure costs"):
     """The ``--rpc-tracker HOST:PORT --rpc-key KEY`` pair of a verb that measures on a
     remote device over TVM RPC (the ``rpc_tracker`` and ``rpc_key`` parameters, None when
     not given); the verb makes its cluster remote with
-    :func:`tvm_pesto.costs.remote.remote_cluster`, which checks them. ``what`` says what
+    :func:`tvm_pesto.costs.measure.remote.remote_cluster`, which checks them. ``what`` says what
     the verb does there (``profile``: time the candidates, ``tune``: time the schedules).
 
     Examples

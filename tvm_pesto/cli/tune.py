@@ -1,14 +1,14 @@
 """``tvm-pesto tune``: tune a model's kernels with MetaSchedule into a database for ``tvm-ms``.
 
 Registered in ``tvm_pesto/cli/main.py`` with one line. The work (task extraction, budget,
-resuming) is :func:`tvm_pesto.costs.tune.tune_model`; this verb loads the model, picks the
+resuming) is :func:`tvm_pesto.costs.tune.tune.tune_model`; this verb loads the model, picks the
 device, shows progress and prints what to do with the database.
 
 With ``--rpc-tracker HOST:PORT --rpc-key KEY`` (the options of ``profile`` and ``run``)
 the schedules are built here and timed on a server of the key
-(:mod:`tvm_pesto.costs.remote`); the records are tagged as that remote device's.
+(:mod:`tvm_pesto.costs.measure.remote`); the records are tagged as that remote device's.
 
-JSON (``--json``): :class:`tvm_pesto.costs.tune.TuneResult` as a dict, plus ``model``,
+JSON (``--json``): :class:`tvm_pesto.costs.tune.tune.TuneResult` as a dict, plus ``model``,
 ``device``, ``rpc`` (tracker and key, or None), ``load_avg`` (1-minute load here before and
 after) and ``use`` (the options that apply the database).
 """
@@ -19,8 +19,8 @@ import os
 import click
 
 from ..cluster import parse_cluster
-from ..costs.remote import remote_cluster
-from ..costs.tune import check_budget, tune_model
+from ..costs.measure.remote import remote_cluster
+from ..costs.tune.tune import check_budget, tune_model
 from ..errors import TuningError
 from ..jsonio import write_json
 from .options import rpc_options

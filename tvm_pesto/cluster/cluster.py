@@ -30,7 +30,7 @@ class Device:
     ``cpu_ids`` pins a CPU device to those cores. ``host`` is the index of its host in
     :attr:`Cluster.hosts`. ``rpc_tracker`` (``HOST:PORT``) and ``rpc_key`` name a TVM RPC
     tracker and the key of the device's server there: when set, measured costs of this
-    device are timed on that server (:mod:`tvm_pesto.costs.remote`). ``cpu_kind`` is a CPU
+    device are timed on that server (:mod:`tvm_pesto.costs.measure.remote`). ``cpu_kind`` is a CPU
     device's microarchitecture as ``vendor/family/model`` (``AuthenticAMD/23/1``; ``""`` where
     unknown, as for a remote device): two VMs of one brand string can differ 3x in kernel speed,
     and the cost model tells them apart by it.

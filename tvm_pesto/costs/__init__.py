@@ -1,13 +1,24 @@
 """Stage 3: costs. Seconds per (candidate, device), from one of several sources.
 
-Sources, one module each: ``measured`` (:mod:`.measured`: run on this machine's devices,
-persistent cache), ``xgb`` (:mod:`.xgb`: the trained cost model), ``roofline``
-(:mod:`.roofline`: FLOPs and bytes over peak), ``hybrid`` (:mod:`.hybrid`: predict all,
+Sources: ``measured`` (:mod:`.measure.measured`: run on this machine's devices,
+persistent cache), ``xgb`` (:mod:`.predict.xgb`: the trained cost model), ``roofline``
+(:mod:`.predict.roofline`: FLOPs and bytes over peak), ``hybrid`` (:mod:`.predict.hybrid`: predict all,
 measure only the close calls and the critical path, correct the rest by what was seen). ``auto`` measures when every device is on
 this machine, and otherwise predicts (``xgb``, with roofline where the model does not cover
 a device). A GPU's roofline column takes the device check's timings of that GPU where they
-exist (:mod:`.gpu_check`). :func:`candidate_costs` is the one entry point; a new source is one module plus
+exist (:mod:`.predict.gpu_check`). :func:`candidate_costs` is the one entry point; a new source is one module plus
 one entry in :data:`SOURCES`.
+
+The sub-packages, each importing only those before it (and :mod:`.table`, the
+:class:`CostTable` every source returns):
+
+* :mod:`.store`: the measurement cache and the JSON-lines files it and the logs are kept in;
+* :mod:`.measure`: timing candidates on this machine's devices or over TVM RPC, and their build seconds;
+* :mod:`.predict`: the roofline, the learned model (features, model file, its calibration), the
+  device check's GPU timings, and ``hybrid`` (which measures what it is unsure of);
+* :mod:`.tune`: MetaSchedule tuning into a database (``tvm-pesto tune``);
+* :mod:`.calibrate`: fitting the learned model's calibration on this machine (through
+  :func:`candidate_costs`).
 
 Examples
 --------
@@ -25,20 +36,20 @@ from __future__ import annotations
 import warnings
 
 from ..errors import CostError, UnseenOpsWarning
-from .cache import MeasureCache
-from .gpu_check import apply_check_logs
-from .hybrid import hybrid_costs
-from .roofline import roofline_candidate_costs, roofline_costs
+from .predict.gpu_check import apply_check_logs
+from .predict.hybrid import hybrid_costs
+from .predict.roofline import roofline_candidate_costs, roofline_costs
+from .predict.xgb import predict_candidate_costs
+from .store.cache import MeasureCache
 from .table import CostTable
-from .xgb import predict_candidate_costs
 
 SOURCES = ("auto", "measured", "roofline", "xgb", "hybrid")
 
 
 def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
     # lazy: measuring compiles with TVM's Relax compiler; predicting and the runtime side
-    # (run.dispatch imports costs.cache, which runs this package first) load without it
-    from .measured import MeasureReport, calibrate_native, measure_cost_table
+    # (run.dispatch imports costs.store.cache, which runs this package first) load without it
+    from .measure.measured import MeasureReport, calibrate_native, measure_cost_table
 
     for dev in cluster.devices:
         if not (dev.present or dev.remote):
@@ -93,9 +104,9 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
     progress : callable(done, total), optional
     calibrate : bool
         Measured TVM-native costs are scaled per device so that the fusion groups add up to
-        the whole model's measured time (:func:`tvm_pesto.costs.measured.calibrate_native`);
+        the whole model's measured time (:func:`tvm_pesto.costs.measure.measured.calibrate_native`);
         ``xgb`` predictions get the whole-model calibration stored next to the model file,
-        if there is one (:mod:`tvm_pesto.costs.calibration`). The table's ``native_scale``
+        if there is one (:mod:`tvm_pesto.costs.predict.calibration`). The table's ``native_scale``
         and ``prediction_fit`` hold what was applied.
 
     Raises

@@ -29,10 +29,10 @@ class CostTable:
     native_scale : dict
         ``measured``: device index -> the factor its TVM-native costs were scaled by so that
         the fusion groups add up to the whole model's measured time
-        (:func:`~tvm_pesto.costs.measured.calibrate_native`); empty when not calibrated.
+        (:func:`~tvm_pesto.costs.measure.measured.calibrate_native`); empty when not calibrated.
     prediction_fit : dict
         ``xgb``/``hybrid``: device index -> ``{backend: {"a", "b", "file", "fitted_at"}}``, the
-        fit ``a * predicted + b`` the predictions carry (:mod:`tvm_pesto.costs.calibration`);
+        fit ``a * predicted + b`` the predictions carry (:mod:`tvm_pesto.costs.predict.calibration`);
         empty when none was applied.
     hybrid : dict
         ``hybrid``: what it measured and corrected: ``bias`` (``"device:backend"`` -> the
@@ -47,7 +47,7 @@ class CostTable:
         (its prediction is a guess from the other features; ``hybrid`` measures those first).
     gpu_check : dict
         Device index -> what the device check's GPU timings changed in its roofline column
-        (:func:`tvm_pesto.costs.gpu_check.apply_check_logs`); empty when none applied.
+        (:func:`tvm_pesto.costs.predict.gpu_check.apply_check_logs`); empty when none applied.
     """
 
     table: np.ndarray

@@ -1,7 +1,7 @@
 """The cost-model lab: what makes and judges the learned cost model, apart from the product.
 
 A placement needs only what :mod:`tvm_pesto.costs` holds: the cost sources, the trained
-model file and its prediction (:mod:`tvm_pesto.costs.xgb`), calibration, the measurement
+model file and its prediction (:mod:`tvm_pesto.costs.predict.xgb`), calibration, the measurement
 cache. This package holds what produces that model and tells how good it is, off line:
 
 * :mod:`.sweep`: synthetic Relax modules of op shapes the zoo does not cover;

@@ -1,7 +1,7 @@
 """Cost-model training data: rows read from profiler logs and MetaSchedule databases.
 
 A row is ``{desc, device, backend, tuned, time_s, model, key, ...}``: a subgraph's
-description (:func:`tvm_pesto.costs.features.describe_group`), the device it was measured
+description (:func:`tvm_pesto.costs.predict.features.describe_group`), the device it was measured
 on, the backend and the measured seconds. Rows come from the JSON-lines logs the profiler
 writes (:mod:`tvm_pesto.lab.profile`, plain or gzip-compressed) and from MetaSchedule work
 directories (:func:`tvm_pesto.lab.tuning_rows.read_tuning_db`); repeated profiling passes of
@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from ..backends.ms_database import RECORD_FILE, WORKLOAD_FILE
-from ..costs.features import device_key, feature_matrix
-from ..costs.jsonl import log_file, open_log
-from ..costs.timing import OVERHEAD_KEY
-from ..costs.xgb import default_model_path
+from ..costs.measure.timing import OVERHEAD_KEY
+from ..costs.predict.features import device_key, feature_matrix
+from ..costs.predict.xgb import default_model_path
+from ..costs.store.jsonl import log_file, open_log
 from ..errors import CostError
 from ..zoo import SIZES
 from .tuning_rows import read_tuning_db
@@ -72,7 +72,7 @@ def _is_tuning_db(p: Path) -> bool:
 
 def read_log(path, ds: Dataset | None = None) -> Dataset:
     """Add the rows of one JSON-lines profiler log to ``ds`` (plain or gzip-compressed: ``path``
-    may name ``NAME.jsonl`` stored as ``NAME.jsonl.gz``, :func:`tvm_pesto.costs.jsonl.log_file`).
+    may name ``NAME.jsonl`` stored as ``NAME.jsonl.gz``, :func:`tvm_pesto.costs.store.jsonl.log_file`).
 
     A line that is not JSON, or lacks ``key``/``backend``/``target``/``median_s``, is skipped
     and recorded in ``ds.skipped`` with its line number (a warning lists them).
@@ -172,7 +172,7 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
 
 def bundled_log_head(lines: int = 200) -> Path:
     """A copy of the first ``lines`` lines of the bundled training log (``profile-cpu.jsonl``
-    next to :func:`~tvm_pesto.costs.xgb.default_model_path`), written as ``head.jsonl`` in a
+    next to :func:`~tvm_pesto.costs.predict.xgb.default_model_path`), written as ``head.jsonl`` in a
     new temporary folder: a small log to try the lab's steps on.
 
     Examples

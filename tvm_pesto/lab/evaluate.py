@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..costs.features import dominant_kind
+from ..costs.predict.features import dominant_kind
 from ..errors import CostError
 from ..zoo import MODELS
 from ..zoo.outside import MODELS as OUTSIDE
@@ -173,7 +173,7 @@ def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, 
     --------
     Reading the model's logs and retraining it without its held-out models takes minutes:
 
-    >>> from tvm_pesto.costs.xgb import load_model       # doctest: +SKIP
+    >>> from tvm_pesto.costs.predict.xgb import load_model       # doctest: +SKIP
     >>> evaluate_model(load_model())["heldout"]["mape"]   # doctest: +SKIP
     """
     base = Path(model.path).parent if model.path else Path(".")

@@ -1,4 +1,4 @@
-"""Fit the XGBoost cost model (:class:`tvm_pesto.costs.xgb.CostModel`) on training rows.
+"""Fit the XGBoost cost model (:class:`tvm_pesto.costs.predict.xgb.CostModel`) on training rows.
 
 Deterministic: a fixed seed and one thread, so the same rows give the same model file.
 ``tvm-pesto cost-model train`` reads the rows (:mod:`tvm_pesto.lab.dataset`), fits and saves.
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costs.features import FEATURE_NAMES, device_key, feature_matrix, roofline_s
-from ..costs.xgb import MODEL_FORMAT, TARGETS, CostModel
+from ..costs.predict.features import FEATURE_NAMES, device_key, feature_matrix, roofline_s
+from ..costs.predict.xgb import MODEL_FORMAT, TARGETS, CostModel
 from ..errors import CostError
 
 #: XGBoost parameters of the bundled model (fixed seed, one thread: deterministic).

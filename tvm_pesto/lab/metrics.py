@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..costs.features import device_key
+from ..costs.predict.features import device_key
 from .dataset import model_size
 
 UNITS = {"mape": "percent", "median_ape": "percent", "p90_ape": "percent", "within_10pct": "fraction",

@@ -2,17 +2,17 @@
 
 ``tvm-pesto profile MODEL`` measures each candidate subgraph of a model on the local
 CPU devices, through the same code the ``measured`` cost source uses
-(:func:`tvm_pesto.costs.timing.measure_groups` for TVM, and
-:func:`tvm_pesto.costs.measured.measure_candidates` for the other backends), and appends one
+(:func:`tvm_pesto.costs.measure.timing.measure_groups` for TVM, and
+:func:`tvm_pesto.costs.measure.measured.measure_candidates` for the other backends), and appends one
 JSON line per measurement to a log.
 
-The log is a :class:`~tvm_pesto.costs.cache.MeasureCache` file (``key``, ``backend``,
+The log is a :class:`~tvm_pesto.costs.store.cache.MeasureCache` file (``key``, ``backend``,
 ``target``, ``median_s``, ``repeats``, ``op``, ``flops``, ``bytes``) with extra fields
 that let a model be trained without the IR (records are appended atomically, so two
 ``tvm-pesto profile`` runs may share one log):
 
 ``desc``
-    :func:`tvm_pesto.costs.features.describe_group` of the subgraph (op list, dominant op
+    :func:`tvm_pesto.costs.predict.features.describe_group` of the subgraph (op list, dominant op
     shapes and attributes, FLOPs, bytes, weight bytes, bytes saved by fusion).
 ``device_desc``
     peak FLOP/s, bandwidth, memory, cores, kind and model of the device.
@@ -21,7 +21,7 @@ that let a model be trained without the IR (records are appended atomically, so 
     (to judge noise), the host name, the VM call overhead measured in the same run.
 ``backend_stamp``
     for ``tvm-ms`` records, the tuning database they were measured with
-    (:func:`tvm_pesto.costs.cache.backend_stamp`); after more tuning the same
+    (:func:`tvm_pesto.costs.store.cache.backend_stamp`); after more tuning the same
     subgraphs are measured again.
 
 Records are deduplicated per (key, backend, target, model, run): profiling a model twice
@@ -59,11 +59,11 @@ from .. import zoo
 from ..backends import available_backends, backend_status, get_backend
 from ..candidates import candidate_function, candidate_key, generate_candidates
 from ..cluster import as_cluster
-from ..costs.cache import MeasureCache, current_record, measure_target
-from ..costs.features import describe_group, device_descriptor
-from ..costs.jsonl import open_log, read_records
-from ..costs.measured import MeasureReport, measure_candidates
-from ..costs.timing import measure_groups
+from ..costs.measure.measured import MeasureReport, measure_candidates
+from ..costs.measure.timing import measure_groups
+from ..costs.predict.features import describe_group, device_descriptor
+from ..costs.store.cache import MeasureCache, current_record, measure_target
+from ..costs.store.jsonl import open_log, read_records
 from ..errors import BuildError, CostError, PestoError
 from ..graph.analysis import analyze
 from ..graph.subgraph import structural_key
@@ -379,7 +379,7 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
     ``assume_cpu_kind`` (``vendor/family/model``) is written into the CPU records that have
     none (logged before tvm-pesto recorded it: say which CPU they were measured on).
     An ``out`` ending in ``.gz`` is written gzip-compressed (as the bundled log is); ``paths``
-    may be plain or compressed (:func:`tvm_pesto.costs.jsonl.read_records`).
+    may be plain or compressed (:func:`tvm_pesto.costs.store.jsonl.read_records`).
 
     Returns
     -------
@@ -388,7 +388,7 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
 
     Examples
     --------
-    >>> from tvm_pesto.costs.jsonl import append_record, read_records
+    >>> from tvm_pesto.costs.store.jsonl import append_record, read_records
     >>> rec = {"key": "k", "backend": "tvm", "target": "llvm", "model": "m", "host": "me"}
     >>> import tempfile
     >>> from pathlib import Path

@@ -1,8 +1,8 @@
 """How much a shared machine's speed moves under the timer, and how much of it timing against
-reference kernels (:mod:`tvm_pesto.costs.interleave`) takes out.
+reference kernels (:mod:`tvm_pesto.costs.measure.interleave`) takes out.
 
 Run it before profiling on a new machine (is it quiet enough for training labels?) and after a
-change to the timing method: it is the measurement behind :mod:`tvm_pesto.costs.interleave`.
+change to the timing method: it is the measurement behind :mod:`tvm_pesto.costs.measure.interleave`.
 
 Two parts:
 
@@ -12,7 +12,7 @@ Two parts:
 * ``groups``: every fused group of the ``--models`` compiled in one module (as
   ``measure_groups`` does), timed in ``--passes`` passes, each group both back to back
   (``time_evaluator``, 5 repeats of >= 5 ms) and by a
-  :class:`~tvm_pesto.costs.interleave.ReferenceTimer` (a fresh one per pass and model, as
+  :class:`~tvm_pesto.costs.measure.interleave.ReferenceTimer` (a fresh one per pass and model, as
   per measuring batch, sharing the references' fastest bursts as in the product); per model
   the pass-to-pass difference of both (mean over pairs of passes of |a - b| / min(a, b), and
   the ratio of the passes' sums).
@@ -35,9 +35,9 @@ import tvm
 from ..candidates import candidate_function
 from ..cluster import as_cluster
 from ..cluster.device_thread import enter_device_thread
-from ..costs.cache import measure_target
-from ..costs.interleave import ReferenceTimer, burst_seconds, reference_functions
-from ..costs.timing import random_args
+from ..costs.measure.interleave import ReferenceTimer, burst_seconds, reference_functions
+from ..costs.measure.timing import random_args
+from ..costs.store.cache import measure_target
 from ..graph.analysis import analyze
 from ..jsonio import write_json
 from .flow_eval import flow_models

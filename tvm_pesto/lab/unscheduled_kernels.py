@@ -1,6 +1,6 @@
 """How fast TVM's untuned CPU kernels are, and why: the two effects the cost model's
 ``strided_reduction`` and ``TRANSCENDENTAL`` features describe
-(:mod:`tvm_pesto.costs.features`).
+(:mod:`tvm_pesto.costs.predict.features`).
 
 Run it on a new kind of CPU, or after a TVM upgrade, to check that the two features still
 describe what the kernels do there.
@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..costs.features import strided_reduction
+from ..costs.predict.features import strided_reduction
 from ..jsonio import write_json
 
 CONVS = [  # (C_in, H, W, C_out)

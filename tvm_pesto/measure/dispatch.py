@@ -32,7 +32,7 @@ saying where they came from (``measured`` here and now, ``cached`` with the time
 or ``assumed``). The simulator charges all three (:func:`tvm_pesto.plan.simulate.simulate`).
 A VM call per segment is not charged apart: the dispatch figures hold one call per device,
 and a segment's VM call from Python costs a few microseconds. With
-``$TVM_PESTO_MACHINE_CALIBRATION=off`` (:data:`tvm_pesto.costs.machine.MACHINE_ENV`) nothing is
+``$TVM_PESTO_MACHINE_CALIBRATION=off`` (:data:`tvm_pesto.costs.calibrate.machine.MACHINE_ENV`) nothing is
 fitted on first use (a fit kept earlier still applies); ``refit=True`` (``tvm-pesto run``,
 which measures the links it runs on) always measures.
 
@@ -53,9 +53,9 @@ from ..cluster.contention import measure_contention
 from ..cluster.dispatch import FIGURES, assume_dispatch, check_executor, dispatch_info, local_shape, set_dispatch
 from ..cluster.kernels import compile_for
 from ..cluster.linkbench import fit_links, measure_links
-from ..costs.cache import default_cache_path
-from ..costs.calibration import machine_info, machine_key
-from ..costs.machine import MACHINE_ENV, auto_enabled
+from ..costs.calibrate.machine import MACHINE_ENV, auto_enabled
+from ..costs.predict.calibration import machine_info, machine_key
+from ..costs.store.cache import default_cache_path
 from ..errors import ClusterError
 from ..jsonio import write_json
 from ..run.program import Program, Step
@@ -277,7 +277,7 @@ def constants_path(cluster, executor: str) -> Path:
     """Where this machine's fit of ``executor``'s links and dispatch for ``cluster``'s device
     shape is kept: the measurement cache's folder (``~/.cache/tvm-pesto``, or
     ``$TVM_PESTO_CACHE``), under ``machine/``, named by the executor,
-    :func:`tvm_pesto.costs.calibration.machine_key` (CPU, cores, host) and the device shape.
+    :func:`tvm_pesto.costs.predict.calibration.machine_key` (CPU, cores, host) and the device shape.
 
     Raises
     ------

@@ -39,7 +39,7 @@ class Placement:
         the executor's dispatch, ``sim.dispatch_s``: :mod:`tvm_pesto.cluster.dispatch`).
     build_s : ndarray, optional
         With a build budget: each candidate's estimated build seconds on each device
-        (:func:`tvm_pesto.costs.build_time.estimate`); the budget and the plan's estimate are
+        (:func:`tvm_pesto.costs.measure.build_time.estimate`); the budget and the plan's estimate are
         ``plan.info["build_budget"]``.
     """
 

@@ -1,6 +1,6 @@
 """A plan within a build budget: the flow's solver on costs that charge build seconds.
 
-Each candidate has a build time (:func:`tvm_pesto.costs.build_time.estimate`: seconds its
+Each candidate has a build time (:func:`tvm_pesto.costs.measure.build_time.estimate`: seconds its
 backend takes to build it on each device, 0 where the build is cached). A plan's build
 time is the sum over its units. :func:`solve_within` keeps it at most ``max_build_s``:
 

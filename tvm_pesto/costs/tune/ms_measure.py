@@ -3,13 +3,13 @@
 MetaSchedule's LocalBuilder and LocalRunner start worker processes that each import TVM,
 which takes tens of seconds on a loaded machine; :class:`InProcessMeasurer` compiles with
 the same build function and times in one thread of this process, pinned to a device. For
-a remote device (``Device.rpc_key``, :func:`tvm_pesto.costs.remote.remote_cluster`) each
+a remote device (``Device.rpc_key``, :func:`tvm_pesto.costs.measure.remote.remote_cluster`) each
 batch of candidates is timed in one session on a server of the key
-(:func:`tvm_pesto.costs.remote.remote_session`): every kernel is exported as a ``.so``,
+(:func:`tvm_pesto.costs.measure.remote.remote_session`): every kernel is exported as a ``.so``,
 uploaded, and timed there with the same ``time_evaluator`` call on arguments filled there
 (MetaSchedule's RPC argument allocator).
 :func:`cpu_intrinsics_only` keeps MetaSchedule from parsing the CUDA tensor intrinsics
-while tuning for a CPU. Used by :func:`tvm_pesto.costs.tune.tune_model` and
+while tuning for a CPU. Used by :func:`tvm_pesto.costs.tune.tune.tune_model` and
 :func:`tvm_pesto.lab.tuning_rows.tune_in_process`.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 import tempfile
 import types
 
-from ..errors import CostError
-from .remote import remote_session
+from ...errors import CostError
+from ..measure.remote import remote_session
 
 
 class InProcessMeasurer:
@@ -40,7 +40,7 @@ class InProcessMeasurer:
     Raises
     ------
     CostError
-        For a remote device, when no session can be had (:mod:`tvm_pesto.costs.remote`).
+        For a remote device, when no session can be had (:mod:`tvm_pesto.costs.measure.remote`).
 
     Examples
     --------
@@ -60,7 +60,7 @@ class InProcessMeasurer:
         from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerResult
 
         # lazy: loads TVM, which importing this module does not
-        from ..cluster.device_thread import enter_device_thread
+        from ...cluster.device_thread import enter_device_thread
 
         self.min_repeat_ms, self.number = int(min_repeat_ms), int(number)
         self.device, self.remote = device, bool(getattr(device, "remote", False))

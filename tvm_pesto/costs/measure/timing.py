@@ -12,10 +12,10 @@ than of scale 0.3, and a matmul over N(0, 1) weights hands the GELU after it val
 groups not yet in the cache are compiled in ONE module with the
 default pipeline of the device's target, then each is timed with TVM's C++
 ``time_evaluator`` in a thread pinned to the device's cores, in bursts alternating with a
-reference kernel (:mod:`tvm_pesto.costs.interleave`: the ratio survives the speed changes
+reference kernel (:mod:`tvm_pesto.costs.measure.interleave`: the ratio survives the speed changes
 of a shared machine; median of the rounds). A device
 measured over TVM RPC (``Device.rpc_key``) gets the same module uploaded to a server of its
-key and timed there (:func:`device_vm`, :mod:`tvm_pesto.costs.remote`).
+key and timed there (:func:`device_vm`, :mod:`tvm_pesto.costs.measure.remote`).
 """
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..candidates import candidate_function, candidate_key
-from ..cluster.device_thread import enter_device_thread
-from ..errors import CostError, error_line
-from ..graph.subgraph import structural_key
-from .cache import MeasureCache, measure_target, measurement_record
+from ...candidates import candidate_function, candidate_key
+from ...cluster.device_thread import enter_device_thread
+from ...errors import CostError, error_line
+from ...graph.subgraph import structural_key
+from ..store.cache import MeasureCache, measure_target, measurement_record
+from ..table import MIN_COST_S
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
 from .remote import remote_session
-from .table import MIN_COST_S
 
 BACKEND = "tvm"
 OVERHEAD_KEY = "__vm_call_overhead__"

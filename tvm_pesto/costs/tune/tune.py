@@ -21,22 +21,22 @@ Resuming
     than asked when a task's search space is small.)
 Measuring
     Schedules are built and timed in this process
-    (:class:`tvm_pesto.costs.ms_measure.InProcessMeasurer`):
+    (:class:`tvm_pesto.costs.tune.ms_measure.InProcessMeasurer`):
     MetaSchedule's LocalBuilder/LocalRunner start worker processes that each import TVM,
     which takes tens of seconds on a loaded machine. Timing runs in a thread pinned to the
     device's cores with a TVM pool of the device's size, as the profiler measures.
 Remote devices
     A ``device`` measured over TVM RPC (``Device.rpc_key``,
-    :func:`tvm_pesto.costs.remote.remote_cluster`) has its schedules built here and timed on
+    :func:`tvm_pesto.costs.measure.remote.remote_cluster`) has its schedules built here and timed on
     a server of its key, one RPC session per search round (the faults of
-    :mod:`tvm_pesto.costs.remote` stop tuning with a :class:`TuningError`; the records so far
+    :mod:`tvm_pesto.costs.measure.remote` stop tuning with a :class:`TuningError`; the records so far
     stay). Its records are tuned for the target tagged ``rpc:KEY``
     (:func:`tvm_pesto.backends.ms_database.rpc_target`), so such a database is never resumed,
     applied or read as a local device's, nor a local one as the remote device's.
 
 Examples
 --------
->>> from tvm_pesto.costs.tune import tune_model                                   # doctest: +SKIP
+>>> from tvm_pesto.costs.tune.tune import tune_model                                   # doctest: +SKIP
 >>> res = tune_model(mod, {"kind": "llvm", "num-cores": 2}, "ms_work", trials=64)  # doctest: +SKIP
 >>> res.trials_spent, [t.name for t in res.tasks][:2]                             # doctest: +SKIP
 (64, ['fused_conv2d_add_relu', 'fused_conv2d1_add1_relu1'])
@@ -52,8 +52,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..errors import CostError, TuningError
-from .features import device_descriptor
+from ...errors import CostError, TuningError
+from ..predict.features import device_descriptor
 from .ms_logging import MS_LOGGER, foreign_handlers_set_aside
 from .ms_measure import InProcessMeasurer, cpu_intrinsics_only
 from .tuning_db import device_for_target, write_device_file
@@ -113,7 +113,7 @@ def tuning_tasks(mod, target: dict) -> list:
     from tvm.s_tir.analysis import estimate_tir_flops
 
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends.tvm_cpu import fuse_for_tuning
+    from ...backends.tvm_cpu import fuse_for_tuning
 
     tgt = tvm.target.Target(target)
     try:
@@ -308,14 +308,14 @@ def _tune_plan(ms, plan: list, tgt, work_dir: str, db, measurer, counter, cores:
 
 def _rpc_target(target: dict, device) -> dict:
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends.ms_database import rpc_target
+    from ...backends.ms_database import rpc_target
 
     return rpc_target(dict(target), getattr(device, "rpc_key", ""))
 
 
 def _rpc_stopped(err, where: str, db, work_dir: str) -> TuningError:
     """The error for a remote measurement that stopped tuning (a :class:`CostError` of
-    :mod:`tvm_pesto.costs.remote`)."""
+    :mod:`tvm_pesto.costs.measure.remote`)."""
     return TuningError(f"tuning over TVM RPC stopped at {where}: {err}. The records measured so far ({len(db)}) "
                        f"stay in {work_dir}: rerun the same command to resume")
 
@@ -399,7 +399,7 @@ def _writable_dir(work_dir) -> str:
 
 def _check_target(work_dir: str, target: dict) -> None:
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends.ms_database import check_database_target
+    from ...backends.ms_database import check_database_target
 
     try:
         check_database_target(work_dir, target)
@@ -409,7 +409,7 @@ def _check_target(work_dir: str, target: dict) -> None:
 
 def _open_database(work_dir: str):
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends.ms_database import open_database
+    from ...backends.ms_database import open_database
 
     try:
         return open_database(work_dir)
@@ -431,7 +431,7 @@ def _records_of(db, tmod) -> int:
 
 def _best_s(db, tmod) -> float | None:
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends.ms_database import FAILED_S
+    from ...backends.ms_database import FAILED_S
 
     w = _workload(db, tmod)
     if w is None:
@@ -458,7 +458,7 @@ def _time_unscheduled(tmod, tgt, measurer) -> float | None:
 
 def _calling_thread_cores() -> int:
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends.base import calling_thread_cores
+    from ...backends.base import calling_thread_cores
 
     return calling_thread_cores()
 

@@ -29,8 +29,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..graph.flops import op_category
-from ..graph.opgraph import OpGraph, dtype_bytes
+from ...graph.flops import op_category
+from ...graph.opgraph import OpGraph, dtype_bytes
 
 #: Version of the description schema written into log records (2 added per-category totals).
 DESC_VERSION = 2

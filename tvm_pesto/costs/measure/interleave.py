@@ -20,7 +20,7 @@ timer of a device in a process samples the references alone for :data:`WARM_S` f
 
 Examples
 --------
->>> from tvm_pesto.costs.interleave import reference_names
+>>> from tvm_pesto.costs.measure.interleave import reference_names
 >>> reference_names()[:2]
 ['pesto_ref_exp_256', 'pesto_ref_exp_4096']
 """

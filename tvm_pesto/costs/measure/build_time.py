@@ -3,7 +3,7 @@
 Before a plan runs, each of its library units is built: ONNX Runtime creates a session
 (milliseconds), OpenVINO compiles the region (tens of milliseconds), TorchInductor
 generates and compiles C++ (seconds per region). Every build that measuring
-(:mod:`~tvm_pesto.costs.measured`) or the builder makes is appended to ``builds.jsonl``
+(:mod:`~tvm_pesto.costs.measure.measured`) or the builder makes is appended to ``builds.jsonl``
 beside the measurement cache (:func:`record`); :func:`estimate` predicts a candidate's
 build seconds from its backend's builds on this CPU kind (a line in the number of ops,
 least squares; through the origin while fewer than :data:`MIN_FIT` builds of two sizes are
@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends import get_backend
-from ..candidates.generate import candidate_function
-from ..cluster.host import cpu_identity
-from .cache import default_cache_path
-from .jsonl import append_record, read_records, rewrite_records
+from ...backends import get_backend
+from ...candidates.generate import candidate_function
+from ...cluster.host import cpu_identity
+from ..store.cache import default_cache_path
+from ..store.jsonl import append_record, read_records, rewrite_records
 
 #: Builds of a backend (of at least two sizes) before its line is fitted by least squares.
 MIN_FIT = 3

@@ -1,7 +1,7 @@
 """The learned cost model: XGBoost on subgraph/backend/device features.
 
 The model predicts either ``log(time)`` or ``log(time / roofline)`` (the ``target`` it was
-trained for) of a subgraph on a backend and device, from :mod:`tvm_pesto.costs.features`.
+trained for) of a subgraph on a backend and device, from :mod:`tvm_pesto.costs.predict.features`.
 It is trained off line, from profiler logs and MetaSchedule databases, by the cost-model lab
 (:mod:`tvm_pesto.lab.fit`, ``tvm-pesto cost-model train``); this module loads and applies it.
 
@@ -18,7 +18,7 @@ Examples
 >>> import tvm_pesto
 >>> from tvm_pesto.candidates.examples import tiny_mlp
 >>> from tvm_pesto.cluster import parse_cluster
->>> from tvm_pesto.costs.xgb import predict_costs
+>>> from tvm_pesto.costs.predict.xgb import predict_costs
 >>> a = tvm_pesto.analyze(tiny_mlp()[0])
 >>> table = predict_costs(a, parse_cluster("cpu:2"))
 >>> table.shape == (len(a.groups), 2)   # seconds per fused group and device
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BuildError, CostError
-from ..package_data import data_dirs
+from ...errors import BuildError, CostError
+from ...package_data import data_dirs
+from ..table import MIN_COST_S
 from .calibration import Calibration, load_calibration
 from .features import (FEATURE_NAMES, describe_group, device_descriptor, device_key, device_size_key, feature_matrix,
                        roofline_s)
 from .gpu_check import apply_check_logs
 from .roofline import node_seconds
-from .table import MIN_COST_S
 
 #: Version of the model file's ``pesto_meta``; a file of another is refused (retrain it).
 MODEL_FORMAT = 1
@@ -64,7 +64,7 @@ class CostModel:
     Examples
     --------
     >>> from tvm_pesto.cluster import parse_cluster
-    >>> from tvm_pesto.costs.features import describe_group, device_descriptor
+    >>> from tvm_pesto.costs.predict.features import describe_group, device_descriptor
     >>> from tvm_pesto.graph import OpGraph, OpNode
     >>> from tvm_pesto.graph.opgraph import TensorSpec as T
     >>> g = OpGraph([OpNode("mm", "relax.matmul", {}, (T((64, 32)), T((32, 16))), (T((64, 16)),))], [])
@@ -86,7 +86,7 @@ class CostModel:
 
     def covers(self, dev: dict) -> bool:
         """Whether the model was trained on this device: its kind, model, number of cores and,
-        for a CPU, its kind of CPU (:func:`~tvm_pesto.costs.features.device_key`). A model
+        for a CPU, its kind of CPU (:func:`~tvm_pesto.costs.predict.features.device_key`). A model
         trained on one-core devices does not cover a two-core one (its rows never saw a
         kernel spread over two threads), nor one trained on one kind of CPU another kind (their
         vector units and caches differ, and so do their kernels' times). Models saved before the ``devices`` list was kept are judged
@@ -107,9 +107,9 @@ class CostModel:
 
     def covers_size(self, dev: dict) -> bool:
         """Whether the model was trained on a device of this kind, model and number of cores,
-        on any kind of CPU (:func:`~tvm_pesto.costs.features.device_size_key`). The ``xgb``
+        on any kind of CPU (:func:`~tvm_pesto.costs.predict.features.device_size_key`). The ``xgb``
         source predicts for such a device (the CPU's peak FLOP/s is a feature; this machine's
-        calibration, :mod:`tvm_pesto.costs.machine`, corrects the rest) and says so: its column
+        calibration, :mod:`tvm_pesto.costs.calibrate.machine`, corrects the rest) and says so: its column
         is ``xgb-other-cpu`` where :meth:`covers` is false."""
         if "devices" in self.meta:
             return device_size_key(dev) in {k.split("@", 1)[0] for k in self.meta["devices"]}
@@ -129,7 +129,7 @@ class CostModel:
 
     def overhead_s(self, dev: dict) -> float:
         """VM call overhead measured on this device in the training runs: of this device
-        (:func:`~tvm_pesto.costs.features.device_key`), else the median over the devices of its
+        (:func:`~tvm_pesto.costs.predict.features.device_key`), else the median over the devices of its
         size (any CPU kind), else over its kind and model; 0 if unknown."""
         ov = self.meta.get("overhead_s", {})
         if device_key(dev) in ov:
@@ -244,23 +244,23 @@ def predict_candidate_costs(cs, cluster, model=None, calibration=True, applied: 
     does not cover, or an untrained backend without a trained ``cost_proxy`` (a backend
     predicted as another until the model learns it: ``openvino`` and
     ``onnxruntime-parallel`` as ``onnxruntime``), gets the roofline estimate
-    (:func:`tvm_pesto.costs.roofline.node_seconds`); ``inf`` where the backend does not run
+    (:func:`tvm_pesto.costs.predict.roofline.node_seconds`); ``inf`` where the backend does not run
     on the device. Column sources: ``"xgb"``, ``"roofline"``, or ``"xgb+roofline"`` when
     only some candidates of a covered device fell back; ``"xgb-other-cpu"`` (``+roofline``) for
     a CPU device of a size the model was trained on but of a CPU kind it never saw
     (:meth:`CostModel.covers_size`).
 
     ``calibration``: ``True`` applies the calibration
-    :func:`~tvm_pesto.costs.calibration.load_calibration` finds (the file
+    :func:`~tvm_pesto.costs.predict.calibration.load_calibration` finds (the file
     ``$TVM_PESTO_CALIBRATION`` names, this machine's, or the one stored next to the model
-    file), if any (:mod:`tvm_pesto.costs.calibration`: ``a * predicted + b`` per backend and
+    file), if any (:mod:`tvm_pesto.costs.predict.calibration`: ``a * predicted + b`` per backend and
     device, on the floored prediction, floored again); ``False`` gives the raw predictions; a
-    :class:`~tvm_pesto.costs.calibration.Calibration` applies that one. ``applied``, when
+    :class:`~tvm_pesto.costs.predict.calibration.Calibration` applies that one. ``applied``, when
     given, is filled with device index -> ``{backend: {"a", "b", "file"}}`` for the
     corrections used. ``unseen``, when given, is filled with candidate index -> the ops of it
     the model never trained on (:meth:`CostModel.unseen_ops`), for the predicted candidates
     that have any. A GPU's roofline column takes the device check's timings of that GPU
-    (:func:`~tvm_pesto.costs.gpu_check.apply_check_logs`; ``gpu_check``, when given, is filled
+    (:func:`~tvm_pesto.costs.predict.gpu_check.apply_check_logs`; ``gpu_check``, when given, is filled
     with what they changed).
 
     Examples
@@ -343,7 +343,7 @@ def _model_rows(cs, j: int, dev, dd: dict, cm, trained: set, memo: _CandidateMem
     FLOPs at the device's peak, and how many candidates fell back to the roofline.
     """
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends import get_backend
+    from ...backends import get_backend
 
     covered = cm is not None and cm.covers_size(dd)
     call_s = cm.overhead_s(dd) if covered else 0.0
@@ -393,8 +393,8 @@ def tuned_share(rg, cand, device) -> float:
     if cand.backend != "tvm-ms":
         return 0.0
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends import get_backend
-    from ..candidates.generate import candidate_function
+    from ...backends import get_backend
+    from ...candidates.generate import candidate_function
 
     func = candidate_function(rg, list(cand.nodes), lift_constants=True).func
     return get_backend("tvm-ms").tuned_fraction(func, dict(device.target))
@@ -414,7 +414,7 @@ def predict_costs(analysis, cluster, model=None) -> np.ndarray:
     True
     """
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..candidates.generate import placement_candidates
+    from ...candidates.generate import placement_candidates
 
     return predict_candidate_costs(placement_candidates(analysis.rg, analysis.groups), cluster, model)[0]
 

@@ -1,7 +1,7 @@
 """The device a MetaSchedule tuning database was timed on, kept in its work directory.
 
-``tvm-pesto tune`` (:func:`tvm_pesto.costs.tune.tune_model`) writes the descriptor of the
-device it times schedules on (:func:`tvm_pesto.costs.features.device_descriptor`) next to the
+``tvm-pesto tune`` (:func:`tvm_pesto.costs.tune.tune.tune_model`) writes the descriptor of the
+device it times schedules on (:func:`tvm_pesto.costs.predict.features.device_descriptor`) next to the
 database (:data:`DEVICE_FILE`), so that its records' timings are read as that device's on
 any machine; :func:`device_for_target` describes a device from a record's target when no
 such file is there. The database files themselves are :mod:`tvm_pesto.backends.ms_database`'s.
@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..cluster.host import cpu_identity
-from ..cluster.specs import GPU_MODELS, cpu_info
-from ..errors import CostError
-from ..jsonio import write_json
-from .features import device_key
+from ...cluster.host import cpu_identity
+from ...cluster.specs import GPU_MODELS, cpu_info
+from ...errors import CostError
+from ...jsonio import write_json
+from ..predict.features import device_key
 
 #: The device a database was tuned on (:func:`write_device_file`): its records' timings are
 #: that device's, whatever machine reads them.
@@ -51,12 +51,12 @@ def device_for_target(target: dict, device: dict | None = None) -> dict:
                 return {"kind": "gpu", "model": name, "peak_flops": peak, "mem_bandwidth": bw, "memory_bytes": mem,
                         "cores": sms}
     raise CostError(f"no device description for target {target}; pass one as read_tuning_db(..., device=...) "
-                    "(see tvm_pesto.costs.features.device_descriptor)")
+                    "(see tvm_pesto.costs.predict.features.device_descriptor)")
 
 
 def write_device_file(work_dir, device: dict) -> str:
     """Record in ``work_dir`` the descriptor of the device its database is tuned on
-    (:data:`DEVICE_FILE`; :func:`tvm_pesto.costs.features.device_descriptor`).
+    (:data:`DEVICE_FILE`; :func:`tvm_pesto.costs.predict.features.device_descriptor`).
 
     Raises
     ------

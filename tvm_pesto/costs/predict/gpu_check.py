@@ -23,7 +23,7 @@ the graph, a Python call each time, and keeps its loop timing (:func:`boundary_o
 
 Examples
 --------
->>> from tvm_pesto.costs.gpu_check import load_check_logs
+>>> from tvm_pesto.costs.predict.gpu_check import load_check_logs
 >>> [log.gpu for log in load_check_logs()]
 ['NVIDIA H200']
 """
@@ -39,11 +39,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..errors import CostError
-from ..package_data import data_dirs
-from .cache import measure_target
+from ...errors import CostError
+from ...package_data import data_dirs
+from ..store.cache import measure_target
+from ..table import MIN_COST_S
 from .roofline import LAUNCH_S, node_seconds
-from .table import MIN_COST_S
 
 #: The shipped logs, in ``cost_models/``: the device check's, and the library units timed in
 #: CUDA graphs.
@@ -285,7 +285,7 @@ def _loads_here(name: str, kind: str) -> bool:
     devices at all (its column is infinite already, and nothing is to be said)."""
     # lazy: the backends registry imports the backends' modules; the costs package is imported
     # by the runtime side without them
-    from ..backends import get_backend
+    from ...backends import get_backend
 
     bk = get_backend(name)
     return kind not in bk.device_kinds or bool(bk.available()[0])
@@ -362,7 +362,7 @@ def _op_shares(graph, nodes, seconds: float, dev) -> dict:
 def _keys(cs) -> list[str]:
     # lazy: the candidates stage loads TVM's Relax compiler; this module is imported with the
     # costs package, which the runtime side imports without it
-    from ..candidates import candidate_key
+    from ...candidates import candidate_key
 
     return [candidate_key(cs.rg, c.nodes) for c in cs]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph.flops import op_category
+from ...graph.flops import op_category
 
 # A kernel launch / dispatch costs at least this much, even when it does no work.
 LAUNCH_S = {"gpu": 5e-6, "cpu": 2e-6}
@@ -36,7 +36,7 @@ def roofline_candidate_costs(cs, cluster) -> np.ndarray:
     """``[candidates, devices]`` seconds; ``inf`` where the candidate's backend does not run
     on the device's kind."""
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends import get_backend
+    from ...backends import get_backend
 
     graph = cs.rg.graph
     out = np.empty((len(cs), cluster.num_devices))

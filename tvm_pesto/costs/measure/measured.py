@@ -1,12 +1,12 @@
 """Measure every candidate on a real device, through the same path the placed module uses.
 
-* TVM-native candidates are timed by :func:`tvm_pesto.costs.timing.measure_groups` (one
+* TVM-native candidates are timed by :func:`tvm_pesto.costs.measure.timing.measure_groups` (one
   module with every group, default pipeline, C++ ``time_evaluator``).
 * Other backends' candidates are built (constants captured), registered as global
   functions, and timed as ``R.call_dps_packed`` calls from a VM in a thread pinned to the
   device, so the cost includes the dispatch into the library, the DLPack views, any layout
   change the library makes and the copy into the output tensor. Both are timed in bursts
-  alternating with reference kernels (:mod:`tvm_pesto.costs.interleave`). The VM's fixed per-call
+  alternating with reference kernels (:mod:`tvm_pesto.costs.measure.interleave`). The VM's fixed per-call
   overhead is subtracted, as for TVM groups (inside a placed segment, a candidate is one
   call among many, not a VM function call of its own).
 * A library candidate that is the whole model, of a backend with a call on numpy arrays
@@ -14,7 +14,7 @@
   of the VM (:mod:`tvm_pesto.run.runtime`), with ONNX Runtime's workers spinning on a device
   of every core.
 
-Results go to the :class:`~tvm_pesto.costs.cache.MeasureCache` keyed by (structural key of
+Results go to the :class:`~tvm_pesto.costs.store.cache.MeasureCache` keyed by (structural key of
 the weight-lifted candidate function, backend, target), so equal shapes are measured once
 and a second run measures nothing. A candidate its backend cannot build gets the record
 ``median_s = -1`` with the reason (infeasible; the search skips it).
@@ -29,16 +29,16 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..backends import get_backend
-from ..candidates.generate import CandidateSet, candidate_function, candidate_key
-from ..cluster.device_thread import enter_device_thread
-from ..errors import CostError, PestoError
-from ..graph.fusion import fusion_groups
-from ..graph.subgraph import out_ty_of
+from ...backends import get_backend
+from ...candidates.generate import CandidateSet, candidate_function, candidate_key
+from ...cluster.device_thread import enter_device_thread
+from ...errors import CostError, PestoError
+from ...graph.fusion import fusion_groups
+from ...graph.subgraph import out_ty_of
+from ..store.cache import MeasureCache, measure_target, measurement_record
+from ..table import MIN_COST_S
 from .build_time import record as record_build
-from .cache import MeasureCache, measure_target, measurement_record
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
-from .table import MIN_COST_S
 from .timing import OVERHEAD_KEY, calibrate, call_overhead_s, measurable, measure_groups, measure_whole, random_args
 
 INFEASIBLE = -1.0
@@ -363,7 +363,7 @@ def _time_direct(fn, arrays, rounds: int, burst_s: float) -> tuple[list, dict]:
 
 def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_ms: int) -> tuple[dict, dict]:
     """Compile all wrappers in one module and time each in a thread pinned to ``device``,
-    against the reference kernels (:class:`~tvm_pesto.costs.interleave.ReferenceTimer`).
+    against the reference kernels (:class:`~tvm_pesto.costs.measure.interleave.ReferenceTimer`).
 
     Returns ``({name: [seconds per round]} or {name: "error text"} for a failed call,
     {name: how it was timed}``).
@@ -440,7 +440,7 @@ def _worth_timing_whole(groups_s: float, library_s) -> bool:
 
 def calibrate_native(cs: CandidateSet, cluster, table: np.ndarray, cache: MeasureCache) -> dict[int, float]:
     """Scale the TVM-native columns of ``table`` in place so that, per device, the fusion
-    groups add up to the whole model's measured time (:func:`~tvm_pesto.costs.timing.calibrate`).
+    groups add up to the whole model's measured time (:func:`~tvm_pesto.costs.measure.timing.calibrate`).
 
     A group timed alone runs with its inputs and weights hot in cache and pays its own
     call; inside the model it does neither. The factor of the fusion-group cover is applied

@@ -4,7 +4,7 @@ The model's labels are isolated subgraph timings (profiler records, measured und
 the costs the planner needs are the fused groups' shares of a whole-model run on this
 machine, which is what the ``measured`` cost source gives (each group timed alone, then
 scaled so the groups add up to the measured whole model,
-:func:`tvm_pesto.costs.measured.calibrate_native`). Per backend and device (kind/model/cores)
+:func:`tvm_pesto.costs.measure.measured.calibrate_native`). Per backend and device (kind/model/cores)
 the correction is affine in the prediction with a fixed cost per call, under the floor
 both cost sources put under every group::
 
@@ -18,11 +18,11 @@ fitted by robust least squares (``soft_l1``) on the *relative* residuals
 
 A calibration is stored next to its model file (``default.json`` ->
 ``default.calibration.json``), and one fitted on this machine
-(:mod:`tvm_pesto.costs.machine`) under the measurement cache's folder
+(:mod:`tvm_pesto.costs.calibrate.machine`) under the measurement cache's folder
 (:func:`machine_calibration_path`), which the ``xgb`` source prefers: format name and version, the model file's SHA-256 (a
 calibration of another model file is not applied), the models and cluster it was fitted
 on, and the load average while its labels were measured. The ``xgb`` cost source applies it
-(:func:`tvm_pesto.costs.xgb.predict_candidate_costs`, ``calibrate=True``); a backend or
+(:func:`tvm_pesto.costs.predict.xgb.predict_candidate_costs`, ``calibrate=True``); a backend or
 device without an entry is left as predicted.
 
 Examples
@@ -50,10 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cluster.host import cpu_identity
-from ..errors import CostError
-from ..jsonio import write_json
-from .cache import default_cache_path
+from ...cluster.host import cpu_identity
+from ...errors import CostError
+from ...jsonio import write_json
+from ..store.cache import default_cache_path
 
 FORMAT = "tvm-pesto-xgb-calibration"
 VERSION = 1
@@ -75,7 +75,7 @@ def fit_affine(pred, meas, floor: float = 0.0) -> tuple[float, float]:
     together so that ``sum(max(a * pred + b, floor)) == sum(meas)``.
 
     The model fitted is the one applied: the ``xgb`` source floors every cost at
-    :data:`tvm_pesto.costs.xgb.MIN_COST_S` (pass it as ``floor``), as the ``measured``
+    :data:`tvm_pesto.costs.predict.xgb.MIN_COST_S` (pass it as ``floor``), as the ``measured``
     source floors its labels, so a negative ``b`` (predictions that carry too much per-call time) can send
     the smallest groups to the floor where they were measured. Started from the linear
     least-squares solution without the floor (closed form), then refined with
@@ -140,7 +140,7 @@ class Calibration:
     ----------
     entries : dict
         ``(backend, device_key) -> (a, b)``; ``device_key`` is
-        :func:`tvm_pesto.costs.features.device_key` of the device descriptor.
+        :func:`tvm_pesto.costs.predict.features.device_key` of the device descriptor.
     meta : dict
         ``model`` (file name), ``model_sha256``, ``models`` fitted on, ``cluster``,
         ``label_load`` (load average of the labels), ``n_groups`` per entry, ...
@@ -318,7 +318,7 @@ def load_machine_calibration(model) -> Calibration | None:
 
 
 def load_calibration(model) -> Calibration | None:
-    """The calibration of ``model`` (a :class:`~tvm_pesto.costs.xgb.CostModel`): the file
+    """The calibration of ``model`` (a :class:`~tvm_pesto.costs.predict.xgb.CostModel`): the file
     named by ``$TVM_PESTO_CALIBRATION`` (``none`` for raw predictions; the CLI's
     ``tvm-pesto --calibration PATH|none``), else this machine's
     (:func:`machine_calibration_path`, fitted by :func:`tvm_pesto.calibrate_machine`), else

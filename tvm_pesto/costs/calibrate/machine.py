@@ -1,6 +1,6 @@
 """This machine's calibration of the ``xgb`` cost model: the bundled model, fitted here.
 
-The bundled model and its calibration (:mod:`tvm_pesto.costs.calibration`) were trained and
+The bundled model and its calibration (:mod:`tvm_pesto.costs.predict.calibration`) were trained and
 fitted on the machines the labels came from. Another machine, even one that reads the same
 CPU model, caches and core count, can run the same kernels at another speed, and its
 predictions are then off by a factor per backend (docs/cost_model.md, "Calibration"). A tree
@@ -8,11 +8,11 @@ model cannot learn a dependence on a machine it never saw, so the correction is 
 here through the ``measured`` source (the TVM fusion groups, every library candidate that
 covers exactly one of them, each library backend's largest candidate) and an affine
 correction per backend and device is fitted on the raw predictions, as the bundled one was
-(:func:`~tvm_pesto.costs.calibration.fit_calibration`).
+(:func:`~tvm_pesto.costs.predict.calibration.fit_calibration`).
 
 The fit is kept per model file and machine
-(:func:`~tvm_pesto.costs.calibration.machine_calibration_path`), where
-:func:`~tvm_pesto.costs.calibration.load_calibration` finds it ahead of the bundled one.
+(:func:`~tvm_pesto.costs.predict.calibration.machine_calibration_path`), where
+:func:`~tvm_pesto.costs.predict.calibration.load_calibration` finds it ahead of the bundled one.
 :func:`tvm_pesto.calibrate_machine` (``tvm-pesto cost-model calibrate``) fits it; with
 :data:`MACHINE_ENV` unset or ``auto``, :func:`tvm_pesto.place` and
 :func:`tvm_pesto.estimate_costs` fit it before their first ``xgb`` or ``hybrid`` costs for a
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cluster import as_cluster
-from ..errors import CostError
-from . import candidate_costs
-from .cache import MeasureCache
-from .calibration import (CALIBRATION_ENV, Calibration, file_sha256, fit_calibration, load_machine_calibration,
+from ...cluster import as_cluster
+from ...errors import CostError
+from .. import candidate_costs
+from ..predict.calibration import (CALIBRATION_ENV, Calibration, file_sha256, fit_calibration, load_machine_calibration,
                           machine_calibration_path, machine_info, machine_key)
-from .features import device_descriptor, device_key
-from .xgb import MIN_COST_S, CostModel, load_model, predict_candidate_costs
+from ..predict.features import device_descriptor, device_key
+from ..predict.xgb import MIN_COST_S, CostModel, load_model, predict_candidate_costs
+from ..store.cache import MeasureCache
 
 #: Environment variable: ``auto`` (default) fits this machine's calibration on first use,
 #: ``off`` never does.
@@ -68,7 +68,7 @@ def auto_enabled() -> bool:
 
 def local_device_keys(model, cluster) -> list[str]:
     """Device keys of ``cluster``'s devices on this machine that ``model`` predicts for
-    (:meth:`~tvm_pesto.costs.xgb.CostModel.covers_size`: its CPU kind may be one the model never
+    (:meth:`~tvm_pesto.costs.predict.xgb.CostModel.covers_size`: its CPU kind may be one the model never
     saw, which is what the fit is for; CPUs only: no accelerator is in the training data)."""
     keys = []
     for dev in cluster.devices:
@@ -137,7 +137,7 @@ def fit_machine_calibration(units, cluster, model, save: bool = True, announce: 
         Devices of this machine; each distinct device size is fitted once.
     model : CostModel
     save : bool
-        Write it where :func:`~tvm_pesto.costs.calibration.load_calibration` finds it.
+        Write it where :func:`~tvm_pesto.costs.predict.calibration.load_calibration` finds it.
     announce : bool
         Say on stderr what is being measured and where it goes (the automatic fit does).
 
@@ -213,9 +213,9 @@ def calibrate_machine(cluster="cpu:2", model=None, models=None, announce: bool =
     """
     # lazy: candidates and the zoo load TVM's compiler and PyTorch, which the measuring and fitting
     # above (and run.dispatch, which imports this module) do without
-    from ..candidates.flow import make_candidates
-    from ..graph.analysis import analyze
-    from ..zoo import load
+    from ...candidates.flow import make_candidates
+    from ...graph.analysis import analyze
+    from ...zoo import load
 
     cluster = as_cluster(cluster)
     cm = model if isinstance(model, CostModel) else load_model(model)

@@ -8,7 +8,7 @@ crash (the next record starts on a new line). A record of another cache format
 same way, and its subgraph is measured again. Records for other targets are kept and used
 only for their target. A record measured while the machine was busier than it is now
 (:func:`taken_under_load`) is measured again. Several processes may append to
-one file at once: each record is one atomic append (:func:`~tvm_pesto.costs.jsonl.append_record`).
+one file at once: each record is one atomic append (:func:`~tvm_pesto.costs.store.jsonl.append_record`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PestoError
+from ...errors import PestoError
 from .jsonl import INCOMPLETE, append_record, read_records, skipped_note
 
 
@@ -99,7 +99,7 @@ def target_key(target: dict) -> str:
 
 def measure_target(device) -> str:
     """The cache's ``target`` field for measurements on ``device``: its target, plus the
-    RPC key of a device measured remotely (:mod:`tvm_pesto.costs.remote`), so that a
+    RPC key of a device measured remotely (:mod:`tvm_pesto.costs.measure.remote`), so that a
     remote device's records never stand in for a local one's, nor the other way round.
 
     Examples
@@ -141,7 +141,7 @@ def backend_stamp(name: str) -> str | None:
     :func:`tvm_pesto.backends.tvm_cpu.database_stamp`), for ``tvm`` the measuring method
     (:data:`tvm_pesto.backends.tvm_cpu.TIMING_STAMP`); None for the other backends."""
     # lazy: loads TVM's compiler, which importing this module does not
-    from ..backends import get_backend
+    from ...backends import get_backend
 
     try:
         stamp = getattr(get_backend(name), "measure_stamp", None)

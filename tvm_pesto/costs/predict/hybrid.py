@@ -1,6 +1,6 @@
 """The ``hybrid`` cost source: predict every candidate, measure only where the choice is uncertain.
 
-1. Every candidate is predicted by the cost model (:func:`tvm_pesto.costs.xgb.predict_candidate_costs`).
+1. Every candidate is predicted by the cost model (:func:`tvm_pesto.costs.predict.xgb.predict_candidate_costs`).
    Candidates with an op the model never trained on are measured first: for each such op
    its ``top_k`` cheapest predicted contenders (:func:`unseen_contenders`), within the
    budget of step 3, and they are left out of step 4's bias.
@@ -12,11 +12,11 @@
    best share) count twice, and their ``top_k`` cheapest candidates get the stake even
    without a close call.
 3. Candidates of the same description (backend and subgraph,
-   :func:`~tvm_pesto.costs.features.describe_group`) are one measurement. The budget is
+   :func:`~tvm_pesto.costs.predict.features.describe_group`) are one measurement. The budget is
    ``ceil(fraction * distinct descriptions)`` measurements (by default 1 in 25: at least
    20x fewer than the ``measured`` source takes). :meth:`Hybrid.measure_stakes` spends a
    share of it (all of it in :func:`hybrid_costs`) on the descriptions with the largest
-   total stake (:mod:`tvm_pesto.costs.measured`, cached, on the devices that are on this
+   total stake (:mod:`tvm_pesto.costs.measure.measured`, cached, on the devices that are on this
    machine); their measurements replace the predictions.
 4. The remaining predictions of each backend on each device are scaled by the median of
    measured / predicted over that backend's measured candidates there (at least
@@ -50,9 +50,9 @@ import math
 
 import numpy as np
 
-from ..errors import CostError
+from ...errors import CostError
+from ..table import CostTable
 from .features import describe_group
-from .table import CostTable
 from .xgb import predict_candidate_costs
 
 #: Relative error of the model's predictions used to call two candidates "too close".
@@ -280,7 +280,7 @@ class Hybrid:
         self.done_keys: set = set()
         self.present = [j for j, d in enumerate(cluster.devices) if d.present]
         # lazy: loads TVM's compiler, which importing this module does not
-        from .measured import MeasureReport
+        from ..measure.measured import MeasureReport
 
         self.report = MeasureReport()
         self.raw = table.copy()  # the model's predictions, before any measurement or correction
@@ -296,8 +296,8 @@ class Hybrid:
         """Measure the keys of ``candidates`` (in the given order) while the budget lasts (and
         at most ``limit`` of them); returns the candidates whose entries became measurements."""
         # lazy: loads TVM's compiler, which importing this module does not
-        from ..candidates.generate import CandidateSet
-        from .measured import measure_cost_table
+        from ...candidates.generate import CandidateSet
+        from ..measure.measured import measure_cost_table
 
         keys: list = []
         for c in candidates:

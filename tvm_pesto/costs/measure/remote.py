@@ -4,12 +4,12 @@ A device with ``rpc_key`` set (``Device.rpc_tracker`` = ``HOST:PORT``) is measur
 the measurement module is built here for the device's target, exported as a shared
 library, uploaded to a server the tracker hands out for the key, loaded there with TVM's
 runtime and timed with the same ``time_evaluator`` calls as a local device
-(:mod:`tvm_pesto.costs.timing`). Records go to the cache under the remote device's key
-(:func:`tvm_pesto.costs.cache.measure_target`), so a local and a remote device of the same
+(:mod:`tvm_pesto.costs.measure.timing`). Records go to the cache under the remote device's key
+(:func:`tvm_pesto.costs.store.cache.measure_target`), so a local and a remote device of the same
 target never share a measurement. Library backends (ONNX Runtime, PyTorch) run in this
 process only: on a remote device their candidates are not measured (``inf``). ``tvm-pesto
 tune`` times MetaSchedule's schedules the same way, one session per search round
-(:class:`tvm_pesto.costs.ms_measure.InProcessMeasurer`).
+(:class:`tvm_pesto.costs.tune.ms_measure.InProcessMeasurer`).
 
 The other side is TVM's own::
 
@@ -42,8 +42,8 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import replace
 
-from ..cluster.cluster import Cluster
-from ..errors import CostError
+from ...cluster.cluster import Cluster
+from ...errors import CostError
 
 #: Seconds to reach the tracker and get its answers.
 CONNECT_TIMEOUT_S = 10.0
