@@ -181,7 +181,6 @@ LAYERS = {
     "plan": 4,
     "solve": 5,
     "builder": 6,
-    "measure": 7,  # times through the runtime (the final choice, the machine's dispatch fit), keyed as costs are
     "placing": 8, "choose": 8, "api": 8, "train": 8,  # api -> choose -> placing; train builds a step and places it with api
     "cli": 9, "bench": 9,
 }

@@ -8,7 +8,7 @@ from fake_clock import FakeClock
 
 import tvm_pesto
 from tvm_pesto import choose
-from tvm_pesto.choose import measure, options
+from tvm_pesto.choose import options, trial
 from tvm_pesto.api import build_placement, cost_candidates, place_from_costs
 from tvm_pesto.candidates.examples import reference_output, tiny_mlp
 from tvm_pesto.cluster import parse_cluster
@@ -40,7 +40,7 @@ def test_every_option_is_built_timed_and_the_fastest_kept(chosen):
     fastest = min(timed, key=timed.get)
     if d["chosen"] != fastest:  # only a library call within PREFER_LIBRARY of the fastest, said so
         assert len(placed.plan.units) == 1 and d["runoff"]["library_kept"].startswith(d["chosen"])
-        assert timed[d["chosen"]] <= timed[fastest] * (1 + measure.PREFER_LIBRARY)
+        assert timed[d["chosen"]] <= timed[fastest] * (1 + trial.PREFER_LIBRARY)
     kept = next(o for o in d["options"] if o["name"] == d["chosen"])
     assert placed.cluster.name == kept["cluster"] and placed.cluster.num_devices == kept["devices"]
     assert placed.plan.solver.startswith("library:") == d["chosen"].startswith("library:")
@@ -134,7 +134,7 @@ def test_an_alternative_that_fails_is_reported_and_the_plan_that_fails_raises():
             raise RuntimeError("no such luck")
         return build_placement(o.placement, o.cluster)
 
-    placed, d = measure.choose(opts, build, [x], budget_s=0.3)
+    placed, d = trial.choose(opts, build, [x], budget_s=0.3)
     failed = next(o for o in d["options"] if o["name"] == "one-device")
     assert failed["error"] == "RuntimeError: no such luck" and "measured_s" not in failed
     assert d["chosen"] != "one-device"
@@ -143,7 +143,7 @@ def test_an_alternative_that_fails_is_reported_and_the_plan_that_fails_raises():
         raise RuntimeError("the plan itself")
 
     with pytest.raises(RuntimeError, match="the plan itself"):
-        measure.choose(opts, broken, [x], budget_s=0.3)
+        trial.choose(opts, broken, [x], budget_s=0.3)
 
 
 def test_a_whole_model_library_plan_is_called_through_the_library_itself(tmp_path):
@@ -185,8 +185,8 @@ def _spin(seconds):
 
 
 def _choose(opts, build, inputs, resolve=None, **kw):
-    """:func:`measure.choose` on the fake clock, then the claim (:func:`choose.certify_kept`)."""
-    placed, d = measure.choose(opts, build, inputs, clock=CLOCK, **kw)
+    """:func:`trial.choose` on the fake clock, then the claim (:func:`choose.certify_kept`)."""
+    placed, d = trial.choose(opts, build, inputs, clock=CLOCK, **kw)
     choose.certify_kept(opts, d, resolve)
     return placed, d
 
@@ -211,7 +211,7 @@ def test_a_near_tie_runs_off_and_keeps_the_library_call():
     opts, build = _options({"plan": 1e-3, "library:onnxruntime": 1e-3})
     fn, d = _choose(opts, build, [], budget_s=0.2)
     assert set(d["runoff"]["options"]) == {"plan", "library:onnxruntime"}
-    assert d["runoff"]["blocks"] == 2 + measure.RUNOFF_ROUNDS
+    assert d["runoff"]["blocks"] == 2 + trial.RUNOFF_ROUNDS
     # the same call twice: within PREFER_LIBRARY of each other, so the library call is kept
     assert d["chosen"] == "library:onnxruntime"
     assert "runoff of" in choose.decision_table(d)
@@ -220,7 +220,7 @@ def test_a_near_tie_runs_off_and_keeps_the_library_call():
 def _fixed_times(monkeypatch, times):
     """Every timing in blocks gives each option ``times[name]`` (the order of near-equal spins
     is up to the machine's load; the rule under test is not)."""
-    monkeypatch.setattr(measure, "_time", lambda built, *a, **k: {
+    monkeypatch.setattr(trial, "_time", lambda built, *a, **k: {
         n: {"s": times[n], "blocks_s": [times[n]], "calls": 5} for n in built})
 
 
@@ -254,8 +254,8 @@ def test_a_two_speed_option_is_judged_by_its_best_block_over_every_pass(monkeypa
     # from the runoff on; the one-thread option is steady at 1.15 ms. The runoff takes both (within
     # RUNOFF); compared by their best blocks the two-thread call is kept. A median over the
     # passes (2 slow blocks, 4 fast) would keep it too; one over the first pass only would not.
-    passes, timed = [], measure._time
-    monkeypatch.setattr(measure, "_time", lambda built, *a, **k: passes.append(set(built)) or timed(built, *a, **k))
+    passes, timed = [], trial._time
+    monkeypatch.setattr(trial, "_time", lambda built, *a, **k: passes.append(set(built)) or timed(built, *a, **k))
 
     def spin(name):
         if name == "plan":
@@ -274,7 +274,7 @@ def test_an_option_is_never_judged_by_another_statistic_than_the_others(monkeypa
     # one lucky block: the runoff's options are judged by their best block, as are the options
     # left out of it (a median for some and a best for others once kept a slower option)
     blocks = {"plan": [1e-3, 1.6e-3], "library:onnxruntime": [1.05e-3, 1.05e-3], "library:openvino": [1.2e-3]}
-    monkeypatch.setattr(measure, "_time", lambda built, *a, **k: {
+    monkeypatch.setattr(trial, "_time", lambda built, *a, **k: {
         n: {"s": min(blocks[n]), "blocks_s": list(blocks[n]), "calls": 5} for n in built})
     opts, build = _options({n: 1e-5 for n in blocks})
     _, d = _choose(opts, build, [], budget_s=0.2)
@@ -456,7 +456,7 @@ def test_an_option_far_slower_than_the_rest_is_timed_by_its_quick_calls():
     assert calls["plan"] == 3 and by["plan"]["timed_once"] == "quick calls"
     assert by["plan"]["measured_s"] == pytest.approx(150e-3)
     # over DROP x the fastest quick call: closed after its first and QUICK_CALLS quick calls
-    assert calls["library:tvm"] == 1 + measure.QUICK_CALLS and by["library:tvm"]["timed_once"] == "quick calls"
+    assert calls["library:tvm"] == 1 + trial.QUICK_CALLS and by["library:tvm"]["timed_once"] == "quick calls"
     # within DROP of the fastest: timed in blocks
     assert d["chosen"] == "library:onnxruntime" and "timed_once" not in by["library:openvino"]
     assert "plan (quick calls)" in choose.decision_table(d)
@@ -489,7 +489,7 @@ def test_closing_an_option_releases_only_the_units_no_live_option_calls(monkeypa
     # a PlacementPass module calls its units by their registered names: a unit the kept plan
     # shares with a closed option stays registered; the closed option's own unit is let go
     released = []
-    monkeypatch.setattr(measure, "get_backend", lambda name: SimpleNamespace(release=released.extend))
+    monkeypatch.setattr(trial, "get_backend", lambda name: SimpleNamespace(release=released.extend))
     unit = SimpleNamespace(backend="onnxruntime")
     times = {"plan": 1e-3, "library:onnxruntime": 4e-3}
     units = {"plan": {"shared": unit, "plan-only": unit}, "library:onnxruntime": {"shared": unit, "lib-only": unit}}
@@ -510,7 +510,7 @@ def test_closing_an_option_releases_only_the_units_no_live_option_calls(monkeypa
 
 
 def test_at_most_max_live_options_are_held_at_once_and_the_plan_may_go_too(monkeypatch):
-    monkeypatch.setattr(measure, "MAX_LIVE", 2)
+    monkeypatch.setattr(trial, "MAX_LIVE", 2)
     times = {"plan": 1.3e-3, "one-device": 1.2e-3, "library:onnxruntime": 1e-3, "library:openvino": 1.1e-3}
     opts, build = _options(times)
     _, d = _choose(opts, build, [], budget_s=0.2)
@@ -524,7 +524,7 @@ def test_at_most_max_live_options_are_held_at_once_and_the_plan_may_go_too(monke
 def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch):
     # a first call over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call is the
     # option's time: an untuned build of a large model is not called twice for a minute each
-    monkeypatch.setattr(measure, "RUNAWAY_FIRST_S", 0.05)
+    monkeypatch.setattr(trial, "RUNAWAY_FIRST_S", 0.05)
     opts, build = _options({"plan": 0.5e-3, "library:tvm": 0.2}, predicted={"library:tvm": 1e-3})  # mispredicted
     calls = {"library:tvm": 0}
     _, d = _choose(opts, _counting(build, calls), [], budget_s=0.2)
@@ -537,7 +537,7 @@ def test_a_library_option_predicted_to_run_away_is_not_run(monkeypatch):
     # predicted over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call: neither built
     # nor called (untuned TVM at size full: a minute a call), and the decision says why; a flow's
     # plan predicted as slow still runs, and a library option predicted under the limit runs
-    monkeypatch.setattr(measure, "RUNAWAY_FIRST_S", 0.05)
+    monkeypatch.setattr(trial, "RUNAWAY_FIRST_S", 0.05)
     opts, build = _options({"plan": 1e-3, "one-device": 2e-3, "library:tvm": 0.3, "library:onnxruntime": 0.8e-3},
                            predicted={"plan": 0.1, "one-device": 0.5, "library:onnxruntime": 0.04, "library:tvm": 0.15})
     calls = {n: 0 for n in ("one-device", "library:tvm", "library:onnxruntime")}
@@ -558,8 +558,8 @@ def test_a_library_option_predicted_far_slower_than_the_best_prediction_is_not_b
     # plan, which here predicts far under them all
     best = 1e-3
     opts, build = _options({"plan": best, "library:onnxruntime": best, "library:tvm": 2e-3, "library:openvino": 2e-3},
-                           predicted={"plan": best / 100, "library:tvm": measure.PREDICTED_SLOW * best,
-                                      "library:openvino": 0.99 * measure.PREDICTED_SLOW * best})
+                           predicted={"plan": best / 100, "library:tvm": trial.PREDICTED_SLOW * best,
+                                      "library:openvino": 0.99 * trial.PREDICTED_SLOW * best})
     built = []
     _, d = _choose(opts, lambda o: built.append(o.name) or build(o), [], budget_s=0.2)
     by = {o["name"]: o for o in d["options"]}

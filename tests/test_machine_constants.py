@@ -1,4 +1,4 @@
-"""The executors' links and dispatch as machine constants (tvm_pesto.measure.dispatch.machine_dispatch,
+"""The executors' links and dispatch as machine constants (tvm_pesto.costs.calibrate.dispatch.machine_dispatch,
 tvm_pesto.cluster.dispatch): fitted here on first use for a cluster of this machine's CPU
 devices, kept per machine, executor and device shape, reused without measuring again, assumed
 (and said to be) for devices that are not here, charged by the simulator, named in the run JSON.
@@ -26,7 +26,7 @@ from tvm_pesto.cluster.linkbench import fit_links
 from tvm_pesto.costs.calibrate.machine import MACHINE_ENV
 from tvm_pesto.errors import ClusterError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
-from tvm_pesto.measure import dispatch as rd
+from tvm_pesto.costs.calibrate import dispatch as rd
 from tvm_pesto.plan import Plan, Problem, simulate
 
 

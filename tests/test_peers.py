@@ -11,7 +11,7 @@ from fake_clock import FakeClock
 
 from tvm_pesto.bench.peers import bench_model, bench_peers, markdown
 from tvm_pesto.frontend import from_torch
-from tvm_pesto.measure.blocks import time_blocks
+from tvm_pesto.costs.measure.blocks import time_blocks
 
 
 def test_blocks_rank_a_slow_call_behind_a_fast_one_and_rotate():

@@ -259,7 +259,7 @@ def test_ray_cli_run_json(ray_session, tmp_path):
         assert all(1e-6 < t < 10 for t in p["points"].values()), p["points"]  # a real hand-over: over 1 us
     assert ray_session.owned  # the CLI used the Ray already running and left it running
     # the dispatch fit --refit kept: each program timed through the Ray executor itself
-    from tvm_pesto.measure import dispatch as rd
+    from tvm_pesto.costs.calibrate import dispatch as rd
 
     rec = rd.load_constants(rd.constants_path(parse_cluster("cpu:2"), "ray"))
     t, fit = rec["programs_s"], rec["dispatch"]

@@ -18,7 +18,7 @@ from tvm_pesto.cluster.contention import contention_factors, measure_contention
 from tvm_pesto.cluster.dispatch import DEFAULT_DISPATCH, dispatch_figures, dispatch_s
 from tvm_pesto.errors import ClusterError, PestoError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
-from tvm_pesto.measure.dispatch import measure_dispatch
+from tvm_pesto.costs.calibrate.dispatch import measure_dispatch
 from tvm_pesto.plan import Plan, Problem, simulate
 from tvm_pesto.solve.split import check_margin, split_decision, split_margin
 

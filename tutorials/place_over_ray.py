@@ -29,7 +29,7 @@ import numpy as np
 import tvm_pesto
 from tvm_pesto import zoo
 from tvm_pesto.cluster import parse_cluster
-from tvm_pesto.measure.dispatch import machine_dispatch
+from tvm_pesto.costs.calibrate.dispatch import machine_dispatch
 from tvm_pesto.plan.trace import gantt_png, sim_events, trace_events
 from tvm_pesto.run.ray.executor import RaySession, use_ray
 

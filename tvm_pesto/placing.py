@@ -27,7 +27,7 @@ from .graph.analysis import Analysis, analyze
 from .plan import JointProblem, simulate
 from .plan.placement import Placement
 from .plan.simulate import HOME_DEVICE
-from .measure.dispatch import machine_dispatch
+from .costs.calibrate.dispatch import machine_dispatch
 from .solve import budget, split
 from .solve.build_budget import solve_within
 from .solve.joint import MIN_ILP_S, solve_joint
@@ -51,7 +51,7 @@ def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None
 def _machine_constants(cluster: Cluster, executor: str) -> None:
     """Before the first plan of a cluster of this machine's CPU devices, give it the
     executor's links, dispatch and contention fitted here (kept per machine; fitted now when
-    none is kept, :func:`tvm_pesto.measure.dispatch.machine_dispatch`); other clusters get the
+    none is kept, :func:`tvm_pesto.costs.calibrate.dispatch.machine_dispatch`); other clusters get the
     assumed figures, which their reports name as assumed."""
     machine_dispatch(cluster, executor)
 
@@ -138,7 +138,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         ``fp32`` (default): every backend computes in float32. ``bf16``: the backends that
         compute in bfloat16 on this CPU (``openvino-bf16``) compete too
         (:func:`~tvm_pesto.candidates.flow.with_precision`); the final choice holds their
-        outputs to :data:`~tvm_pesto.choose.measure.REDUCED_TOL` of the float32 build's. ``build``
+        outputs to :data:`~tvm_pesto.choose.trial.REDUCED_TOL` of the float32 build's. ``build``
         and ``PlacementPass`` take it too.
 
     Examples

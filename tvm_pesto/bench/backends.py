@@ -8,7 +8,7 @@ ops it lacks), Collage's cover alone on one device (the backend-mix effect), the
 (backend + device + order, ``ilp``) on one and on two CPU devices, and ``pesto``: what
 :func:`tvm_pesto.build` returns on ``cpu:2`` with measured costs (the default solver and the
 final measured choice of :mod:`tvm_pesto.choose`), the model a user gets. All variants are
-built in this process and timed in blocks (:func:`tvm_pesto.measure.blocks.time_blocks`: a
+built in this process and timed in blocks (:func:`tvm_pesto.costs.measure.blocks.time_blocks`: a
 warm-up, then calls for a fixed time, the median kept; the order rotates every round; a
 variant's time is its best block median): single calls of two libraries interleaved would
 time one library's idle threads inside the other's call. Every variant is called on numpy
@@ -39,7 +39,7 @@ from ..cluster.ideal import free_communication
 from ..cluster.linkbench import measure_links as _measure
 from ..costs import candidate_costs
 from ..errors import PestoError
-from ..measure.blocks import time_blocks
+from ..costs.measure.blocks import time_blocks
 from ..solve.ceiling import alone, mix_ceiling
 from .report import AGREE, geomean, machine_info, timing_noise
 
@@ -92,7 +92,7 @@ def bench_clusters(measure_links: bool = True):
     c1, c2 = as_cluster("cpu:1"), as_cluster("cpu:2")
     if measure_links and c2.num_devices > 1:
         # lazy: loads TVM, which importing this module does not
-        from ..measure.dispatch import measure_dispatch
+        from ..costs.calibrate.dispatch import measure_dispatch
 
         _measure(c2)
         measure_contention(c2)
@@ -357,7 +357,7 @@ def _choose_joint(variants: dict, fns: dict, select_by: str):
 
 
 def _time_and_release(fns: dict, placed: dict, rounds: int) -> dict:
-    """:func:`~tvm_pesto.measure.blocks.time_blocks` of every built variant, then close them and
+    """:func:`~tvm_pesto.costs.measure.blocks.time_blocks` of every built variant, then close them and
     release what the backends built, so the next model starts with free cores and memory."""
     # lazy: loads TVM's compiler and the backends, which importing this module does not
     from ..backends import release_all

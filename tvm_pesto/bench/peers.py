@@ -20,7 +20,7 @@ Per model, in one process, each variant is built once and then timed in blocks:
   ``precision`` says which it ran), which the default build does not choose for the user.
 
 Every peer gets the machine's cores in the setting its library is usually run with. Each
-variant runs in its own block (:func:`tvm_pesto.measure.blocks.time_blocks`: a warm-up, then
+variant runs in its own block (:func:`tvm_pesto.costs.measure.blocks.time_blocks`: a warm-up, then
 calls for a fixed time, the median kept) and the order rotates over :data:`ROUNDS`
 rounds; a variant's time is its best block median. Interleaving single calls of two
 libraries would time one library's idle threads inside the other's call.
@@ -64,7 +64,7 @@ from ..cluster.device_thread import owns_every_core
 from ..cluster.specs import cpu_cluster
 from ..choose.options import whole_model_placement
 from ..errors import error_line
-from ..measure.blocks import time_blocks
+from ..costs.measure.blocks import time_blocks
 from ..run.libraries.loaders import onnx_session
 from ..run.thread.executor import max_abs_err
 from .sources import ModelSource, bench_source, run_isolated

@@ -8,7 +8,7 @@ import statistics
 import tempfile
 
 from ..cluster.host import cpu_identity
-from ..measure.blocks import best_two_spread
+from ..costs.measure.blocks import best_two_spread
 
 #: A benchmark's time stands when a second block reproduces its best within this fraction.
 AGREE = 0.03

@@ -2,7 +2,7 @@
 
 A plan slower than the library a user already has is a defect. Before :func:`tvm_pesto.build`
 returns (and in ``tvm-pesto run``) these options are built and timed against each other in
-blocks (:func:`tvm_pesto.measure.blocks.time_blocks`, about :data:`~tvm_pesto.choose.measure.BUDGET_S` s in all); the fastest is kept:
+blocks (:func:`tvm_pesto.costs.measure.blocks.time_blocks`, about :data:`~tvm_pesto.choose.trial.BUDGET_S` s in all); the fastest is kept:
 
 * ``plan``: the flow's plan on the cluster asked for;
 * ``one-device``: on ``cpu:N`` with N > 1, the flow's plan on the same cores as one device
@@ -13,21 +13,21 @@ blocks (:func:`tvm_pesto.measure.blocks.time_blocks`, about :data:`~tvm_pesto.ch
 * ``library:<backend> on <device>``: on ``cpu:N`` with N > 1, the same on the first device
   of the cluster asked for (for ``cpu:2``, one core: the library with one thread).
 
-A library option predicted :data:`~tvm_pesto.choose.measure.PREDICTED_SLOW` times the best library option's
+A library option predicted :data:`~tvm_pesto.choose.trial.PREDICTED_SLOW` times the best library option's
 prediction (each a measured whole-model call; a flow's plan is a simulation), or far slower
-than the first calls so far (:data:`~tvm_pesto.choose.measure.RUNAWAY` x the fastest, over :data:`~tvm_pesto.choose.measure.RUNAWAY_FIRST_S`),
-is not built or run, and its entry says why. An option whose first output is not TVM's (:func:`~tvm_pesto.choose.measure.wrong_numerics`)
+than the first calls so far (:data:`~tvm_pesto.choose.trial.RUNAWAY` x the fastest, over :data:`~tvm_pesto.choose.trial.RUNAWAY_FIRST_S`),
+is not built or run, and its entry says why. An option whose first output is not TVM's (:func:`~tvm_pesto.choose.trial.wrong_numerics`)
 is left out with the error: it computes another model, however fast.
 
 Which core shape the flow predicts faster is the plan's ``shape``; the measurement decides.
-Options within :data:`~tvm_pesto.choose.measure.RUNOFF` of the fastest are timed again (:data:`~tvm_pesto.choose.measure.RUNOFF_BUDGET_S`).
+Options within :data:`~tvm_pesto.choose.trial.RUNOFF` of the fastest are timed again (:data:`~tvm_pesto.choose.trial.RUNOFF_BUDGET_S`).
 Every option is compared by its best block (the least block median over every pass, the
 statistic ``tvm-pesto bench peers`` judges each variant by): a block slower than another of
 the same option is the machine's doing. A shared 2-vCPU machine is two-speed for seconds at a
 time (an ONNX Runtime session of two threads: 0.25 and 0.47 ms a call by turns, one thread
 0.41 throughout), so an option timed only in a slow spell is left its best, not its median,
 and the runoff's later blocks give it the chance of a fast one. A whole-model library call (:func:`~tvm_pesto.choose.options.library_call`)
-within :data:`~tvm_pesto.choose.measure.PREFER_LIBRARY` of a fastest plan of several units is kept (a user's own library
+within :data:`~tvm_pesto.choose.trial.PREFER_LIBRARY` of a fastest plan of several units is kept (a user's own library
 call, no slower within what a shared machine tells apart). ``decision`` lists each option's
 predicted and measured seconds and which one was kept.
 
@@ -45,14 +45,14 @@ says why not.
 ``$TVM_PESTO_MEASURE_FINAL`` (``1``, default; ``0``) sets the default of ``measure_final``.
 
 The stage is :func:`~tvm_pesto.choose.final.final_choice`; :mod:`~tvm_pesto.choose.options`
-lists the options, :mod:`~tvm_pesto.choose.measure` times them, :mod:`~tvm_pesto.choose.claim`
+lists the options, :mod:`~tvm_pesto.choose.trial` times them, :mod:`~tvm_pesto.choose.claim`
 certifies the kept one and :mod:`~tvm_pesto.choose.decision` prints the decision.
 """
 from __future__ import annotations
 
 from .claim import FLOW_OPTIONS, certify, certify_kept
 from .decision import decision_table, unmeasured
-from .measure import choose
+from .trial import choose
 from .options import MEASURE_ENV, Option, library_call, make_options, skip_reason, whole_model_placement
 
 # the stage itself, :mod:`tvm_pesto.choose.final`, builds modules (TVM's compiler): imported by name

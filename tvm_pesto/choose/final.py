@@ -3,7 +3,7 @@
 :func:`final_choice` places the module again on the one-device shape (as the user asked for
 the first, :class:`~tvm_pesto.placing.Request`), lists the options
 (:func:`~tvm_pesto.choose.options.make_options`), builds and times them
-(:func:`~tvm_pesto.choose.measure.choose`) and certifies the kept one
+(:func:`~tvm_pesto.choose.trial.choose`) and certifies the kept one
 (:func:`~tvm_pesto.choose.claim.certify`, solving each shape again on measured costs with a
 :class:`Resolver`). The flow's solves and these share one :class:`~tvm_pesto.solve.budget.Solving`.
 """
@@ -20,7 +20,7 @@ from ..plan.placement import Placement
 from ..solve import budget
 from .claim import certify_kept
 from .decision import unmeasured
-from .measure import choose
+from .trial import choose
 from .options import Option, make_options, one_device_cluster, skip_reason
 
 

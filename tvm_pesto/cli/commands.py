@@ -23,7 +23,7 @@ from ..costs.measure.remote import remote_cluster
 from ..errors import InfeasibleError, PestoError
 from ..graph import dnn_partitioning as dp
 from ..jsonio import jsonable
-from ..measure.dispatch import machine_dispatch
+from ..costs.calibrate.dispatch import machine_dispatch
 from ..models import load_model
 from ..plan import Problem, simulate
 from ..plan.expert_split import load_expert_split
@@ -68,7 +68,7 @@ def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", co
     no clock decided the plan. ``executor="ray"`` runs the devices as Ray actors
     (:mod:`tvm_pesto.run.ray.executor`; a local Ray on 127.0.0.1, or ``ray_address``). With
     devices of this machine, the executor's links, dispatch and the devices' contention are
-    this machine's fit (:func:`tvm_pesto.measure.dispatch.machine_dispatch`: the one kept, or
+    this machine's fit (:func:`tvm_pesto.costs.calibrate.dispatch.machine_dispatch`: the one kept, or
     measured on first use; ``refit`` measures them again now and keeps them), so the plan and
     the simulation use what this executor costs here (``res["link_model"]``,
     ``res["dispatch"]``: figures, source, time of the fit; ``res["contention"]``).

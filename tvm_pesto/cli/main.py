@@ -398,7 +398,7 @@ def cluster_bench(cluster_spec, output, executor, ray_address, contention, dispa
         console.print(f"  {k}: latency {v['latency_s'] * 1e6:.1f} us, bandwidth {v['bandwidth_Bps'] / 1e9:.2f} GB/s")
     if dispatch and executor == "thread" and sum(d.present and d.kind == "cpu" for d in c.devices) > 1:
         # lazy: loads TVM; the CLI imports a verb's code when the verb runs
-        from ..measure.dispatch import measure_dispatch
+        from ..costs.calibrate.dispatch import measure_dispatch
 
         with step("measure the executor's dispatch (one device, two): after the links, whose latency it uses"):
             dres = measure_dispatch(c)

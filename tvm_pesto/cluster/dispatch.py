@@ -13,7 +13,7 @@ schedule (the solvers' makespan):
   charges per transfer. Threads: waking the workers and waiting for the last one. Ray: the
   hops from the caller to the actors and from every device's last task back.
 
-The figures are machine constants: :func:`tvm_pesto.measure.dispatch.machine_dispatch` fits them
+The figures are machine constants: :func:`tvm_pesto.costs.calibrate.dispatch.machine_dispatch` fits them
 (with the executor itself, on tiny TVM kernels; the executor's links and the devices'
 contention with them) the first time a cluster of this machine's CPU devices needs them,
 keeps them per machine, executor and device shape, and writes them into
@@ -136,7 +136,7 @@ def local_shape(cluster: Cluster) -> list | None:
     """The shape of ``cluster``'s devices when all of them are CPU devices of this machine
     (present, not measured over RPC, on a host without a remote address), else None: one
     ``[cores, cpu ids]`` per device. With at least two devices, a fit of the executor's
-    figures is possible here (:func:`tvm_pesto.measure.dispatch.machine_dispatch`)."""
+    figures is possible here (:func:`tvm_pesto.costs.calibrate.dispatch.machine_dispatch`)."""
     hosts = cluster.hosts or []
     for dev in cluster.devices:
         if not dev.present or dev.remote or dev.kind != "cpu":

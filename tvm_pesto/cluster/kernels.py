@@ -1,7 +1,7 @@
 """Compile the small Relax kernels that measure a cluster's devices.
 
 The contention bench (:mod:`tvm_pesto.cluster.contention`) and the executor's dispatch
-measurement (:mod:`tvm_pesto.measure.dispatch`) each time a few tiny TVM programs on every
+measurement (:mod:`tvm_pesto.costs.calibrate.dispatch`) each time a few tiny TVM programs on every
 device; :func:`compile_for` builds one for a device's target and explains a failure deep
 inside TVM as a :class:`~tvm_pesto.errors.ClusterError`.
 """

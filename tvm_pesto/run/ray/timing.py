@@ -1,4 +1,4 @@
-"""Time small programs over the Ray executor: what :func:`tvm_pesto.measure.dispatch.measure_ray_dispatch`
+"""Time small programs over the Ray executor: what :func:`tvm_pesto.costs.calibrate.dispatch.measure_ray_dispatch`
 reads the Ray executor's dispatch from.
 
 The programs' libraries (one per device, compiled by the caller) are written as a bundle, as

@@ -49,20 +49,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cluster.contention import measure_contention
-from ..cluster.dispatch import FIGURES, assume_dispatch, check_executor, dispatch_info, local_shape, set_dispatch
-from ..cluster.kernels import compile_for
-from ..cluster.linkbench import fit_links, measure_links
-from ..costs.calibrate.machine import MACHINE_ENV, auto_enabled
-from ..costs.predict.calibration import machine_info, machine_key
-from ..costs.store.cache import default_cache_path
-from ..errors import ClusterError
-from ..jsonio import write_json
-from ..run.program import Program, Step
-from ..run.ray.executor import measure_ray_links
-from ..run.ray.session import RaySession
-from ..run.ray.timing import time_ray_programs
-from ..run.thread.executor import Executor
+from ...cluster.contention import measure_contention
+from ...cluster.dispatch import FIGURES, assume_dispatch, check_executor, dispatch_info, local_shape, set_dispatch
+from ...cluster.kernels import compile_for
+from ...cluster.linkbench import fit_links, measure_links
+from .machine import MACHINE_ENV, auto_enabled
+from ..predict.calibration import machine_info, machine_key
+from ..store.cache import default_cache_path
+from ...errors import ClusterError
+from ...jsonio import write_json
+from ...run.program import Program, Step
+from ...run.ray.executor import measure_ray_links
+from ...run.ray.session import RaySession
+from ...run.ray.timing import time_ray_programs
+from ...run.thread.executor import Executor
 
 #: Format name and version of a kept fit.
 FORMAT = "tvm-pesto-machine-constants"

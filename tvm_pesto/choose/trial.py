@@ -56,9 +56,9 @@ def _close(placed, live=()) -> None:
 
 
 def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_counter) -> dict:
-    """:func:`~tvm_pesto.measure.blocks.time_blocks` over the built options, ``budget_s`` in all."""
+    """:func:`~tvm_pesto.costs.measure.blocks.time_blocks` over the built options, ``budget_s`` in all."""
     # lazy: loads TVM, which importing this module does not
-    from ..measure.blocks import time_blocks
+    from ..costs.measure.blocks import time_blocks
 
     if not built:
         return {}

@@ -14,7 +14,7 @@ callable whose two best blocks differ by more than ``agree`` gets more blocks, u
 
 Examples
 --------
->>> from tvm_pesto.measure.blocks import time_blocks
+>>> from tvm_pesto.costs.measure.blocks import time_blocks
 >>> r = time_blocks({"a": lambda: None, "b": lambda: None}, rounds=2, warmup_s=0.0, block_s=0.001, min_calls=3)
 >>> sorted(r), len(r["a"]["blocks_s"]), r["a"]["calls"] >= 6
 (['a', 'b'], 2, True)
