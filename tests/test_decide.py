@@ -9,6 +9,7 @@ from fake_clock import FakeClock
 import tvm_pesto
 from tvm_pesto import choose
 from tvm_pesto.choose import options, trial
+from tvm_pesto.choose.claim import same_plan
 from tvm_pesto.api import build_placement, cost_candidates, place_from_costs
 from tvm_pesto.candidates.examples import reference_output, tiny_mlp
 from tvm_pesto.cluster import parse_cluster
@@ -665,3 +666,44 @@ def test_reduced_precision_is_held_to_its_own_tolerance_and_nothing_is_checked_w
     opts, build = _options({"plan": 2e-3, "library:onnxruntime": 1e-3})
     _, d = _choose(opts, _returning(build, {"plan": right, "library:onnxruntime": right + 5}), [], budget_s=0.2)
     assert d["chosen"] == "library:onnxruntime"
+
+
+def _mlp_with_cumprod():
+    """A small MLP with one call no ONNX converter takes (``relax.cumprod``) in its middle."""
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    x = relax.Var("x", relax.TensorType((4, 16), "float32"))
+    bb = relax.BlockBuilder()
+    op = relax.op
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for k in range(5):
+                h = bb.emit(op.matmul(h, relax.const(rng.standard_normal((16, 16)).astype("float32") * 0.2)))
+                h = bb.emit(op.nn.relu(op.add(h, relax.const(np.full(16, 0.1, "float32")))))
+                if k == 2:
+                    h = bb.emit(op.cumprod(op.sigmoid(h), axis=1))
+            o = bb.emit_output(op.nn.softmax(h, axis=-1))
+        bb.emit_func_output(o)
+    return bb.get(), [rng.standard_normal((4, 16)).astype("float32")]
+
+
+def test_a_library_that_lacks_one_call_is_offered_around_it():
+    mod, (x,) = _mlp_with_cumprod()
+    pl = tvm_pesto.place(mod, "cpu:1", backends=["tvm", "onnxruntime"], costs="roofline")
+    assert options.whole_model_placement(pl, "onnxruntime", pl.joint.cluster) is None  # cumprod has no converter
+    around = options.library_around_placement(pl, "onnxruntime", pl.joint.cluster)
+    assert around is not None and around.plan.solver == "library:onnxruntime+tvm"
+    mix = around.backend_mix
+    assert set(mix) == {"onnxruntime", "tvm"} and mix["onnxruntime"] >= options.AROUND_SHARE * sum(mix.values())
+    assert set(around.plan.assignment.tolist()) == {0}
+    opts = options.make_options(pl, pl.joint.cluster)
+    names = [o.name for o in opts]
+    # listed, unless the flow's plan is that cover already (the flow's option stands for it)
+    assert ("library:onnxruntime+tvm" in names) != same_plan(opts[0], pl.joint.cluster, around)
+    option = options.Option("library:onnxruntime+tvm", pl.joint.cluster, around, float(around.sim.run_s))
+    assert not options.library_call(option)  # not the user's own library call: no preference for it
+    np.testing.assert_allclose(build_placement(around, pl.joint.cluster)(x), reference_output(mod, [x]), atol=1e-5)
+    # a library that runs too little of the model is not offered around TVM
+    assert options.library_around_placement(pl, "tvm", pl.joint.cluster) is None

@@ -10,6 +10,9 @@ blocks (:func:`tvm_pesto.costs.measure.blocks.time_blocks`, about :data:`~tvm_pe
 * ``library:<backend>``: the whole model as one unit of each library backend that can run
   every op, on that device, and as TVM's fusion groups (``library:tvm``: what
   ``tvm.compile`` of the module runs): what a user of that library runs today;
+* ``library:<backend>+tvm``: a library that cannot take the whole model (an op its exporter
+  lacks) around the ops it cannot run, those in TVM's fusion groups on the same device, where
+  it runs at least :data:`~tvm_pesto.choose.options.AROUND_SHARE` of the ops;
 * ``library:<backend> on <device>``: on ``cpu:N`` with N > 1, the same on the first device
   of the cluster asked for (for ``cpu:2``, one core: the library with one thread).
 

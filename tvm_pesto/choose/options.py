@@ -59,6 +59,10 @@ def skip_reason(cluster, measure_final: bool | None = None) -> str | None:
     return why_not_measured(cluster) if measure else "measure_final is off"
 
 
+#: A library that cannot take the whole model is offered around the ops it lacks (those in TVM)
+#: where it runs at least this share of the model's ops.
+AROUND_SHARE = 0.8
+
 #: Backends whose whole model is its fusion groups, one unit each (what ``tvm.compile`` of the
 #: module builds), not one library call.
 GROUPED = ("tvm",)
@@ -80,6 +84,34 @@ def whole_model_placement(placement, backend: str, cluster):
         budget = placement.plan.info.get("build_budget")
         if keep and budget and placement.build_s is not None and placement.build_s[keep[0], 0] > budget["max_build_s"]:
             return None  # it would not build within the budget
+    return _alone(placement, keep, cluster, f"library:{backend}")
+
+
+def library_around_placement(placement, backend: str, cluster):
+    """The whole model in library ``backend`` around the ops it cannot run, those in TVM's
+    fusion groups on the same device (``cluster``'s device 0), for a library that has no
+    whole-model candidate (an op its exporter cannot take) but runs at least
+    :data:`AROUND_SHARE` of the ops; None otherwise. The cover is the flow's cheapest on
+    the library's and TVM's candidates alone: a user's library with the few calls it lacks
+    done by TVM, what a model the library cannot take whole runs at best in it."""
+    n = placement.analysis.op_graph.num_nodes
+    table = placement.costs.table
+    if backend in GROUPED:
+        return None
+    lib = [i for i, c in enumerate(placement.candidates) if c.backend == backend and np.isfinite(table[i, 0])]
+    if not lib or any(len(placement.candidates[i].nodes) == n for i in lib):
+        return None  # not this library, or its whole model is the option (whole_model_placement)
+    if len(set().union(*(placement.candidates[i].nodes for i in lib))) < AROUND_SHARE * n:
+        return None
+    tvm = [i for i, c in enumerate(placement.candidates) if c.backend == "tvm" and np.isfinite(table[i, 0])]
+    return _alone(placement, lib + tvm, cluster, f"library:{backend}+tvm")
+
+
+def _alone(placement, keep: list[int], cluster, solver: str):
+    """``placement`` solved again on device 0 of ``cluster`` with only the candidates ``keep``
+    (the rest priced infinite; what was measured or predicted for those, as reported), its
+    plan named ``solver``; None when they do not cover every op."""
+    table = placement.costs.table
     if not keep:
         return None
     masked = np.full_like(table, np.inf)
@@ -91,7 +123,7 @@ def whole_model_placement(placement, backend: str, cluster):
         plan, problem = solve_joint(jp, solver="single", search_s=0)
     except InfeasibleError:  # the backend's candidates do not cover every op
         return None
-    plan.solver = f"library:{backend}"
+    plan.solver = solver
     return dataclasses.replace(placement, costs=ct, joint=jp, problem=problem, plan=plan, sim=simulate(problem, plan))
 
 
@@ -110,8 +142,9 @@ def make_options(placement, cluster, one_device=None) -> list[Option]:
                              "device of the same cores (one_device=)")
         wide, wide_pl = one_device.joint.cluster, one_device
         out.append(Option("one-device", wide, wide_pl, float(wide_pl.sim.run_s)))
-    libraries = [(f"library:{b}", wide, whole_model_placement(wide_pl, b, wide))
-                 for b in sorted({c.backend for c in wide_pl.candidates})]
+    backends = sorted({c.backend for c in wide_pl.candidates})
+    libraries = [(f"library:{b}", wide, whole_model_placement(wide_pl, b, wide)) for b in backends]
+    libraries += [(f"library:{b}+tvm", wide, library_around_placement(wide_pl, b, wide)) for b in backends]
     if cluster.num_devices > 1:  # the library on one of the narrow devices (one thread on cpu:N)
         narrow = cluster.devices[0]
         libraries += [(f"library:{b} on {narrow.name}", cluster, whole_model_placement(placement, b, cluster))
@@ -123,12 +156,12 @@ def make_options(placement, cluster, one_device=None) -> list[Option]:
 
 
 def library_call(option: Option) -> bool:
-    """Whether ``option`` runs the whole model as one library call: a ``library:`` option, or
-    a flow's plan of one unit (the flow chose one library for every op; :func:`make_options` then
-    lists no library option beside it)."""
+    """Whether ``option`` runs the whole model as one library call: a ``library:`` option (not
+    a library around TVM's calls, ``library:<b>+tvm``), or a flow's plan of one unit (the flow
+    chose one library for every op; :func:`make_options` then lists no library option beside it)."""
     units = getattr(option.placement.plan, "units", None) or []
-    return option.name.startswith("library:") or len(units) == 1
+    return (option.name.startswith("library:") and not option.name.endswith("+tvm")) or len(units) == 1
 
 
-__all__ = ["GROUPED", "MEASURE_ENV", "Option", "library_call", "measure_final_default", "one_device_cluster",
+__all__ = ["AROUND_SHARE", "GROUPED", "MEASURE_ENV", "Option", "library_around_placement", "library_call", "measure_final_default", "one_device_cluster",
            "make_options", "skip_reason", "whole_model_placement", "why_not_measured"]

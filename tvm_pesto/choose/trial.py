@@ -140,7 +140,8 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     # a library option's prediction is its measured whole-model call, the flow's a simulation
     # (an ONNX file's MobileNetV3: predicted 0.017 ms, measured 0.103): libraries are weighed
     # against the best library option's prediction
-    best_library = min([o.predicted_s for o in opts if o.name not in FLOW_OPTIONS] or [o.predicted_s for o in opts])
+    best_library = min([o.predicted_s for o in opts if o.name not in FLOW_OPTIONS and not o.name.endswith("+tvm")]
+                       or [o.predicted_s for o in opts])
     for k, o in enumerate(opts):
         if progress:
             progress(k + 1, len(opts))
