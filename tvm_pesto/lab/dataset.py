@@ -10,9 +10,7 @@ fits a model on them.
 """
 from __future__ import annotations
 
-import itertools
 import json
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +78,7 @@ def read_log(path, ds: Dataset | None = None) -> Dataset:
     Examples
     --------
     >>> import os, tempfile
-    >>> with open(bundled_log_head()) as f:
+    >>> with open_log(default_model_path().parent / "profile-cpu.jsonl") as f:   # the bundled training log
     ...     record = next(line for line in f if '"desc"' in line)
     >>> log = os.path.join(tempfile.mkdtemp(), "log.jsonl")
     >>> with open(log, "w") as out:
@@ -149,7 +147,11 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
 
     Examples
     --------
-    >>> ds = load_dataset([bundled_log_head()])
+    >>> import itertools, os, tempfile
+    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")   # the bundled training log's first lines
+    >>> with open_log(default_model_path().parent / "profile-cpu.jsonl") as f, open(head, "w") as out:
+    ...     out.writelines(itertools.islice(f, 200))
+    >>> ds = load_dataset([head])
     >>> len(ds.rows) > 0, ds.skipped
     (True, [])
     """
@@ -168,23 +170,6 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
             read_log(pp, ds)
     ds.rows = merge_runs(ds.rows)
     return ds
-
-
-def bundled_log_head(lines: int = 200) -> Path:
-    """A copy of the first ``lines`` lines of the bundled training log (``profile-cpu.jsonl``
-    next to :func:`~tvm_pesto.costs.xgb.default_model_path`), written as ``head.jsonl`` in a
-    new temporary folder: a small log to try the lab's steps on.
-
-    Examples
-    --------
-    >>> head = bundled_log_head(5)
-    >>> head.name, len(head.read_text().splitlines())
-    ('head.jsonl', 5)
-    """
-    head = Path(tempfile.mkdtemp()) / "head.jsonl"
-    with open_log(default_model_path().parent / "profile-cpu.jsonl") as f, open(head, "w") as out:
-        out.writelines(itertools.islice(f, lines))
-    return head
 
 
 def merge_runs(rows, reduce: str = "min") -> list:
@@ -211,4 +196,4 @@ def merge_runs(rows, reduce: str = "min") -> list:
     return out
 
 
-__all__ = ["Dataset", "base_model", "bundled_log_head", "load_dataset", "merge_runs", "model_size", "read_log"]
+__all__ = ["Dataset", "base_model", "load_dataset", "merge_runs", "model_size", "read_log"]

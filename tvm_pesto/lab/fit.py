@@ -47,8 +47,14 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
 
     Examples
     --------
-    >>> from tvm_pesto.lab.dataset import bundled_log_head, load_dataset
-    >>> model = train(load_dataset([bundled_log_head()]).rows, rounds=20)
+    >>> import itertools, os, tempfile
+    >>> from tvm_pesto.costs.jsonl import open_log
+    >>> from tvm_pesto.costs.xgb import default_model_path
+    >>> from tvm_pesto.lab.dataset import load_dataset
+    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")   # the bundled training log's first lines
+    >>> with open_log(default_model_path().parent / "profile-cpu.jsonl") as f, open(head, "w") as out:
+    ...     out.writelines(itertools.islice(f, 200))
+    >>> model = train(load_dataset([head]).rows, rounds=20)
     >>> model.meta["rounds"], model.meta["n_rows"] > 1
     (20, True)
     """

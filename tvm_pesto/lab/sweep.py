@@ -352,16 +352,4 @@ def sweep_module(family: str, limit: int | None = None, offset: int = 0) -> tvm.
     return b.build()
 
 
-def sweep_modules(families=None, limit: int | None = None) -> list[tuple[str, tvm.IRModule]]:
-    """``[("sweep-<family>", module), ...]`` for the given (default: all) families.
-
-    Examples
-    --------
-    >>> [n for n, _ in sweep_modules(["pool", "movement"], limit=1)]
-    ['sweep-pool', 'sweep-movement']
-    """
-    fams = list(families) if families is not None else list(FAMILIES)
-    return [(f"sweep-{f}", sweep_module(f, limit=limit)) for f in fams]
-
-
-__all__ = ["FAMILIES", "sweep_module", "sweep_modules"]
+__all__ = ["FAMILIES", "sweep_module"]
