@@ -1,5 +1,5 @@
 """The import structure of ``tvm_pesto``: no import circle anywhere, ``solve`` imports no later
-stage, nothing imports another package's private names, the runtime side (``run``) never
+stage, no two packages import each other, nothing imports another package's private names, the runtime side (``run``) never
 reaches TVM's compiler, every package imports only its own layer and below
 (docs/architecture.md, "Layers"), only the cost-model CLI imports the lab, and every import
 inside a function says why it waits.
@@ -240,6 +240,27 @@ def test_the_layer_check_catches_an_upward_import():
                     ("tvm_pesto.builder.placed", "tvm_pesto.run.bundle")])
     assert upward_imports(g) == [("tvm_pesto.builder.placed", "tvm_pesto.run.bundle"),
                                  ("tvm_pesto.costs.x", "tvm_pesto.api")]
+
+
+def mutual_imports(g: nx.DiGraph) -> list[tuple[str, str]]:
+    """Pairs of packages (:func:`package_of`) of ``g`` that import each other, each pair once."""
+    packages = nx.DiGraph((package_of(u), package_of(v)) for u, v in g.edges if package_of(u) != package_of(v))
+    return sorted((a, b) for a, b in packages.edges if a < b and packages.has_edge(b, a))
+
+
+def test_no_two_packages_import_each_other():
+    """Between two packages imports go one way (lazy ones included): a concept both need lives
+    in the lower one."""
+    pairs = mutual_imports(package_graph())
+    assert not pairs, (f"packages that import each other: {pairs}; move what one takes from the other to where "
+                       "both may import it")
+
+
+def test_the_pair_check_catches_two_packages_importing_each_other():
+    g = nx.DiGraph([("tvm_pesto.models", "tvm_pesto.zoo"), ("tvm_pesto.zoo.outside", "tvm_pesto.models"),
+                    ("tvm_pesto.candidates.generate", "tvm_pesto.backends.base"),
+                    ("tvm_pesto.backends.gpu.patterns", "tvm_pesto.graph.regions")])
+    assert mutual_imports(g) == [("tvm_pesto.models", "tvm_pesto.zoo")]
 
 
 def test_only_the_cost_model_cli_imports_the_lab():
