@@ -129,7 +129,7 @@ def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_pa
     stake, keeping them out of the backend bias."""
     from tvm_pesto.costs.features import describe_group, device_descriptor
     from tvm_pesto.costs.hybrid import Hybrid, unseen_contenders
-    from tvm_pesto.lab.fit import train
+    from tvm_pesto_lab.fit import train
 
     an, cl, cs = tiny
     dev = device_descriptor(cl.devices[0])

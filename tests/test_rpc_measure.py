@@ -217,7 +217,7 @@ def test_rpc_tune_times_the_schedules_on_the_server(rpc_tracker, tmp_path, monke
     from tvm_pesto.cli.main import cli
     from tvm_pesto.costs.tune import tune_model
     from tvm_pesto.backends.ms_database import FAILED_S, RECORD_FILE
-    from tvm_pesto.lab.tuning_rows import read_tuning_db
+    from tvm_pesto_lab.tuning_rows import read_tuning_db
     from tvm_pesto.errors import BuildError, TuningError
 
     loaded = []

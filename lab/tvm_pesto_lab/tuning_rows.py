@@ -27,14 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.ms_database import (FAILED_S, RECORD_FILE, WORKLOAD_FILE, device_kind_of, read_json_lines,
+from tvm_pesto.backends.ms_database import (FAILED_S, RECORD_FILE, WORKLOAD_FILE, device_kind_of, read_json_lines,
                                     target_summary)
-from ..costs.features import DESC_VERSION
-from ..costs.ms_logging import foreign_handlers_set_aside
-from ..costs.ms_measure import InProcessMeasurer, cpu_intrinsics_only
-from ..costs.tuning_db import device_for_target, read_device_file
-from ..errors import CostError
-from ..graph.opgraph import dtype_bytes
+from tvm_pesto.costs.features import DESC_VERSION
+from tvm_pesto.costs.ms_logging import foreign_handlers_set_aside
+from tvm_pesto.costs.ms_measure import InProcessMeasurer, cpu_intrinsics_only
+from tvm_pesto.costs.tuning_db import device_for_target, read_device_file
+from tvm_pesto.errors import CostError
+from tvm_pesto.graph.opgraph import dtype_bytes
 
 # block-name keyword -> Relax op name (first match wins)
 _BLOCK_OPS = [

@@ -19,8 +19,8 @@ Two parts:
 
 Usage::
 
-    python -m tvm_pesto.lab.timing_noise states --seconds 20
-    python -m tvm_pesto.lab.timing_noise groups --models mobilenet_v2,vit,bert --passes 3 --json out.json
+    python -m tvm_pesto_lab.timing_noise states --seconds 20
+    python -m tvm_pesto_lab.timing_noise groups --models mobilenet_v2,vit,bert --passes 3 --json out.json
 """
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ import time
 import numpy as np
 import tvm
 
-from ..candidates import candidate_function
-from ..cluster import as_cluster
-from ..cluster.device_thread import enter_device_thread
-from ..costs.cache import measure_target
-from ..costs.interleave import ReferenceTimer, burst_seconds, reference_functions
-from ..costs.timing import random_args
-from ..graph.analysis import analyze
-from ..jsonio import write_json
+from tvm_pesto.candidates import candidate_function
+from tvm_pesto.cluster import as_cluster
+from tvm_pesto.cluster.device_thread import enter_device_thread
+from tvm_pesto.costs.cache import measure_target
+from tvm_pesto.costs.interleave import ReferenceTimer, burst_seconds, reference_functions
+from tvm_pesto.costs.timing import random_args
+from tvm_pesto.graph.analysis import analyze
+from tvm_pesto.jsonio import write_json
 from .flow_eval import flow_models
 
 

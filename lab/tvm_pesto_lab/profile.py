@@ -31,8 +31,8 @@ the fastest pass; the spread between passes is the run-to-run noise).
 
 Examples
 --------
->>> from tvm_pesto.lab.profile import profile_module
->>> from tvm_pesto.lab.sweep import sweep_module
+>>> from tvm_pesto_lab.profile import profile_module
+>>> from tvm_pesto_lab.sweep import sweep_module
 >>> import os, tempfile
 >>> log = os.path.join(tempfile.mkdtemp(), "prof.jsonl")
 >>> res = profile_module(sweep_module("pool", limit=1), "pool", "cpu:1", log)
@@ -55,19 +55,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import zoo
-from ..backends import available_backends, backend_status, get_backend
-from ..candidates import candidate_function, candidate_key, generate_candidates
-from ..cluster import as_cluster
-from ..costs.cache import MeasureCache, current_record, measure_target
-from ..costs.features import describe_group, device_descriptor
-from ..costs.jsonl import open_log, read_records
-from ..costs.measured import MeasureReport, measure_candidates
-from ..costs.timing import measure_groups
-from ..errors import BuildError, CostError, PestoError
-from ..graph.analysis import analyze
-from ..graph.subgraph import structural_key
-from ..zoo import outside
+from tvm_pesto import zoo
+from tvm_pesto.backends import available_backends, backend_status, get_backend
+from tvm_pesto.candidates import candidate_function, candidate_key, generate_candidates
+from tvm_pesto.cluster import as_cluster
+from tvm_pesto.costs.cache import MeasureCache, current_record, measure_target
+from tvm_pesto.costs.features import describe_group, device_descriptor
+from tvm_pesto.costs.jsonl import open_log, read_records
+from tvm_pesto.costs.measured import MeasureReport, measure_candidates
+from tvm_pesto.costs.timing import measure_groups
+from tvm_pesto.errors import BuildError, CostError, PestoError
+from tvm_pesto.graph.analysis import analyze
+from tvm_pesto.graph.subgraph import structural_key
+from tvm_pesto.zoo import outside
 from .sweep import FAMILIES, sweep_module
 
 #: Backends profiled when none are named.
@@ -225,7 +225,7 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
 
     Examples
     --------
-    >>> from tvm_pesto.lab.sweep import sweep_module
+    >>> from tvm_pesto_lab.sweep import sweep_module
     >>> import os, tempfile
     >>> log = os.path.join(tempfile.mkdtemp(), "p.jsonl")
     >>> res = profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", log, backends=["tvm"])

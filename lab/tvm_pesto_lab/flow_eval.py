@@ -26,19 +26,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import zoo
-from ..candidates import placement_candidates
-from ..candidates.flow import backend_names, make_candidates
-from ..cluster import as_cluster
-from ..costs import candidate_costs, machine
-from ..costs.cache import MeasureCache
-from ..costs.calibration import METHOD, file_sha256, fit_calibration, load_calibration
-from ..costs.features import device_descriptor, device_key
-from ..costs.table import MIN_COST_S
-from ..costs.xgb import CostModel, load_model, predict_candidate_costs
-from ..errors import CostError
-from ..graph.analysis import Analysis, analyze
-from ..zoo import outside
+from tvm_pesto import zoo
+from tvm_pesto.candidates import placement_candidates
+from tvm_pesto.candidates.flow import backend_names, make_candidates
+from tvm_pesto.cluster import as_cluster
+from tvm_pesto.costs import candidate_costs, machine
+from tvm_pesto.costs.cache import MeasureCache
+from tvm_pesto.costs.calibration import METHOD, file_sha256, fit_calibration, load_calibration
+from tvm_pesto.costs.features import device_descriptor, device_key
+from tvm_pesto.costs.table import MIN_COST_S
+from tvm_pesto.costs.xgb import CostModel, load_model, predict_candidate_costs
+from tvm_pesto.errors import CostError
+from tvm_pesto.graph.analysis import Analysis, analyze
+from tvm_pesto.zoo import outside
 from .evaluate import model_origin
 from .metrics import UNITS, error_metrics
 
@@ -83,7 +83,7 @@ def _loadavg() -> list[float]:
 
 
 def _flow_errors(meas: np.ndarray, pred: np.ndarray) -> dict:
-    """:func:`~tvm_pesto.lab.metrics.error_metrics` plus the sums, and the MAPE of the groups
+    """:func:`~tvm_pesto_lab.metrics.error_metrics` plus the sums, and the MAPE of the groups
     measured above the floor."""
     out = error_metrics(meas, pred)
     above = meas > 1.5 * MIN_COST_S  # at the floor: nothing measurable after the VM call overhead (views)

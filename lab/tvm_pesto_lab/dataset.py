@@ -3,9 +3,9 @@
 A row is ``{desc, device, backend, tuned, time_s, model, key, ...}``: a subgraph's
 description (:func:`tvm_pesto.costs.features.describe_group`), the device it was measured
 on, the backend and the measured seconds. Rows come from the JSON-lines logs the profiler
-writes (:mod:`tvm_pesto.lab.profile`, plain or gzip-compressed) and from MetaSchedule work
-directories (:func:`tvm_pesto.lab.tuning_rows.read_tuning_db`); repeated profiling passes of
-one subgraph are merged into one row (:func:`merge_runs`). :func:`tvm_pesto.lab.fit.train`
+writes (:mod:`tvm_pesto_lab.profile`, plain or gzip-compressed) and from MetaSchedule work
+directories (:func:`tvm_pesto_lab.tuning_rows.read_tuning_db`); repeated profiling passes of
+one subgraph are merged into one row (:func:`merge_runs`). :func:`tvm_pesto_lab.fit.train`
 fits a model on them.
 """
 from __future__ import annotations
@@ -17,13 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.ms_database import RECORD_FILE, WORKLOAD_FILE
-from ..costs.features import device_key, feature_matrix
-from ..costs.jsonl import log_file, open_log
-from ..costs.timing import OVERHEAD_KEY
-from ..costs.xgb import default_model_path
-from ..errors import CostError
-from ..zoo import SIZES
+from tvm_pesto.backends.ms_database import RECORD_FILE, WORKLOAD_FILE
+from tvm_pesto.costs.features import device_key, feature_matrix
+from tvm_pesto.costs.jsonl import log_file, open_log
+from tvm_pesto.costs.timing import OVERHEAD_KEY
+from tvm_pesto.errors import CostError
+from tvm_pesto.zoo import SIZES
 from .tuning_rows import read_tuning_db
 
 
@@ -78,6 +77,7 @@ def read_log(path, ds: Dataset | None = None) -> Dataset:
     Examples
     --------
     >>> import os, tempfile
+    >>> from tvm_pesto.costs.xgb import default_model_path
     >>> with open_log(default_model_path().parent / "profile-cpu.jsonl") as f:   # the bundled training log
     ...     record = next(line for line in f if '"desc"' in line)
     >>> log = os.path.join(tempfile.mkdtemp(), "log.jsonl")
@@ -148,6 +148,7 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
     Examples
     --------
     >>> import itertools, os, tempfile
+    >>> from tvm_pesto.costs.xgb import default_model_path
     >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")   # the bundled training log's first lines
     >>> with open_log(default_model_path().parent / "profile-cpu.jsonl") as f, open(head, "w") as out:
     ...     out.writelines(itertools.islice(f, 200))
