@@ -1,8 +1,9 @@
 """The import structure of ``tvm_pesto``: no import circle anywhere, ``solve`` imports no later
-stage, nothing imports another package's private names, the runtime side (``run``) never
+stage, no two packages import each other, nothing imports another package's private names, the runtime side (``run``) never
 reaches TVM's compiler, every package imports only its own layer and below
-(docs/architecture.md, "Layers"), only the cost-model CLI imports the lab, and every import
-inside a function says why it waits.
+(docs/architecture.md, "Layers"), the product never imports the cost-model lab (``lab/``, the
+package ``tvm_pesto_lab``), and every import inside a function says why it waits (in the lab
+too, which imports no private name of the product either).
 
 Every import counts, including the ones inside functions (a lazy import hides a circle
 from Python, not from the design) and ``importlib.import_module`` with a constant name.
@@ -16,8 +17,10 @@ import networkx as nx
 import pytest
 
 import tvm_pesto
+import tvm_pesto_lab
 
 ROOT = Path(tvm_pesto.__file__).parent
+LAB = Path(tvm_pesto_lab.__file__).parent
 SOLVE = ROOT / "solve"
 FORBIDDEN = ("builder", "run", "cli", "search", "api", "bench", "frontend")  # stages after solve, and entry points
 
@@ -177,7 +180,7 @@ LAYERS = {
     "graph": 1, "cluster": 1,
     "candidates": 2, "backends": 2,
     "run": 2,  # the runtime needs only errors and cluster: the compiler side imports it, as TVM's does its runtime
-    "costs": 3, "lab": 3,  # the lab sits beside costs; only the CLI imports it
+    "costs": 3,
     "plan": 4,
     "solve": 5,
     "builder": 6,
@@ -230,11 +233,45 @@ def test_the_layer_check_catches_an_upward_import():
                                  ("tvm_pesto.run.runtime", "tvm_pesto.builder.placed")]
 
 
-def test_only_the_cost_model_cli_imports_the_lab():
-    """The lab makes and judges the cost model; the product never needs it."""
-    importers = sorted({u for u, v in package_graph().edges if (v == "tvm_pesto.lab" or v.startswith("tvm_pesto.lab."))
-                        and not u.startswith("tvm_pesto.lab")})
-    assert importers == ["tvm_pesto.cli.cost_model"], importers
+def mutual_imports(g: nx.DiGraph) -> list[tuple[str, str]]:
+    """Pairs of packages (:func:`package_of`) of ``g`` that import each other, each pair once."""
+    packages = nx.DiGraph((package_of(u), package_of(v)) for u, v in g.edges if package_of(u) != package_of(v))
+    return sorted((a, b) for a, b in packages.edges if a < b and packages.has_edge(b, a))
+
+
+def test_no_two_packages_import_each_other():
+    """Between two packages imports go one way (lazy ones included): a concept both need lives
+    in the lower one."""
+    pairs = mutual_imports(package_graph())
+    assert not pairs, (f"packages that import each other: {pairs}; move what one takes from the other to where "
+                       "both may import it")
+
+
+def test_the_pair_check_catches_two_packages_importing_each_other():
+    g = nx.DiGraph([("tvm_pesto.models", "tvm_pesto.zoo"), ("tvm_pesto.zoo.outside", "tvm_pesto.models"),
+                    ("tvm_pesto.candidates.generate", "tvm_pesto.backends.base"),
+                    ("tvm_pesto.backends.gpu.patterns", "tvm_pesto.graph.regions")])
+    assert mutual_imports(g) == [("tvm_pesto.models", "tvm_pesto.zoo")]
+
+
+def test_the_product_never_imports_the_lab():
+    """The lab (``tvm_pesto_lab``) makes and judges the cost model and imports the product; the
+    product never needs it: its verbs reach the CLI through an entry point
+    (``tvm_pesto.cli.main.add_plugins``), not an import."""
+    assert not (ROOT / "lab").exists(), "tvm_pesto/lab is back: the lab is the package lab/tvm_pesto_lab"
+    importers = sorted(module_name(p) for p in ROOT.rglob("*.py")
+                       if any(i.split(".")[0] == "tvm_pesto_lab" for i in imports_of(p)))
+    assert not importers, f"{importers} import the lab; the product must install and run without it"
+
+
+def test_the_lab_imports_no_private_name_of_the_product():
+    bad = []
+    for path in sorted(LAB.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] == "tvm_pesto":
+                bad += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not bad, bad
 
 
 # -- imports inside functions ------------------------------------------------------------------------
@@ -292,10 +329,10 @@ def test_every_import_inside_a_function_says_why():
     """An import belongs at the top of its module unless it must wait: a heavy optional library,
     or a module the importer should not load at import time (say which and why)."""
     bad = {}
-    for path in sorted(ROOT.rglob("*.py")):
+    for path in sorted(ROOT.rglob("*.py")) + sorted(LAB.rglob("*.py")):
         lines = unexplained_function_imports(path.read_text())
         if lines:
-            bad[str(path.relative_to(ROOT))] = lines
+            bad[str(path.relative_to((ROOT if path.is_relative_to(ROOT) else LAB).parent))] = lines
     assert not bad, (f"imports inside functions without a reason: {bad}; move each to the top of its module, or "
                      f"say why it waits with a '{LAZY_MARK} <reason>' comment on its line or the line above")
 

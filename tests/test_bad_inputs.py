@@ -47,7 +47,7 @@ from tvm_pesto.cluster import Cluster, parse_cluster
 from tvm_pesto.costs import MeasureCache
 from tvm_pesto.errors import (BuildError, ClusterError, CostError, ExecutionError, GraphError, InfeasibleError,
                               PestoError, PlanError, SolverError, UnsupportedModuleError)
-from tvm_pesto.lab.tuning_rows import read_tuning_db
+from tvm_pesto_lab.tuning_rows import read_tuning_db
 from tvm_pesto.models import load_model
 from tvm_pesto.plan import Plan
 from tvm_pesto.run.bundle.format import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256

@@ -19,7 +19,7 @@ from tvm_pesto.backends.tvm_cpu import TIMING_STAMP
 from tvm_pesto.costs.store import jsonl
 from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.costs.store.jsonl import INCOMPLETE, append_record, read_records
-from tvm_pesto.lab.profile import ProfileLog, merge_logs
+from tvm_pesto_lab.profile import ProfileLog, merge_logs
 
 WRITERS = 4
 RECORDS = 2000  # per writer
@@ -28,7 +28,7 @@ RECORDS = 2000  # per writer
 WRITER = textwrap.dedent("""
     import sys
     from tvm_pesto.costs.store.cache import MeasureCache
-    from tvm_pesto.lab.profile import ProfileLog
+    from tvm_pesto_lab.profile import ProfileLog
 
     path, kind, w, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     log = MeasureCache(path) if kind == "cache" else ProfileLog(path, model=f"m{w}")

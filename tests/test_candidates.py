@@ -14,7 +14,7 @@ from tvm import relax
 from tvm_pesto.backends import available_backends, register_backend, unregister_backend
 from tvm_pesto.backends.torch_ops import TorchBackend
 from tvm_pesto.candidates import (
-    Reach, candidate_function, candidate_outputs, combined_acyclic, convex_regions, generate_candidates, is_valid,
+    Reach, candidate_function, candidate_outputs, combined_acyclic, generate_candidates, is_valid,
 )
 from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
 from tvm_pesto.cluster import parse_cluster
@@ -22,6 +22,7 @@ from tvm_pesto.costs.measure.measured import MeasureReport, measure_candidates
 from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.errors import BuildError
 from tvm_pesto.graph import OpGraph, OpNode
+from tvm_pesto.graph.regions import convex_regions
 from tvm_pesto.graph.relax_import import from_relax
 
 

@@ -18,10 +18,10 @@ from tvm_pesto.costs.predict.features import (
     roofline_s, strided_reduction,
 )
 from tvm_pesto.errors import CostError, PestoError
-from tvm_pesto.lab import dataset, fit
-from tvm_pesto.lab import evaluate as ev
-from tvm_pesto.lab import metrics as lab_metrics
-from tvm_pesto.lab.sweep import FAMILIES, sweep_module
+from tvm_pesto_lab import dataset, fit
+from tvm_pesto_lab import evaluate as ev
+from tvm_pesto_lab import metrics as lab_metrics
+from tvm_pesto_lab.sweep import FAMILIES, sweep_module
 
 CPU_DEV = {"kind": "cpu", "model": "test-cpu", "peak_flops": 1e11, "mem_bandwidth": 1e10, "memory_bytes": 8e9,
            "cores": 1}
@@ -185,7 +185,7 @@ def test_a_merged_log_merged_again_keeps_every_pass(tmp_path):
     """The bundled log is a merged one; merging a new pass into it keeps the passes it had
     (their ``runs``: the noise floor's re-run pairs), not just their reduction."""
     from tvm_pesto.costs.store.jsonl import append_record, read_records
-    from tvm_pesto.lab.profile import merge_logs
+    from tvm_pesto_lab.profile import merge_logs
 
     rec = {"key": "k", "backend": "tvm", "target": "llvm", "model": "m"}
     for run, t in (("1", 3e-3), ("2", 2e-3)):
@@ -208,7 +208,7 @@ def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, swe
     import gzip
 
     from tvm_pesto.costs.store.jsonl import append_record, read_records
-    from tvm_pesto.lab.profile import merge_logs
+    from tvm_pesto_lab.profile import merge_logs
 
     plain = tmp_path / "plain" / "log.jsonl"
     plain.parent.mkdir()
@@ -233,7 +233,7 @@ def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, swe
 def test_profile_zoo_measures_each_model_in_a_process_of_its_own(tmp_path):
     """A long process slowed OpenVINO's two-thread calls (docs/cost_model.md): each model and
     each sweep family is profiled in a fresh process, appending to the same log."""
-    from tvm_pesto.lab.profile import profile_zoo
+    from tvm_pesto_lab.profile import profile_zoo
 
     log = tmp_path / "p.jsonl"
     seen, ticks = [], []
@@ -256,7 +256,7 @@ def test_profile_zoo_measures_each_model_in_a_process_of_its_own(tmp_path):
 
 @pytest.mark.slow
 def test_profiler_logs_enough_to_rebuild_features_without_the_ir(tmp_path):
-    from tvm_pesto.lab.profile import profile_module
+    from tvm_pesto_lab.profile import profile_module
 
     mod = sweep_module("pool", limit=2)
     log = tmp_path / "p.jsonl"
@@ -373,9 +373,9 @@ def _tiny_tir_module():
 def test_train_on_a_metaschedule_database_from_a_short_tuning_run(tmp_path, sweep_descs):
     from click.testing import CliRunner
 
-    from tvm_pesto.cli.cost_model import cost_model
+    from tvm_pesto_lab.cli import cost_model
     from tvm_pesto.backends.ms_database import RECORD_FILE
-    from tvm_pesto.lab.tuning_rows import read_tuning_db, tune_in_process
+    from tvm_pesto_lab.tuning_rows import read_tuning_db, tune_in_process
 
     work = tmp_path / "ms"
     tune_in_process(_tiny_tir_module(), {"kind": "llvm", "num-cores": 1}, work, max_trials=4, num_trials_per_iter=4)
@@ -498,7 +498,7 @@ def test_rows_of_two_cpu_kinds_stay_apart_when_passes_are_merged(tmp_path, sweep
     """The same subgraph timed on two kinds of CPU is two rows, not two passes of one (the
     fastest of which would win); ``merge_logs`` keeps them apart and can name the kind of old
     records that have none."""
-    from tvm_pesto.lab.profile import merge_logs
+    from tvm_pesto_lab.profile import merge_logs
 
     row = synthetic_rows(sweep_descs[:1])[0]
     zen1 = dict(row["device"], cpu_kind="AuthenticAMD/23/1")
@@ -525,7 +525,7 @@ def test_missing_model_is_a_clear_error(tmp_path):
 def test_bundled_default_model_meets_its_held_out_targets(tmp_path):
     from click.testing import CliRunner
 
-    from tvm_pesto.cli.cost_model import cost_model
+    from tvm_pesto_lab.cli import cost_model
 
     path = cmx.default_model_path()
     out = tmp_path / "out.json"
@@ -565,7 +565,7 @@ def _train_renamed(tmp_path, sweep_descs, rename: dict, args: list):
     """Synthetic rows with some sweep families renamed to models, trained from the CLI with ``args``."""
     from click.testing import CliRunner
 
-    from tvm_pesto.cli.cost_model import cost_model
+    from tvm_pesto_lab.cli import cost_model
 
     rows = synthetic_rows(sweep_descs)
     for r in rows:
@@ -580,7 +580,7 @@ def _train_renamed(tmp_path, sweep_descs, rename: dict, args: list):
 def test_heldout_families_are_reported_apart_from_heldout_zoo_models(tmp_path, sweep_descs):
     from click.testing import CliRunner
 
-    from tvm_pesto.cli.cost_model import cost_model
+    from tvm_pesto_lab.cli import cost_model
 
     # a zoo model and one outside the zoo
     rows, log, out = _train_renamed(tmp_path, sweep_descs, {"sweep-conv2d": "resnet50", "sweep-attention": "vit"},
@@ -602,7 +602,7 @@ def test_heldout_families_are_reported_apart_from_heldout_zoo_models(tmp_path, s
 def test_profile_takes_models_outside_the_zoo(tmp_path):
     from click.testing import CliRunner
 
-    from tvm_pesto.cli.cost_model import profile
+    from tvm_pesto_lab.cli import profile
 
     log = tmp_path / "p.jsonl"
     res = CliRunner().invoke(profile, ["convnext", "--backends", "tvm", "--cluster", "cpu:2", "--repeat", "1",
@@ -620,7 +620,7 @@ def test_profile_takes_models_outside_the_zoo(tmp_path):
 def test_eval_heldout_scores_a_retrained_recipe_not_the_shipped_model(tmp_path, sweep_descs):
     from click.testing import CliRunner
 
-    from tvm_pesto.cli.cost_model import cost_model
+    from tvm_pesto_lab.cli import cost_model
 
     rows, log, out = _train_renamed(tmp_path, sweep_descs, {"sweep-conv2d": "resnet50"},
                                     ["--eval-heldout", "resnet50", "--rounds", "40"])

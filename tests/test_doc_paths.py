@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Top folders of the checkout: a code token that starts with one of them is a repository path.
-TOP_DIRS = ("tvm_pesto", "tests", "docs", "scripts", "benchmarks", "cost_models", "tutorials", "src", ".ci")
+TOP_DIRS = ("tvm_pesto", "lab", "tests", "docs", "benchmarks", "cost_models", "tutorials", "src", ".ci")
 #: A code token ending in one of these (and holding a ``/``) is a repository path too.
 EXTENSIONS = (".py", ".md", ".json", ".jsonl", ".gz", ".png", ".cc", ".h", ".txt", ".toml", ".cfg", ".yml",
               ".yaml", ".sh", ".csv")
@@ -117,7 +117,7 @@ def test_every_path_named_in_the_docs_exists():
 
 @pytest.mark.parametrize("text", [
     "the solver is `tvm_pesto/solve/no_such_solver.py`",
-    "```bash\npython scripts/no_such_script.py --json out.json\n```",
+    "```bash\npython lab/scripts/no_such_script.py --json out.json\n```",
     "see [the notes](no_such_doc.md)",
     "as `costs/no_such_module.py` does",
     "`tests/test_no_such_file.py::test_case`",

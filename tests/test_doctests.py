@@ -1,4 +1,5 @@
-"""Every docstring example in the ``tvm_pesto`` package runs and prints what it shows.
+"""Every docstring example in the ``tvm_pesto`` package and the cost-model lab
+(``tvm_pesto_lab``) runs and prints what it shows.
 
 The modules are those of the *imported* package (the installed one, or the source tree when
 ``PYTHONPATH`` points there), so the examples see the C++ core library that only an install
@@ -19,6 +20,7 @@ import tempfile
 import pytest
 
 import tvm_pesto
+import tvm_pesto_lab
 
 OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
@@ -28,8 +30,8 @@ OPTIONFLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 OPTIONAL_DEPENDENCIES = {"cuda", "tensorrt", "cudnn", "nvidia", "ray", "tornado", "openvino"}
 
 
-def package_modules():
-    """Names of every module of the imported ``tvm_pesto`` whose source holds ``>>>``.
+def package_modules(package=tvm_pesto):
+    """Names of every module of the imported ``package`` whose source holds ``>>>``.
 
     Walks the package folders without importing the modules (an import error then fails the
     module's own test, not the collection of this file).
@@ -48,14 +50,14 @@ def package_modules():
                     if ">>>" in f.read():
                         names.append(info.name)
 
-    with open(tvm_pesto.__file__, encoding="utf-8") as f:
+    with open(package.__file__, encoding="utf-8") as f:
         if ">>>" in f.read():
-            names.append("tvm_pesto")
-    walk(tvm_pesto.__path__, "tvm_pesto.")
+            names.append(package.__name__)
+    walk(package.__path__, package.__name__ + ".")
     return sorted(names)
 
 
-MODULES = package_modules()
+MODULES = package_modules() + package_modules(tvm_pesto_lab)
 
 
 def missing_optional(err: ModuleNotFoundError):

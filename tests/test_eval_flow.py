@@ -16,7 +16,7 @@ import tvm_pesto
 from tvm_pesto.backends.registry import available_backends
 from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
 from tvm_pesto.candidates.flow import make_candidates
-from tvm_pesto.cli.cost_model import cost_model
+from tvm_pesto_lab.cli import cost_model
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs import candidate_costs
 from tvm_pesto.costs.calibrate.machine import calibration_units
@@ -34,8 +34,8 @@ from tvm_pesto.costs.predict.features import device_descriptor, device_key
 from tvm_pesto.costs.predict.xgb import default_model_path, load_model
 from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.errors import CostError, PestoError
-from tvm_pesto.lab.flow_eval import flow_eval, flow_models
-from tvm_pesto.lab.sweep import sweep_module
+from tvm_pesto_lab.flow_eval import flow_eval, flow_models
+from tvm_pesto_lab.sweep import sweep_module
 
 FLOOR = 2e-7
 
@@ -140,7 +140,7 @@ def test_flow_scores_the_library_units_per_backend(measured):
 
 @pytest.mark.slow
 def test_flow_library_backends_are_chosen_and_checked_first(monkeypatch):
-    import tvm_pesto.lab.flow_eval as fe
+    import tvm_pesto_lab.flow_eval as fe
 
     measured_models = []
     monkeypatch.setattr(fe, "_score_model", lambda name, mod, run: measured_models.append(name))
@@ -192,7 +192,7 @@ def test_high_load_is_flagged_and_strict_refuses(measured, monkeypatch):
 
 @pytest.mark.slow
 def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch, tmp_path):
-    import tvm_pesto.lab.flow_eval as fe
+    import tvm_pesto_lab.flow_eval as fe
 
     real, calls, first = fe.candidate_costs, [], {}
 

@@ -7,10 +7,10 @@ import pytest
 import tvm_pesto
 from tvm_pesto.candidates.examples import tiny_cnn
 from tvm_pesto.costs import candidate_costs
+from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.costs.predict.hybrid import (
     DEFAULT_FRACTION, PLAN_TAIL_SHARE, candidate_keys, hybrid_costs, plan_units_to_measure, stakes, uncertain_candidates,
 )
-from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.errors import CostError, UnseenOpsWarning
 
 
@@ -129,7 +129,7 @@ def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_pa
     stake, keeping them out of the backend bias."""
     from tvm_pesto.costs.predict.features import describe_group, device_descriptor
     from tvm_pesto.costs.predict.hybrid import Hybrid, unseen_contenders
-    from tvm_pesto.lab.fit import train
+    from tvm_pesto_lab.fit import train
 
     an, cl, cs = tiny
     dev = device_descriptor(cl.devices[0])

@@ -15,8 +15,8 @@ import tvm
 import outside_zoo as oz
 from tvm_pesto import zoo
 from tvm_pesto.errors import GraphError, PestoError, UnsupportedModuleError
-from tvm_pesto.frontend import check_static
-from tvm_pesto.models import INT_INPUT_RANGE, SUFFIXES, LoadedModel, load_model, parse_input_shapes
+from tvm_pesto.frontend import INT_INPUT_RANGE, check_static
+from tvm_pesto.models import SUFFIXES, LoadedModel, load_model, parse_input_shapes
 
 pytestmark = pytest.mark.slow  # model files exported and imported in every form: out of the `-m "not slow"` lane
 

@@ -18,7 +18,7 @@ from tvm_pesto.backends.ms_database import RECORD_FILE
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs.tune.ms_logging import MS_LOGGER, foreign_handlers_set_aside
 from tvm_pesto.costs.tune.tune import tune_model, tuning_tasks
-from tvm_pesto.lab.tuning_rows import tune_in_process
+from tvm_pesto_lab.tuning_rows import tune_in_process
 
 CPU = parse_cluster("cpu:1").devices[0]
 TARGET = dict(CPU.target)

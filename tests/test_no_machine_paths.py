@@ -1,4 +1,4 @@
-"""No absolute path into one machine's folders in the package, tests, scripts or docs.
+"""No absolute path into one machine's folders in the package, the lab (and its scripts), tests or docs.
 
 A user's machine has none of the development machines' folders (their shared benchmark
 folder, the checkout's location, a home folder, a scratch folder under ``/tmp``). Shipped data
@@ -15,9 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: What is scanned, relative to the checkout: folders (every text file under them) and files.
-SCANNED = ("tvm_pesto", "tests", "docs", "tutorials", "scripts", "benchmarks", "README.md", "cost_models/README.md",
+SCANNED = ("tvm_pesto", "lab", "tests", "docs", "tutorials", "benchmarks", "README.md", "cost_models/README.md",
            "CMakeLists.txt", "pyproject.toml")
-SKIPPED_DIRS = {"__pycache__", ".pytest_cache", ".hypothesis"}
+SKIPPED_DIRS = {"__pycache__", ".pytest_cache", ".hypothesis", "build"}  # build: `pip install ./lab` copies
 BINARY_SUFFIXES = {".png", ".so", ".pyc", ".npz", ".gz", ".whl"}
 
 #: An absolute path into a machine's own folders: the checkout's parent (``/work/``), a home

@@ -22,9 +22,9 @@ from tvm import relax  # noqa: E402
 from tvm_pesto.cluster import parse_cluster  # noqa: E402
 from tvm_pesto.costs import candidate_costs  # noqa: E402
 from tvm_pesto.costs.measure import remote  # noqa: E402
+from tvm_pesto.costs.store.cache import MeasureCache, measure_target  # noqa: E402
 from tvm_pesto.costs.measure.remote import remote_cluster  # noqa: E402
 from tvm_pesto.costs.measure.timing import measure_groups  # noqa: E402
-from tvm_pesto.costs.store.cache import MeasureCache, measure_target  # noqa: E402
 from tvm_pesto.errors import CostError  # noqa: E402
 
 pytestmark = pytest.mark.slow  # an RPC tracker and server in processes of their own: out of the `-m "not slow"` lane
@@ -213,12 +213,12 @@ def test_rpc_tune_times_the_schedules_on_the_server(rpc_tracker, tmp_path, monke
     tvm-ms applies them for it (the result is run there) and refuses them for a local device."""
     from click.testing import CliRunner
     from test_tune import W1, W2, lines, mlp
-    from tvm_pesto.backends.ms_database import FAILED_S, RECORD_FILE
     from tvm_pesto.backends.tvm_cpu import TvmMetaScheduleBackend
     from tvm_pesto.cli.main import cli
     from tvm_pesto.costs.tune.tune import tune_model
+    from tvm_pesto.backends.ms_database import FAILED_S, RECORD_FILE
+    from tvm_pesto_lab.tuning_rows import read_tuning_db
     from tvm_pesto.errors import BuildError, TuningError
-    from tvm_pesto.lab.tuning_rows import read_tuning_db
 
     loaded = []
     load = remote.RemoteRunner.load

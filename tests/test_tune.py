@@ -30,7 +30,7 @@ from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.costs.tune.tune import split_trials, tune_model, tuning_tasks
 from tvm_pesto.costs.tune.tuning_db import DEVICE_FILE, read_device_file, write_device_file
 from tvm_pesto.errors import BuildError, CostError, TuningError
-from tvm_pesto.lab.tuning_rows import read_tuning_db
+from tvm_pesto_lab.tuning_rows import read_tuning_db
 
 CPU = parse_cluster("cpu:1").devices[0]
 TARGET = dict(CPU.target)
@@ -207,7 +207,7 @@ def test_measurements_of_tvm_ms_follow_the_database_version(tuned, ms_backend, t
 
 @pytest.mark.slow
 def test_profile_logs_tvm_ms_rows(tuned, ms_backend, tmp_path):
-    from tvm_pesto.lab.profile import default_backends, profile_module
+    from tvm_pesto_lab.profile import default_backends, profile_module
 
     assert "tvm-ms" not in default_backends()
     set_tuning_database(tuned[0])
@@ -221,8 +221,8 @@ def test_profile_logs_tvm_ms_rows(tuned, ms_backend, tmp_path):
                            for r in ms_recs)
     # the tuned share: the database holds matmul+relu and the last matmul, not their parts
     assert {tuple(r["nodes"]): r["tuned"] for r in ms_recs} == {(0, 1): 1.0, (2,): 1.0, (0,): 0.0, (1,): 0.0}
-    from tvm_pesto.lab.dataset import load_dataset
-    from tvm_pesto.lab.profile import merge_logs
+    from tvm_pesto_lab.dataset import load_dataset
+    from tvm_pesto_lab.profile import merge_logs
 
     merge_logs([log], tmp_path / "merged.jsonl")  # the bundled log is a merged one: the share survives it
     rows = [r for r in load_dataset([tmp_path / "merged.jsonl"]).rows if r["backend"] == "tvm-ms"]

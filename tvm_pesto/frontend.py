@@ -21,8 +21,13 @@ from tvm import relax
 
 from .errors import UnsupportedModuleError, error_line
 
-__all__ = ["from_torch", "from_exported_program", "from_onnx", "read_onnx", "unsupported_ops",
+__all__ = ["INT_INPUT_RANGE", "from_torch", "from_exported_program", "from_onnx", "read_onnx", "unsupported_ops",
            "error_line", "check_static", "symbolic_dims"]
+
+#: Integer example inputs (token ids, indices) are drawn uniformly from ``[low, high)``: valid
+#: for any vocabulary or axis of size >= 2 (:func:`tvm_pesto.models.random_inputs`, the
+#: text models of :mod:`tvm_pesto.zoo.outside`).
+INT_INPUT_RANGE = (0, 2)
 
 
 def _model_name(model: Any, name: str | None) -> str:

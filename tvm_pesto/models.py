@@ -25,8 +25,9 @@ dynamic axes can be set; fixed axes must keep their value. The module returned p
 :func:`tvm_pesto.frontend.check_static`.
 
 Example inputs for files are seeded random arrays of the input shapes: floating-point
-inputs ~ N(0, 1), integer inputs (token ids, indices) uniform in ``INT_INPUT_RANGE`` (valid
-for any vocabulary or axis of size >= 2), booleans uniform.
+inputs ~ N(0, 1), integer inputs (token ids, indices) uniform in
+:data:`~tvm_pesto.frontend.INT_INPUT_RANGE` (valid for any vocabulary or axis of size >= 2),
+booleans uniform.
 
 Errors: :class:`~tvm_pesto.errors.GraphError` for what was typed (an unknown name, a missing
 file, an unknown suffix, a malformed or mismatched input shape);
@@ -57,15 +58,12 @@ import tvm
 from tvm import relax
 
 from .errors import GraphError, UnsupportedModuleError
-from .frontend import check_static, error_line, from_exported_program, from_onnx, read_onnx
+from .frontend import INT_INPUT_RANGE, check_static, error_line, from_exported_program, from_onnx, read_onnx
 
-__all__ = ["INT_INPUT_RANGE", "SUFFIXES", "LoadedModel", "load_model", "parse_input_shapes", "random_inputs"]
+__all__ = ["SUFFIXES", "LoadedModel", "load_model", "parse_input_shapes", "random_inputs"]
 
 #: File suffix -> ``LoadedModel.source``.
 SUFFIXES = {".onnx": "onnx", ".pt2": "pt2", ".py": "tvmscript", ".tvmscript": "tvmscript", ".relax": "tvmscript"}
-
-#: Integer inputs are drawn uniformly from ``[low, high)``.
-INT_INPUT_RANGE = (0, 2)
 
 _SHAPE_FORM = "NAME=D1,D2,... with positive integer dimensions, e.g. x=1,3,224,224"
 
@@ -235,7 +233,7 @@ def _import_file(path: str, member: str | None, suffix: str,
 def random_inputs(mod: tvm.IRModule, seed: int = 0, label: str = "the module") -> tuple[np.ndarray, ...]:
     """Seeded random arrays for the parameters of ``main``, in order.
 
-    Floating-point tensors ~ N(0, 1), integer tensors uniform in :data:`INT_INPUT_RANGE`,
+    Floating-point tensors ~ N(0, 1), integer tensors uniform in :data:`~tvm_pesto.frontend.INT_INPUT_RANGE`,
     booleans uniform; one generator seeded with ``seed`` draws them in parameter order.
 
     Parameters

@@ -108,7 +108,7 @@ def database_targets(work_dir) -> list[dict]:
     """The distinct targets (:func:`target_summary`) of a MetaSchedule database's records.
 
     Lines that do not parse are left to the reader of the records to report
-    (:func:`tvm_pesto.lab.tuning_rows.read_tuning_db`).
+    (:func:`tvm_pesto_lab.tuning_rows.read_tuning_db`).
     """
     path = Path(work_dir) / RECORD_FILE
     if not path.is_file():

@@ -1,5 +1,5 @@
 """Patterns and their checks: :class:`MatchContext` (what a pattern's check function sees),
-the standard checks (:func:`default_check`; :func:`region_check` for graph-level regions)
+what a check raises when it cannot read a call (:data:`CHECK_READ_ERRORS`, a no), the standard checks (:func:`default_check`; :func:`region_check` for graph-level regions)
 and the op-level fused chains the op-level backends share (:func:`op_level_patterns`).
 """
 from __future__ import annotations
@@ -10,7 +10,14 @@ from typing import Callable
 import tvm
 from tvm import relax
 
+from ..errors import BuildError
 from .relax_calls import call_attrs, dtype_of, op_short_name, static_shape
+
+#: What a check raises when it cannot read a call it was not written for: an attribute or
+#: annotation the call lacks (AttributeError, KeyError), a symbolic value where a number is
+#: read (TypeError, ValueError), fewer arguments than expected (IndexError), a dynamic shape
+#: (:class:`~tvm_pesto.errors.BuildError` from ``static_shape``). The check says no.
+CHECK_READ_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError, BuildError)
 
 
 @dataclass

@@ -5,10 +5,10 @@ from .generate import (  # noqa: F401
     pattern_candidates,
     placement_candidates, tvm_candidates,
 )
-from .regions import convex_regions, region_windows  # noqa: F401
+from .regions import region_windows  # noqa: F401
 
 __all__ = ["Candidate", "CandidateSet", "Reach", "candidate_function", "candidate_key", "candidate_outputs",
            "combined_acyclic",
-           "convex_regions", "generate_candidates", "is_valid", "pattern_candidates", "placement_candidates",
+           "generate_candidates", "is_valid", "pattern_candidates", "placement_candidates",
            "region_windows",
            "tvm_candidates"]

@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import warnings
 
-from ..errors import BuildError, error_line
-
-#: What a check raises when it cannot read a call it was not written for: an attribute or
-#: annotation the call lacks (AttributeError, KeyError), a symbolic value where a number is
-#: read (TypeError, ValueError), fewer arguments than expected (IndexError), a dynamic shape
-#: (:class:`~tvm_pesto.errors.BuildError` from ``static_shape``). The check says no.
-CHECK_READ_ERRORS = (AttributeError, KeyError, IndexError, TypeError, ValueError, BuildError)
+from ..backends.patterns import CHECK_READ_ERRORS
+from ..errors import error_line
 
 _WARNED: set[str] = set()
 
 
 class BackendChecks:
     """The checks of one backend on one graph: how many answered, how many could not read
-    their call (:data:`CHECK_READ_ERRORS`, a no) and how many failed (any other exception).
+    their call (:data:`~tvm_pesto.backends.patterns.CHECK_READ_ERRORS`, a no) and how many failed (any other exception).
 
     Examples
     --------
@@ -85,4 +80,4 @@ def report_failure(name: str, why: str) -> None:
                   RuntimeWarning, stacklevel=3)
 
 
-__all__ = ["BackendChecks", "CHECK_READ_ERRORS", "report_failure"]
+__all__ = ["BackendChecks", "report_failure"]

@@ -11,7 +11,7 @@ A candidate is valid when outlining it cannot create a cycle (it is convex: no p
 it and comes back), it is weakly connected, and (for non-native backends) every operator in it is
 supported and passes the pattern's check.
 
-A check that cannot read a call (:data:`~tvm_pesto.candidates.checks.CHECK_READ_ERRORS`: an attribute or annotation the
+A check that cannot read a call (:data:`~tvm_pesto.backends.patterns.CHECK_READ_ERRORS`: an attribute or annotation the
 call lacks, a symbolic or dynamic shape) says no for that call and is counted. Any other
 exception is a failure of the backend: it is left out of the graph's candidates, named in
 ``CandidateSet.unavailable`` with the exception and its count, and a ``RuntimeWarning``
@@ -38,11 +38,12 @@ from tvm import relax
 
 from ..backends.base import MatchContext, op_short_name, region_check
 from ..graph.fusion import fusion_groups
+from ..graph.regions import convex_regions
 from ..graph.relax_import import RelaxGraph
 from ..graph.subgraph import emit_function, structural_key
 from .checks import BackendChecks, report_failure
 from .convex import Reach, is_valid
-from .regions import convex_regions, region_windows
+from .regions import region_windows
 
 
 @dataclass(frozen=True)

@@ -1,35 +1,12 @@
-"""Regions for graph-level backends: the maximal convex regions of the ops a backend supports
-(:func:`convex_regions`) and their windows between single-tensor cut points (:func:`region_windows`).
+"""Regions for graph-level backends: the windows between single-tensor cut points
+(:func:`region_windows`) of the maximal convex regions of the ops a backend supports
+(:func:`tvm_pesto.graph.regions.convex_regions`).
 """
 from __future__ import annotations
 
 import networkx as nx
 
 from .convex import Reach
-
-
-def convex_regions(graph, supported: set[int]) -> list[list[int]]:
-    """Split the supported nodes into maximal convex, weakly connected regions.
-
-    A node's rank is the largest number of unsupported nodes on a path from a source to it;
-    nodes of one rank that are connected through supported nodes of that rank form a region.
-    Any path between two nodes of a region through an unsupported node would raise the rank,
-    so regions are convex.
-    """
-    rank = {}
-    for v in graph.topo_order():
-        r = 0
-        for u in graph.dag.predecessors(v):
-            r = max(r, rank[u] + (0 if u in supported else 1))
-        rank[v] = r
-    h = nx.Graph()
-    h.add_nodes_from(supported)
-    for u, v in graph.dag.edges():
-        if u in supported and v in supported and rank[u] == rank[v]:
-            h.add_edge(u, v)
-    regions = [sorted(c) for c in nx.connected_components(h)]
-    regions.sort(key=lambda r: r[0])
-    return regions
 
 
 WINDOW_UNITS = (2, 3, 4, 6, 8, 12, 16)
@@ -88,4 +65,4 @@ def region_windows(graph, region: list[int], reach: Reach, max_region: int = 40,
     return out
 
 
-__all__ = ["WINDOW_UNITS", "convex_regions", "region_windows"]
+__all__ = ["WINDOW_UNITS", "region_windows"]

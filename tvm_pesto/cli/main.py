@@ -1,11 +1,13 @@
 """``tvm-pesto``: place, build and run Relax models across devices.
 
 Verbs: ``demo``, ``place``, ``run``, ``cluster`` (``profile``, ``cost-model``, ``train``,
-``tune`` and ``bench`` are registered at the end); each step that takes over a second
+``tune`` and ``bench`` are registered at the end, and the installed plugins' verbs, the
+cost-model lab's, by :func:`add_plugins`); each step that takes over a second
 shows a progress bar; ``--json PATH`` writes the result atomically.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import warnings
@@ -17,7 +19,7 @@ from ..cluster.contention import measure_contention
 from ..cluster.linkbench import measure_links
 from ..costs.predict.calibration import CALIBRATION_ENV
 from ..choose.decision import decision_table
-from ..errors import UnseenOpsWarning
+from ..errors import UnseenOpsWarning, error_line
 from ..jsonio import write_json
 from .options import (backends_at, deterministic_option, max_build_s_option, ms_db_option, precision_option, rpc_options,
                       split_margin_option)
@@ -421,6 +423,37 @@ cli.add_command(profile)
 cli.add_command(cost_model)
 cli.add_command(train)
 cli.add_command(tune)
+
+#: Entry-point group of the verbs other distributions add to ``tvm-pesto`` (the cost-model lab's).
+PLUGIN_GROUP = "tvm_pesto.cli"
+
+
+def add_plugins(group: click.Group, entry_points=None) -> None:
+    """Add to ``group`` the click commands registered under the entry-point group
+    :data:`PLUGIN_GROUP` (``entry_points``: those, by default the installed distributions').
+
+    A command takes the place of ``group``'s command of its name (the lab's ``profile`` that
+    of the stand-in saying it needs the lab); a group named as one of ``group``'s groups adds
+    its commands to it (the lab's ``cost-model`` verbs beside ``calibrate``). An entry point
+    that fails to load is reported in a warning, and its verbs stay the stand-ins."""
+    if entry_points is None:
+        entry_points = importlib.metadata.entry_points(group=PLUGIN_GROUP)
+    for ep in entry_points:
+        try:
+            cmd = ep.load()
+        except Exception as e:  # noqa: BLE001 - a broken plugin must not take the other verbs down
+            warnings.warn(f"the tvm-pesto verbs of {ep.value} did not load: {error_line(e)}", RuntimeWarning,
+                          stacklevel=2)
+            continue
+        mine = group.commands.get(cmd.name)
+        if isinstance(mine, click.Group) and isinstance(cmd, click.Group):
+            for sub in cmd.commands.values():
+                mine.add_command(sub)
+        else:
+            group.add_command(cmd)
+
+
+add_plugins(cli)
 
 
 def main(argv=None):

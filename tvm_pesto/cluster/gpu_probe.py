@@ -1,7 +1,7 @@
 """Availability probes for the GPU stack: each says exactly what is missing and how to get it.
 
 Nothing here needs a GPU: on a machine without one every probe returns ``(False, reason)``.
-Results are cached per process (call :func:`clear_cache` after installing something).
+Results are cached per process.
 
 Examples
 --------
@@ -37,12 +37,6 @@ _SONAMES = {
     "cublasLt": ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"],
     "cudnn": ["libcudnn.so.9", "libcudnn.so"],
 }
-
-
-def clear_cache() -> None:
-    """Forget cached probe results (e.g. after ``pip install`` in the same process)."""
-    for f in (cuda_driver, tvm_cuda_runtime, find_library, python_package, nvcc_archs, jit_compiler):
-        f.cache_clear()
 
 
 def _pip_lib_dirs() -> list[str]:

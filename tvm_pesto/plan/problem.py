@@ -100,10 +100,6 @@ class Problem:
             return 0.0
         return float(self.latency[src, dst] + nbytes * self.inv_bw[src, dst])
 
-    def comm_s(self, u: int, v: int, du: int, dv: int) -> float:
-        """Seconds to move edge u->v's tensor from device du to dv (0 when equal)."""
-        return self.transfer_s(du, dv, self.graph.edge_bytes(u, v))
-
     def min_cost(self) -> np.ndarray:
         return self.costs.min(axis=1)
 

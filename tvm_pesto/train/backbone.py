@@ -192,33 +192,6 @@ def from_torch_model(model, inputs: tuple, name: str | None = None) -> Backbone:
                     inputs, model)
 
 
-def from_module(mod: tvm.IRModule, params, inputs=(), name: str = "module") -> Backbone:
-    """The backbone of a Relax module whose ``main`` takes its data inputs and then its
-    trainable parameters (attribute ``num_input`` = number of data inputs), with initial
-    parameter values ``params`` (no states, no PyTorch model to check against).
-
-    Raises
-    ------
-    TrainingError
-        When ``main`` has no trainable parameter or ``params`` does not match.
-    """
-    main = mod["main"]
-    n_in = int(main.attrs["num_input"]) if main.attrs is not None and "num_input" in main.attrs else len(main.params)
-    weights = list(main.params[n_in:])
-    if not weights:
-        raise TrainingError(f"{name!r} has no trainable parameter: every parameter of main is a data input; "
-                            "import the model with its weights as inputs (keep_params_as_input=True, which sets "
-                            "main's num_input attribute), or pass a zoo model name")
-    params = [np.asarray(p) for p in params]
-    if len(params) != len(weights):
-        raise TrainingError(f"{name!r} has {len(weights)} trainable parameters but {len(params)} initial values "
-                            "were given; give one array per parameter of main after its num_input data inputs")
-    func = main.without_attr("num_input").without_attr("params").with_attr("global_symbol", "backbone")
-    bmod = tvm.IRModule({"backbone": func}).with_attrs({"param_num": len(weights), "state_num": 0})
-    return Backbone(name, bmod, [p.name for p in main.params[:n_in]], [p.name for p in weights], params, [], [],
-                    tuple(inputs))
-
-
 def make_backbone(model, size: str = "small", batch: int | None = None) -> Backbone:
     """The backbone of a zoo model (name or :class:`~tvm_pesto.zoo.ZooModel`) or of a
     ``(torch_module, example_inputs)`` pair.
@@ -251,8 +224,8 @@ def make_backbone(model, size: str = "small", batch: int | None = None) -> Backb
         inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     else:
         raise TrainingError(f"cannot train a {type(model).__name__}; give a zoo model name "
-                            f"({', '.join(zoo.list_models())}), a ZooModel, a (torch.nn.Module, example_inputs) "
-                            "pair, or a Relax module with tvm_pesto.train.backbone.from_module")
+                            f"({', '.join(zoo.list_models())}), a ZooModel or a (torch.nn.Module, example_inputs) "
+                            "pair")
     if batch is not None:
         if batch < 1:
             raise TrainingError(f"batch must be >= 1, not {batch}")

@@ -37,8 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..frontend import from_torch
-from ..models import INT_INPUT_RANGE
+from ..frontend import INT_INPUT_RANGE, from_torch
 from ._common import SIZES, calibrate_batchnorm
 from ._transformer import transformer_init
 

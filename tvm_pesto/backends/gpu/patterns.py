@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from ...candidates.checks import CHECK_READ_ERRORS
-from ...candidates.regions import convex_regions
 from ...errors import PestoError, error_line
+from ...graph.regions import convex_regions
+from ..patterns import CHECK_READ_ERRORS
 
 LIBRARIES = ("cublas", "cudnn", "tensorrt")
 
@@ -173,7 +173,7 @@ def match_nodes(rg, prefix: str) -> list[PatternMatch]:
     ------
     PestoError
         When a check raises anything but what a check that cannot read a call raises
-        (:data:`tvm_pesto.candidates.checks.CHECK_READ_ERRORS`, taken as a no), as
+        (:data:`tvm_pesto.backends.patterns.CHECK_READ_ERRORS`, taken as a no), as
         ``FuseOpsByPattern`` would let it through.
 
     Examples

@@ -2,13 +2,13 @@
 in alternating bursts next to it, scaled by that kernel's mean time in this process.
 
 Why: a CPU shared with other jobs changes speed under the timer, in levels that can last from
-a fraction of a second to seconds (``python -m tvm_pesto.lab.timing_noise states`` shows them
+a fraction of a second to seconds (``python -m tvm_pesto_lab.timing_noise states`` shows them
 on a machine). A function timed back to back (``repeat`` x ``min_repeat_ms``) lands in one of
 them, so the same fused groups timed in separate passes differ per group. Timed in bursts of
 about a millisecond alternating with a reference kernel, the function and the reference share
 the state and their ratio does not; the mean of the reference's bursts (over the batch and
 every earlier batch of the process on that device, so over many states) turns the ratio back
-into seconds of the machine's typical state (``python -m tvm_pesto.lab.timing_noise groups``
+into seconds of the machine's typical state (``python -m tvm_pesto_lab.timing_noise groups``
 compares both ways; docs/cost_model.md, "What is predicted"). What it cannot remove: phases of
 minutes in which some kernels slow down and the references do not.
 

@@ -57,7 +57,7 @@ MAX_REDUCTION_ACCESSES = 4096
 
 #: Ops that evaluate exp, log, erf or tanh per element: TVM's untuned CPU code does not
 #: vectorise them, so they cost far more per element than an add (a SiLU against a ReLU of
-#: the same shape: ``python -m tvm_pesto.lab.unscheduled_kernels`` measures both).
+#: the same shape: ``python -m tvm_pesto_lab.unscheduled_kernels`` measures both).
 TRANSCENDENTAL = frozenset({
     "exp", "log", "sigmoid", "tanh", "erf", "sin", "cos", "power", "nn.silu", "nn.gelu", "nn.gelu_tanh",
     "nn.softmax", "nn.log_softmax", "nn.softplus", "nn.selu", "nn.elu",
@@ -287,7 +287,7 @@ def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float) -> tupl
     number of cache lines one reduction touches, a conflict the lines per cache set they
     map to (L1 and L2, :data:`L1_SETS`, :data:`L2_SETS`): above the associativity, each
     reduction misses (a 1x1 conv over 32 channels of 32x32 runs many times slower per FLOP
-    than one over 8 channels: ``python -m tvm_pesto.lab.unscheduled_kernels`` measures both). All zeros for other ops.
+    than one over 8 channels: ``python -m tvm_pesto_lab.unscheduled_kernels`` measures both). All zeros for other ops.
 
     Examples
     --------

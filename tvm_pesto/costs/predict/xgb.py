@@ -3,7 +3,7 @@
 The model predicts either ``log(time)`` or ``log(time / roofline)`` (the ``target`` it was
 trained for) of a subgraph on a backend and device, from :mod:`tvm_pesto.costs.predict.features`.
 It is trained off line, from profiler logs and MetaSchedule databases, by the cost-model lab
-(:mod:`tvm_pesto.lab.fit`, ``tvm-pesto cost-model train``); this module loads and applies it.
+(:mod:`tvm_pesto_lab.fit`, ``tvm-pesto cost-model train``); this module loads and applies it.
 
 A model is one XGBoost JSON file (``Booster.save_model``) whose ``pesto_meta`` attribute
 holds the target, the feature names, the devices and backends it was trained on, the

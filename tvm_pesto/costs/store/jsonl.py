@@ -1,7 +1,7 @@
 """JSON-lines files that several processes append to at once.
 
 The measurement cache (:class:`~tvm_pesto.costs.store.cache.MeasureCache`) and the profiler logs
-(:class:`~tvm_pesto.lab.profile.ProfileLog`) are appended to by every run that measures,
+(:class:`~tvm_pesto_lab.profile.ProfileLog`) are appended to by every run that measures,
 and two runs may share a file. :func:`append_record` writes one record as one ``os.write``
 of the whole line on a descriptor opened with ``O_APPEND`` (POSIX appends a single write
 to a regular file without interleaving it with other appends), inside an exclusive

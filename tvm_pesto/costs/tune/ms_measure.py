@@ -10,7 +10,7 @@ uploaded, and timed there with the same ``time_evaluator`` call on arguments fil
 (MetaSchedule's RPC argument allocator).
 :func:`cpu_intrinsics_only` keeps MetaSchedule from parsing the CUDA tensor intrinsics
 while tuning for a CPU. Used by :func:`tvm_pesto.costs.tune.tune.tune_model` and
-:func:`tvm_pesto.lab.tuning_rows.tune_in_process`.
+:func:`tvm_pesto_lab.tuning_rows.tune_in_process`.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class InProcessMeasurer:
     (True, True)
     >>> m.close()
 
-    :func:`tvm_pesto.lab.tuning_rows.tune_in_process` is a whole tuning run with one.
+    :func:`tvm_pesto_lab.tuning_rows.tune_in_process` is a whole tuning run with one.
     """
 
     def __init__(self, device=None, min_repeat_ms: int = 0, number: int = 3):

@@ -5,7 +5,7 @@
 distinct fused PrimFunc, and tunes the tasks one after the other into a JSON database in
 ``work_dir``. That database is what the ``tvm-ms`` backend applies (``--ms-db DIR`` or
 ``TVM_PESTO_MS_DB``) and what the cost model reads as tuned rows
-(:func:`tvm_pesto.lab.tuning_rows.read_tuning_db`).
+(:func:`tvm_pesto_lab.tuning_rows.read_tuning_db`).
 
 Budget
     ``trials`` is the number of measured schedules over all tasks. It is split evenly over

@@ -1,7 +1,7 @@
 """Run a placed program: one worker thread per device, events for cross-device values.
 
 TVM releases the GIL while a compiled function runs, so threads pinned to each device's
-cores run concurrently (measured by scripts/bench_executor.py; docs/architecture.md). Every copy runs on the producing
+cores run concurrently (measured by lab/scripts/bench_executor.py; docs/architecture.md). Every copy runs on the producing
 device's thread right after the value is made (push), like a transfer started at the
 producer's finish in the simulator.
 

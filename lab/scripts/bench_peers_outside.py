@@ -7,7 +7,7 @@ every whole-model library option while the ONNX exporter lacked ``nn.pad`` and w
 
 Usage::
 
-    python scripts/bench_peers_outside.py --json peers_outside.json
+    python lab/scripts/bench_peers_outside.py --json peers_outside.json
 
 Prints, per model, the best own-library peer, the ratio (best peer over tvm-pesto's default
 build on ``cpu:N``), the build seconds, the build's max error against PyTorch and its backend
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))  # the user encoders
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))  # the user encoders
 from user_encoders import build, relax_module  # noqa: E402
 
 from tvm_pesto.bench.peers import bench_peers  # noqa: E402

@@ -17,7 +17,7 @@ and the profiling time saved.
 
 Usage::
 
-    python scripts/bench_cost_model_plans.py --models inception_v3,resnet50,bert --rounds 8 --json out.json
+    python lab/scripts/bench_cost_model_plans.py --models inception_v3,resnet50,bert --rounds 8 --json out.json
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Placed single-device run vs plain ``tvm.compile`` of the same module (speed ratio).
 
-    python scripts/bench_single_device.py [--models inception_v3,resnet50,bert] [--size small] [--repeat 30]
+    python lab/scripts/bench_single_device.py [--models inception_v3,resnet50,bert] [--size small] [--repeat 30]
 
 Run it on a new machine, or after a change to the builder or the executor, to see what
 placing costs when the plan is a single device.

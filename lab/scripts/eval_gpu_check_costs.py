@@ -7,7 +7,7 @@ makespan of tvm-pesto's one-device plan priced three ways: with every log (the m
 groups were timed: in-sample), with the logs less that model's rows (held out: a model the
 check never saw), and with the roofline alone.
 
-    python scripts/eval_gpu_check_costs.py [--cluster h200] [--json out.json]
+    python lab/scripts/eval_gpu_check_costs.py [--cluster h200] [--json out.json]
 """
 from __future__ import annotations
 

@@ -2,17 +2,17 @@
 
 ``tvm-pesto profile MODEL`` measures each candidate subgraph of a model on the local
 CPU devices, through the same code the ``measured`` cost source uses
-(:func:`tvm_pesto.costs.measure.timing.measure_groups` for TVM, and
-:func:`tvm_pesto.costs.measure.measured.measure_candidates` for the other backends), and appends one
+(:func:`tvm_pesto.costs.timing.measure_groups` for TVM, and
+:func:`tvm_pesto.costs.measured.measure_candidates` for the other backends), and appends one
 JSON line per measurement to a log.
 
-The log is a :class:`~tvm_pesto.costs.store.cache.MeasureCache` file (``key``, ``backend``,
+The log is a :class:`~tvm_pesto.costs.cache.MeasureCache` file (``key``, ``backend``,
 ``target``, ``median_s``, ``repeats``, ``op``, ``flops``, ``bytes``) with extra fields
 that let a model be trained without the IR (records are appended atomically, so two
 ``tvm-pesto profile`` runs may share one log):
 
 ``desc``
-    :func:`tvm_pesto.costs.predict.features.describe_group` of the subgraph (op list, dominant op
+    :func:`tvm_pesto.costs.features.describe_group` of the subgraph (op list, dominant op
     shapes and attributes, FLOPs, bytes, weight bytes, bytes saved by fusion).
 ``device_desc``
     peak FLOP/s, bandwidth, memory, cores, kind and model of the device.
@@ -21,7 +21,7 @@ that let a model be trained without the IR (records are appended atomically, so 
     (to judge noise), the host name, the VM call overhead measured in the same run.
 ``backend_stamp``
     for ``tvm-ms`` records, the tuning database they were measured with
-    (:func:`tvm_pesto.costs.store.cache.backend_stamp`); after more tuning the same
+    (:func:`tvm_pesto.costs.cache.backend_stamp`); after more tuning the same
     subgraphs are measured again.
 
 Records are deduplicated per (key, backend, target, model, run): profiling a model twice
@@ -31,8 +31,8 @@ the fastest pass; the spread between passes is the run-to-run noise).
 
 Examples
 --------
->>> from tvm_pesto.lab.profile import profile_module
->>> from tvm_pesto.lab.sweep import sweep_module
+>>> from tvm_pesto_lab.profile import profile_module
+>>> from tvm_pesto_lab.sweep import sweep_module
 >>> import os, tempfile
 >>> log = os.path.join(tempfile.mkdtemp(), "prof.jsonl")
 >>> res = profile_module(sweep_module("pool", limit=1), "pool", "cpu:1", log)
@@ -55,19 +55,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import zoo
-from ..backends import available_backends, backend_status, get_backend
-from ..candidates import candidate_function, candidate_key, generate_candidates
-from ..cluster import as_cluster
-from ..costs.measure.measured import MeasureReport, measure_candidates
-from ..costs.measure.timing import measure_groups
-from ..costs.predict.features import describe_group, device_descriptor
-from ..costs.store.cache import MeasureCache, current_record, measure_target
-from ..costs.store.jsonl import open_log, read_records
-from ..errors import BuildError, CostError, PestoError
-from ..graph.analysis import analyze
-from ..graph.subgraph import structural_key
-from ..zoo import outside
+from tvm_pesto import zoo
+from tvm_pesto.backends import available_backends, backend_status, get_backend
+from tvm_pesto.candidates import candidate_function, candidate_key, generate_candidates
+from tvm_pesto.cluster import as_cluster
+from tvm_pesto.costs.store.cache import MeasureCache, current_record, measure_target
+from tvm_pesto.costs.predict.features import describe_group, device_descriptor
+from tvm_pesto.costs.store.jsonl import open_log, read_records
+from tvm_pesto.costs.measure.measured import MeasureReport, measure_candidates
+from tvm_pesto.costs.measure.timing import measure_groups
+from tvm_pesto.errors import BuildError, CostError, PestoError
+from tvm_pesto.graph.analysis import analyze
+from tvm_pesto.graph.subgraph import structural_key
+from tvm_pesto.zoo import outside
 from .sweep import FAMILIES, sweep_module
 
 #: Backends profiled when none are named.
@@ -225,7 +225,7 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
 
     Examples
     --------
-    >>> from tvm_pesto.lab.sweep import sweep_module
+    >>> from tvm_pesto_lab.sweep import sweep_module
     >>> import os, tempfile
     >>> log = os.path.join(tempfile.mkdtemp(), "p.jsonl")
     >>> res = profile_module(sweep_module("pool", limit=2), "pool", "cpu:1", log, backends=["tvm"])
@@ -379,7 +379,7 @@ def merge_logs(paths, out, reduce: str = "min", assume_cpu_kind: str | None = No
     ``assume_cpu_kind`` (``vendor/family/model``) is written into the CPU records that have
     none (logged before tvm-pesto recorded it: say which CPU they were measured on).
     An ``out`` ending in ``.gz`` is written gzip-compressed (as the bundled log is); ``paths``
-    may be plain or compressed (:func:`tvm_pesto.costs.store.jsonl.read_records`).
+    may be plain or compressed (:func:`tvm_pesto.costs.jsonl.read_records`).
 
     Returns
     -------

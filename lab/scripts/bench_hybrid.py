@@ -32,10 +32,10 @@ pass, for trying a change to :mod:`tvm_pesto.costs.predict.hybrid` on every mode
 
 Usage::
 
-    python scripts/bench_hybrid.py --json cost_models/bench_hybrid.json
-    python scripts/bench_hybrid.py --models bert,vit --rounds 4
-    python scripts/bench_hybrid.py --noise-floor --json out.json
-    python scripts/bench_hybrid.py --replay hybrid-logs --models bert,mlp_mixer
+    python lab/scripts/bench_hybrid.py --json cost_models/bench_hybrid.json
+    python lab/scripts/bench_hybrid.py --models bert,vit --rounds 4
+    python lab/scripts/bench_hybrid.py --noise-floor --json out.json
+    python lab/scripts/bench_hybrid.py --replay hybrid-logs --models bert,mlp_mixer
 """
 from __future__ import annotations
 

@@ -10,13 +10,13 @@ softmax, reductions), ``pool``, ``movement`` (reshape, transpose, concat, split)
 sizes) and ``conv1x1`` (pointwise and strided 1x1 convolutions).
 
 Shapes are kept small enough that profiling a family's unscheduled TVM kernels stays quick.
-``tvm-pesto profile sweep`` (:func:`tvm_pesto.lab.profile.profile_zoo`) measures them.
+``tvm-pesto profile sweep`` (:func:`tvm_pesto_lab.profile.profile_zoo`) measures them.
 Weights are seeded constants, so the modules (and their structural keys) are the same on
 every run.
 
 Examples
 --------
->>> from tvm_pesto.lab.sweep import FAMILIES, sweep_module
+>>> from tvm_pesto_lab.sweep import FAMILIES, sweep_module
 >>> sorted(FAMILIES)[:2]
 ['attention', 'conv1x1']
 >>> mod = sweep_module("movement", limit=2)
@@ -32,7 +32,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import CostError
+from tvm_pesto.errors import CostError
 
 _RNG_SEED = 0
 
@@ -352,16 +352,4 @@ def sweep_module(family: str, limit: int | None = None, offset: int = 0) -> tvm.
     return b.build()
 
 
-def sweep_modules(families=None, limit: int | None = None) -> list[tuple[str, tvm.IRModule]]:
-    """``[("sweep-<family>", module), ...]`` for the given (default: all) families.
-
-    Examples
-    --------
-    >>> [n for n, _ in sweep_modules(["pool", "movement"], limit=1)]
-    ['sweep-pool', 'sweep-movement']
-    """
-    fams = list(families) if families is not None else list(FAMILIES)
-    return [(f"sweep-{f}", sweep_module(f, limit=limit)) for f in fams]
-
-
-__all__ = ["FAMILIES", "sweep_module", "sweep_modules"]
+__all__ = ["FAMILIES", "sweep_module"]

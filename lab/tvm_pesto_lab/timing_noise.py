@@ -12,15 +12,15 @@ Two parts:
 * ``groups``: every fused group of the ``--models`` compiled in one module (as
   ``measure_groups`` does), timed in ``--passes`` passes, each group both back to back
   (``time_evaluator``, 5 repeats of >= 5 ms) and by a
-  :class:`~tvm_pesto.costs.measure.interleave.ReferenceTimer` (a fresh one per pass and model, as
+  :class:`~tvm_pesto.costs.interleave.ReferenceTimer` (a fresh one per pass and model, as
   per measuring batch, sharing the references' fastest bursts as in the product); per model
   the pass-to-pass difference of both (mean over pairs of passes of |a - b| / min(a, b), and
   the ratio of the passes' sums).
 
 Usage::
 
-    python -m tvm_pesto.lab.timing_noise states --seconds 20
-    python -m tvm_pesto.lab.timing_noise groups --models mobilenet_v2,vit,bert --passes 3 --json out.json
+    python -m tvm_pesto_lab.timing_noise states --seconds 20
+    python -m tvm_pesto_lab.timing_noise groups --models mobilenet_v2,vit,bert --passes 3 --json out.json
 """
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ import time
 import numpy as np
 import tvm
 
-from ..candidates import candidate_function
-from ..cluster import as_cluster
-from ..cluster.device_thread import enter_device_thread
-from ..costs.measure.interleave import ReferenceTimer, burst_seconds, reference_functions
-from ..costs.measure.timing import random_args
-from ..costs.store.cache import measure_target
-from ..graph.analysis import analyze
-from ..jsonio import write_json
+from tvm_pesto.candidates import candidate_function
+from tvm_pesto.cluster import as_cluster
+from tvm_pesto.cluster.device_thread import enter_device_thread
+from tvm_pesto.costs.store.cache import measure_target
+from tvm_pesto.costs.measure.interleave import ReferenceTimer, burst_seconds, reference_functions
+from tvm_pesto.costs.measure.timing import random_args
+from tvm_pesto.graph.analysis import analyze
+from tvm_pesto.jsonio import write_json
 from .flow_eval import flow_models
 
 

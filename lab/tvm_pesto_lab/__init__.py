@@ -1,4 +1,5 @@
-"""The cost-model lab: what makes and judges the learned cost model, apart from the product.
+"""The cost-model lab of tvm-pesto: what makes and judges the learned cost model, apart from
+the product (the distribution ``tvm-pesto-lab``, ``pip install ./lab`` from a checkout).
 
 A placement needs only what :mod:`tvm_pesto.costs` holds: the cost sources, the trained
 model file and its prediction (:mod:`tvm_pesto.costs.predict.xgb`), calibration, the measurement
@@ -13,11 +14,11 @@ cache. This package holds what produces that model and tells how good it is, off
 * :mod:`.metrics`, :mod:`.evaluate` and :mod:`.flow_eval`: judge it on the profiler's
   records and on the product's own path (``tvm-pesto cost-model eval``);
 * :mod:`.timing_noise` and :mod:`.unscheduled_kernels`: the measurements behind the timing
-  method and two of the model's features (``python -m tvm_pesto.lab.timing_noise``,
-  ``python -m tvm_pesto.lab.unscheduled_kernels``).
+  method and two of the model's features (``python -m tvm_pesto_lab.timing_noise``,
+  ``python -m tvm_pesto_lab.unscheduled_kernels``);
+* :mod:`.cli`: the ``tvm-pesto`` verbs above, which the product's CLI loads through the
+  entry-point group ``tvm_pesto.cli`` (``lab/pyproject.toml``).
 
-Nothing in the product imports this package: only the CLI's cost-model verbs
-(:mod:`tvm_pesto.cli.cost_model`) and the lab's own modules do
-(``tests/test_architecture.py`` checks it). The lab may import the packages up to the cost
-layer (``docs/architecture.md``, "Layers").
+The lab imports the product; the product never imports the lab (``tests/test_architecture.py``
+checks it).
 """

@@ -1,31 +1,28 @@
 """Cost-model training data: rows read from profiler logs and MetaSchedule databases.
 
 A row is ``{desc, device, backend, tuned, time_s, model, key, ...}``: a subgraph's
-description (:func:`tvm_pesto.costs.predict.features.describe_group`), the device it was measured
+description (:func:`tvm_pesto.costs.features.describe_group`), the device it was measured
 on, the backend and the measured seconds. Rows come from the JSON-lines logs the profiler
-writes (:mod:`tvm_pesto.lab.profile`, plain or gzip-compressed) and from MetaSchedule work
-directories (:func:`tvm_pesto.lab.tuning_rows.read_tuning_db`); repeated profiling passes of
-one subgraph are merged into one row (:func:`merge_runs`). :func:`tvm_pesto.lab.fit.train`
+writes (:mod:`tvm_pesto_lab.profile`, plain or gzip-compressed) and from MetaSchedule work
+directories (:func:`tvm_pesto_lab.tuning_rows.read_tuning_db`); repeated profiling passes of
+one subgraph are merged into one row (:func:`merge_runs`). :func:`tvm_pesto_lab.fit.train`
 fits a model on them.
 """
 from __future__ import annotations
 
-import itertools
 import json
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..backends.ms_database import RECORD_FILE, WORKLOAD_FILE
-from ..costs.measure.timing import OVERHEAD_KEY
-from ..costs.predict.features import device_key, feature_matrix
-from ..costs.predict.xgb import default_model_path
-from ..costs.store.jsonl import log_file, open_log
-from ..errors import CostError
-from ..zoo import SIZES
+from tvm_pesto.backends.ms_database import RECORD_FILE, WORKLOAD_FILE
+from tvm_pesto.costs.predict.features import device_key, feature_matrix
+from tvm_pesto.costs.store.jsonl import log_file, open_log
+from tvm_pesto.costs.measure.timing import OVERHEAD_KEY
+from tvm_pesto.errors import CostError
+from tvm_pesto.zoo import SIZES
 from .tuning_rows import read_tuning_db
 
 
@@ -72,7 +69,7 @@ def _is_tuning_db(p: Path) -> bool:
 
 def read_log(path, ds: Dataset | None = None) -> Dataset:
     """Add the rows of one JSON-lines profiler log to ``ds`` (plain or gzip-compressed: ``path``
-    may name ``NAME.jsonl`` stored as ``NAME.jsonl.gz``, :func:`tvm_pesto.costs.store.jsonl.log_file`).
+    may name ``NAME.jsonl`` stored as ``NAME.jsonl.gz``, :func:`tvm_pesto.costs.jsonl.log_file`).
 
     A line that is not JSON, or lacks ``key``/``backend``/``target``/``median_s``, is skipped
     and recorded in ``ds.skipped`` with its line number (a warning lists them).
@@ -80,7 +77,8 @@ def read_log(path, ds: Dataset | None = None) -> Dataset:
     Examples
     --------
     >>> import os, tempfile
-    >>> with open(bundled_log_head()) as f:
+    >>> from tvm_pesto.costs.predict.xgb import default_model_path
+    >>> with open_log(default_model_path().parent / "profile-cpu.jsonl") as f:   # the bundled training log
     ...     record = next(line for line in f if '"desc"' in line)
     >>> log = os.path.join(tempfile.mkdtemp(), "log.jsonl")
     >>> with open(log, "w") as out:
@@ -149,7 +147,12 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
 
     Examples
     --------
-    >>> ds = load_dataset([bundled_log_head()])
+    >>> import itertools, os, tempfile
+    >>> from tvm_pesto.costs.predict.xgb import default_model_path
+    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")   # the bundled training log's first lines
+    >>> with open_log(default_model_path().parent / "profile-cpu.jsonl") as f, open(head, "w") as out:
+    ...     out.writelines(itertools.islice(f, 200))
+    >>> ds = load_dataset([head])
     >>> len(ds.rows) > 0, ds.skipped
     (True, [])
     """
@@ -168,23 +171,6 @@ def load_dataset(paths, tuning_dbs=()) -> Dataset:
             read_log(pp, ds)
     ds.rows = merge_runs(ds.rows)
     return ds
-
-
-def bundled_log_head(lines: int = 200) -> Path:
-    """A copy of the first ``lines`` lines of the bundled training log (``profile-cpu.jsonl``
-    next to :func:`~tvm_pesto.costs.predict.xgb.default_model_path`), written as ``head.jsonl`` in a
-    new temporary folder: a small log to try the lab's steps on.
-
-    Examples
-    --------
-    >>> head = bundled_log_head(5)
-    >>> head.name, len(head.read_text().splitlines())
-    ('head.jsonl', 5)
-    """
-    head = Path(tempfile.mkdtemp()) / "head.jsonl"
-    with open_log(default_model_path().parent / "profile-cpu.jsonl") as f, open(head, "w") as out:
-        out.writelines(itertools.islice(f, lines))
-    return head
 
 
 def merge_runs(rows, reduce: str = "min") -> list:
@@ -211,4 +197,4 @@ def merge_runs(rows, reduce: str = "min") -> list:
     return out
 
 
-__all__ = ["Dataset", "base_model", "bundled_log_head", "load_dataset", "merge_runs", "model_size", "read_log"]
+__all__ = ["Dataset", "base_model", "load_dataset", "merge_runs", "model_size", "read_log"]

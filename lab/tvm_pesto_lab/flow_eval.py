@@ -26,20 +26,20 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import zoo
-from ..candidates import placement_candidates
-from ..candidates.flow import backend_names, make_candidates
-from ..cluster import as_cluster
-from ..costs import candidate_costs
-from ..costs.calibrate import machine
-from ..costs.predict.calibration import METHOD, file_sha256, fit_calibration, load_calibration
-from ..costs.predict.features import device_descriptor, device_key
-from ..costs.predict.xgb import CostModel, load_model, predict_candidate_costs
-from ..costs.store.cache import MeasureCache
-from ..costs.table import MIN_COST_S
-from ..errors import CostError
-from ..graph.analysis import Analysis, analyze
-from ..zoo import outside
+from tvm_pesto import zoo
+from tvm_pesto.candidates import placement_candidates
+from tvm_pesto.candidates.flow import backend_names, make_candidates
+from tvm_pesto.cluster import as_cluster
+from tvm_pesto.costs import candidate_costs
+from tvm_pesto.costs.calibrate import machine
+from tvm_pesto.costs.store.cache import MeasureCache
+from tvm_pesto.costs.predict.calibration import METHOD, file_sha256, fit_calibration, load_calibration
+from tvm_pesto.costs.predict.features import device_descriptor, device_key
+from tvm_pesto.costs.table import MIN_COST_S
+from tvm_pesto.costs.predict.xgb import CostModel, load_model, predict_candidate_costs
+from tvm_pesto.errors import CostError
+from tvm_pesto.graph.analysis import Analysis, analyze
+from tvm_pesto.zoo import outside
 from .evaluate import model_origin
 from .metrics import UNITS, error_metrics
 
@@ -84,7 +84,7 @@ def _loadavg() -> list[float]:
 
 
 def _flow_errors(meas: np.ndarray, pred: np.ndarray) -> dict:
-    """:func:`~tvm_pesto.lab.metrics.error_metrics` plus the sums, and the MAPE of the groups
+    """:func:`~tvm_pesto_lab.metrics.error_metrics` plus the sums, and the MAPE of the groups
     measured above the floor."""
     out = error_metrics(meas, pred)
     above = meas > 1.5 * MIN_COST_S  # at the floor: nothing measurable after the VM call overhead (views)
@@ -154,7 +154,7 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         Refuse (raise) instead of flagging.
     save_calibration : path, optional
         Write the calibration fitted on *all* the models there (see
-        :func:`tvm_pesto.costs.predict.calibration.calibration_path` for where the ``xgb`` source
+        :func:`tvm_pesto.costs.calibration.calibration_path` for where the ``xgb`` source
         looks for it).
     label_runs : int
         Measure each model's labels this many times, each run into a fresh log; a group's
@@ -272,7 +272,7 @@ def _covered_columns(cl, cm) -> dict[str, int]:
 
 def _applied_calibration(cl, cm):
     """The calibration the xgb source applies here, as estimate_costs would: this machine's,
-    fitted first when it has none (:func:`tvm_pesto.costs.calibrate.machine.needs_fit`)."""
+    fitted first when it has none (:func:`tvm_pesto.costs.machine.needs_fit`)."""
     if machine.needs_fit(cm, cl):
         machine.calibrate_machine(cl, cm, announce=True)
     return load_calibration(cm)
@@ -341,7 +341,7 @@ def _score_model(name, mod, run: dict) -> dict:
 def _library_pairs(a: Analysis, run: dict) -> dict:
     """``backend -> (raw predicted, applied predicted, measured)`` of the model's library units:
     the flow's candidates of other backends than TVM that cover one fusion group, and each
-    backend's largest (:func:`~tvm_pesto.costs.calibrate.machine.calibration_units`, the units the
+    backend's largest (:func:`~tvm_pesto.costs.machine.calibration_units`, the units the
     machine calibration is fitted on), measured once, on the scored devices."""
     cl, cm = run["cluster"], run["model"]
     units = machine.calibration_units(make_candidates(a, cl, run["backends"]), a.groups)

@@ -1,15 +1,15 @@
-"""Fit the XGBoost cost model (:class:`tvm_pesto.costs.predict.xgb.CostModel`) on training rows.
+"""Fit the XGBoost cost model (:class:`tvm_pesto.costs.xgb.CostModel`) on training rows.
 
 Deterministic: a fixed seed and one thread, so the same rows give the same model file.
-``tvm-pesto cost-model train`` reads the rows (:mod:`tvm_pesto.lab.dataset`), fits and saves.
+``tvm-pesto cost-model train`` reads the rows (:mod:`tvm_pesto_lab.dataset`), fits and saves.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..costs.predict.features import FEATURE_NAMES, device_key, feature_matrix, roofline_s
-from ..costs.predict.xgb import MODEL_FORMAT, TARGETS, CostModel
-from ..errors import CostError
+from tvm_pesto.costs.predict.features import FEATURE_NAMES, device_key, feature_matrix, roofline_s
+from tvm_pesto.costs.predict.xgb import MODEL_FORMAT, TARGETS, CostModel
+from tvm_pesto.errors import CostError
 
 #: XGBoost parameters of the bundled model (fixed seed, one thread: deterministic).
 DEFAULT_PARAMS = {
@@ -39,7 +39,7 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
     Parameters
     ----------
     rows : list of dict
-        Training rows (see :class:`tvm_pesto.lab.dataset.Dataset`).
+        Training rows (see :class:`tvm_pesto_lab.dataset.Dataset`).
     target : {"log_time", "log_ratio"}
         What the trees predict: ``log(time)`` or ``log(time / roofline)``.
     overheads : dict, optional
@@ -47,8 +47,14 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
 
     Examples
     --------
-    >>> from tvm_pesto.lab.dataset import bundled_log_head, load_dataset
-    >>> model = train(load_dataset([bundled_log_head()]).rows, rounds=20)
+    >>> import itertools, os, tempfile
+    >>> from tvm_pesto.costs.store.jsonl import open_log
+    >>> from tvm_pesto.costs.predict.xgb import default_model_path
+    >>> from tvm_pesto_lab.dataset import load_dataset
+    >>> head = os.path.join(tempfile.mkdtemp(), "head.jsonl")   # the bundled training log's first lines
+    >>> with open_log(default_model_path().parent / "profile-cpu.jsonl") as f, open(head, "w") as out:
+    ...     out.writelines(itertools.islice(f, 200))
+    >>> model = train(load_dataset([head]).rows, rounds=20)
     >>> model.meta["rounds"], model.meta["n_rows"] > 1
     (20, True)
     """

@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..costs.predict.features import device_key
+from tvm_pesto.costs.predict.features import device_key
 from .dataset import model_size
 
 UNITS = {"mape": "percent", "median_ape": "percent", "p90_ape": "percent", "within_10pct": "fraction",
@@ -88,7 +88,7 @@ def backend_choice(rows, pred) -> dict:
 def metrics(rows, pred) -> dict:
     """All metrics of predictions ``pred`` (seconds) against the rows' measured ``time_s``:
     pooled, and ``per_device``, ``per_backend`` and ``per_size`` (the model's size,
-    :func:`~tvm_pesto.lab.dataset.model_size`)."""
+    :func:`~tvm_pesto_lab.dataset.model_size`)."""
     pred = np.asarray(pred, dtype=np.float64)
     meas = np.array([r["time_s"] for r in rows], dtype=np.float64)
     out = error_metrics(meas, pred)

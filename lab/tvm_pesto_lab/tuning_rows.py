@@ -27,14 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backends.ms_database import (FAILED_S, RECORD_FILE, WORKLOAD_FILE, device_kind_of, read_json_lines,
+from tvm_pesto.backends.ms_database import (FAILED_S, RECORD_FILE, WORKLOAD_FILE, device_kind_of, read_json_lines,
                                     target_summary)
-from ..costs.predict.features import DESC_VERSION
-from ..costs.tune.ms_logging import foreign_handlers_set_aside
-from ..costs.tune.ms_measure import InProcessMeasurer, cpu_intrinsics_only
-from ..costs.tune.tuning_db import device_for_target, read_device_file
-from ..errors import CostError
-from ..graph.opgraph import dtype_bytes
+from tvm_pesto.costs.predict.features import DESC_VERSION
+from tvm_pesto.costs.tune.ms_logging import foreign_handlers_set_aside
+from tvm_pesto.costs.tune.ms_measure import InProcessMeasurer, cpu_intrinsics_only
+from tvm_pesto.costs.tune.tuning_db import device_for_target, read_device_file
+from tvm_pesto.errors import CostError
+from tvm_pesto.graph.opgraph import dtype_bytes
 
 # block-name keyword -> Relax op name (first match wins)
 _BLOCK_OPS = [
@@ -113,7 +113,7 @@ def read_tuning_db(work_dir, model: str | None = None, device: dict | None = Non
     model : str, optional
         Name for the held-out split (default ``tuning-db:<folder name>``).
     device : dict, optional
-        Device descriptor (see :func:`tvm_pesto.costs.predict.features.device_descriptor`); by
+        Device descriptor (see :func:`tvm_pesto.costs.features.device_descriptor`); by
         default the one the folder records (:data:`DEVICE_FILE`, written by ``tvm-pesto
         tune``), else derived from each record's target and this machine's CPU.
 
@@ -203,8 +203,8 @@ def read_tuning_db(work_dir, model: str | None = None, device: dict | None = Non
 def tune_in_process(mod, target: dict, work_dir, max_trials: int = 8, num_trials_per_iter: int = 4,
                     seed: int = 0):
     """A short MetaSchedule run of TIR functions with an in-process builder and runner
-    (:class:`tvm_pesto.costs.tune.ms_measure.InProcessMeasurer`); returns the database. Whole models
-    are tuned with :func:`tvm_pesto.costs.tune.tune.tune_model`.
+    (:class:`tvm_pesto.costs.ms_measure.InProcessMeasurer`); returns the database. Whole models
+    are tuned with :func:`tvm_pesto.costs.tune.tune_model`.
 
     Parameters
     ----------

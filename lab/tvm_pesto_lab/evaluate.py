@@ -4,7 +4,7 @@ cross-validation, and a predicted-versus-measured plot.
 Splits hold out whole *models* (every subgraph of a zoo model; a subgraph whose structure
 also occurs in a training model is removed from training, so no shape leaks), or whole
 *op kinds* (every row whose dominant op is of that kind). The metrics are
-:mod:`tvm_pesto.lab.metrics`'; :mod:`tvm_pesto.lab.flow_eval` scores the model on the
+:mod:`tvm_pesto_lab.metrics`'; :mod:`tvm_pesto_lab.flow_eval` scores the model on the
 product's own path instead (whole models' fused groups, measured now).
 
 Examples
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..costs.predict.features import dominant_kind
-from ..errors import CostError
-from ..zoo import MODELS
-from ..zoo.outside import MODELS as OUTSIDE
+from tvm_pesto.costs.predict.features import dominant_kind
+from tvm_pesto.errors import CostError
+from tvm_pesto.zoo import MODELS
+from tvm_pesto.zoo.outside import MODELS as OUTSIDE
 from .dataset import base_model, load_dataset
 from .fit import DEFAULT_ROUNDS, train
 from .metrics import UNITS, metrics, noise_floor

@@ -1,6 +1,6 @@
 """Do two devices' worker threads really run at the same time? (GIL check)
 
-    python scripts/bench_executor.py
+    python lab/scripts/bench_executor.py
 
 Run it on a new machine, or after a TVM or Python upgrade, before trusting multi-device CPU
 plans: if the threads do not overlap there, placing on two devices cannot pay.

@@ -15,8 +15,8 @@ core (median of 5 repeats of 20 calls):
 
 Usage::
 
-    TVM_NUM_THREADS=1 python -m tvm_pesto.lab.unscheduled_kernels
-    TVM_NUM_THREADS=1 python -m tvm_pesto.lab.unscheduled_kernels --json out.json
+    TVM_NUM_THREADS=1 python -m tvm_pesto_lab.unscheduled_kernels
+    TVM_NUM_THREADS=1 python -m tvm_pesto_lab.unscheduled_kernels --json out.json
 """
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..costs.predict.features import strided_reduction
-from ..jsonio import write_json
+from tvm_pesto.costs.predict.features import strided_reduction
+from tvm_pesto.jsonio import write_json
 
 CONVS = [  # (C_in, H, W, C_out)
     (8, 32, 32, 32), (16, 32, 32, 32), (32, 32, 32, 16), (32, 32, 33, 16), (32, 8, 8, 128), (64, 16, 16, 32),

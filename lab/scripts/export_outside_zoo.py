@@ -1,7 +1,7 @@
 """Write the models of tests/outside_zoo.py (built from torch.nn layers the zoo does not use)
 as model files a user would have: ONNX and torch.export programs.
 
-    python scripts/export_outside_zoo.py --size full --dir outside-zoo/
+    python lab/scripts/export_outside_zoo.py --size full --dir outside-zoo/
     tvm-pesto bench search outside-zoo/*.pt2 --json search.json
 
 Run it to get model files to try tvm-pesto on as a user would (``tvm-pesto run FILE``,
@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 
 import outside_zoo as oz  # noqa: E402
 

@@ -1,0 +1,361 @@
+"""The lab's CLI verbs: ``profile`` and ``cost-model merge|train|eval``.
+
+Registered in ``lab/pyproject.toml`` under the entry-point group ``tvm_pesto.cli``, which the
+product's CLI loads (:func:`tvm_pesto.cli.main.add_plugins`): ``profile`` becomes a verb of
+``tvm-pesto``, and the commands of :func:`cost_model` join the product's ``cost-model`` group
+(which holds ``calibrate``).
+"""
+from __future__ import annotations
+
+import os
+
+import click
+
+from tvm_pesto.cli.options import ms_db_option, rpc_options
+from tvm_pesto.cli.progress import console, step
+from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.costs.store.cache import MeasureCache
+from tvm_pesto.costs.predict.calibration import calibration_path
+from tvm_pesto.costs.measure.remote import remote_cluster
+from tvm_pesto.costs.predict.xgb import load_model
+from tvm_pesto.errors import PestoError
+from tvm_pesto.jsonio import write_json
+
+from .fit import DEFAULT_ROUNDS, train
+from .metrics import metrics
+
+
+def _report_skipped(skipped) -> None:
+    """Malformed lines are never dropped silently: print each with its line number."""
+    if not skipped:
+        return
+    console.print(f"[yellow]skipped {len(skipped)} malformed line(s):[/]")
+    for f, n, why in skipped[:50]:
+        console.print(f"  {f}:{n}: {why}")
+    if len(skipped) > 50:
+        console.print(f"  ... and {len(skipped) - 50} more")
+
+
+def _pct(x) -> str:
+    return "   n/a" if x is None else f"{x:6.1f}"
+
+
+def _frac(x) -> str:
+    return "  n/a" if x is None else f"{100 * x:5.1f}%"
+
+
+def _corr(x) -> str:
+    return "  n/a" if x is None else f"{x:5.3f}"
+
+
+def print_metrics(name: str, m: dict) -> None:
+    if not m or not m.get("n"):
+        console.print(f"  {name:10s} (no rows)")
+        return
+    console.print(f"  {name:10s} n={m['n']:5d}  MAPE {_pct(m['mape'])}%  median {_pct(m['median_ape'])}%  "
+                  f"p90 {_pct(m['p90_ape'])}%  within10% {_frac(m['within_10pct'])}  "
+                  f"Spearman {_corr(m['spearman'])}  Kendall {_corr(m['kendall'])}  "
+                  f"top-1 backend {_frac(m.get('top1_backend_accuracy'))} "
+                  f"(of {m.get('n_choices', 0)})  regret {_frac(m.get('mean_regret'))}")
+
+
+def _print_sizes(name: str, m: dict) -> None:
+    """The error per model size, where rows of more than one size were scored."""
+    sizes = (m or {}).get("per_size") or {}
+    if len(sizes) > 1:
+        console.print("  " + name + " by size: " + "; ".join(
+            f"{s} n={v['n']} MAPE {_pct(v['mape'])}% Spearman {_corr(v['spearman'])}" for s, v in sizes.items()))
+
+
+@click.command("profile")
+@click.argument("models", nargs=-1, required=True)
+@click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]))
+@click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True,
+              help="local devices to measure on (equal devices are measured once)")
+@click.option("--backends", default=None, help="comma-separated; 'tvm' alone measures the fusion groups only  "
+              "[default: tvm,onnxruntime,torch, and tvm-ms when it has a tuning database]")
+@click.option("--log", "log_path", default=None,
+              help="JSON-lines log to append to [default: $TVM_PESTO_PROFILE_LOG or ~/.cache/tvm-pesto/profile.jsonl]")
+@click.option("--repeat", default=5, show_default=True, help="timed repeats per candidate (the median is logged)")
+@click.option("--min-repeat-ms", default=5, show_default=True, help="least milliseconds per repeat")
+@click.option("--run", "run_label", default="", help="label of a repeated pass: measures again what another "
+              "pass measured (training takes the fastest pass)")
+@click.option("--json", "json_path", default=None, help="write a summary as JSON here")
+@rpc_options("time the candidates")
+@ms_db_option()
+def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_ms, run_label, json_path,
+            rpc_tracker, rpc_key):
+    """Measure every candidate of MODELS and append the records a cost model trains on.
+
+    MODELS are zoo names, ``zoo`` (all of them), names of models outside the zoo
+    (``tvm_pesto.zoo.outside``), ``outside`` (all of those), ``sweep`` (all shape-sweep
+    families) or ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
+    """
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .profile import default_backends, default_log_path, profile_zoo
+    from .sweep import FAMILIES
+    from tvm_pesto.zoo import list_models
+    from tvm_pesto.zoo import outside
+
+    zoo_names, out_names = list_models(), outside.list_models()
+    sweeps = ["sweep"] + [f"sweep-{f}" for f in FAMILIES]
+
+    names = []
+    for m in models:
+        names.extend(zoo_names if m == "zoo" else out_names if m == "outside" else [m])
+    for m in names:
+        if m not in zoo_names and m not in out_names and m not in sweeps:
+            raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(zoo_names)}), zoo, a model outside "
+                             f"the zoo ({', '.join(out_names)}), outside, sweep or sweep-FAMILY "
+                             f"({', '.join(FAMILIES)})")
+    log_path = log_path or str(default_log_path())
+    bks = [b.strip() for b in backends.split(",") if b.strip()] if backends else default_backends()
+    if rpc_tracker or rpc_key:  # the cluster's devices are measured on the remote servers
+        cluster_spec = remote_cluster(parse_cluster(cluster_spec), rpc_tracker or "", rpc_key or "")
+    results = []
+    for name in names:
+        with step(f"profile {name}") as cb:
+            results.extend(profile_zoo([name], size=size, cluster=cluster_spec, log_path=log_path, backends=bks,
+                                       progress=cb, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                                       run=run_label))
+    total_s = 0.0
+    for r in results:
+        total_s += r.seconds
+        err = f"  [yellow]{'; '.join(f'{k}: {v}' for k, v in r.errors.items())}[/]" if r.errors else ""
+        console.print(f"  {r.model}: {r.candidates} candidates {r.backends}, measured {r.measured}, "
+                      f"infeasible {r.infeasible}, {r.seconds:.1f} s{err}")
+    console.print(f"log: {log_path}  ({total_s:.1f} s measuring)")
+    if json_path:
+        write_json(json_path, {"log": log_path, "seconds": total_s,
+                                "models": [r.__dict__ for r in results]})
+
+
+@click.group("cost-model")
+def cost_model():
+    """Train and evaluate the XGBoost cost model (cost source ``xgb``); the product's CLI adds
+    these verbs to its own ``cost-model`` group (``calibrate``)."""
+
+
+@cost_model.command("merge")
+@click.argument("logs", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, help="merged JSON-lines log to write (gzip-compressed if it ends "
+              "in .gz)")
+@click.option("--assume-cpu-kind", default=None, metavar="VENDOR/FAMILY/MODEL",
+              help="the CPU kind of CPU records that name none (logged before tvm-pesto recorded it), "
+                   "e.g. AuthenticAMD/25/17 (lscpu's Vendor ID, CPU family, Model)")
+def merge_cmd(logs, output, assume_cpu_kind):
+    """Merge profiler LOGS (and repeated passes) into one compact log, one record per subgraph."""
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .profile import merge_logs
+
+    res = merge_logs(logs, output, assume_cpu_kind=assume_cpu_kind)
+    _report_skipped(res["skipped"])
+    console.print(f"{output}: {res['records']} records from {res['lines']} lines "
+                  f"({os.path.getsize(output) / 1e6:.2f} MB)")
+
+
+@cost_model.command("train")
+@click.argument("logs", nargs=-1)
+@click.option("-o", "--output", required=True, help="model file to write (XGBoost JSON), e.g. cost_models/NAME.json")
+@click.option("--tuning-db", "tuning_dbs", multiple=True,
+              help="a MetaSchedule work directory (database_workload.json + database_tuning_record.json); repeatable")
+@click.option("--target", default="log_time", show_default=True, type=click.Choice(["log_time", "log_ratio"]),
+              help="predict log(time) or log(time / roofline)")
+@click.option("--heldout", default="", help="comma-separated model names kept out of training (eval reports them)")
+@click.option("--eval-heldout", default="", help="comma-separated model names trained on, whose held-out figures "
+              "eval gets by retraining the same recipe without them (the shipped model uses all the data)")
+@click.option("--rounds", default=None, type=int, help="boosting rounds [default: 1000]")
+@click.option("--json", "json_path", default=None, help="write the training summary as JSON here")
+def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, json_path):
+    """Train a cost model on profiler LOGS (and MetaSchedule databases) and save it."""
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .dataset import base_model, load_dataset
+    from .evaluate import split_by_model
+
+    if not logs and not tuning_dbs:
+        raise PestoError("no training data: give profiler logs (tvm-pesto profile ...) and/or --tuning-db DIR")
+    with step("read logs"):
+        ds = load_dataset(logs, tuning_dbs)
+    _report_skipped(ds.skipped)
+    held = [h.strip() for h in heldout.split(",") if h.strip()]
+    recipe = [h.strip() for h in eval_heldout.split(",") if h.strip()]
+    both = sorted(set(held) & set(recipe))
+    if both:
+        raise PestoError(f"{', '.join(both)} cannot be both kept out of training (--heldout) and trained on "
+                         "(--eval-heldout); name each model in one of them")
+    train_rows, test_rows = split_by_model(ds.rows, held)
+    missing = [h for h in held + recipe if not any(base_model(r["model"]) == base_model(h) for r in ds.rows)]
+    if missing:
+        raise PestoError(f"held-out model(s) {', '.join(missing)} have no rows in the logs; "
+                         f"models present: {', '.join(sorted({r['model'] for r in ds.rows}))}")
+    out_dir = os.path.dirname(os.path.abspath(output))
+    meta = {"logs": [os.path.relpath(os.path.abspath(p), out_dir) for p in logs],
+            "tuning_dbs": [os.path.relpath(os.path.abspath(p), out_dir) for p in tuning_dbs],
+            "heldout_models": held, "eval_heldout_models": recipe}
+    with step(f"train ({len(train_rows)} rows, target {target})"):
+        model = train(train_rows, target=target, rounds=rounds or DEFAULT_ROUNDS, meta=meta, overheads=ds.overheads)
+        model.save(output)
+    console.print(f"model: {output}  ({os.path.getsize(output) / 1e6:.2f} MB; {len(train_rows)} training rows, "
+                  f"{ds.no_desc} records without description, {ds.infeasible} infeasible)")
+    summary = {"model": output, "rows": len(ds.rows), "train_rows": len(train_rows), "heldout_rows": len(test_rows),
+               "skipped_lines": [list(s) for s in ds.skipped], "meta": model.meta}
+    summary["seen"] = metrics(train_rows, model.predict_rows(train_rows))
+    print_metrics("seen", summary["seen"])
+    if test_rows:
+        summary["heldout"] = metrics(test_rows, model.predict_rows(test_rows))
+        print_metrics("held-out", summary["heldout"])
+    if json_path:
+        write_json(json_path, summary)
+
+
+@cost_model.command("eval")
+@click.option("--model", "model_path", default=None, help="model file [default: the bundled cost_models/default.json]")
+@click.option("--logs", multiple=True, help="evaluate on these logs instead of the model's own (repeatable)")
+@click.option("--tuning-db", "tuning_dbs", multiple=True, help="MetaSchedule work directory to evaluate on too")
+@click.option("--cv", is_flag=True, help="also leave-one-model-out (both targets) and leave-one-op-kind-out CV")
+@click.option("--plot", default=None, help="write a log-log predicted-vs-measured PNG here")
+@click.option("--label", default="min", show_default=True, type=click.Choice(["min", "median"]),
+              help="measured time of a subgraph profiled in several passes: the fastest pass or the median")
+@click.option("--json", "json_path", default=None, help="write all metrics as JSON here")
+@click.option("--flow", is_flag=True, help="score on the product's path instead: each model's fused groups, "
+              "xgb-predicted against measured now (scaled to the whole model), raw and calibrated")
+@click.option("--models", "flow_names", default="", help="--flow: comma-separated zoo models and models outside "
+              "the zoo (tvm_pesto.zoo.outside) [default: all of both]")
+@click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]), help="--flow")
+@click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True, help="--flow: devices to measure on")
+@click.option("--backends", default="all", show_default=True,
+              help="--flow: library backends whose units are scored beside TVM's groups: all (every one available "
+                   "but inductor, whose every unit is a compile of seconds), or a comma-separated list such as "
+                   "onnxruntime,openvino,inductor")
+@click.option("--cache", "cache_path", default=None, help="--flow: measurement log to reuse [default: a fresh one, "
+              "so every label is measured now, under the load reported]")
+@click.option("--max-load", default=1.0, show_default=True, type=float,
+              help="--flow: flag labels measured above this 1-minute load average")
+@click.option("--strict", is_flag=True, help="--flow: refuse instead of flagging labels measured above --max-load")
+@click.option("--no-calibration", is_flag=True, help="--flow: raw predictions only (no calibration fitted or applied)")
+@click.option("--label-runs", default=1, show_default=True, type=click.IntRange(1, 10),
+              help="--flow: measure the labels this many times (fresh each time); labels are the median, and "
+                   "label_noise says how far the runs differ (what a perfect model would score against one run)")
+@click.option("--save-calibration", is_flag=True, help="--flow: fit the calibration on all the models and store it "
+              "next to the model file (NAME.calibration.json), where the xgb cost source applies it")
+def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flow_names, size, cluster_spec,
+             backends, cache_path, max_load, strict, no_calibration, label_runs, save_calibration):
+    """Evaluate a cost model on its held-out models and on the models it saw (or, with
+    --flow, on whole models through the cost sources)."""
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .evaluate import evaluate_model
+
+    model = load_model(model_path)
+    if flow:
+        if logs or tuning_dbs or cv or plot:
+            raise PestoError("--flow measures models on this machine; --logs, --tuning-db, --cv and --plot score the "
+                             "profiler's records: run them without --flow")
+        _eval_flow(model, flow_names, size, cluster_spec, cache_path, max_load, strict, not no_calibration,
+                   save_calibration, json_path, label_runs, backends)
+        return
+    if save_calibration or strict or no_calibration or cache_path or label_runs != 1 or backends != "all":
+        raise PestoError("--save-calibration, --strict, --no-calibration, --cache, --label-runs and --backends belong "
+                         "to --flow; add --flow")
+    with step("evaluate" + (" with cross-validation" if cv else "")):
+        res = evaluate_model(model, cv=cv, plot=plot, logs=list(logs) or None, tuning_dbs=tuning_dbs,
+                             label=label)
+    _report_skipped([tuple(s) for s in res["skipped_lines"]])
+    console.print(f"[bold]{res['model']}[/] (target {res['target']}; label {label}; held-out models: "
+                  f"{', '.join(res['heldout_models']) or 'none'})")
+    print_metrics("held-out", res["heldout"])
+    _print_sizes("held-out", res["heldout"])
+    if res.get("heldout_scored_by"):
+        console.print(f"  (held-out: scored by the same recipe retrained without them on "
+                      f"{res['heldout_scored_by']['train_rows']} rows; the shipped model was trained on them)")
+    for fam, m in (res.get("heldout_family") or {}).items():
+        print_metrics(f"held-out family {fam}" if fam != "pooled" else "held-out families (outside the zoo)", m)
+    print_metrics("seen", res["seen"])
+    nf = res["noise_floor"]
+    if nf.get("n_records"):
+        console.print(f"  noise floor: CV of repeats median {100 * nf['cv_median']:.1f}% "
+                      f"(p90 {100 * nf['cv_p90']:.1f}%)"
+                      + (f"; re-run MAPE {nf['rerun_mape']:.1f}% over {nf['n_rerun_pairs']} pairs"
+                         if nf.get("n_rerun_pairs") else "")
+                      + (f"; load median {nf['load_median']:.1f}" if "load_median" in nf else ""))
+    for dk, ld in (nf.get("load_by_device") or {}).items():
+        busy = f"  [yellow]{ld['busy']} written while another job ran[/]" if ld["busy"] else ""
+        console.print(f"  labels on {dk}: {ld['n']} records, load median {ld['median']:.2f} max {ld['max']:.2f}{busy}")
+    if cv:
+        for t, r in res["cv"].items():
+            console.print(f"  leave-one-model-out ({t}):")
+            print_metrics("pooled", r["pooled"])
+            for name, m in r["folds"].items():
+                print_metrics(name[:10], m)
+        console.print(f"  leave-one-op-kind-out ({res['cv_op_kind']['target']}):")
+        for name, m in res["cv_op_kind"]["folds"].items():
+            print_metrics(name[:10], m)
+    if plot:
+        console.print(f"plot: {plot}")
+    if json_path:
+        write_json(json_path, res)
+
+
+def _fmt(x, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _noise(r) -> str:
+    """` | 17% 1.01`: how far the label runs differ per group, and their sums (with --label-runs)."""
+    n = r.get("label_noise")
+    if not n:
+        return ""
+    sums = "/".join(f"{x:.2f}" for x in n["rerun_sum_ratio"])
+    return f" | {n['rerun_mape']:.0f}% {sums}" + (" [yellow]![/]" if n["above_target"] else "")
+
+
+def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, calibrate, save, json_path,
+               label_runs=1, backends="all") -> None:
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .flow_eval import flow_eval, flow_models
+
+    with step("build models"):
+        mods = flow_models([n.strip() for n in names.split(",") if n.strip()], size)
+    cache = MeasureCache(cache_path) if cache_path else None
+    with step(f"measure and predict {len(mods)} models on {cluster_spec}") as cb:
+        res = flow_eval(mods, cluster_spec, model=model, cache=cache, calibrate=calibrate, max_load=max_load,
+                        strict=strict, save_calibration=calibration_path(model.path) if save else None, progress=cb,
+                        label_runs=label_runs, backends=backends)
+    applied = res["calibration"].get("applied")
+    console.print(f"[bold]{res['model']}[/] on the flow ({res['cluster']}; labels: {res['label_source']}); "
+                  f"MAPE in %, sum = predicted / measured; predictions as estimate_costs gives them, calibrated by "
+                  f"{applied or 'nothing'}; raw = no calibration; LOO = calibration fitted on the other models")
+    console.print(f"  {'model':14s} {'groups':>6s} {'MAPE':>7s} {'sum':>6s} {'Spearman':>8s} | "
+                  f"{'raw MAPE':>8s} {'raw sum':>7s} | {'LOO MAPE':>8s} {'LOO sum':>7s} | load"
+                  + (" | runs differ, sum (! above target)" if res.get("label_noise") else ""))
+    for name, r in res["flow"].items():
+        c, w = r.get("calibrated_heldout") or {}, r["raw"]
+        flag = " [yellow]high[/]" if r["high_load"] else ""
+        fit = "*" if r.get("in_fit") else " "
+        console.print(f"  {name:13s}{fit} {r['n_groups']:6d} {_fmt(r['mape'], '7.1f')} {_fmt(r['sum_ratio'], '6.2f')} "
+                      f"{_fmt(r['spearman'], '8.3f')} | {_fmt(w['mape'], '8.1f')} {_fmt(w['sum_ratio'], '7.2f')} | "
+                      f"{_fmt(c.get('mape'), '8.1f')} {_fmt(c.get('sum_ratio'), '7.2f')}"
+                      f" | {r['load']['label_1min']:.2f}{flag}{_noise(r)}")
+    if any(r.get("in_fit") for r in res["flow"].values()):
+        console.print("  * among the models the applied calibration was fitted on")
+    pooled = res["pooled"]
+    for k, m in pooled.items():
+        console.print(f"  pooled {k}: MAPE {_fmt(m['mape'], '.1f')}%, sum {_fmt(m['sum_ratio'], '.2f')}, "
+                      f"Spearman {_fmt(m['spearman'], '.3f')} over {m['n']} groups")
+    for b, m in res.get("library", {}).items():
+        console.print(f"  {b} units ({', '.join(m['models'])}): MAPE {_fmt(m['mape'], '.1f')}% (raw "
+                      f"{_fmt(m['raw']['mape'], '.1f')}%), sum {_fmt(m['sum_ratio'], '.2f')}, Spearman "
+                      f"{_fmt(m['spearman'], '.3f')} over {m['n']} units")
+    if res.get("label_noise"):
+        n = res["label_noise"]
+        console.print(f"  label noise ({n['runs']} runs): the runs differ by {n['rerun_mape']:.1f}% per group (sums "
+                      f"{', '.join(f'{x:.2f}' for x in n['rerun_sum_ratio'])}); beyond a target's tolerance on "
+                      f"{', '.join(n['above_target_models']) or 'no model'}")
+    if res.get("load_note"):
+        console.print(f"[yellow]{res['load_note']}[/]")
+    if res["calibration"].get("saved"):
+        console.print(f"calibration: {res['calibration']['saved']}")
+    if json_path:
+        write_json(json_path, res)
+
+
+__all__ = ["cost_model", "profile"]
