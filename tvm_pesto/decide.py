@@ -59,7 +59,7 @@ from .cluster.specs import cpu_cluster
 from .decision import decision_table, unmeasured
 from .errors import InfeasibleError, PestoError, error_line
 from .plan import JointProblem, simulate
-from .solve.joint import solve_joint
+from .solve.joint.solver import solve_joint
 from .claim import FLOW_OPTIONS, certify, priced_table, restate_kept, same_plan, shape_scale
 
 #: Environment variable: ``0`` makes ``build(measure_final=None)`` keep the flow's plan unmeasured.
