@@ -18,8 +18,8 @@ from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem
 from tvm_pesto.plan.expert_split import load_expert_split
 from tvm_pesto.plan.objective import evaluate
-from tvm_pesto.solve.bounds.makespan import critical_path
 from tvm_pesto.solve.bounds.objective import objective_lower_bound
+from tvm_pesto.solve.bounds.paths import critical_path
 from tvm_pesto.solve.stage.bounds import stage_latency_bound
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)

@@ -47,6 +47,7 @@ from ...plan.problem import Problem
 from ...plan.stage import io_rates
 from ..budget import Meter, combine
 from ..placement_ilp.warm_solve import solve_ilp
+from .paths import critical_path_nodes, longest_path
 
 _SAFETY = 1e-6  # relative margin against MIP solver tolerances
 
@@ -245,34 +246,6 @@ def device_classes(problem: Problem) -> list[list[int]]:
         key = (problem.costs[:, k].tobytes(), float(problem.capacity[k]))
         classes.setdefault(key, []).append(k)
     return list(classes.values())
-
-
-def longest_path(problem: Problem, weights: np.ndarray, nodes: list[int] | None = None) -> tuple[float, list[int]]:
-    """Length and nodes (first node first) of a longest path with node weights ``weights``,
-    among ``nodes`` (topologically sorted; default all) with free edges."""
-    order = problem.graph.topo_order() if nodes is None else list(nodes)
-    if not order:
-        return 0.0, []
-    inside = None if nodes is None else set(order)
-    finish: dict[int, float] = {}
-    arg: dict[int, int] = {}
-    for v in order:
-        best, who = 0.0, -1
-        for u in problem.graph.preds(v):
-            if (inside is None or u in inside) and finish[u] > best:
-                best, who = finish[u], u
-        finish[v] = best + float(weights[v])
-        arg[v] = who
-    v = max(finish, key=finish.get)
-    length, path = finish[v], [v]
-    while arg[path[-1]] >= 0:
-        path.append(arg[path[-1]])
-    return length, path[::-1]
-
-
-def critical_path_nodes(problem: Problem) -> list[int]:
-    """The nodes of a critical path (each node at its cheapest device), first node first."""
-    return longest_path(problem, problem.min_cost())[1]
 
 
 def path_memory_bound(problem: Problem, path: list[int] | None = None, max_states: int = 2000,

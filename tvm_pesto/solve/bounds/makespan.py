@@ -18,44 +18,9 @@ import numpy as np
 from ...plan.problem import Problem
 from ..budget import combine, mode_name
 from ..heuristics.common import colocation_index
+from .paths import critical_path, min_costs
 
 _SAFETY = 1e-6  # relative margin against LP solver tolerances
-
-
-def min_costs(problem: Problem) -> np.ndarray:
-    """Smallest cost of each node over the devices its co-location group may use."""
-    c = problem.costs.copy()
-    group_of, groups = colocation_index(problem)
-    fin = np.isfinite(c)
-    for members in groups:
-        ok = fin[members].all(axis=0)
-        if ok.any():
-            c[np.ix_(members, np.flatnonzero(~ok))] = np.inf
-    return c.min(axis=1)
-
-
-def critical_path(problem: Problem, weights: np.ndarray | None = None) -> float:
-    """Longest path with node weights ``weights`` (default: smallest costs) and free edges.
-
-    Examples
-    --------
-    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
-    >>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
-    >>> critical_path(problem) > 0   # seconds
-    True
-    """
-    w = min_costs(problem) if weights is None else np.asarray(weights, dtype=np.float64)
-    n = problem.num_nodes
-    if n == 0:
-        return 0.0
-    finish = w.copy()
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for u, v in zip(problem.src.tolist(), problem.dst.tolist()):
-        preds[v].append(u)
-    for v in problem.graph.topo_order():
-        if preds[v]:
-            finish[v] = w[v] + max(finish[u] for u in preds[v])
-    return float(finish.max())
 
 
 def lp_bound(problem: Problem, time_limit_s: float = 30.0, precedence: bool = True) -> tuple[float | None, str]:

@@ -48,7 +48,8 @@ from ..budget import mode_name
 from ..stage.bounds import stage_latency_bound
 from ..stage.ideal_dp import dp_bound
 from .comm import path_memory_bound
-from .makespan import critical_path, lower_bound, lp_bound, min_costs
+from .makespan import lower_bound, lp_bound
+from .paths import critical_path, min_costs
 
 _SAFETY = 1e-6  # relative margin against LP solver tolerances
 

@@ -29,24 +29,19 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from ...errors import PestoError, PlanError
 from ...graph.opgraph import OpGraph
 from ...plan import Plan, Problem
 
 
-class _UnionFind:
-    def __init__(self, n: int):
-        self.parent = list(range(n))
-
-    def find(self, a: int) -> int:
-        parent = self.parent
-        root = a
-        while parent[root] != root:
-            root = parent[root]
-        while parent[a] != root:
-            parent[a], a = root, parent[a]
-        return root
+def _join_classes(cls: UnionFind, cmask: list[int], cmem: list[float], a: int, b: int) -> None:
+    """Merge the co-location classes of roots ``a`` and ``b``: the merged class's device mask
+    is the AND of theirs, its memory the sum."""
+    cls.union(a, b)
+    root = cls[a]
+    cmask[root], cmem[root] = cmask[a] & cmask[b], cmem[a] + cmem[b]
 
 
 def _device_masks(problem: Problem) -> np.ndarray:
@@ -161,18 +156,14 @@ class _Supernodes:
         self.cap_w, self.mem_frac = cap_w, mem_frac
         mem = problem.mem
         # co-location classes over fine nodes: mask = AND, mem = sum
-        self.cls = cls = _UnionFind(n)
+        self.cls = cls = UnionFind(range(n))
         for grp in problem.colocate:
-            grp = [int(v) for v in grp]
-            for v in grp[1:]:
-                a, b = cls.find(grp[0]), cls.find(v)
-                if a != b:
-                    cls.parent[b] = a
+            cls.union(*(int(v) for v in grp))
         self.cmask, self.cmem = list(self.masks), mem.tolist()
         if problem.colocate:
             self.cmask, self.cmem = [-1] * n, [0.0] * n
             for v in range(n):
-                r = cls.find(v)
+                r = cls[v]
                 self.cmask[r] &= self.masks[v]
                 self.cmem[r] += float(mem[v])
         self.has_coloc = bool(problem.colocate)
@@ -195,7 +186,7 @@ class _Supernodes:
             return False
         if self.has_coloc:
             cls, cmask, cmem = self.cls, self.cmask, self.cmem
-            ca, cb = cls.find(a), cls.find(b)
+            ca, cb = cls[a], cls[b]
             if ca != cb:
                 cm = cmask[ca] & cmask[cb]
                 if not cm or cmem[ca] + cmem[cb] > cap_of(cm):
@@ -232,12 +223,9 @@ class _Supernodes:
         self.sm[a] += self.sm[b]
         self.smask[a] &= self.smask[b]
         if self.has_coloc:
-            cls, cmask, cmem = self.cls, self.cmask, self.cmem
-            ca, cb = cls.find(a), cls.find(b)
+            ca, cb = self.cls[a], self.cls[b]
             if ca != cb:
-                cls.parent[cb] = ca
-                cmask[ca] &= cmask[cb]
-                cmem[ca] += cmem[cb]
+                _join_classes(self.cls, self.cmask, self.cmem, ca, cb)
         self.count -= 1
 
     def merge_edges(self, problem: Problem, target: int, max_passes: int) -> None:
@@ -268,7 +256,11 @@ class _Supernodes:
 
 
 def _dfs_topological(roots, succ, pred, first) -> list[int]:
-    """Kahn's algorithm with a stack: a depth-first topological order of the supernodes."""
+    """Kahn's algorithm with a stack: a depth-first topological order of the supernodes.
+
+    Not networkx's: its ``topological_sort`` goes by generations and its
+    ``lexicographical_topological_sort`` takes the smallest ready key, so neither keeps a
+    branch together, and the ranges cut from this order make the coarse graph."""
     indeg = {r: len(pred[r]) for r in roots}
     stack = sorted((r for r in roots if indeg[r] == 0), key=first.__getitem__, reverse=True)
     out = []
@@ -350,7 +342,7 @@ def _range_partition(seq, sw, sm, smask, target, cap_of, mem_frac, classes, need
         new = lab != prev_label or not (cur_mask & smask[r])
         if not new and classes is not None:
             cls, cmask, cmem = classes
-            c, cc = cls.find(r), cls.find(cur_cls)
+            c, cc = cls[r], cls[cur_cls]
             if c != cc:
                 cm = cmask[cc] & cmask[c]
                 new = not cm or cmem[cc] + cmem[c] > cap_of(cm)
@@ -363,11 +355,9 @@ def _range_partition(seq, sw, sm, smask, target, cap_of, mem_frac, classes, need
             cur_mask &= smask[r]
             if classes is not None:
                 cls, cmask, cmem = classes
-                c, cc = cls.find(r), cls.find(cur_cls)
+                c, cc = cls[r], cls[cur_cls]
                 if c != cc:
-                    cls.parent[c] = cc
-                    cmask[cc] &= cmask[c]
-                    cmem[cc] += cmem[c]
+                    _join_classes(cls, cmask, cmem, cc, c)
         out.append(g)
     return out
 

@@ -12,7 +12,7 @@ from ...errors import InfeasibleError, PestoError, PlanError
 from ...plan.plan import Plan
 from ...plan.problem import Problem
 from ...plan.simulate import simulate
-from ..bounds.comm import critical_path_nodes
+from ..bounds.paths import critical_path_nodes
 from ..budget import Meter
 from ..heuristics.heft import solve as heft
 from .refine import _AT_BOUND, _REL, _makespan, refine

@@ -46,7 +46,7 @@ from ...errors import InfeasibleError, PlanError
 from ...plan.plan import Plan
 from ...plan.problem import Problem
 from ...plan.simulate import SimResult, simulate
-from ..bounds.makespan import critical_path
+from ..bounds.paths import critical_path
 from ..budget import SEED, Meter, simulation_work
 from ..heuristics.common import colocation_index
 

@@ -53,7 +53,7 @@ import numpy as np
 
 from ...plan.problem import Problem
 from ...plan.stage import BACKWARD, FORWARD, io_rates, node_passes
-from ..bounds.makespan import min_costs
+from ..bounds.paths import min_costs
 from ..heuristics.common import colocation_index
 
 _SAFETY = 1e-6  # relative margin, as the other bounds keep against rounding

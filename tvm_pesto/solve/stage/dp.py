@@ -150,7 +150,8 @@ def _combines(objective: str, microbatches) -> tuple[str, ...]:
 
 
 def _dfs_order(problem: Problem) -> list[int]:
-    """A depth-first topological order (each branch kept together)."""
+    """A depth-first topological order (each branch kept together): Kahn's algorithm with a
+    stack, as networkx has none (its sorts go by generations or by the smallest ready key)."""
     dag = problem.graph.dag
     indeg = {v: dag.in_degree(v) for v in dag}
     stack = sorted((v for v in dag if indeg[v] == 0), reverse=True)
