@@ -1,8 +1,9 @@
 """Stage 4: placement solvers. Each is ``solve(problem, **options) -> Plan``.
 
 ``SOLVERS`` maps a name to its solve function: the heuristics of
-:mod:`tvm_pesto.solve.heuristics.portfolio`, ``stage-dp``, and ``ilp`` (also ``auto`` on a placement problem), which is imported from
-:mod:`tvm_pesto.solve.placement_ilp.driver` on first use, so the heuristics work without PuLP.
+:mod:`tvm_pesto.solve.heuristics.portfolio`, ``stage-dp``, and ``ilp`` (also ``auto`` on a
+placement problem), which is imported from :mod:`tvm_pesto.solve.placement_ilp.driver` on first
+use, so the heuristics work without PuLP.
 The registry lives in :mod:`tvm_pesto.solve.registry`; nothing inside this package
 imports this ``__init__``.
 

@@ -13,8 +13,8 @@ segments (a ResNet block, a transformer layer); no edge skips a dominator. So
 
 and each gap is at least the optimum of the segment alone: its inner nodes plus the two
 dominators (cost 0) as a small placement problem, solved exactly by the ILP of
-:mod:`tvm_pesto.solve.placement_ilp.model.build` (its dual bound when a limit stops it: a time limit, or in deterministic
-mode a node limit, see :mod:`tvm_pesto.solve.budget`). Memory, co-location and
+:mod:`tvm_pesto.solve.placement_ilp.model.build` (its dual bound when a limit stops it: a time
+limit, or in deterministic mode a node limit, see :mod:`tvm_pesto.solve.budget`). Memory, co-location and
 transfers from outside the segment are left out, which only lowers the optimum, so the sum
 is a valid bound. A segment decides whether a residual shortcut or an attention head is
 worth a transfer, the trade-off the critical path ignores.

@@ -3,11 +3,11 @@ expand, re-optimise windows of the schedule (large-neighbourhood search), and po
 plan with local search.
 
 This module only orchestrates. The MIP itself (one problem -> one MIP -> a plan) is
-:mod:`tvm_pesto.solve.placement_ilp.model.build` (solved by :mod:`tvm_pesto.solve.placement_ilp.warm_solve`), coarsening
-:mod:`tvm_pesto.solve.placement_ilp.coarsen` (the MIP on supernodes :mod:`tvm_pesto.solve.placement_ilp.coarse_ilp`), the window
-search :mod:`tvm_pesto.solve.placement_ilp.lns`, the local search :mod:`tvm_pesto.solve.placement_ilp.refine`, the
-stage-model MIP :mod:`tvm_pesto.solve.stage.ilp` and the cheap lower bounds that stop the
-searches early :mod:`tvm_pesto.solve.bounds.makespan` / :mod:`tvm_pesto.solve.bounds.comm`.
+:mod:`.model.build` (solved by :mod:`.warm_solve`), coarsening :mod:`.coarsen` (the MIP on
+supernodes :mod:`.coarse_ilp`), the window search :mod:`.lns`, the local search
+:mod:`.refine`, the stage-model MIP :mod:`tvm_pesto.solve.stage.ilp` and the cheap lower
+bounds that stop the searches early :mod:`tvm_pesto.solve.bounds.makespan` /
+:mod:`tvm_pesto.solve.bounds.comm`.
 
 Examples
 --------

@@ -1,10 +1,10 @@
 """Pesto's placement + scheduling ILP, generalised to N devices: one problem -> one MIP -> a Plan.
 
-:func:`build_ilp` builds the model (its constraint families in :mod:`tvm_pesto.solve.placement_ilp.model.constraints`,
-a warm start's values from :mod:`tvm_pesto.solve.placement_ilp.model.warm`) and :func:`extract_plan` reads a plan
-from its solution; :func:`tvm_pesto.solve.placement_ilp.warm_solve.solve_ilp`
-does both around :func:`tvm_pesto.solve.mip.solve_mip`. Coarsening and local search around it
-live in :mod:`tvm_pesto.solve.placement_ilp.driver` (the registry's ``"ilp"``).
+:func:`build_ilp` builds the model (its constraint families in :mod:`.constraints`, a warm
+start's values from :mod:`.warm`) and :func:`extract_plan` reads a plan from its solution;
+:func:`tvm_pesto.solve.placement_ilp.warm_solve.solve_ilp` does both around
+:func:`tvm_pesto.solve.mip.solve_mip`. Coarsening and local search around it live in
+:mod:`tvm_pesto.solve.placement_ilp.driver` (the registry's ``"ilp"``).
 
 The model is exact for the semantics of :mod:`tvm_pesto.plan.reference`: for a fixed
 placement and per-device orders, the simulator's schedule is the earliest schedule the
