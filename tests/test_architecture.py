@@ -85,15 +85,26 @@ def import_graph(paths) -> nx.DiGraph:
 
 
 def solve_graph() -> nx.DiGraph:
-    return import_graph(SOLVE.glob("*.py"))
+    return import_graph(SOLVE.rglob("*.py"))
+
+
+#: The most modules one folder of ``solve`` holds at one level (one concept per sub-package).
+MAX_MODULES_PER_FOLDER = 15
 
 
 def test_the_resolver_sees_lazy_and_relative_imports(tmp_path):
-    tree = imports_of(SOLVE / "registry.py")  # the registry imports ilp lazily, by importlib
-    assert "tvm_pesto.solve.ilp" in tree and "tvm_pesto.solve.portfolio" in tree
-    assert "tvm_pesto.solve.mip" in imports_of(SOLVE / "msct.py")  # inside favorite_lp
-    assert "tvm_pesto._core" in imports_of(SOLVE / "refine.py")  # `from .. import _core`
-    assert _resolve("tvm_pesto.solve.ilp", False, "plan", 2) == "tvm_pesto.plan"
+    tree = imports_of(SOLVE / "registry.py")  # the registry imports the ILP driver lazily, by importlib
+    assert "tvm_pesto.solve.placement_ilp.driver" in tree and "tvm_pesto.solve.heuristics.portfolio" in tree
+    assert "tvm_pesto.solve.mip" in imports_of(SOLVE / "heuristics" / "msct.py")  # inside favorite_lp
+    assert "tvm_pesto._core" in imports_of(SOLVE / "placement_ilp" / "refine.py")  # `from ... import _core`
+    assert _resolve("tvm_pesto.solve.placement_ilp.driver", False, "plan", 3) == "tvm_pesto.plan"
+
+
+def test_solve_folders_stay_small():
+    folders = [SOLVE] + [d for d in SOLVE.rglob("*") if d.is_dir() and (d / "__init__.py").is_file()]
+    big = {str(d.relative_to(ROOT)): n for d in folders
+           if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > MAX_MODULES_PER_FOLDER}
+    assert not big, f"folders of solve with more than {MAX_MODULES_PER_FOLDER} modules: {big}; split by concept"
 
 
 def test_solve_has_no_import_circle():
@@ -106,6 +117,7 @@ def test_solve_has_no_import_circle():
 
 def test_nothing_in_solve_imports_the_registry():
     g = solve_graph()
+    assert {"tvm_pesto.solve.heuristics.heft", "tvm_pesto.solve.stage.dp"} <= set(g)  # sub-packages count
     importers = sorted(u for u, _ in g.in_edges("tvm_pesto.solve")) if "tvm_pesto.solve" in g else []
     assert not importers, f"{importers} import the registry tvm_pesto.solve; import the modules directly"
 
@@ -120,13 +132,19 @@ def test_solve_does_not_import_later_stages(stage):
 
 def test_model_and_orchestration_are_separate():
     g = solve_graph()
-    # the MIP model and the modules it serves never reach back into the orchestration
-    for mod in ("mip", "ilp_model", "portfolio", "coarsen", "comm_bounds", "bounds", "refine", "joint_ilp"):
+    driver = "tvm_pesto.solve.placement_ilp.driver"
+    # the MIP models and the modules they serve never reach back into the orchestration
+    models = ["mip", "heuristics.portfolio", "placement_ilp.coarsen", "placement_ilp.warm_solve",
+              "placement_ilp.refine", "bounds.comm", "bounds.makespan", "joint.ilp", "stage.model"]
+    models += [f"placement_ilp.model.{p.stem}" for p in (SOLVE / "placement_ilp" / "model").glob("*.py")
+               if p.stem != "__init__"]
+    for mod in models:
         reach = nx.descendants(g, f"tvm_pesto.solve.{mod}")
-        assert "tvm_pesto.solve.ilp" not in reach, mod
-    assert "tvm_pesto.solve.ilp" not in nx.descendants(g, "tvm_pesto.solve.joint_ilp")
-    assert {"tvm_pesto.solve.mip"} <= set(g.successors("tvm_pesto.solve.joint_ilp"))
-    assert {"tvm_pesto.solve.mip"} <= set(g.successors("tvm_pesto.solve.ilp_model"))
+        assert driver not in reach, mod
+        assert "tvm_pesto.solve.stage.ilp" not in reach, mod
+    assert {"tvm_pesto.solve.mip"} <= set(g.successors("tvm_pesto.solve.joint.ilp"))
+    assert {"tvm_pesto.solve.mip"} <= set(g.successors("tvm_pesto.solve.placement_ilp.model.build"))
+    assert {"tvm_pesto.solve.mip"} <= set(g.successors("tvm_pesto.solve.stage.model"))
 
 
 def package_graph() -> nx.DiGraph:

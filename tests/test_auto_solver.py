@@ -16,8 +16,8 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import PestoError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import JointProblem, Plan, simulate
-from tvm_pesto.solve.joint import AUTO_PLACERS, solve_joint
-from tvm_pesto.solve.joint_relaxation import relaxed_joint_ilp
+from tvm_pesto.solve.joint.relaxation import relaxed_joint_ilp
+from tvm_pesto.solve.joint.solver import AUTO_PLACERS, solve_joint
 
 
 def _cluster(num_devices: int, latency: float) -> Cluster:
@@ -141,7 +141,7 @@ def test_auto_with_the_joint_search_is_never_worse_than_any_heuristic_with_it():
 
 def test_a_failing_relaxation_keeps_the_best_heuristic_plan_and_says_so(monkeypatch):
     from tvm_pesto.errors import SolverError
-    from tvm_pesto.solve import joint_decide
+    from tvm_pesto.solve.joint import decide as joint_decide
 
     def broken(*args, **kwargs):
         raise SolverError("highs is not installed")
@@ -160,7 +160,7 @@ def test_the_ilp_decides_when_its_plan_ties_with_the_heuristics():
     devices: the ILP decided (in agreement), and proved it."""
     from tvm_pesto.plan.examples import chain_with_a_library_call
     from tvm_pesto.solve import solve
-    from tvm_pesto.solve.joint_decide import decide
+    from tvm_pesto.solve.joint.decide import decide
 
     problem = chain_with_a_library_call()
     cover = [2, 3]  # torch (a, b), then tvm c: the optimum, 4 s

@@ -13,7 +13,7 @@ from tvm_pesto.errors import InfeasibleError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Problem, simulate
 from tvm_pesto.solve import lower_bound, solve
-from tvm_pesto.solve.bounds import critical_path
+from tvm_pesto.solve.bounds.paths import critical_path
 
 warnings.filterwarnings("ignore", message=".*_core is not built.*")
 

@@ -18,7 +18,7 @@ from tvm_pesto.errors import PestoError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import JointProblem
 from tvm_pesto.solve.build_budget import MAX_SOLVES, plan_build_s, solve_within
-from tvm_pesto.solve.joint import solve_joint
+from tvm_pesto.solve.joint.solver import solve_joint
 
 
 def _two_library_calls():

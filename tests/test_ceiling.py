@@ -14,8 +14,8 @@ from tvm_pesto.cluster.ideal import free_communication
 from tvm_pesto.errors import InfeasibleError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import JointProblem, simulate
-from tvm_pesto.solve.ceiling import mix_ceiling, restrict_to
-from tvm_pesto.solve.joint import solve_joint
+from tvm_pesto.solve.joint.ceiling import mix_ceiling, restrict_to
+from tvm_pesto.solve.joint.solver import solve_joint
 
 
 def _chain(n):
@@ -139,7 +139,7 @@ def test_a_library_alone_is_its_whole_model_call_even_where_a_split_is_predicted
     assert c["single_s"] == {"a": 2.5, "b": 4.0} and c["best_single"] == "a"
     assert c["mix_s"] == pytest.approx(2.0) and c["mix"] == pytest.approx(1.25)
     # a backend with no whole-model candidate keeps its cheapest cover (the fallback for what it lacks)
-    from tvm_pesto.solve.ceiling import alone
+    from tvm_pesto.solve.joint.ceiling import alone
     t = alone(cands[:2] + [Candidate("tvm", (0,)), Candidate("tvm", (1,))], np.array([1.0, 1.0, 5.0, 5.0]), "a", 2)
     assert t.tolist() == [1.0, 1.0, np.inf, np.inf]
 

@@ -14,10 +14,10 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import PlanError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem, simulate
-from tvm_pesto.solve.coarse_ilp import solve_coarse_ilp
-from tvm_pesto.solve.coarsen import coarsen, expand_plan
-from tvm_pesto.solve.ilp import solve
-from tvm_pesto.solve.portfolio import best_heuristic_plan
+from tvm_pesto.solve.heuristics.portfolio import best_heuristic_plan
+from tvm_pesto.solve.placement_ilp.coarse_ilp import solve_coarse_ilp
+from tvm_pesto.solve.placement_ilp.coarsen import coarsen, expand_plan
+from tvm_pesto.solve.placement_ilp.driver import solve
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 

@@ -13,7 +13,7 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Problem, simulate
 from tvm_pesto.solve import lower_bound, solve
-from tvm_pesto.solve.comm_bounds import dominator_segments, path_memory_bound, segment_bound
+from tvm_pesto.solve.bounds.comm import dominator_segments, path_memory_bound, segment_bound
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
@@ -154,7 +154,7 @@ def test_bounds_never_exceed_the_brute_force_optimum(seed, d, symmetric, tight):
 
 
 def test_refined_plans_stay_above_the_bound():
-    from tvm_pesto.solve.refine import refine
+    from tvm_pesto.solve.placement_ilp.refine import refine
 
     p = random_blocks(3, 3, True, False)
     plan = refine(p, solve(p, "single"), time_budget_s=5)

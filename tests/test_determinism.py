@@ -11,7 +11,7 @@ work counters too:
 * the ILP path through ``tvm-pesto place --solver ilp`` on a dnn-partitioning LayerGraph
   (its stage-DP start meets the lower bound, so no MIP runs; the joint case below has one
   that stops at its node limit);
-* the local search (:func:`~tvm_pesto.solve.polish.polish`, hence ``refine`` with its
+* the local search (:func:`~tvm_pesto.solve.placement_ilp.polish.polish`, hence ``refine`` with its
   random kicks) on a random DNN-like DAG;
 * the joint solve of a zoo model with predicted costs (``tvm_pesto.place``).
 
@@ -38,8 +38,8 @@ import pytest
 from tvm_pesto.bench.random_dag import dnn_like_problem
 from tvm_pesto.graph.dnn_partitioning import benchmark_dir
 from tvm_pesto.solve import budget, solve
-from tvm_pesto.solve.polish import polish
-from tvm_pesto.solve.refine import refine
+from tvm_pesto.solve.placement_ilp.polish import polish
+from tvm_pesto.solve.placement_ilp.refine import refine
 
 pytestmark = pytest.mark.slow  # plans compared across fresh processes: out of the `-m "not slow"` lane
 
@@ -125,7 +125,7 @@ from tvm_pesto.bench.random_dag import dnn_like_problem
 from tvm_pesto.graph.dnn_partitioning import benchmark_dir
 from tvm_pesto.plan import simulate
 from tvm_pesto.solve import solve
-from tvm_pesto.solve.polish import critical_path_splits, polish
+from tvm_pesto.solve.placement_ilp.polish import critical_path_splits, polish
 det = sys.argv[1] == "1"
 p = dnn_like_problem(100, seed=2)
 starts = [solve(p, "heft")] + critical_path_splits(p)

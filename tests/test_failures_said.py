@@ -24,8 +24,8 @@ from tvm_pesto.errors import InfeasibleError, PestoError
 from tvm_pesto.graph.relax_import import from_relax
 from tvm_pesto.run.program import Program, Step
 from tvm_pesto.run.thread.executor import Executor
-from tvm_pesto.solve import portfolio
-from tvm_pesto.solve.ilp_solve import solve_ilp
+from tvm_pesto.solve.heuristics import portfolio
+from tvm_pesto.solve.placement_ilp.warm_solve import solve_ilp
 
 
 @pytest.fixture

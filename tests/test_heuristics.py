@@ -25,9 +25,9 @@ from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import JointProblem, Plan, Problem, simulate
 from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.solve import HEURISTICS, SOLVERS, get_solver, solve
-from tvm_pesto.solve.bounds import lower_bound
-from tvm_pesto.solve.heft import Timeline
-from tvm_pesto.solve.joint import joint_lower_bound, solve_joint
+from tvm_pesto.solve.bounds.makespan import lower_bound
+from tvm_pesto.solve.heuristics.heft import Timeline
+from tvm_pesto.solve.joint.solver import joint_lower_bound, solve_joint
 
 warnings.filterwarnings("ignore", message=".*_core is not built.*")
 
@@ -452,7 +452,7 @@ def test_registry_lists_names_and_rejects_unknown():
 
 
 def test_ilp_missing_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tvm_pesto.solve.ilp", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "tvm_pesto.solve.placement_ilp.driver", None)  # import now fails
     p = make_problem(2, [(0, 1, 1)], [1e-3, 1e-3])
     with pytest.raises(SolverError, match="ilp solver not available"):
         solve(p, "ilp")
@@ -604,8 +604,8 @@ def test_joint_ilp_warm_start_is_never_a_device_that_cannot_run_it():
     jp = random_joint_problem(42784, 15, 4, 0.0, None, 2)
     for limit in (0.001, 0.05):
         check_joint_plan(jp, *solve_joint(jp, solver="ilp", time_limit_s=limit, search_s=0.0, refine_s=0.1), "ilp")
-    from tvm_pesto.solve.cover import CoverResult
-    from tvm_pesto.solve.joint_ilp import joint_ilp
+    from tvm_pesto.solve.joint.cover import CoverResult
+    from tvm_pesto.solve.joint.ilp import joint_ilp
 
     # a region that cannot run on device ``bad``, every other op alone
     region = next(i for i, c in enumerate(jp.candidates) if not np.isfinite(jp.costs[i]).all())

@@ -12,11 +12,12 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.errors import InfeasibleError, SolverError
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem, simulate
-from tvm_pesto.solve import ilp_solve, mip
-from tvm_pesto.solve.ilp import solve
-from tvm_pesto.solve.ilp_model import build_ilp
-from tvm_pesto.solve.ilp_solve import solve_ilp
-from tvm_pesto.solve.portfolio import HeuristicRuns
+from tvm_pesto.solve import mip
+from tvm_pesto.solve.heuristics.portfolio import HeuristicRuns
+from tvm_pesto.solve.placement_ilp import warm_solve as ilp_solve
+from tvm_pesto.solve.placement_ilp.driver import solve
+from tvm_pesto.solve.placement_ilp.model.build import build_ilp
+from tvm_pesto.solve.placement_ilp.warm_solve import solve_ilp
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
@@ -220,7 +221,7 @@ def test_registry_entry_point_solves_small_graphs_directly():
 def test_a_start_that_meets_the_lower_bound_skips_the_mip():
     # a chain whose every op is 3x faster on device 0: the heuristics' one-device plan is the
     # critical path, i.e. the cheap lower bound, so the MIP (and its root) is not built
-    from tvm_pesto.solve.bounds import lower_bound
+    from tvm_pesto.solve.bounds.makespan import lower_bound
 
     n = 8
     g = OpGraph([OpNode(f"n{i}", "op", bytes_written=1000) for i in range(n)], [(i, i + 1, 1000) for i in range(n - 1)],

@@ -12,8 +12,8 @@ from tvm_pesto.cluster import Cluster, Device
 from tvm_pesto.costs import candidate_costs
 from tvm_pesto.graph import OpGraph, OpNode
 from tvm_pesto.plan import JointProblem, simulate
-from tvm_pesto.solve.cover import best_cover, brute_force_cover, pieces
-from tvm_pesto.solve.joint import joint_lower_bound, solve_joint
+from tvm_pesto.solve.joint.cover import best_cover, brute_force_cover, pieces
+from tvm_pesto.solve.joint.solver import joint_lower_bound, solve_joint
 
 
 def _devices(n):
@@ -55,8 +55,8 @@ def test_the_joint_solve_splits_a_call_that_blocks_parallelism():
 def test_the_joint_local_search_splits_and_spreads_a_large_call():
     """From the one-call cover on one device, the split move (HEFT re-placement) finds the
     two-device plan."""
-    from tvm_pesto.solve.heft import solve as heft
-    from tvm_pesto.solve.joint_search import improve
+    from tvm_pesto.solve.heuristics.heft import solve as heft
+    from tvm_pesto.solve.joint.search import improve
 
     g, cands, cost = _two_branches()
     jp = JointProblem(g, _devices(2), cands, np.stack([cost, cost], axis=1))

@@ -13,9 +13,9 @@ from tvm_pesto.plan import simulate
 from tvm_pesto.solve import solve
 from tvm_pesto.solve import budget
 from tvm_pesto.solve.budget import wall_cap
-from tvm_pesto.solve.ilp import solve as ilp_solve
-from tvm_pesto.solve.lns import lns, remaining_time
-from tvm_pesto.solve.single import one_device_plan
+from tvm_pesto.solve.heuristics.single import one_device_plan
+from tvm_pesto.solve.placement_ilp.driver import solve as ilp_solve
+from tvm_pesto.solve.placement_ilp.lns import lns, remaining_time
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 

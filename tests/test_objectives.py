@@ -14,8 +14,8 @@ from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem, simulate
 from tvm_pesto.plan.objective import evaluate, op_loads, time_per_sample
 from tvm_pesto.solve import solve
-from tvm_pesto.solve.bounds import lower_bound
-from tvm_pesto.solve.objective_bounds import objective_lower_bound
+from tvm_pesto.solve.bounds.makespan import lower_bound
+from tvm_pesto.solve.bounds.objective import objective_lower_bound
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 MiB = float(1 << 20)

@@ -11,7 +11,7 @@ from test_heuristics import check_plan, make_problem, random_case, random_proble
 from tvm_pesto.errors import InfeasibleError
 from tvm_pesto.plan import Plan, simulate
 from tvm_pesto.solve import solve
-from tvm_pesto.solve.refine import critical_chain, refine
+from tvm_pesto.solve.placement_ilp.refine import critical_chain, refine
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
@@ -104,7 +104,7 @@ def test_heft_pins_and_keeps_others_off_pinned_devices():
 
 
 def test_critical_path_splits_pin_the_path_in_runs():
-    from tvm_pesto.solve.polish import critical_path_splits
+    from tvm_pesto.solve.placement_ilp.polish import critical_path_splits
 
     n = 9
     edges = [(i, i + 1, 10) for i in range(n - 1)] + [(0, n, 10), (n, n - 1, 10)]
@@ -118,7 +118,7 @@ def test_critical_path_splits_pin_the_path_in_runs():
 
 
 def test_polish_keeps_the_best_start_and_stops_at_the_bound():
-    from tvm_pesto.solve.polish import polish
+    from tvm_pesto.solve.placement_ilp.polish import polish
 
     p = two_chains()
     bad = Plan(np.zeros(6, dtype=np.int32), [[0, 1, 2, 3, 4, 5], []], solver="single")

@@ -14,8 +14,8 @@ from tvm_pesto.cluster import Cluster, Device, parse_cluster
 from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.errors import InfeasibleError
 from tvm_pesto.graph import OpGraph, OpNode
-from tvm_pesto.solve.cover import brute_force_cover, collage_dp
-from tvm_pesto.solve.joint_ilp import joint_ilp, prune_dominated
+from tvm_pesto.solve.joint.cover import brute_force_cover, collage_dp
+from tvm_pesto.solve.joint.ilp import joint_ilp, prune_dominated
 
 
 def _graph(n, edges):
@@ -162,12 +162,12 @@ def test_dp_reports_uncoverable_nodes():
 def test_end_to_end_numerics_for_every_backend_mix(tmp_path):
     """The flow on one and two devices with each backend alone, Collage's cover and the joint
     solve (measured costs): every built variant computes what TVM alone computes."""
-    from tvm_pesto.solve.ceiling import restrict_to
+    from tvm_pesto.solve.joint.ceiling import restrict_to
     from tvm_pesto.builder.placed import PlacedModule
     from tvm_pesto.builder.rewrite import apply_plan
     from tvm_pesto.costs import candidate_costs
     from tvm_pesto.plan import JointProblem, simulate
-    from tvm_pesto.solve.joint import solve_joint
+    from tvm_pesto.solve.joint.solver import solve_joint
 
     mod, inputs = tiny_cnn()
     cache = MeasureCache(tmp_path / "m.jsonl")

@@ -22,7 +22,7 @@ from tvm_pesto.plan.expert_split import load_expert_split
 from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.plan.stage import evaluate_stages, io_rates, node_passes
 from tvm_pesto.solve import solve
-from tvm_pesto.solve.ideal_dp import dp_bound, dp_split
+from tvm_pesto.solve.stage.ideal_dp import dp_bound, dp_split
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 MiB = 1 << 20
@@ -288,7 +288,7 @@ def test_expert_reports_every_violation_in_the_chosen_model(tmp_path):
 def test_the_stage_mip_repeats_exactly_in_deterministic_mode():
     from test_objectives import random_problem
 
-    from tvm_pesto.solve.stage_ilp import solve as stage_ilp
+    from tvm_pesto.solve.stage.ilp import solve as stage_ilp
 
     p = random_problem(21, n=6, d=2, training=True)
     a = stage_ilp(p, objective="latency", time_limit_s=1.0, deterministic=True)
@@ -303,8 +303,8 @@ def test_the_stage_mip_repeats_exactly_in_deterministic_mode():
 def test_the_stage_mip_is_skipped_when_its_start_meets_the_lower_bound():
     # bert24 latency: the DP's split equals the path-memory bound, which sits 1e-6 below its
     # value; a 1e-6 test missed it and a 1-s budget ran the MIP's root for 15-18 s
-    from tvm_pesto.solve.objective_bounds import objective_lower_bound
-    from tvm_pesto.solve.stage_ilp import solve as stage_ilp
+    from tvm_pesto.solve.bounds.objective import objective_lower_bound
+    from tvm_pesto.solve.stage.ilp import solve as stage_ilp
 
     p = layergraph("latency", "bert24_inference")
     plan = stage_ilp(p, objective="latency", time_limit_s=1.0, deterministic=True)

@@ -1,4 +1,4 @@
-"""The stage model's chain bound (tvm_pesto.solve.stage_bounds): below the brute-force optimum
+"""The stage model's chain bound (tvm_pesto.solve.stage.bounds): below the brute-force optimum
 on small random graphs (branches, training passes, CPUs, tight memory), below the experts'
 splits on the LayerGraphs, and above the critical path where the stage budget binds."""
 from __future__ import annotations
@@ -18,9 +18,9 @@ from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem
 from tvm_pesto.plan.expert_split import load_expert_split
 from tvm_pesto.plan.objective import evaluate
-from tvm_pesto.solve.bounds import critical_path
-from tvm_pesto.solve.objective_bounds import objective_lower_bound
-from tvm_pesto.solve.stage_bounds import stage_latency_bound
+from tvm_pesto.solve.bounds.objective import objective_lower_bound
+from tvm_pesto.solve.bounds.paths import critical_path
+from tvm_pesto.solve.stage.bounds import stage_latency_bound
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 ROOT = str(dp.benchmark_dir())

@@ -16,8 +16,8 @@ from tvm_pesto.graph import dnn_partitioning as dp
 from tvm_pesto.plan import Problem
 from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.solve import HEURISTICS, solve
-from tvm_pesto.solve.stage_ilp import START_SOLVERS
-from tvm_pesto.solve.stage_ilp import solve as stage_ilp
+from tvm_pesto.solve.stage.ilp import START_SOLVERS
+from tvm_pesto.solve.stage.ilp import solve as stage_ilp
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 ROOT = str(dp.benchmark_dir())

@@ -30,7 +30,7 @@ from .plan.simulate import HOME_DEVICE
 from .costs.calibrate.dispatch import machine_dispatch
 from .solve import budget, split
 from .solve.build_budget import solve_within
-from .solve.joint import MIN_ILP_S, solve_joint
+from .solve.joint.solver import MIN_ILP_S, solve_joint
 
 
 def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None, progress=None,
@@ -101,7 +101,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         measured or the budget (1 in 25 distinct candidates) is spent; the cost table's
         ``hybrid["rounds"]`` lists what each round measured.
     time_limit_s, search_s
-        Solving budget and joint local-search budget (:func:`tvm_pesto.solve.joint.solve_joint`).
+        Solving budget and joint local-search budget (:func:`tvm_pesto.solve.joint.solver.solve_joint`).
         With wall-clock budgets ``time_limit_s`` bounds all the solving of this call: the
         plan's solve, then the single-device plans of the split check, which keep
         :data:`~tvm_pesto.solve.split.SINGLE_SHARE` of it, and any ``hybrid`` rounds, each

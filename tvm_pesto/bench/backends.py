@@ -40,7 +40,7 @@ from ..cluster.linkbench import measure_links as _measure
 from ..costs import candidate_costs
 from ..errors import PestoError
 from ..costs.measure.blocks import time_blocks
-from ..solve.ceiling import alone, mix_ceiling
+from ..solve.joint.ceiling import alone, mix_ceiling
 from .report import AGREE, geomean, machine_info, timing_noise
 
 #: Blocks per variant, the order of the variants rotated between them.
@@ -282,11 +282,11 @@ def ceilings(costed1, costed2, predicted: dict, fixed_s: dict, time_limit_s: flo
 
     ``mix`` and ``mix_free_boundaries``: Collage's cover on ``costed1``'s one device, as
     solved and with every library call's fixed cost (``fixed_s``, :func:`call_costs`) taken
-    off (:func:`~tvm_pesto.solve.ceiling.mix_ceiling`). ``joint_free_communication``: no plan
+    off (:func:`~tvm_pesto.solve.joint.ceiling.mix_ceiling`). ``joint_free_communication``: no plan
     on ``costed1``'s device or on ``costed2``'s devices with links, hand-offs and contention
     free (:func:`~tvm_pesto.cluster.ideal.free_communication`) beats the best single
     backend by more: the joint solve there proves a bound on every plan (``bound_s``, the
-    relaxed joint ILP's; :func:`~tvm_pesto.solve.joint.joint_lower_bound` when it has none),
+    relaxed joint ILP's; :func:`~tvm_pesto.solve.joint.solver.joint_lower_bound` when it has none),
     a run's dispatch added. Both against the best single backend's predicted seconds in
     ``predicted``.
     """
@@ -294,7 +294,7 @@ def ceilings(costed1, costed2, predicted: dict, fixed_s: dict, time_limit_s: flo
     from ..api import solver_status
     from ..backends import get_backend
     from ..cluster.dispatch import dispatch_s
-    from ..solve.joint import joint_lower_bound
+    from ..solve.joint.solver import joint_lower_bound
 
     j1 = costed1.joint()
     native = tuple(b for b in sorted({c.backend for c in j1.candidates}) if getattr(get_backend(b), "native", False))

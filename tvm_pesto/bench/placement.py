@@ -14,7 +14,7 @@ Cases
   ``8xA100-nvlink``.
 
 For each case and algorithm (:mod:`tvm_pesto.bench.placement_case` runs one case): simulated
-makespan, makespan / lower bound (:func:`tvm_pesto.solve.bounds.lower_bound`, LP relaxation up
+makespan, makespan / lower bound (:func:`tvm_pesto.solve.bounds.makespan.lower_bound`, LP relaxation up
 to ``lp_max_nodes`` nodes), wall-clock solve time and peak memory per device. Each case also records the checks of
 issue 3: the ILP plan is never worse than the best heuristic, and it is within 5 % of the
 lower bound wherever the best heuristic is within 10 % of it.
@@ -23,7 +23,7 @@ Both objectives (issue 14, :mod:`tvm_pesto.plan.objective`): each case's ``objec
 also holds the throughput (time per sample, steady state) in the case's own execution model
 (stage for the LayerGraphs, op for the zoo) and, for the latency LayerGraphs, the latency in
 the files' stage model, per algorithm (``stage-dp`` too) against
-:func:`tvm_pesto.solve.objective_bounds.objective_lower_bound`; on the throughput
+:func:`tvm_pesto.solve.bounds.objective.objective_lower_bound`; on the throughput
 LayerGraphs our best plan is compared with the expert split on the expert's own objective
 (``ours_over_expert``, ``beats_expert``; counted in ``summary["throughput_vs_expert"]``).
 
@@ -202,7 +202,7 @@ def run_placement(cases: list[Case], algorithms: Iterable[str] = ALGORITHMS, ilp
             + f" ({time.perf_counter() - t:.1f} s)")
     try:
         # lazy: loads PuLP (the MIP solvers), which importing this module does not
-        from ..solve.ilp import solve as ilp_solve
+        from ..solve.placement_ilp.driver import solve as ilp_solve
 
         default_target = inspect.signature(ilp_solve).parameters["target"].default
     except (ImportError, KeyError, TypeError, ValueError):

@@ -157,7 +157,7 @@ def run_objective(case: Case, model: str, objective: str, algorithms: Iterable[s
                   ilp_time_limit_s: float = 5.0, lp_max_nodes: int = 1000, latency_bound: dict | None = None) -> dict:
     """Every algorithm (plus ``stage-dp`` and the expert split, if any) for one objective in
     one model (:mod:`tvm_pesto.plan.objective`), against the bound valid for both
-    (:func:`tvm_pesto.solve.objective_bounds.objective_lower_bound`).
+    (:func:`tvm_pesto.solve.bounds.objective.objective_lower_bound`).
 
     Returns
     -------
@@ -169,7 +169,7 @@ def run_objective(case: Case, model: str, objective: str, algorithms: Iterable[s
         ``beats_expert``.
     """
     # lazy: loads PuLP (the MIP solvers), which importing this module does not
-    from ..solve.objective_bounds import objective_lower_bound
+    from ..solve.bounds.objective import objective_lower_bound
 
     p = case.problem
     lb, lb_s = _timed(lambda: objective_lower_bound(p, model, objective, lp_max_nodes=lp_max_nodes,

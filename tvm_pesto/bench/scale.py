@@ -2,8 +2,8 @@
 
 For each size, a random layered DAG (:mod:`tvm_pesto.bench.random_dag`) on a
 ``4xV100-pcie`` cluster is placed by every heuristic and by the ILP path of
-:func:`tvm_pesto.solve.ilp.solve`: coarsen + coarse MIP + expand, HEFT on the fine graph,
-``lns_s`` of large-neighbourhood search (:mod:`tvm_pesto.solve.lns`) from the better of the
+:func:`tvm_pesto.solve.placement_ilp.driver.solve`: coarsen + coarse MIP + expand, HEFT on the fine graph,
+``lns_s`` of large-neighbourhood search (:mod:`tvm_pesto.solve.placement_ilp.lns`) from the better of the
 two and ``refine_s`` of local search (the other heuristics are not re-run on the fine
 graph), all within ``ilp_max_s`` wall-clock seconds (:func:`tvm_pesto.solve.budget.wall_cap`:
 the searches' work budgets hold the plan fixed across machines, and the cap holds the wall
@@ -33,7 +33,7 @@ from ..errors import PestoError
 from ..plan import simulate
 from ..solve import get_solver, lower_bound
 from ..solve.budget import wall_cap
-from ..solve.coarsen import coarsen
+from ..solve.placement_ilp.coarsen import coarsen
 from .random_dag import dnn_like_problem
 from .report import fmt, machine_info, markdown_table, pyplot, save_figure
 
@@ -49,7 +49,7 @@ def _ilp_row(problem, target: int, time_limit_s: float, solver: str, lns_s: floa
     """The ILP path on one graph: coarsen + MIP + expand, HEFT on the fine graph, the LNS from
     the better of the two, the local search; with each step's ratio to the bound."""
     # lazy: loads PuLP (the MIP solvers), which importing this module does not
-    from ..solve.ilp import solve
+    from ..solve.placement_ilp.driver import solve
 
     t = time.perf_counter()
     coarse, _ = coarsen(problem, target)
@@ -92,7 +92,7 @@ def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: floa
         MIP solver time limit on the coarse graph.
     lns_s, refine_s : float
         Seconds (nominal seconds of work in deterministic mode) of the ILP path's
-        large-neighbourhood search (:mod:`tvm_pesto.solve.lns`) and local search.
+        large-neighbourhood search (:mod:`tvm_pesto.solve.placement_ilp.lns`) and local search.
     ilp_max_s : float or None
         Wall-clock seconds the ILP path may take per size, coarsening included: its MIPs
         and searches stop there whatever their budgets (None: no cap). A row the cap

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PestoError, error_line
-from ..solve.joint_decide import OPTIMAL_GAP, restate
+from ..solve.joint.decide import OPTIMAL_GAP, restate
 
 
 def same_plan(option, cluster, placement) -> bool:

@@ -12,7 +12,7 @@ import numpy as np
 from ..cluster.specs import cpu_cluster
 from ..errors import InfeasibleError, PestoError
 from ..plan import JointProblem, simulate
-from ..solve.joint import solve_joint
+from ..solve.joint.solver import solve_joint
 from .claim import same_plan
 
 #: Environment variable: ``0`` makes ``build(measure_final=None)`` keep the flow's plan unmeasured.

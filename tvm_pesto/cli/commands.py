@@ -34,8 +34,8 @@ from ..run.runtime import BENCH_MIN_S
 from ..run.thread.executor import max_abs_err, to_numpy
 from ..run.thread.pipeline import microbatch_inputs, run_pipeline
 from ..solve import SOLVERS, budget, get_solver, solve
-from ..solve.bounds import lower_bound
-from ..solve.joint import joint_lower_bound
+from ..solve.bounds.makespan import lower_bound
+from ..solve.joint.solver import joint_lower_bound
 from .memory_fit import memory_error
 from .progress import step
 
@@ -402,7 +402,7 @@ def _judged_with_bound(problem, costed, solved: dict, solvers: list[str], goal: 
     solver's table) and the lower bound they are judged against, valid for the model and
     objective (with backend choice, the bound over every cover)."""
     # lazy: loads PuLP (the MIP solvers); the CLI imports a verb's code when the verb runs
-    from ..solve.objective_bounds import objective_lower_bound
+    from ..solve.bounds.objective import objective_lower_bound
 
     bound_of = problem
     if costed is not None:

@@ -13,7 +13,7 @@ from ..errors import InfeasibleError, PestoError
 from ..plan import simulate
 from ..plan.objective import evaluate
 from ..solve import solve
-from ..solve.common import memory_lower_bound_factor
+from ..solve.heuristics.common import memory_lower_bound_factor
 
 
 def memory_error(problem, err: InfeasibleError, reason: str, model: str, objective: str,

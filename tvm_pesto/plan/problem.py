@@ -122,7 +122,7 @@ class Problem:
 
 @dataclass
 class JointProblem:
-    """Backend + device + order, chosen together: what :func:`tvm_pesto.solve.joint.solve_joint` takes.
+    """Backend + device + order, chosen together: what :func:`tvm_pesto.solve.joint.solver.solve_joint` takes.
 
     Parameters
     ----------

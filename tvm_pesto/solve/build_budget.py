@@ -26,7 +26,7 @@ Examples
 >>> import numpy as np
 >>> from tvm_pesto.plan import JointProblem
 >>> from tvm_pesto.plan.examples import chain_with_a_library_call
->>> from tvm_pesto.solve.joint import solve_joint
+>>> from tvm_pesto.solve.joint.solver import solve_joint
 >>> jp = chain_with_a_library_call()     # torch runs a and b as one call, or tvm runs each op
 >>> def once(table):
 ...     p = JointProblem(jp.graph, jp.cluster, jp.candidates, table)
@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import InfeasibleError, PestoError, error_line
 from ..plan.simulate import simulate
-from .joint_decide import restate
+from .joint.decide import restate
 
 #: Solves of one budgeted plan at most (the unpriced one included) ...
 MAX_SOLVES = 10

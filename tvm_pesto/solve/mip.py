@@ -1,6 +1,6 @@
 """What both ILPs share: model helpers, solver backends and the solver's real result.
 
-The placement ILP (:mod:`.ilp_model`) and the joint backend + device ILP (:mod:`.joint_ilp`)
+The placement ILP (:mod:`.placement_ilp.model.build`) and the joint backend + device ILP (:mod:`.joint.ilp`)
 build a :class:`pulp.LpProblem` with :func:`add_var` and :func:`lin` and solve it with
 :func:`solve_mip`, which returns a :class:`MipResult`.
 
@@ -432,7 +432,7 @@ def solve_mip(prob: pulp.LpProblem, solver: str = "cbc", time_limit_s: float = 3
     --------
     >>> from tvm_pesto.bench.random_dag import dnn_like_problem
     >>> problem = dnn_like_problem(6, cluster="2xV100-nvlink")   # 6 ops, 2 GPUs
-    >>> from tvm_pesto.solve.ilp_model import build_ilp
+    >>> from tvm_pesto.solve.placement_ilp.model.build import build_ilp
     >>> prob, _ = build_ilp(problem)
     >>> res = solve_mip(prob, "cbc", time_limit_s=10)
     >>> res.status

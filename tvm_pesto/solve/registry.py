@@ -1,12 +1,12 @@
 """The placement solvers by name: ``SOLVERS``, :func:`get_solver`, :func:`solve`.
 
-The heuristics of :mod:`tvm_pesto.solve.portfolio`, ``ilp``, which is imported from
-:mod:`tvm_pesto.solve.ilp` on first use, so the heuristics work without PuLP, and
-``stage-dp``, the contiguous-split DP of :mod:`tvm_pesto.solve.stage_dp`.
+The heuristics of :mod:`tvm_pesto.solve.heuristics.portfolio`, ``ilp``, which is imported from
+:mod:`tvm_pesto.solve.placement_ilp.driver` on first use, so the heuristics work without PuLP, and
+``stage-dp``, the contiguous-split DP of :mod:`tvm_pesto.solve.stage.dp`.
 
 :func:`solve` takes the execution model and objective (:mod:`tvm_pesto.plan.objective`):
 ``ilp`` and ``stage-dp`` optimise for them; a heuristic's plan is turned into a stage plan
-in the stage model (:func:`tvm_pesto.solve.stage_dp.as_stage_plan`).
+in the stage model (:func:`tvm_pesto.solve.stage.dp.as_stage_plan`).
 
 Examples
 --------
@@ -23,19 +23,19 @@ from ..errors import SolverError
 from ..plan.objective import check_choice
 from ..plan.plan import Plan
 from ..plan.problem import Problem
-from .portfolio import HEURISTIC_SOLVERS
+from .heuristics.portfolio import HEURISTIC_SOLVERS
 
 
 def _ilp(problem: Problem, **options) -> Plan:
-    """The ILP solver of :mod:`tvm_pesto.solve.ilp`, imported on first use."""
+    """The ILP solver of :mod:`tvm_pesto.solve.placement_ilp.driver`, imported on first use."""
     try:
-        mod = importlib.import_module(".ilp", __package__)
+        mod = importlib.import_module(".placement_ilp.driver", __package__)
     except ImportError as err:
         raise SolverError(f"ilp solver not available ({err}); use one of the heuristics: "
                           f"{', '.join(n for n in SOLVERS if n != 'ilp')}") from None
     fn = getattr(mod, "solve", None)
     if fn is None:
-        raise SolverError("ilp solver not available (tvm_pesto.solve.ilp has no solve function)")
+        raise SolverError("ilp solver not available (tvm_pesto.solve.placement_ilp.driver has no solve function)")
     return fn(problem, **options)
 
 
@@ -49,15 +49,15 @@ def _auto(problem: Problem, **options) -> Plan:
 
 
 def _stage_dp(problem: Problem, **options) -> Plan:
-    """The contiguous-split DP of :mod:`tvm_pesto.solve.stage_dp`."""
+    """The contiguous-split DP of :mod:`tvm_pesto.solve.stage.dp`."""
     # lazy: the registry imports a solver's module when that solver is asked for
-    from .stage_dp import solve as dp_solve
+    from .stage.dp import solve as dp_solve
 
     return dp_solve(problem, **options)
 
 
 #: ``auto`` on a placement problem (a fixed cover, a graph file) is the ILP, which starts from
-#: the best heuristic; on a joint problem :func:`tvm_pesto.solve.joint.solve_joint` runs its own
+#: the best heuristic; on a joint problem :func:`tvm_pesto.solve.joint.solver.solve_joint` runs its own
 #: ``auto`` (every heuristic, the joint ILPs).
 SOLVERS: dict[str, Callable[..., Plan]] = {**HEURISTIC_SOLVERS, "ilp": _ilp, "stage-dp": _stage_dp, "auto": _auto}
 HEURISTICS = tuple(HEURISTIC_SOLVERS)
@@ -77,7 +77,7 @@ def get_solver(name: str) -> Callable[..., Plan]:
     Examples
     --------
     >>> get_solver("heft").__module__
-    'tvm_pesto.solve.heft'
+    'tvm_pesto.solve.heuristics.heft'
     """
     key = name.strip().lower() if isinstance(name, str) else name
     key = {"mtopo": "m-topo", "metf": "m-etf", "msct": "m-sct", "dp": "stage-dp"}.get(key, key)
@@ -119,7 +119,7 @@ def solve(problem: Problem, name: str = "heft", deterministic: bool | None = Non
         options.update(objective=objective, microbatches=microbatches)
     if model == "stage" and key not in MODEL_AWARE:
         # lazy: the registry imports a solver's module when that solver is asked for
-        from .stage_dp import heuristic_stage_plan
+        from .stage.dp import heuristic_stage_plan
 
         plan = heuristic_stage_plan(problem, fn, objective, microbatches, **options)
     else:

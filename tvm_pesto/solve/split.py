@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import InfeasibleError, PestoError
 from ..plan.simulate import HOME_DEVICE, simulate
-from .joint_decide import restate
+from .joint.decide import restate
 
 #: The least predicted gain (a share of the single-device time) a split must show, by cost
 #: source: ``measured`` 7 %: about how far the same kernels drift over half an hour on a

@@ -1,0 +1,163 @@
+"""The stage model's MIP, solved from the best stage plan there is to start from (the model
+itself, after the dnn-partitioning paper's throughput and latency IPs, is
+:func:`tvm_pesto.solve.stage.model.build_stage_ilp`).
+
+Objective: ``B`` (steady state), ``T`` (latency) or ``(T + (K - 1) B) / K``. The plans it
+returns are judged exactly by :func:`tvm_pesto.plan.objective.evaluate`; the MIP is warm
+started from the best of the contiguous-split DP (:mod:`tvm_pesto.solve.stage.dp`) and every
+heuristic's stage plan (:func:`stage_starts`) and never returns anything worse. Where it is
+not built (too large) or finds nothing, the result says so: ``status`` ``heuristic``, with
+``reason`` and ``start`` (whose plan it is).
+
+Examples
+--------
+>>> from tvm_pesto.bench.random_dag import dnn_like_problem
+>>> problem = dnn_like_problem(12, cluster="2xV100-nvlink")   # 12 ops, 2 GPUs
+>>> plan = solve(problem, objective="throughput", time_limit_s=10, deterministic=True)
+>>> plan.info["status"], plan.info["objective_value_s"] > 0
+('optimal', True)
+"""
+from __future__ import annotations
+
+import time
+
+from ...errors import InfeasibleError, PestoError, error_line
+from ...plan.objective import check_choice, evaluate
+from ...plan.plan import Plan
+from ...plan.problem import Problem
+from ...plan.stage import node_passes
+from ..bounds.objective import objective_lower_bound
+from ..budget import combine, mode_name
+from ..heuristics.portfolio import HEURISTIC_SOLVERS
+from ..mip import solve_mip
+from .dp import device_orders, heuristic_stage_plan
+from .dp import solve as dp_solve
+from .model import ModelTooLarge, build_stage_ilp, extract_assignment
+
+MAX_ROWS = 15_000
+#: Relative MIP gap at which the stage MIP stops; a start this close to the lower bound is
+#: returned without a MIP.
+GAP = 1e-4
+_SAFETY = 1e-6  # relative margin on the MIP's dual bound, as the other bounds keep
+
+
+#: The plans the MIP starts from: the contiguous-split DP and every heuristic, each made a
+#: stage plan as the registry makes it (:func:`tvm_pesto.solve.stage.dp.heuristic_stage_plan`).
+START_SOLVERS = ("stage-dp",) + tuple(HEURISTIC_SOLVERS)
+
+
+def stage_starts(problem: Problem, objective: str = "throughput", microbatches=None,
+                 warm_start: Plan | None = None) -> tuple[list[tuple[float, str, Plan]], dict[str, str]]:
+    """Every start of :data:`START_SOLVERS` (and ``warm_start``) that is a valid stage plan,
+    as ``(objective value, name, plan)``, best first (the earlier name on a tie), and the
+    error of each solver that gave no plan (``Type: message``)."""
+    scored, errors = [], {}
+    cands = [(name, None) for name in START_SOLVERS] + ([("warm_start", warm_start)] if warm_start is not None else [])
+    for rank, (name, plan) in enumerate(cands):
+        if plan is None:
+            try:
+                plan = dp_solve(problem, objective=objective, microbatches=microbatches) if name == "stage-dp" else \
+                    heuristic_stage_plan(problem, HEURISTIC_SOLVERS[name], objective, microbatches)
+            except PestoError as e:  # no plan within the memory, no LP solver for m-sct: said in info
+                errors[name] = error_line(e)
+                continue
+        ev = evaluate(problem, plan, "stage", objective, microbatches)
+        if ev.valid:
+            scored.append((ev.objective_value, rank, name, plan))
+        else:
+            errors[name] = f"invalid stage plan ({ev.violations[0]['kind']}): {ev.violations[0]['message']}"
+    scored.sort(key=lambda t: (t[0], t[1]))
+    return [(v, name, plan) for v, _r, name, plan in scored], errors
+
+
+def mip_bound_is_valid(problem: Problem, objective: str, microbatches) -> bool:
+    """Whether the MIP's optimum (so its dual bound) is a lower bound in the stage model: its
+    loads are the model's exactly, and so are its block times when no edge runs between the
+    passes (otherwise it charges a received tensor once per pass that needs it, where the
+    model charges it once per device)."""
+    if objective == "throughput" and microbatches is None:
+        return True
+    passes = node_passes(problem.graph)
+    return bool((passes[problem.src] == passes[problem.dst]).all()) if len(problem.src) else True
+
+
+def solve(problem: Problem, objective: str = "throughput", microbatches=None, time_limit_s: float = 10.0,
+          solver: str = "highs", deterministic: bool | None = None, msg: bool = False, warm_start: Plan | None = None,
+          max_rows: int = MAX_ROWS, **_ignored) -> Plan:
+    """The ``ilp`` solver in the stage model: the MIP of the module docstring, warm started
+    from the best valid stage plan among :func:`stage_starts` (the DP, every heuristic and
+    ``warm_start``, judged by ``objective``), so never worse than any of them.
+
+    No MIP is solved when the start meets the lower bound (``status`` ``optimal``,
+    ``proven_by``), nor when the MIP has more than ``max_rows`` constraints (HiGHS's root LP
+    alone then outlasts any sensible budget); the start is then returned with ``status``
+    ``heuristic`` and ``reason``. The same when the MIP ran but gave nothing usable
+    (``mip_status`` says what it ended with).
+
+    ``info``: ``status`` (``optimal``, ``time_limit``, ``node_limit``: the MIP's real outcome,
+    :mod:`tvm_pesto.solve.mip`; ``heuristic``: no MIP result), ``reason`` (why not, where
+    none), ``start`` (the start's solver) and ``start_values_s`` (every start's value),
+    ``start_errors`` (starts that gave no valid plan), ``source`` (``ilp`` when the MIP found
+    a better plan, else the start's name), ``objective_value_s``, ``lower_bound_s`` (the
+    cheap bound, or the MIP's dual bound where that is larger and valid:
+    :func:`mip_bound_is_valid`), ``gap`` (value / bound - 1), ``num_vars``,
+    ``num_constraints``, ``budget``, ``deterministic``.
+
+    Raises
+    ------
+    InfeasibleError
+        When no start is a valid stage plan (no contiguous split fits the memory).
+    """
+    model, objective, microbatches = check_choice("stage", objective, microbatches)
+    t0 = time.perf_counter()
+    scored, errors = stage_starts(problem, objective, microbatches, warm_start)
+    if not scored:
+        raise InfeasibleError(f"{problem.graph.name}: no valid stage plan to start the stage MIP from (no contiguous "
+                              f"split fits the memory of {problem.cluster.name}); use devices with more memory")
+    warm_value, warm_name, warm = scored[0]
+    lb = objective_lower_bound(problem, "stage", objective, microbatches, lp=False)["best"]
+    info = {"start": warm_name, "warm_start_value_s": warm_value, "warm_start_solver": warm_name,
+            "start_values_s": {name: v for v, name, _ in scored}, "start_errors": errors, "lower_bound_s": lb,
+            "model": "stage", "objective": objective, "microbatches": microbatches, "budget": mode_name(deterministic)}
+
+    def done(plan: Plan, source: str, value: float, **facts) -> Plan:
+        info.update(facts, source=source, objective_value_s=value)
+        info["gap"] = value / info["lower_bound_s"] - 1.0 if info["lower_bound_s"] > 0 else None
+        return Plan(plan.assignment, plan.order, solver="ilp", solve_s=time.perf_counter() - t0, info=info)
+
+    # The start meets the lower bound within the MIP's own gap: the MIP could only prove what
+    # the bound does (the bounds sit 1e-6 below their value against solver tolerances).
+    if warm_value <= lb * (1 + GAP):
+        return done(warm, warm_name, warm_value, status="optimal", proven_by="lower bound", deterministic=True)
+    try:
+        prob, V = build_stage_ilp(problem, objective, microbatches, warm, max_rows=max_rows)
+    except ModelTooLarge as e:  # its root LP alone outlasts any sensible budget: keep the start
+        return done(warm, warm_name, warm_value, status="heuristic", deterministic=True, mip=f"skipped: {e}",
+                    reason=f"the stage MIP was not built: {e}; the plan is {warm_name}'s, the best start")
+    info.update(num_vars=len(prob.variables()), num_constraints=prob.numConstraints(), time_limit_s=time_limit_s)
+    res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=GAP, msg=msg, deterministic=deterministic)
+    facts = res.info(V["ts"])
+    facts["mip_status"] = facts["status"]
+    if res.bound is not None and mip_bound_is_valid(problem, objective, microbatches):
+        mb = max(0.0, facts["bound"] * (1 - _SAFETY) - 1e-12)
+        facts["mip_bound_s"] = mb
+        info["lower_bound_s"] = max(lb, mb)
+    best, source, value = warm, warm_name, warm_value
+    if res.has_solution:
+        a = extract_assignment(problem, V)
+        cand = Plan(a, device_orders(problem, a), solver="ilp")
+        ev = evaluate(problem, cand, "stage", objective, microbatches)
+        if ev.valid and ev.objective_value < warm_value * (1 - 1e-9):
+            best, source, value = cand, "ilp", ev.objective_value
+        elif not ev.valid:
+            facts.update(extract_error=ev.violations[0]["message"], status="heuristic",
+                         reason=f"the stage MIP's solution is not a valid stage plan; the plan is {warm_name}'s, "
+                                "the best start")
+    elif res.status != "optimal":
+        facts.update(status="heuristic", reason=f"the stage MIP ended without a solution ({res.status}); the plan is "
+                                                f"{warm_name}'s, the best start")
+    facts.update(combine(res.determinism))
+    return done(best, source, value, **facts)
+
+
+__all__ = ["GAP", "MAX_ROWS", "START_SOLVERS", "mip_bound_is_valid", "solve", "stage_starts"]
