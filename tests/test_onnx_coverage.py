@@ -75,6 +75,11 @@ NEW_CASES = {
         p[0], relax.const(np.array([-0.5, -0.1, 0.0, 0.3, 0.7], F32)), out_int32=True, right=True)),
     "relax.nn.conv2d_transpose": ([x4(), _v("w", (4, 2, 3, 3))], lambda p: op_.nn.conv2d_transpose(
         p[0], p[1], strides=2, padding=1, output_padding=1)),
+    "relax.nn.conv2d_transpose:groups": ([x4(), _v("w", (4, 3, 3, 3))], lambda p: op_.nn.conv2d_transpose(
+        p[0], p[1], strides=2, padding=(1, 0, 0, 1), output_padding=1, dilation=2, groups=2)),
+    "relax.topk:int32": ([i32()], lambda p: op_.topk(p[0], 3, axis=1, ret_type="values")),
+    "relax.scatter_elements:int32": ([i32(), idx("i", (3, 2)), i32("u")], lambda p: op_.scatter_elements(
+        p[0], p[1], op_.strided_slice(p[2], [1], [0], [2]), axis=1, reduction="mul")),
     "relax.nn.conv1d_transpose": ([_v("x", (1, 4, 5)), _v("w", (4, 3, 3))], lambda p: op_.nn.conv1d_transpose(
         p[0], p[1], strides=2, padding=(1, 0), dilation=2)),
     "relax.nn.conv3d": ([_v("x", (1, 2, 5, 5, 5)), _v("w", (3, 2, 2, 2, 2))],
