@@ -31,7 +31,6 @@ _DTYPE = "integer quantization types the exporter does not write (float and int3
 _TRAINING = "a training-only op: inference models do not run it"
 _VISION = "detection post-processing (boxes, regions): not in the classification and language models placed"
 _NO_OP17 = "no ONNX opset-17 operator computes it exactly"
-_LATER = "no converter yet: TVM runs it, and the libraries the model around it"
 
 #: Relax operator -> why the exporter does not convert it.
 UNCONVERTED: dict[str, str] = {
@@ -47,15 +46,6 @@ UNCONVERTED: dict[str, str] = {
     # Python helpers of the importers that emit other ops (matmul and add), not ops of their own
     "relax.linear": "a helper that emits relax.matmul and relax.add, each converted",
     "relax.linear_algebra.matmul": "the module path of relax.matmul, converted",
-    **dict.fromkeys(["relax.trunc", "relax.median", "relax.bucketize", "relax.floor_mod", "relax.floor_divide",
-                     "relax.mod", "relax.argsort", "relax.topk", "relax.bitwise_and", "relax.bitwise_not", "relax.isfinite",
-                     "relax.index_put", "relax.index_tensor", "relax.scatter_elements", "relax.scatter_nd",
-                     "relax.slice_scatter", "relax.one_hot", "relax.outer", "relax.meshgrid", "relax.std",
-                     "relax.variance", "relax.image.resize3d", "relax.nn.adaptive_avg_pool1d",
-                     "relax.nn.adaptive_avg_pool3d", "relax.nn.avg_pool1d", "relax.nn.avg_pool3d",
-                     "relax.nn.max_pool1d", "relax.nn.max_pool3d", "relax.nn.conv1d_transpose",
-                     "relax.nn.conv2d_transpose", "relax.nn.conv3d", "relax.nn.rms_norm",
-                     "relax.nn.softplus"], _LATER),
 }
 
 

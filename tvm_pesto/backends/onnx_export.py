@@ -28,7 +28,7 @@ from tvm import relax
 
 from .onnx_fuse import divide_by_reciprocals, fuse_hard_activations
 from .onnx_graph import Exporter, OnnxExportError, dtype_of, elem_type, flat_types, tensor_shape
-from .onnx_ops import CONVERTERS, SUPPORTED_OPS
+from .onnx_ops import CONVERTERS, SUPPORTED_OPS, call_problem
 
 #: ONNX opset of the exported models.
 OPSET = 17
@@ -58,6 +58,21 @@ def _value_info(h, name: str, ty, what: str):
     return h.make_tensor_value_info(name, elem_type(dtype_of(ty), what), list(tensor_shape(ty, what)))
 
 
+def _convert_call(e: Exporter, var, call: relax.Call):
+    """The ONNX name(s) of one op call bound to ``var``, through the op's converter."""
+    if not isinstance(call.op, tvm.ir.Op):
+        raise OnnxExportError(f"binding {var.name!r} calls {call.op}, not a Relax operator; "
+                              "only high-level ops export (cut the subgraph before legalization)")
+    conv = CONVERTERS.get(call.op.name)
+    if conv is None:
+        raise OnnxExportError(f"op {call.op.name} (binding {var.name!r}) has no ONNX converter; "
+                              f"it stays on a TVM backend (supported ops: {len(SUPPORTED_OPS)})")
+    why = call_problem(call)
+    if why is not None:  # a layout or attribute value ONNX has no exact form for
+        raise OnnxExportError(f"op {call.op.name} (binding {var.name!r}) cannot be exported: {why}")
+    return conv(e, call, e.fresh(var.name))
+
+
 def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int = OPSET):
     """Convert a Relax function into an ONNX model.
 
@@ -81,7 +96,8 @@ def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int
     Raises
     ------
     OnnxExportError
-        For an op without a converter, a non-NCHW layout, dynamic shapes, or a binding
+        For an op without a converter, a call whose layout or attribute values ONNX cannot
+        compute exactly (:func:`~tvm_pesto.backends.onnx_ops.call_problem`), dynamic shapes, or a binding
         that is not a plain op call; the message names the op and binding.
 
     Examples
@@ -126,14 +142,7 @@ def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int
                 raise OnnxExportError(f"binding of {b.var.name!r} is a {type(b).__name__}; only plain bindings export")
             val = b.value
             if isinstance(val, relax.Call):
-                if not isinstance(val.op, tvm.ir.Op):
-                    raise OnnxExportError(f"binding {b.var.name!r} calls {val.op}, not a Relax operator; "
-                                          "only high-level ops export (cut the subgraph before legalization)")
-                conv = CONVERTERS.get(val.op.name)
-                if conv is None:
-                    raise OnnxExportError(f"op {val.op.name} (binding {b.var.name!r}) has no ONNX converter; "
-                                          f"it stays on a TVM backend (supported ops: {len(SUPPORTED_OPS)})")
-                e.names[b.var] = conv(e, val, e.fresh(b.var.name))
+                e.names[b.var] = _convert_call(e, b.var, val)
             else:
                 e.names[b.var] = e.value(val, f"binding {b.var.name!r}")
     result = body.body if isinstance(body, relax.SeqExpr) else body

@@ -16,6 +16,10 @@ from tvm import relax
 from .onnx_graph import (DTYPES, Exporter, OnnxExportError, dtype_of, elem_type, flat_types, ints, is_tensor_const,
                          registrar, tensor_shape)
 from .onnx_index_ops import CONVERTERS as INDEX_CONVERTERS, PROBLEMS as INDEX_PROBLEMS
+from .onnx_math_ops import CONVERTERS as MATH_CONVERTERS, PROBLEMS as MATH_PROBLEMS
+from .onnx_nn_ops import CONVERTERS as NN_CONVERTERS, OPENVINO_PROBLEMS as NN_OV, PROBLEMS as NN_PROBLEMS
+from .onnx_scatter_ops import (CONVERTERS as SCATTER_CONVERTERS, OPENVINO_PROBLEMS as SCATTER_OV,
+                               PROBLEMS as SCATTER_PROBLEMS)
 
 #: A converter gets (exporter, call, out_name) and returns the ONNX name(s) of its result.
 Converter = Callable[[Exporter, relax.Call, str], object]
@@ -129,15 +133,6 @@ def _matmul(e, call, out):
     return e.one("MatMul", [e.tensor(a), e.tensor(b)], out)
 
 
-def _check_layout(call, data: str, kernel: str | None = None):
-    at = call.attrs
-    got = [str(at.data_layout)] + ([str(at.kernel_layout)] if kernel else [])
-    want = [data] + ([kernel] if kernel else [])
-    if got != want or str(getattr(at, "out_layout", data)) != data:
-        raise OnnxExportError(f"{call.op.name} with layouts {got} cannot be exported; only {want} "
-                              "(convert the model to NCHW first)")
-
-
 @_reg("relax.nn.attention", "relax.nn.attention_bias")
 def _attention(e, call, out):
     # TVM's legalization: q, k, v [B, S, H, D] -> softmax(q k^T * scale (+ bias), causal) v, [B, S, H, Dv]
@@ -165,61 +160,6 @@ def _attention(e, call, out):
                  perm=[0, 2, 1, 3])
 
 
-@_reg("relax.nn.conv2d", "relax.nn.conv1d")
-def _conv(e, call, out):
-    is2d = call.op.name.endswith("conv2d")
-    _check_layout(call, "NCHW" if is2d else "NCW", "OIHW" if is2d else "OIW")
-    at = call.attrs
-    w_shape = tensor_shape(call.args[1].ty, "conv weight")
-    pad = ints(at.padding)
-    if not is2d and len(pad) == 1:
-        pad = pad * 2
-    return e.one("Conv", [e.tensor(call.args[0]), e.tensor(call.args[1])], out,
-                 kernel_shape=list(w_shape[2:]), strides=ints(at.strides), pads=pad,
-                 dilations=ints(at.dilation), group=int(at.groups))
-
-
-def _pool_common(call):
-    at = call.attrs
-    if str(at.layout) != "NCHW" or str(at.out_layout) != "NCHW":
-        raise OnnxExportError(f"{call.op.name} with layout {at.layout} cannot be exported; only NCHW")
-    return dict(kernel_shape=ints(at.pool_size), strides=ints(at.strides), pads=ints(at.padding),
-                ceil_mode=int(bool(at.ceil_mode)))
-
-
-@_reg("relax.nn.max_pool2d")
-def _max_pool(e, call, out):
-    kw = _pool_common(call)
-    return e.one("MaxPool", [e.tensor(call.args[0])], out, dilations=ints(call.attrs.dilation), **kw)
-
-
-@_reg("relax.nn.avg_pool2d")
-def _avg_pool(e, call, out):
-    kw = _pool_common(call)
-    if any(d != 1 for d in ints(call.attrs.dilation)):
-        raise OnnxExportError("avg_pool2d with dilation cannot be exported at opset 17")
-    return e.one("AveragePool", [e.tensor(call.args[0])], out,
-                 count_include_pad=int(bool(call.attrs.count_include_pad)), **kw)
-
-
-@_reg("relax.nn.adaptive_avg_pool2d")
-def _adaptive_avg(e, call, out):
-    at = call.attrs
-    if str(at.layout) != "NCHW":
-        raise OnnxExportError("adaptive_avg_pool2d cannot be exported for layout " + str(at.layout))
-    in_hw = tensor_shape(call.args[0].ty, "adaptive_avg_pool2d input")[2:]
-    out_hw = tensor_shape(call.ty, "adaptive_avg_pool2d result")[2:]
-    x = e.tensor(call.args[0])
-    if out_hw == (1, 1):
-        return e.one("GlobalAveragePool", [x], out)
-    if out_hw == in_hw:
-        return e.one("Identity", [x], out)
-    if all(i % o == 0 for i, o in zip(in_hw, out_hw)):
-        k = [i // o for i, o in zip(in_hw, out_hw)]
-        return e.one("AveragePool", [x], out, kernel_shape=k, strides=k)
-    raise OnnxExportError(f"adaptive_avg_pool2d from {in_hw} to {out_hw} (not a whole divisor) cannot be exported")
-
-
 #: Relax ``resize2d`` methods, coordinate modes and rounding methods with an exact ONNX
 #: ``Resize`` (opset 13-17) counterpart.
 _RESIZE_MODE = {"nearest_neighbor": "nearest", "linear": "linear", "cubic": "cubic"}
@@ -228,26 +168,27 @@ _RESIZE_ROUND = ("floor", "ceil", "round_prefer_floor", "round_prefer_ceil")
 
 
 def _resize_problem(call) -> str | None:
-    """Why a ``relax.image.resize2d`` call has no ONNX ``Resize`` that computes the same
-    (None: it has one)."""
-    at = call.attrs
-    if str(at.layout) != "NCHW":
-        return f"resize2d with layout {at.layout} cannot be exported; only NCHW"
-    if str(at.method) not in _RESIZE_MODE:
-        return f"resize2d method {at.method!r} has no ONNX Resize mode"
+    """Why a ``relax.image.resize2d``/``resize3d`` call has no ONNX ``Resize`` that computes the
+    same (None: it has one)."""
+    at, op = call.attrs, call.op.name.removeprefix("relax.image.")
+    layout = "NCHW" if op == "resize2d" else "NCDHW"
+    if str(at.layout) != layout:
+        return f"{op} with layout {at.layout} cannot be exported; only {layout}"
+    if str(at.method) not in _RESIZE_MODE or (op == "resize3d" and str(at.method) == "cubic"):
+        return f"{op} method {at.method!r} has no ONNX Resize mode (tricubic: none in ONNX Runtime)"
     if str(at.coordinate_transformation_mode) not in _RESIZE_COORD:
-        return (f"resize2d coordinate_transformation_mode {at.coordinate_transformation_mode!r} cannot be exported; "
+        return (f"{op} coordinate_transformation_mode {at.coordinate_transformation_mode!r} cannot be exported; "
                 f"one of {', '.join(_RESIZE_COORD)}")
     if str(at.method) == "nearest_neighbor" and str(at.rounding_method) not in _RESIZE_ROUND:
-        return f"resize2d rounding_method {at.rounding_method!r} cannot be exported; one of {', '.join(_RESIZE_ROUND)}"
+        return f"{op} rounding_method {at.rounding_method!r} cannot be exported; one of {', '.join(_RESIZE_ROUND)}"
     if at.out_dtype is not None and str(at.out_dtype) not in ("", dtype_of(call.args[0].ty)):
-        return "resize2d with an out_dtype other than its input's cannot be exported"
+        return f"{op} with an out_dtype other than its input's cannot be exported"
     if not isinstance(call.args[1], relax.ShapeExpr):
-        return "resize2d with a size that is not a constant shape cannot be exported"
+        return f"{op} with a size that is not a constant shape cannot be exported"
     return None
 
 
-@_reg("relax.image.resize2d")
+@_reg("relax.image.resize2d", "relax.image.resize3d")
 def _resize(e, call, out):
     why = _resize_problem(call)
     if why:
@@ -259,7 +200,7 @@ def _resize(e, call, out):
               extrapolation_value=float(at.extrapolation_value))
     if mode == "nearest":
         kw["nearest_mode"] = str(at.rounding_method)
-    sizes = e.int64s(tensor_shape(call.ty, "resize2d result"), "sizes")
+    sizes = e.int64s(tensor_shape(call.ty, "resize result"), "sizes")
     return e.one("Resize", [e.tensor(call.args[0]), "", "", sizes], out, **kw)
 
 
@@ -446,16 +387,60 @@ def _filled(e, call, out):
     return e.one("Identity", [e.init(np.full(shp, val, dtype=dt), "filled")], out)
 
 
-CONVERTERS.update(INDEX_CONVERTERS)
+CONVERTERS.update({**INDEX_CONVERTERS, **NN_CONVERTERS, **MATH_CONVERTERS, **SCATTER_CONVERTERS})
 #: Relax operator -> why one of its calls has no exact ONNX form (None: it has one).
-_PROBLEMS = {"relax.image.resize2d": _resize_problem, "relax.nn.pad": _pad_problem, **INDEX_PROBLEMS}
+_PROBLEMS = {"relax.image.resize2d": _resize_problem, "relax.image.resize3d": _resize_problem,
+             "relax.nn.pad": _pad_problem, **INDEX_PROBLEMS, **NN_PROBLEMS, **MATH_PROBLEMS, **SCATTER_PROBLEMS}
 #: Relax operator names the exporter converts.
 SUPPORTED_OPS: frozenset[str] = frozenset(CONVERTERS)
 
 
+def call_problem(call) -> str | None:
+    """Why one Relax call (a binding's value) cannot be exported, so TVM keeps it: no converter
+    for its op, or one of :data:`_PROBLEMS` (a layout, an attribute value ONNX lacks), or a
+    dtype with no ONNX type. None: it exports.
+
+    Examples
+    --------
+    >>> from tvm import relax
+    >>> x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    >>> bb = relax.BlockBuilder()
+    >>> call_problem(bb.normalize(relax.op.nn.relu(x))), call_problem(bb.normalize(relax.op.cumprod(x, axis=0)))
+    (None, 'relax.cumprod has no ONNX converter')
+    """
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        return "not a call of a Relax operator"
+    name = call.op.name
+    if name not in CONVERTERS:
+        return f"{name} has no ONNX converter"
+    why = _PROBLEMS[name](call) if name in _PROBLEMS else None
+    if why is not None:
+        return why
+    for a in call.args:
+        if is_tensor_const(a) and str(a.ty.dtype) not in DTYPES:
+            return f"{name} of a {a.ty.dtype} constant, which has no ONNX type"
+    for t in flat_types(call.ty):
+        if not isinstance(t, relax.TensorType) or str(t.dtype) not in DTYPES:
+            return f"{name} with a result of type {t}, not an ONNX tensor"
+    return None
+
+
+#: Relax operator -> why OpenVINO computes one of its calls otherwise than the exported model says.
+_OPENVINO_PROBLEMS = {**NN_OV, **SCATTER_OV}
+
+
+def openvino_problem(call) -> str | None:
+    """Why OpenVINO would not compute what the exported model of one call says (None: it would),
+    on top of :func:`call_problem`: where it departs from ONNX's definition of an operator."""
+    why = call_problem(call)
+    if why is None and call.op.name in _OPENVINO_PROBLEMS:
+        why = _OPENVINO_PROBLEMS[call.op.name](call)
+    return why
+
+
 def supports_call(call) -> bool:
-    """Whether one Relax call (a binding's value) can be exported: its op has a converter, its
-    layout fits and nothing of :data:`_PROBLEMS` stands in the way.
+    """Whether one Relax call (a binding's value) can be exported: :func:`call_problem` finds
+    nothing in the way.
 
     Examples
     --------
@@ -465,27 +450,7 @@ def supports_call(call) -> bool:
     >>> supports_call(bb.normalize(relax.op.nn.relu(x))), supports_call(bb.normalize(relax.op.cumprod(x, axis=0)))
     (True, False)
     """
-    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
-        return False
-    name = call.op.name
-    if name not in CONVERTERS:
-        return False
-    at = call.attrs
-    if name in ("relax.nn.conv2d",) and (str(at.data_layout), str(at.kernel_layout)) != ("NCHW", "OIHW"):
-        return False
-    if name in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d") and \
-            str(at.layout) != "NCHW":
-        return False
-    if name in _PROBLEMS and _PROBLEMS[name](call) is not None:
-        return False
-    for a in call.args:
-        if is_tensor_const(a) and str(a.ty.dtype) not in DTYPES:
-            return False
-    ty = call.ty
-    for t in flat_types(ty):
-        if not isinstance(t, relax.TensorType) or str(t.dtype) not in DTYPES:
-            return False
-    return True
+    return call_problem(call) is None
 
 
-__all__ = ["CONVERTERS", "SUPPORTED_OPS", "supports_call"]
+__all__ = ["CONVERTERS", "SUPPORTED_OPS", "call_problem", "openvino_problem", "supports_call"]

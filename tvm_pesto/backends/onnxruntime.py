@@ -55,7 +55,7 @@ class OnnxGraphBackend(Backend):
     #: the loader kind of the exported ONNX file
     artifact_kind = "onnx"
     direct = True  # the loaders' ONNX Runtime and OpenVINO callables have a call on numpy arrays
-    version = "3"  # the exporter's converters of backends/onnx_index_ops.py
+    version = "4"  # the exporter's converters of backends/onnx_nn_ops.py, onnx_math_ops.py, onnx_scatter_ops.py
 
     def patterns(self):
         return op_level_patterns(self.name, set(SUPPORTED), max_depth=self.max_ops)

@@ -27,6 +27,7 @@ from tvm import relax
 from ..run.libraries.loaders import openvino_runner
 from .base import device_cores
 from .onnx_export import relax_to_onnx
+from .onnx_ops import openvino_problem
 from .onnxruntime import OnnxGraphBackend
 
 
@@ -61,6 +62,11 @@ class OpenVinoBackend(OnnxGraphBackend):
             return False, (f"openvino has no CPU device here (it lists {', '.join(devices) or 'none'}); "
                            "reinstall openvino for this CPU")
         return True, ""
+
+    def supports_op(self, call) -> bool:
+        """As ONNX Runtime, less the calls OpenVINO computes otherwise than ONNX defines
+        (:func:`~tvm_pesto.backends.onnx_ops.openvino_problem`: unstable sorts, a pool's last window)."""
+        return super().supports_op(call) and openvino_problem(call) is None
 
     def make_callable(self, func: relax.Function, device):
         return openvino_runner(relax_to_onnx(func).SerializeToString(), device_cores(device), self.precision)
