@@ -18,7 +18,7 @@ from tvm_pesto.backends import (
 )
 from tvm_pesto.backends.base import Backend, BackendUnavailableError, calling_thread_cores
 from tvm_pesto.backends.registry import NAMED_ONLY
-from tvm_pesto.backends.onnx_export import OnnxExportError, relax_to_onnx
+from tvm_pesto.backends.onnx_export.export import OnnxExportError, relax_to_onnx
 from tvm_pesto.backends.torch_ops import TorchBackend
 from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
 from tvm_pesto.candidates.flow import _WARNED, backend_names, make_candidates
@@ -158,7 +158,7 @@ def _resize_func(method, coord, rounding, layout="NCHW"):
     ("linear", "half_pixel", ""), ("linear", "align_corners", ""), ("linear", "pytorch_half_pixel", ""),
     ("cubic", "half_pixel", "")])
 def test_resize2d_runs_in_the_onnx_libraries_as_tvm_computes_it(backend, method, coord, rounding):
-    from tvm_pesto.backends.onnx_ops import supports_call
+    from tvm_pesto.backends.onnx_export.ops import supports_call
 
     _library(backend)
     func = _resize_func(method, coord, rounding)
@@ -172,7 +172,7 @@ def test_resize2d_runs_in_the_onnx_libraries_as_tvm_computes_it(backend, method,
     ("linear", "tf_half_pixel_for_nn", "", "NCHW", "coordinate_transformation_mode"),
     ("linear", "half_pixel", "", "NHWC", "layout NHWC")])
 def test_a_resize2d_without_an_exact_onnx_resize_is_left_to_tvm(method, coord, rounding, layout, why):
-    from tvm_pesto.backends.onnx_ops import supports_call
+    from tvm_pesto.backends.onnx_export.ops import supports_call
 
     func = _resize_func(method, coord, rounding, layout)
     assert not supports_call(func.body.blocks[0].bindings[0].value)
@@ -202,7 +202,7 @@ def _library(backend):
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
 @pytest.mark.parametrize("mode", ["constant", "reflect", "replicate"])
 def test_pad_runs_in_the_onnx_libraries_as_tvm_computes_it(backend, mode):
-    from tvm_pesto.backends.onnx_ops import supports_call
+    from tvm_pesto.backends.onnx_export.ops import supports_call
 
     _library(backend)
     func = _pad_func(mode)
@@ -216,7 +216,7 @@ def test_pad_runs_in_the_onnx_libraries_as_tvm_computes_it(backend, mode):
 @pytest.mark.parametrize("mode, widths, why", [("circular", (0, 0, 0, 0, 1, 1, 1, 1), "pad mode 'circular'"),
                                                ("constant", (0, 0, 0, 0, -1, 0, 0, 0), "negative pad widths")])
 def test_a_pad_without_an_onnx_pad_is_left_to_tvm(mode, widths, why):
-    from tvm_pesto.backends.onnx_ops import supports_call
+    from tvm_pesto.backends.onnx_export.ops import supports_call
 
     func = _pad_func(mode, widths)
     assert not supports_call(func.body.blocks[0].bindings[0].value)

@@ -39,8 +39,8 @@ from tvm_pesto.backends import BackendUnavailableError, get_backend
 from tvm_pesto.backends.base import MatchContext, instance_key
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
 from tvm_pesto.cluster import gpu_probe as probe
-from tvm_pesto.backends.onnx_export import OnnxExportError, flatten_args, relax_to_onnx
-from tvm_pesto.backends.onnx_ops import supports_call
+from tvm_pesto.backends.onnx_export.export import OnnxExportError, flatten_args, relax_to_onnx
+from tvm_pesto.backends.onnx_export.ops import supports_call
 from tvm_pesto.builder.lower import lower_units
 from tvm_pesto.candidates import candidate_function
 from tvm_pesto.cluster import parse_cluster

@@ -5,8 +5,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_pesto.backends.onnx_export import relax_to_onnx
-from tvm_pesto.backends.onnx_ops import supports_call
+from tvm_pesto.backends.onnx_export.export import relax_to_onnx
+from tvm_pesto.backends.onnx_export.ops import supports_call
 from tvm_pesto.run.libraries.loaders import onnx_session
 
 

@@ -7,10 +7,10 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_pesto.backends.onnx_coverage import UNCONVERTED, importer_ops
-from tvm_pesto.backends.onnx_export import relax_to_onnx
-from tvm_pesto.backends.onnx_export import OnnxExportError
-from tvm_pesto.backends.onnx_ops import CONVERTERS, call_problem, openvino_problem, supports_call
+from tvm_pesto.backends.onnx_export.coverage import UNCONVERTED, importer_ops
+from tvm_pesto.backends.onnx_export.export import relax_to_onnx
+from tvm_pesto.backends.onnx_export.export import OnnxExportError
+from tvm_pesto.backends.onnx_export.ops import CONVERTERS, call_problem, openvino_problem, supports_call
 
 F32 = "float32"
 

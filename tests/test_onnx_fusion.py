@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_pesto.backends.onnx_export import relax_to_onnx
+from tvm_pesto.backends.onnx_export.export import relax_to_onnx
 
 import onnx  # noqa: E402 - required dependencies: a broken install fails here, it does not skip
 import onnxruntime as ort  # noqa: E402

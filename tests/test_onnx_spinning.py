@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_pesto.backends.onnx_export import relax_to_onnx
+from tvm_pesto.backends.onnx_export.export import relax_to_onnx
 from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.run.libraries import loaders
 import onnxruntime  # noqa: F401 - a required dependency: a broken install fails, it does not skip

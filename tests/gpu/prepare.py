@@ -52,7 +52,7 @@ from gpu_runner import Row
 import tvm_pesto
 from tvm_pesto import __version__, zoo
 from tvm_pesto.backends.gpu import cublas, cudnn, patterns, tensorrt, tvm_cuda
-from tvm_pesto.backends.onnx_export import flatten_args
+from tvm_pesto.backends.onnx_export.export import flatten_args
 from tvm_pesto.builder.lower import lower_units
 from tvm_pesto.builder.placed import compile_for
 from tvm_pesto.candidates import Candidate, candidate_function, candidate_key

@@ -1,6 +1,6 @@
 """The graph-level backends over ONNX: a whole subgraph becomes one ONNX model run by a library.
 
-The subgraph function is exported with :func:`tvm_pesto.backends.onnx_export.relax_to_onnx`
+The subgraph function is exported with :func:`tvm_pesto.backends.onnx_export.export.relax_to_onnx`
 (the one Relax -> ONNX converter, shared with TensorRT and OpenVINO; constants become
 initializers, so the library folds and pre-packs them). :class:`OnnxGraphBackend` holds what
 these backends share (which ops, the exported artifact); the library is the subclass's.
@@ -34,8 +34,8 @@ from tvm import relax
 from ..errors import BuildError
 from ..run.libraries.loaders import onnx_runner
 from .base import Backend, device_cores, op_level_patterns, op_short_name
-from .onnx_export import EXPORT_STAMP, relax_to_onnx
-from .onnx_ops import SUPPORTED_OPS, supports_call
+from .onnx_export.export import EXPORT_STAMP, relax_to_onnx
+from .onnx_export.ops import SUPPORTED_OPS, supports_call
 
 #: Short op names (``"nn.conv2d"``) the exporter converts.
 SUPPORTED = frozenset(name[len("relax."):] for name in SUPPORTED_OPS)
@@ -55,7 +55,7 @@ class OnnxGraphBackend(Backend):
     #: the loader kind of the exported ONNX file
     artifact_kind = "onnx"
     direct = True  # the loaders' ONNX Runtime and OpenVINO callables have a call on numpy arrays
-    version = "4"  # the exporter's converters of backends/onnx_nn_ops.py, onnx_math_ops.py, onnx_scatter_ops.py
+    version = "4"  # the exporter's converters of backends/onnx_export/nn_ops.py, math_ops.py, scatter_ops.py
 
     def patterns(self):
         return op_level_patterns(self.name, set(SUPPORTED), max_depth=self.max_ops)
@@ -68,7 +68,7 @@ class OnnxGraphBackend(Backend):
         return {}
 
     def measure_stamp(self) -> str | None:
-        """The exported graph's form (:data:`~tvm_pesto.backends.onnx_export.EXPORT_STAMP`):
+        """The exported graph's form (:data:`~tvm_pesto.backends.onnx_export.export.EXPORT_STAMP`):
         a region timed in an earlier form is measured again."""
         return EXPORT_STAMP
 

@@ -1,6 +1,6 @@
 """OpenVINO on the CPU: a whole subgraph becomes one ONNX model compiled by OpenVINO (graph-level).
 
-The subgraph function is exported with :func:`tvm_pesto.backends.onnx_export.relax_to_onnx`,
+The subgraph function is exported with :func:`tvm_pesto.backends.onnx_export.export.relax_to_onnx`,
 as for ONNX Runtime (same ops, same candidates: :class:`~tvm_pesto.backends.onnxruntime.OnnxGraphBackend`),
 and compiled with the device's core count as OpenVINO's inference threads
 (:func:`tvm_pesto.run.libraries.loaders.openvino_model`). At run time OpenVINO reads TVM's input
@@ -26,8 +26,8 @@ from tvm import relax
 
 from ..run.libraries.loaders import openvino_runner
 from .base import device_cores
-from .onnx_export import relax_to_onnx
-from .onnx_ops import openvino_problem
+from .onnx_export.export import relax_to_onnx
+from .onnx_export.ops import openvino_problem
 from .onnxruntime import OnnxGraphBackend
 
 
@@ -65,7 +65,7 @@ class OpenVinoBackend(OnnxGraphBackend):
 
     def supports_op(self, call) -> bool:
         """As ONNX Runtime, less the calls OpenVINO computes otherwise than ONNX defines
-        (:func:`~tvm_pesto.backends.onnx_ops.openvino_problem`: unstable sorts, a pool's last window)."""
+        (:func:`~tvm_pesto.backends.onnx_export.ops.openvino_problem`: unstable sorts, a pool's last window)."""
         return super().supports_op(call) and openvino_problem(call) is None
 
     def make_callable(self, func: relax.Function, device):

@@ -338,7 +338,7 @@ def one_unit_overhead(mod, inputs, cores: int, rounds: int = ROUNDS) -> dict:
     """
     # lazy: loads TVM's compiler, which importing this module does not
     from ..api import build_placement, place
-    from ..backends.onnx_export import relax_to_onnx
+    from ..backends.onnx_export.export import relax_to_onnx
 
     wide = cpu_cluster(1)
     lp = whole_model_placement(place(mod, wide, costs="roofline"), "onnxruntime", wide)

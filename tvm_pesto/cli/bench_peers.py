@@ -80,7 +80,8 @@ def peers(models, sizes, corpus, model_timeout, extra_builds, cores, costs, torc
     about = {"command": " ".join(["tvm-pesto", *sys.argv[1:]]), "corpus": corpus or "zoo"}
     res = bench_peers(todo, cores=cores, torch_compile=torch_compile, build_options={"costs": costs}, rounds=rounds,
                       progress=lambda m: console.print(f"  {m}"), model_timeout_s=timeout,
-                      checkpoint=(lambda r: write_json(json_path, {**r, **about, "complete": False}, schema="bench-peers")) if json_path
+                      # the checkpoint is not checked against the schema: a long run never stops on it (the final write is)
+                      checkpoint=(lambda r: write_json(json_path, {**r, **about, "complete": False})) if json_path
                       else None, extra_builds=corpus is None if extra_builds is None else extra_builds)
     res.update(about, complete=True)
     text = markdown(res)

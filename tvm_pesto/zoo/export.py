@@ -2,7 +2,7 @@
 
 :func:`to_onnx` is ``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``),
 which needs no extra package, on the Python path of ``nn.TransformerEncoderLayer``: the
-model's own ONNX, not tvm-pesto's Relax -> ONNX export (:mod:`tvm_pesto.backends.onnx_export`).
+model's own ONNX, not tvm-pesto's Relax -> ONNX export (:mod:`tvm_pesto.backends.onnx_export.export`).
 ``tvm-pesto bench peers`` runs the peers on it; the tests write model files with it.
 
 Examples

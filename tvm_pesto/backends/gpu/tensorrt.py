@@ -1,7 +1,7 @@
 """TensorRT backend: a Relax subgraph -> ONNX -> TensorRT engine, cached on disk.
 
 The subgraph (any convex region of ops TVM's ``tensorrt.*`` patterns accept) is exported
-with :func:`tvm_pesto.backends.onnx_export.relax_to_onnx`, checked with ``onnx.checker``,
+with :func:`tvm_pesto.backends.onnx_export.export.relax_to_onnx`, checked with ``onnx.checker``,
 parsed by TensorRT's ONNX parser and built into an engine. Engines are cached in
 ``$TVM_PESTO_CACHE/tensorrt`` (default ``~/.cache/tvm-pesto/tensorrt``) under a key made of
 the ONNX model's bytes, the GPU name, its compute capability, the TensorRT version and the
@@ -26,8 +26,8 @@ from tvm import relax
 
 from ...errors import BuildError
 from ..base import Backend
-from ..onnx_export import flatten_args, relax_to_onnx
-from ..onnx_ops import supports_call
+from ..onnx_export.export import flatten_args, relax_to_onnx
+from ..onnx_export.ops import supports_call
 from ...cluster import gpu_probe as probe
 from .cublas import _as_int
 from .patterns import backend_patterns, ops_in_patterns

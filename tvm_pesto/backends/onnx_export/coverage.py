@@ -2,14 +2,14 @@
 
 :func:`importer_ops` reads the Relax operators that TVM's PyTorch importer
 (``from_exported_program``, with its FX base) and ONNX importer call, from the importers'
-own sources. Each either has a converter (:data:`tvm_pesto.backends.onnx_ops.CONVERTERS`)
+own sources. Each either has a converter (:data:`tvm_pesto.backends.onnx_export.ops.CONVERTERS`)
 or is listed in :data:`UNCONVERTED` with why not; a call of an unconverted op stays in TVM
 while the libraries run the rest. ``tests/test_onnx_coverage.py`` checks both, and runs one
 tiny module per converter in ONNX Runtime and OpenVINO against TVM's build.
 
 Examples
 --------
->>> from tvm_pesto.backends.onnx_coverage import UNCONVERTED, importer_ops
+>>> from tvm_pesto.backends.onnx_export.coverage import UNCONVERTED, importer_ops
 >>> ops = importer_ops()
 >>> len(ops) > 100, "relax.nn.conv2d" in ops, UNCONVERTED["relax.nonzero"].startswith("data-dependent")
 (True, True, True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_graph import Exporter, OnnxExportError, dtype_of, ints, registrar
+from .graph import Exporter, OnnxExportError, dtype_of, ints, registrar
 
 #: Relax operator name -> its converter ``(exporter, call, out_name) -> ONNX name``.
 CONVERTERS: dict = {}

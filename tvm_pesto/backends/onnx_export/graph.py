@@ -1,6 +1,6 @@
-"""The ONNX graph that :func:`tvm_pesto.backends.onnx_export.relax_to_onnx` builds: the
+"""The ONNX graph that :func:`tvm_pesto.backends.onnx_export.export.relax_to_onnx` builds: the
 :class:`Exporter` (nodes, initializers, unique names, the ONNX names of Relax values) and
-the type helpers the op converters of :mod:`tvm_pesto.backends.onnx_ops` share.
+the type helpers the op converters of :mod:`tvm_pesto.backends.onnx_export.ops` share.
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import BuildError
+from ...errors import BuildError
 
 
 class OnnxExportError(BuildError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .onnx_graph import Exporter, OnnxExportError, dtype_of, elem_type, ints, registrar, tensor_shape
+from .graph import Exporter, OnnxExportError, dtype_of, elem_type, ints, registrar, tensor_shape
 
 #: Relax operator name -> its converter ``(exporter, call, out_name) -> ONNX name``.
 CONVERTERS: dict = {}

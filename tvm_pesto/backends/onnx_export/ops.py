@@ -1,4 +1,4 @@
-"""The Relax op -> ONNX converters of :func:`tvm_pesto.backends.onnx_export.relax_to_onnx`, one
+"""The Relax op -> ONNX converters of :func:`tvm_pesto.backends.onnx_export.export.relax_to_onnx`, one
 function per op family, and :func:`supports_call`, whether a call has one (and its layout fits).
 
 Semantics follow TVM's legalization of each op, so the ONNX model computes what the TVM
@@ -13,12 +13,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .onnx_graph import (DTYPES, Exporter, OnnxExportError, dtype_of, elem_type, flat_types, ints, is_tensor_const,
+from .graph import (DTYPES, Exporter, OnnxExportError, dtype_of, elem_type, flat_types, ints, is_tensor_const,
                          registrar, tensor_shape)
-from .onnx_index_ops import CONVERTERS as INDEX_CONVERTERS, PROBLEMS as INDEX_PROBLEMS
-from .onnx_math_ops import CONVERTERS as MATH_CONVERTERS, PROBLEMS as MATH_PROBLEMS
-from .onnx_nn_ops import CONVERTERS as NN_CONVERTERS, OPENVINO_PROBLEMS as NN_OV, PROBLEMS as NN_PROBLEMS
-from .onnx_scatter_ops import (CONVERTERS as SCATTER_CONVERTERS, OPENVINO_PROBLEMS as SCATTER_OV,
+from .index_ops import CONVERTERS as INDEX_CONVERTERS, PROBLEMS as INDEX_PROBLEMS
+from .math_ops import CONVERTERS as MATH_CONVERTERS, PROBLEMS as MATH_PROBLEMS
+from .nn_ops import CONVERTERS as NN_CONVERTERS, OPENVINO_PROBLEMS as NN_OV, PROBLEMS as NN_PROBLEMS
+from .scatter_ops import (CONVERTERS as SCATTER_CONVERTERS, OPENVINO_PROBLEMS as SCATTER_OV,
                                PROBLEMS as SCATTER_PROBLEMS)
 
 #: A converter gets (exporter, call, out_name) and returns the ONNX name(s) of its result.

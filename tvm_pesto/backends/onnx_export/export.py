@@ -6,15 +6,15 @@ tensor (a tuple result is flattened), and every constant becomes an initializer.
 must be static. The opset is 17: old enough for TensorRT 8.6+ and every ONNX Runtime,
 new enough for ``LayerNormalization``.
 
-Each op goes through its converter in :mod:`tvm_pesto.backends.onnx_ops`, whose semantics follow
+Each op goes through its converter in :mod:`tvm_pesto.backends.onnx_export.ops`, whose semantics follow
 TVM's legalization of the op, so the ONNX model computes what the TVM build of the same function
 computes (checked in ``tests/test_gpu_backends.py`` by running both on the CPU); the graph is
-built by :class:`tvm_pesto.backends.onnx_graph.Exporter`.
+built by :class:`tvm_pesto.backends.onnx_export.graph.Exporter`.
 
 Examples
 --------
 >>> import onnx
->>> from tvm_pesto.backends.onnx_export import relax_to_onnx
+>>> from tvm_pesto.backends.onnx_export.export import relax_to_onnx
 >>> from tvm_pesto.candidates.examples import tiny_mlp
 >>> model = relax_to_onnx(tiny_mlp()[0]["main"])
 >>> onnx.checker.check_model(model, full_check=True)
@@ -26,9 +26,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .onnx_fuse import divide_by_reciprocals, fuse_hard_activations
-from .onnx_graph import Exporter, OnnxExportError, dtype_of, elem_type, flat_types, tensor_shape
-from .onnx_ops import CONVERTERS, SUPPORTED_OPS, call_problem
+from .fuse import divide_by_reciprocals, fuse_hard_activations
+from .graph import Exporter, OnnxExportError, dtype_of, elem_type, flat_types, tensor_shape
+from .ops import CONVERTERS, SUPPORTED_OPS, call_problem
 
 #: ONNX opset of the exported models.
 OPSET = 17
@@ -97,7 +97,7 @@ def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int
     ------
     OnnxExportError
         For an op without a converter, a call whose layout or attribute values ONNX cannot
-        compute exactly (:func:`~tvm_pesto.backends.onnx_ops.call_problem`), dynamic shapes, or a binding
+        compute exactly (:func:`~tvm_pesto.backends.onnx_export.ops.call_problem`), dynamic shapes, or a binding
         that is not a plain op call; the message names the op and binding.
 
     Examples
