@@ -46,6 +46,7 @@ import numpy as np
 from ...errors import InfeasibleError, PlanError
 from ...plan.plan import Plan
 from ...plan.problem import Problem
+from ...plan.reference import SimArrays
 from ...plan.simulate import SimResult, simulate
 from ..bounds.paths import critical_path
 from ..budget import SEED, Meter, simulation_work
@@ -138,8 +139,9 @@ class _Evaluator:
             self.core = _core
         except ImportError:
             self.core = None
-        self.src = problem.src.astype(np.int32)
-        self.dst = problem.dst.astype(np.int32)
+        p = problem
+        self.arrays = SimArrays(p.num_nodes, p.src.astype(np.int32), p.dst.astype(np.int32), p.ebytes, p.latency,
+                                p.inv_bw, p.num_devices, p.mem, p.hosts)
         self.ids = np.arange(problem.num_nodes)
 
     def __call__(self, assignment: np.ndarray, priority: np.ndarray):
@@ -158,9 +160,7 @@ class _Evaluator:
                 return cand, None
         cost = p.costs[self.ids, assignment]
         try:
-            start, finish, busy, peak, tx = self.core.simulate(
-                p.num_nodes, self.src, self.dst, p.ebytes, cand.assignment, (flat, offsets), cost, p.latency,
-                p.inv_bw, p.mem, d, p.hosts)
+            start, finish, busy, peak, tx = self.core.simulate(self.arrays, cand.assignment, (flat, offsets), cost)
         except PlanError:
             return cand, None
         if (peak > p.capacity * (1 + 1e-9)).any():
