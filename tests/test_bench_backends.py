@@ -120,7 +120,8 @@ def test_bench_model_runs_end_to_end_on_a_tiny_model_file(tmp_path):
     mod, _ = tiny_mlp()
     path = tmp_path / "mlp.tvmscript"
     path.write_text(mod.script(show_meta=True))
-    res = bb.bench_model(str(path), backends="tvm,onnxruntime", rounds=1, time_limit_s=5.0, search_s=0.5,
+    res = bb.bench_model(str(path), backends="tvm,onnxruntime",
+                         settings=bb.BackendsBenchSettings(rounds=1, time_limit_s=5.0, search_s=0.5),
                          clusters=bb.bench_clusters(measure_links=False))
     assert res["num_ops"] == 12 and res["failed_builds"] == {}
     assert set(res["single_s"]) == {"tvm", "onnxruntime"} and all(s > 0 for s in res["single_s"].values())

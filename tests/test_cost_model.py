@@ -233,12 +233,13 @@ def test_compressed_logs_read_as_plain_ones_and_merge_reproducibly(tmp_path, swe
 def test_profile_zoo_measures_each_model_in_a_process_of_its_own(tmp_path):
     """A long process slowed OpenVINO's two-thread calls (docs/cost_model.md): each model and
     each sweep family is profiled in a fresh process, appending to the same log."""
-    from tvm_pesto_lab.profile import profile_zoo
+    from tvm_pesto_lab.profile import ProfileSettings, profile_zoo
 
     log = tmp_path / "p.jsonl"
     seen, ticks = [], []
-    res = profile_zoo(["sweep-pool", "sweep-movement"], cluster="cpu:2", log_path=log, backends=["tvm"],
-                      repeat=2, min_repeat_ms=1, on_model=seen.append, progress=lambda d, t: ticks.append((d, t)))
+    res = profile_zoo(["sweep-pool", "sweep-movement"], cluster="cpu:2", log_path=log,
+                      settings=ProfileSettings(backends=["tvm"], repeat=2, min_repeat_ms=1), on_model=seen.append,
+                      progress=lambda d, t: ticks.append((d, t)))
     assert [r.model for r in res] == ["sweep-pool", "sweep-movement"] and seen == res
     assert ticks and all(0 <= d <= t for d, t in ticks)  # the spawned processes' progress, reported here
     assert any(d == t for d, t in ticks)
@@ -247,10 +248,10 @@ def test_profile_zoo_measures_each_model_in_a_process_of_its_own(tmp_path):
     assert len(pids) == 2 and os.getpid() not in pids
     models = {json.loads(line)["model"] for line in log.read_text().splitlines()}
     assert models == {"sweep-pool", "sweep-movement"}
-    here = profile_zoo(["sweep-pool"], cluster="cpu:2", log_path=tmp_path / "q.jsonl", backends=["tvm"],
-                       repeat=2, min_repeat_ms=1, fresh_process=False)
+    here = profile_zoo(["sweep-pool"], cluster="cpu:2", log_path=tmp_path / "q.jsonl",
+                       settings=ProfileSettings(backends=["tvm"], repeat=2, min_repeat_ms=1), fresh_process=False)
     assert here[0].pid == os.getpid() and here[0].measured > 0
-    bad = profile_zoo(["sweep-nope"], cluster="cpu:2", log_path=log, backends=["tvm"])
+    bad = profile_zoo(["sweep-nope"], cluster="cpu:2", log_path=log, settings=ProfileSettings(backends=["tvm"]))
     assert bad[0].errors and bad[0].pid not in pids | {os.getpid()}  # a failure is reported, not raised
 
 

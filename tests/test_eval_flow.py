@@ -34,7 +34,7 @@ from tvm_pesto.costs.predict.features import device_descriptor, device_key
 from tvm_pesto.costs.predict.xgb import default_model_path, load_model
 from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.errors import CostError, PestoError
-from tvm_pesto_lab.flow_eval import flow_eval, flow_models
+from tvm_pesto_lab.flow_eval import FlowEvalSettings, flow_eval, flow_models
 from tvm_pesto_lab.sweep import sweep_module
 
 FLOOR = 2e-7
@@ -145,11 +145,11 @@ def test_flow_library_backends_are_chosen_and_checked_first(monkeypatch):
     measured_models = []
     monkeypatch.setattr(fe, "_score_model", lambda name, mod, run: measured_models.append(name))
     with pytest.raises(PestoError, match="unknown backend 'nope'"):
-        flow_eval({"mlp": tiny_mlp()[0]}, "cpu:2", calibrate=False, backends="tvm,nope")
+        flow_eval({"mlp": tiny_mlp()[0]}, "cpu:2", settings=FlowEvalSettings(calibrate=False, backends="tvm,nope"))
     assert measured_models == []  # refused before anything was measured
     monkeypatch.undo()
     monkeypatch.setattr(os, "getloadavg", _loads(0.25))
-    res = flow_eval({"mlp": tiny_mlp()[0]}, "cpu:2", calibrate=False, backends="tvm")
+    res = flow_eval({"mlp": tiny_mlp()[0]}, "cpu:2", settings=FlowEvalSettings(calibrate=False, backends="tvm"))
     assert res["library"] == {} and res["flow"]["mlp"]["library"] == {}
     res = CliRunner().invoke(cost_model, ["eval", "--backends", "onnxruntime"])
     assert isinstance(res.exception, PestoError) and "add --flow" in str(res.exception)
@@ -169,7 +169,7 @@ def test_flow_fits_this_machines_calibration_first_as_estimate_costs_does(measur
     assert fits == ["cpu:2"]
     assert res["calibration"]["applied"] and all(r["calibrated"] for r in res["flow"].values())
     fits.clear()
-    res = flow_eval(mods, "cpu:2", cache=cache, calibrate=False)
+    res = flow_eval(mods, "cpu:2", cache=cache, settings=FlowEvalSettings(calibrate=False))
     assert fits == [] and res["calibration"]["applied"] is None
     assert all(r["mape"] == r["raw"]["mape"] and r["calibrated"] is False for r in res["flow"].values())
 
@@ -178,15 +178,16 @@ def test_flow_fits_this_machines_calibration_first_as_estimate_costs_does(measur
 def test_high_load_is_flagged_and_strict_refuses(measured, monkeypatch):
     _, mods, cache = measured
     monkeypatch.setattr(os, "getloadavg", _loads(3.5))
-    res = flow_eval(mods, "cpu:2", cache=cache, calibrate=False)  # labels cached: no new measurement
+    # labels cached: no new measurement
+    res = flow_eval(mods, "cpu:2", cache=cache, settings=FlowEvalSettings(calibrate=False))
     assert res["high_load"] is True and res["high_load_models"] == sorted(mods)
     assert "above load 1.0" in res["load_note"]
     assert all(r["high_load"] and r["load"]["label_1min"] == 3.5 for r in res["flow"].values())
     assert res["load_unknown_models"] == sorted(mods)  # a given cache: labels from earlier
     assert res["calibration"]["fitted"] is False and "calibrated_heldout" not in res["flow"]["cnn"]
     with pytest.raises(CostError, match=r"load average 3\.50 is above 1\.0.*quieter machine"):
-        flow_eval(mods, "cpu:2", cache=cache, strict=True)
-    res = flow_eval(mods, "cpu:2", cache=cache, calibrate=False, max_load=4.0)
+        flow_eval(mods, "cpu:2", cache=cache, settings=FlowEvalSettings(strict=True))
+    res = flow_eval(mods, "cpu:2", cache=cache, settings=FlowEvalSettings(calibrate=False, max_load=4.0))
     assert res["high_load"] is False
 
 
@@ -211,9 +212,9 @@ def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch,
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     mods = {"mlp": tiny_mlp()[0]}
-    once = flow_eval(mods, "cpu:2", calibrate=False, backends="tvm")  # the groups' labels only
+    once = flow_eval(mods, "cpu:2", settings=FlowEvalSettings(calibrate=False, backends="tvm"))  # groups' labels only
     calls.clear()
-    res = flow_eval(mods, "cpu:2", calibrate=False, label_runs=2, backends="tvm")
+    res = flow_eval(mods, "cpu:2", settings=FlowEvalSettings(calibrate=False, label_runs=2, backends="tvm"))
     col = first["table"][:, 0]  # cpu:2: two devices of one size, scored once (the first)
     sum_first = float(col[np.isfinite(col)].sum())
     assert len(calls) == 2 and calls[0] != calls[1]  # each run measured into a fresh log
@@ -228,9 +229,9 @@ def test_label_runs_take_the_median_and_say_how_far_the_runs_differ(monkeypatch,
     assert "label_noise" not in once["flow"]["mlp"] and "label_noise" not in once
     json.dumps(res)
     with pytest.raises(CostError, match="label_runs must be"):
-        flow_eval(mods, "cpu:2", label_runs=0)
+        flow_eval(mods, "cpu:2", settings=FlowEvalSettings(label_runs=0))
     with pytest.raises(CostError, match="cannot reuse a measurement log"):
-        flow_eval(mods, "cpu:2", cache=MeasureCache(tmp_path / "m.jsonl"), label_runs=2)
+        flow_eval(mods, "cpu:2", cache=MeasureCache(tmp_path / "m.jsonl"), settings=FlowEvalSettings(label_runs=2))
 
 
 def test_fit_recovers_a_known_correction():

@@ -15,7 +15,7 @@ from tvm_pesto.solve import budget
 from tvm_pesto.solve.budget import wall_cap
 from tvm_pesto.solve.heuristics.single import one_device_plan
 from tvm_pesto.solve.placement_ilp.driver import solve as ilp_solve
-from tvm_pesto.solve.placement_ilp.lns import lns, remaining_time
+from tvm_pesto.solve.placement_ilp.lns import LnsSettings, lns, remaining_time
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 
@@ -51,7 +51,7 @@ def test_remaining_time_bounds_the_rest_of_the_schedule(dag):
 
 @pytest.mark.slow
 def test_the_ilp_path_runs_the_lns_from_heft_and_says_where_the_plan_came_from(dag):
-    plan = ilp_solve(dag, target=40, time_limit_s=1.0, fine_heuristics=False, lns_s=1.5, refine_s=0.5,
+    plan = ilp_solve(dag, target=40, time_limit_s=1.0, fine_heuristics=False, lns=LnsSettings(seconds=1.5), refine_s=0.5,
                      deterministic=True)
     steps = [s["step"] for s in plan.info["improvement"]]
     assert "heft" in steps and "lns" in plan.info and plan.info["lns"]["windows"] > 0
@@ -68,7 +68,7 @@ def test_a_wall_cap_ends_the_ilp_paths_work_budgets_and_says_where(dag):
     the plan is still valid and no worse than HEFT, and says a clock decided it."""
     t = time.perf_counter()
     with wall_cap(1.5):
-        plan = ilp_solve(dag, target=40, time_limit_s=1.0, fine_heuristics=False, lns_s=600, refine_s=600,
+        plan = ilp_solve(dag, target=40, time_limit_s=1.0, fine_heuristics=False, lns=LnsSettings(seconds=600), refine_s=600,
                          deterministic=True)
     took = time.perf_counter() - t
     assert took < 60, took  # a hang guard: the work budgets alone would run 1200 s

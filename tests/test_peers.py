@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from fake_clock import FakeClock
 
+from tvm_pesto.bench.peer_settings import PeerSettings
 from tvm_pesto.bench.peers import bench_model, bench_peers, markdown
 from tvm_pesto.frontend import from_torch
 from tvm_pesto.costs.measure.blocks import time_blocks
@@ -64,8 +65,8 @@ def _mlp():
 @pytest.fixture(scope="module")
 def one_model():
     model, x, mod = _mlp()
-    return bench_peers([("mlp", lambda: (model, x, mod))], cores=2, torch_compile=False,
-                       build_options={"costs": "roofline"}, rounds=1)
+    return bench_peers([("mlp", lambda: (model, x, mod))], PeerSettings(cores=2, torch_compile=False,
+                       build_options={"costs": "roofline"}, rounds=1))
 
 
 @pytest.mark.slow
@@ -89,8 +90,8 @@ def test_every_peer_is_reported_with_its_time_or_why_not(one_model):
 def test_held_is_the_blocks_time_over_the_build_time_measurement_of_the_kept_option(monkeypatch):
     monkeypatch.setenv("TVM_PESTO_MEASURE_FINAL", "1")
     model, x, mod = _mlp()
-    r = bench_peers([("mlp", lambda: (model, x, mod))], cores=2, torch_compile=False,
-                    build_options={"costs": "roofline"}, rounds=1, overhead=False)
+    r = bench_peers([("mlp", lambda: (model, x, mod))], PeerSettings(cores=2, torch_compile=False,
+                    build_options={"costs": "roofline"}, rounds=1, overhead=False))
     m = r["models"]["mlp"]
     p = m["variants"]["pesto"]
     kept = p["options_measured_s"][p["chosen"]]
@@ -126,7 +127,7 @@ def test_a_peer_that_cannot_run_is_reported_not_fatal():
             return torch.fft.rfft(x).abs()  # the TorchScript ONNX exporter has no fft
 
     x = (np.ones((2, 8), np.float32),)
-    r = bench_model("fft", NoOnnx().eval(), x, None, cores=1, torch_compile=False, rounds=1)
+    r = bench_model("fft", NoOnnx().eval(), x, None, PeerSettings(cores=1, torch_compile=False, rounds=1))
     assert "error" in r["variants"]["ort"] and "error" in r["variants"]["pesto"]
     assert r["variants"]["torch"]["seconds"] > 0
     assert r["ratio_vs_best_peer"] is None

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tvm_pesto import _core
 from tvm_pesto.errors import CycleError, PlanError
-from tvm_pesto.plan.reference import simulate_reference
+from tvm_pesto.plan.reference import SimArrays, simulate_reference
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -85,6 +85,11 @@ def _static_peak(n, src, dst, ebytes, assignment, mem, d):
     return peak
 
 
+def _args(n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices, hosts=None):
+    """The simulators' arguments from the flat ones: the graph and links as one SimArrays."""
+    return SimArrays(n, src, dst, ebytes, latency, inv_bw, num_devices, mem, hosts), assignment, order, cost
+
+
 def _assert_same(got, want):
     for g, w, name in zip(got, want, ["start", "finish", "busy", "peak", "transfers"]):
         assert g.shape == w.shape, name
@@ -95,7 +100,7 @@ def _assert_same(got, want):
 @SETTINGS
 @given(instances())
 def test_core_equals_reference(inst):
-    _assert_same(_core.simulate(*inst), simulate_reference(*inst))
+    _assert_same(_core.simulate(*_args(*inst)), simulate_reference(*_args(*inst)))
 
 
 @pytest.mark.slow
@@ -103,13 +108,13 @@ def test_core_equals_reference(inst):
 @given(instances(orders="any"))
 def test_core_equals_reference_on_any_orders(inst):
     try:
-        want = simulate_reference(*inst)
+        want = simulate_reference(*_args(*inst))
     except PlanError as err:
         with pytest.raises(PlanError) as got:
-            _core.simulate(*inst)
+            _core.simulate(*_args(*inst))
         assert str(got.value) == str(err)
         return
-    _assert_same(_core.simulate(*inst), want)
+    _assert_same(_core.simulate(*_args(*inst)), want)
 
 
 @pytest.mark.slow
@@ -117,7 +122,7 @@ def test_core_equals_reference_on_any_orders(inst):
 @given(instances())
 def test_invariants(inst):
     n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d, hosts = inst
-    start, finish, busy, peak, tx = _core.simulate(*inst)
+    start, finish, busy, peak, tx = _core.simulate(*_args(*inst))
     eps = 1e-9
     np.testing.assert_array_equal(finish, start + cost)
     # One device runs one node at a time, in the plan's order.
@@ -176,9 +181,9 @@ def test_swapped_dependency_deadlocks(inst, data):
     seq[i], seq[j] = seq[j], seq[i]
     args = (n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, d, hosts)
     with pytest.raises(PlanError, match="deadlocks") as got:
-        _core.simulate(*args)
+        _core.simulate(*_args(*args))
     with pytest.raises(PlanError) as want:
-        simulate_reference(*args)
+        simulate_reference(*_args(*args))
     assert str(got.value) == str(want.value)
 
 
@@ -188,7 +193,7 @@ def test_cross_device_deadlock_names_blocked_nodes():
     args = (4, src, dst, np.ones(3), np.array([0, 1, 1, 0]), [[3, 0], [1, 2]], np.ones(4),
             np.zeros((2, 2)), np.zeros((2, 2)), np.zeros(4), 2)
     with pytest.raises(PlanError, match=r"at nodes \[3, 1\]"):
-        _core.simulate(*args)
+        _core.simulate(*_args(*args))
 
 
 def test_hand_computed_schedule():
@@ -196,9 +201,9 @@ def test_hand_computed_schedule():
     src, dst = np.array([0, 0, 0, 1]), np.array([1, 2, 3, 2])
     lat = np.array([[0.0, 1.0], [1.0, 0.0]])
     inv = np.array([[0.0, 0.5], [0.5, 0.0]])
-    start, finish, busy, peak, tx = _core.simulate(
+    start, finish, busy, peak, tx = _core.simulate(*_args(
         4, src, dst, np.array([4.0, 8.0, 2.0, 1.0]), np.array([0, 1, 1, 0]), [[0, 3], [1, 2]],
-        np.array([1.0, 2.0, 3.0, 4.0]), lat, inv, np.array([10.0, 20.0, 30.0, 40.0]), 2)
+        np.array([1.0, 2.0, 3.0, 4.0]), lat, inv, np.array([10.0, 20.0, 30.0, 40.0]), 2))
     # Transfer 0->dev1 runs 1 .. 1 + 1 + 8 * 0.5 = 6.
     assert tx.tolist() == [[0, 0, 1, 1.0, 6.0, 8.0]]
     assert start.tolist() == [0.0, 6.0, 8.0, 1.0]
@@ -213,30 +218,30 @@ def test_transfers_between_hosts_share_the_nic():
     src, dst = np.array([0, 0]), np.array([1, 2])
     args = (3, src, dst, np.array([8.0, 8.0]), np.array([0, 2, 3]), [[0], [], [1], [2]], np.ones(3),
             np.full((4, 4), 1.0), np.full((4, 4), 0.25), np.zeros(3), 4)
-    one = _core.simulate(*args, hosts=[0, 0, 0, 0])
-    two = _core.simulate(*args, hosts=[0, 0, 1, 1])
+    one = _core.simulate(*_args(*args, hosts=[0, 0, 0, 0]))
+    two = _core.simulate(*_args(*args, hosts=[0, 0, 1, 1]))
     assert one[4][:, 3:5].tolist() == [[1.0, 4.0], [1.0, 4.0]]  # parallel links: both 1 .. 1 + 1 + 2
     assert two[4][:, 3:5].tolist() == [[1.0, 4.0], [4.0, 7.0]]  # one NIC: the second waits
     assert two[1].tolist() == [1.0, 5.0, 8.0]
-    for got, want in zip(two, simulate_reference(*args, hosts=[0, 0, 1, 1])):
+    for got, want in zip(two, simulate_reference(*_args(*args, hosts=[0, 0, 1, 1]))):
         np.testing.assert_array_equal(got, want)
     # Different receiving hosts still share the sender's outgoing NIC; two senders on two
     # hosts into one host share its incoming NIC.
-    assert _core.simulate(*args, hosts=[0, 0, 1, 2])[4][:, 3].tolist() == [1.0, 4.0]
+    assert _core.simulate(*_args(*args, hosts=[0, 0, 1, 2]))[4][:, 3].tolist() == [1.0, 4.0]
     src, dst = np.array([0, 1]), np.array([2, 2])
     args = (3, src, dst, np.array([8.0, 8.0]), np.array([0, 1, 2]), [[0], [1], [2]], np.ones(3),
             np.full((3, 3), 1.0), np.full((3, 3), 0.25), np.zeros(3), 3)
-    assert _core.simulate(*args, hosts=[0, 1, 2])[4][:, 3:5].tolist() == [[1.0, 4.0], [4.0, 7.0]]
-    assert _core.simulate(*args, hosts=[0, 1, 1])[4][:, 3:5].tolist() == [[1.0, 4.0], [1.0, 4.0]]
+    assert _core.simulate(*_args(*args, hosts=[0, 1, 2]))[4][:, 3:5].tolist() == [[1.0, 4.0], [4.0, 7.0]]
+    assert _core.simulate(*_args(*args, hosts=[0, 1, 1]))[4][:, 3:5].tolist() == [[1.0, 4.0], [1.0, 4.0]]
 
 
 def test_hosts_are_checked():
     args = (1, np.zeros(0), np.zeros(0), np.zeros(0), np.array([0]), [[0], []], np.ones(1), np.zeros((2, 2)),
             np.zeros((2, 2)), np.zeros(1), 2)
     with pytest.raises(PlanError, match="hosts names 3 devices"):
-        _core.simulate(*args, hosts=[0, 0, 0])
+        _core.simulate(*_args(*args, hosts=[0, 0, 0]))
     with pytest.raises(PlanError, match="host -1"):
-        _core.simulate(*args, hosts=[0, -1])
+        _core.simulate(*_args(*args, hosts=[0, -1]))
 
 
 def test_rejects_malformed_plans():
@@ -244,19 +249,19 @@ def test_rejects_malformed_plans():
     base = dict(n=2, src=src, dst=dst, ebytes=np.ones(1), cost=np.ones(2), latency=np.zeros((2, 2)),
                 inv_bw=np.zeros((2, 2)), mem=np.zeros(2), num_devices=2)
     with pytest.raises(PlanError, match="assigned to"):
-        _core.simulate(assignment=np.array([0, 1]), order=[[0, 1], []], **base)
+        _core.simulate(*_args(assignment=np.array([0, 1]), order=[[0, 1], []], **base))
     with pytest.raises(PlanError, match="exactly one"):
-        _core.simulate(assignment=np.array([0, 1]), order=[[0], []], **base)
+        _core.simulate(*_args(assignment=np.array([0, 1]), order=[[0], []], **base))
     with pytest.raises(PlanError, match="twice"):
-        _core.simulate(assignment=np.array([0, 0]), order=[[0, 0], []], **base)
+        _core.simulate(*_args(assignment=np.array([0, 0]), order=[[0, 0], []], **base))
     with pytest.raises(PlanError, match="outside"):
-        _core.simulate(assignment=np.array([0, 2]), order=[[0], [1]], **base)
+        _core.simulate(*_args(assignment=np.array([0, 2]), order=[[0], [1]], **base))
 
 
 def test_empty_graph():
-    start, finish, busy, peak, tx = _core.simulate(
+    start, finish, busy, peak, tx = _core.simulate(*_args(
         0, np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0), [[], []], np.zeros(0),
-        np.zeros((2, 2)), np.zeros((2, 2)), np.zeros(0), 2)
+        np.zeros((2, 2)), np.zeros((2, 2)), np.zeros(0), 2))
     assert start.shape == (0,) and tx.shape == (0, 6) and busy.tolist() == [0.0, 0.0]
 
 
@@ -308,19 +313,19 @@ def test_list_schedule(inst, data):
     n, src, dst, ebytes, assignment, _, cost, latency, inv_bw, mem, d, hosts = inst
     costs = np.repeat(cost[:, None], d, axis=1) * (1 + np.arange(d))
     priority = np.array(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)), dtype=np.float64)
-    got = _core.list_schedule(n, src, dst, ebytes, costs, latency, inv_bw, priority, assignment, d)
+    got = _core.list_schedule(SimArrays(n, src, dst, ebytes, latency, inv_bw, d), costs, priority, assignment)
     want = _list_schedule_py(n, src, dst, ebytes, costs, latency, inv_bw, priority, assignment, d)
     assert got[0] == want[0]
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_array_equal(got[2], want[2])
     # Its orders never deadlock, and link contention only delays.
     node_cost = costs[np.arange(n), assignment]
-    start, finish, *_ = _core.simulate(n, src, dst, ebytes, assignment, got[0], node_cost,
-                                       latency, inv_bw, mem, d, hosts)
+    start, finish, *_ = _core.simulate(*_args(n, src, dst, ebytes, assignment, got[0], node_cost,
+                                       latency, inv_bw, mem, d, hosts))
     assert (start >= got[1] - 1e-9 * (1 + np.abs(got[1]))).all()
 
 
 def test_list_schedule_rejects_cycles():
     with pytest.raises(CycleError):
-        _core.list_schedule(2, np.array([0, 1]), np.array([1, 0]), np.ones(2), np.ones((2, 1)),
-                            np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(2), np.zeros(2), 1)
+        _core.list_schedule(SimArrays(2, np.array([0, 1]), np.array([1, 0]), np.ones(2), np.zeros((1, 1)),
+                                      np.zeros((1, 1)), 1), np.ones((2, 1)), np.zeros(2), np.zeros(2))

@@ -216,10 +216,10 @@ def test_unknown_zoo_model_lists_the_names():
 
 @pytest.mark.slow
 def test_bench_training_measures_and_simulates_every_plan():
-    from tvm_pesto.bench.training import bench_training, training_markdown
+    from tvm_pesto.bench.training import TrainingBenchSettings, bench_training, training_markdown
 
-    res = bench_training(["mlp_mixer"], solvers=["single", "m-etf"], gpu_clusters=["2xV100-nvlink"], steps=2,
-                         costs="roofline")
+    res = bench_training(["mlp_mixer"], settings=TrainingBenchSettings(
+        solvers=["single", "m-etf"], gpu_clusters=["2xV100-nvlink"], steps=2, costs="roofline"))
     m = res["models"]["mlp_mixer"]
     used = m["cpu"]["m-etf"]["devices_used"]
     assert m["cpu"]["single"]["devices_used"] == [0] and used and set(used) <= {0, 1}

@@ -108,19 +108,14 @@ def _flatten_order(order: Sequence[Sequence[int]], num_devices: int) -> tuple[np
     return flat, offsets
 
 
-def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices: int,
-             hosts=None):
+def simulate(g, assignment, order, cost):
     """Simulate a plan in C++; same arguments and result as
     :func:`tvm_pesto.plan.reference.simulate_reference`.
 
     Parameters
     ----------
-    n : int
-        Number of nodes.
-    src, dst : array of int, shape (m,)
-        Edge endpoints.
-    ebytes : array of float, shape (m,)
-        Bytes each edge carries.
+    g : SimArrays
+        The graph and links (:class:`tvm_pesto.plan.reference.SimArrays`, with ``mem``).
     assignment : array of int, shape (n,)
         Device of each node.
     order : list of list of int, or (flat, offsets)
@@ -129,15 +124,6 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
         ``d + 1`` entries).
     cost : array of float, shape (n,)
         Seconds each node takes on its device.
-    latency, inv_bw : array of float, shape (d, d)
-        Link latency (s) and inverse bandwidth (s/byte).
-    mem : array of float, shape (n,)
-        Resident bytes of each node (weights + outputs).
-    num_devices : int
-    hosts : array of int, shape (d,), optional
-        The host of each device (default: all on host 0). A transfer between two hosts
-        holds the sending host's outgoing and the receiving host's incoming network
-        interface, so such transfers share each host's NIC.
 
     Returns
     -------
@@ -155,15 +141,16 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
     --------
     >>> import numpy as np
     >>> from tvm_pesto import _core
-    >>> start, finish, busy, peak, tx = _core.simulate(
-    ...     2, np.array([0]), np.array([1]), np.array([8.0]), np.array([0, 1]), [[0], [1]],
-    ...     np.array([1.0, 1.0]), np.zeros((2, 2)), np.full((2, 2), 0.25), np.zeros(2), 2)
+    >>> from tvm_pesto.plan.reference import SimArrays
+    >>> g = SimArrays(2, np.array([0]), np.array([1]), np.array([8.0]), np.zeros((2, 2)), np.full((2, 2), 0.25), 2,
+    ...               mem=np.zeros(2))
+    >>> start, finish, busy, peak, tx = _core.simulate(g, np.array([0, 1]), [[0], [1]], np.array([1.0, 1.0]))
     >>> finish.tolist(), tx.tolist()
     ([1.0, 4.0], [[0.0, 0.0, 1.0, 1.0, 3.0, 8.0]])
     """
-    d = int(num_devices)
-    src = np.asarray(src, dtype=np.int32).reshape(-1)
-    dst = np.asarray(dst, dtype=np.int32).reshape(-1)
+    n, d, hosts = g.n, int(g.num_devices), g.hosts
+    src = np.asarray(g.src, dtype=np.int32).reshape(-1)
+    dst = np.asarray(g.dst, dtype=np.int32).reshape(-1)
     assignment = np.asarray(assignment, dtype=np.int32).reshape(-1)
     if assignment.shape != (n,):
         raise PlanError(f"plan assigns {assignment.shape[0]} nodes; the graph has {n}")
@@ -192,10 +179,10 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
     transfers = np.empty((rows, 6))
     blocked = np.full(d, -1, dtype=np.int32)
     args = [
-        _tensor(src, np.int32), _tensor(dst, np.int32), _tensor(ebytes, np.float64),
+        _tensor(src, np.int32), _tensor(dst, np.int32), _tensor(g.ebytes, np.float64),
         _tensor(assignment, np.int32), _tensor(flat, np.int32), _tensor(offsets, np.int32),
-        _tensor(cost, np.float64), _tensor(latency, np.float64), _tensor(inv_bw, np.float64),
-        _tensor(mem, np.float64), _tensor(hosts, np.int32),
+        _tensor(cost, np.float64), _tensor(g.latency, np.float64), _tensor(g.inv_bw, np.float64),
+        _tensor(g.mem, np.float64), _tensor(hosts, np.int32),
     ]
     outs = [tvm_ffi.from_dlpack(a) for a in (start, finish, busy, peak, transfers, blocked)]
     try:
@@ -207,8 +194,7 @@ def simulate(n: int, src, dst, ebytes, assignment, order, cost, latency, inv_bw,
     return start, finish, busy, peak, transfers[:k]
 
 
-def list_schedule(n: int, src, dst, ebytes, costs, latency, inv_bw, priority, assignment,
-                  num_devices: int):
+def list_schedule(g, costs, priority, assignment):
     """Order each device's nodes by insertion-free list scheduling, for a fixed assignment.
 
     Ready nodes (all predecessors placed) are taken smallest ``(priority, id)`` first; each is
@@ -218,16 +204,14 @@ def list_schedule(n: int, src, dst, ebytes, costs, latency, inv_bw, priority, as
 
     Parameters
     ----------
-    n : int
-    src, dst : array of int, shape (m,)
-    ebytes : array of float, shape (m,)
+    g : SimArrays
+        The graph and links (:class:`tvm_pesto.plan.reference.SimArrays`; ``mem`` and
+        ``hosts`` are not read).
     costs : array of float, shape (n, d)
         Seconds of each node on each device.
-    latency, inv_bw : array of float, shape (d, d)
     priority : array of float, shape (n,)
         Smaller runs earlier when several nodes are ready (e.g. minus the upward rank).
     assignment : array of int, shape (n,)
-    num_devices : int
 
     Returns
     -------
@@ -245,13 +229,13 @@ def list_schedule(n: int, src, dst, ebytes, costs, latency, inv_bw, priority, as
     --------
     >>> import numpy as np
     >>> from tvm_pesto import _core
-    >>> order, start, finish = _core.list_schedule(
-    ...     3, np.array([0, 0]), np.array([1, 2]), np.zeros(2), np.ones((3, 1)),
-    ...     np.zeros((1, 1)), np.zeros((1, 1)), np.array([0.0, 2.0, 1.0]), np.zeros(3), 1)
+    >>> from tvm_pesto.plan.reference import SimArrays
+    >>> g = SimArrays(3, np.array([0, 0]), np.array([1, 2]), np.zeros(2), np.zeros((1, 1)), np.zeros((1, 1)), 1)
+    >>> order, start, finish = _core.list_schedule(g, np.ones((3, 1)), np.array([0.0, 2.0, 1.0]), np.zeros(3))
     >>> order
     [[0, 2, 1]]
     """
-    d = int(num_devices)
+    n, d = g.n, int(g.num_devices)
     assignment = np.asarray(assignment, dtype=np.int32).reshape(-1)
     if assignment.shape != (n,):
         raise PlanError(f"assignment has {assignment.shape[0]} nodes; the graph has {n}")
@@ -260,9 +244,9 @@ def list_schedule(n: int, src, dst, ebytes, costs, latency, inv_bw, priority, as
     start = np.empty(n)
     finish = np.empty(n)
     args = [
-        _tensor(src, np.int32), _tensor(dst, np.int32), _tensor(ebytes, np.float64),
+        _tensor(g.src, np.int32), _tensor(g.dst, np.int32), _tensor(g.ebytes, np.float64),
         _tensor(np.asarray(costs, dtype=np.float64).reshape(n, d), np.float64),
-        _tensor(latency, np.float64), _tensor(inv_bw, np.float64),
+        _tensor(g.latency, np.float64), _tensor(g.inv_bw, np.float64),
         _tensor(priority, np.float64), _tensor(assignment, np.int32),
     ]
     outs = [tvm_ffi.from_dlpack(a) for a in (flat, offsets, start, finish)]

@@ -27,6 +27,7 @@ from torch import nn
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests"))  # the user encoders
 from user_encoders import build, relax_module  # noqa: E402
 
+from tvm_pesto.bench.peer_settings import PeerSettings  # noqa: E402
 from tvm_pesto.bench.peers import bench_peers  # noqa: E402
 from tvm_pesto.frontend import from_torch  # noqa: E402
 
@@ -73,7 +74,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     res = bench_peers([("padnet", padnet), ("t5", encoder("t5")), ("distilbert", encoder("distilbert"))],
-                      torch_compile=False, rounds=args.rounds, overhead=False)
+                      PeerSettings(torch_compile=False, rounds=args.rounds, overhead=False))
     for name, m in res["models"].items():
         v = m["variants"]
         ms = {k: round(1e3 * x["seconds"], 4) for k, x in v.items() if "seconds" in x}

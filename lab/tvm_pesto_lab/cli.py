@@ -83,8 +83,7 @@ def _print_sizes(name: str, m: dict) -> None:
 @click.option("--json", "json_path", default=None, help="write a summary as JSON here")
 @rpc_options("time the candidates")
 @ms_db_option()
-def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_ms, run_label, json_path,
-            rpc_tracker, rpc_key):
+def profile(models, cluster_spec, backends, log_path, json_path, rpc_tracker, rpc_key, **timing):
     """Measure every candidate of MODELS and append the records a cost model trains on.
 
     MODELS are zoo names, ``zoo`` (all of them), names of models outside the zoo
@@ -92,7 +91,7 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
     families) or ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
     """
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
-    from .profile import default_backends, default_log_path, profile_zoo
+    from .profile import ProfileSettings, default_backends, default_log_path, profile_zoo
     from .sweep import FAMILIES
     from tvm_pesto.zoo import list_models
     from tvm_pesto.zoo import outside
@@ -115,9 +114,9 @@ def profile(models, size, cluster_spec, backends, log_path, repeat, min_repeat_m
     results = []
     for name in names:
         with step(f"profile {name}") as cb:
-            results.extend(profile_zoo([name], size=size, cluster=cluster_spec, log_path=log_path, backends=bks,
-                                       progress=cb, repeat=repeat, min_repeat_ms=min_repeat_ms,
-                                       run=run_label))
+            settings = ProfileSettings(size=timing["size"], backends=bks, repeat=timing["repeat"],
+                                       min_repeat_ms=timing["min_repeat_ms"], run=timing["run_label"])
+            results.extend(profile_zoo([name], cluster=cluster_spec, log_path=log_path, settings=settings, progress=cb))
     total_s = 0.0
     for r in results:
         total_s += r.seconds
@@ -238,20 +237,27 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
                    "label_noise says how far the runs differ (what a perfect model would score against one run)")
 @click.option("--save-calibration", is_flag=True, help="--flow: fit the calibration on all the models and store it "
               "next to the model file (NAME.calibration.json), where the xgb cost source applies it")
-def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, flow_names, size, cluster_spec,
-             backends, cache_path, max_load, strict, no_calibration, label_runs, save_calibration):
+def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, **flow_options):
     """Evaluate a cost model on its held-out models and on the models it saw (or, with
     --flow, on whole models through the cost sources)."""
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .evaluate import evaluate_model
 
     model = load_model(model_path)
+    o = flow_options
+    save_calibration, strict, no_calibration = o["save_calibration"], o["strict"], o["no_calibration"]
+    cache_path, label_runs, backends = o["cache_path"], o["label_runs"], o["backends"]
     if flow:
         if logs or tuning_dbs or cv or plot:
             raise PestoError("--flow measures models on this machine; --logs, --tuning-db, --cv and --plot score the "
                              "profiler's records: run them without --flow")
-        _eval_flow(model, flow_names, size, cluster_spec, cache_path, max_load, strict, not no_calibration,
-                   save_calibration, json_path, label_runs, backends)
+        # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+        from .flow_eval import FlowEvalSettings
+
+        settings = FlowEvalSettings(calibrate=not no_calibration, max_load=o["max_load"], strict=strict,
+                                    save_calibration=calibration_path(model.path) if save_calibration else None,
+                                    label_runs=label_runs, backends=backends)
+        _eval_flow(model, o["flow_names"], o["size"], o["cluster_spec"], cache_path, settings, json_path)
         return
     if save_calibration or strict or no_calibration or cache_path or label_runs != 1 or backends != "all":
         raise PestoError("--save-calibration, --strict, --no-calibration, --cache, --label-runs and --backends belong "
@@ -308,8 +314,9 @@ def _noise(r) -> str:
     return f" | {n['rerun_mape']:.0f}% {sums}" + (" [yellow]![/]" if n["above_target"] else "")
 
 
-def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, calibrate, save, json_path,
-               label_runs=1, backends="all") -> None:
+def _eval_flow(model, names, size, cluster_spec, cache_path, settings, json_path) -> None:
+    """``eval --flow``: :func:`~tvm_pesto_lab.flow_eval.flow_eval` of the ``names`` models as
+    ``settings`` (a :class:`~tvm_pesto_lab.flow_eval.FlowEvalSettings`) say, printed."""
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .flow_eval import flow_eval, flow_models
 
@@ -317,9 +324,7 @@ def _eval_flow(model, names, size, cluster_spec, cache_path, max_load, strict, c
         mods = flow_models([n.strip() for n in names.split(",") if n.strip()], size)
     cache = MeasureCache(cache_path) if cache_path else None
     with step(f"measure and predict {len(mods)} models on {cluster_spec}") as cb:
-        res = flow_eval(mods, cluster_spec, model=model, cache=cache, calibrate=calibrate, max_load=max_load,
-                        strict=strict, save_calibration=calibration_path(model.path) if save else None, progress=cb,
-                        label_runs=label_runs, backends=backends)
+        res = flow_eval(mods, cluster_spec, model=model, cache=cache, settings=settings, progress=cb)
     applied = res["calibration"].get("applied")
     console.print(f"[bold]{res['model']}[/] on the flow ({res['cluster']}; labels: {res['label_source']}); "
                   f"MAPE in %, sum = predicted / measured; predictions as estimate_costs gives them, calibrated by "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -120,9 +121,43 @@ def _target_summary(per: dict, key: str | None) -> dict:
             "all_met": bool(ms) and all(v["mape"] and v["sum"] for v in met.values())}
 
 
-def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate: bool = True,
-              max_load: float = MAX_LABEL_LOAD, strict: bool = False, save_calibration=None,
-              progress=None, label_runs: int = 1, backends="all") -> dict:
+@dataclass(frozen=True)
+class FlowEvalSettings:
+    """How :func:`flow_eval` labels, judges and calibrates.
+
+    Attributes
+    ----------
+    calibrate : bool
+        Also score each model with a calibration fitted on the other models' labels of
+        this run only (leave one model out), and fit the one ``save_calibration`` writes.
+    max_load : float
+        1-minute load average above which a model's labels are flagged ``high_load``.
+    strict : bool
+        Refuse (raise) instead of flagging.
+    save_calibration : path, optional
+        Write the calibration fitted on *all* the models there (see
+        :func:`tvm_pesto.costs.calibration.calibration_path` for where the ``xgb`` source
+        looks for it).
+    label_runs : int
+        Measure each model's labels this many times, each run into a fresh log; a group's
+        label is the median over the runs, and ``label_noise`` says how far the runs were
+        from the first: what a perfect cost model would score against one run. On a
+        shared VM whose speed drifts it can exceed the targets (a fresh cache only).
+    backends : str or list
+        Library backends whose units are scored (measured once): ``"all"`` (every available
+        one but ``inductor``, the flow's default) or names (``"tvm"``: none).
+    """
+
+    calibrate: bool = True
+    max_load: float = MAX_LABEL_LOAD
+    strict: bool = False
+    save_calibration: object = None
+    label_runs: int = 1
+    backends: object = "all"
+
+
+def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, settings: FlowEvalSettings = FlowEvalSettings(),
+              progress=None) -> dict:
     """Score the ``xgb`` cost source against measurements on the product's path.
 
     For each model: its fused groups (the ``tvm`` candidates of placement, as
@@ -148,23 +183,9 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
         Default: a fresh log in a temporary folder, so every label is measured now, under
         the load this reports (labels found in a given cache were measured earlier, under
         a load nobody recorded; ``labels_from_cache`` counts them).
-    max_load : float
-        1-minute load average above which a model's labels are flagged ``high_load``.
-    strict : bool
-        Refuse (raise) instead of flagging.
-    save_calibration : path, optional
-        Write the calibration fitted on *all* the models there (see
-        :func:`tvm_pesto.costs.calibration.calibration_path` for where the ``xgb`` source
-        looks for it).
-    label_runs : int
-        Measure each model's labels this many times, each run into a fresh log; a group's
-        label is the median over the runs, and ``label_noise`` says how far the runs were
-        from the first: what a perfect cost model would score against one run. On a
-        shared VM whose speed drifts it can exceed the targets (a fresh cache only).
-    backends : str or list
-        Library backends whose units are scored (measured once): ``"all"`` (every available
-        one but ``inductor``, the flow's default) or names (``"tvm"``: none).
-
+    settings : FlowEvalSettings
+        How the labels are measured and judged, and whether a calibration is fitted.
+    progress : callable, optional
     Returns
     -------
     dict
@@ -199,6 +220,8 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
     >>> res = flow_eval(flow_models(["vgg11", "vit"]), "cpu:2")     # doctest: +SKIP
     >>> res["flow"]["vit"]["mape"], res["flow"]["vit"]["calibrated_heldout"]["mape"]  # doctest: +SKIP
     """
+    calibrate, max_load, strict, label_runs, backends = (settings.calibrate, settings.max_load, settings.strict,
+                                                         settings.label_runs, settings.backends)
     _check_args(modules, max_load, label_runs, cache)
     backend_names(backends)  # an unknown name fails here, before anything is measured
     cl = as_cluster(cluster)
@@ -218,7 +241,7 @@ def flow_eval(modules: dict, cluster="cpu:2", model=None, cache=None, calibrate:
                  "high_load_models": sorted(n for n, r in per.items() if r["high_load"]),
                  "targets_required": dict(FLOW_TARGETS), "flow": per}
     _summarise(res, scored, max_load, label_runs)
-    _calibration_figures(res, scored, run, calibrate, save_calibration)
+    _calibration_figures(res, scored, run, calibrate, settings.save_calibration)
     return res
 
 
@@ -436,4 +459,4 @@ def _flow_calibrate(res, per, pairs, cands, cl, cm) -> None:
         res["targets"]["calibrated_heldout"] = _target_summary(per, "calibrated_heldout")
 
 
-__all__ = ["FLOW_TARGETS", "MAX_LABEL_LOAD", "flow_eval", "flow_models"]
+__all__ = ["FLOW_TARGETS", "FlowEvalSettings", "MAX_LABEL_LOAD", "flow_eval", "flow_models"]

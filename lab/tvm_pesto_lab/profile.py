@@ -283,11 +283,30 @@ def profile_module(mod, name: str, cluster="cpu:1", log_path="cost_models/profil
     return res
 
 
-def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_models/profile.jsonl",
-                backends=DEFAULT_BACKENDS, progress=None, on_model=None, repeat: int = 5,
-                min_repeat_ms: int = 5, run: str = "", fresh_process: bool = True) -> list[ProfileResult]:
+@dataclass(frozen=True)
+class ProfileSettings:
+    """What :func:`profile_zoo` measures of each model, and how.
+
+    Attributes
+    ----------
+    size, backends : str, sequence of str
+        Zoo model size (``small`` or ``full``), and the backends whose candidates are measured.
+    repeat, min_repeat_ms : int
+        Timed repeats per candidate (the median is logged), and least milliseconds per repeat.
+    run : str
+        Label of a repeated pass: measures again what another pass measured."""
+
+    size: str = "small"
+    backends: tuple = DEFAULT_BACKENDS
+    repeat: int = 5
+    min_repeat_ms: int = 5
+    run: str = ""
+
+
+def profile_zoo(names, cluster="cpu:1", log_path="cost_models/profile.jsonl", settings=ProfileSettings(),
+                progress=None, on_model=None, fresh_process: bool = True) -> list[ProfileResult]:
     """Profile zoo models and models of :mod:`tvm_pesto.zoo.outside` (``"sweep"`` or
-    ``"sweep-<family>"`` names profile the shape sweeps).
+    ``"sweep-<family>"`` names profile the shape sweeps), as ``settings`` say.
 
     With ``fresh_process`` (default; for a ``cpu:N`` cluster given by name) each model, and
     each sweep family, is measured in a process of its own (``spawn``; ``progress`` is called
@@ -304,7 +323,8 @@ def profile_zoo(names, size: str = "small", cluster="cpu:1", log_path="cost_mode
     for name in names:
         parts = [f"sweep-{f}" for f in FAMILIES] if name == "sweep" else [name]
         for part in parts:
-            args = (part, size, cluster, log_path, backends, repeat, min_repeat_ms, run)
+            s = settings
+            args = (part, s.size, cluster, log_path, s.backends, s.repeat, s.min_repeat_ms, s.run)
             if fresh_process and isinstance(cluster, str):
                 r = _in_fresh_process(args, progress)
             else:
@@ -476,5 +496,5 @@ def default_log_path() -> Path:
     return Path(root) / "tvm-pesto" / "profile.jsonl"
 
 
-__all__ = ["DEFAULT_BACKENDS", "MERGED_FIELDS", "ProfileLog", "ProfileResult", "default_backends", "default_log_path",
+__all__ = ["DEFAULT_BACKENDS", "MERGED_FIELDS", "ProfileLog", "ProfileResult", "ProfileSettings", "default_backends", "default_log_path",
            "merge_logs", "profile_module", "profile_zoo"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+from dataclasses import dataclass
 import os
 import time
 
@@ -113,16 +114,36 @@ def _variant(costed, table, solver: str, time_limit_s: float, search_s: float):
     return pl.plan, float(pl.sim.run_s)  # the schedule plus the executor's dispatch
 
 
-def bench_model(name: str, size: str = "small", backends=None, cache=None, rounds: int = ROUNDS,
-                time_limit_s: float = 30.0, progress=None, clusters=None, select_by: str = "measured",
-                search_s: float = 5.0, call_s: dict | None = None) -> dict:
-    """Benchmark one model (a zoo name or a model file, :func:`tvm_pesto.models.load_model`);
-    see the module docstring for what is measured.
+@dataclass(frozen=True)
+class BackendsBenchSettings:
+    """How :func:`bench_model` solves, picks and times a model's variants.
 
-    ``select_by``: how ``joint_s`` picks between the 1- and 2-device joint results:
-    ``"measured"`` (the faster in a separate short timing of the two, not reused for the
-    reported numbers) or ``"predicted"`` (lower simulated makespan). ``call_s``: each backend's
-    fixed cost per call on ``cpu:1`` (:func:`call_costs`; measured here when not given).
+    Attributes
+    ----------
+    rounds : int
+        Timed blocks per variant.
+    time_limit_s : float
+        Each solve's time limit.
+    search_s : float
+        Seconds of the joint search after each solve.
+    select_by : {"measured", "predicted"}
+        How ``joint_s`` picks between the 1- and 2-device joint results: the faster in a
+        separate short timing of the two (not reused for the reported numbers), or the
+        lower simulated makespan.
+    """
+
+    rounds: int = ROUNDS
+    time_limit_s: float = 30.0
+    search_s: float = 5.0
+    select_by: str = "measured"
+
+
+def bench_model(name: str, size: str = "small", backends=None, cache=None,
+                settings: BackendsBenchSettings = BackendsBenchSettings(), progress=None, clusters=None,
+                call_s: dict | None = None) -> dict:
+    """Benchmark one model (a zoo name or a model file, :func:`tvm_pesto.models.load_model`)
+    as ``settings`` say; see the module docstring for what is measured. ``call_s``: each
+    backend's fixed cost per call on ``cpu:1`` (:func:`call_costs`; measured here when not given).
     """
     # lazy: loads TVM's compiler and PyTorch, which importing this module does not
     from .. import api
@@ -132,6 +153,7 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, round
         if progress:
             progress(msg)
 
+    rounds, time_limit_s, search_s = settings.rounds, settings.time_limit_s, settings.search_s
     zm = load_model(name, size)
     ref = _reference(zm)
     c1, c2 = clusters if clusters is not None else bench_clusters()
@@ -152,7 +174,7 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, round
         failed["pesto"] = pesto["error"]
     else:
         placed["pesto"], fns["pesto"], errs["pesto"] = pesto.pop("placed"), pesto.pop("call"), pesto["max_abs_err"]
-    predicted, predicted_key, joint_key, select = _choose_joint(variants, fns, select_by)
+    predicted, predicted_key, joint_key, select = _choose_joint(variants, fns, settings.select_by)
     say(f"{name}: ceilings (free boundaries on one device, free communication on two)")
     call_s = call_s if call_s is not None else call_costs(c1, backends, cache)
     ceiling = ceilings(costed1, costed2, predicted, call_s, time_limit_s, search_s)
@@ -173,7 +195,7 @@ def bench_model(name: str, size: str = "small", backends=None, cache=None, round
         "joint_1dev_s": med.get("joint_1dev"),
         "joint_2dev_s": med.get("joint_2dev"),
         "joint_choice": joint_key,
-        "joint_choice_by": select_by,
+        "joint_choice_by": settings.select_by,
         "joint_choice_predicted": predicted_key,
         "joint_s": med.get(joint_key),
         "joint_predicted_choice_s": med.get(predicted_key),
@@ -338,7 +360,7 @@ def _build_variants(variants: dict, analysis, zm, ref: list[np.ndarray]):
 
 
 def _choose_joint(variants: dict, fns: dict, select_by: str):
-    """Which joint result ``joint_s`` reports (see :func:`bench_model`'s ``select_by``).
+    """Which joint result ``joint_s`` reports (see ``select_by`` of :class:`BackendsBenchSettings`).
 
     Returns ``(predicted, predicted_key, joint_key, select)``: each variant's predicted
     seconds, the joint variant predicted faster, the one chosen, and the selection's own
@@ -411,8 +433,8 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
            "rounds": rounds, "models": {}, "errors": {}}
     for n in names:
         try:
-            out["models"][n] = bench_model(n, size, backends, cache, rounds, time_limit_s, progress, (c1, c2),
-                                           select_by=select_by, call_s=call_s)
+            settings = BackendsBenchSettings(rounds=rounds, time_limit_s=time_limit_s, select_by=select_by)
+            out["models"][n] = bench_model(n, size, backends, cache, settings, progress, (c1, c2), call_s=call_s)
         except PestoError as e:
             out["errors"][n] = str(e)
     ms = list(out["models"].values())
@@ -434,4 +456,4 @@ def bench_backends(models=None, size: str = "small", backends=None, cache=None, 
     return out
 
 
-__all__ = ["ROUNDS", "bench_backends", "bench_model", "call_costs", "ceilings", "same_programs"]
+__all__ = ["BackendsBenchSettings", "ROUNDS", "bench_backends", "bench_model", "call_costs", "ceilings", "same_programs"]

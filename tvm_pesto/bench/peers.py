@@ -52,7 +52,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -67,11 +67,11 @@ from ..errors import error_line
 from ..costs.measure.blocks import time_blocks
 from ..run.libraries.loaders import onnx_session
 from ..run.thread.executor import max_abs_err
+from .peer_settings import ROUNDS, PeerSettings
 from .sources import ModelSource, bench_source, run_isolated
 from .report import AGREE, geomean, machine_info, noise_line, timing_noise
 
 #: Blocks per variant, the order of the variants rotated between them.
-ROUNDS = 3
 #: Peers that compute in float32 whatever the CPU: ``worst_vs_best_peer`` is over these and
 #: the ``openvino`` call where its precision is float32.
 FLOAT32_PEERS = ("ort", "ort-parallel", "ort-1", "torch", "torch-compile", "openvino-f32")
@@ -271,10 +271,9 @@ def _importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool = True,
-                build_options: dict | None = None, rounds: int = ROUNDS, onnx_path: str | None = None,
-                extra_builds: bool = True) -> dict:
-    """Every variant of one model, built and timed; the ratios to the best peers.
+def bench_model(name: str, model, inputs, mod, settings: PeerSettings, onnx_path: str | None = None) -> dict:
+    """Every variant of one model, built and timed as ``settings`` say (its ``cores`` given);
+    the ratios to the best peers.
 
     Returns
     -------
@@ -289,10 +288,10 @@ def bench_model(name: str, model, inputs, mod, cores: int, torch_compile: bool =
         has no time; ``noise``.
     """
     with tempfile.TemporaryDirectory(prefix="pesto-peers-") as tmp:
-        variants = peer_variants(model, inputs, mod, cores, tmp, torch_compile, build_options, onnx_path,
-                                 extra_builds)
+        variants = peer_variants(model, inputs, mod, settings.cores, tmp, settings.torch_compile,
+                                 settings.build_options, onnx_path, settings.extra_builds)
         ok = {v.name: v.call for v in variants if v.call is not None}
-        timed = time_blocks(ok, rounds=rounds, agree=AGREE)
+        timed = time_blocks(ok, rounds=settings.rounds, agree=AGREE)
     by_name = {v.name: v for v in variants}
     refs = [n for n in ("torch", "ort") if by_name[n].error is None]
     ref = by_name[refs[0]].output if refs else None
@@ -354,21 +353,19 @@ def one_unit_overhead(mod, inputs, cores: int, rounds: int = ROUNDS) -> dict:
     return {"library_s": lib, "pesto_s": ours, "overhead_s": ours - lib}
 
 
-def _bench_one(model, inputs, mod, onnx_path, *, cores, torch_compile, build_options, rounds, overhead,
-               extra_builds) -> dict:
+def _bench_one(model, inputs, mod, onnx_path, *, settings: PeerSettings) -> dict:
     """:func:`bench_model` of one loaded model, and its :func:`one_unit_overhead`."""
-    row = bench_model("", model, inputs, mod, cores, torch_compile, build_options, rounds, onnx_path, extra_builds)
-    if overhead and mod is not None:
+    row = bench_model("", model, inputs, mod, settings, onnx_path)
+    if settings.overhead and mod is not None:
         try:
-            row["overhead"] = one_unit_overhead(mod, inputs, cores, rounds)
+            row["overhead"] = one_unit_overhead(mod, inputs, settings.cores, settings.rounds)
         except Exception as e:  # noqa: BLE001 - reported beside the model, the benchmark goes on
             row["overhead"] = {"error": error_line(e)}
     return row
 
 
-def bench_peers(models, cores: int | None = None, torch_compile: bool = True, build_options: dict | None = None,
-                rounds: int = ROUNDS, progress=None, overhead: bool = True, model_timeout_s: float | None = None,
-                checkpoint=None, extra_builds: bool = True) -> dict:
+def bench_peers(models, settings: PeerSettings = PeerSettings(), progress=None, model_timeout_s: float | None = None,
+                checkpoint=None) -> dict:
     """Run :func:`bench_model` for ``models``; add the geomeans and the worst ratio.
 
     ``models`` holds :class:`~tvm_pesto.bench.sources.ModelSource` records, or ``(name,
@@ -376,7 +373,7 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
     each source is benched in a process of its own (:func:`~tvm_pesto.bench.sources.run_isolated`)
     that may run that long. A model that fails to load or build is a row with its ``error``.
     ``checkpoint(result)`` is called after each model with the result so far (a long run
-    that is stopped keeps what it measured). ``extra_builds``: see :func:`peer_variants`.
+    that is stopped keeps what it measured). ``settings``: how each model is built and timed.
 
     Returns
     -------
@@ -391,10 +388,9 @@ def bench_peers(models, cores: int | None = None, torch_compile: bool = True, bu
         ``cores``, ``machine`` and ``load_average`` before and after.
     """
     machine = machine_info()
-    cores = int(cores or machine["nproc"])
+    cores = int(settings.cores or machine["nproc"])
     res: dict = {"cores": cores, "machine": machine, "models": {}}
-    bench = functools.partial(_bench_one, cores=cores, torch_compile=torch_compile, build_options=build_options,
-                              rounds=rounds, overhead=overhead, extra_builds=extra_builds)
+    bench = functools.partial(_bench_one, settings=replace(settings, cores=cores))
     for item in models:
         source = item if isinstance(item, ModelSource) else None
         name = source.label if source else item[0]

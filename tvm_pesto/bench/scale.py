@@ -16,8 +16,8 @@ came from.
 
 Examples
 --------
->>> from tvm_pesto.bench.scale import run_scale
->>> res = run_scale([20], algorithms=["heft", "ilp"], ilp_time_limit_s=1, lns_s=1, refine_s=0.5, target=10)
+>>> from tvm_pesto.bench.scale import IlpPath, run_scale
+>>> res = run_scale([20], algorithms=["heft", "ilp"], ilp=IlpPath(time_limit_s=1, lns_s=1, refine_s=0.5, target=10))
 >>> [r["algorithm"] for r in res["rows"]], sorted(res["rows"][0])
 (['heft', 'ilp'], ['algorithm', 'makespan_s', 'n', 'ratio_to_lower_bound', 'wall_s'])
 """
@@ -27,6 +27,7 @@ import math
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import PestoError
@@ -44,20 +45,49 @@ ALGORITHMS = ("single", "m-topo", "m-etf", "m-sct", "heft", "ilp")
 ILP_MAX_S = 55.0
 
 
-def _ilp_row(problem, target: int, time_limit_s: float, solver: str, lns_s: float, refine_s: float,
-             lower_bound_s: float, max_s: float | None) -> dict:
+@dataclass(frozen=True)
+class IlpPath:
+    """The ILP path's settings in ``bench scale``.
+
+    Attributes
+    ----------
+    time_limit_s : float
+        MIP solver time limit on the coarse graph.
+    target : int
+        Supernodes after coarsening.
+    solver : {"cbc", "highs"}
+        MIP backend.
+    lns_s, refine_s : float
+        Seconds (nominal seconds of work in deterministic mode) of the large-neighbourhood
+        search (:mod:`tvm_pesto.solve.placement_ilp.lns`) and of the local search.
+    max_s : float or None
+        Wall-clock seconds the path may take per size, coarsening included: its MIPs and
+        searches stop there whatever their budgets (None: no cap). A row the cap stopped
+        says where (``clock_stopped``) and is not ``deterministic``.
+    """
+
+    time_limit_s: float = 2.0
+    target: int = 40
+    solver: str = "cbc"
+    lns_s: float = 25.0
+    refine_s: float = 5.0
+    max_s: float | None = ILP_MAX_S
+
+
+def _ilp_row(problem, ilp: IlpPath, lower_bound_s: float) -> dict:
     """The ILP path on one graph: coarsen + MIP + expand, HEFT on the fine graph, the LNS from
     the better of the two, the local search; with each step's ratio to the bound."""
     # lazy: loads PuLP (the MIP solvers), which importing this module does not
     from ..solve.placement_ilp.driver import solve
+    from ..solve.placement_ilp.lns import LnsSettings
 
     t = time.perf_counter()
-    coarse, _ = coarsen(problem, target)
+    coarse, _ = coarsen(problem, ilp.target)
     t_coarsen = time.perf_counter() - t
     t = time.perf_counter()
-    with wall_cap(math.inf if max_s is None else max_s):
-        plan = solve(problem, target=target, time_limit_s=time_limit_s, solver=solver, fine_heuristics=False,
-                     lns_s=lns_s, refine_s=refine_s)
+    with wall_cap(math.inf if ilp.max_s is None else ilp.max_s):
+        plan = solve(problem, target=ilp.target, time_limit_s=ilp.time_limit_s, solver=ilp.solver,
+                     fine_heuristics=False, lns=LnsSettings(seconds=ilp.lns_s), refine_s=ilp.refine_s)
     wall = time.perf_counter() - t
     span = simulate(problem, plan).makespan
     info = plan.info
@@ -76,10 +106,8 @@ def _ilp_row(problem, target: int, time_limit_s: float, solver: str, lns_s: floa
                              if info.get("improvement") else None)}
 
 
-def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: float = 2.0, target: int = 40,
-              solver: str = "cbc", seed: int = 0, cluster: str = "4xV100-pcie",
-              progress: Callable[[str], None] | None = None, lns_s: float = 25.0, refine_s: float = 5.0,
-              ilp_max_s: float | None = ILP_MAX_S) -> dict:
+def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp: IlpPath = IlpPath(), seed: int = 0,
+              cluster: str = "4xV100-pcie", progress: Callable[[str], None] | None = None) -> dict:
     """Time every algorithm on random DNN-like DAGs of each size.
 
     Parameters
@@ -88,19 +116,8 @@ def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: floa
         Numbers of ops.
     algorithms : sequence of str
         Registered solver names; ``"ilp"`` means coarsen + ILP + expand.
-    ilp_time_limit_s : float
-        MIP solver time limit on the coarse graph.
-    lns_s, refine_s : float
-        Seconds (nominal seconds of work in deterministic mode) of the ILP path's
-        large-neighbourhood search (:mod:`tvm_pesto.solve.placement_ilp.lns`) and local search.
-    ilp_max_s : float or None
-        Wall-clock seconds the ILP path may take per size, coarsening included: its MIPs
-        and searches stop there whatever their budgets (None: no cap). A row the cap
-        stopped says where (``clock_stopped``) and is not ``deterministic``.
-    target : int
-        Supernodes after coarsening.
-    solver : {"cbc", "highs"}
-        MIP backend.
+    ilp : IlpPath
+        The ILP path's settings.
     seed, cluster
         Passed to :func:`tvm_pesto.bench.random_dag.dnn_like_problem`.
     progress : callable, optional
@@ -142,7 +159,7 @@ def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: floa
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     if name == "ilp":
-                        row.update(_ilp_row(problem, target, ilp_time_limit_s, solver, lns_s, refine_s, lb, ilp_max_s))
+                        row.update(_ilp_row(problem, ilp, lb))
                     else:
                         plan = get_solver(name)(problem)
                         row["wall_s"] = time.perf_counter() - t
@@ -156,8 +173,8 @@ def run_scale(sizes=DEFAULT_SIZES, algorithms=ALGORITHMS, ilp_time_limit_s: floa
                                                        if "makespan_s" in row else f", failed: {row['error']}"))
     return {"benchmark": "scale", "machine": machine_info(),
             "settings": {"sizes": [int(n) for n in sizes], "algorithms": list(algorithms),
-                         "ilp_time_limit_s": ilp_time_limit_s, "ilp_target": target, "ilp_solver": solver,
-                         "lns_s": lns_s, "refine_s": refine_s, "ilp_max_s": ilp_max_s, "seed": seed,
+                         "ilp_time_limit_s": ilp.time_limit_s, "ilp_target": ilp.target, "ilp_solver": ilp.solver,
+                         "lns_s": ilp.lns_s, "refine_s": ilp.refine_s, "ilp_max_s": ilp.max_s, "seed": seed,
                          "cluster": cluster},
             "graphs": graphs, "rows": rows, "total_s": time.perf_counter() - t_all}
 

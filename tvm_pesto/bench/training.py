@@ -10,13 +10,14 @@ Examples
 --------
 Not run as a doctest: it builds and times every solver's plan, which takes minutes.
 
->>> from tvm_pesto.bench.training import bench_training        # doctest: +SKIP
->>> res = bench_training(["mlp_mixer"], steps=5)                 # doctest: +SKIP
+>>> from tvm_pesto.bench.training import TrainingBenchSettings, bench_training  # doctest: +SKIP
+>>> res = bench_training(["mlp_mixer"], settings=TrainingBenchSettings(steps=5))  # doctest: +SKIP
 >>> res["models"]["mlp_mixer"]["cpu"]["ilp"]["measured_step_s"]  # doctest: +SKIP
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,7 +28,7 @@ MODELS = ("mlp_mixer", "bert", "resnet50")
 SOLVERS = ("single", "m-etf", "m-sct", "heft", "ilp")
 GPU_CLUSTERS = ("2xV100-nvlink", "4xV100-pcie", "4xA100-nvlink")
 
-__all__ = ["GPU_CLUSTERS", "MODELS", "SOLVERS", "bench_model", "bench_training", "training_markdown"]
+__all__ = ["GPU_CLUSTERS", "MODELS", "SOLVERS", "TrainingBenchSettings", "bench_model", "bench_training", "training_markdown"]
 
 
 def _measure(trainers: dict, steps: int) -> dict:
@@ -44,24 +45,55 @@ def _measure(trainers: dict, steps: int) -> dict:
                 "losses": losses[k]} for k, v in times.items()}
 
 
-def bench_model(name: str, size: str = "small", cluster: str = "cpu:2", solvers=SOLVERS, gpu_clusters=GPU_CLUSTERS,
-                steps: int = 10, optimizer: str = "sgd", costs: str = "auto", gpu_costs: str = "auto",
+@dataclass(frozen=True)
+class TrainingBenchSettings:
+    """What ``bench training`` places, runs and simulates.
+
+    Attributes
+    ----------
+    size : {"small", "full"}
+        Size of the zoo models.
+    solvers : sequence of str
+        The solvers whose plans are compared.
+    gpu_clusters : sequence of str
+        GPU presets the plans are simulated on (costs predicted).
+    steps : int
+        Timed steps per plan (after one warm-up step).
+    optimizer : {"sgd", "momentum", "adam"}
+        The training step's optimizer.
+    costs : str
+        Cost source on the CPU cluster.
+    gpu_costs : str
+        Cost source on the GPU presets.
+    """
+
+    size: str = "small"
+    solvers: tuple = SOLVERS
+    gpu_clusters: tuple = GPU_CLUSTERS
+    steps: int = 10
+    optimizer: str = "sgd"
+    costs: str = "auto"
+    gpu_costs: str = "auto"
+
+
+def bench_model(name: str, cluster: str = "cpu:2", settings: TrainingBenchSettings = TrainingBenchSettings(),
                 progress=None) -> dict:
     """Every solver's plan of one model's training step: built, run and simulated on
-    ``cluster``, simulated on each of ``gpu_clusters``."""
+    ``cluster``, simulated on each of ``settings.gpu_clusters``."""
     # lazy: loads TVM's compiler, which importing this module does not
     from ..api import as_cluster
     from ..train import build_step, build_trainer, place_step
 
+    solvers, optimizer = settings.solvers, settings.optimizer
     say = progress or (lambda m: None)
     cl = as_cluster(cluster)
-    step = build_step(name, optimizer=optimizer, size=size)
+    step = build_step(name, optimizer=optimizer, size=settings.size)
     out: dict = {"model": step.backbone.name, "optimizer": optimizer, "cpu": {}, "gpu": {}}
     trainers = {}
     try:
         for s in solvers:
             t0 = time.perf_counter()
-            tr = build_trainer(step, cluster=cl, costs=costs, solver=s)
+            tr = build_trainer(step, cluster=cl, costs=settings.costs, solver=s)
             trainers[s] = tr
             out["cpu"][s] = {"devices_used": tr.devices_used, "simulated_step_s": tr.simulated_step_s,
                              "peak_memory_bytes": tr.peak_memory_bytes, "solve_s": float(tr.placement.plan.solve_s),
@@ -71,17 +103,17 @@ def bench_model(name: str, size: str = "small", cluster: str = "cpu:2", solvers=
         pl = next(iter(trainers.values())).placement
         out["num_ops"], out["num_units"] = pl.analysis.op_graph.num_nodes, pl.problem.num_nodes
         load = machine_info()["load_average"]
-        for s, r in _measure(trainers, steps).items():
+        for s, r in _measure(trainers, settings.steps).items():
             out["cpu"][s].update(r)
             out["cpu"][s]["measured_over_simulated"] = r["measured_step_s"] / out["cpu"][s]["simulated_step_s"]
         out["load_average"] = [load, machine_info()["load_average"]]
     finally:
         for tr in trainers.values():
             tr.close()
-    for spec in gpu_clusters:
+    for spec in settings.gpu_clusters:
         out["gpu"][spec] = {}
         for s in solvers:
-            pl, _ = place_step(step, spec, solver=s, costs=gpu_costs)
+            pl, _ = place_step(step, spec, solver=s, costs=settings.gpu_costs)
             out["gpu"][spec][s] = {"simulated_step_s": float(pl.sim.makespan), "devices_used": pl.plan.devices_used(),
                                    "cost_source": pl.costs.source,
                                    "peak_memory_bytes": [float(m) for m in pl.sim.peak_memory]}
@@ -90,9 +122,8 @@ def bench_model(name: str, size: str = "small", cluster: str = "cpu:2", solvers=
     return out
 
 
-def bench_training(models=MODELS, size: str = "small", cluster: str = "cpu:2", solvers=SOLVERS,
-                   gpu_clusters=GPU_CLUSTERS, steps: int = 10, optimizer: str = "sgd", costs: str = "auto",
-                   gpu_costs: str = "auto", progress=None) -> dict:
+def bench_training(models=MODELS, cluster: str = "cpu:2", settings: TrainingBenchSettings = TrainingBenchSettings(),
+                   progress=None) -> dict:
     """:func:`bench_model` for every model, with the machine's facts before and after."""
     # lazy: loads TVM's compiler, which importing this module does not
     from ..api import as_cluster
@@ -100,13 +131,13 @@ def bench_training(models=MODELS, size: str = "small", cluster: str = "cpu:2", s
     cl = as_cluster(cluster)
     if cl.all_present and cl.num_devices > 1:
         measure_links(cl)  # the simulator's transfers then cost what this machine's copies cost
-    out = {"size": size, "cluster": cl.name, "solvers": list(solvers), "gpu_clusters": list(gpu_clusters),
-           "steps": steps, "optimizer": optimizer, "costs": costs, "gpu_costs": gpu_costs,
+    st = settings
+    out = {"size": st.size, "cluster": cl.name, "solvers": list(st.solvers), "gpu_clusters": list(st.gpu_clusters),
+           "steps": st.steps, "optimizer": st.optimizer, "costs": st.costs, "gpu_costs": st.gpu_costs,
            "links": {"latency_s": cl.latency.tolist(), "bandwidth_Bps": cl.bandwidth.tolist()},
            "machine": machine_info(), "models": {}}
     for name in models:
-        out["models"][name] = bench_model(name, size, cl, solvers, gpu_clusters, steps, optimizer, costs, gpu_costs,
-                                          progress)
+        out["models"][name] = bench_model(name, cl, settings, progress)
     out["machine_after"] = machine_info()
     return out
 

@@ -154,7 +154,8 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.
     gvs = {si: bb.add_func(fn, f"dev{segs[si].device}_seg{segs[si].position}") for si, (fn, _) in enumerate(seg_funcs)}
     state = [(int(o), int(i)) for o, i in (state or [])]
     in_dev = _state_devices(rg, state, [seg_funcs[si][1] for si in call_order], [segs[si].device for si in call_order])
-    _emit_main(bb, rg, segs, seg_funcs, gvs, call_order, state, in_dev, vdevs, var_binding)
+    calls = [(si, segs[si], seg_funcs[si], gvs[si]) for si in call_order]
+    _emit_main(bb, rg, calls, state, in_dev, vdevs, var_binding)
     out_mod = bb.get()
     out_mod.update_global_info("vdevice", vdevs)
     return out_mod
@@ -225,9 +226,10 @@ def _call_order(segs, seg_inputs: list, var_binding: dict, seg_of_binding: dict)
     return list(nx.lexicographical_topological_sort(sdag, key=lambda si: (segs[si].position, segs[si].device)))
 
 
-def _emit_main(bb, rg: RelaxGraph, segs, seg_funcs, gvs, call_order, state, in_dev, vdevs, var_binding) -> None:
+def _emit_main(bb, rg: RelaxGraph, calls, state, in_dev, vdevs, var_binding) -> None:
     """The new ``main`` into ``bb``: the original inputs (on device 0, state on its reader's
-    device), then the segment calls in ``call_order``, each argument moved to the segment's
+    device), then the segment calls ``calls`` (``(index, segment, (function, cut), global
+    var)`` in call order), each argument moved to the segment's
     device once, then the result rebuilt from the original output expression on device 0 (the
     next value of a state input on that input's device)."""
     bindings = rg.bindings
@@ -242,9 +244,7 @@ def _emit_main(bb, rg: RelaxGraph, segs, seg_funcs, gvs, call_order, state, in_d
             home: dict = {}  # original var -> (new var, device)
             for k, (p_old, p_new) in enumerate(pmap.items()):
                 home[p_old] = (p_new, in_dev.get(k, 0))
-            for si in call_order:
-                s = segs[si]
-                fn, cut = seg_funcs[si]
+            for si, s, (_fn, cut), gv in calls:
                 args = []
                 for v in cut.inputs:
                     nv, dv = home[v]
@@ -254,7 +254,7 @@ def _emit_main(bb, rg: RelaxGraph, segs, seg_funcs, gvs, call_order, state, in_d
                             on_dev[key] = move_to(bb, nv, vdevs[s.device], f"{v.name}_d{s.device}")
                         nv = on_dev[key]
                     args.append(nv)
-                res = bb.emit(relax.Call(gvs[si], args), name_hint=f"s{si}")
+                res = bb.emit(relax.Call(gv, args), name_hint=f"s{si}")
                 if len(cut.outputs) == 1:
                     home[cut.outputs[0]] = (res, s.device)
                 else:

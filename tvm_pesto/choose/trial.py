@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,11 +68,34 @@ def _time(built: dict, inputs, budget_s: float, rounds: int, clock=time.perf_cou
                        warmup_s=per_block / 3, block_s=per_block * 2 / 3, min_calls=5, max_block_s=per_block, clock=clock)
 
 
-def _first_calls(o: Option, flow: bool, build, inputs, clock, first_s, call_s, outputs, errors, live):
+@dataclass(frozen=True)
+class _Seen:
+    """What the options' first calls found, by option name (filled in by :func:`_first_calls`).
+
+    Attributes
+    ----------
+    first_s : dict
+        Seconds of the first call.
+    call_s : dict
+        Least seconds of the quick calls after it.
+    outputs : dict
+        The first call's output.
+    errors : dict
+        Why the option did not build or run.
+    """
+
+    first_s: dict
+    call_s: dict
+    outputs: dict
+    errors: dict
+
+
+def _first_calls(o: Option, flow: bool, build, inputs, clock, seen: _Seen, live):
     """Build option ``o``, make its first call and its quick calls (:func:`_quick`; none for a
     runaway first call, over :data:`RUNAWAY_FIRST_S` and :data:`RUNAWAY` x the fastest); the
-    built option, or None with its error noted (``flow``: the flow's plan, whose failure raises;
-    ``live``: the options built so far, :func:`_close`)."""
+    built option, or None with its error noted in ``seen`` (``flow``: the flow's plan, whose
+    failure raises; ``live``: the options built so far, :func:`_close`)."""
+    first_s, call_s, outputs, errors = seen.first_s, seen.call_s, seen.outputs, seen.errors
     pm = None
     try:
         pm = build(o)
@@ -149,7 +173,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         if why:
             skipped[o.name] = why
             continue
-        pm = _first_calls(o, k == 0, build, inputs, clock, first_s, call_s, outputs, errors, built.values())
+        pm = _first_calls(o, k == 0, build, inputs, clock, _Seen(first_s, call_s, outputs, errors), built.values())
         if pm is None:
             continue
         built[o.name] = pm

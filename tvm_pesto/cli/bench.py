@@ -100,10 +100,11 @@ def _split(values) -> list[str]:
 @click.option("--layergraphs/--no-layergraphs", default=True, help="include the dnn-partitioning LayerGraphs")
 @click.option("--zoo/--no-zoo", default=True, help="include the zoo models")
 @deterministic_option(True)
-def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, ilp_refine, algorithms, root, models,
-              clusters, size, layergraphs, zoo, deterministic):
+def placement(json_path, md_path, plots_dir, quick, algorithms, deterministic, **cases):
     """Every solver on every LayerGraph and zoo model: makespan / lower bound, solve time, memory."""
     ctx = click.get_current_context()
+    ilp_time_limit, ilp_target, ilp_refine = cases["ilp_time_limit"], cases["ilp_target"], cases["ilp_refine"]
+    models, clusters, size = cases["models"], cases["clusters"], cases["size"]
     algs = _split([algorithms]) if algorithms else list(bp.ALGORITHMS)
     for a in algs:
         get_solver(a)  # unknown names fail before the (slow) imports
@@ -112,18 +113,18 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
     clusters = _split(clusters) or (bp.QUICK["clusters"] if quick else list(bp.ZOO_CLUSTERS))
     size = size or (bp.QUICK["size"] if quick else "full")
     say = lambda m: console.print(f"  {m}")  # noqa: E731
-    cases = []
-    if layergraphs:
+    found = []
+    if cases["layergraphs"]:
         kw = {"names": bp.QUICK["layergraphs"], "settings": bp.QUICK["settings"]} if quick else {}
-        cases += bp.layergraph_cases(root, **kw)
-    if zoo:
-        cases += bp.zoo_cases(models, size=size, clusters=clusters, progress=say)
-    if not cases:
+        found += bp.layergraph_cases(cases["root"], **kw)
+    if cases["zoo"]:
+        found += bp.zoo_cases(models, size=size, clusters=clusters, progress=say)
+    if not found:
         raise PestoError("nothing to benchmark: --no-layergraphs and --no-zoo leave no cases")
-    console.print(f"[bold]bench placement[/]: {len(cases)} cases x {len(algs)} algorithms, ILP limit {limit:g} s"
+    console.print(f"[bold]bench placement[/]: {len(found)} cases x {len(algs)} algorithms, ILP limit {limit:g} s"
                   f" ({'work budgets' if deterministic else 'wall-clock budgets'})")
     with deterministic_mode(deterministic):
-        res = bp.run_placement(cases, algs, ilp_time_limit_s=limit, ilp_target=ilp_target, progress=say,
+        res = bp.run_placement(found, algs, ilp_time_limit_s=limit, ilp_target=ilp_target, progress=say,
                                ilp_options=None if ilp_refine is None else {"refine_s": ilp_refine})
     res["command"] = _command_line(ctx)
     res["deterministic"] = deterministic
@@ -155,10 +156,14 @@ def placement(json_path, md_path, plots_dir, quick, ilp_time_limit, ilp_target, 
 @click.option("--ilp-max-s", default=bs.ILP_MAX_S, show_default=True, type=float,
               help="wall-clock seconds the ILP path may take per size (0: no cap)")
 @deterministic_option(True)
-def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithms, target, solver, seed, lns_s,
-          refine_s, ilp_max_s, deterministic):
+def scale(json_path, md_path, plots_dir, quick, sizes, algorithms, seed, deterministic, **ilp):
     """Wall time of every solver and of coarsen+ILP on random DNN-like DAGs of 1k, 10k, 100k ops."""
     ctx = click.get_current_context()
+    lns_s, refine_s, ilp_max_s = ilp["lns_s"], ilp["refine_s"], ilp["ilp_max_s"]
+    path = bs.IlpPath(time_limit_s=ilp["ilp_time_limit"], target=ilp["target"], solver=ilp["solver"],
+                      lns_s=lns_s if lns_s is not None else (3.0 if quick else 25.0),
+                      refine_s=refine_s if refine_s is not None else (1.0 if quick else 5.0),
+                      max_s=ilp_max_s if ilp_max_s > 0 else None)
     try:
         ns = [int(x) for x in _split([sizes])] if sizes else list(bs.QUICK_SIZES if quick else bs.DEFAULT_SIZES)
     except ValueError:
@@ -166,11 +171,7 @@ def scale(json_path, md_path, plots_dir, quick, ilp_time_limit, sizes, algorithm
     algs = _split([algorithms]) if algorithms else list(bs.ALGORITHMS)
     console.print(f"[bold]bench scale[/]: sizes {ns}, algorithms {', '.join(algs)}")
     with deterministic_mode(deterministic):
-        res = bs.run_scale(ns, algs, ilp_time_limit_s=ilp_time_limit, target=target, solver=solver, seed=seed,
-                           progress=lambda m: console.print(f"  {m}"),
-                           lns_s=lns_s if lns_s is not None else (3.0 if quick else 25.0),
-                           refine_s=refine_s if refine_s is not None else (1.0 if quick else 5.0),
-                           ilp_max_s=ilp_max_s if ilp_max_s > 0 else None)
+        res = bs.run_scale(ns, algs, ilp=path, seed=seed, progress=lambda m: console.print(f"  {m}"))
     res["command"] = _command_line(ctx)
     res["deterministic"] = deterministic
     _write_outputs(res, json_path, md_path, plots_dir, lambda: bs.scale_markdown(res),

@@ -56,13 +56,14 @@ def _sources(zoo_names, out_names, sizes, corpus: str | None, corpus_models) -> 
 @click.option("--rounds", default=3, show_default=True, help="timed blocks per variant (order rotated)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @click.option("--md", "md_path", default=None, help="write the table as markdown here")
-def peers(models, sizes, corpus, model_timeout, extra_builds, cores, costs, torch_compile, rounds, json_path, md_path):
+def peers(models, sizes, corpus, model_timeout, extra_builds, json_path, md_path, **build):
     """Each model in ONNX Runtime (sequential, parallel, one thread), PyTorch, OpenVINO
     (default precision and float32), torch.compile and tvm-pesto (cpu:N and cpu:1), in one
     process, timed in blocks."""
     quiet_openmp()  # before anything imports torch
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .. import zoo
+    from ..bench.peer_settings import PeerSettings
     from ..bench.peers import bench_peers, markdown
     from ..zoo import outside
 
@@ -78,11 +79,13 @@ def peers(models, sizes, corpus, model_timeout, extra_builds, cores, costs, torc
     todo = _sources(zoo_names, out_names, sizes or ("small",), corpus, models)
     timeout = model_timeout if model_timeout is not None else (1800.0 if corpus is not None else None)
     about = {"command": " ".join(["tvm-pesto", *sys.argv[1:]]), "corpus": corpus or "zoo"}
-    res = bench_peers(todo, cores=cores, torch_compile=torch_compile, build_options={"costs": costs}, rounds=rounds,
-                      progress=lambda m: console.print(f"  {m}"), model_timeout_s=timeout,
+    settings = PeerSettings(cores=build["cores"], torch_compile=build["torch_compile"],
+                            build_options={"costs": build["costs"]}, rounds=build["rounds"],
+                            extra_builds=corpus is None if extra_builds is None else extra_builds)
+    res = bench_peers(todo, settings, progress=lambda m: console.print(f"  {m}"), model_timeout_s=timeout,
                       # the checkpoint is not checked against the schema: a long run never stops on it (the final write is)
                       checkpoint=(lambda r: write_json(json_path, {**r, **about, "complete": False})) if json_path
-                      else None, extra_builds=corpus is None if extra_builds is None else extra_builds)
+                      else None)
     res.update(about, complete=True)
     text = markdown(res)
     click.echo(text)

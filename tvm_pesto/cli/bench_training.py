@@ -32,15 +32,14 @@ from .progress import console
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @click.option("--md", "md_path", default=None, help="write the tables as markdown here")
 @deterministic_option(True)
-def training(models, size, cluster_spec, solvers, gpu_clusters, steps, optimizer, costs, gpu_costs, json_path,
-             md_path, deterministic):
+def training(models, cluster_spec, solvers, gpu_clusters, json_path, md_path, deterministic, **settings):
     """Step time of each solver's plan for training steps: measured vs simulated on --cluster,
     simulated on GPU presets."""
     split = lambda v, d: [x.strip() for x in v.split(",") if x.strip()] if v else list(d)  # noqa: E731
     with deterministic_mode(deterministic):
-        res = bt.bench_training(list(models) or list(bt.MODELS), size=size, cluster=cluster_spec,
-                                solvers=split(solvers, bt.SOLVERS), gpu_clusters=split(gpu_clusters, bt.GPU_CLUSTERS),
-                                steps=steps, optimizer=optimizer, costs=costs, gpu_costs=gpu_costs,
+        st = bt.TrainingBenchSettings(solvers=split(solvers, bt.SOLVERS),
+                                      gpu_clusters=split(gpu_clusters, bt.GPU_CLUSTERS), **settings)
+        res = bt.bench_training(list(models) or list(bt.MODELS), cluster=cluster_spec, settings=st,
                                 progress=lambda m: console.print(f"  {m}"))
     res["deterministic"] = deterministic
     res["command"] = " ".join([os.path.basename(sys.argv[0])] + [shlex.quote(a) for a in sys.argv[1:]])

@@ -38,6 +38,7 @@ from ..solve.bounds.makespan import lower_bound
 from ..solve.joint.solver import joint_lower_bound
 from .memory_fit import memory_error
 from .progress import step
+from .settings import PlaceSettings, RunSettings
 
 
 def load_target(target: str, size: str = "small", input_shapes=None):
@@ -55,47 +56,47 @@ def reference_output(mod, inputs, target=None):
     return to_numpy(out), vm, ex
 
 
-def run_model(model: str, size: str, cluster_spec: str, solver: str = "auto", costs: str = "auto",
-              backends: str = "all", repeat: int = 20, refit: bool = False, out_dir: str | None = None,
-              input_shapes=None, export_dir: str | None = None, deterministic: bool = False,
-              executor: str = "thread", ray_address: str | None = None, rpc_tracker: str | None = None,
-              rpc_key: str | None = None, split_margin: float | None = None,
-              max_build_s: float | None = None) -> dict:
+def run_model(model: str, size: str, cluster_spec: str, request: Request = Request(deterministic=False),
+              settings: RunSettings = RunSettings()) -> dict:
     """Place, build and run a model (zoo name or file); compare with the unplaced TVM build.
 
-    ``deterministic``: work budgets instead of wall-clock ones (:func:`tvm_pesto.api.place`);
+    ``request`` is what the model is placed with (its ``backends``, ``solver``, ``costs``,
+    ``deterministic``, ``executor`` and ``options``; its time limit is the flow's own), ``settings``
+    how it is run and reported. ``request.deterministic``: work budgets instead of wall-clock
+    ones (:func:`tvm_pesto.api.place`);
     ``res["deterministic"]`` says which mode was used, ``res["plan_deterministic"]`` whether
     no clock decided the plan. ``executor="ray"`` runs the devices as Ray actors
-    (:mod:`tvm_pesto.run.ray.executor`; a local Ray on 127.0.0.1, or ``ray_address``). With
+    (:mod:`tvm_pesto.run.ray.executor`; a local Ray on 127.0.0.1, or ``settings.ray_address``). With
     devices of this machine, the executor's links, dispatch and the devices' contention are
     this machine's fit (:func:`tvm_pesto.costs.calibrate.dispatch.machine_dispatch`: the one kept, or
-    measured on first use; ``refit`` measures them again now and keeps them), so the plan and
+    measured on first use; ``settings.refit`` measures them again now and keeps them), so the plan and
     the simulation use what this executor costs here (``res["link_model"]``,
     ``res["dispatch"]``: figures, source, time of the fit; ``res["contention"]``).
-    ``rpc_tracker`` and ``rpc_key`` measure the costs on a
+    ``settings.rpc_tracker`` and ``settings.rpc_key`` measure the costs on a
     remote device over TVM RPC (:mod:`tvm_pesto.costs.measure.remote`). ``split_margin`` and
-    ``max_build_s``: see :func:`tvm_pesto.api.place` (``res["split"]`` and
+    ``max_build_s`` in ``request.options``: see :func:`tvm_pesto.api.place` (``res["split"]`` and
     ``res["build_budget"]`` have what they decided)."""
-    if executor not in ("thread", "ray"):
-        raise PestoError(f"unknown executor {executor!r}; use thread (one pinned thread per device) or ray")
-    lm = load_target(model, size, input_shapes)
+    if request.executor not in ("thread", "ray"):
+        raise PestoError(f"unknown executor {request.executor!r}; use thread (one pinned thread per device) or ray")
+    lm = load_target(model, size, settings.input_shapes)
     cluster = parse_cluster(cluster_spec)
-    if rpc_tracker or rpc_key:
-        cluster = remote_cluster(cluster, rpc_tracker or "", rpc_key or "")
+    if settings.rpc_tracker or settings.rpc_key:
+        cluster = remote_cluster(cluster, settings.rpc_tracker or "", settings.rpc_key or "")
     session = None
-    if executor == "ray":
+    if request.executor == "ray":
+        ray_address = settings.ray_address
         with step("start Ray" if not ray_address else f"connect to Ray at {ray_address}"):
             session = RaySession(ray_address)
     try:
-        return _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, size, export_dir,
-                          deterministic, executor, session, split_margin, max_build_s)
+        return _run_model(lm, cluster, size, request, settings, session)
     finally:
         if session is not None:
             session.close()
 
 
-def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, size, export_dir, deterministic,
-               executor, session, split_margin=None, max_build_s=None) -> dict:
+def _run_model(lm, cluster, size: str, request: Request, settings: RunSettings, session) -> dict:
+    backends, deterministic, executor = request.backends, request.deterministic, request.executor
+    repeat, refit, out_dir, export_dir = settings.repeat, settings.refit, settings.trace_dir, settings.export_dir
     pairs = None
     if cluster.num_devices > 1 and local_shape(cluster) is not None:
         # the executor's links and its own cost per run are properties of this machine: the fit
@@ -106,8 +107,6 @@ def _run_model(lm, cluster, solver, costs, backends, repeat, refit, out_dir, siz
     analysis = api.analyze(lm.mod)
 
     solving = budget.Solving(budget.SOLVE_S, skip_reason(cluster) is None, deterministic)
-    request = Request(backends, solver, costs, deterministic=deterministic, executor=executor,
-                      options={"split_margin": split_margin, "max_build_s": max_build_s})
     with step("candidates, costs and plan") as cb:
         pl = dataclasses.replace(request, progress=cb).place(analysis, cluster, time_limit_s=solving.flow_s())
     flow = pl.claim()  # the flow's plan on the cluster asked for, before the measured final choice
@@ -243,13 +242,9 @@ def run_pipelined(model: str, size: str, cluster_spec: str, microbatches: int = 
             **_mode(deterministic, pl.plan.info)}
 
 
-def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "small", costs: str = "auto",
-              expert: str | None = None, time_limit_s: float = 30.0, backends: str = "all",
-              input_shapes=None, deterministic: bool = True, model: str | None = None, objective: str = "latency",
-              microbatches: int | None = None, split_margin: float | None = None,
-              max_build_s: float | None = None) -> dict:
+def place_any(target: str, cluster_spec: str, solvers: list[str], settings: PlaceSettings = PlaceSettings()) -> dict:
     """Place a model (zoo name or model file) or a dnn-partitioning LayerGraph file with one
-    or more solvers. Models go through the flow ``tvm-pesto run`` places with:
+    or more solvers, as ``settings`` say (the names below are its fields). Models go through the flow ``tvm-pesto run`` places with:
     :func:`tvm_pesto.api.cost_candidates` once (candidates of ``backends``, costs, this
     machine's figures fitted on first use), then :func:`tvm_pesto.api.place_from_costs` per
     solver (joint solve, ``hybrid`` rounds, split decision with ``split_margin``; for the op
@@ -288,8 +283,11 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     >>> res["makespan_s"] >= res["lower_bound_s"] * (1 - 1e-9)
     True
     """
-    model, objective, microbatches = check_choice(model or ("stage" if target.endswith(".json") else "op"),
-                                                  objective, microbatches)
+    s = settings
+    size, costs, expert, backends, deterministic = s.size, s.costs, s.expert, s.backends, s.deterministic
+    split_margin, max_build_s = s.split_margin, s.max_build_s
+    model, objective, microbatches = check_choice(s.model or ("stage" if target.endswith(".json") else "op"),
+                                                  s.objective, s.microbatches)
     goal = {"model": model, "objective": objective, "microbatches": microbatches}
     if solvers == ["all"]:  # on a graph file ``auto`` is the ILP: run it once
         solvers = [s for s in SOLVERS if s != "auto" or not target.endswith(".json")]
@@ -305,7 +303,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     if target.endswith(".json"):
         (problem, cluster), costed = _layer_graph_problem(target, cluster_spec, split_margin), None
     else:
-        problem, cluster, costed = _model_problem(target, cluster_spec, size, costs, backends, input_shapes, expert)
+        problem, cluster, costed = _model_problem(target, cluster_spec, size, costs, backends, s.input_shapes, expert)
     try:
         problem.check_memory_feasible()
     except InfeasibleError as err:
@@ -319,7 +317,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
         raise PestoError(f"--model {model} --objective {objective} place a fixed set of units; the joint solve "
                          "(backend choice) optimises one sample's op-level latency only: add --backends tvm, or "
                          "use --model op --objective latency")
-    solved = _solve_each(problem, cluster, costed, solvers, goal, time_limit_s, deterministic, split_margin,
+    solved = _solve_each(problem, cluster, costed, solvers, goal, s.time_limit_s, deterministic, split_margin,
                          max_build_s)
     solved, lb = _judged_with_bound(problem, costed, solved, solvers, goal, deterministic)
     results = {}
@@ -331,7 +329,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], size: str = "s
     if expert:
         plan = load_expert_split(expert, problem.graph, cluster)
         results["expert"] = _result(problem, plan, evaluate(problem, plan, model, objective, microbatches), lb)
-    return _place_output(problem, cluster, goal, lb, load_s, results, solved, costed, backends, deterministic)
+    return _place_output(problem, cluster, goal, lb, load_s, results, solved, costed, settings)
 
 
 def _layer_graph_problem(target: str, cluster_spec: str, split_margin: float | None):
@@ -427,9 +425,10 @@ def _judged_with_bound(problem, costed, solved: dict, solvers: list[str], goal: 
 
 
 def _place_output(problem, cluster, goal: dict, lb: dict, load_s: float, results: dict, solved: dict, costed,
-                  backends: str, deterministic: bool) -> dict:
+                  settings: PlaceSettings) -> dict:
     """:func:`place_any`'s JSON: every result, and at the top level the best valid plan (for a
     model, also what ``run`` reports of it: the flow's summary, the split decision, the units)."""
+    backends, deterministic = settings.backends, settings.deterministic
     valid = [k for k in results if results[k]["valid"]] or list(results)
     best = min(valid, key=lambda k: results[k]["objective_value"])
     out = {"graph": problem.graph.name, "num_nodes": problem.num_nodes, "num_edges": problem.graph.num_edges,

@@ -24,6 +24,7 @@ from ..jsonio import write_json
 from .options import (backends_at, deterministic_option, max_build_s_option, ms_db_option, precision_option, rpc_options,
                       split_margin_option)
 from .progress import ErrorGroup, console, step
+from .settings import PlaceSettings, RunSettings
 
 COSTS = ["auto", "measured", "roofline", "xgb", "hybrid"]
 BACKENDS_HELP = ("backends that compete for each subgraph: all (every backend available on the cluster's "
@@ -72,10 +73,12 @@ def _shapes(specs):
 def demo(model, size, cluster_spec, backends, solver, costs, out_dir, deterministic):
     """Place a model over this machine's CPU devices (backend, device, order), run it, compare with the plan."""
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
+    from ..placing import Request
     from .commands import run_model
 
-    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, out_dir=out_dir,
-                    deterministic=deterministic)
+    request = Request(backends, solver, costs, deterministic=deterministic,
+                      options={"split_margin": None, "max_build_s": None})
+    res = run_model(model, size, cluster_spec, request, RunSettings(trace_dir=out_dir))
     _print_run(res)
     write_json(os.path.join(out_dir, "result.json"), res, schema="run")
     console.print(f"Gantt chart (simulated vs measured): {os.path.join(out_dir, 'gantt.png')}")
@@ -223,18 +226,20 @@ def _gap_line(res) -> str | None:
 @split_margin_option()
 @precision_option()
 @deterministic_option(True)
-def place(target, cluster_spec, backends, solver, size, costs, input_shape, expert, objective, exec_model,
-          microbatches, time_limit, json_path, max_build_s, split_margin, precision, deterministic):
+def place(**options):
     """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
-    backends = backends_at(backends, precision)
+    o = options
+    target, solver = o["target"], o["solver"]
+    settings = PlaceSettings(size=o["size"], costs=o["costs"], backends=backends_at(o["backends"], o["precision"]),
+                             input_shapes=_shapes(o["input_shape"]), expert=o["expert"],
+                             time_limit_s=o["time_limit"], deterministic=o["deterministic"], model=o["exec_model"],
+                             objective=o["objective"], microbatches=o["microbatches"] or None,
+                             split_margin=o["split_margin"], max_build_s=o["max_build_s"])
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import place_any
 
     solvers = ["all"] if solver == "all" else [s.strip() for s in solver.split(",") if s.strip()]
-    res = place_any(target, cluster_spec, solvers, size=size, costs=costs, expert=expert, time_limit_s=time_limit,
-                    backends=backends, input_shapes=_shapes(input_shape), deterministic=deterministic,
-                    model=exec_model, objective=objective, microbatches=microbatches or None,
-                    split_margin=split_margin, max_build_s=max_build_s)
+    res = place_any(target, o["cluster_spec"], solvers, settings)
     what = res["objective"] + (f" ({res['microbatches']} microbatches)" if res["microbatches"] else
                                " (steady state)" if res["objective"] == "throughput" else "")
     console.print(f"[bold]{res['graph']}[/]: {res.get('num_ops', res['num_nodes'])} nodes on {res['cluster']}; "
@@ -250,8 +255,8 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
     gap = _gap_line(res) if target.endswith(".json") else None
     if gap:
         console.print(gap)
-    if json_path:
-        write_json(json_path, res, schema="place")
+    if o["json_path"]:
+        write_json(o["json_path"], res, schema="place")
 
 
 @cli.command()
@@ -285,21 +290,23 @@ def place(target, cluster_spec, backends, solver, size, costs, input_shape, expe
 @rpc_options()
 @ms_db_option()
 @deterministic_option(False)
-def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat, trace_dir, export_dir, json_path,
-        objective, microbatches, executor, ray_address, refit, max_build_s, split_margin, precision, rpc_tracker,
-        rpc_key, deterministic):
+def run(**options):
     """Place MODEL (zoo name, ONNX, .pt2 or TVMScript), build one module per device, run, check numerics."""
-    backends = backends_at(backends, precision)
+    o = options
+    model, size, cluster_spec, solver, json_path = o["model"], o["size"], o["cluster_spec"], o["solver"], o["json_path"]
+    backends = backends_at(o["backends"], o["precision"])
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
+    from ..placing import Request
     from .commands import run_model
 
-    if objective == "throughput":
+    if o["objective"] == "throughput":
         # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
         from .commands import run_pipelined
 
-        res = run_pipelined(model, size, cluster_spec, microbatches, solver="stage-dp" if solver == "auto" else solver,
-                            costs=costs, repeat=min(repeat, 5), input_shapes=_shapes(input_shape),
-                            deterministic=deterministic)
+        res = run_pipelined(model, size, cluster_spec, o["microbatches"],
+                            solver="stage-dp" if solver == "auto" else solver, costs=o["costs"],
+                            repeat=min(o["repeat"], 5), input_shapes=_shapes(o["input_shape"]),
+                            deterministic=o["deterministic"])
         console.print(f"[bold]{res['model']}[/]: stage plan by {res['solver']} on {res['cluster']}, "
                       f"{res['microbatches']} microbatches; time per sample: measured "
                       f"{res['measured_time_per_sample_s'] * 1e3:.3f} ms, simulated "
@@ -310,11 +317,12 @@ def run(model, size, cluster_spec, backends, solver, costs, input_shape, repeat,
             write_json(json_path, res, schema="run-throughput")
         return
 
-    res = run_model(model, size, cluster_spec, solver=solver, costs=costs, backends=backends, repeat=repeat,
-                    out_dir=trace_dir, input_shapes=_shapes(input_shape), export_dir=export_dir,
-                    deterministic=deterministic, executor=executor, ray_address=ray_address,
-                    rpc_tracker=rpc_tracker, rpc_key=rpc_key, split_margin=split_margin, refit=refit,
-                    max_build_s=max_build_s)
+    request = Request(backends, solver, o["costs"], deterministic=o["deterministic"], executor=o["executor"],
+                      options={"split_margin": o["split_margin"], "max_build_s": o["max_build_s"]})
+    settings = RunSettings(repeat=o["repeat"], refit=o["refit"], trace_dir=o["trace_dir"], export_dir=o["export_dir"],
+                           input_shapes=_shapes(o["input_shape"]), ray_address=o["ray_address"],
+                           rpc_tracker=o["rpc_tracker"], rpc_key=o["rpc_key"])
+    res = run_model(model, size, cluster_spec, request, settings)
     _print_run(res)
     if json_path:
         write_json(json_path, res, schema="run")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import click
 import numpy as np
@@ -58,24 +59,70 @@ from .progress import console, step
 @click.option("--trace-dir", default=None, help="write the Gantt chart and Chrome traces of one step here")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @deterministic_option(False)
-def train(model, size, cluster_spec, steps, optimizer, loss, lr, batch, solver, costs, backends, check,
-          compare_single, trace_dir, json_path, deterministic):
+def train(model, cluster_spec, json_path, **options):
     """Train MODEL (a zoo name) for --steps steps with its step placed over --cluster."""
-    res = run_training(model, size, cluster_spec, steps, optimizer, loss, lr=lr, batch=batch, solver=solver,
-                       costs=costs, backends=backends, check=check, compare_single=compare_single,
-                       trace_dir=trace_dir, deterministic=deterministic)
+    res = run_training(model, cluster_spec, TrainSettings(**options))
     _print(res)
     if json_path:
         write_json(json_path, res, schema="train")
 
 
-def run_training(model: str, size: str, cluster_spec: str, steps: int, optimizer: str, loss: str,
-                 lr: float | None = None, batch: int | None = None, solver: str = "ilp", costs: str = "auto",
-                 backends: str = "tvm", check: bool = True, compare_single: bool = False,
-                 trace_dir: str | None = None, deterministic: bool = False) -> dict:
+@dataclass(frozen=True)
+class TrainSettings:
+    """What ``tvm-pesto train`` trains with and reports (:func:`run_training`).
+
+    Attributes
+    ----------
+    size : {"small", "full"}
+        Size of the zoo model.
+    steps : int
+        Training steps to run (at least 1).
+    optimizer : {"sgd", "momentum", "adam"}
+        The optimizer of the training step.
+    loss : str
+        The loss (``auto``: cross entropy for ``(batch, classes)`` outputs, else mse).
+    lr : float, optional
+        Learning rate (None: the optimizer's default).
+    batch : int, optional
+        Batch size (None: the zoo model's example batch).
+    solver : str
+        Placement solver of the step.
+    costs : str
+        Cost source (:data:`tvm_pesto.costs.SOURCES`).
+    backends : str
+        ``tvm`` (placement without backend choice) or a backend list.
+    check : bool
+        Compare one step's gradients with PyTorch autograd.
+    compare_single : bool
+        Also run the same steps on one device and report the largest relative loss difference.
+    trace_dir : str, optional
+        Folder for the Gantt chart and Chrome traces of one step.
+    deterministic : bool
+        Work budgets instead of wall-clock ones when placing.
+    """
+
+    size: str = "small"
+    steps: int = 20
+    optimizer: str = "sgd"
+    loss: str = "auto"
+    lr: float | None = None
+    batch: int | None = None
+    solver: str = "ilp"
+    costs: str = "auto"
+    backends: str = "tvm"
+    check: bool = True
+    compare_single: bool = False
+    trace_dir: str | None = None
+    deterministic: bool = False
+
+
+def run_training(model: str, cluster_spec: str, settings: TrainSettings) -> dict:
     """What ``tvm-pesto train`` does, as a dict (the ``--json`` content)."""
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from ..train import build_step, build_trainer, gradient_check
+
+    s = settings
+    size, steps, solver, backends = s.size, s.steps, s.solver, s.backends
 
     if steps < 1:
         raise TrainingError(f"--steps must be >= 1, not {steps}")
@@ -84,12 +131,12 @@ def run_training(model: str, size: str, cluster_spec: str, steps: int, optimizer
         with step("measure links between devices"):
             measure_links(cluster)
     with step("training step: import, gradient, optimizer"):
-        train_step = build_step(model, loss, optimizer, lr=lr, size=size, batch=batch)
+        train_step = build_step(model, s.loss, s.optimizer, lr=s.lr, size=size, batch=s.batch)
     with step(f"place ({solver}) and build the step") as cb:
-        tr = build_trainer(train_step, cluster=cluster, backends=backends, costs=costs, solver=solver, progress=cb,
-                           deterministic=deterministic)
+        tr = build_trainer(train_step, cluster=cluster, backends=backends, costs=s.costs, solver=solver, progress=cb,
+                           deterministic=s.deterministic)
     grad = None
-    if check:
+    if s.check:
         with step("gradients against PyTorch autograd"):
             grad = gradient_check(tr.step)
     inputs, targets = tr.batch()
@@ -107,7 +154,7 @@ def run_training(model: str, size: str, cluster_spec: str, steps: int, optimizer
            "step_s": times}
     res["measured_over_simulated"] = res["measured_step_s"] / res["simulated_step_s"]
     res["load_avg_1m"] = [load_before, _load()]
-    if compare_single:
+    if s.compare_single:
         with step("the same step on one device (solver single)") as cb:
             single = build_trainer(tr.step, cluster=cluster, backends=backends, costs="roofline", solver="single",
                                    progress=cb)
@@ -116,8 +163,8 @@ def run_training(model: str, size: str, cluster_spec: str, steps: int, optimizer
         diff = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, s_losses)]
         res["single_device_losses"] = s_losses
         res["max_loss_rel_diff_vs_single"] = float(max(diff))
-    if trace_dir:
-        _write_traces(tr, trace, trace_dir, res)
+    if s.trace_dir:
+        _write_traces(tr, trace, s.trace_dir, res)
     tr.close()
     return res
 
@@ -170,4 +217,4 @@ def _print(res: dict) -> None:
         console.print(f"  losses vs one device: max rel diff {res['max_loss_rel_diff_vs_single']:.2e}")
 
 
-__all__ = ["run_training", "train"]
+__all__ = ["TrainSettings", "run_training", "train"]

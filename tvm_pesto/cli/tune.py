@@ -47,9 +47,9 @@ from .progress import console, step
               help="also time each kernel without a schedule (what the tvm backend runs)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @rpc_options("time the schedules")
-def tune(model, size, input_shape, trials, work_dir, cluster_spec, max_tasks, strategy, trials_per_iter, baseline,
-         json_path, rpc_tracker, rpc_key):
+def tune(model, size, input_shape, trials, work_dir, cluster_spec, json_path, rpc_tracker, rpc_key, **search):
     """Tune MODEL's fused kernels with MetaSchedule into --work-dir, for the tvm-ms backend."""
+    max_tasks, strategy = search["max_tasks"], search["strategy"]
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from ..models import load_model, parse_input_shapes
 
@@ -68,7 +68,8 @@ def tune(model, size, input_shape, trials, work_dir, cluster_spec, max_tasks, st
     with step(f"tune {m.name} for {dev.name}{where}") as cb:
         try:
             res = tune_model(m.mod, dict(dev.target), work_dir, trials, max_tasks=max_tasks, strategy=strategy,
-                             trials_per_iter=trials_per_iter, device=dev, measure_baseline=baseline, progress=cb)
+                             trials_per_iter=search["trials_per_iter"], device=dev,
+                             measure_baseline=search["baseline"], progress=cb)
         except KeyboardInterrupt:
             raise TuningError(f"interrupted; the records measured so far stay in {os.path.abspath(work_dir)}: "
                               "rerun the same command to resume") from None

@@ -23,10 +23,48 @@ Semantics (shared with ``src/simulator.cc``):
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import PlanError
+
+
+@dataclass(frozen=True)
+class SimArrays:
+    """The graph and the links of a placement problem as the simulators read them
+    (:func:`simulate_reference`, :func:`tvm_pesto._core.simulate`,
+    :func:`tvm_pesto._core.list_schedule`).
+
+    Attributes
+    ----------
+    n : int
+        Number of nodes.
+    src, dst : array of int, shape (m,)
+        Edge endpoints.
+    ebytes : array of float, shape (m,)
+        Bytes each edge carries.
+    latency, inv_bw : array of float, shape (d, d)
+        Link latency (s) and inverse bandwidth (s/byte).
+    num_devices : int
+    mem : array of float, shape (n,), optional
+        Resident bytes of each node (weights + outputs); the simulators need it, list
+        scheduling does not.
+    hosts : array of int, shape (d,), optional
+        The host of each device (default: all on host 0). A transfer between two hosts
+        holds the sending host's outgoing and the receiving host's incoming network
+        interface, so such transfers share each host's NIC.
+    """
+
+    n: int
+    src: np.ndarray
+    dst: np.ndarray
+    ebytes: np.ndarray
+    latency: np.ndarray
+    inv_bw: np.ndarray
+    num_devices: int
+    mem: np.ndarray | None = None
+    hosts: np.ndarray | None = None
 
 
 def _sends(src, dst, ebytes, assignment) -> tuple[dict, dict]:
@@ -44,10 +82,12 @@ def _sends(src, dst, ebytes, assignment) -> tuple[dict, dict]:
     return need, dests
 
 
-def simulate_reference(n, src, dst, ebytes, assignment, order, cost, latency, inv_bw, mem, num_devices, hosts=None):
-    """Returns (start, finish, busy, peak_mem, transfers) with transfers as rows
-    ``(producer, src_dev, dst_dev, start, end, bytes)``; ``hosts`` gives each device's host
-    (default: all on one host)."""
+def simulate_reference(g: SimArrays, assignment, order, cost):
+    """Returns (start, finish, busy, peak_mem, transfers) of ``assignment`` and ``order`` on
+    ``g``, each node taking ``cost`` on its device, with transfers as rows
+    ``(producer, src_dev, dst_dev, start, end, bytes)``."""
+    n, src, dst, ebytes, latency, inv_bw, mem, num_devices, hosts = (g.n, g.src, g.dst, g.ebytes, g.latency,
+                                                                     g.inv_bw, g.mem, g.num_devices, g.hosts)
     host = [0] * num_devices if hosts is None else [int(h) for h in hosts]
     nic_out = {h: 0.0 for h in host}  # when each host's NIC is next free, per direction
     nic_in = {h: 0.0 for h in host}

@@ -16,7 +16,7 @@ from ..cluster.dispatch import dispatch_info, dispatch_s
 from ..errors import InfeasibleError
 from .plan import Plan
 from .problem import Problem
-from .reference import simulate_reference
+from .reference import SimArrays, simulate_reference
 
 
 @dataclass
@@ -238,8 +238,9 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
 
     def run(node_cost):
         global _warned
-        args = (n, problem.src, problem.dst, problem.ebytes, plan.assignment, plan.order, node_cost,
-                problem.latency, problem.inv_bw, problem.mem, d, problem.hosts)
+        g = SimArrays(n, problem.src, problem.dst, problem.ebytes, problem.latency, problem.inv_bw, d, problem.mem,
+                      problem.hosts)
+        args = (g, plan.assignment, plan.order, node_cost)
         if core is not None:
             return core.simulate(*args)
         if not _warned:

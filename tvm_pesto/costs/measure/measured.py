@@ -110,8 +110,9 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
     # the libraries first, a batch of at most the model's weights at a time, each batch's
     # units released once timed: a large model's regions would otherwise hold its weights
     # many times over
+    run = _Run(device, cache, tkey, costs, report, repeat, min_repeat_ms, progress)
     for batch in _batches(cs, todo):
-        whole |= _measure_batch(cs, batch, device, cache, tkey, costs, report, repeat, min_repeat_ms, progress)
+        whole |= _measure_batch(cs, batch, run)
     _measure_native(cs, sorted(native_set), device, cache, tkey, costs, report, repeat, min_repeat_ms)
     _subtract_overhead(cs.rg, costs, native_set | whole, device, cache, tkey, repeat, min_repeat_ms)
     report.seconds += time.perf_counter() - t0
@@ -179,14 +180,38 @@ def _batches(cs, todo: dict):
         yield part
 
 
-def _measure_batch(cs, batch: dict, device, cache, tkey, costs, report, repeat, min_repeat_ms, progress) -> set:
+@dataclass(frozen=True)
+class _Run:
+    """What the steps of one :func:`measure_candidates` call share.
+
+    Attributes
+    ----------
+    device, cache, tkey : Device, MeasureCache, str
+        Where the candidates are timed, the records read and written, ``device``'s key in them.
+    costs, report : ndarray, MeasureReport
+        Seconds per candidate and the counts of measured / cached / infeasible ones, filled in.
+    repeat, min_repeat_ms, progress : int, int, callable(measured, total) or None
+        Timed repeats, least milliseconds a repeat runs, and the progress callback.
+    """
+
+    device: object
+    cache: MeasureCache
+    tkey: str
+    costs: np.ndarray
+    report: MeasureReport
+    repeat: int
+    min_repeat_ms: int
+    progress: object
+
+
+def _measure_batch(cs, batch: dict, run: _Run) -> set:
     """Build, time and release one batch of library entries (:func:`_batches`); the
     candidates timed as their direct call."""
-    wrappers, jobs = _build_library(cs, batch, device, cache, tkey, costs, report)
+    wrappers, jobs = _build_library(cs, batch, run)
     try:
         if not jobs:
             return set()
-        return _time_library(cs, wrappers, jobs, device, cache, tkey, costs, report, repeat, min_repeat_ms, progress)
+        return _time_library(cs, wrappers, jobs, run)
     finally:
         _release(jobs)
 
@@ -251,7 +276,7 @@ def _reusable(rec: dict | None, backend: str, whole_direct: bool) -> dict | None
     return rec
 
 
-def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[dict, list]:
+def _build_library(cs, todo: dict, run: _Run) -> tuple[dict, list]:
     """Build one candidate of each ``todo`` entry with its backend (the real function, with
     weights) and wrap the result in a VM function; a build that fails marks the entry's
     candidates infeasible.
@@ -260,7 +285,7 @@ def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[
     candidate indices, wrapper params, direct call or None, the unit's global name or None
     where it was built before)]``.
     """
-    rg = cs.rg
+    rg, device = cs.rg, run.device
     jobs = []  # (name, key, backend, idx list, wrapper params, direct call)
     wrappers = {}
     for n, ((k, bname), idxs) in enumerate(todo.items()):
@@ -272,7 +297,7 @@ def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[
         try:
             gname = bk.build(real.func, device)
         except PestoError as e:
-            _mark_infeasible(cache, k, bname, tkey, c, device, str(e), idxs, costs, report)
+            _mark_infeasible(run, k, bname, c, str(e), idxs)
             continue
         record_build(bk.built(gname), len(c.nodes))
         fname = f"c{n}"
@@ -283,18 +308,17 @@ def _build_library(cs, todo: dict, device, cache, tkey, costs, report) -> tuple[
     return wrappers, jobs
 
 
-def _time_library(cs, wrappers: dict, jobs: list, device, cache, tkey, costs, report, repeat: int,
-                  min_repeat_ms: int, progress) -> set:
+def _time_library(cs, wrappers: dict, jobs: list, run: _Run) -> set:
     """Time the built ``jobs`` (:func:`_time_wrappers`), cache their records and fill their
     candidates' ``costs``. Returns the candidates timed as their direct call."""
-    rg = cs.rg
+    rg, device, cache, tkey, costs, report = cs.rg, run.device, run.cache, run.tkey, run.costs, run.report
     whole: set = set()
-    results, timings = _time_wrappers(wrappers, jobs, device, repeat, min_repeat_ms)
+    results, timings = _time_wrappers(wrappers, jobs, device, run.repeat, run.min_repeat_ms)
     for fname, k, bname, idxs, _, direct, _gname in jobs:
         res = results.get(fname)
         c = cs[idxs[0]]
         if isinstance(res, str):
-            _mark_infeasible(cache, k, bname, tkey, c, device, res, idxs, costs, report)
+            _mark_infeasible(run, k, bname, c, res, idxs)
             continue
         rec = measurement_record(k, bname, tkey, res, [rg.graph.nodes[v] for v in c.nodes], device)
         rec["timing"] = timings[fname]
@@ -304,8 +328,8 @@ def _time_library(cs, wrappers: dict, jobs: list, device, cache, tkey, costs, re
             costs[i] = rec["median_s"]
             if direct is not None:
                 whole.add(i)
-        if progress:
-            progress(report.measured, len(jobs))
+        if run.progress:
+            run.progress(report.measured, len(jobs))
     return whole
 
 
@@ -323,15 +347,15 @@ def _subtract_overhead(rg, costs, no_overhead: set, device, cache, tkey, repeat:
     costs[fin] = np.maximum(costs[fin] - overhead, MIN_COST_S)
 
 
-def _mark_infeasible(cache, key, backend, tkey, cand, device, reason: str, idxs, costs, report) -> None:
+def _mark_infeasible(run: _Run, key, backend, cand, reason: str, idxs) -> None:
     """Cache ``key`` on ``backend`` as infeasible for ``reason`` (``cand`` is one of its
-    candidates), and mark its candidates ``idxs`` so in ``costs`` and ``report``."""
-    cache.put({"key": key, "backend": backend, "target": tkey, "median_s": INFEASIBLE, "infeasible": reason[:500],
-               "backend_version": str(get_backend(backend).version), "op": cand.pattern,
-               "device": device.model or device.name, "time": time.time()})
+    candidates), and mark its candidates ``idxs`` so in ``run.costs`` and ``run.report``."""
+    run.cache.put({"key": key, "backend": backend, "target": run.tkey, "median_s": INFEASIBLE,
+                   "infeasible": reason[:500], "backend_version": str(get_backend(backend).version),
+                   "op": cand.pattern, "device": run.device.model or run.device.name, "time": time.time()})
     for i in idxs:
-        costs[i] = np.inf
-        report.infeasible[i] = reason
+        run.costs[i] = np.inf
+        run.report.infeasible[i] = reason
 
 
 #: Least seconds and calls of warm-up before a direct call is timed (a library's first calls

@@ -236,7 +236,7 @@ def tune_model(mod, target: dict, work_dir, trials: int, *, max_tasks: int | Non
         cores = int(getattr(device, "cores", 0) or 0) or _calling_thread_cores()
         counter = _TrialCounter(progress, todo)
         with cpu_intrinsics_only(str(target.get("kind", "llvm")) == "llvm"), _quiet_console():
-            _tune_plan(ms, plan, tgt, work_dir, db, measurer, counter, cores, strategy=strategy,
+            _tune_plan(_Tuning(ms, tgt, work_dir, db, measurer, counter, cores), plan, strategy=strategy,
                        trials_per_iter=trials_per_iter, seed=seed, measure_baseline=measure_baseline)
     finally:
         measurer.close()
@@ -274,10 +274,26 @@ def _plan_tasks(tasks: list, budgets: list[int], db, res: TuneResult) -> list:
     return plan
 
 
-def _tune_plan(ms, plan: list, tgt, work_dir: str, db, measurer, counter, cores: int, *, strategy: str,
-               trials_per_iter: int, seed: int, measure_baseline: bool) -> None:
+@dataclass(frozen=True)
+class _Tuning:
+    """What every task of one :func:`tune_model` run is tuned with: MetaSchedule's module,
+    the target, the database folder and the database, the measurer, the trial counter and
+    the tuning threads."""
+
+    ms: object
+    tgt: object
+    work_dir: str
+    db: object
+    measurer: object
+    counter: object
+    cores: int
+
+
+def _tune_plan(t: _Tuning, plan: list, *, strategy: str, trials_per_iter: int, seed: int,
+               measure_baseline: bool) -> None:
     """Tune the tasks of ``plan`` one after the other, each for what its budget has left,
     filling in their :class:`TaskResult` (see :func:`tune_model`)."""
+    tgt, work_dir, db, measurer, counter = t.tgt, t.work_dir, t.db, t.measurer, t.counter
     for k, (task, tr) in enumerate(plan):
         where = f"task {k + 1}/{len(plan)} {tr.name!r}"
         if measure_baseline:
@@ -292,8 +308,7 @@ def _tune_plan(ms, plan: list, tgt, work_dir: str, db, measurer, counter, cores:
         counter.report()
         before = len(db)
         try:
-            _tune_one(ms, task, tgt, work_dir, db, left, min(int(trials_per_iter), left), strategy,
-                      measurer, counter, cores, seed + k)
+            _tune_one(t, task, left, min(int(trials_per_iter), left), strategy, seed + k)
         except Exception as e:  # noqa: BLE001 - anything MetaSchedule raises, explained
             if measurer.error is not None:
                 raise _rpc_stopped(measurer.error, where, db, work_dir) from e
@@ -320,10 +335,11 @@ def _rpc_stopped(err, where: str, db, work_dir: str) -> TuningError:
                        f"stay in {work_dir}: rerun the same command to resume")
 
 
-def _tune_one(ms, task, tgt, work_dir, db, max_trials, per_iter, strategy, measurer, counter, cores, seed):
+def _tune_one(t: _Tuning, task, max_trials, per_iter, strategy, seed):
     """One task through MetaSchedule's task scheduler (round-robin over that one task)."""
     from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
 
+    ms, work_dir, cores = t.ms, t.work_dir, t.cores
     logging.getLogger(MS_LOGGER).setLevel(logging.WARNING)  # console handler level; files get everything
     with foreign_handlers_set_aside():  # the caller's handlers on its logger would make it fail
         (logger,) = get_loggers_from_work_dir(work_dir, [task.task_name])
@@ -336,13 +352,13 @@ def _tune_one(ms, task, tgt, work_dir, db, max_trials, per_iter, strategy, measu
         cost_model = ms.cost_model.XGBModel(config=XGBConfig(nthread=1), num_tuning_cores=cores)
     else:
         search, cost_model = ms.search_strategy.ReplayTrace(), "random"
-    ctx = ms.TuneContext(mod=task.dispatched[0], target=tgt, space_generator="post-order-apply",
+    ctx = ms.TuneContext(mod=task.dispatched[0], target=t.tgt, space_generator="post-order-apply",
                          search_strategy=search, task_name=task.task_name, logger=logger,
                          rand_state=seed, num_threads=cores).clone()
-    callbacks = ms.measure_callback.MeasureCallback.create("default") + [counter.callback()]
+    callbacks = ms.measure_callback.MeasureCallback.create("default") + [t.counter.callback()]
     ms.tune.tune_tasks(tasks=[ctx], task_weights=[float(task.weight)], work_dir=work_dir,
-                       max_trials_global=max_trials, num_trials_per_iter=per_iter, builder=measurer.builder,
-                       runner=measurer.runner, database=db, cost_model=cost_model, measure_callbacks=callbacks,
+                       max_trials_global=max_trials, num_trials_per_iter=per_iter, builder=t.measurer.builder,
+                       runner=t.measurer.runner, database=t.db, cost_model=cost_model, measure_callbacks=callbacks,
                        task_scheduler="round-robin")
 
 

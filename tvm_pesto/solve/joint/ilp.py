@@ -55,6 +55,7 @@ import pulp
 from ...candidates.convex import Reach
 from ...errors import InfeasibleError, PestoError, SolverError
 from ..mip import MIP_TIME_SCALE, add_var, lin, solve_mip
+from ..settings import MipSettings
 from .cover import CoverResult, collage_dp
 
 
@@ -145,9 +146,7 @@ def warm_schedule(graph, node_sets, costs, cover: list[int], device: int = 0) ->
 
 
 def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None, warm_device: int | None = None,
-              time_limit_s: float = 30.0, gap: float = 1e-4, solver: str = "highs", msg: bool = False,
-              memory: bool = True, prune: bool = True, deterministic: bool | None = None,
-              colocate=()) -> JointResult:
+              memory: bool = True, prune: bool = True, colocate=(), **settings) -> JointResult:
     """Choose candidates (hence backends), devices and order together.
 
     Parameters
@@ -164,13 +163,14 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
         A cover (e.g. from :func:`collage_dp`) used as the warm start, run on ``warm_device``
         (default: the device where it is cheapest). It also sets the upper bound, so the
         result is never worse than it.
-    time_limit_s, gap, solver
-        Passed to the MIP solver (``highs`` or ``cbc``).
-    deterministic : bool, optional
-        A node limit (from ``time_limit_s``), one thread and a fixed seed instead of the time
-        limit (:func:`tvm_pesto.solve.budget.mip_limits`); default: the ambient mode.
     prune : bool
         Drop dominated candidates first (:func:`prune_dominated`); keeps the optimum.
+    **settings
+        The fields of :class:`~tvm_pesto.solve.settings.MipSettings` (``solver`` default
+        ``highs``): ``time_limit_s``, ``gap``, ``solver``, ``msg``, ``threads`` and
+        ``deterministic`` (a node limit from ``time_limit_s``, one thread and a fixed seed
+        instead of the time limit, :func:`tvm_pesto.solve.budget.mip_limits`; default: the
+        ambient mode).
 
     Returns
     -------
@@ -210,6 +210,7 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
     >>> sorted(res.chosen)
     [2, 3]
     """
+    mip = MipSettings(**{"solver": "highs", **settings})
     t0 = time.perf_counter()
     n, D = graph.num_nodes, cluster.num_devices
     costs = np.asarray(costs, dtype=np.float64).reshape(len(node_sets), D)
@@ -219,14 +220,15 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
     wstart, wdev, ub = _warm_and_bound(graph, sets, costs, cov, feas, warm, warm_device)
     ub_s = ub * (1 + 1e-6) + 1e-12
     ts = MIP_TIME_SCALE / ub_s
-    m = _build_model(graph, sets, costs, cluster, keep, cov, feas, ts, ub_s * ts, memory, colocate)
+    m = _new_model(graph, feas, cov, ts, ub_s * ts, D)
+    _add_constraints(m, graph, sets, costs, cluster, keep, memory, colocate)
     if wstart is not None:
         m.set_warm(warm.chosen, sets, costs, wstart, wdev, ub)
     build_s = time.perf_counter() - t0
-    res = solve_mip(m.prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, deterministic=deterministic)
+    res = solve_mip(m.prob, mip.solver, **mip.solve_options())
     info = {"candidates_kept": len(keep), "num_vars": len(m.prob.variables()),
             "num_constraints": m.prob.numConstraints(), "build_s": build_s, "order_binaries": len(m.o),
-            "time_limit_s": time_limit_s, **res.info(ts)}
+            "time_limit_s": mip.time_limit_s, **res.info(ts)}
     if wstart is None:
         _check_without_warm(graph, res)
     if res.has_solution:
@@ -237,7 +239,7 @@ def joint_ilp(graph, node_sets, costs, cluster, warm: CoverResult | None = None,
             return JointResult(chosen, device, start, obj, time.perf_counter() - t0, info)
         info["note"] = "the ILP's answer was not a valid cover; returning the warm start"
     if wstart is None:
-        raise SolverError(f"the joint ILP found no solution within its {time_limit_s} s budget (status {res.status}) "
+        raise SolverError(f"the joint ILP found no solution within its {mip.time_limit_s} s budget (status {res.status}) "
                           "and there is no warm start; raise time_limit_s or pass the Collage-DP cover as warm start")
     if not res.has_solution:
         info["note"] = f"the ILP ended {res.status} without a solution; returning the warm start"
@@ -363,17 +365,21 @@ class _Model:
         return chosen, device, start, float((self.M.value() or 0.0) / self.ts)
 
 
-def _build_model(graph, sets, costs, cluster, keep: set, cov, feas: set, ts: float, UB: float, memory: bool,
-                 colocate) -> _Model:
-    """The variables and constraints of the module docstring, in its order."""
-    n, D = graph.num_nodes, cluster.num_devices
+def _new_model(graph, feas: set, cov, ts: float, UB: float, D: int) -> _Model:
+    """The MIP's choice, start, finish and makespan variables and its objective."""
+    n = graph.num_nodes
     prob = pulp.LpProblem(f"joint_{re.sub(r'[^A-Za-z0-9_]', '_', graph.name)}", pulp.LpMinimize)
     x = {(c, d): add_var(prob, f"x_{c}_{d}", 0, 1, pulp.LpBinary) for (c, d) in sorted(feas)}
     S = [add_var(prob, f"S_{v}", 0, UB) for v in range(n)]
     F = [add_var(prob, f"F_{v}", 0, UB) for v in range(n)]
     M = add_var(prob, "M", 0, UB)
     prob += lin([(M, 1.0)]), "makespan"
-    m = _Model(prob, x, S, F, M, cov, ts, UB, D)
+    return _Model(prob, x, S, F, M, cov, ts, UB, D)
+
+
+def _add_constraints(m: _Model, graph, sets, costs, cluster, keep: set, memory: bool, colocate) -> None:
+    """The constraints of the module docstring, in its order."""
+    n, D, x, S, F, M, ts, UB, cov = graph.num_nodes, m.num_devices, m.x, m.S, m.F, m.M, m.ts, m.UB, m.cov
     for v in range(n):
         m.add([(x[c, d], 1.0) for c in cov[v] for d in range(D) if (c, d) in x], pulp.LpConstraintEQ, 1.0,
               f"cover_{v}")
@@ -407,7 +413,6 @@ def _build_model(graph, sets, costs, cluster, keep: set, cov, feas: set, ts: flo
             for d in range(D):
                 m.add(m.X(u, d) + [(var, -1.0) for var, _ in m.X(w, d)], pulp.LpConstraintEQ, 0.0,
                       f"coloc_{g}_{k}_{d}")
-    return m
 
 
 def _add_edges(m: _Model, graph, cluster) -> None:

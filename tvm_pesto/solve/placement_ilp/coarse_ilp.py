@@ -5,20 +5,20 @@ on the fine graph.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 from ...errors import PestoError, PlanError
 from ...plan import Plan, Problem, simulate
 from ..budget import combine
 from ..heuristics.portfolio import best_heuristic_plan
+from ..settings import MipSettings
 from .coarsen import coarsen, expand_plan
 from .warm_solve import _scorer, solve_ilp
 
 
-def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3.0, solver: str = "cbc",
-                     warm_start: Plan | None = None, gap: float | None = 1e-4, pairs: int | None = None,
-                     fine_heuristics: bool = True, msg: bool = False, threads: int | None = None,
-                     deterministic: bool | None = None, objective: str = "latency", microbatches: int | None = None,
-                     **coarsen_opts) -> Plan:
+def solve_coarse_ilp(problem: Problem, target: int = 40, warm_start: Plan | None = None, pairs: int | None = None,
+                     fine_heuristics: bool = True, objective: str = "latency", microbatches: int | None = None,
+                     **options) -> Plan:
     """Coarsen, solve the ILP on the supernodes, expand, and re-simulate on the fine graph.
 
     The returned plan is the best (simulated on the fine graph) of: the expanded ILP plan,
@@ -36,19 +36,19 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
     problem : Problem
     target : int
         Supernodes for the ILP.
-    time_limit_s : float
-        Limit for the MIP solver.
-    solver, gap, pairs, msg, threads, deterministic, objective, microbatches
-        Passed to :func:`tvm_pesto.solve.placement_ilp.warm_solve.solve_ilp` (``deterministic``: a node
-        limit instead of the time limit, see :mod:`tvm_pesto.solve.budget`); the candidates
+    pairs, objective, microbatches
+        Passed to :func:`tvm_pesto.solve.placement_ilp.warm_solve.solve_ilp`; the candidates
         are compared on ``objective`` (op model).
     warm_start : Plan, optional
         A plan of the fine problem to compare against.
     fine_heuristics : bool
         Also run the heuristics (:mod:`tvm_pesto.solve.heuristics.portfolio`) on the fine graph (their
         time grows with it; ``tvm-pesto bench scale`` times them).
-    **coarsen_opts
-        ``weight_cap``, ``mem_frac``, ``max_passes`` of :func:`~tvm_pesto.solve.placement_ilp.coarsen.coarsen`.
+    **options
+        The coarse MIP's :class:`~tvm_pesto.solve.settings.MipSettings` fields (``time_limit_s``,
+        default 3 s, ``solver``, ``gap``, ``msg``, ``threads``, ``deterministic``: a node limit
+        instead of the time limit, see :mod:`tvm_pesto.solve.budget`); the others
+        (``weight_cap``, ``mem_frac``, ``max_passes``) go to :func:`~tvm_pesto.solve.placement_ilp.coarsen.coarsen`.
 
     Examples
     --------
@@ -58,13 +58,13 @@ def solve_coarse_ilp(problem: Problem, target: int = 40, time_limit_s: float = 3
     >>> plan.info["coarse_nodes"] <= 10, len(plan.assignment)
     (True, 100)
     """
+    mip = MipSettings.take(options, time_limit_s=3.0)
     t0 = time.perf_counter()
-    coarse, groups = coarsen(problem, target, **coarsen_opts)
+    coarse, groups = coarsen(problem, target, **options)
     t_coarsen = time.perf_counter() - t0
     cwarm, _ = best_heuristic_plan(coarse)
-    cplan = solve_ilp(coarse, time_limit_s=time_limit_s, solver=solver, warm_start=cwarm, gap=gap, pairs=pairs,
-                      msg=msg, threads=threads, deterministic=deterministic, objective=objective,
-                      microbatches=microbatches)
+    cplan = solve_ilp(coarse, warm_start=cwarm, pairs=pairs, objective=objective, microbatches=microbatches,
+                      **asdict(mip))
     score = _scorer(problem, objective, microbatches)
     t_ilp = time.perf_counter() - t0 - t_coarsen
     info = {f"coarse_{k}": v for k, v in cplan.info.items()}

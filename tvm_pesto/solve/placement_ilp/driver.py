@@ -23,6 +23,7 @@ Examples
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -35,24 +36,24 @@ from ..budget import cap_left_s, combine, mode_name, outcome
 from ..heuristics.portfolio import HEURISTIC_SOLVERS
 from ..stage.ilp import solve as stage_solve
 from .coarse_ilp import solve_coarse_ilp
-from .lns import lns
+from .lns import LnsSettings
+from .lns import lns as run_lns
 from .polish import critical_path_splits, polish
 from .warm_solve import _scorer, solve_ilp
 
 
 def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_s: float | None = None,
-          deterministic: bool | None = None, lns_s: float | None = None, lns_starts=("heft",),
-          lns_options: dict | None = None, objective: str = "latency", microbatches: int | None = None,
-          model: str = "op", lns_min_nodes: int = 1000, **opts) -> Plan:
+          deterministic: bool | None = None, lns: LnsSettings = LnsSettings(), objective: str = "latency",
+          microbatches: int | None = None, model: str = "op", **opts) -> Plan:
     """Registry entry point for ``"ilp"``.
 
     Op model: solve directly when the graph has at most ``target`` nodes, else coarsen to
     ``target`` supernodes, solve and expand; then, on graphs above ``target`` nodes and for
     the latency objective, a large-neighbourhood search (:func:`tvm_pesto.solve.placement_ilp.lns.lns`)
-    for ``lns_s`` seconds (default: ``time_limit_s`` on graphs of more than
-    ``lns_min_nodes`` nodes, where the coarse MIP sees too little; else 0, which turns it
+    for ``lns.seconds`` seconds (default: ``time_limit_s`` on graphs of more than
+    ``lns.min_nodes`` nodes, where the coarse MIP sees too little; else 0, which turns it
     off) from the best of the
-    expanded plan and the heuristics in ``lns_starts`` (run on the fine graph unless
+    expanded plan and the heuristics in ``lns.starts`` (run on the fine graph unless
     ``fine_heuristics`` already did); then polish the plan for up to ``refine_s`` seconds
     (default: ``time_limit_s``; 0 turns it off): :func:`tvm_pesto.solve.placement_ilp.polish.polish` from
     the plan and from :func:`~tvm_pesto.solve.placement_ilp.polish.critical_path_splits`. Stage model: the
@@ -78,8 +79,8 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     ``opts`` go to :func:`~tvm_pesto.solve.placement_ilp.warm_solve.solve_ilp` (``solver``, ``gap``,
     ``pairs``, ``warm_start``, ``msg``) and, for coarsened graphs, to
     :func:`tvm_pesto.solve.placement_ilp.coarsen.solve_coarse_ilp` (``fine_heuristics``, ``weight_cap``,
-    ``mem_frac``, ``max_passes``); ``lns_options`` to :func:`~tvm_pesto.solve.placement_ilp.lns.lns`
-    (``size``, ``mip_time_s``, ``pairs``, ``solver``).
+    ``mem_frac``, ``max_passes``); ``lns`` (:class:`~tvm_pesto.solve.placement_ilp.lns.LnsSettings`)
+    says when the LNS runs and how it searches.
 
     Examples
     --------
@@ -97,8 +98,9 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     score = _scorer(problem, objective, microbatches)
     coarse_only = {k: opts.pop(k) for k in ("fine_heuristics", "weight_cap", "mem_frac", "max_passes") if k in opts}
     large = problem.num_nodes > target
+    lns_s = lns.seconds
     if lns_s is None:
-        lns_s = time_limit_s if problem.num_nodes > max(target, lns_min_nodes) and objective == "latency" else 0.0
+        lns_s = time_limit_s if problem.num_nodes > max(target, lns.min_nodes) and objective == "latency" else 0.0
     if refine_s is None:
         refine_s = time_limit_s
     # cheap bounds only (no LP, no segment MIPs), where something uses them: the direct MIP
@@ -115,8 +117,8 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
                                 objective=objective, microbatches=microbatches, **opts, **coarse_only)
     steps = [(plan.info.get("source", "ilp"), score(simulate(problem, plan)))]
     if lns_s > 0 and objective == "latency":
-        plan = _lns_step(problem, plan, lns_s, lns_starts, coarse_only.get("fine_heuristics", True), floor,
-                         deterministic, lns_options or {}, steps, score)
+        plan = _lns_step(problem, plan, replace(lns, seconds=lns_s), coarse_only.get("fine_heuristics", True),
+                         floor, deterministic, steps, score)
     if refine_s > 0 and not cap_left_s():  # an ambient wall_cap ended: no seeds, no search
         plan.info.update(combine(plan.info, outcome(True, "polish", deterministic)))
     elif refine_s > 0:
@@ -139,12 +141,13 @@ def solve(problem: Problem, target: int = 40, time_limit_s: float = 3.0, refine_
     return plan
 
 
-def _lns_step(problem: Problem, plan: Plan, lns_s: float, lns_starts, fine_heuristics: bool, floor: float,
-              deterministic, lns_options: dict, steps: list, score) -> Plan:
-    """The LNS from the best of ``plan`` and the ``lns_starts`` heuristics' plans."""
+def _lns_step(problem: Problem, plan: Plan, settings: LnsSettings, fine_heuristics: bool, floor: float,
+              deterministic, steps: list, score) -> Plan:
+    """The LNS for ``settings.seconds`` from the best of ``plan`` and the ``settings.starts``
+    heuristics' plans."""
     start, start_name, start_value = plan, plan.info.get("source", "ilp"), steps[-1][1]
     if not fine_heuristics:  # else the coarse solve already compared them all
-        for name in lns_starts:
+        for name in settings.starts:
             try:
                 cand = HEURISTIC_SOLVERS[name](problem)
                 value = score(simulate(problem, cand))
@@ -153,8 +156,8 @@ def _lns_step(problem: Problem, plan: Plan, lns_s: float, lns_starts, fine_heuri
             steps.append((name, value))
             if value < start_value * (1 - 1e-12):
                 start, start_name, start_value = cand, name, value
-    out = lns(problem, Plan(start.assignment, start.order, solver="ilp", info=dict(plan.info)), time_budget_s=lns_s,
-              deterministic=deterministic, floor_s=floor, **lns_options)
+    out = run_lns(problem, Plan(start.assignment, start.order, solver="ilp", info=dict(plan.info)),
+                  time_budget_s=settings.seconds, deterministic=deterministic, floor_s=floor, settings=settings)
     r = out.info["lns"]
     info = dict(plan.info, lns=r, **combine(plan.info, r))
     source = start_name

@@ -35,6 +35,7 @@ True
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -217,9 +218,46 @@ def _with_window(assignment: np.ndarray, rank: np.ndarray, pos: np.ndarray, win,
     return a, priority
 
 
-def lns(problem: Problem, plan: Plan, time_budget_s: float = 10.0, size: int = 12, mip_time_s: float = 0.3,
-        solver: str = "highs", deterministic: bool | None = None, floor_s: float = 0.0, seed: int = SEED,
-        meter: Meter | None = None, pairs: int | None = 4) -> Plan:
+@dataclass(frozen=True)
+class LnsSettings:
+    """The large-neighbourhood search's settings: when the ``"ilp"`` solver runs it
+    (:func:`tvm_pesto.solve.placement_ilp.driver.solve`) and how :func:`lns` searches.
+
+    Attributes
+    ----------
+    seconds : float, optional
+        Seconds of search after the MIP (deterministic mode: nominal seconds of work); None:
+        the MIP's time limit on graphs of more than ``min_nodes`` nodes (and more than the
+        coarsening target), else 0, which turns it off.
+    starts : tuple of str
+        Heuristics whose plans the search may start from instead of the MIP's plan.
+    min_nodes : int
+        Graph size from which the search runs by default (``seconds`` None).
+    size : int
+        Nodes per window.
+    mip_time_s : float
+        Time limit of each window's MIP (deterministic mode: its node limit's worth).
+    solver : {"highs", "cbc"}
+        The MIP backend (HiGHS runs in-process: no start-up per window).
+    seed : int
+        Seeds the choice of windows (default :data:`tvm_pesto.solve.budget.SEED`).
+    pairs : int, optional
+        Ordering binaries only for window nodes at most this far apart in the current order
+        (farther pairs keep their order); None: all pairs (exact window MIPs, slower).
+    """
+
+    seconds: float | None = None
+    starts: tuple = ("heft",)
+    min_nodes: int = 1000
+    size: int = 12
+    mip_time_s: float = 0.3
+    solver: str = "highs"
+    seed: int = SEED
+    pairs: int | None = 4
+
+
+def lns(problem: Problem, plan: Plan, time_budget_s: float = 10.0, deterministic: bool | None = None,
+        floor_s: float = 0.0, meter: Meter | None = None, settings: LnsSettings = LnsSettings()) -> Plan:
     """Improve ``plan``'s makespan by re-solving windows of ``size`` nodes (module docstring).
 
     Parameters
@@ -229,19 +267,10 @@ def lns(problem: Problem, plan: Plan, time_budget_s: float = 10.0, size: int = 1
         A valid plan (it must simulate, memory included).
     time_budget_s : float
         Seconds of search (deterministic mode: nominal seconds of work).
-    size : int
-        Nodes per window.
-    mip_time_s : float
-        Time limit of each window's MIP (deterministic mode: its node limit's worth).
-    solver : {"highs", "cbc"}
-        The MIP backend (HiGHS runs in-process: no start-up per window).
     floor_s : float
         A lower bound: stop once the plan is within 1e-5 of it.
-    seed : int
-        Seeds the choice of windows (default :data:`tvm_pesto.solve.budget.SEED`).
-    pairs : int, optional
-        Ordering binaries only for window nodes at most this far apart in the current order
-        (farther pairs keep their order); None: all pairs (exact window MIPs, slower).
+    settings : LnsSettings
+        The windows' ``size``, ``mip_time_s``, ``solver``, ``seed`` and ``pairs``.
     meter : Meter, optional
         A budget to draw from instead of ``time_budget_s`` and ``deterministic``.
 
@@ -258,6 +287,7 @@ def lns(problem: Problem, plan: Plan, time_budget_s: float = 10.0, size: int = 1
     PlanError, InfeasibleError
         If ``plan`` itself does not simulate.
     """
+    size, mip_time_s, solver, pairs = settings.size, settings.mip_time_s, settings.solver, settings.pairs
     t0 = time.perf_counter()
     meter = meter if meter is not None else Meter(time_budget_s, deterministic, "the LNS")
     sim = simulate(problem, plan)
@@ -272,7 +302,7 @@ def lns(problem: Problem, plan: Plan, time_budget_s: float = 10.0, size: int = 1
     coloc = colocation_index(problem)
     pos = np.empty(n, dtype=np.int64)
     pos[problem.graph.topo_order()] = np.arange(n)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(settings.seed)
     best_plan, best_sim = plan, sim
     stop = floor_s * (1 + 1e-5)
     tried: set[int] = set()  # window starts tried on the current schedule
@@ -326,4 +356,4 @@ def _with(plan: Plan, lns_info: dict, base: Plan | None = None) -> Plan:
     return Plan(plan.assignment, plan.order, solver=base.solver, solve_s=base.solve_s, info=info)
 
 
-__all__ = ["Window", "lns", "remaining_time"]
+__all__ = ["LnsSettings", "Window", "lns", "remaining_time"]

@@ -5,6 +5,7 @@ calls it after every solve.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from ...plan.simulate import simulate
 from ..bounds.paths import critical_path_nodes
 from ..budget import Meter
 from ..heuristics.heft import solve as heft
-from .refine import _AT_BOUND, _REL, _makespan, refine
+from .refine import _AT_BOUND, _REL, RefineSettings, _makespan, refine
 
 
 def critical_path_splits(problem: Problem, parts=(3,), max_nodes: int = 5000) -> list[Plan]:
@@ -59,13 +60,14 @@ def critical_path_splits(problem: Problem, parts=(3,), max_nodes: int = 5000) ->
 
 
 def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floor_s: float = 0.0,
-           deterministic: bool | None = None, score=None, **options) -> Plan:
+           deterministic: bool | None = None, score=None, settings: RefineSettings = RefineSettings()) -> Plan:
     """Multi-start :func:`refine`. Each plan in turn descends to a local optimum (no kicks)
     with half of the budget left; then the best result gets the rest for the iterated search.
     Stops early at a plan within 1e-5 of ``floor_s`` (a lower bound). Returns that plan, with
     ``info["refine"]["start"]`` the index of the plan it came from; never worse than the best
     input. ``deterministic`` counts the budget in work units instead of seconds (see
-    :func:`refine`); ``info["refine"]`` then has the report of the whole budget.
+    :func:`refine`); ``info["refine"]`` then has the report of the whole budget. ``settings``
+    are :func:`refine`'s (the first descents without kicks).
 
     Examples
     --------
@@ -89,7 +91,7 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
         if best is not None and (best_span <= stop or meter.spent()):
             break
         try:
-            out = refine(problem, plan, kicks=False, meter=meter.share(0.5), score=score, **options)
+            out = refine(problem, plan, meter=meter.share(0.5), score=score, settings=replace(settings, kicks=False))
         except (InfeasibleError, PlanError):
             continue
         span = out.info["refine"]["makespan_after_s"]
@@ -102,7 +104,7 @@ def polish(problem: Problem, plans: list[Plan], time_budget_s: float = 2.0, floo
     info = dict(best.info["refine"])
     if best_span > stop and not meter.spent():
         again = refine(problem, Plan(best.assignment, best.order, solver=best.solver), floor_s=floor_s,
-                       meter=meter.share(1.0), score=score, **options)
+                       meter=meter.share(1.0), score=score, settings=settings)
         r = again.info["refine"]
         for key in ("rounds", "moves", "kicks", "kicks_kept", "simulations"):
             info[key] += r[key]

@@ -39,12 +39,14 @@ True
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import InfeasibleError, PlanError
 from ...plan.plan import Plan
 from ...plan.problem import Problem
+from ...plan.reference import SimArrays
 from ...plan.simulate import SimResult, simulate
 from ..bounds.paths import critical_path
 from ..budget import SEED, Meter, simulation_work
@@ -137,8 +139,9 @@ class _Evaluator:
             self.core = _core
         except ImportError:
             self.core = None
-        self.src = problem.src.astype(np.int32)
-        self.dst = problem.dst.astype(np.int32)
+        p = problem
+        self.arrays = SimArrays(p.num_nodes, p.src.astype(np.int32), p.dst.astype(np.int32), p.ebytes, p.latency,
+                                p.inv_bw, p.num_devices, p.mem, p.hosts)
         self.ids = np.arange(problem.num_nodes)
 
     def __call__(self, assignment: np.ndarray, priority: np.ndarray):
@@ -157,9 +160,7 @@ class _Evaluator:
                 return cand, None
         cost = p.costs[self.ids, assignment]
         try:
-            start, finish, busy, peak, tx = self.core.simulate(
-                p.num_nodes, self.src, self.dst, p.ebytes, cand.assignment, (flat, offsets), cost, p.latency,
-                p.inv_bw, p.mem, d, p.hosts)
+            start, finish, busy, peak, tx = self.core.simulate(self.arrays, cand.assignment, (flat, offsets), cost)
         except PlanError:
             return cand, None
         if (peak > p.capacity * (1 + 1e-9)).any():
@@ -300,9 +301,38 @@ class _Search:
         return (cand.plan(), csim) if csim is not None else None
 
 
-def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds: int = 10_000, kicks: bool = True,
-           kick_size: int = 3, patience: int = 50, seed: int = SEED, first_improvement: bool = False,
-           floor_s: float = 0.0, deterministic: bool | None = None, meter: Meter | None = None, score=None) -> Plan:
+@dataclass(frozen=True)
+class RefineSettings:
+    """How :func:`refine` searches.
+
+    Attributes
+    ----------
+    max_rounds : int
+        At most this many accepted moves per descent.
+    kicks : bool
+        After a descent, perturb the best plan and descend again (the iterated search).
+    kick_size : int
+        Nodes (with their co-location groups) a kick moves to random devices.
+    patience : int
+        Stop after this many kicks in a row without a gain.
+    seed : int
+        Seeds the kicks (default :data:`tvm_pesto.solve.budget.SEED`), so they are repeatable.
+    first_improvement : bool
+        Take the best move of the first unit (node, run, reorder) that has an improving one,
+        instead of the best move of the whole round (default; steadier on the benchmark).
+    """
+
+    max_rounds: int = 10_000
+    kicks: bool = True
+    kick_size: int = 3
+    patience: int = 50
+    seed: int = SEED
+    first_improvement: bool = False
+
+
+def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, floor_s: float = 0.0,
+           deterministic: bool | None = None, meter: Meter | None = None, score=None,
+           settings: RefineSettings = RefineSettings()) -> Plan:
     """Improve ``plan`` by moving critical-chain nodes between devices (module docstring).
 
     A descent stops at a plan no single move improves. With ``kicks`` the search then
@@ -318,14 +348,6 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
         A valid plan (it must simulate without error).
     time_budget_s : float
         Stop after about this many seconds (deterministic mode: nominal seconds of work).
-    max_rounds : int
-        At most this many accepted moves per descent.
-    first_improvement : bool
-        Take the best move of the first unit (node, run, reorder) that has an improving one,
-        instead of the best move of the whole round (default; steadier on the benchmark).
-    kicks, kick_size, patience, seed
-        The iterated search described above; ``seed`` (default
-        :data:`tvm_pesto.solve.budget.SEED`) makes the kicks repeatable.
     floor_s : float
         A lower bound on the makespan (e.g. ``lower_bound(problem)["best"]``): no kicks once
         the plan is within 1e-5 of it (default: the critical path).
@@ -340,6 +362,8 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
         ``score(sim) -> seconds`` to minimise instead of the makespan (e.g. the time per
         sample of :mod:`tvm_pesto.plan.objective`); ``makespan_before_s`` and
         ``makespan_after_s`` then hold the score (``info["refine"]["score"]`` says which).
+    settings : RefineSettings
+        The descents' and kicks' settings (the iterated search described above).
 
     Returns
     -------
@@ -364,6 +388,7 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     >>> plan.info["refine"]["makespan_after_s"] <= plan.info["refine"]["makespan_before_s"]
     True
     """
+    max_rounds, first_improvement = settings.max_rounds, settings.first_improvement
     t0 = time.perf_counter()
     meter = meter if meter is not None else Meter(time_budget_s, deterministic, "refine")
     sim = simulate(problem, plan)
@@ -381,11 +406,11 @@ def refine(problem: Problem, plan: Plan, time_budget_s: float = 2.0, max_rounds:
     search = _Search(problem, plan.solver, meter, score)
     meter.charge(search.evaluate.work)  # the first simulation
     best_plan, best_sim = search.descend(plan, sim, max_rounds, first_improvement)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(settings.seed)
     misses = 0
-    while kicks and misses < patience and value(best_sim) > floor and not search.out_of_time():
+    while settings.kicks and misses < settings.patience and value(best_sim) > floor and not search.out_of_time():
         info["kicks"] += 1
-        kicked = search.kick(best_plan, best_sim, rng, kick_size)
+        kicked = search.kick(best_plan, best_sim, rng, settings.kick_size)
         if kicked is None:
             misses += 1
             continue

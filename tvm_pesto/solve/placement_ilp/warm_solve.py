@@ -16,35 +16,24 @@ from ...plan import Plan, Problem, SimResult, simulate
 from ..budget import mode_name
 from ..heuristics.portfolio import run_heuristics
 from ..mip import solve_mip
+from ..settings import MipSettings
 from .model.build import IlpVars, _warm_time_per_sample, build_ilp, extract_plan
 
 
-def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc", warm_start: Plan | None = None,
-              gap: float | None = 1e-4, pairs: int | None = None, msg: bool = False,
-              threads: int | None = None, deterministic: bool | None = None, objective: str = "latency",
-              microbatches: int | None = None, floor_s: float | None = None) -> Plan:
+def solve_ilp(problem: Problem, warm_start: Plan | None = None, pairs: int | None = None,
+              objective: str = "latency", microbatches: int | None = None, floor_s: float | None = None,
+              **settings) -> Plan:
     """Solve the placement + scheduling ILP and return the best plan found.
 
     Parameters
     ----------
     problem : Problem
-    time_limit_s : float
-        Limit for the MIP solver itself (model building is extra).
-    solver : {"cbc", "highs"}
-        CBC through PuLP (a system ``cbc`` if present, else PuLP's bundled one) or HiGHS
-        through highspy. When it crashes, the other one is tried.
     warm_start : Plan, optional
         Start point and upper bound. Default: the best heuristic's plan for ``objective``
         (:func:`tvm_pesto.solve.heuristics.portfolio.run_heuristics`).
-    gap : float, optional
-        Relative MIP gap at which to stop (``0`` proves optimality).
     pairs : int, optional
         Ordering-binary window, see :func:`build_ilp` (``optimal`` then means optimal for
         the restricted model).
-    deterministic : bool, optional
-        A node limit (from ``time_limit_s``), one thread and a fixed seed instead of the time
-        limit, so the plan is the same on any machine (:mod:`tvm_pesto.solve.budget`);
-        default: the ambient mode.
     objective, microbatches
         What to minimise, see :func:`build_ilp`; plans are compared on it (op model), and
         ``info["objective_value_s"]`` is the returned plan's.
@@ -52,6 +41,12 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
         A lower bound on the objective that the caller knows (seconds). When the warm start
         is within ``gap`` of it, the MIP is not built: the warm start is returned with
         ``status`` ``optimal`` and ``proven_by`` ``"lower bound"``.
+    **settings
+        The fields of :class:`~tvm_pesto.solve.settings.MipSettings`: ``time_limit_s`` (the
+        MIP solver's own limit; model building is extra), ``solver`` (``cbc`` through PuLP, a
+        system ``cbc`` if present, or ``highs`` through highspy), ``gap``, ``msg``,
+        ``threads``, ``deterministic`` (a node limit, one thread and a fixed seed instead of
+        the time limit, so the plan is the same on any machine; default: the ambient mode).
 
     Returns
     -------
@@ -89,6 +84,8 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
     >>> plan.info["status"]
     'optimal'
     """
+    mip = MipSettings(**settings)
+    time_limit_s, deterministic = mip.time_limit_s, mip.deterministic
     t0 = time.perf_counter()
     score = _scorer(problem, objective, microbatches)
     heuristics = {}
@@ -106,7 +103,7 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
                           "makespan_s": 0.0, "source": "ilp", "note": "empty graph",
                           "budget": mode_name(deterministic), "deterministic": True})
     warm = None if warm_start is None else _Warm(warm_start, warm_sim, score(warm_sim))
-    if warm is not None and floor_s and gap and warm.value <= floor_s * (1 + gap):
+    if warm is not None and floor_s and mip.gap and warm.value <= floor_s * (1 + mip.gap):
         # the MIP could prove no more than the bound does (its root alone can take many seconds)
         info = {"status": "optimal", "proven_by": "lower bound", "lower_bound_s": float(floor_s), "timed_out": False,
                 "mip_gap": float(warm.value / floor_s - 1), "source": "warm_start",
@@ -115,9 +112,9 @@ def solve_ilp(problem: Problem, time_limit_s: float = 30.0, solver: str = "cbc",
                 "time_limit_s": time_limit_s, "optimised": objective, "budget": mode_name(deterministic),
                 "deterministic": True, **heuristics}
         return warm.copy(solve_s=time.perf_counter() - t0, info=info)
-    return _solve_from(problem, warm, score, heuristics, warm_rejected, t0, time_limit_s=time_limit_s,
-                       solver=solver, gap=gap, pairs=pairs, msg=msg, threads=threads, deterministic=deterministic,
-                       objective=objective, microbatches=microbatches)
+    facts = {**heuristics, **({"warm_start_rejected": warm_rejected} if warm_rejected else {})}
+    return _solve_from(problem, warm, score, facts, t0, mip, pairs=pairs, objective=objective,
+                       microbatches=microbatches)
 
 
 def _heuristic_start(problem: Problem, score, objective: str) -> tuple[Plan | None, dict]:
@@ -130,21 +127,18 @@ def _heuristic_start(problem: Problem, score, objective: str) -> tuple[Plan | No
     return best, facts
 
 
-def _solve_from(problem: Problem, warm: _Warm | None, score, heuristics: dict, warm_rejected: str | None,
-                t0: float, time_limit_s: float, solver: str, gap, pairs, msg, threads, deterministic,
+def _solve_from(problem: Problem, warm: _Warm | None, score, facts: dict, t0: float, mip: MipSettings, pairs,
                 objective: str, microbatches) -> Plan:
     """Build and solve the MIP from ``warm`` (None: no usable warm start) and return the
-    better of its plan and the warm start, as :func:`solve_ilp` describes."""
+    better of its plan and the warm start, as :func:`solve_ilp` describes; ``facts`` (what
+    the heuristics and a rejected warm start said) go into the plan's ``info``."""
     prob, V = build_ilp(problem, None if warm is None else warm.plan, pairs=pairs, objective=objective,
                         microbatches=microbatches)
     t_build = time.perf_counter() - t0
-    res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=gap, msg=msg, threads=threads,
-                    deterministic=deterministic)
+    res = solve_mip(prob, mip.solver, **mip.solve_options())
     info = {"num_vars": len(prob.variables()), "num_constraints": prob.numConstraints(),
             "num_order_binaries": len(V.y), "fixed_pairs": V.fixed_pairs, "build_s": t_build,
-            "time_limit_s": time_limit_s, "upper_bound_s": V.ub_s, **res.info(V.time_scale), **heuristics}
-    if warm_rejected:
-        info["warm_start_rejected"] = warm_rejected
+            "time_limit_s": mip.time_limit_s, "upper_bound_s": V.ub_s, **res.info(V.time_scale), **facts}
     if res.status == "solver_failed":
         note = f"the ILP solvers failed ({'; '.join(res.failures)})"
         if warm is None:
@@ -160,7 +154,7 @@ def _solve_from(problem: Problem, warm: _Warm | None, score, heuristics: dict, w
     if warm is not None:
         plan = _no_worse_than(warm, plan, info, objective)
     elif plan is None:
-        raise SolverError(f"{problem.graph.name}: the ILP found no solution within its {time_limit_s} s budget "
+        raise SolverError(f"{problem.graph.name}: the ILP found no solution within its {mip.time_limit_s} s budget "
                           f"(status {res.status}) and there is no warm start; raise time_limit_s or pass "
                           "warm_start=<a heuristic plan>")
     plan.solve_s = time.perf_counter() - t0

@@ -244,7 +244,7 @@ def dp_split(problem: Problem, family: str = "all", order: list[int] | None = No
     value = float(dp[top][len(masks) - 1])
     assignment = -np.ones(problem.num_nodes, dtype=np.int64)
     if np.isfinite(value):
-        _trace_back(dp, top, masks, classes, P, Q, load, join, units, assignment)
+        _trace_back(dp, top, masks, classes, (P, Q, load), join, units, assignment)
     return DpResult(value, assignment, units.exact, len(masks), len(P), time.perf_counter() - t0,
                     family if combine == "max" else f"{family}, sum")
 
@@ -337,9 +337,10 @@ def _smallest_loads(num_ideals: int, classes, P, Q, load, join) -> dict:
     return dp
 
 
-def _trace_back(dp, top, masks, classes, P, Q, load, join, units: Units, assignment: np.ndarray) -> None:
+def _trace_back(dp, top, masks, classes, blocks, join, units: Units, assignment: np.ndarray) -> None:
     """Write into ``assignment`` the devices of a chain of blocks that achieves ``dp[top]``
-    for the whole graph."""
+    for the whole graph; ``blocks`` is :func:`_block_loads`' ``(P, Q, load)``."""
+    P, Q, load = blocks
     used = [0] * len(classes)
     state, i = top, len(masks) - 1
     while i != 0:
