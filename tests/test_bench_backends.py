@@ -11,14 +11,17 @@ import math
 import pytest
 
 from tvm_pesto.bench import backends as bb
+from tvm_pesto.jsonio import jsonable, schema_problems
 
 
 class _Cluster:
     def __init__(self, name):
         self.name = name
 
-    def to_dict(self):
-        return {"name": self.name}
+    def to_dict(self):  # the dict of a real cluster of that name: the JSON's clusters follow the cluster schema
+        from tvm_pesto.cluster import parse_cluster
+
+        return {**parse_cluster(self.name).to_dict(), "name": self.name}
 
 
 def _model(best, dp, joint, pesto=None):
@@ -52,6 +55,8 @@ def test_the_summary_is_the_geomean_and_worst_over_the_models(monkeypatch):
     # every model's every variant counts in the run's noise: each collage_dp's blocks differ by 20 %
     assert res["noise"]["count"] == 6 and sorted(res["noise"]["unconfirmed"]) == ["a/collage_dp", "b/collage_dp",
                                                                                  "c/collage_dp"]
+    # what `tvm-pesto bench backends --json` writes (it adds these two) follows its schema
+    assert schema_problems("bench-backends", jsonable({**res, "cache_skipped_lines": [], "deterministic": True})) == []
 
 
 class _Plan:

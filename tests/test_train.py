@@ -229,3 +229,8 @@ def test_bench_training_measures_and_simulates_every_plan():
     assert m["gpu"]["2xV100-nvlink"]["m-etf"]["simulated_step_s"] > 0
     md = training_markdown(res)
     assert f"| mlp_mixer | m-etf | {','.join(map(str, used))} |" in md and "2xV100-nvlink" in md
+    # what `tvm-pesto bench training --json` writes (it adds these two) follows its schema
+    from tvm_pesto.jsonio import jsonable, schema_problems
+
+    written = {**res, "deterministic": True, "command": "tvm-pesto bench training"}
+    assert schema_problems("bench-training", jsonable(written)) == []
