@@ -26,10 +26,9 @@ Which core shape the flow predicts faster is the plan's ``shape``; the measureme
 Options within :data:`~tvm_pesto.choose.trial.RUNOFF` of the fastest are timed again (:data:`~tvm_pesto.choose.trial.RUNOFF_BUDGET_S`).
 Every option is compared by its best block (the least block median over every pass, the
 statistic ``tvm-pesto bench peers`` judges each variant by): a block slower than another of
-the same option is the machine's doing. A shared 2-vCPU machine is two-speed for seconds at a
-time (an ONNX Runtime session of two threads: 0.25 and 0.47 ms a call by turns, one thread
-0.41 throughout), so an option timed only in a slow spell is left its best, not its median,
-and the runoff's later blocks give it the chance of a fast one. A whole-model library call (:func:`~tvm_pesto.choose.options.library_call`)
+the same option is the machine's doing. A shared machine can run slow for seconds at a time,
+a library's threads slower than one thread then, so an option timed only in a slow spell is
+left its best, not its median, and the runoff's later blocks give it the chance of a fast one. A whole-model library call (:func:`~tvm_pesto.choose.options.library_call`)
 within :data:`~tvm_pesto.choose.trial.PREFER_LIBRARY` of a fastest plan of several units is kept (a user's own library
 call, no slower within what a shared machine tells apart). ``decision`` lists each option's
 predicted and measured seconds and which one was kept.

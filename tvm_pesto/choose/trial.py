@@ -16,8 +16,8 @@ from .options import Option, library_call
 
 #: Rough seconds the timing of the options takes in all (blocks of every option, two rounds).
 BUDGET_S = 2.0
-#: Options measured within this fraction of the fastest are timed again, in a runoff (a
-#: two-thread library in a slow spell of a shared machine: 10-15 % behind its one-thread call).
+#: Options measured within this fraction of the fastest are timed again, in a runoff (wide
+#: enough for a library's threads caught in a slow spell of a shared machine).
 RUNOFF = 0.15
 #: Rough seconds the runoff takes in all (blocks of its options, :data:`RUNOFF_ROUNDS` rounds).
 RUNOFF_BUDGET_S = 2.0
