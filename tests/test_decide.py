@@ -185,9 +185,10 @@ def _spin(seconds):
     return CLOCK.call(seconds)
 
 
-def _choose(opts, build, inputs, resolve=None, **kw):
-    """:func:`trial.choose` on the fake clock, then the claim (:func:`choose.certify_kept`)."""
-    placed, d = trial.choose(opts, build, inputs, clock=CLOCK, **kw)
+def _choose(opts, build, inputs, resolve=None, probe_spell=False, **kw):
+    """:func:`trial.choose` on the fake clock (no probe of the real machine's spells unless
+    asked), then the claim (:func:`choose.certify_kept`)."""
+    placed, d = trial.choose(opts, build, inputs, clock=CLOCK, probe_spell=probe_spell, **kw)
     choose.certify_kept(opts, d, resolve)
     return placed, d
 
@@ -269,6 +270,56 @@ def test_a_two_speed_option_is_judged_by_its_best_block_over_every_pass(monkeypa
     measured = {o["name"]: o["measured_s"] for o in d["options"]}
     assert d["chosen"] == "library:onnxruntime" == min(measured, key=measured.get)
     assert measured["library:onnxruntime"] == pytest.approx(0.8e-3, rel=0.05)
+
+
+def _spell_options(monkeypatch, ratios):
+    """A two-thread library (1.3 ms in a slow spell, 0.8 out of it), its one-thread call (1.15
+    ms throughout) and a slow plan; the machine's probe gives ``ratios`` in turn."""
+    phase, seq = {"spell": True}, iter(ratios)
+
+    def ratio():
+        r = next(seq)
+        phase["spell"] = r > trial.SPELL_RATIO
+        return r
+    monkeypatch.setattr(trial, "_spell_ratio", ratio)
+    monkeypatch.setattr(trial, "_sleep", lambda s: None)
+
+    def spin(name):
+        if name == "plan":
+            return _spin(5e-3)
+        steady = _spin(1.15e-3)
+        return lambda *_: steady() if name.endswith("on cpu0") else _spin(1.3e-3 if phase["spell"] else 0.8e-3)()
+    opts, _ = _options({"plan": 5e-3, "library:onnxruntime": 1.3e-3, "library:onnxruntime on cpu0": 1.15e-3})
+    return opts, (lambda o: spin(o.name))
+
+
+def test_options_timed_in_a_slow_spell_are_timed_again_after_it(monkeypatch):
+    opts, build = _spell_options(monkeypatch, [0.85, 0.84, 0.55])
+    _, d = _choose(opts, build, [], budget_s=0.2, probe_spell=True)
+    assert d["spell"] == {"ratios": [0.85, 0.84, 0.55], "ended": True,
+                          "timed_again": ["library:onnxruntime", "library:onnxruntime on cpu0"]}
+    measured = {o["name"]: o["measured_s"] for o in d["options"]}
+    assert d["chosen"] == "library:onnxruntime" and measured["library:onnxruntime"] == pytest.approx(0.8e-3, rel=0.05)
+
+
+def test_a_spell_that_does_not_end_keeps_what_was_measured_and_says_so(monkeypatch):
+    opts, build = _spell_options(monkeypatch, [0.9] * (trial.SPELL_PROBES + 1))
+    _, d = _choose(opts, build, [], budget_s=0.2, probe_spell=True)
+    assert len(d["spell"]["ratios"]) == trial.SPELL_PROBES + 1 and not d["spell"]["ended"]
+    assert d["spell"]["timed_again"] == [] and d["chosen"] == "library:onnxruntime on cpu0"
+
+
+def test_no_spell_no_second_timing(monkeypatch):
+    opts, build = _spell_options(monkeypatch, [0.55])
+    _, d = _choose(opts, build, [], budget_s=0.2, probe_spell=True)
+    assert d["spell"] is None
+
+
+def test_the_spell_probe_answers_on_this_machine():
+    from tvm_pesto.costs.measure.blocks import slow_spell_ratio
+
+    r = slow_spell_ratio(0.02)
+    assert r is None or 0.1 < r < 5.0  # two threads over one, on a machine of any load
 
 
 def test_an_option_is_never_judged_by_another_statistic_than_the_others(monkeypatch):

@@ -36,6 +36,12 @@ RUNAWAY_FIRST_S = 10.0
 #: Each option is called up to QUICK_CALLS times (within QUICK_S) after its first call; one
 #: DROP x the fastest such call, or not among the MAX_LIVE fastest, is closed at once.
 QUICK_CALLS, QUICK_S, DROP, MAX_LIVE = 3, 0.2, 1.5, 3
+#: A slow spell of the machine: the probe's two-thread call over its one-thread call above
+#: SPELL_RATIO (about 0.55 while both cores run); the probe is asked again up to SPELL_PROBES
+#: times, SPELL_PAUSE_S apart, and after the spell the options within SPELL_RANGE x the fastest
+#: are timed again (:func:`_after_spell`).
+SPELL_RATIO, SPELL_PROBES, SPELL_PAUSE_S, SPELL_RANGE = 0.7, 12, 0.5, 2.0
+_sleep = time.sleep  # the pause between probes (tests make it instant)
 #: A library option predicted this many times the best library option's prediction is not built.
 PREDICTED_SLOW = 5.0
 #: An option whose first output differs from TVM's build of the model (``library:tvm``) by over
@@ -117,6 +123,48 @@ def _first_calls(o: Option, flow: bool, build, inputs, clock, seen: _Seen, live)
         return None
 
 
+def _add_blocks(timed: dict, again: dict) -> None:
+    """Add the blocks of a later pass (``again``) to each option's, judged by the best of all."""
+    for n, r in again.items():
+        timed[n]["blocks_s"] += r["blocks_s"]
+        timed[n]["calls"] += r["calls"]
+        timed[n]["s"] = float(min(timed[n]["blocks_s"]))
+
+
+def _spell_ratio() -> float | None:
+    """The machine's slow-spell probe (:func:`~tvm_pesto.costs.measure.blocks.slow_spell_ratio`)."""
+    # lazy: the probe loads ONNX Runtime, which importing this module does not
+    from ..costs.measure.blocks import slow_spell_ratio
+
+    return slow_spell_ratio()
+
+
+def _after_spell(timed: dict, built: dict, skip: set, inputs, clock) -> dict | None:
+    """Once the options are timed, whether the machine was in a slow spell (the probe's
+    two-thread call over :data:`SPELL_RATIO` x its one-thread call: a library's threads then
+    run up to twice as slow, and a one-thread option wins what it loses afterwards); if so,
+    the probe is asked again, :data:`SPELL_PAUSE_S` apart, up to :data:`SPELL_PROBES` times,
+    and once the spell is over every option within :data:`SPELL_RANGE` x the fastest (not
+    ``skip``ped, still built) is timed again and judged by its best block over every pass.
+    None when the probe saw no spell (or the process has one core); else the probe's ratios,
+    whether the spell ended and what was timed again."""
+    ratio = _spell_ratio()
+    if ratio is None or ratio <= SPELL_RATIO:
+        return None
+    seen = [ratio]
+    while len(seen) <= SPELL_PROBES and seen[-1] > SPELL_RATIO:
+        _sleep(SPELL_PAUSE_S)
+        seen.append(_spell_ratio() or 0.0)
+    out = {"ratios": [round(r, 3) for r in seen], "ended": seen[-1] <= SPELL_RATIO, "timed_again": []}
+    if out["ended"]:
+        fastest = min(timed[n]["s"] for n in timed)
+        again = [n for n in timed if n in built and n not in skip and timed[n]["s"] <= SPELL_RANGE * fastest]
+        _add_blocks(timed, _time({n: built[n] for n in again}, inputs, RUNOFF_BUDGET_S, rounds=RUNOFF_ROUNDS,
+                                 clock=clock))
+        out["timed_again"] = again
+    return out
+
+
 def _quick(placed, inputs, clock) -> float:
     """The least of :data:`QUICK_CALLS` calls (fewer past :data:`QUICK_S`): an option's speed
     before its blocks, past a library's first calls."""
@@ -147,7 +195,7 @@ def _predicted_runaway(option: Option, first_s: dict, best_predicted: float) -> 
 
 
 def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None,
-           clock=time.perf_counter):
+           clock=time.perf_counter, probe_spell: bool = True):
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
 
     ``build(option) -> PlacedModule``. Runaways (:data:`RUNAWAY`) are not run (``skipped``)
@@ -157,7 +205,9 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     (``decision["runoff"]``, up to :data:`RUNOFF_PASSES` times). An option
     that fails to build or to run, or computes another model (:func:`wrong_numerics`), is
     reported with its error and left out; the flow's plan failing to build or run raises.
-    ``clock`` gives the seconds each timing reads (a fake one in tests). The decision has no
+    ``clock`` gives the seconds each timing reads (a fake one in tests). With ``probe_spell``
+    the machine is asked whether it is in a slow spell once the options are timed
+    (:func:`_after_spell`; ``decision["spell"]``). The decision has no
     claim yet: :func:`~tvm_pesto.choose.claim.certify_kept` gives it.
     """
     built, errors, first_s, call_s, skipped, outputs, dropped = {}, {}, {}, {}, {}, {}, set()
@@ -195,13 +245,12 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         close = [n for n in timed if timed[n]["s"] <= timed[best]["s"] * (1 + RUNOFF) and n not in slow | once]
         if len(close) < 2 or set(close) <= set(ran):
             break
-        again = _time({n: built[n] for n in close}, inputs, RUNOFF_BUDGET_S, rounds=RUNOFF_ROUNDS, clock=clock)
-        for n in close:  # the best block of every pass
-            timed[n]["blocks_s"] += again[n]["blocks_s"]
-            timed[n]["calls"] += again[n]["calls"]
-            timed[n]["s"] = float(min(timed[n]["blocks_s"]))
+        _add_blocks(timed, _time({n: built[n] for n in close}, inputs, RUNOFF_BUDGET_S, rounds=RUNOFF_ROUNDS,
+                                 clock=clock))
         ran += [n for n in close if n not in ran]
         best = min(timed, key=lambda n: timed[n]["s"])
+    spell = _after_spell(timed, built, slow | once, inputs, clock) if probe_spell else None
+    best = min(timed, key=lambda n: timed[n]["s"])
     runoff = None
     if ran:
         runoff = {"options": ran, "blocks": len(timed[best]["blocks_s"])}
@@ -218,7 +267,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
             _close(p, [built[best]] if best in built else [])
     if best not in built:  # closed early (DROP) and fastest after all: an option found wrong, or slower in blocks
         built[best] = build(next(o for o in opts if o.name == best))
-    decision = {"measured": True, "chosen": best, "options": [], "runoff": runoff}
+    decision = {"measured": True, "chosen": best, "options": [], "runoff": runoff, "spell": spell}
     for o in opts:
         rec = {"name": o.name, "cluster": o.cluster.name, "devices": o.cluster.num_devices,
                "cores": [d.cores for d in o.cluster.devices], "predicted_s": o.predicted_s,
@@ -258,6 +307,6 @@ def wrong_numerics(opts: list[Option], outputs: dict) -> dict:
     return out
 
 
-__all__ = ["BUDGET_S", "DROP", "MAX_LIVE", "NUMERICS_TOL", "PREDICTED_SLOW", "PREFER_LIBRARY", "QUICK_CALLS",
+__all__ = ["BUDGET_S", "DROP", "SPELL_PAUSE_S", "SPELL_PROBES", "SPELL_RANGE", "SPELL_RATIO", "MAX_LIVE", "NUMERICS_TOL", "PREDICTED_SLOW", "PREFER_LIBRARY", "QUICK_CALLS",
            "QUICK_S", "REDUCED_TOL", "RUNAWAY", "RUNAWAY_FIRST_S", "RUNAWAY_MIN_S", "RUNOFF", "RUNOFF_BUDGET_S",
            "RUNOFF_PASSES", "RUNOFF_ROUNDS", "choose", "wrong_numerics"]

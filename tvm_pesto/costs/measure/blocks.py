@@ -21,6 +21,7 @@ Examples
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -132,4 +133,63 @@ def _agrees(blocks_s, agree: float) -> bool:
     return spread is not None and spread <= agree
 
 
-__all__ = ["best_two_spread", "time_blocks"]
+#: The probe's chain: this many MatMul + Relu of [PROBE_ROWS, PROBE_WIDTH] by [PROBE_WIDTH, PROBE_WIDTH].
+PROBE_OPS, PROBE_ROWS, PROBE_WIDTH = 8, 64, 256
+_PROBES: list = []  # the probe's two sessions (two threads, one thread), made on first use
+
+
+def _probe_sessions():
+    """ONNX Runtime sessions of one fixed chain of matrix products: two threads and one."""
+    if not _PROBES:
+        # lazy: ONNX and ONNX Runtime load only where a probe is asked for
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+
+        rng, nodes, weights, x = np.random.default_rng(0), [], [], "x"
+        for i in range(PROBE_OPS):
+            w = (rng.standard_normal((PROBE_WIDTH, PROBE_WIDTH)) * 0.05).astype("float32")
+            weights.append(numpy_helper.from_array(w, f"w{i}"))
+            nodes += [helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+            x = f"r{i}"
+        shape = [PROBE_ROWS, PROBE_WIDTH]
+        graph = helper.make_graph(nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)], weights)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+        onnx.checker.check_model(model)
+        for threads in (2, 1):
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.log_severity_level = 3
+            _PROBES.append(ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]))
+    return _PROBES
+
+
+def slow_spell_ratio(seconds: float = 0.1) -> float | None:
+    """How much a second thread helps right now: the best call of a fixed chain of matrix
+    products on two threads over its best on one, each timed for ``seconds``. About 0.55 while
+    the machine's two cores both run; near 0.8 or over in a slow spell (a shared machine whose
+    second core comes and goes for seconds at a time, where a library's threads wait on each
+    other); None on a process with one core.
+
+    Examples
+    --------
+    >>> r = slow_spell_ratio(0.02)
+    >>> r is None or 0.2 < r < 3.0
+    True
+    """
+    if len(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)) < 2:
+        return None
+    x = {"x": np.random.default_rng(1).random((PROBE_ROWS, PROBE_WIDTH), dtype=np.float32)}
+    best = []
+    for sess in _probe_sessions():
+        b, t0 = float("inf"), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            t = time.perf_counter()
+            sess.run(None, x)
+            b = min(b, time.perf_counter() - t)
+        best.append(b)
+    return best[0] / best[1]
+
+
+__all__ = ["PROBE_OPS", "PROBE_ROWS", "PROBE_WIDTH", "best_two_spread", "slow_spell_ratio", "time_blocks"]
