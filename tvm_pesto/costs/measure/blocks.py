@@ -139,12 +139,14 @@ _PROBES: list = []  # the probe's two sessions (two threads, one thread), made o
 
 
 def _probe_sessions():
-    """ONNX Runtime sessions of one fixed chain of matrix products: two threads and one."""
+    """ONNX Runtime sessions of one fixed chain of matrix products, made as tvm-pesto makes its
+    units' sessions (:func:`~tvm_pesto.run.libraries.loaders.onnx_session`): two threads and one."""
     if not _PROBES:
         # lazy: ONNX and ONNX Runtime load only where a probe is asked for
         import onnx
-        import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
+
+        from ...run.libraries.loaders import onnx_session
 
         rng, nodes, weights, x = np.random.default_rng(0), [], [], "x"
         for i in range(PROBE_OPS):
@@ -157,11 +159,7 @@ def _probe_sessions():
                                   [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)], weights)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
         onnx.checker.check_model(model)
-        for threads in (2, 1):
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = threads
-            so.log_severity_level = 3
-            _PROBES.append(ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]))
+        _PROBES.extend(onnx_session(model, cores, spin=True) for cores in (2, 1))  # as the units' sessions run
     return _PROBES
 
 
