@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from ...run.libraries.loaders import onnx_session
+
 
 def _block(f, warmup_s: float, block_s: float, min_calls: int, max_block_s: float | None,
            clock=time.perf_counter) -> tuple[float, int]:
@@ -145,8 +147,6 @@ def _probe_sessions():
         # lazy: ONNX and ONNX Runtime load only where a probe is asked for
         import onnx
         from onnx import TensorProto, helper, numpy_helper
-
-        from ...run.libraries.loaders import onnx_session
 
         rng, nodes, weights, x = np.random.default_rng(0), [], [], "x"
         for i in range(PROBE_OPS):
