@@ -1,7 +1,9 @@
 """The final choice (:mod:`tvm_pesto.choose`): the flow's plan timed against its alternatives."""
 import dataclasses
+import json
 from types import SimpleNamespace
 
+import jsonschema
 import numpy as np
 import pytest
 from fake_clock import FakeClock
@@ -10,10 +12,12 @@ import tvm_pesto
 from tvm_pesto import choose
 from tvm_pesto.choose import options, trial
 from tvm_pesto.choose.claim import same_plan
+from tvm_pesto.choose.decision import Decision
 from tvm_pesto.api import build_placement, cost_candidates, place_from_costs
 from tvm_pesto.candidates.examples import reference_output, tiny_mlp
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import PestoError
+from tvm_pesto.jsonio import schema_path
 from tvm_pesto.solve import budget
 
 
@@ -27,7 +31,7 @@ def chosen():
 @pytest.mark.slow
 def test_every_option_is_built_timed_and_the_fastest_kept(chosen):
     placed, mod, x = chosen
-    d = placed.decision
+    d = placed.decision.to_json()
     names = [o["name"] for o in d["options"]]
     assert d["measured"] is True and names[0] == "plan" and "one-device" in names
     # every op of the MLP runs in ONNX Runtime: its whole-model option is weighed, or it is the flow's
@@ -50,7 +54,7 @@ def test_every_option_is_built_timed_and_the_fastest_kept(chosen):
 
 @pytest.mark.slow
 def test_the_one_device_options_use_every_core_as_one_device(chosen):
-    d = chosen[0].decision
+    d = chosen[0].decision.to_json()
     plan = d["options"][0]
     assert plan["cluster"] == "cpu:2" and plan["cores"] == [1, 1]
     wide = [o for o in d["options"][1:] if " on " not in o["name"]]
@@ -59,7 +63,7 @@ def test_the_one_device_options_use_every_core_as_one_device(chosen):
 
 @pytest.mark.slow
 def test_each_library_is_also_weighed_on_one_narrow_device(chosen):
-    d = chosen[0].decision
+    d = chosen[0].decision.to_json()
     narrow = [o for o in d["options"] if " on " in o["name"]]
     whole = {"onnxruntime": _ops(chosen[0])}
     assert "library:onnxruntime on cpu0" in [o["name"] for o in narrow] or d["options"][0]["backend_mix"] == whole
@@ -73,7 +77,7 @@ def test_each_library_is_also_weighed_on_one_narrow_device(chosen):
 
 
 def _ops(placed) -> int:
-    return sum(placed.decision["options"][0]["backend_mix"].values())
+    return sum(placed.decision.to_json()["options"][0]["backend_mix"].values())
 
 
 def test_a_library_plan_the_flow_chose_is_not_weighed_twice():
@@ -104,7 +108,7 @@ def test_the_decision_prints_as_a_table(chosen):
 def test_off_keeps_the_flow_plan_and_says_so():
     mod, (x,) = tiny_mlp()
     placed = tvm_pesto.build(mod, "cpu:2", costs="roofline", measure_final=False)
-    d = placed.decision
+    d = placed.decision.to_json()
     assert d["measured"] is False and d["chosen"] == "plan" and "off" in d["why"]
     assert placed.cluster.name == "cpu:2" and len(d["options"]) == 1
 
@@ -136,9 +140,9 @@ def test_an_alternative_that_fails_is_reported_and_the_plan_that_fails_raises():
         return build_placement(o.placement, o.cluster)
 
     placed, d = trial.choose(opts, build, [x], budget_s=0.3)
-    failed = next(o for o in d["options"] if o["name"] == "one-device")
-    assert failed["error"] == "RuntimeError: no such luck" and "measured_s" not in failed
-    assert d["chosen"] != "one-device"
+    failed = d.option("one-device")
+    assert failed.error == "RuntimeError: no such luck" and failed.measured_s is None
+    assert d.chosen != "one-device" and "one-device" not in d.measured_s
 
     def broken(o):
         raise RuntimeError("the plan itself")
@@ -190,7 +194,7 @@ def _choose(opts, build, inputs, resolve=None, probe_spell=False, **kw):
     asked), then the claim (:func:`choose.certify_kept`)."""
     placed, d = trial.choose(opts, build, inputs, clock=CLOCK, probe_spell=probe_spell, **kw)
     choose.certify_kept(opts, d, resolve)
-    return placed, d
+    return placed, d.to_json()  # as the run JSON says it
 
 
 def _options(times, bounds=None, predicted=None):
@@ -216,7 +220,7 @@ def test_a_near_tie_runs_off_and_keeps_the_library_call():
     assert d["runoff"]["blocks"] == 2 + trial.RUNOFF_ROUNDS
     # the same call twice: within PREFER_LIBRARY of each other, so the library call is kept
     assert d["chosen"] == "library:onnxruntime"
-    assert "runoff of" in choose.decision_table(d)
+    assert "runoff of" in choose.decision_table(Decision.from_json(d))
 
 
 def _fixed_times(monkeypatch, times):
@@ -376,7 +380,7 @@ def test_a_loose_bound_leaves_a_gap_and_no_bound_leaves_no_claim():
 @pytest.mark.slow
 def test_the_kept_option_of_a_real_build_carries_the_measured_claim(chosen):
     placed = chosen[0]
-    d, claim = placed.decision, placed.placement.claim()
+    d, claim = placed.decision.to_json(), placed.placement.claim()
     assert d["claim"] is not None  # auto proves a bound on each shape
     measured = [o["measured_s"] for o in d["options"] if "measured_s" in o]
     assert d["claim"]["bound_s"] <= min(measured) and claim["solver_status"] == d["claim"]["status"]
@@ -388,7 +392,7 @@ def test_the_kept_option_of_a_real_build_carries_the_measured_claim(chosen):
 
 @pytest.mark.slow
 def test_each_shape_of_a_real_build_is_solved_again_on_its_measured_costs(chosen):
-    d = chosen[0].decision
+    d = chosen[0].decision.to_json()
     measured = {o["name"]: o["measured_s"] for o in d["options"] if "measured_s" in o}
     clusters = {o["name"]: o["cluster"] for o in d["options"]}
     assert [s["option"] for s in d["claim"]["shapes"]] == ["plan", "one-device"]
@@ -466,7 +470,7 @@ def test_a_priced_solve_that_fails_leaves_no_claim_and_says_why():
         raise PestoError("no plan fits")
     _, d = _choose(opts, build, [], budget_s=0.2, resolve=resolve)
     assert d["claim"] is None and "no plan fits" in d["claim_error"]
-    assert "no claim: the cpu:1 shape could not be solved again" in choose.decision_table(d)
+    assert "no claim: the cpu:1 shape could not be solved again" in choose.decision_table(Decision.from_json(d))
 
 
 def test_a_plan_measured_far_over_its_prediction_lifts_no_bound():
@@ -511,7 +515,7 @@ def test_an_option_far_slower_than_the_rest_is_timed_by_its_quick_calls():
     assert calls["library:tvm"] == 1 + trial.QUICK_CALLS and by["library:tvm"]["timed_once"] == "quick calls"
     # within DROP of the fastest: timed in blocks
     assert d["chosen"] == "library:onnxruntime" and "timed_once" not in by["library:openvino"]
-    assert "plan (quick calls)" in choose.decision_table(d)
+    assert "plan (quick calls)" in choose.decision_table(Decision.from_json(d))
 
 
 def test_an_option_far_slower_than_the_fastest_is_closed_before_the_next_is_built():
@@ -599,7 +603,7 @@ def test_a_library_option_predicted_to_run_away_is_not_run(monkeypatch):
     assert "library:tvm" not in built and calls["library:tvm"] == 0 and "measured_s" not in by["library:tvm"]
     assert by["library:tvm"]["skipped"].startswith("not run: predicted 0.15 s a call, over 10x the fastest first call")
     assert calls["one-device"] > 1 and calls["library:onnxruntime"] > 1 and d["chosen"] == "library:onnxruntime"
-    assert "library:tvm" in choose.decision_table(d) and "not run: predicted" in choose.decision_table(d)
+    assert "library:tvm" in choose.decision_table(Decision.from_json(d)) and "not run: predicted" in choose.decision_table(Decision.from_json(d))
     assert d["claim"] is None or d["claim"]["kept_s"] == by["library:onnxruntime"]["measured_s"]
 
 
@@ -645,7 +649,7 @@ def test_the_flow_and_the_final_choices_solves_share_one_budget(monkeypatch):
     for limit, solved in calls:
         assert limit <= max(1.0, 8.0 - spent) + 1e-9
         spent += solved
-    claim = placed.decision["claim"]
+    claim = placed.decision.to_json()["claim"]
     assert claim["solve_s"] == pytest.approx(sum(s for _, s in calls))  # every solve counted, once
 
 
@@ -700,7 +704,7 @@ def test_an_option_that_computes_another_model_is_left_out_however_fast():
     by = {o["name"]: o for o in d["options"]}
     assert d["chosen"] == "library:onnxruntime" and "measured_s" not in by["plan"]
     assert by["plan"]["error"].startswith("wrong numerics: max abs err 0.4 against TVM's build of the model")
-    assert "wrong numerics" in choose.decision_table(d) and "measured_s" in by["library:onnxruntime"]
+    assert "wrong numerics" in choose.decision_table(Decision.from_json(d)) and "measured_s" in by["library:onnxruntime"]
 
 
 def test_reduced_precision_is_held_to_its_own_tolerance_and_nothing_is_checked_without_tvms_build():
@@ -758,3 +762,18 @@ def test_a_library_that_lacks_one_call_is_offered_around_it():
     np.testing.assert_allclose(build_placement(around, pl.joint.cluster)(x), reference_output(mod, [x]), atol=1e-5)
     # a library that runs too little of the model is not offered around TVM
     assert options.library_around_placement(pl, "tvm", pl.joint.cluster) is None
+
+
+def test_the_decision_is_a_record_that_the_run_json_holds_and_gives_back():
+    # a claim with a shape solved again, a runoff with a library kept, a spell, an option that failed
+    opts, build = _options({"plan": 1.0e-3, "one-device": 1.4e-3, "library:onnxruntime": 1.02e-3},
+                           bounds={"plan": 0.9e-3, "one-device": 1.3e-3})
+    _, d = trial.choose(opts, build, [], clock=CLOCK, budget_s=0.2, probe_spell=False)
+    choose.certify_kept(opts, d, None)
+    data = d.to_json()
+    schema = json.loads(schema_path("run").read_text())["properties"]["decision"]
+    jsonschema.validate(data, schema)
+    assert Decision.from_json(json.loads(json.dumps(data))) == d
+    assert data["chosen"] == d.chosen and [o["name"] for o in data["options"]] == [o.name for o in d.options]
+    assert all("error" not in o and "skipped" not in o for o in data["options"])  # unset: left out, not null
+    assert d.claim is not None and data["claim"]["shapes"][0]["option"] == "plan"

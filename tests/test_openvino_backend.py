@@ -288,7 +288,7 @@ def test_build_runs_a_whole_tiny_model_in_openvino():
     n = tvm_pesto.analyze(mod).op_graph.num_nodes
     pm = tvm_pesto.build(mod, "cpu:1", backends=["openvino"], costs="roofline", measure_final=True)
     try:
-        opts = {o["name"]: o for o in pm.decision["options"]}
+        opts = {o["name"]: o for o in pm.decision.to_json()["options"]}
         lib = opts.get("library:openvino", opts["plan"])  # where the flow's plan is that unit, it stands for it
         assert lib["backend_mix"] == {"openvino": n} and lib["measured_s"] > 0, lib
         np.testing.assert_allclose(pm(x), ref, atol=1e-5, rtol=1e-5)

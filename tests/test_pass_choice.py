@@ -26,8 +26,9 @@ def test_the_pass_keeps_the_fastest_measured_option_and_runs_it_in_the_stock_vm(
     pp = tvm_pesto.PlacementPass("cpu:2", backends="tvm,onnxruntime", costs="roofline", measure_final=True)
     got = _run(pp, mod, x)
     np.testing.assert_allclose(got, reference_output(mod, (x,)), rtol=1e-4, atol=1e-4)
-    d = pp.last_decision
-    assert d is not None and d["measured"] and len(d["options"]) >= 3  # the plan, one device, the libraries
+    assert pp.last_decision is not None
+    d = pp.last_decision.to_json()
+    assert d["measured"] and len(d["options"]) >= 3  # the plan, one device, the libraries
     chosen = next(o for o in d["options"] if o["name"] == d["chosen"])
     timed = [o["measured_s"] for o in d["options"] if o.get("measured_s") is not None]
     assert chosen["measured_s"] is not None and len(timed) >= 3

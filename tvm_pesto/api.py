@@ -35,6 +35,7 @@ from .builder.program import legalize_on_devices
 from .builder.rewrite import apply_plan
 from .candidates.flow import backend_names, make_candidates
 from .choose import skip_reason
+from .choose.decision import Decision
 from .choose.final import final_choice
 from .cluster import as_cluster
 from .costs.calibrate.machine import calibrate_machine
@@ -158,7 +159,7 @@ class PlacementPass:
         self.inputs = inputs
         self.solver_options = solver_options
         self.last_placement: Placement | None = None
-        self.last_decision: dict | None = None
+        self.last_decision: Decision | None = None
         self.last_cluster = None
 
     def transform_module(self, mod, ctx):

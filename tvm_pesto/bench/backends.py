@@ -253,13 +253,12 @@ def _build_pesto(zm, cluster, backends, cache, ref: list[np.ndarray]) -> dict:
         return {"error": str(e)}
     build_s = time.perf_counter() - t
     args = tuple(zm.example_inputs)
-    decision = pm.decision or {}
     summary = pm.placement.summary() if pm.placement is not None else {}
     return {"placed": pm, "call": lambda: pm(*args), "build_s": build_s,
             "max_abs_err": max_abs_err(_flat_numpy(pm(*args)), ref),
-            "chosen": decision.get("chosen"), "cluster": pm.cluster.name,
+            "chosen": pm.decision.chosen if pm.decision else None, "cluster": pm.cluster.name,
             "backend_mix": summary.get("backend_mix"), "decided_by": summary.get("decided_by"),
-            "options": {o["name"]: o.get("measured_s") for o in decision.get("options", [])}}
+            "options": {o.name: o.measured_s for o in pm.decision.options} if pm.decision else {}}
 
 
 def _solve_variants(name: str, costed1, costed2, time_limit_s: float, search_s: float, say) -> dict:

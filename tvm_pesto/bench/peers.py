@@ -186,11 +186,11 @@ def _pesto(mod, inputs, cluster: str, build_options: dict):
     with peak_rss(watched):
         placed = tvm_pesto.build(mod, cluster, **build_options)
     summary = placed.placement.summary() if placed.placement is not None else {}
-    decision = placed.decision or {}
     # what the final choice measured of each option at build time, against the blocks later
     # (issue 53, item 5: the kept option's blocks within 3 % of its build-time measurement)
-    measured = {o["name"]: o.get("measured_s") for o in decision.get("options", [])}
-    info = {"cluster": cluster, "backend_mix": summary.get("backend_mix"), "chosen": decision.get("chosen"),
+    measured = {o.name: o.measured_s for o in placed.decision.options} if placed.decision else {}
+    info = {"cluster": cluster, "backend_mix": summary.get("backend_mix"),
+            "chosen": placed.decision.chosen if placed.decision else None,
             "options_measured_s": measured,
             "devices_used": len(placed.devices_used), "decided_by": summary.get("decided_by"),
             "precision": "bf16" if "openvino-bf16" in str(build_options.get("backends", "")) else "f32", **watched}

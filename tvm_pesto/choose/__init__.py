@@ -30,33 +30,33 @@ the same option is the machine's doing. A shared machine can run slow for second
 a library's threads slower than one thread then, so an option timed only in a slow spell is
 left its best, not its median, and the runoff's later blocks give it the chance of a fast one. A whole-model library call (:func:`~tvm_pesto.choose.options.library_call`)
 within :data:`~tvm_pesto.choose.trial.PREFER_LIBRARY` of a fastest plan of several units is kept (a user's own library
-call, no slower within what a shared machine tells apart). ``decision`` lists each option's
-predicted and measured seconds and which one was kept.
+call, no slower within what a shared machine tells apart). The :class:`~tvm_pesto.choose.decision.Decision`
+lists each option's predicted and measured seconds and which one was kept.
 
 The kept option is then certified (:func:`~tvm_pesto.choose.claim.certify`) against every plan of both core shapes:
 each shape is solved again by the flow's solver on its cost table priced by measurement
 (:func:`~tvm_pesto.choose.claim.priced_table`), and the least of those bounds and of the measured times bounds every
-plan: ``decision["claim"]`` gives it with the kept option's gap, and a kept option other than
+plan: ``decision.claim`` gives it with the kept option's gap, and a kept option other than
 the flow's plan carries that claim as its own (``decided_by`` ``measured-ilp (=
 library:openvino)``). The flow's solves and these share one solving budget
 (:class:`~tvm_pesto.solve.budget.Solving`). Where a shape's flow proved no bound there is no
 claim and ``decided_by`` says ``measured (...)``. Only clusters of this machine's CPU cores
-are measured (``cpu:N``); other clusters keep the flow's plan, and ``decision["measured"]``
-says why not.
+are measured (``cpu:N``); other clusters keep the flow's plan, and ``decision.measured``
+is False, ``decision.why`` says why.
 
 ``$TVM_PESTO_MEASURE_FINAL`` (``1``, default; ``0``) sets the default of ``measure_final``.
 
 The stage is :func:`~tvm_pesto.choose.final.final_choice`; :mod:`~tvm_pesto.choose.options`
 lists the options, :mod:`~tvm_pesto.choose.trial` times them, :mod:`~tvm_pesto.choose.claim`
-certifies the kept one and :mod:`~tvm_pesto.choose.decision` prints the decision.
+certifies the kept one and :mod:`~tvm_pesto.choose.decision` holds the decision's records.
 """
 from __future__ import annotations
 
 from .claim import FLOW_OPTIONS, certify, certify_kept
-from .decision import decision_table, unmeasured
+from .decision import Claim, Decision, OptionResult, decision_table, unmeasured
 from .trial import choose
 from .options import MEASURE_ENV, Option, library_call, make_options, skip_reason, whole_model_placement
 
 # the stage itself, :mod:`tvm_pesto.choose.final`, builds modules (TVM's compiler): imported by name
-__all__ = ["FLOW_OPTIONS", "MEASURE_ENV", "Option", "certify", "certify_kept", "choose", "decision_table",
+__all__ = ["Claim", "Decision", "FLOW_OPTIONS", "MEASURE_ENV", "Option", "OptionResult", "certify", "certify_kept", "choose", "decision_table",
            "library_call", "make_options", "skip_reason", "unmeasured", "whole_model_placement"]

@@ -2,7 +2,7 @@
 core shapes, from the flow's bounds and solves on costs priced by what the options measured.
 
 The options are :class:`tvm_pesto.choose.options.Option` records (``name``, ``cluster``,
-``placement``, ``predicted_s``); :func:`certify` gives ``decision["claim"]`` and
+``placement``, ``predicted_s``); :func:`certify` gives the decision's :class:`~tvm_pesto.choose.decision.Claim` and
 :func:`restate_kept` hands it to the kept option's plan; :func:`certify_kept` does both.
 """
 from __future__ import annotations
@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import PestoError, error_line
 from ..solve.joint.decide import OPTIMAL_GAP, restate
+from .decision import Claim, Decision, ShapeClaim
 
 
 def same_plan(option, cluster, placement) -> bool:
@@ -86,7 +87,7 @@ def priced_table(shape, opts: list, ratio: dict) -> np.ndarray:
     return table
 
 
-def certify(opts: list, decision: dict, resolve=None) -> dict | None:
+def certify(opts: list, decision: Decision, resolve=None) -> Claim | None:
     """The claim for the kept option: a bound on every plan of both core shapes, and the gap.
 
     ``resolve(option, table) -> Placement`` solves a shape again on its cost table priced by
@@ -95,7 +96,7 @@ def certify(opts: list, decision: dict, resolve=None) -> dict | None:
     The least of the bounds and measured times is ``bound_s``; ``gap`` is the kept option's
     time against it; each shape says if it was ``solved_again`` and which plan (``plan_is``).
     None when a shape proved no bound or the flow's plan was not measured; a priced solve that
-    fails leaves no claim and ``decision["claim_error"]`` says why.
+    fails leaves no claim and ``decision.claim_error`` says why.
 
     Examples
     --------
@@ -108,13 +109,14 @@ def certify(opts: list, decision: dict, resolve=None) -> dict | None:
     >>> flow = NS(plan=NS(info={"bound_s": 0.9e-3}, solve_s=0.2), sim=NS(makespan=1e-3))
     >>> opts = [NS(name="plan", cluster=cpu1, placement=flow),
     ...         NS(name="library:onnxruntime", cluster=cpu1, placement=NS(sim=NS(makespan=1e-3)))]
-    >>> d = {"chosen": "library:onnxruntime", "options": [{"name": "plan", "measured_s": 2e-3},
-    ...                                                  {"name": "library:onnxruntime", "measured_s": 1.5e-3}]}
+    >>> from tvm_pesto.choose.decision import Decision, OptionResult
+    >>> d = Decision(True, "library:onnxruntime", "cpu:1", [OptionResult("plan", "cpu:1", 1e-3, measured_s=2e-3),
+    ...              OptionResult("library:onnxruntime", "cpu:1", 1e-3, measured_s=1.5e-3)])
     >>> c = certify(opts, d)
-    >>> round(c["bound_s"] * 1e3, 3), round(c["gap"], 3), c["status"], c["decided_by"]
+    >>> round(c.bound_s * 1e3, 3), round(c.gap, 3), c.status, c.decided_by
     (1.35, 0.1, 'feasible', 'measured-ilp (= library:onnxruntime)')
     """
-    measured = {o["name"]: o["measured_s"] for o in decision["options"] if "measured_s" in o}
+    measured = decision.measured_s
     ratio = {o.name: measured[o.name] / float(o.placement.sim.makespan) for o in opts
              if o.name in measured and float(o.placement.sim.makespan) > 0}
     shapes = []
@@ -123,59 +125,56 @@ def certify(opts: list, decision: dict, resolve=None) -> dict | None:
             continue
         if o.name not in ratio:
             return None  # the shape's own plan was not measured: nothing calibrates it
-        flow = {"flow_decided_by": o.placement.plan.info.get("decided_by"),
-                "flow_solve_s": float(o.placement.plan.solve_s)}
+        flow_by, flow_s = o.placement.plan.info.get("decided_by"), float(o.placement.plan.solve_s)
         scale = shape_scale(o, opts, ratio)
         bound = o.placement.plan.info.get("bound_s")
         calibrated = None if bound is None else float(bound) * scale
-        if resolve is None or (calibrated is not None and calibrated >= measured[decision["chosen"]] * (1 - 1e-9)):
+        if resolve is None or (calibrated is not None and calibrated >= measured[decision.chosen] * (1 - 1e-9)):
             # the priced table costs at least scale x the flow's: this shape cannot beat the kept option
-            shape = {"bound_s": calibrated, "decided_by": flow["flow_decided_by"], "solve_s": 0.0,
-                     "solved_again": False}
-        else:
-            try:
-                again = resolve(o, priced_table(o, opts, ratio))
-            except PestoError as e:
-                decision["claim_error"] = (f"the {o.cluster.name} shape could not be solved again on measured "
-                                           f"costs: {error_line(e)}")
-                return None
-            bound = again.plan.info.get("bound_s")
-            shape = {"bound_s": None if bound is None else float(bound),
-                     "decided_by": again.plan.info.get("decided_by"),
-                     "solve_s": float(again.plan.solve_s), "solved_again": True, "priced_s": float(again.sim.makespan),
-                     "priced_mix": again.backend_mix, "priced_units": len(again.plan.units),
-                     "plan_is": next((p.name for p in opts if p.name in measured
-                                      and same_plan(p, o.cluster, again)), None)}
-        if shape["bound_s"] is None:
-            return None  # a shape whose plans nothing bounds
-        shapes.append({"option": o.name, "cluster": o.cluster.name, "scale": scale, **shape, **flow})
+            if calibrated is None:
+                return None  # a shape whose plans nothing bounds
+            shapes.append(ShapeClaim(o.name, o.cluster.name, scale, calibrated, flow_by, 0.0, False, flow_by, flow_s))
+            continue
+        try:
+            again = resolve(o, priced_table(o, opts, ratio))
+        except PestoError as e:
+            decision.claim_error = (f"the {o.cluster.name} shape could not be solved again on measured "
+                                    f"costs: {error_line(e)}")
+            return None
+        bound = again.plan.info.get("bound_s")
+        if bound is None:
+            return None
+        shapes.append(ShapeClaim(
+            o.name, o.cluster.name, scale, float(bound), again.plan.info.get("decided_by"), float(again.plan.solve_s),
+            True, flow_by, flow_s, priced_s=float(again.sim.makespan), priced_mix=again.backend_mix,
+            priced_units=len(again.plan.units),
+            plan_is=next((p.name for p in opts if p.name in measured and same_plan(p, o.cluster, again)), None)))
     if not shapes:
         return None
-    chosen = decision["chosen"]
+    chosen = decision.chosen
     kept_s = measured[chosen]
-    bound = min([s["bound_s"] for s in shapes] + list(measured.values()))
+    bound = min([s.bound_s for s in shapes] + list(measured.values()))
     gap = max(0.0, (kept_s - bound) / kept_s)
-    by = shapes[0]["flow_decided_by"] if chosen == "plan" else f"measured-ilp (= {chosen})"
-    return {"decided_by": by, "bound_s": bound, "kept_s": kept_s, "gap": gap,
-            "status": "optimal" if gap <= OPTIMAL_GAP else "feasible", "shapes": shapes,
-            "solve_s": sum(s["solve_s"] + s["flow_solve_s"] for s in shapes)}
+    by = shapes[0].flow_decided_by if chosen == "plan" else f"measured-ilp (= {chosen})"
+    return Claim(by, bound, kept_s, gap, "optimal" if gap <= OPTIMAL_GAP else "feasible", shapes,
+                 sum(s.solve_s + s.flow_solve_s for s in shapes))
 
 
-def restate_kept(opts: list, chosen: str, claim: dict) -> None:
+def restate_kept(opts: list, chosen: str, claim: Claim) -> None:
     """Give the kept option's plan the measured claim (its bound in the plan's makespan)."""
     kept = next(o for o in opts if o.name == chosen)
     plan, span = kept.placement.plan, float(kept.placement.sim.makespan)
-    restate(plan.info, claim["bound_s"] * span / claim["kept_s"], span, claim["decided_by"])
+    restate(plan.info, claim.bound_s * span / claim.kept_s, span, claim.decided_by)
     plan.info["heuristics"] = opts[0].placement.plan.info.get("heuristics")
-    plan.solve_s = claim["solve_s"]
+    plan.solve_s = claim.solve_s
 
 
-def certify_kept(opts: list, decision: dict, resolve=None) -> None:
-    """Set ``decision["claim"]`` (:func:`certify`) and, where there is one, give it to the kept
+def certify_kept(opts: list, decision: Decision, resolve=None) -> None:
+    """Set ``decision.claim`` (:func:`certify`) and, where there is one, give it to the kept
     option's plan (:func:`restate_kept`)."""
-    decision["claim"] = certify(opts, decision, resolve)
-    if decision["claim"]:
-        restate_kept(opts, decision["chosen"], decision["claim"])
+    decision.claim = certify(opts, decision, resolve)
+    if decision.claim:
+        restate_kept(opts, decision.chosen, decision.claim)
 
 
 __all__ = ["FLOW_OPTIONS", "certify", "certify_kept", "priced_table", "restate_kept", "same_plan", "shape_scale"]

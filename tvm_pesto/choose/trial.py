@@ -12,6 +12,7 @@ import numpy as np
 from ..backends import get_backend
 from ..errors import error_line
 from .claim import FLOW_OPTIONS
+from .decision import Decision, OptionResult, Runoff, Spell
 from .options import Option, library_call
 
 #: Rough seconds the timing of the options takes in all (blocks of every option, two rounds).
@@ -139,7 +140,7 @@ def _spell_ratio() -> float | None:
     return slow_spell_ratio()
 
 
-def _after_spell(timed: dict, built: dict, skip: set, inputs, clock) -> dict | None:
+def _after_spell(timed: dict, built: dict, skip: set, inputs, clock) -> Spell | None:
     """Once the options are timed, whether the machine was in a slow spell (the probe's
     two-thread call over :data:`SPELL_RATIO` x its one-thread call: a library's threads then
     run up to twice as slow, and a one-thread option wins what it loses afterwards); if so,
@@ -155,13 +156,13 @@ def _after_spell(timed: dict, built: dict, skip: set, inputs, clock) -> dict | N
     while len(seen) <= SPELL_PROBES and seen[-1] > SPELL_RATIO:
         _sleep(SPELL_PAUSE_S)
         seen.append(_spell_ratio() or 0.0)
-    out = {"ratios": [round(r, 3) for r in seen], "ended": seen[-1] <= SPELL_RATIO, "timed_again": []}
-    if out["ended"]:
+    out = Spell([round(r, 3) for r in seen], ended=seen[-1] <= SPELL_RATIO)
+    if out.ended:
         fastest = min(timed[n]["s"] for n in timed)
         again = [n for n in timed if n in built and n not in skip and timed[n]["s"] <= SPELL_RANGE * fastest]
         _add_blocks(timed, _time({n: built[n] for n in again}, inputs, RUNOFF_BUDGET_S, rounds=RUNOFF_ROUNDS,
                                  clock=clock))
-        out["timed_again"] = again
+        out.timed_again = again
     return out
 
 
@@ -202,12 +203,12 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     or are measured by their first or quick calls (``timed_once``), as are options
     :data:`DROP` x the fastest quick calls or behind :data:`MAX_LIVE` faster ones (closed as
     soon as they are); options within :data:`RUNOFF` of the fastest run off
-    (``decision["runoff"]``, up to :data:`RUNOFF_PASSES` times). An option
+    (``decision.runoff``, up to :data:`RUNOFF_PASSES` times). An option
     that fails to build or to run, or computes another model (:func:`wrong_numerics`), is
     reported with its error and left out; the flow's plan failing to build or run raises.
     ``clock`` gives the seconds each timing reads (a fake one in tests). With ``probe_spell``
     the machine is asked whether it is in a slow spell once the options are timed
-    (:func:`_after_spell`; ``decision["spell"]``). The decision has no
+    (:func:`_after_spell`; ``decision.spell``). The decision has no
     claim yet: :func:`~tvm_pesto.choose.claim.certify_kept` gives it.
     """
     built, errors, first_s, call_s, skipped, outputs, dropped = {}, {}, {}, {}, {}, {}, set()
@@ -253,36 +254,36 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     best = min(timed, key=lambda n: timed[n]["s"])
     runoff = None
     if ran:
-        runoff = {"options": ran, "blocks": len(timed[best]["blocks_s"])}
+        runoff = Runoff(ran, len(timed[best]["blocks_s"]))
         calls = {o.name for o in opts if library_call(o)}
         libs = [n for n in ran if n in calls]
         lib = min(libs, key=lambda n: timed[n]["s"]) if libs else None
         if (lib is not None and best not in calls
                 and timed[lib]["s"] <= timed[best]["s"] * (1 + PREFER_LIBRARY)):
-            runoff["library_kept"] = (f"{lib} is within {PREFER_LIBRARY:.0%} of {best} "
-                                      f"({timed[lib]['s'] / timed[best]['s'] - 1:+.1%}): the library call is kept")
+            runoff.library_kept = (f"{lib} is within {PREFER_LIBRARY:.0%} of {best} "
+                                   f"({timed[lib]['s'] / timed[best]['s'] - 1:+.1%}): the library call is kept")
             best = lib
     for n, p in built.items():
         if n != best:
             _close(p, [built[best]] if best in built else [])
     if best not in built:  # closed early (DROP) and fastest after all: an option found wrong, or slower in blocks
         built[best] = build(next(o for o in opts if o.name == best))
-    decision = {"measured": True, "chosen": best, "options": [], "runoff": runoff, "spell": spell}
+    results = []
     for o in opts:
-        rec = {"name": o.name, "cluster": o.cluster.name, "devices": o.cluster.num_devices,
-               "cores": [d.cores for d in o.cluster.devices], "predicted_s": o.predicted_s,
-               "backend_mix": o.placement.backend_mix}
+        rec = OptionResult(o.name, o.cluster.name, o.predicted_s, devices=o.cluster.num_devices,
+                           cores=[d.cores for d in o.cluster.devices], backend_mix=o.placement.backend_mix)
         if o.name in timed:
-            rec["measured_s"] = timed[o.name]["s"]
+            rec.measured_s = timed[o.name]["s"]
             if o.name in slow | once:  # its quick calls (over DROP or RUNAWAY x the fastest), or its first
-                rec["timed_once"] = "first call" if o.name in once else "quick calls"
+                rec.timed_once = "first call" if o.name in once else "quick calls"
         elif o.name in skipped:
-            rec["skipped"] = skipped[o.name]
+            rec.skipped = skipped[o.name]
         else:
-            rec["error"] = errors.get(o.name, "not built")
-        decision["options"].append(rec)
+            rec.error = errors.get(o.name, "not built")
+        results.append(rec)
     pred = {o.name: o.predicted_s for o in opts if o.name in ("plan", "one-device")}
-    decision["shape"] = opts[[o.name for o in opts].index(min(pred, key=pred.get))].cluster.name
+    shape = opts[[o.name for o in opts].index(min(pred, key=pred.get))].cluster.name
+    decision = Decision(measured=True, chosen=best, shape=shape, options=results, runoff=runoff, spell=spell)
     return built[best], decision
 
 

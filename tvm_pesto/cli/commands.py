@@ -142,7 +142,7 @@ def _run_model(lm, cluster, size: str, request: Request, settings: RunSettings, 
         "model": lm.name, "source": lm.source, "size": size if lm.source == "zoo" else None,
         "cluster": cluster.name, "solver": pl.plan.solver, "solver_status": pl.solver_status,
         "solver_gap": summary["solver_gap"], "solver_bound_s": summary["solver_bound_s"],
-        "decided_by": summary["decided_by"] or f"measured ({pm.decision.get('chosen')})",
+        "decided_by": summary["decided_by"] or f"measured ({pm.decision.chosen if pm.decision else None})",
         "solver_bound_all_s": summary["solver_bound_all_s"], "flow": flow,
         "split_margin": summary["split_margin"], "heuristics_s": summary["heuristics_s"],
         **_mode(deterministic, pl.plan.info), "backends": backends, "backend_mix": pl.backend_mix, "cost_source": pl.costs.source,
@@ -168,7 +168,7 @@ def _run_model(lm, cluster, size: str, request: Request, settings: RunSettings, 
         "load_avg_1m": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
         "pinning_failed": pinning_failures(),  # device -> why its threads ran unpinned (costs or run)
         # what was weighed before this plan was kept (tvm_pesto.choose), and the shape of the cores it runs on
-        "decision": pm.decision, "cluster_asked": asked,
+        "decision": pm.decision.to_json() if pm.decision else None, "cluster_asked": asked,
         "core_shape": {"devices": cluster.num_devices, "cores": [d.cores for d in cluster.devices]},
     }
     if out_dir:

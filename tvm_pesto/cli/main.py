@@ -18,7 +18,7 @@ from ..cluster import parse_cluster
 from ..cluster.contention import measure_contention
 from ..cluster.linkbench import measure_links
 from ..costs.predict.calibration import CALIBRATION_ENV
-from ..choose.decision import decision_table
+from ..choose.decision import Decision, decision_table
 from ..errors import UnseenOpsWarning, error_line
 from ..jsonio import write_json
 from .options import (backends_at, deterministic_option, max_build_s_option, ms_db_option, precision_option, rpc_options,
@@ -149,7 +149,7 @@ def _print_run(res):
     console.print(f"  max |err| vs single-device build: {res['max_abs_err']:.3g}")
     if res.get("decision"):
         console.print("  weighed before keeping this plan (measured in blocks, the fastest kept):")
-        for line in decision_table(res["decision"]).splitlines():
+        for line in decision_table(Decision.from_json(res["decision"])).splitlines():
             click.echo(f"    {line}")  # a table: not wrapped to the terminal's width
     hint = _stale_calibration_hint(res)
     if hint:

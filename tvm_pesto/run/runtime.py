@@ -56,7 +56,7 @@ class PlacedRuntime:
         self.last_trace: list = []
         self._state: dict = {}  # input index -> its current value (a TVM tensor on its device)
         #: What :func:`tvm_pesto.build` weighed before choosing this module (:mod:`tvm_pesto.choose`).
-        self.decision: dict | None = None
+        self.decision = None  # the final choice's Decision (tvm_pesto.choose.decision), once made
         self._direct = _direct(program)  # held here: the model owns its one unit's call
         self._devs = [dev.tvm_device() for dev in cluster.devices]
         self._torch_views: dict = {}  # the last call's views of its torch inputs (torch_io.from_torch)
