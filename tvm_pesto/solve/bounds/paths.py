@@ -1,17 +1,14 @@
 """Critical paths: longest paths through the graph with node weights and free edges.
 
-One dynamic programme over the graph's topological order (networkx's, deterministic:
-:meth:`tvm_pesto.graph.opgraph.OpGraph.topo_order`) serves every caller: the critical-path
-bound (:func:`critical_path`), the segment bound's cheapest segment
+One function, :func:`longest_path` (``networkx.dag_longest_path`` on the graph with each
+node's weight on its in-edges), serves every caller: the critical-path bound
+(:func:`critical_path`), the segment bound's cheapest segment
 (:mod:`tvm_pesto.solve.bounds.comm`), the path-memory bound's path and the local search's
-floor and split points (:func:`critical_path_nodes`). ``networkx.dag_longest_path`` computes
-the same path (edge weights on a graph with each node split in two) but takes about twenty
-times as long (20 ms against 1 ms on 1000 nodes, the graph built included), and the local
-search asks for the critical path on every call, inside the joint search's loop; so the
-programme stays here, in one place.
+floor and split points (:func:`critical_path_nodes`).
 """
 from __future__ import annotations
 
+import networkx as nx
 import numpy as np
 
 from ...plan.problem import Problem
@@ -50,25 +47,18 @@ def longest_path(problem: Problem, weights: np.ndarray, nodes: list[int] | None 
     order = problem.graph.topo_order() if nodes is None else list(nodes)
     if not order:
         return 0.0, []
-    preds: dict[int, list[int]] = {v: [] for v in order}
-    for u, v in zip(problem.src.tolist(), problem.dst.tolist()):
-        if u in preds and v in preds:
-            preds[v].append(u)
-    finish: dict[int, float] = {}
-    arg: dict[int, int] = {}
+    root = -1  # above every node: a path may start anywhere, its first node's weight counted
+    weighted = nx.DiGraph()
+    weighted.add_nodes_from([root] + order)
+    inside = set(order)
+    # each node's in-edges from the root first, then by id: ties go to the path starting at
+    # the node, else to the predecessor of least id (dag_longest_path keeps the first maximum)
     for v in order:
-        best, who = 0.0, -1
-        for u in preds[v]:
-            f = finish[u]
-            if f > best or (f == best and 0 <= u < who):
-                best, who = f, u
-        finish[v] = best + float(weights[v])
-        arg[v] = who
-    v = max(finish, key=finish.get)
-    length, path = finish[v], [v]
-    while arg[path[-1]] >= 0:
-        path.append(arg[path[-1]])
-    return length, path[::-1]
+        w = float(weights[v])
+        weighted.add_edge(root, v, w=w)
+        weighted.add_edges_from((u, v, {"w": w}) for u in sorted(problem.graph.dag.predecessors(v)) if u in inside)
+    path = nx.dag_longest_path(weighted, weight="w", topo_order=[root] + order)[1:] or order[:1]  # all weights 0
+    return float(sum(float(weights[v]) for v in path)), path
 
 
 def critical_path(problem: Problem, weights: np.ndarray | None = None) -> float:

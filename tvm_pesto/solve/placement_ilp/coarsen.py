@@ -9,8 +9,8 @@ Two phases, both cycle-safe by construction:
    into its join, a producer into its only consumer). Expensive tensors stay inside a
    supernode. Passes repeat until nothing merges or the target is reached.
 2. **Topological ranges.** If the graph is still larger than the target, the supernodes are
-   laid out in a depth-first topological order (Kahn's algorithm with a stack, so a branch
-   stays contiguous) and cut into contiguous ranges of balanced compute weight. Every edge
+   laid out in a depth-first topological order (:func:`~tvm_pesto.graph.opgraph.depth_first_order`,
+   so a branch stays contiguous) and cut into contiguous ranges of balanced compute weight. Every edge
    goes forward in a topological order, so between ranges edges only go from an earlier
    range to a later one: the contracted graph is acyclic. The weight budget is found by
    bisection so that at most ``target`` ranges remain.
@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import time
 
+import networkx as nx
 import numpy as np
 from networkx.utils import UnionFind
 
 from ...errors import PestoError, PlanError
-from ...graph.opgraph import OpGraph
+from ...graph.opgraph import OpGraph, depth_first_order
 from ...plan import Plan, Problem
 
 
@@ -127,7 +128,9 @@ def coarsen(problem: Problem, target: int, weight_cap: float = 2.0, mem_frac: fl
         stats.update(after_edge_merging=s.count, used_ranges=s.count > target)
     lookup = np.empty(n, dtype=np.int64)
     if s.count > target:  # phase 2
-        seq = _dfs_topological(roots.tolist(), s.succ, s.pred, first_arr.tolist())
+        supernodes = nx.DiGraph((r, t) for r in roots.tolist() for t in s.succ[r])
+        supernodes.add_nodes_from(roots.tolist())
+        seq = depth_first_order(supernodes, key=first_arr.__getitem__)
         labels = _range_partition(seq, s.sw, s.sm, s.smask, target, s.cap_of, mem_frac,
                                   (s.cls, s.cmask, s.cmem) if s.has_coloc else None,
                                   needs_masks=s.has_coloc or any(m != s.masks[0] for m in s.masks))
@@ -253,31 +256,6 @@ class _Supernodes:
                     merged += 1
                 if merged == 0 or self.count <= target:
                     break
-
-
-def _dfs_topological(roots, succ, pred, first) -> list[int]:
-    """Kahn's algorithm with a stack: a depth-first topological order of the supernodes.
-
-    Not networkx's: its ``topological_sort`` goes by generations and its
-    ``lexicographical_topological_sort`` takes the smallest ready key, so neither keeps a
-    branch together, and the ranges cut from this order make the coarse graph."""
-    indeg = {r: len(pred[r]) for r in roots}
-    stack = sorted((r for r in roots if indeg[r] == 0), key=first.__getitem__, reverse=True)
-    out = []
-    while stack:
-        r = stack.pop()
-        out.append(r)
-        ready = []
-        for s in succ[r]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready.append(s)
-        if ready:
-            ready.sort(key=first.__getitem__, reverse=True)
-            stack.extend(ready)
-    if len(out) != len(roots):  # cannot happen: merges are cycle-safe
-        raise PlanError("internal error: coarsening produced a cycle")
-    return out
 
 
 def _range_partition(seq, sw, sm, smask, target, cap_of, mem_frac, classes, needs_masks) -> list[int]:

@@ -112,7 +112,7 @@ def linearized_split(problem: Problem, orders: list[list[int]] | None = None, un
         except SolverError:  # a backward node without a forward twin: intervals of the whole graph
             units = dp_units(problem, drop_free=False, all_passes=True)
     if orders is None:
-        orders = [problem.graph.topo_order(), _dfs_order(problem)]
+        orders = [problem.graph.topo_order(), problem.graph.depth_first_order()]
     best, best_key, facts = None, None, []
     for order in orders:
         seq, seen = [], set()
@@ -147,25 +147,6 @@ def _combines(objective: str, microbatches) -> tuple[str, ...]:
     """The DP versions worth trying for an objective: the max-load one always (it is the
     steady state's optimum and fills devices evenly), the sum one when latency counts."""
     return ("max",) if objective == "throughput" and microbatches is None else ("max", "sum")
-
-
-def _dfs_order(problem: Problem) -> list[int]:
-    """A depth-first topological order (each branch kept together): Kahn's algorithm with a
-    stack, as networkx has none (its sorts go by generations or by the smallest ready key)."""
-    dag = problem.graph.dag
-    indeg = {v: dag.in_degree(v) for v in dag}
-    stack = sorted((v for v in dag if indeg[v] == 0), reverse=True)
-    out = []
-    while stack:
-        v = stack.pop()
-        out.append(v)
-        ready = []
-        for w in dag.successors(v):
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                ready.append(w)
-        stack.extend(sorted(ready, reverse=True))
-    return out
 
 
 def _topological_units(dag: nx.DiGraph, seq: list[int]) -> list[int]:
