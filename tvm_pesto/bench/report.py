@@ -1,6 +1,7 @@
 """Shared helpers of the benchmarks: machine facts, atomic output files, markdown tables."""
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import platform
@@ -23,7 +24,7 @@ def machine_info() -> dict:
         ``nproc`` (CPUs this process may use), ``cpu_model``, ``cpu_id`` and ``cpu_isa``
         (the brand string, ``vendor/family/model/stepping`` and vector extensions:
         :func:`~tvm_pesto.cluster.host.cpu_identity`), ``load_average`` (1, 5, 15 minutes,
-        or None), ``python``, ``platform``.
+        or None), ``python``, ``platform``, ``date`` (UTC, to the minute).
 
     Examples
     --------
@@ -41,7 +42,8 @@ def machine_info() -> dict:
     except (AttributeError, OSError):
         load = None
     return {"nproc": nproc, "cpu_model": ident["name"] or "unknown", "cpu_id": ident["id"], "cpu_isa": ident["isa"],
-            "load_average": load, "python": platform.python_version(), "platform": platform.platform()}
+            "load_average": load, "python": platform.python_version(), "platform": platform.platform(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def geomean(xs) -> float | None:

@@ -3,7 +3,8 @@
 Subcommands: ``placement`` (every solver on the dnn-partitioning LayerGraphs and the zoo
 models, against a lower bound), ``scale`` (solver wall time on random DAGs of 1k-100k
 ops), ``backends`` (single backends vs Collage's cover vs the joint solve, measured) and
-``search`` (the joint search's time on big models, costs predicted). Each writes ``--json``, ``--md`` (a markdown table) and ``--plots`` (PNG files).
+``search`` (the joint search's time on big models, costs predicted); ``report`` writes the
+docs' figure tables from the benchmark JSON they show (:mod:`tvm_pesto.bench.doc_tables`). Each writes ``--json``, ``--md`` (a markdown table) and ``--plots`` (PNG files).
 ``placement``, ``scale`` and ``backends`` compare plans, so they run the solvers in
 deterministic mode by default (``--deterministic``: work budgets and fixed seeds, see
 :mod:`tvm_pesto.solve.budget`); ``--wall-clock`` gives them budgets in seconds. Their
@@ -30,7 +31,7 @@ import shlex
 
 import click
 
-from ..bench import placement as bp, scale as bs
+from ..bench import doc_tables, placement as bp, scale as bs
 from ..errors import PestoError
 from ..jsonio import write_json, write_text
 from ..solve import get_solver
@@ -176,6 +177,20 @@ def scale(json_path, md_path, plots_dir, quick, sizes, algorithms, seed, determi
     res["deterministic"] = deterministic
     _write_outputs(res, json_path, md_path, plots_dir, lambda: bs.scale_markdown(res),
                    lambda d: bs.scale_plots(res, d), "bench-scale")
+
+
+@bench.command("report")
+@click.argument("docs", default="docs", type=click.Path(file_okay=False))
+@click.option("--check", is_flag=True, help="write nothing; exit 1 when a table differs from its JSON")
+def report(docs, check):
+    """Write the docs' figure tables from their benchmark JSON (the blocks between
+    ``<!-- bench report KIND JSON -->`` and ``<!-- end bench report -->`` in DOCS/**/*.md)."""
+    stale = doc_tables.update_docs(docs, check=check)
+    for t in stale:
+        console.print(f"  {'stale' if check else 'written'}: {t.doc} ({t.kind} from {t.json})")
+    if check and stale:
+        raise SystemExit(1)
+    console.print(f"{len(stale)} table(s) {'stale' if check else 'written'}")
 
 
 from .bench_backends import backends  # noqa: E402  (verbs that live in their own modules)
