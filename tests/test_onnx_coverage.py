@@ -38,6 +38,12 @@ op_ = relax.op
 
 #: The converters of issue #53; ``op:variant`` keys test one op more than once.
 NEW_CASES = {
+    # uneven windows (an output size that does not divide the input): averaging matrices
+    "relax.nn.adaptive_avg_pool1d:uneven": ([x1d()], lambda p: op_.nn.adaptive_avg_pool1d(p[0], 3)),
+    "relax.nn.adaptive_avg_pool2d:uneven": ([_v("x", (1, 2, 7, 5))], lambda p: op_.nn.adaptive_avg_pool2d(p[0], (3, 4))),
+    "relax.nn.adaptive_avg_pool2d:grown": ([_v("x", (1, 3, 1, 2))], lambda p: op_.nn.adaptive_avg_pool2d(p[0], (6, 6))),
+    "relax.nn.adaptive_avg_pool3d:uneven": ([_v("x", (1, 2, 5, 3, 4))],
+                                            lambda p: op_.nn.adaptive_avg_pool3d(p[0], (2, 2, 3))),
     "relax.nn.rms_norm": ([x2(), _v("w", (4,))], lambda p: op_.nn.rms_norm(p[0], p[1], axes=[-1], epsilon=1e-5)),
     "relax.nn.softplus": ([UNIT()], lambda p: op_.nn.softplus(p[0], beta=2.0, threshold=1.0)),
     "relax.variance": ([x2()], lambda p: op_.variance(p[0], axis=[1], keepdims=True)),
@@ -215,7 +221,6 @@ REFUSED = {
         p[0], p[1], p[2], axis=1, reduction="max"), "reduction 'max'"),
     "scatter_nd min": ([x2(), idx("i", (2, 1)), _v("u", (2, 4))], lambda p: op_.scatter_nd(
         p[0], p[1], p[2], reduction="min"), "reduction 'min'"),
-    "adaptive pool, uneven windows": ([x1d()], lambda p: op_.nn.adaptive_avg_pool1d(p[0], 3), "does not divide"),
     "avg_pool dilated": ([x1d()], lambda p: op_.nn.avg_pool1d(p[0], 2, dilation=2), "no dilation at opset 17"),
     "max_pool NWC": ([x1d()], lambda p: op_.nn.max_pool1d(p[0], 2, layout="NWC"), "layout NWC"),
     "conv2d_transpose NHWC": ([_v("x", (1, 3, 3, 4)), _v("w", (4, 3, 3, 2))], lambda p: op_.nn.conv2d_transpose(

@@ -3,9 +3,10 @@ convolutions (``nn.conv1d``/``conv2d``/``conv3d`` and the transposed ``nn.conv1d
 ``conv2d_transpose``), pooling (``nn.max_pool*``, ``nn.avg_pool*``, ``nn.adaptive_avg_pool*``,
 1-D to 3-D), ``nn.rms_norm`` and ``nn.softplus``. :mod:`.onnx_ops` merges :data:`CONVERTERS`
 into the exporter's table; semantics follow TVM's legalization of each op, and a call ONNX
-cannot compute exactly (another layout, an integer convolution, a dilated average pool, an
-adaptive pool whose output size does not divide its input) is refused with its reason in
-:data:`PROBLEMS`, so TVM keeps it.
+cannot compute exactly (another layout, an integer convolution, a dilated average pool) is
+refused with its reason in :data:`PROBLEMS`, so TVM keeps it. An adaptive average pool whose
+output size does not divide its input (uneven windows, e.g. AlexNet's 6x6 pool of a small
+image) is a product with constant averaging matrices, one per spatial axis.
 
 Examples
 --------
@@ -94,8 +95,10 @@ def _pool_problem(call) -> str | None:
     if op.startswith("relax.nn.adaptive"):
         in_s = tensor_shape(call.args[0].ty, f"{op} input")[2:]
         out_s = tensor_shape(call.ty, f"{op} result")[2:]
-        if not all(o and i % o == 0 for i, o in zip(in_s, out_s)):
-            return f"{op} from {in_s} to {out_s}: an output size that does not divide the input has uneven windows"
+        if not all(in_s) or not all(out_s):
+            return f"{op} from {in_s} to {out_s}: an empty axis"
+        if str(call.args[0].ty.dtype) not in ("float16", "float32", "float64"):
+            return f"{op} of {call.args[0].ty.dtype}: only floating-point averages"
     return None
 
 
@@ -149,8 +152,46 @@ def _adaptive_avg(e: Exporter, call, out):
         return e.one("GlobalAveragePool", [x], out)
     if out_s == in_s:
         return e.one("Identity", [x], out)
-    k = [i // o for i, o in zip(in_s, out_s)]
-    return e.one("AveragePool", [x], out, kernel_shape=k, strides=k)
+    if all(i % o == 0 for i, o in zip(in_s, out_s)):
+        k = [i // o for i, o in zip(in_s, out_s)]
+        return e.one("AveragePool", [x], out, kernel_shape=k, strides=k)
+    return _uneven_adaptive_avg(e, x, in_s, out_s, str(call.args[0].ty.dtype), out)
+
+
+def adaptive_windows(n_in: int, n_out: int) -> np.ndarray:
+    """The ``(n_out, n_in)`` averaging matrix of an adaptive average pool along one axis: row
+    ``i`` averages ``floor(i * n_in / n_out)`` up to ``ceil((i + 1) * n_in / n_out)`` (the
+    windows of TVM's and PyTorch's adaptive pools).
+
+    Examples
+    --------
+    >>> adaptive_windows(5, 3)
+    array([[0.5       , 0.5       , 0.        , 0.        , 0.        ],
+           [0.        , 0.33333333, 0.33333333, 0.33333333, 0.        ],
+           [0.        , 0.        , 0.        , 0.5       , 0.5       ]])
+    """
+    m = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        lo, hi = (i * n_in) // n_out, -((-(i + 1) * n_in) // n_out)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
+
+
+def _uneven_adaptive_avg(e: Exporter, x: str, in_s: list, out_s: list, dtype: str, out):
+    """``x`` (N, C, *in_s) pooled to (N, C, *out_s) by one ``MatMul`` per spatial axis with its
+    :func:`adaptive_windows` matrix: the last axis from the right (``x @ P^T``), the one
+    before it from the left (``P @ x``), a third after folding the last two into one."""
+    k, cur = len(in_s), x
+    cur = e.one("MatMul", [cur, e.init(adaptive_windows(in_s[-1], out_s[-1]).T.astype(dtype), "pool_w")],
+                out if k == 1 else None)
+    if k >= 2:
+        cur = e.one("MatMul", [e.init(adaptive_windows(in_s[-2], out_s[-2]).astype(dtype), "pool_h"), cur],
+                    out if k == 2 else None)
+    if k == 3:
+        folded = e.one("Reshape", [cur, e.int64s([0, 0, in_s[0], out_s[1] * out_s[2]])])
+        cur = e.one("MatMul", [e.init(adaptive_windows(in_s[0], out_s[0]).astype(dtype), "pool_d"), folded])
+        cur = e.one("Reshape", [cur, e.int64s([0, 0, *out_s])], out)
+    return cur
 
 
 for _k in (1, 2, 3):
