@@ -26,6 +26,7 @@ import hashlib
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -286,11 +287,58 @@ class Backend(abc.ABC):
         return len(names)
 
 
+#: Constants whose digests :func:`constant_digest` keeps (the least recently used go first).
+DIGESTS_KEPT = 512
+_digests: "OrderedDict" = OrderedDict()
+_digests_lock = threading.Lock()
+
+
+def constant_digest(c) -> bytes:
+    """A digest of a Relax constant's value. The candidates of one model share their weights'
+    constants, and a weight of 150 MB takes a quarter of a second to read: each constant is
+    read once while it stays among the :data:`DIGESTS_KEPT` last asked for (held here, so no
+    other constant can take its address meanwhile)."""
+    v = c.value
+    if not hasattr(v, "numpy"):  # a scalar (a shape's integers): no tensor to read
+        return repr(v).encode()
+    handle = hash(c)  # the object's address: one per live object
+    with _digests_lock:
+        hit = _digests.get(handle)
+        if hit is not None and hit[0].same_as(c):
+            _digests.move_to_end(handle)
+            return hit[1]
+    arr = np.ascontiguousarray(v.numpy())
+    m = hashlib.blake2b(digest_size=16)
+    m.update(f"{arr.dtype}{arr.shape}".encode())
+    m.update(memoryview(arr).cast("B"))
+    digest = m.digest()
+    with _digests_lock:
+        _digests[handle] = (c, digest)
+        while len(_digests) > DIGESTS_KEPT:
+            _digests.popitem(last=False)
+    return digest
+
+
 def instance_key(func: relax.Function) -> str:
-    """A hex key of ``func`` including its constants' values (so weights are told apart)."""
+    """A hex key of ``func`` including its constants' values (so weights are told apart):
+    its structure hashed without the tensors' contents, then each constant's
+    :func:`constant_digest`.
+
+    Examples
+    --------
+    >>> x = relax.Var("x", relax.TensorType((2, 3), "float32"))
+    >>> def scaled(w):
+    ...     bb = relax.BlockBuilder()
+    ...     with bb.function("main", [x]):
+    ...         bb.emit_func_output(bb.emit(relax.op.multiply(x, relax.const(w))))
+    ...     return bb.get()["main"]
+    >>> ones = np.ones((2, 3), "float32")
+    >>> instance_key(scaled(ones)) == instance_key(scaled(ones.copy())) != instance_key(scaled(2 * ones))
+    True
+    """
     import tvm_ffi
 
-    h = tvm_ffi.structural_hash(func, map_free_vars=True) & 0xFFFFFFFFFFFFFFFF
+    h = tvm_ffi.structural_hash(func, map_free_vars=True, skip_tensor_content=True) & 0xFFFFFFFFFFFFFFFF
     consts = []
 
     def visit(e):
@@ -298,12 +346,11 @@ def instance_key(func: relax.Function) -> str:
             consts.append(e)
 
     relax.analysis.post_order_visit(func.body, visit)
-    if consts:  # structural hashing does not look at tensor contents: fold them in
+    if consts:  # the structural hash skipped the tensors' contents: fold them in
         m = hashlib.blake2b(digest_size=8)
         m.update(h.to_bytes(8, "little"))
         for c in consts:
-            v = c.value
-            m.update(np.ascontiguousarray(v.numpy()).tobytes() if hasattr(v, "numpy") else repr(v).encode())
+            m.update(constant_digest(c))
         return m.hexdigest()
     return f"{h:016x}"
 
