@@ -93,7 +93,9 @@ def certify(opts: list, decision: dict, resolve=None) -> dict | None:
     measurement (:func:`priced_table`); its bound bounds every plan of the shape. Without
     ``resolve``, or where it cannot matter, the flow's bound times :func:`shape_scale` does.
     The least of the bounds and measured times is ``bound_s``; ``gap`` is the kept option's
-    time against it; each shape says if it was ``solved_again`` and which plan (``plan_is``).
+    time against it; each shape says if it was ``solved_again`` and which plan (``plan_is``);
+    ``holds_under`` names the user's constraints every option and bound was made under (the
+    bound is over the plans that honour them).
     None when a shape proved no bound or the flow's plan was not measured; a priced solve that
     fails leaves no claim and ``decision["claim_error"]`` says why.
 
@@ -158,6 +160,7 @@ def certify(opts: list, decision: dict, resolve=None) -> dict | None:
     by = shapes[0]["flow_decided_by"] if chosen == "plan" else f"measured-ilp (= {chosen})"
     return {"decided_by": by, "bound_s": bound, "kept_s": kept_s, "gap": gap,
             "status": "optimal" if gap <= OPTIMAL_GAP else "feasible", "shapes": shapes,
+            "holds_under": list(getattr(opts[0].placement, "holds_under", None) or []),
             "solve_s": sum(s["solve_s"] + s["flow_solve_s"] for s in shapes)}
 
 

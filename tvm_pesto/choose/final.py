@@ -58,7 +58,9 @@ def final_choice(mod, pl: Placement, cluster, request: Request, inputs=None, mea
     """Build ``pl`` (the flow's placement of ``mod`` on ``cluster``, as ``request`` asked) and,
     where the options can be measured on ``cluster`` (:func:`skip_reason`), its alternatives;
     the fastest, measured, with ``.decision`` set. ``solving`` is the budget ``pl`` was solved
-    under: the solves here share what it left."""
+    under: the solves here share what it left. Under constraints (``pl.constraints``) every
+    option honours them, and one that names a device leaves the one-device shape out;
+    ``decision["constraints"]`` says so."""
     why = skip_reason(cluster, measure_final)
     if why is None and inputs is None:
         try:
@@ -71,11 +73,17 @@ def final_choice(mod, pl: Placement, cluster, request: Request, inputs=None, mea
         return placed
     solving = solving or budget.Solving(budget.SOLVE_S, measured=True)
     solving.spend(pl.plan.solve_s)
+    nc = pl.constraints  # a device pin or memory cap binds the cluster asked for: no other core shape
+    wide = nc is None or not nc.constraints.on_devices
+    cluster = cluster if nc is None else nc.cluster  # its memory caps applied
     # the one-device flow, then at most two priced solves: the first gets a third of what is left
-    one = _solve(pl.analysis, request, solving, one_device_cluster(), parts=3) if cluster.num_devices > 1 else None
-    opts = make_options(pl, cluster, one)
+    one = (_solve(pl.analysis, request, solving, one_device_cluster(), parts=3)
+           if cluster.num_devices > 1 and wide else None)
+    opts = make_options(pl, cluster, one, wide=wide)
     placed, decision = choose(opts, build_option, list(inputs), progress=progress)
     certify_kept(opts, decision, Resolver(pl.analysis, request, solving))
+    if nc is not None:
+        decision["constraints"] = {"holds_under": pl.holds_under, "one_device_shape": wide}
     placed.decision = decision
     return placed
 
