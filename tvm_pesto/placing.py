@@ -237,7 +237,7 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
     nc = None if (c := as_constraints(constraints)) is None else resolve(c, analysis.op_graph, cluster)
     cluster = cluster if nc is None else nc.cluster
     made = make_candidates(analysis, cluster, backends)
-    cs = made if nc is None else _restricted(nc, analysis, made)
+    cs = made if nc is None else honouring_candidates(nc, analysis.op_graph, made)
     if isinstance(costs, (CostTable, np.ndarray)) and len(cs) != len(made) and np.shape(_rows(costs))[0] == len(made):
         keep = [i for i, c in enumerate(made) if nc.allows(c)]  # a table of every candidate made: the kept rows
         costs = dataclasses.replace(costs, table=costs.table[keep]) if isinstance(costs, CostTable) else costs[keep]
@@ -264,14 +264,16 @@ def _rows(costs):
     return costs.table if isinstance(costs, CostTable) else costs
 
 
-def _restricted(nc: NodeConstraints, analysis: Analysis, cs):
-    """``cs`` without the candidates that break a pin or forbid, refused (ConstraintError)
-    when a node is left no candidate or the rest admit no acyclic cover (pins that force
-    a cycle between pinned regions)."""
+def honouring_candidates(nc: NodeConstraints, op_graph, cs):
+    """``cs`` without the candidates that break a pin or forbid of ``nc``
+    (:meth:`~tvm_pesto.constraints.NodeConstraints.restrict`), refused
+    (:class:`~tvm_pesto.errors.ConstraintError`) when a node is left no candidate or the rest
+    admit no acyclic exact cover of ``op_graph`` (pins that force a cycle between pinned
+    regions, or regions that overlap), by the covering search the flow runs."""
     kept = nc.restrict(cs)
     if nc.constraints.pins or nc.constraints.forbids:
         try:  # the covering search the flow runs, on unit costs and its bounded rule: no cover, no plan
-            best_cover(analysis.op_graph, [c.nodes for c in kept], np.ones(len(kept)), exact_work=0)
+            best_cover(op_graph, [c.nodes for c in kept], np.ones(len(kept)), exact_work=0)
         except (InfeasibleError, SolverError) as e:
             raise ConstraintError(f"{', '.join(nc.restricting())}: no plan honours these, since the candidates left "
                                   f"admit no acyclic cover of the model (pinned regions would form a cycle, or "
@@ -373,4 +375,4 @@ class Request:
 
 
 __all__ = ["CostedCandidates", "HYBRID_MAX_ROUNDS", "HYBRID_STAKE_SHARE", "Request", "cost_candidates",
-           "estimate_costs", "place", "place_from_costs"]
+           "estimate_costs", "honouring_candidates", "place", "place_from_costs"]

@@ -67,24 +67,24 @@ def final_choice(mod, pl: Placement, cluster, request: Request, inputs=None, mea
             inputs = random_inputs(mod)
         except PestoError as e:
             why = f"no inputs to time it on ({e})"
-    if why is not None:
-        placed = build_placement(pl, cluster, progress)
-        placed.decision = unmeasured(why, pl, cluster)
-        return placed
-    solving = solving or budget.Solving(budget.SOLVE_S, measured=True)
-    solving.spend(pl.plan.solve_s)
     nc = pl.constraints  # a device pin or memory cap binds the cluster asked for: no other core shape
     wide = nc is None or not nc.constraints.on_devices
     cluster = cluster if nc is None else nc.cluster  # its memory caps applied
+    held = {} if nc is None else {"constraints": {"holds_under": pl.holds_under,
+                                                  "one_device_shape": wide and why is None}}
+    if why is not None:
+        placed = build_placement(pl, cluster, progress)
+        placed.decision = {**unmeasured(why, pl, cluster), **held}
+        return placed
+    solving = solving or budget.Solving(budget.SOLVE_S, measured=True)
+    solving.spend(pl.plan.solve_s)
     # the one-device flow, then at most two priced solves: the first gets a third of what is left
     one = (_solve(pl.analysis, request, solving, one_device_cluster(), parts=3)
            if cluster.num_devices > 1 and wide else None)
     opts = make_options(pl, cluster, one, wide=wide)
     placed, decision = choose(opts, build_option, list(inputs), progress=progress)
     certify_kept(opts, decision, Resolver(pl.analysis, request, solving))
-    if nc is not None:
-        decision["constraints"] = {"holds_under": pl.holds_under, "one_device_shape": wide}
-    placed.decision = decision
+    placed.decision = {**decision, **held}
     return placed
 
 

@@ -117,9 +117,9 @@ def _alone(placement, keep: list[int], cluster, solver: str):
     masked = np.full_like(table, np.inf)
     masked[keep, 0] = table[keep, 0]
     ct = dataclasses.replace(placement.costs, table=masked)  # what was measured or predicted, as reported
-    jp = JointProblem(placement.analysis.op_graph, cluster, list(placement.candidates), masked,
-                      cost_source=placement.costs.source)
-    try:
+    try:  # (a device pin can leave no candidate of a node on device 0)
+        jp = JointProblem(placement.analysis.op_graph, cluster, list(placement.candidates), masked,
+                          cost_source=placement.costs.source)
         plan, problem = solve_joint(jp, solver="single", search_s=0)
     except InfeasibleError:  # the backend's candidates do not cover every op
         return None
