@@ -124,6 +124,17 @@ def test_a_pin_to_a_backend_that_lacks_the_op_is_refused_with_the_reason(analysi
         _place(analysis, {"forbid": ["*=tvm", "*=torch"]}, backends="tvm,torch")
 
 
+def test_device_pins_that_split_a_fixed_unit_are_refused(analysis):
+    # backends="tvm": the fusion groups alone; conv2d and its fused relu cannot sit on two devices
+    g = analysis.op_graph
+    cs = tvm_pesto.make_candidates(analysis, "cpu:2", "tvm")
+    unit = next(c for c in cs if len(c.nodes) > 1)
+    a, b = (g.nodes[v].name for v in unit.nodes[:2])
+    with pytest.raises(ConstraintError, match=rf"^--pin ({a}=\*@cpu0|{b}=\*@cpu1): node ({a}|{b}) .* no candidate "
+                                              "without a node pinned to another device"):
+        _place(analysis, {"pin": [f"{a}=*@cpu0", f"{b}=*@cpu1"]}, backends="tvm")
+
+
 def test_pins_that_force_a_cycle_between_pinned_regions_are_refused():
     # a -> b, a -> d, c -> b, c -> d: the regions {a, d} and {c, b} are each convex, but a cover by
     # both is cyclic ({a, d} feeds b, {c, b} feeds d); pinning every node to onnxruntime leaves only them

@@ -147,6 +147,9 @@ class NodeConstraints:
             return (f"{self.pins[v].spelling()}: node {nd.name} ({nd.op}) cannot run in {b}: {why}; backends that "
                     f"can run it here: {', '.join(offered)}. Pin it to one of those, or leave it out of the pattern")
         forbids = [f.spelling() for f in self.constraints.forbids if v in matching_nodes(f.pattern, self.graph)]
+        if not forbids and v in self.pins:  # a device pin: every unit holding the node holds one pinned elsewhere
+            return (f"{self.pins[v].spelling()}: node {nd.name} ({nd.op}) has no candidate without a node pinned to "
+                    "another device (its units, e.g. TVM's fusion groups, hold both); pin the whole unit to one device")
         return (f"{', '.join(forbids) or 'the constraints'}: node {nd.name} ({nd.op}) is left with no backend (it "
                 f"could run in {', '.join(offered)}); forbid fewer backends for it")
 
