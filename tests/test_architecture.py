@@ -200,7 +200,7 @@ LAYERS = {
     "tvm_pesto": 0, "errors": 0, "jsonio": 0, "package_data": 0, "_core": 0,  # utilities
     "frontend": 0, "models": 0, "zoo": 0,  # where a model comes from: a Relax module, nothing of the flow
     "graph": 1, "cluster": 1,
-    "candidates": 2, "backends": 2,
+    "candidates": 2, "backends": 2, "constraints": 2,
     "run": 2,  # the runtime needs only errors and cluster: the compiler side imports it, as TVM's does its runtime
     "costs": 3,
     "plan": 4,

@@ -29,6 +29,7 @@ _LAZY = {
     "place": ("api", "place"),
     "from_torch": ("frontend", "from_torch"),
     "from_onnx": ("frontend", "from_onnx"),
+    "Constraints": ("constraints", "Constraints"),
     "Cluster": ("cluster", "Cluster"),
     "Device": ("cluster", "Device"),
     "parse_cluster": ("cluster", "parse_cluster"),

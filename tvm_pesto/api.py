@@ -49,7 +49,7 @@ from .solve import budget
 
 def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan: Plan | None = None, cache=None,
           progress=None, deterministic: bool | None = None, executor: str = "thread", ray_address: str | None = None,
-          measure_final: bool | None = None, inputs=None, **solver_options):
+          measure_final: bool | None = None, inputs=None, constraints=None, **solver_options):
     """Place ``mod`` on ``cluster`` (or apply a given ``plan``) and build one module per device.
 
     ``deterministic`` and ``solver_options`` go to :func:`place` (``max_build_s=`` among them:
@@ -65,6 +65,11 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
     library are built and timed against each other on ``inputs`` (default: seeded random
     inputs) for about two seconds, and the fastest is returned (:mod:`tvm_pesto.choose`);
     ``placed.decision`` lists each option's predicted and measured time.
+
+    ``constraints`` (:mod:`tvm_pesto.constraints`: a ``Constraints`` record, or a dict of
+    ``pin``/``forbid``/``device_memory`` spellings as on the command line) are honoured by
+    the flow's solvers and by every option of the final choice; one that no plan can honour
+    raises a :class:`~tvm_pesto.errors.ConstraintError` before anything is built.
 
     Returns
     -------
@@ -90,6 +95,9 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
         raise PestoError(f"unknown executor {executor!r}; use 'thread' (one pinned thread per device) or 'ray' "
                          "(one Ray actor per device)")
     cluster = as_cluster(cluster)
+    if plan is not None and constraints is not None:
+        raise PestoError("constraints= apply to the plan the flow makes; a given plan= is applied as it is: leave "
+                         "one of them out")
     if plan is not None:
         analysis = analyze(mod)
         placed = PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, None, progress=progress)
@@ -97,7 +105,8 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
         analysis = analyze(mod)
         limit = solver_options.pop("time_limit_s", budget.SOLVE_S)
         solving = budget.Solving(limit, skip_reason(cluster, measure_final) is None, deterministic)
-        request = Request(backends, solver, costs, cache, progress, deterministic, executor, limit, solver_options)
+        request = Request(backends, solver, costs, cache, progress, deterministic, executor, limit, solver_options,
+                          constraints)
         pl = request.place(analysis, cluster, time_limit_s=solving.flow_s())
         placed = final_choice(mod, pl, cluster, request, inputs, measure_final, progress, solving)
     if executor == "ray":
@@ -131,7 +140,8 @@ class PlacementPass:
     the cluster the module is placed on. ``plan=`` applies a given plan instead (e.g. one
     saved from an earlier placement); ``deterministic=True`` places with work budgets and
     measures nothing (see :func:`place`), so a compile flow gives the same module on any
-    machine; ``measure_final=False`` keeps the flow's plan unmeasured.
+    machine; ``measure_final=False`` keeps the flow's plan unmeasured. ``constraints=``
+    pins, forbids and memory caps, as in :func:`build`.
 
     Examples
     --------
@@ -148,7 +158,7 @@ class PlacementPass:
 
     def __init__(self, cluster, backends="all", solver: str = "auto", costs="auto", plan: Plan | None = None,
                  deterministic: bool | None = None, measure_final: bool | None = None, inputs=None,
-                 **solver_options):
+                 constraints=None, **solver_options):
         self.cluster = as_cluster(cluster)
         self.backends = backends
         self.solver = solver
@@ -157,6 +167,7 @@ class PlacementPass:
         self.deterministic = deterministic
         self.measure_final = False if deterministic else measure_final
         self.inputs = inputs
+        self.constraints = constraints
         self.solver_options = solver_options
         self.last_placement: Placement | None = None
         self.last_decision: Decision | None = None
@@ -169,13 +180,13 @@ class PlacementPass:
         if skip_reason(self.cluster, self.measure_final) is None:
             placed = build(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,
                            deterministic=self.deterministic, measure_final=self.measure_final, inputs=self.inputs,
-                           **self.solver_options)
+                           constraints=self.constraints, **self.solver_options)
             placed.close()  # its units stay registered for the VM's extern calls
             self.last_placement, self.last_decision, self.last_cluster = \
                 placed.placement, placed.decision, placed.cluster
             return legalize_on_devices(placed.placed_mod)
         pl = place(mod, self.cluster, backends=self.backends, solver=self.solver, costs=self.costs,
-                   deterministic=self.deterministic, **self.solver_options)
+                   deterministic=self.deterministic, constraints=self.constraints, **self.solver_options)
         self.last_placement, self.last_decision, self.last_cluster = pl, None, self.cluster
         return legalize_on_devices(apply_plan(pl.analysis.rg, pl.plan, self.cluster))
 

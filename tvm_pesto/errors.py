@@ -58,6 +58,11 @@ class InfeasibleError(PestoError):
     """No plan satisfies the constraints (usually device memory)."""
 
 
+class ConstraintError(InfeasibleError):
+    """A user's constraint (a pin, a forbid, a device memory cap) is malformed, or no plan can
+    honour it; the message names the constraint and the reason."""
+
+
 class SolverError(PestoError):
     """A solver is missing, failed, or returned no usable solution."""
 

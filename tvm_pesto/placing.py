@@ -9,6 +9,7 @@ another core shape as the user asked for the first.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -17,12 +18,13 @@ import numpy as np
 from .candidates import placement_candidates
 from .candidates.flow import make_candidates, with_precision
 from .cluster import Cluster, as_cluster
+from .constraints import NodeConstraints, as_constraints, resolve
 from .costs import CostTable, candidate_costs
 from .costs.measure.build_time import estimate as estimate_build_s
 from .costs.predict.hybrid import Hybrid, plan_units_to_measure
 from .costs.calibrate.machine import calibrate_machine, needs_fit
 from .costs.predict.xgb import load_model
-from .errors import PestoError
+from .errors import ConstraintError, InfeasibleError, PestoError, SolverError, error_line
 from .graph.analysis import Analysis, analyze
 from .plan import JointProblem, simulate
 from .plan.placement import Placement
@@ -30,6 +32,7 @@ from .plan.simulate import HOME_DEVICE
 from .costs.calibrate.dispatch import machine_dispatch
 from .solve import budget, split
 from .solve.build_budget import solve_within
+from .solve.joint.cover import best_cover
 from .solve.joint.solver import MIN_ILP_S, solve_joint
 
 
@@ -79,7 +82,7 @@ HYBRID_MAX_ROUNDS = 8
 def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs="auto", cache=None, progress=None,
           time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
           colocate: list[list[int]] | None = None, split_margin: float | None = None, executor: str = "thread",
-          max_build_s: float | None = None, precision: str = "fp32", **solver_options) -> Placement:
+          max_build_s: float | None = None, precision: str = "fp32", constraints=None, **solver_options) -> Placement:
     """Decide backend, device and order for every subgraph of a module.
 
     Parameters
@@ -140,6 +143,13 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         (:func:`~tvm_pesto.candidates.flow.with_precision`); the final choice holds their
         outputs to :data:`~tvm_pesto.choose.trial.REDUCED_TOL` of the float32 build's. ``build``
         and ``PlacementPass`` take it too.
+    constraints : Constraints, dict or list, optional
+        The user's pins, forbids and device memory caps (:mod:`tvm_pesto.constraints`;
+        :func:`~tvm_pesto.constraints.as_constraints` reads the forms), honoured by every
+        solver as hard constraints: applied once where the candidates and their costs are
+        made (:func:`cost_candidates`). One that no plan can honour raises a
+        :class:`~tvm_pesto.errors.ConstraintError` naming it, before anything is built;
+        ``Placement.claim()["holds_under"]`` names the constraints the plan's claim holds under.
 
     Examples
     --------
@@ -150,7 +160,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
     ('work', True)
     """
     costed = cost_candidates(mod_or_analysis, cluster, with_precision(backends, precision), costs, cache=cache,
-                             progress=progress, executor=executor)
+                             progress=progress, executor=executor, constraints=constraints)
     return place_from_costs(costed, solver, time_limit_s=time_limit_s, search_s=search_s,
                             deterministic=deterministic, colocate=colocate, split_margin=split_margin,
                             max_build_s=max_build_s, **solver_options)
@@ -172,6 +182,9 @@ class CostedCandidates:
     hybrid : Hybrid, optional
         With ``costs="hybrid"``: the source that measures the plan's units in the rounds of
         :func:`place_from_costs` (it keeps what it measured, for the next solve too).
+    constraints : NodeConstraints, optional
+        The user's constraints bound to the model and cluster: ``candidates`` hold only what
+        honours them, and :meth:`table` prices a node pinned to a device infinite elsewhere.
     """
 
     analysis: Analysis
@@ -179,21 +192,34 @@ class CostedCandidates:
     candidates: object
     costs: object
     hybrid: object = None
+    constraints: NodeConstraints | None = None
+
+    def table(self, ct: CostTable | None = None) -> CostTable:
+        """``ct`` (default :attr:`costs`) with the device pins applied (a table the caller
+        gives, or a ``hybrid`` round's, is masked again: every solve sees them)."""
+        ct = self.costs if ct is None else ct
+        if self.constraints is None or not self.constraints.device:
+            return ct
+        return dataclasses.replace(ct, table=self.constraints.mask(ct.table, self.candidates))
 
     def joint(self, table=None, colocate: list[list[int]] | None = None) -> JointProblem:
         """The joint problem of these candidates with ``table`` (a CostTable; default
         :attr:`costs`) and the co-location groups ``colocate``."""
-        t = self.costs if table is None else table
+        t = self.table(table)
         return JointProblem(self.analysis.op_graph, self.cluster, list(self.candidates), t.table,
                             cost_source=t.source, colocate=[list(g) for g in colocate or []])
 
 
 def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cache=None, progress=None,
-                    executor: str = "thread") -> CostedCandidates:
+                    executor: str = "thread", constraints=None) -> CostedCandidates:
     """The first half of :func:`place`: give ``cluster`` this machine's figures for
     ``executor`` (fitted on first use), make the candidates of ``backends`` and cost them
     (``xgb``/``hybrid`` fit this machine's calibration on first use); the arguments are
-    :func:`place`'s.
+    :func:`place`'s. ``constraints`` are applied here, once, before any cost is made: the
+    cluster takes the memory caps, the candidates that break a pin or forbid are dropped
+    (a given cost table may hold a row per candidate before or after that), and a node that
+    is left no candidate, or a model left no acyclic cover, is refused
+    (:class:`~tvm_pesto.errors.ConstraintError`).
 
     Examples
     --------
@@ -208,7 +234,13 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
     analysis = mod_or_analysis if isinstance(mod_or_analysis, Analysis) else analyze(mod_or_analysis)
     cluster = as_cluster(cluster)
     _machine_constants(cluster, executor)
-    cs = make_candidates(analysis, cluster, backends)
+    nc = None if (c := as_constraints(constraints)) is None else resolve(c, analysis.op_graph, cluster)
+    cluster = cluster if nc is None else nc.cluster
+    made = make_candidates(analysis, cluster, backends)
+    cs = made if nc is None else honouring_candidates(nc, analysis.op_graph, made)
+    if isinstance(costs, (CostTable, np.ndarray)) and len(cs) != len(made) and np.shape(_rows(costs))[0] == len(made):
+        keep = [i for i, c in enumerate(made) if nc.allows(c)]  # a table of every candidate made: the kept rows
+        costs = dataclasses.replace(costs, table=costs.table[keep]) if isinstance(costs, CostTable) else costs[keep]
     h = None
     if isinstance(costs, str):
         _fit_machine_if_needed(cluster, costs)
@@ -225,7 +257,29 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
         raise PestoError(f"the cost table has shape {ct.table.shape}, but the module has {len(cs)} candidates on "
                          f"{cluster.num_devices} devices; give one row per candidate this call generates (in its "
                          "order) and one column per device")
-    return CostedCandidates(analysis, cluster, cs, ct, h)
+    return CostedCandidates(analysis, cluster, cs, ct, h, nc)
+
+
+def _rows(costs):
+    return costs.table if isinstance(costs, CostTable) else costs
+
+
+def honouring_candidates(nc: NodeConstraints, op_graph, cs):
+    """``cs`` without the candidates that break a pin or forbid of ``nc``
+    (:meth:`~tvm_pesto.constraints.NodeConstraints.restrict`), refused
+    (:class:`~tvm_pesto.errors.ConstraintError`) when a node is left no candidate or the rest
+    admit no acyclic exact cover of ``op_graph`` (pins that force a cycle between pinned
+    regions, or regions that overlap), by the covering search the flow runs."""
+    kept = nc.restrict(cs)
+    if nc.constraints.pins or nc.constraints.forbids:
+        try:  # the covering search the flow runs, on unit costs and its bounded rule: no cover, no plan
+            best_cover(op_graph, [c.nodes for c in kept], np.ones(len(kept)), exact_work=0)
+        except (InfeasibleError, SolverError) as e:
+            raise ConstraintError(f"{', '.join(nc.restricting())}: no plan honours these, since the candidates left "
+                                  f"admit no acyclic cover of the model (pinned regions would form a cycle, or "
+                                  f"overlap): {error_line(e)}; pin fewer nodes to that backend, or pin a whole "
+                                  "region that it runs as one call") from None
+    return kept
 
 
 def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_s: float = 30.0,
@@ -241,7 +295,7 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     # seconds in solve_joint so far (a hybrid round's measurements are not solving)
     solving = budget.Solving(time_limit_s, measured=False, deterministic=deterministic, min_s=MIN_ILP_S)
     h = costed.hybrid
-    ct = costed.costs if h is None else h.cost_table()
+    ct = costed.table(None if h is None else h.cost_table())
     build_s = None if max_build_s is None else estimate_build_s(costed.candidates, costed.cluster)
     may_split = costed.cluster.num_devices > 1 and not colocate and split_margin != 0
 
@@ -261,21 +315,27 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
             return once(table.table)
         return solve_within(costed.joint(table, colocate), build_s, max_build_s, once)
 
-    jp, plan, problem = solve(ct)
+    try:
+        jp, plan, problem = solve(ct)
+    except InfeasibleError as e:
+        if costed.constraints is None or isinstance(e, ConstraintError):
+            raise
+        raise ConstraintError(f"{', '.join(costed.constraints.constraints.spellings())}: no plan honours these on "
+                              f"{costed.cluster.name}: {error_line(e)}") from None
     if h is not None:  # measure the plan's units that are predictions, costliest first, and plan again
         for _ in range(HYBRID_MAX_ROUNDS):
             if not h.measure(plan_units_to_measure(h.table, jp.cover_of(plan), h.done)):
                 break
-            ct = h.cost_table()
+            ct = costed.table(h.cost_table())
             jp, plan, problem = solve(ct)
-        ct = h.cost_table()
+        ct = costed.table(h.cost_table())
     sim = simulate(problem, plan)
     margin = split.split_margin(ct.source) if split_margin is None else split.check_margin(split_margin)
     away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
     if (len(set(plan.assignment.tolist())) > 1 or away) and margin > 0 and not colocate:
         jp, plan, problem, sim = split.keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
     plan.solve_s = solving.spent_s  # every solve above: rounds, the split check
-    return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s)
+    return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s, costed.constraints)
 
 
 @dataclass(frozen=True)
@@ -302,6 +362,7 @@ class Request:
     executor: str = "thread"
     time_limit_s: float = budget.SOLVE_S
     options: dict = field(default_factory=dict)  # the rest of place's keywords (split_margin=, max_build_s=, ...)
+    constraints: object = None  # pins, forbids, memory caps (tvm_pesto.constraints)
 
     def place(self, analysis, cluster, costs=None, time_limit_s: float | None = None) -> Placement:
         """:func:`place` of ``analysis`` on ``cluster`` as asked; ``costs`` and
@@ -309,8 +370,9 @@ class Request:
         return place(analysis, cluster, backends=self.backends, solver=self.solver,
                      costs=self.costs if costs is None else costs, cache=self.cache, progress=self.progress,
                      deterministic=self.deterministic, executor=self.executor,
-                     time_limit_s=self.time_limit_s if time_limit_s is None else time_limit_s, **self.options)
+                     time_limit_s=self.time_limit_s if time_limit_s is None else time_limit_s,
+                     constraints=self.constraints, **self.options)
 
 
 __all__ = ["CostedCandidates", "HYBRID_MAX_ROUNDS", "HYBRID_STAKE_SHARE", "Request", "cost_candidates",
-           "estimate_costs", "place", "place_from_costs"]
+           "estimate_costs", "honouring_candidates", "place", "place_from_costs"]

@@ -94,7 +94,9 @@ def certify(opts: list, decision: Decision, resolve=None) -> Claim | None:
     measurement (:func:`priced_table`); its bound bounds every plan of the shape. Without
     ``resolve``, or where it cannot matter, the flow's bound times :func:`shape_scale` does.
     The least of the bounds and measured times is ``bound_s``; ``gap`` is the kept option's
-    time against it; each shape says if it was ``solved_again`` and which plan (``plan_is``).
+    time against it; each shape says if it was ``solved_again`` and which plan (``plan_is``);
+    ``holds_under`` names the user's constraints every option and bound was made under (the
+    bound is over the plans that honour them).
     None when a shape proved no bound or the flow's plan was not measured; a priced solve that
     fails leaves no claim and ``decision.claim_error`` says why.
 
@@ -157,7 +159,8 @@ def certify(opts: list, decision: Decision, resolve=None) -> Claim | None:
     gap = max(0.0, (kept_s - bound) / kept_s)
     by = shapes[0].flow_decided_by if chosen == "plan" else f"measured-ilp (= {chosen})"
     return Claim(by, bound, kept_s, gap, "optimal" if gap <= OPTIMAL_GAP else "feasible", shapes,
-                 sum(s.solve_s + s.flow_solve_s for s in shapes))
+                 sum(s.solve_s + s.flow_solve_s for s in shapes),
+                 holds_under=list(getattr(opts[0].placement, "holds_under", None) or []))
 
 
 def restate_kept(opts: list, chosen: str, claim: Claim) -> None:

@@ -109,6 +109,19 @@ class Claim:
     status: str
     shapes: list[ShapeClaim]
     solve_s: float
+    holds_under: list[str] = field(default_factory=list)  # the user's constraints it holds under
+
+    def to_json(self) -> dict:
+        return _json(self)
+
+
+@dataclass
+class HeldConstraints:
+    """The user's constraints a decision was made under (:mod:`tvm_pesto.constraints`), and
+    whether the one-device shape was weighed (a device pin or memory cap leaves it out)."""
+
+    holds_under: list[str]
+    one_device_shape: bool
 
     def to_json(self) -> dict:
         return _json(self)
@@ -127,6 +140,7 @@ class Decision:
     spell: Spell | None = field(default=None, metadata={"keep_none": True})
     claim: Claim | None = field(default=None, metadata={"keep_none": True})
     claim_error: str | None = None
+    constraints: HeldConstraints | None = None
 
     def option(self, name: str) -> OptionResult:
         """The option called ``name`` (KeyError when none is)."""
@@ -165,7 +179,8 @@ class Decision:
                    options=[OptionResult(**o) for o in data["options"]], why=data.get("why"),
                    runoff=Runoff(**data["runoff"]) if data.get("runoff") else None,
                    spell=Spell(**data["spell"]) if data.get("spell") else None,
-                   claim=claim or None, claim_error=data.get("claim_error"))
+                   claim=claim or None, claim_error=data.get("claim_error"),
+                   constraints=HeldConstraints(**data["constraints"]) if data.get("constraints") else None)
 
 
 def unmeasured(why: str, placement, cluster) -> Decision:
@@ -205,4 +220,4 @@ def decision_table(decision: Decision) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Claim", "Decision", "OptionResult", "Runoff", "ShapeClaim", "Spell", "decision_table", "unmeasured"]
+__all__ = ["Claim", "Decision", "HeldConstraints", "OptionResult", "Runoff", "ShapeClaim", "Spell", "decision_table", "unmeasured"]

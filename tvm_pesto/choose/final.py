@@ -19,7 +19,7 @@ from ..placing import Request
 from ..plan.placement import Placement
 from ..solve import budget
 from .claim import certify_kept
-from .decision import unmeasured
+from .decision import HeldConstraints, unmeasured
 from .trial import choose
 from .options import Option, make_options, one_device_cluster, skip_reason
 
@@ -58,24 +58,33 @@ def final_choice(mod, pl: Placement, cluster, request: Request, inputs=None, mea
     """Build ``pl`` (the flow's placement of ``mod`` on ``cluster``, as ``request`` asked) and,
     where the options can be measured on ``cluster`` (:func:`skip_reason`), its alternatives;
     the fastest, measured, with ``.decision`` set. ``solving`` is the budget ``pl`` was solved
-    under: the solves here share what it left."""
+    under: the solves here share what it left. Under constraints (``pl.constraints``) every
+    option honours them, and one that names a device leaves the one-device shape out;
+    ``decision.constraints`` says so."""
     why = skip_reason(cluster, measure_final)
     if why is None and inputs is None:
         try:
             inputs = random_inputs(mod)
         except PestoError as e:
             why = f"no inputs to time it on ({e})"
+    nc = pl.constraints  # a device pin or memory cap binds the cluster asked for: no other core shape
+    wide = nc is None or not nc.constraints.on_devices
+    cluster = cluster if nc is None else nc.cluster  # its memory caps applied
+    held = None if nc is None else HeldConstraints(list(pl.holds_under), wide and why is None)
     if why is not None:
         placed = build_placement(pl, cluster, progress)
         placed.decision = unmeasured(why, pl, cluster)
+        placed.decision.constraints = held
         return placed
     solving = solving or budget.Solving(budget.SOLVE_S, measured=True)
     solving.spend(pl.plan.solve_s)
     # the one-device flow, then at most two priced solves: the first gets a third of what is left
-    one = _solve(pl.analysis, request, solving, one_device_cluster(), parts=3) if cluster.num_devices > 1 else None
-    opts = make_options(pl, cluster, one)
+    one = (_solve(pl.analysis, request, solving, one_device_cluster(), parts=3)
+           if cluster.num_devices > 1 and wide else None)
+    opts = make_options(pl, cluster, one, wide=wide)
     placed, decision = choose(opts, build_option, list(inputs), progress=progress)
     certify_kept(opts, decision, Resolver(pl.analysis, request, solving))
+    decision.constraints = held
     placed.decision = decision
     return placed
 

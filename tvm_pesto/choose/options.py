@@ -117,9 +117,9 @@ def _alone(placement, keep: list[int], cluster, solver: str):
     masked = np.full_like(table, np.inf)
     masked[keep, 0] = table[keep, 0]
     ct = dataclasses.replace(placement.costs, table=masked)  # what was measured or predicted, as reported
-    jp = JointProblem(placement.analysis.op_graph, cluster, list(placement.candidates), masked,
-                      cost_source=placement.costs.source)
-    try:
+    try:  # (a device pin can leave no candidate of a node on device 0)
+        jp = JointProblem(placement.analysis.op_graph, cluster, list(placement.candidates), masked,
+                          cost_source=placement.costs.source)
         plan, problem = solve_joint(jp, solver="single", search_s=0)
     except InfeasibleError:  # the backend's candidates do not cover every op
         return None
@@ -127,24 +127,29 @@ def _alone(placement, keep: list[int], cluster, solver: str):
     return dataclasses.replace(placement, costs=ct, joint=jp, problem=problem, plan=plan, sim=simulate(problem, plan))
 
 
-def make_options(placement, cluster, one_device=None) -> list[Option]:
+def make_options(placement, cluster, one_device=None, wide: bool = True) -> list[Option]:
     """The options to measure: the flow's plan, the one-device plan, the whole-model
     library plans (see :mod:`tvm_pesto.choose`). ``one_device`` is the flow's placement on
     ``cpu_cluster(1)`` (:func:`one_device_cluster`), given where ``cluster`` has several
     devices. A library plan that is the flow's plan on its
     shape already (the flow chose that library for the whole model) is not listed twice:
-    the flow's option stands for it."""
+    the flow's option stands for it. ``wide=False`` leaves out the options on the one-device
+    shape (constraints that name a device of ``cluster`` bind no other shape). Every option
+    is solved on ``placement``'s candidates and costs (or ``one_device``'s), so none breaks a
+    pin or forbid the flow was given (:mod:`tvm_pesto.constraints`)."""
     out = [Option("plan", cluster, placement, float(placement.sim.run_s))]
-    wide, wide_pl = cluster, placement
-    if cluster.num_devices > 1:
-        if one_device is None:
-            raise PestoError(f"{cluster.name} has {cluster.num_devices} devices: give the flow's placement on one "
-                             "device of the same cores (one_device=)")
-        wide, wide_pl = one_device.joint.cluster, one_device
-        out.append(Option("one-device", wide, wide_pl, float(wide_pl.sim.run_s)))
-    backends = sorted({c.backend for c in wide_pl.candidates})
-    libraries = [(f"library:{b}", wide, whole_model_placement(wide_pl, b, wide)) for b in backends]
-    libraries += [(f"library:{b}+tvm", wide, library_around_placement(wide_pl, b, wide)) for b in backends]
+    libraries = []
+    if cluster.num_devices == 1 or wide:
+        wide_c, wide_pl = cluster, placement
+        if cluster.num_devices > 1:
+            if one_device is None:
+                raise PestoError(f"{cluster.name} has {cluster.num_devices} devices: give the flow's placement on one "
+                                 "device of the same cores (one_device=)")
+            wide_c, wide_pl = one_device.joint.cluster, one_device
+            out.append(Option("one-device", wide_c, wide_pl, float(wide_pl.sim.run_s)))
+        backends = sorted({c.backend for c in wide_pl.candidates})
+        libraries += [(f"library:{b}", wide_c, whole_model_placement(wide_pl, b, wide_c)) for b in backends]
+        libraries += [(f"library:{b}+tvm", wide_c, library_around_placement(wide_pl, b, wide_c)) for b in backends]
     if cluster.num_devices > 1:  # the library on one of the narrow devices (one thread on cpu:N)
         narrow = cluster.devices[0]
         libraries += [(f"library:{b} on {narrow.name}", cluster, whole_model_placement(placement, b, cluster))

@@ -18,6 +18,7 @@ from ..builder.placed import PlacedModule, compile_for
 from ..builder.rewrite import apply_plan
 from ..cluster import parse_cluster
 from ..cluster.device_thread import pinning_failures
+from ..constraints import as_constraints, check_names
 from ..cluster.dispatch import dispatch_info, local_shape
 from ..costs.measure.remote import remote_cluster
 from ..errors import InfeasibleError, PestoError
@@ -35,8 +36,10 @@ from ..run.thread.executor import max_abs_err, to_numpy
 from ..run.thread.pipeline import microbatch_inputs, run_pipeline
 from ..solve import SOLVERS, budget, get_solver, solve
 from ..solve.bounds.makespan import lower_bound
+from ..solve.joint.cover import best_cover
 from ..solve.joint.solver import joint_lower_bound
 from .memory_fit import memory_error
+from .options import constraint_report
 from .progress import step
 from .settings import PlaceSettings, RunSettings
 
@@ -78,8 +81,10 @@ def run_model(model: str, size: str, cluster_spec: str, request: Request = Reque
     ``res["build_budget"]`` have what they decided)."""
     if request.executor not in ("thread", "ray"):
         raise PestoError(f"unknown executor {request.executor!r}; use thread (one pinned thread per device) or ray")
-    lm = load_target(model, size, settings.input_shapes)
     cluster = parse_cluster(cluster_spec)
+    if request.constraints:  # an unknown backend or device is refused before the model is read
+        check_names(as_constraints(request.constraints), cluster)
+    lm = load_target(model, size, settings.input_shapes)
     if settings.rpc_tracker or settings.rpc_key:
         cluster = remote_cluster(cluster, settings.rpc_tracker or "", settings.rpc_key or "")
     session = None
@@ -170,6 +175,7 @@ def _run_model(lm, cluster, size: str, request: Request, settings: RunSettings, 
         # what was weighed before this plan was kept (tvm_pesto.choose), and the shape of the cores it runs on
         "decision": pm.decision.to_json() if pm.decision else None, "cluster_asked": asked,
         "core_shape": {"devices": cluster.num_devices, "cores": [d.cores for d in cluster.devices]},
+        **constraint_report(pl, as_constraints(request.constraints)),
     }
     if out_dir:
         res["artifacts"] = write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace,
@@ -284,7 +290,7 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], settings: Plac
     True
     """
     s = settings
-    size, costs, expert, backends, deterministic = s.size, s.costs, s.expert, s.backends, s.deterministic
+    expert, deterministic = s.expert, s.deterministic
     split_margin, max_build_s = s.split_margin, s.max_build_s
     model, objective, microbatches = check_choice(s.model or ("stage" if target.endswith(".json") else "op"),
                                                   s.objective, s.microbatches)
@@ -301,9 +307,12 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], settings: Plac
 
     t_load = time.perf_counter()
     if target.endswith(".json"):
+        if s.constraints:
+            raise PestoError("--pin, --forbid and --device-memory apply to models; a LayerGraph file is placed as the "
+                             "file defines it: leave them out")
         (problem, cluster), costed = _layer_graph_problem(target, cluster_spec, split_margin), None
     else:
-        problem, cluster, costed = _model_problem(target, cluster_spec, size, costs, backends, s.input_shapes, expert)
+        problem, cluster, costed = _model_problem(target, cluster_spec, s, expert)
     try:
         problem.check_memory_feasible()
     except InfeasibleError as err:
@@ -347,8 +356,7 @@ def _layer_graph_problem(target: str, cluster_spec: str, split_margin: float | N
     return problem, cluster
 
 
-def _model_problem(target: str, cluster_spec: str, size: str, costs: str, backends: str, input_shapes,
-                   expert: str | None):
+def _model_problem(target: str, cluster_spec: str, s: PlaceSettings, expert: str | None):
     """``(problem, cluster, costed)`` of a model (zoo name or file) for :func:`place_any`: its
     candidates costed on the cluster (:func:`tvm_pesto.api.cost_candidates`) and the
     placement problem of its fusion groups, which the memory check reads before any solver runs."""
@@ -357,14 +365,21 @@ def _model_problem(target: str, cluster_spec: str, size: str, costs: str, backen
     if expert:
         raise PestoError("--expert applies to LayerGraph JSON files (their human-expert splits)")
     cluster = parse_cluster(cluster_spec)
-    lm = load_target(target, size, input_shapes)
+    if s.constraints:  # an unknown backend or device is refused before the model is read
+        check_names(as_constraints(s.constraints), cluster)
+    lm = load_target(target, s.size, s.input_shapes)
     with step("candidates and costs") as cb:
-        costed = api.cost_candidates(api.analyze(lm.mod), cluster, backends, costs, progress=cb)
+        costed = api.cost_candidates(api.analyze(lm.mod), cluster, s.backends, s.costs, progress=cb,
+                                     constraints=s.constraints)
+    cluster = costed.cluster  # its memory caps applied
     cs = costed.candidates
-    # the fusion groups' placement problem: the memory check before any solver runs
-    problem = costed.joint().contract([i for i, c in enumerate(cs)
-                                       if c.backend == "tvm" and c.pattern == "fusion_group"])
-    return problem, cluster, costed
+    # the fusion groups' placement problem (under constraints that drop some, a cover of what is left): the
+    # memory check before any solver runs
+    units = [i for i, c in enumerate(cs) if c.backend == "tvm" and c.pattern == "fusion_group"]
+    if sum(len(cs[i].nodes) for i in units) != costed.analysis.op_graph.num_nodes:
+        t = costed.table().table
+        units = best_cover(costed.analysis.op_graph, [c.nodes for c in cs], t.min(axis=1), exact_work=0).chosen
+    return costed.joint().contract(units), cluster, costed
 
 
 def _solve_each(problem, cluster, costed, solvers: list[str], goal: dict, time_limit_s: float,
@@ -445,7 +460,8 @@ def _place_output(problem, cluster, goal: dict, lb: dict, load_s: float, results
     if costed is not None:  # what `run` reports of the plan: the flow's summary, the split decision, the units
         pl = solved[best][2]
         out.update({k: v for k, v in pl.summary().items() if k not in out})
-        out.update(backends=backends, split=jsonable(pl.plan.info.get("split")), units=results[best]["units"])
+        out.update(backends=backends, split=jsonable(pl.plan.info.get("split")), units=results[best]["units"],
+                   **constraint_report(pl, as_constraints(settings.constraints)))
     return out
 
 

@@ -19,10 +19,10 @@ from ..cluster.contention import measure_contention
 from ..cluster.linkbench import measure_links
 from ..costs.predict.calibration import CALIBRATION_ENV
 from ..choose.decision import Decision, decision_table
-from ..errors import UnseenOpsWarning, error_line
+from ..errors import PestoError, UnseenOpsWarning, error_line
 from ..jsonio import write_json
-from .options import (backends_at, deterministic_option, max_build_s_option, ms_db_option, precision_option, rpc_options,
-                      split_margin_option)
+from .options import (backends_at, constraint_options, constraints_of, deterministic_option, max_build_s_option,
+                      ms_db_option, precision_option, rpc_options, split_margin_option)
 from .progress import ErrorGroup, console, step
 from .settings import PlaceSettings, RunSettings
 
@@ -89,9 +89,10 @@ def _claim(c: dict) -> str:
     gap, m = c.get("solver_gap"), c.get("split_margin")
     rule = (f"; a split must be {m:.0%} faster (the split margin); bound over every plan "
             f"{c['solver_bound_all_s'] * 1e3:.4g} ms" if m and c.get("solver_bound_all_s") else "")
+    under = f"; holds under {' '.join(c['holds_under'])}" if c.get("holds_under") else ""
     return (f"{c['decided_by']}; "
             + (f"gap to the proven bound {gap:.2%} (bound {c['solver_bound_s'] * 1e3:.4g} ms{rule})"
-               if gap is not None else "no bound proved") + f"; solved in {c['solve_s']:.2f} s")
+               if gap is not None else "no bound proved") + f"; solved in {c['solve_s']:.2f} s{under}")
 
 
 def _print_run(res):
@@ -225,6 +226,7 @@ def _gap_line(res) -> str | None:
 @max_build_s_option()
 @split_margin_option()
 @precision_option()
+@constraint_options()
 @deterministic_option(True)
 def place(**options):
     """Place TARGET (a model: zoo name, ONNX, .pt2, TVMScript; or a dnn-partitioning LayerGraph JSON)."""
@@ -234,7 +236,8 @@ def place(**options):
                              input_shapes=_shapes(o["input_shape"]), expert=o["expert"],
                              time_limit_s=o["time_limit"], deterministic=o["deterministic"], model=o["exec_model"],
                              objective=o["objective"], microbatches=o["microbatches"] or None,
-                             split_margin=o["split_margin"], max_build_s=o["max_build_s"])
+                             split_margin=o["split_margin"], max_build_s=o["max_build_s"],
+                             constraints=constraints_of(o))
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import place_any
 
@@ -252,6 +255,8 @@ def place(**options):
                       + (f"  ({mix})" if mix else "") if ratio else f"  {name}: {r['objective_value']}")
         for v in r["violations"]:
             console.print(f"    [red]invalid[/] ({v['kind']}): {v['message']}")
+    if res.get("holds_under"):
+        console.print(f"  statuses and bound hold under {' '.join(res['holds_under'])} (not for the unconstrained problem)")
     gap = _gap_line(res) if target.endswith(".json") else None
     if gap:
         console.print(gap)
@@ -287,6 +292,7 @@ def place(**options):
 @max_build_s_option()
 @split_margin_option()
 @precision_option()
+@constraint_options()
 @rpc_options()
 @ms_db_option()
 @deterministic_option(False)
@@ -300,6 +306,9 @@ def run(**options):
     from .commands import run_model
 
     if o["objective"] == "throughput":
+        if constraints_of(o):
+            raise PestoError("--pin, --forbid and --device-memory apply to the flow's plan (--objective latency); a "
+                             "pipelined run places TVM's fusion groups as stages: leave them out")
         # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
         from .commands import run_pipelined
 
@@ -318,7 +327,8 @@ def run(**options):
         return
 
     request = Request(backends, solver, o["costs"], deterministic=o["deterministic"], executor=o["executor"],
-                      options={"split_margin": o["split_margin"], "max_build_s": o["max_build_s"]})
+                      options={"split_margin": o["split_margin"], "max_build_s": o["max_build_s"]},
+                      constraints=constraints_of(o))
     settings = RunSettings(repeat=o["repeat"], refit=o["refit"], trace_dir=o["trace_dir"], export_dir=o["export_dir"],
                            input_shapes=_shapes(o["input_shape"]), ray_address=o["ray_address"],
                            rpc_tracker=o["rpc_tracker"], rpc_key=o["rpc_key"])

@@ -10,8 +10,11 @@ Examples
 """
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
+from ..constraints import Constraints
 from ..errors import PestoError
 
 DETERMINISTIC_HELP = ("--deterministic: work budgets (MIP node limits, counted simulations) and fixed seeds, so "
@@ -110,5 +113,44 @@ def rpc_options(what: str = "measure costs"):
     return add
 
 
+def constraint_options():
+    """The ``--pin``, ``--forbid`` and ``--device-memory`` options of a verb that places a model
+    with the flow (repeatable; the ``pin``, ``forbid`` and ``device_memory`` parameters, which
+    :func:`constraints_of` reads)."""
+
+    def add(f):
+        f = click.option("--device-memory", "device_memory", multiple=True, metavar="DEVICE=SIZE",
+                         help="at most SIZE (2GB, 512MiB) of weights and tensors on DEVICE (a name such as cpu1, or "
+                              "an index); repeatable")(f)
+        f = click.option("--forbid", multiple=True, metavar="PATTERN=BACKEND",
+                         help="nodes matching PATTERN never run in BACKEND; repeatable")(f)
+        return click.option("--pin", multiple=True, metavar="PATTERN=BACKEND[@DEVICE]",
+                            help="nodes matching PATTERN (a glob over op names such as relax.nn.conv2d or conv2d, "
+                                 "binding names such as lv3, node names such as lv3:conv2d) run in BACKEND (* for "
+                                 "any), on DEVICE when given; repeatable")(f)
+
+    return add
+
+
+def constraints_of(options: dict) -> Constraints | None:
+    """The :class:`~tvm_pesto.constraints.Constraints` of a verb's ``--pin``, ``--forbid`` and
+    ``--device-memory`` (None when none is given).
+
+    Examples
+    --------
+    >>> constraints_of({"pin": ("relax.nn.conv2d=tvm",), "forbid": (), "device_memory": ()}).pins[0].backend
+    'tvm'
+    """
+    return Constraints.parse(options.get("pin"), options.get("forbid"), options.get("device_memory")) or None
+
+
+def constraint_report(placement, constraints: Constraints | None) -> dict:
+    """What a ``run`` or ``place`` JSON records of the constraints: ``constraints`` as
+    spelled, the ``holds_under`` of ``placement``'s claim and its per-node table ``nodes``
+    (:meth:`tvm_pesto.plan.placement.Placement.node_table`)."""
+    return {"constraints": (constraints or Constraints()).to_dict(), "holds_under": placement.holds_under,
+            "nodes": [dataclasses.asdict(r) for r in placement.node_table()]}
+
+
 __all__ = ["DETERMINISTIC_HELP", "MS_DB_HELP", "deterministic_option", "ms_db_option", "rpc_options",
-           "split_margin_option"]
+           "split_margin_option", "constraint_options", "constraint_report", "constraints_of"]

@@ -9,6 +9,7 @@ import time
 import click
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import PestoError
@@ -23,7 +24,7 @@ class ErrorGroup(click.Group):
         try:
             return super().invoke(ctx)
         except PestoError as e:
-            console.print(f"[bold red]error:[/] {e}")
+            console.print(f"[bold red]error:[/] {escape(str(e))}")  # a message's [brackets] are text, not markup
             sys.exit(2)
 
 

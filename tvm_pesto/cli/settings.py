@@ -72,6 +72,8 @@ class PlaceSettings:
         How much faster a split plan must be than the one-device plan (the op model's latency only).
     max_build_s : float, optional
         Seconds of library builds each plan may need.
+    constraints : Constraints, optional
+        Pins, forbids and device memory caps every plan honours (:mod:`tvm_pesto.constraints`).
     """
 
     size: str = "small"
@@ -86,6 +88,7 @@ class PlaceSettings:
     microbatches: int | None = None
     split_margin: float | None = None
     max_build_s: float | None = None
+    constraints: object = None
 
 
 __all__ = ["PlaceSettings", "RunSettings"]

@@ -18,6 +18,22 @@ from .problem import JointProblem, Problem
 from .simulate import SimResult
 
 
+@dataclass(frozen=True)
+class NodeRow:
+    """Where one op-graph node runs (:meth:`Placement.node_table`): its id, name, Relax op and
+    binding, the backend and device of its unit, the unit's index in the plan, and the pin that
+    holds it (its op and the pin as spelled; None when no pin does)."""
+
+    node: int
+    name: str
+    op: str
+    binding: str
+    backend: str
+    device: str
+    unit: int
+    pinned: str | None = None
+
+
 @dataclass
 class Placement:
     """What the flow decided for a module, before building.
@@ -41,6 +57,9 @@ class Placement:
         With a build budget: each candidate's estimated build seconds on each device
         (:func:`tvm_pesto.costs.measure.build_time.estimate`); the budget and the plan's estimate are
         ``plan.info["build_budget"]``.
+    constraints : NodeConstraints, optional
+        The user's constraints the plan was made under (:mod:`tvm_pesto.constraints`): the
+        claim holds under them (``claim()["holds_under"]``), not for the unconstrained problem.
     """
 
     analysis: Analysis
@@ -51,6 +70,24 @@ class Placement:
     plan: Plan
     sim: SimResult
     build_s: np.ndarray | None = None
+    constraints: object = None
+
+    @property
+    def holds_under(self) -> list[str]:
+        """The constraints the plan and its claim hold under, as spelled (empty: none)."""
+        return [] if self.constraints is None else self.constraints.constraints.spellings()
+
+    def node_table(self) -> list["NodeRow"]:
+        """Where every op-graph node runs: one :class:`NodeRow` per node, in node order."""
+        g, devices = self.analysis.op_graph, self.problem.cluster.devices
+        rows: list[NodeRow | None] = [None] * g.num_nodes
+        pinned = (lambda v: None) if self.constraints is None else self.constraints.pinned
+        for k, (u, d) in enumerate(zip(self.plan.units, self.plan.assignment)):
+            for v in u.nodes:
+                nd = g.nodes[v]
+                rows[v] = NodeRow(int(v), nd.name, nd.op, str(nd.extra.get("var", "")), u.backend,
+                                  devices[int(d)].name, k, pinned(v))
+        return [r for r in rows if r is not None]
 
     @property
     def backend_mix(self) -> dict[str, int]:
@@ -64,13 +101,15 @@ class Placement:
         """What the solver says of the plan: which step decided it, its status, the proven
         bound and the gap to it (under the split margin, when one decided; ``solver_bound_all_s``
         bounds every plan without it), each heuristic's makespan; with the cluster, the
-        predicted run and the solve time."""
+        predicted run and the solve time. ``holds_under`` names the user's constraints the
+        status and bound hold under (an ``optimal`` plan under a pin is optimal among the
+        plans that honour it, not for the unconstrained problem)."""
         info = self.plan.info
         return {"cluster": self.problem.cluster.name, "decided_by": info.get("decided_by"),
                 "solver_status": self.solver_status, "solver_gap": solver_gap(self.plan),
                 "solver_bound_s": info.get("bound_s"), "solver_bound_all_s": info.get("bound_all_s"),
                 "split_margin": info.get("split_margin"), "heuristics_s": info.get("heuristics"),
-                "build_budget": info.get("build_budget"),
+                "build_budget": info.get("build_budget"), "holds_under": self.holds_under,
                 "simulated_s": float(self.sim.run_s), "solve_s": float(self.plan.solve_s)}
 
     def summary(self) -> dict:
@@ -111,4 +150,4 @@ def solver_gap(plan: Plan) -> float | None:
     return info.get("mip_gap", info.get("coarse_mip_gap"))
 
 
-__all__ = ["Placement", "solver_gap", "solver_status"]
+__all__ = ["NodeRow", "Placement", "solver_gap", "solver_status"]

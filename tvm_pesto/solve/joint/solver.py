@@ -149,7 +149,9 @@ def _place(problem: JointProblem, cover, solver: str, options: dict, determinist
 
 def _candidate_covers(problem: JointProblem) -> dict[tuple, CoverResult]:
     """The cheapest cover on each kind of device, for each candidate size cap of
-    :func:`cover_caps` (``info["cap"]``), by the sorted candidates it chooses."""
+    :func:`cover_caps` (``info["cap"]``), by the sorted candidates it chooses; where no
+    device can run every op (a user's pins to several devices), the cover of each candidate's
+    cheapest device."""
     covers: dict[tuple, CoverResult] = {}
     node_sets = [c.nodes for c in problem.candidates]
     sizes = np.array([len(c.nodes) for c in problem.candidates])
@@ -162,6 +164,13 @@ def _candidate_covers(problem: JointProblem) -> dict[tuple, CoverResult]:
                 continue
             cr.info["cap"] = int(cap)
             covers.setdefault(tuple(sorted(cr.chosen)), cr)
+    if not covers:  # no device runs every op (candidates pinned to different devices): each at its cheapest
+        try:
+            cr = best_cover(problem.graph, node_sets, problem.costs.min(axis=1))
+            cr.info["cap"] = int(sizes.max())
+            covers[tuple(sorted(cr.chosen))] = cr
+        except PestoError:
+            pass
     return covers
 
 
