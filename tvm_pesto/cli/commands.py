@@ -175,6 +175,8 @@ def _run_model(lm, cluster, size: str, request: Request, settings: RunSettings, 
         res["artifacts"] = write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace,
                                            [d.name for d in cluster.devices],
                                            f"{lm.name} simulated ({pl.plan.solver})", measured_s=bench_res["median_s"])
+    if settings.report_dir:
+        res["report"] = pm.report(settings.report_dir, trace=trace, measured_s=bench_res["median_s"], model=lm.name)
     if export_dir:
         if executor != "ray":  # the Ray executor's actors loaded it from there already
             with step(f"export the placed model to {export_dir}"):

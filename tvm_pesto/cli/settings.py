@@ -21,6 +21,9 @@ class RunSettings:
         Folder for the Gantt chart and Chrome traces.
     export_dir : str, optional
         Folder to write the placed model to as a bundle (:func:`tvm_pesto.load` runs it).
+    report_dir : str, optional
+        Folder for the report of where every node ran and why (``report.html``, ``report.json``,
+        ``nodes.csv``: :meth:`tvm_pesto.builder.placed.PlacedModule.report`).
     input_shapes : dict, optional
         Input name -> static shape, for model inputs whose shape is dynamic.
     ray_address : str, optional
@@ -35,6 +38,7 @@ class RunSettings:
     refit: bool = False
     trace_dir: str | None = None
     export_dir: str | None = None
+    report_dir: str | None = None
     input_shapes: dict | None = None
     ray_address: str | None = None
     rpc_tracker: str | None = None
