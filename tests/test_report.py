@@ -178,3 +178,26 @@ def test_the_final_choice_is_reported_with_the_option_kept(tmp_path):
     page = read_page((tmp_path / "report.html").read_text())
     assert files == ["nodes.csv", "report.html", "report.json"]
     assert page.rows["decision-table"][0][:2] == ["plan (kept)", "cpu:2"]
+
+
+def check_drawn(page, rep) -> None:
+    """What a browser drew of ``rep``'s page: every unit once in the graph (its ops too when
+    the page opened it), a bar per unit in the simulated chart, every unit in the measured
+    one, and the tables filled."""
+    assert page.rendered == "ok", page.rendered
+    assert sorted(page.graph_units) == [u.id for u in rep.units]
+    shown = rep.units if len(rep.nodes) <= 60 else ()  # small models open with every unit's ops shown
+    assert sorted(page.graph_ops) == sorted(v for u in shown if len(u.nodes) > 1 for v in u.nodes)
+    assert sorted(page.predicted_bars) == [u.id for u in rep.units]
+    if rep.measured:
+        assert page.measured_units == {u.id for u in rep.units}
+    assert len(page.rows["unit-table"]) == len(rep.units) and len(page.rows["node-table"]) == len(rep.nodes)
+    assert all(all(c for c in row) for row in page.rows["node-table"])
+
+
+@pytest.mark.slow  # starts Chromium
+def test_the_page_draws_every_unit_in_chromium(written, chromium, tmp_path):
+    rep, out, _ = written
+    check_drawn(read_page(chromium.dump_dom(out / "report.html")), rep)
+    shot = chromium.screenshot(out / "report.html", tmp_path / "report.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000

@@ -54,6 +54,10 @@
     e.addEventListener("mouseleave", () => { tip.hidden = true; });
   }
 
+  function unitLabel(u) {
+    return `${u.backend} \u00b7 ${u.nodes.length === 1 ? short(data.nodes[u.nodes[0]].op) : u.nodes.length + " ops"}`;
+  }
+
   function layout() {
     const g = new dagre.graphlib.Graph({ compound: true, multigraph: false });
     g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 30, marginx: 8, marginy: 24 });
@@ -66,7 +70,7 @@
           g.setParent("n" + v, "u" + u.id);
         }
       } else {
-        g.setNode("u" + u.id, { width: 120, height: 34 });
+        g.setNode("u" + u.id, { width: Math.max(120, 7 * unitLabel(u).length + 16), height: 34 });
       }
     }
     const key = (v) => (expanded.has(unitOf.get(v)) ? "n" + v : "u" + unitOf.get(v));
@@ -96,8 +100,7 @@
       const r = el("rect", { x: n.x - n.width / 2, y: n.y - n.height / 2 - top, width: n.width, height: n.height + top, rx: 4,
                              fill: fill(u.backend), "fill-opacity": expanded.has(u.id) ? 0.15 : 0.85 }, grp);
       outline(r, u.device);
-      const label = expanded.has(u.id) ? `unit ${u.id}: ${u.backend}` :
-        `${u.backend} \u00b7 ${u.nodes.length === 1 ? short(data.nodes[u.nodes[0]].op) : u.nodes.length + " ops"}`;
+      const label = expanded.has(u.id) ? `unit ${u.id}: ${u.backend}` : unitLabel(u);
       const t = el("text", { x: n.x, y: expanded.has(u.id) ? n.y - n.height / 2 - 4 : n.y + 4,
                              "text-anchor": "middle" }, grp);
       t.textContent = label;
