@@ -53,9 +53,9 @@ class Browser:
     def version(self) -> str:
         return self._run("--version").strip() or "?"
 
-    def dump_dom(self, page: Path) -> str:
-        """The page's DOM after its scripts ran."""
-        return self._run(Path(page).resolve().as_uri(), "--dump-dom")
+    def dump_dom(self, page: Path, fragment: str = "") -> str:
+        """The page's DOM after its scripts ran (opened at ``#fragment``, if given)."""
+        return self._run(Path(page).resolve().as_uri() + (f"#{fragment}" if fragment else ""), "--dump-dom")
 
     def screenshot(self, page: Path, png: Path, width: int = 1300, height: int = 2000) -> Path:
         self._run(Path(page).resolve().as_uri(), f"--screenshot={Path(png).resolve()}",

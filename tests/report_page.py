@@ -21,6 +21,8 @@ class Page:
     rows: dict[str, list[list[str]]] = field(default_factory=dict)  # table id -> its body's cells
     scripts: dict[str, str] = field(default_factory=dict)  # id -> text of a JSON script
     external: list[str] = field(default_factory=list)  # src/href that would load something
+    titles: dict[tuple[str, int], str] = field(default_factory=dict)  # ("unit"|"op", id) -> its hover text
+    hidden_nodes: list[int] = field(default_factory=list)  # node-table rows the search hides
 
     def data(self, ident: str = "report-data"):
         return json.loads(self.scripts[ident])
@@ -29,12 +31,13 @@ class Page:
 class _Reader(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
-        self.page, self.stack = Page(), []  # stack: (tag, id, classes)
+        self.page, self.stack = Page(), []  # stack: (tag, id, classes, attributes)
         self.cell: list[str] | None = None
         self.script: str | None = None
+        self.title: tuple[str, int] | None = None
 
     def _inside(self, ident: str) -> bool:
-        return any(i == ident for _, i, _ in self.stack)
+        return any(i == ident for _, i, _, _ in self.stack)
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -54,15 +57,23 @@ class _Reader(HTMLParser):
                 self.page.predicted_bars.append(int(a["data-unit"]))
             if self._inside("gantt-measured") and "compute" in classes:
                 self.page.measured_units.update(int(u) for u in (a.get("data-units") or "").split())
-        if tag == "tr" and any(t == "tbody" for t, _, _ in self.stack):
-            table = next(i for t, i, _ in reversed(self.stack) if t == "table")
+        if tag == "tr" and any(t == "tbody" for t, _, _, _ in self.stack):
+            table = next(i for t, i, _, _ in reversed(self.stack) if t == "table")
             self.page.rows.setdefault(table, []).append([])
+            if table == "node-table" and "hidden" in classes:
+                self.page.hidden_nodes.append(int(a["data-node"]))
+        if tag == "title" and self.stack and self.stack[-1][0] == "g":
+            _, _, owner, oa = self.stack[-1]
+            if "unit" in owner:
+                self.title = ("unit", int(oa["data-unit"]))
+            elif "op" in owner:
+                self.title = ("op", int(oa["data-node"]))
         if tag == "td":
             self.cell = []
         if tag == "script" and a.get("type") == "application/json":
             self.script = a["id"]
         if tag not in VOID:
-            self.stack.append((tag, a.get("id"), classes))
+            self.stack.append((tag, a.get("id"), classes, a))
 
     def handle_startendtag(self, tag, attrs):
         self.handle_starttag(tag, attrs)
@@ -72,8 +83,10 @@ class _Reader(HTMLParser):
     def handle_endtag(self, tag):
         if tag == "script":
             self.script = None
+        if tag == "title":
+            self.title = None
         if tag == "td" and self.cell is not None:
-            table = next(i for t, i, _ in reversed(self.stack) if t == "table")
+            table = next(i for t, i, _, _ in reversed(self.stack) if t == "table")
             self.page.rows[table][-1].append("".join(self.cell).strip())
             self.cell = None
         while self.stack:  # close up to the matching tag (HTML lets some end tags be left out)
@@ -85,6 +98,8 @@ class _Reader(HTMLParser):
             self.cell.append(data)
         if self.script is not None:
             self.page.scripts[self.script] = self.page.scripts.get(self.script, "") + data
+        if self.title is not None:
+            self.page.titles[self.title] = self.page.titles.get(self.title, "") + data
 
 
 def read_page(text: str) -> Page:

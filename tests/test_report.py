@@ -11,11 +11,13 @@ import json
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import tvm_pesto
 from report_page import read_page
 from tvm_pesto.api import build_placement, place
 from tvm_pesto.candidates.examples import tiny_cnn
+from tvm_pesto.cli.main import cli
 from tvm_pesto.jsonio import schema_problems
 from tvm_pesto.plan import Plan, simulate
 from tvm_pesto.report import ReportError, build_report, write_report
@@ -193,6 +195,12 @@ def check_drawn(page, rep) -> None:
         assert page.measured_units == {u.id for u in rep.units}
     assert len(page.rows["unit-table"]) == len(rep.units) and len(page.rows["node-table"]) == len(rep.nodes)
     assert all(all(c for c in row) for row in page.rows["node-table"])
+    # hover: each unit says its times, each op shown what every backend would have cost it
+    assert sorted(k for kind, k in page.titles if kind == "unit") == [u.id for u in rep.units]
+    for (kind, k), text in page.titles.items():
+        if kind == "op":
+            n = rep.nodes[k]
+            assert text.startswith(n.name) and all(f"{b} " in text.split("each backend: ")[1] for b in rep.backends)
 
 
 @pytest.mark.slow  # starts Chromium
@@ -201,3 +209,44 @@ def test_the_page_draws_every_unit_in_chromium(written, chromium, tmp_path):
     check_drawn(read_page(chromium.dump_dom(out / "report.html")), rep)
     shot = chromium.screenshot(out / "report.html", tmp_path / "report.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+@pytest.mark.slow  # starts Chromium
+def test_the_address_opens_the_page_filtered_and_expanded(written, chromium):
+    rep, out, _ = written
+    q = rep.nodes[-1].op.removeprefix("relax.")
+    page = read_page(chromium.dump_dom(out / "report.html", f"q={q}&expand=all"))
+    assert page.rendered == "ok"
+    assert sorted(page.graph_ops) == sorted(v for u in rep.units if len(u.nodes) > 1 for v in u.nodes)
+    shown = [int(r[0]) for r in page.rows["node-table"] if q in " ".join(r).lower()]
+    assert 0 < len(shown) < len(rep.nodes)
+    assert sorted(page.hidden_nodes) == sorted(set(range(len(rep.nodes))) - set(shown))
+    page = read_page(chromium.dump_dom(out / "report.html", "expand=none"))
+    assert page.graph_ops == [] and sorted(page.graph_units) == [u.id for u in rep.units]
+
+
+def test_place_reports_its_best_plan_predicted_only(tmp_path):
+    res = CliRunner().invoke(cli, ["place", "mlp_mixer", "--cluster", "2xV100-nvlink", "--costs", "roofline",
+                                   "--solver", "heft", "--report", str(tmp_path / "r"), "--json", str(tmp_path / "p.json")])
+    assert res.exit_code == 0, res.output
+    out = json.loads((tmp_path / "p.json").read_text())
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert out["report"] == ["nodes.csv", "report.html", "report.json"]
+    assert [(u["backend"], u["nodes"], u["device"]) for u in data["units"]] == \
+        [(u["backend"], u["nodes"], u["device"]) for u in out["units"]]
+    assert data["measured"] == [] and data["decision"] == [] and data["measured_run_s"] is None
+    assert all(u["measured_s"] is None for u in data["units"])
+    assert data["predicted_run_s"] == pytest.approx(out["simulated_s"])
+    page = read_page((tmp_path / "r" / "report.html").read_text())
+    assert page.data() == data and len(page.rows["node-table"]) == out["num_ops"]
+
+
+def test_place_refuses_a_report_of_a_layer_graph(tmp_path):
+    from tvm_pesto.package_data import data_dirs
+
+    graph = next(p for d in data_dirs("benchmarks") for p in
+                 sorted(d.glob("dnn-partitioning/throughput-inputs/LayerGraphs/*.json")))
+    res = CliRunner().invoke(cli, ["place", str(graph), "--cluster", "from-graph", "--solver", "heft",
+                                   "--report", str(tmp_path / "r")])
+    assert res.exit_code != 0 and "--report shows where a model's ops run" in res.output
+    assert not (tmp_path / "r").exists()

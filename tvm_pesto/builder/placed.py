@@ -17,7 +17,7 @@ from ..report import build_report, write_report
 from ..run.bundle.format import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
 from ..run.runtime import PlacedRuntime
 from .program import read_program, split_by_device
-from .rewrite import apply_plan, plan_segments, segment_name
+from .rewrite import apply_plan, unit_segments
 
 
 def compile_for(mod: tvm.IRModule, target: dict, what: str, database=None):
@@ -127,9 +127,7 @@ class PlacedModule(PlacedRuntime):
         if self.placement is None:
             raise BuildError("this model holds no placement (it was built from a given plan), so its segments' "
                              "units are not known; build it with tvm_pesto.build(mod, cluster)")
-        plan = self.placement.plan
-        segs = plan_segments(self.placement.analysis.rg, [u.nodes for u in plan.units], plan)
-        return {segment_name(s): tuple(s.groups) for s in segs}
+        return unit_segments(self.placement.analysis.rg, self.placement.plan)
 
     def report(self, path: str, inputs=None, trace=None, measured_s: float | None = None,
                model: str | None = None) -> list[str]:

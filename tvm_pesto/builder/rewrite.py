@@ -88,6 +88,12 @@ def segment_name(s: SegmentSpec) -> str:
     return f"dev{s.device}_seg{s.position}"
 
 
+def unit_segments(rg: RelaxGraph, plan) -> dict[str, tuple[int, ...]]:
+    """Segment name (``dev<d>_seg<k>``) -> the units of ``plan`` it runs, as :func:`apply_plan`
+    cuts ``rg`` (the module's graph before lowering: the units' edges are the same)."""
+    return {segment_name(s): tuple(s.groups) for s in plan_segments(rg, [u.nodes for u in plan.units], plan)}
+
+
 def cluster_vdevices(cluster) -> list:
     """One ``relax.VDevice`` per cluster device: its target, ``vdevice_id`` = its index."""
     return [relax.VDevice(tvm.target.Target(dev.target), i, "global") for i, dev in enumerate(cluster.devices)]

@@ -15,7 +15,7 @@ from ..choose import skip_reason
 from ..choose.final import final_choice
 from ..placing import Request
 from ..builder.placed import PlacedModule, compile_for
-from ..builder.rewrite import apply_plan
+from ..builder.rewrite import apply_plan, unit_segments
 from ..cluster import parse_cluster
 from ..cluster.device_thread import pinning_failures
 from ..cluster.dispatch import dispatch_info, local_shape
@@ -29,6 +29,7 @@ from ..plan import Problem, simulate
 from ..plan.expert_split import load_expert_split
 from ..plan.objective import check_choice, evaluate
 from ..plan.trace import write_trace_dir
+from ..report import placement_report, write_report
 from ..run.ray.executor import RaySession, use_ray
 from ..run.runtime import BENCH_MIN_S
 from ..run.thread.executor import max_abs_err, to_numpy
@@ -297,6 +298,8 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], settings: Plac
         raise PestoError(f"no solver given; use one of {', '.join(SOLVERS)}, several comma-separated, or all")
     for name in solvers:
         get_solver(name)  # an unknown name fails before the (slow) loading
+    if s.report_dir and target.endswith(".json"):
+        raise PestoError("--report shows where a model's ops run; a LayerGraph file has no ops: leave it out")
     if max_build_s is not None and target.endswith(".json"):
         raise PestoError("--max-build-s budgets the library builds of a model's plan; a LayerGraph file has no "
                          "builds: leave it out")
@@ -448,6 +451,9 @@ def _place_output(problem, cluster, goal: dict, lb: dict, load_s: float, results
         pl = solved[best][2]
         out.update({k: v for k, v in pl.summary().items() if k not in out})
         out.update(backends=backends, split=jsonable(pl.plan.info.get("split")), units=results[best]["units"])
+        if settings.report_dir:
+            seg = unit_segments(pl.analysis.rg, pl.plan)
+            out["report"] = write_report(placement_report(pl, cluster, seg), settings.report_dir)
     return out
 
 

@@ -221,6 +221,8 @@ def _gap_line(res) -> str | None:
               help="ILP time limit (s; with --deterministic nominal seconds of work); the local search after "
                    "it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
+@click.option("--report", "report_dir", default=None, metavar="DIR",
+              help="write report.html, report.json and nodes.csv of a model's best plan here (predicted only)")
 @ms_db_option()
 @max_build_s_option()
 @split_margin_option()
@@ -234,7 +236,8 @@ def place(**options):
                              input_shapes=_shapes(o["input_shape"]), expert=o["expert"],
                              time_limit_s=o["time_limit"], deterministic=o["deterministic"], model=o["exec_model"],
                              objective=o["objective"], microbatches=o["microbatches"] or None,
-                             split_margin=o["split_margin"], max_build_s=o["max_build_s"])
+                             split_margin=o["split_margin"], max_build_s=o["max_build_s"],
+                             report_dir=o["report_dir"])
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import place_any
 

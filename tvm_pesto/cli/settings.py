@@ -76,6 +76,9 @@ class PlaceSettings:
         How much faster a split plan must be than the one-device plan (the op model's latency only).
     max_build_s : float, optional
         Seconds of library builds each plan may need.
+    report_dir : str, optional
+        Folder for the report of the best plan of a model (``report.html``, ``report.json``,
+        ``nodes.csv``; predicted only: ``place`` builds and runs nothing).
     """
 
     size: str = "small"
@@ -90,6 +93,7 @@ class PlaceSettings:
     microbatches: int | None = None
     split_margin: float | None = None
     max_build_s: float | None = None
+    report_dir: str | None = None
 
 
 __all__ = ["PlaceSettings", "RunSettings"]

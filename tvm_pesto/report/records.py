@@ -156,7 +156,8 @@ def build_report(placed, trace=None, measured_s: float | None = None, model: str
     Parameters
     ----------
     placed : PlacedModule
-        Built by :func:`tvm_pesto.build` (it holds the placement, the candidates and costs).
+        Built by :func:`tvm_pesto.build` (it holds the placement, the candidates and costs,
+        and the final choice's ``decision``).
     trace : list of TraceEvent, optional
         One traced run (:meth:`~tvm_pesto.run.runtime.PlacedRuntime.run_traced`); without
         it the measured times are None and the measured chart is empty.
@@ -172,26 +173,34 @@ def build_report(placed, trace=None, measured_s: float | None = None, model: str
         When ``placed`` holds no placement (built from a given plan), or its segments do
         not match the units of its plan.
     """
-    pl = getattr(placed, "placement", None)
-    if pl is None:
+    if getattr(placed, "placement", None) is None:
         raise ReportError("this model holds no placement (it was built from a given plan): a report needs the "
                           "candidates and costs it was placed with; build it with tvm_pesto.build(mod, cluster)")
-    cluster, plan, problem, sim = placed.cluster, pl.plan, pl.problem, pl.sim
-    seg_units = placed.unit_segments()
-    unit_seg = {u: name for name, us in seg_units.items() for u in us}
+    return placement_report(placed.placement, placed.cluster, placed.unit_segments(), trace, measured_s,
+                            getattr(placed, "decision", None), model)
+
+
+def placement_report(pl, cluster, segments: dict, trace=None, measured_s: float | None = None,
+                     decision: dict | None = None, model: str | None = None) -> Report:
+    """The :class:`Report` of a placement (:class:`~tvm_pesto.plan.placement.Placement`) on
+    ``cluster``, whose units run in ``segments`` (segment name -> units:
+    :func:`tvm_pesto.builder.rewrite.unit_segments`); ``trace``, ``measured_s`` and the final
+    choice's ``decision`` where it was built and run (see :func:`build_report`)."""
+    plan, problem, sim = pl.plan, pl.problem, pl.sim
+    unit_seg = {u: name for name, us in segments.items() for u in us}
     if len(unit_seg) != len(plan.units):
         raise ReportError(f"the model's segments hold {len(unit_seg)} units but its plan has {len(plan.units)}; "
                           "report on the module tvm_pesto.build returned")
     seg_time = _segment_times(trace)
-    units = _units(plan, problem, sim, seg_units, unit_seg, seg_time)
+    units = _units(plan, problem, sim, segments, unit_seg, seg_time)
     nodes = _nodes(pl, units, seg_time)
-    options, note, kept_s = _decision(getattr(placed, "decision", None))
+    options, note, kept_s = _decision(decision)
     backends = sorted({c.backend for c in pl.candidates} | {u.backend for u in plan.units})
     devices = tuple(d.name for d in cluster.devices)
     # sim_events lists the units' compute rows first, in unit order
     predicted = tuple(_bar(r, devices, plan, (k,) if r["kind"] == "compute" else ())
                       for k, r in enumerate(sim_events(problem, plan, sim)))
-    measured = tuple(_bar(r, devices, plan, seg_units.get(r["name"], ()) if r["kind"] == "compute" else ())
+    measured = tuple(_bar(r, devices, plan, segments.get(r["name"], ()) if r["kind"] == "compute" else ())
                      for r in trace_events(trace or []))
     return Report(model=model or pl.analysis.op_graph.name, cluster=cluster.name, devices=devices,
                   backends=tuple(backends), cost_source=str(pl.costs.source), predicted_run_s=float(sim.run_s),
@@ -279,7 +288,7 @@ def _nodes(pl, units, seg_time) -> tuple[NodeRecord, ...]:
 def _decision(decision: dict | None) -> tuple[tuple[DecisionOption, ...], str, float | None]:
     """The final choice's options, a one-line note on it, and the kept option's measured seconds."""
     if not decision:
-        return (), "no final choice was made (the plan was applied as given)", None
+        return (), "no final choice: the plan was not built and timed against other options", None
     chosen = decision.get("chosen")
     opts = []
     for o in decision.get("options", []):
@@ -311,4 +320,4 @@ def _bar(row: dict, devices, plan, units) -> GanttBar:
 
 
 __all__ = ["DecisionOption", "GanttBar", "NodeRecord", "Report", "ReportError", "UnitRecord", "backend_costs",
-           "build_report"]
+           "build_report", "placement_report"]

@@ -38,6 +38,11 @@
     return `<b>${esc(n.name)}</b> (${esc(n.op)})<br>unit ${n.unit} on ${esc(n.backend)}, ` +
       `${esc(data.devices[n.device])}<br>what each backend would cost it:<table>${rows.join("")}</table>`;
   }
+  function nodeTitle(n) {
+    const costs = data.backends.map((b) => `${b} ${ms(n.costs[b])} ms` +
+      (n.cost_ops[b] > 1 ? ` (${n.cost_ops[b]} ops)` : "")).join("; ");
+    return `${n.name} (${n.op}) on ${n.backend}, ${data.devices[n.device]}; each backend: ${costs}`;
+  }
   function unitTip(u) {
     return `<b>unit ${u.id}</b>: ${esc(u.backend)} on ${esc(data.devices[u.device])}, ${u.nodes.length} ops<br>` +
       `predicted ${ms(u.predicted_end_s - u.predicted_start_s)} ms, measured ${ms(u.measured_s)} ms` +
@@ -104,7 +109,9 @@
       const t = el("text", { x: n.x, y: expanded.has(u.id) ? n.y - n.height / 2 - 4 : n.y + 4,
                              "text-anchor": "middle" }, grp);
       t.textContent = label;
-      el("title", {}, grp).textContent = `unit ${u.id} (${u.backend}, ${data.devices[u.device]})`;
+      el("title", {}, grp).textContent = `unit ${u.id} (${u.backend}, ${data.devices[u.device]}): predicted ` +
+        `${ms(u.predicted_end_s - u.predicted_start_s)} ms, measured ${ms(u.measured_s)} ms` +
+        (u.nodes.length === 1 ? "; " + nodeTitle(data.nodes[u.nodes[0]]) : "");
       hover(grp, () => unitTip(u));
       grp.addEventListener("click", () => {
         if (u.nodes.length > 1 || expanded.has(u.id)) {
@@ -121,7 +128,7 @@
         outline(rr, node.device);
         const tt = el("text", { x: m.x, y: m.y + 4, "text-anchor": "middle" }, og);
         tt.textContent = short(node.op);
-        el("title", {}, og).textContent = node.name;
+        el("title", {}, og).textContent = nodeTitle(node);
         hover(og, () => nodeTip(node));
       }
     }
@@ -129,7 +136,11 @@
 
   function drawGantt(id, bars, perUnit) {
     const box = document.getElementById(id);
-    if (!bars.length) { box.textContent = "not run: no traced run was given"; return; }
+    if (!bars.length) {
+      box.textContent = "no traced run: tvm-pesto place builds nothing (run --report, or placed.report(dir, inputs=...), " +
+        "times one)";
+      return;
+    }
     const lanes = [];
     for (const b of bars) if (!lanes.includes(b.lane)) lanes.push(b.lane);
     lanes.sort((a, b) => (a.startsWith("link") - b.startsWith("link")) || a.localeCompare(b));
@@ -162,6 +173,12 @@
     }
     document.getElementById("search-count").textContent = `${shown} of ${data.nodes.length} nodes`;
   }
+
+  // the address's fragment opens the page filtered and/or with every unit open: #q=conv2d&expand=all
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.get("expand") === "all") data.units.forEach((u) => u.nodes.length > 1 && expanded.add(u.id));
+  if (params.get("expand") === "none") expanded.clear();
+  if (params.get("q")) document.getElementById("search").value = params.get("q");
 
   try {
     drawGraph();
