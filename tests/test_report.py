@@ -250,3 +250,13 @@ def test_place_refuses_a_report_of_a_layer_graph(tmp_path):
                                    "--report", str(tmp_path / "r")])
     assert res.exit_code != 0 and "--report shows where a model's ops run" in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_without_chromium_the_browser_tests_say_why(tmp_path, monkeypatch):
+    import browser
+
+    monkeypatch.setattr(browser, "PRIVATE", tmp_path / ".browser")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Chromium, no apt-get
+    monkeypatch.delenv("TVM_PESTO_CHROMIUM", raising=False)
+    with pytest.raises(browser.BrowserUnavailable, match=r"none on the PATH \(chromium-headless-shell.*no apt-get"):
+        browser.find_or_install()

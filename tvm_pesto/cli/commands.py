@@ -15,7 +15,7 @@ from ..choose import skip_reason
 from ..choose.final import final_choice
 from ..placing import Request
 from ..builder.placed import PlacedModule, compile_for
-from ..builder.rewrite import apply_plan, unit_segments
+from ..builder.rewrite import apply_plan
 from ..cluster import parse_cluster
 from ..cluster.device_thread import pinning_failures
 from ..cluster.dispatch import dispatch_info, local_shape
@@ -29,7 +29,6 @@ from ..plan import Problem, simulate
 from ..plan.expert_split import load_expert_split
 from ..plan.objective import check_choice, evaluate
 from ..plan.trace import write_trace_dir
-from ..report import placement_report, write_report
 from ..run.ray.executor import RaySession, use_ray
 from ..run.runtime import BENCH_MIN_S
 from ..run.thread.executor import max_abs_err, to_numpy
@@ -39,6 +38,7 @@ from ..solve.bounds.makespan import lower_bound
 from ..solve.joint.solver import joint_lower_bound
 from .memory_fit import memory_error
 from .progress import step
+from .reporting import with_report
 from .settings import PlaceSettings, RunSettings
 
 
@@ -334,7 +334,8 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], settings: Plac
     if expert:
         plan = load_expert_split(expert, problem.graph, cluster)
         results["expert"] = _result(problem, plan, evaluate(problem, plan, model, objective, microbatches), lb)
-    return _place_output(problem, cluster, goal, lb, load_s, results, solved, costed, settings)
+    return with_report(_place_output(problem, cluster, goal, lb, load_s, results, solved, costed, settings), target,
+                       {k: pl for k, (_, _, pl) in solved.items()}, cluster, s.report_dir)
 
 
 def _layer_graph_problem(target: str, cluster_spec: str, split_margin: float | None):
@@ -451,9 +452,6 @@ def _place_output(problem, cluster, goal: dict, lb: dict, load_s: float, results
         pl = solved[best][2]
         out.update({k: v for k, v in pl.summary().items() if k not in out})
         out.update(backends=backends, split=jsonable(pl.plan.info.get("split")), units=results[best]["units"])
-        if settings.report_dir:
-            seg = unit_segments(pl.analysis.rg, pl.plan)
-            out["report"] = write_report(placement_report(pl, cluster, seg), settings.report_dir)
     return out
 
 
