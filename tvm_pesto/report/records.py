@@ -227,7 +227,8 @@ def _units(plan, problem, sim, seg_units, unit_seg, seg_time) -> tuple[UnitRecor
         span = seg_time.get(seg)
         seg_s = span[1] - span[0] if span is not None else None
         mates = seg_units.get(seg, (u,))
-        share = pred[u] / sum(pred[m] for m in mates) if sum(pred[m] for m in mates) > 0 else 1 / len(mates)
+        together = sum(pred[m] for m in mates)
+        share = pred[u] / together if together > 0 else 1 / len(mates)
         out.append(UnitRecord(
             id=u, name=problem.graph.nodes[u].name, backend=cand.backend, pattern=cand.pattern,
             device=int(plan.assignment[u]), nodes=tuple(int(v) for v in cand.nodes),
