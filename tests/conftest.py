@@ -14,6 +14,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+import browser
+
 # No clock decides a property test: no per-example deadline, and slow data generation (a
 # loaded machine) is not a failure. Tests' own @settings start from this profile.
 settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -118,3 +120,14 @@ def cpu_kind(request):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CPU_KIND_ENV, kind)
         yield types.SimpleNamespace(kind=kind, **facts)
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Headless Chromium (``tests/browser.py``): the machine's, or installed on first use into the
+    checkout's git-ignored ``.browser/`` from the Debian packages; the test skips, with the
+    reason, where neither can be had."""
+    try:
+        return browser.find_or_install()
+    except browser.BrowserUnavailable as e:
+        pytest.skip(str(e))

@@ -205,7 +205,7 @@ LAYERS = {
     "costs": 3,
     "plan": 4,
     "solve": 5,
-    "builder": 6,
+    "builder": 6, "report": 6,  # report: what a built model shows of itself (builder.placed.PlacedModule.report)
     "placing": 8, "choose": 8, "api": 8, "train": 8,  # api -> choose -> placing; train builds a step and places it with api
     "cli": 9, "bench": 9,
 }

@@ -19,12 +19,14 @@ from tvm_pesto.errors import PestoError
 from tvm_pesto.jsonio import SCHEMAS, jsonable, schema_path, schema_problems, write_json
 
 CLI = Path(tvm_pesto.__file__).parent / "cli"
+#: Where files the CLI writes are written: the verbs, and the report's writer (``run --report``).
+WRITERS = (CLI, Path(tvm_pesto.__file__).parent / "report")
 
 
 def _named_by_writers() -> set[str]:
-    """Every ``schema=`` literal (and ``_write_outputs``'s last argument) in the CLI's sources."""
+    """Every ``schema=`` literal (and ``_write_outputs``'s last argument) in the writers' sources."""
     names = set()
-    for path in CLI.glob("*.py"):
+    for path in (p for d in WRITERS for p in d.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
                 continue
@@ -48,7 +50,7 @@ def test_every_shipped_schema_is_valid():
 def test_every_writer_names_a_shipped_schema_and_every_schema_has_a_writer():
     named = _named_by_writers()
     shipped = {p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json")}
-    assert {"run", "place", "train", "bench-peers", "bench-placement", "bench-scale", "bench-backends",
+    assert {"run", "place", "train", "report", "bench-peers", "bench-placement", "bench-scale", "bench-backends",
             "bench-search", "bench-training"} <= named
     assert named <= shipped, sorted(named - shipped)
     assert shipped <= named, sorted(shipped - named)

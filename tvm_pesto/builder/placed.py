@@ -13,10 +13,11 @@ from .. import __version__
 from ..backends.gpu import tvm_cuda
 from ..backends.registry import built_unit, get_backend, unit_backend
 from ..errors import BuildError
+from ..report import build_report, write_report
 from ..run.bundle.format import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
 from ..run.runtime import PlacedRuntime
 from .program import read_program, split_by_device
-from .rewrite import apply_plan
+from .rewrite import apply_plan, unit_segments
 
 
 def compile_for(mod: tvm.IRModule, target: dict, what: str, database=None):
@@ -113,6 +114,53 @@ class PlacedModule(PlacedRuntime):
     @property
     def sim(self):
         return self.placement.sim if self.placement is not None else None
+
+    def unit_segments(self) -> dict[str, tuple[int, ...]]:
+        """Segment function name (``dev<d>_seg<k>``, as the executor's trace names it) -> the
+        plan's units it runs, cut as :func:`~tvm_pesto.builder.rewrite.apply_plan` cut them.
+
+        Raises
+        ------
+        BuildError
+            When the model holds no placement (built from a given plan: its graph is not kept).
+        """
+        if self.placement is None:
+            raise BuildError("this model holds no placement (it was built from a given plan), so its segments' "
+                             "units are not known; build it with tvm_pesto.build(mod, cluster)")
+        return unit_segments(self.placement.analysis.rg, self.placement.plan)
+
+    def report(self, path: str, inputs=None, trace=None, measured_s: float | None = None,
+               model: str | None = None) -> list[str]:
+        """Write where every node ran and why into the folder ``path``: ``report.html`` (one
+        self-contained page: the graph laid out by dagre, each node coloured by backend and
+        outlined by device; the simulated and measured Gantt charts; the final choice's
+        options; per unit its predicted and measured time; per node what each backend would
+        have cost it), ``report.json`` and ``nodes.csv`` (:mod:`tvm_pesto.report`).
+
+        The measured times come from ``trace`` (one :meth:`run_traced` run), else from a
+        traced run on ``inputs``, else from the last traced run; ``measured_s`` is the time per
+        run to show (default: the final choice's measurement of the kept option).
+
+        Returns
+        -------
+        list of str
+            The files written, by name.
+
+        Examples
+        --------
+        >>> import os, tempfile, tvm_pesto
+        >>> from tvm_pesto.candidates.examples import tiny_cnn
+        >>> mod, (x,) = tiny_cnn()
+        >>> placed = tvm_pesto.build(mod, "cpu:2", costs="roofline", measure_final=False)
+        >>> placed.report(os.path.join(tempfile.mkdtemp(), "r"), inputs=[x])
+        ['nodes.csv', 'report.html', 'report.json']
+        """
+        if trace is None and inputs is not None:
+            self(*inputs)  # warm: the first call of a build pays its caches and allocations
+            trace = self.run_traced(*inputs)[1]
+        elif trace is None:
+            trace = self.last_trace
+        return write_report(build_report(self, trace, measured_s, model), path)
 
     def export(self, path: str) -> str:
         """Write a bundle that runs this model in another process with TVM's runtime only.

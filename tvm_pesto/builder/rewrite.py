@@ -83,6 +83,17 @@ def plan_segments(rg: RelaxGraph, groups, plan) -> list[SegmentSpec]:
     return segs
 
 
+def segment_name(s: SegmentSpec) -> str:
+    """The name of a segment's function in the placed module (and in the executor's trace)."""
+    return f"dev{s.device}_seg{s.position}"
+
+
+def unit_segments(rg: RelaxGraph, plan) -> dict[str, tuple[int, ...]]:
+    """Segment name (``dev<d>_seg<k>``) -> the units of ``plan`` it runs, as :func:`apply_plan`
+    cuts ``rg`` (the module's graph before lowering: the units' edges are the same)."""
+    return {segment_name(s): tuple(s.groups) for s in plan_segments(rg, [u.nodes for u in plan.units], plan)}
+
+
 def cluster_vdevices(cluster) -> list:
     """One ``relax.VDevice`` per cluster device: its target, ``vdevice_id`` = its index."""
     return [relax.VDevice(tvm.target.Target(dev.target), i, "global") for i, dev in enumerate(cluster.devices)]
@@ -145,13 +156,13 @@ def apply_plan(rg: RelaxGraph, plan, cluster, state=None, vdevices=None) -> tvm.
         if not outs:  # a segment nobody reads: keep its last value so it still runs
             outs = [rg.bindings[rg.node_binding[s.nodes[-1]]].var]
         cut = cut_function(rg, [rg.node_binding[v] for v in s.nodes], outs, lift_constants=False,
-                           name=f"dev{s.device}_seg{s.position}", vdevice=vdevs[s.device],
+                           name=segment_name(s), vdevice=vdevs[s.device],
                            move_to_vdevice=s.device != 0)
         fn = cut.func.without_attr("global_symbol")  # private: only main calls it
         fn = fn.with_attr("pesto.device", s.device).with_attr("pesto.position", s.position)
         seg_funcs.append((fn, cut))
     bb = relax.BlockBuilder()
-    gvs = {si: bb.add_func(fn, f"dev{segs[si].device}_seg{segs[si].position}") for si, (fn, _) in enumerate(seg_funcs)}
+    gvs = {si: bb.add_func(fn, segment_name(segs[si])) for si, (fn, _) in enumerate(seg_funcs)}
     state = [(int(o), int(i)) for o, i in (state or [])]
     in_dev = _state_devices(rg, state, [seg_funcs[si][1] for si in call_order], [segs[si].device for si in call_order])
     calls = [(si, segs[si], seg_funcs[si], gvs[si]) for si in call_order]

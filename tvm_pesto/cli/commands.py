@@ -41,6 +41,7 @@ from ..solve.joint.solver import joint_lower_bound
 from .memory_fit import memory_error
 from .options import constraint_report
 from .progress import step
+from .reporting import with_report
 from .settings import PlaceSettings, RunSettings
 
 
@@ -181,6 +182,8 @@ def _run_model(lm, cluster, size: str, request: Request, settings: RunSettings, 
         res["artifacts"] = write_trace_dir(out_dir, pl.problem, pl.plan, pl.sim, trace,
                                            [d.name for d in cluster.devices],
                                            f"{lm.name} simulated ({pl.plan.solver})", measured_s=bench_res["median_s"])
+    if settings.report_dir:
+        res["report"] = pm.report(settings.report_dir, trace=trace, measured_s=bench_res["median_s"], model=lm.name)
     if export_dir:
         if executor != "ray":  # the Ray executor's actors loaded it from there already
             with step(f"export the placed model to {export_dir}"):
@@ -301,6 +304,8 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], settings: Plac
         raise PestoError(f"no solver given; use one of {', '.join(SOLVERS)}, several comma-separated, or all")
     for name in solvers:
         get_solver(name)  # an unknown name fails before the (slow) loading
+    if s.report_dir and target.endswith(".json"):
+        raise PestoError("--report shows where a model's ops run; a LayerGraph file has no ops: leave it out")
     if max_build_s is not None and target.endswith(".json"):
         raise PestoError("--max-build-s budgets the library builds of a model's plan; a LayerGraph file has no "
                          "builds: leave it out")
@@ -338,7 +343,8 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], settings: Plac
     if expert:
         plan = load_expert_split(expert, problem.graph, cluster)
         results["expert"] = _result(problem, plan, evaluate(problem, plan, model, objective, microbatches), lb)
-    return _place_output(problem, cluster, goal, lb, load_s, results, solved, costed, settings)
+    return with_report(_place_output(problem, cluster, goal, lb, load_s, results, solved, costed, settings), target,
+                       {k: pl for k, (_, _, pl) in solved.items()}, cluster, s.report_dir)
 
 
 def _layer_graph_problem(target: str, cluster_spec: str, split_margin: float | None):

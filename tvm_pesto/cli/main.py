@@ -222,6 +222,8 @@ def _gap_line(res) -> str | None:
               help="ILP time limit (s; with --deterministic nominal seconds of work); the local search after "
                    "it gets as long again")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
+@click.option("--report", "report_dir", default=None, metavar="DIR",
+              help="write report.html, report.json and nodes.csv of a model's best plan here (predicted only)")
 @ms_db_option()
 @max_build_s_option()
 @split_margin_option()
@@ -237,7 +239,7 @@ def place(**options):
                              time_limit_s=o["time_limit"], deterministic=o["deterministic"], model=o["exec_model"],
                              objective=o["objective"], microbatches=o["microbatches"] or None,
                              split_margin=o["split_margin"], max_build_s=o["max_build_s"],
-                             constraints=constraints_of(o))
+                             constraints=constraints_of(o), report_dir=o["report_dir"])
     # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
     from .commands import place_any
 
@@ -276,6 +278,8 @@ def place(**options):
 @click.option("--repeat", default=20, show_default=True,
               help="timed runs, at least (more until they last 0.2 s, after 0.05 s of warm-up runs)")
 @click.option("--trace-dir", default=None, help="write Gantt PNG and Chrome traces here")
+@click.option("--report", "report_dir", default=None, metavar="DIR",
+              help="write report.html (where every node ran and why), report.json and nodes.csv here")
 @click.option("--export", "export_dir", default=None,
               help="also write the placed model as a bundle here (tvm_pesto.load runs it with TVM's runtime only)")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
@@ -330,7 +334,7 @@ def run(**options):
                       options={"split_margin": o["split_margin"], "max_build_s": o["max_build_s"]},
                       constraints=constraints_of(o))
     settings = RunSettings(repeat=o["repeat"], refit=o["refit"], trace_dir=o["trace_dir"], export_dir=o["export_dir"],
-                           input_shapes=_shapes(o["input_shape"]), ray_address=o["ray_address"],
+                           report_dir=o["report_dir"], input_shapes=_shapes(o["input_shape"]), ray_address=o["ray_address"],
                            rpc_tracker=o["rpc_tracker"], rpc_key=o["rpc_key"])
     res = run_model(model, size, cluster_spec, request, settings)
     _print_run(res)

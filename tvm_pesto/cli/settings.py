@@ -21,6 +21,9 @@ class RunSettings:
         Folder for the Gantt chart and Chrome traces.
     export_dir : str, optional
         Folder to write the placed model to as a bundle (:func:`tvm_pesto.load` runs it).
+    report_dir : str, optional
+        Folder for the report of where every node ran and why (``report.html``, ``report.json``,
+        ``nodes.csv``: :meth:`tvm_pesto.builder.placed.PlacedModule.report`).
     input_shapes : dict, optional
         Input name -> static shape, for model inputs whose shape is dynamic.
     ray_address : str, optional
@@ -35,6 +38,7 @@ class RunSettings:
     refit: bool = False
     trace_dir: str | None = None
     export_dir: str | None = None
+    report_dir: str | None = None
     input_shapes: dict | None = None
     ray_address: str | None = None
     rpc_tracker: str | None = None
@@ -74,6 +78,9 @@ class PlaceSettings:
         Seconds of library builds each plan may need.
     constraints : Constraints, optional
         Pins, forbids and device memory caps every plan honours (:mod:`tvm_pesto.constraints`).
+    report_dir : str, optional
+        Folder for the report of the best plan of a model (``report.html``, ``report.json``,
+        ``nodes.csv``; predicted only: ``place`` builds and runs nothing).
     """
 
     size: str = "small"
@@ -89,6 +96,7 @@ class PlaceSettings:
     split_margin: float | None = None
     max_build_s: float | None = None
     constraints: object = None
+    report_dir: str | None = None
 
 
 __all__ = ["PlaceSettings", "RunSettings"]
