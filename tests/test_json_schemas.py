@@ -26,7 +26,7 @@ WRITERS = (CLI, Path(tvm_pesto.__file__).parent / "report")
 def _named_by_writers() -> set[str]:
     """Every ``schema=`` literal (and ``_write_outputs``'s last argument) in the writers' sources."""
     names = set()
-    for path in (p for d in WRITERS for p in d.glob("*.py")):
+    for path in (p for d in WRITERS for p in d.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Call):
                 continue

@@ -314,7 +314,7 @@ def run(**options):
             raise PestoError("--pin, --forbid and --device-memory apply to the flow's plan (--objective latency); a "
                              "pipelined run places TVM's fusion groups as stages: leave them out")
         # lazy: loads TVM's compiler; the CLI imports a verb's code when the verb runs
-        from .commands import run_pipelined
+        from .pipelined import run_pipelined
 
         res = run_pipelined(model, size, cluster_spec, o["microbatches"],
                             solver="stage-dp" if solver == "auto" else solver, costs=o["costs"],

@@ -181,7 +181,7 @@ def build_report(placed, trace=None, measured_s: float | None = None, model: str
 
 
 def placement_report(pl, cluster, segments: dict, trace=None, measured_s: float | None = None,
-                     decision: dict | None = None, model: str | None = None) -> Report:
+                     decision=None, model: str | None = None) -> Report:
     """The :class:`Report` of a placement (:class:`~tvm_pesto.plan.placement.Placement`) on
     ``cluster``, whose units run in ``segments`` (segment name -> units:
     :func:`tvm_pesto.builder.rewrite.unit_segments`); ``trace``, ``measured_s`` and the final
@@ -286,24 +286,24 @@ def _nodes(pl, units, seg_time) -> tuple[NodeRecord, ...]:
     return tuple(out)
 
 
-def _decision(decision: dict | None) -> tuple[tuple[DecisionOption, ...], str, float | None]:
-    """The final choice's options, a one-line note on it, and the kept option's measured seconds."""
+def _decision(decision) -> tuple[tuple[DecisionOption, ...], str, float | None]:
+    """The final choice's options (a :class:`tvm_pesto.choose.decision.Decision`), a one-line
+    note on it, and the kept option's measured seconds."""
     if not decision:
         return (), "no final choice: the plan was not built and timed against other options", None
-    chosen = decision.get("chosen")
+    chosen = decision.chosen
     opts = []
-    for o in decision.get("options", []):
-        note = (f"failed: {o['error']}" if "error" in o else o.get("skipped") or o.get("timed_once") or "")
-        opts.append(DecisionOption(name=o["name"], cluster=o["cluster"], predicted_s=float(o["predicted_s"]),
-                                   measured_s=float(o["measured_s"]) if "measured_s" in o else None,
-                                   kept=o["name"] == chosen, note=str(note),
-                                   backend_mix={k: int(n) for k, n in (o.get("backend_mix") or {}).items()}))
+    for o in decision.options:
+        note = f"failed: {o.error}" if o.error is not None else (o.skipped or o.timed_once or "")
+        opts.append(DecisionOption(name=o.name, cluster=o.cluster, predicted_s=float(o.predicted_s),
+                                   measured_s=None if o.measured_s is None else float(o.measured_s),
+                                   kept=o.name == chosen, note=str(note),
+                                   backend_mix={k: int(n) for k, n in (o.backend_mix or {}).items()}))
     kept = next((o.measured_s for o in opts if o.kept), None)
-    note = (f"options timed against each other; kept: {chosen}" if decision.get("measured")
-            else f"not measured: {decision.get('why')}; kept: {chosen}")
-    claim = decision.get("claim") or {}
-    if claim.get("status"):
-        note += f"; claim: {claim['status']} (decided by {claim.get('decided_by')})"
+    note = (f"options timed against each other; kept: {chosen}" if decision.measured
+            else f"not measured: {decision.why}; kept: {chosen}")
+    if decision.claim is not None:
+        note += f"; claim: {decision.claim.status} (decided by {decision.claim.decided_by})"
     return tuple(opts), note, kept
 
 

@@ -1,19 +1,19 @@
 """``tvm-pesto bench backends``: Collage-style multi-backend choice, measured on this machine.
 
-``tvm_pesto/cli/bench.py`` adds this command to the ``bench`` group
+``tvm_pesto/cli/bench/__init__.py`` adds this command to the ``bench`` group
 (``bench.add_command(backends)``), so no change to ``main.py`` is needed.
 """
 from __future__ import annotations
 
 import click
 
-from ..bench.backends import ROUNDS, bench_backends, quiet_openmp
-from ..bench.report import noise_line
-from ..costs.store.cache import MeasureCache
-from ..jsonio import write_json
-from ..solve.budget import deterministic_mode
-from .options import deterministic_option
-from .progress import console
+from ...bench.backends import ROUNDS, bench_backends, quiet_openmp
+from ...bench.report import noise_line
+from ...costs.store.cache import MeasureCache
+from ...jsonio import write_json
+from ...solve.budget import deterministic_mode
+from ..options import deterministic_option
+from ..progress import console
 
 
 @click.command("backends")

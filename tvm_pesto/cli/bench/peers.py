@@ -1,6 +1,6 @@
 """``tvm-pesto bench peers``: tvm-pesto against the libraries a user would run instead.
 
-``tvm_pesto/cli/bench.py`` adds this command to the ``bench`` group.
+``tvm_pesto/cli/bench/__init__.py`` adds this command to the ``bench`` group.
 """
 from __future__ import annotations
 
@@ -8,25 +8,25 @@ import sys
 
 import click
 
-from ..bench.backends import quiet_openmp
-from ..errors import PestoError
-from ..jsonio import write_json, write_text
-from .progress import console
+from ...bench.backends import quiet_openmp
+from ...errors import PestoError
+from ...jsonio import write_json, write_text
+from ..progress import console
 
 
 def _sources(zoo_names, out_names, sizes, corpus: str | None, corpus_models) -> list:
     """The :class:`~tvm_pesto.bench.sources.ModelSource` of every model asked for."""
     # lazy: loads PyTorch and timm only when a corpus is asked for
-    from ..bench.sources import ModelSource
+    from ...bench.sources import ModelSource
 
     if corpus is not None:
         if corpus != "timm":
             # lazy: loads PyTorch; the CLI imports a verb's code when the verb runs
-            from ..zoo.corpus import model_files
+            from ...zoo.corpus import model_files
 
             return [ModelSource("file", path) for path in model_files(corpus)]
         # lazy: as above
-        from ..zoo.corpus import CORPUS
+        from ...zoo.corpus import CORPUS
 
         unknown = [m for m in corpus_models if m not in CORPUS]
         if unknown:
@@ -62,10 +62,10 @@ def peers(models, sizes, corpus, model_timeout, extra_builds, json_path, md_path
     process, timed in blocks."""
     quiet_openmp()  # before anything imports torch
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
-    from .. import zoo
-    from ..bench.peer_settings import PeerSettings
-    from ..bench.peers import bench_peers, markdown
-    from ..zoo import outside
+    from ... import zoo
+    from ...bench.peer_settings import PeerSettings
+    from ...bench.peers import bench_peers, markdown
+    from ...zoo import outside
 
     zoo_names, out_names = zoo.list_models(), outside.list_models()
     if corpus is None:

@@ -14,9 +14,9 @@ Register the group in ``tvm_pesto/cli/main.py`` with::
 
     from .bench import bench; cli.add_command(bench)
 
-Add another benchmark with ``@bench.command("name")`` in this module, or from another
-module with ``bench.add_command(command)``: ``backends`` (tvm_pesto/cli/bench_backends.py)
-and ``search`` (tvm_pesto/cli/bench_search.py) are added at the end of this module.
+Add another benchmark with ``@bench.command("name")`` in this module, or in a module of this
+package with ``bench.add_command(command)``: ``backends``, ``peers``, ``search`` and
+``training`` (tvm_pesto/cli/bench/backends.py, ...) are added at the end of this module.
 
 Examples
 --------
@@ -31,13 +31,13 @@ import shlex
 
 import click
 
-from ..bench import doc_tables, placement as bp, scale as bs
-from ..errors import PestoError
-from ..jsonio import write_json, write_text
-from ..solve import get_solver
-from ..solve.budget import deterministic_mode
-from .options import deterministic_option
-from .progress import ErrorGroup, console
+from ...bench import doc_tables, placement as bp, scale as bs
+from ...errors import PestoError
+from ...jsonio import write_json, write_text
+from ...solve import get_solver
+from ...solve.budget import deterministic_mode
+from ..options import deterministic_option
+from ..progress import ErrorGroup, console
 
 
 @click.group("bench", cls=ErrorGroup)
@@ -193,16 +193,13 @@ def report(docs, check):
     console.print(f"{len(stale)} table(s) {'stale' if check else 'written'}")
 
 
-from .bench_backends import backends  # noqa: E402  (verbs that live in their own modules)
-from .bench_peers import peers  # noqa: E402
-from .bench_search import search  # noqa: E402
-from .bench_training import training  # noqa: E402
+from .backends import backends  # noqa: E402  (verbs that live in their own modules)
+from .peers import peers  # noqa: E402
+from .search import search  # noqa: E402
+from .training import training  # noqa: E402
 
 bench.add_command(backends)
 bench.add_command(peers)
 bench.add_command(search)
 bench.add_command(training)
 __all__ = ["bench"]
-
-if __name__ == "__main__":  # python -m tvm_pesto.cli.bench placement ...
-    bench(prog_name="tvm-pesto bench")

@@ -1,6 +1,6 @@
 """``tvm-pesto bench training``: every solver's plan of a training step, measured and simulated.
 
-``tvm_pesto/cli/bench.py`` adds this command to the ``bench`` group
+``tvm_pesto/cli/bench/__init__.py`` adds this command to the ``bench`` group
 (``bench.add_command(training)``).
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ import sys
 
 import click
 
-from ..bench import training as bt
-from ..jsonio import write_json, write_text
-from ..solve.budget import deterministic_mode
-from .options import deterministic_option
-from .progress import console
+from ...bench import training as bt
+from ...jsonio import write_json, write_text
+from ...solve.budget import deterministic_mode
+from ..options import deterministic_option
+from ..progress import console
 
 
 @click.command("training")

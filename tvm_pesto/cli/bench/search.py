@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import click
 
-from ..bench.search import bench_search
-from ..jsonio import write_json
-from .progress import console
+from ...bench.search import bench_search
+from ...jsonio import write_json
+from ..progress import console
 
 
 @click.command("search")
@@ -20,7 +20,7 @@ from .progress import console
 def search(targets, size, cluster_spec, costs, backends, solver, search_s, json_path):
     """Time candidates + costs + joint solve for TARGETS (zoo names or model files; default: the zoo)."""
     # lazy: loads TVM and PyTorch; the CLI imports a verb's code when the verb runs
-    from ..zoo import list_models
+    from ...zoo import list_models
 
     res = bench_search(list(targets) or list_models(), size=size, cluster=cluster_spec, costs=costs,
                        backends=backends, solver=solver, search_s=search_s,
