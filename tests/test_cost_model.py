@@ -533,7 +533,7 @@ def test_bundled_default_model_meets_its_held_out_targets(tmp_path):
     res = CliRunner().invoke(cost_model, ["eval", "--json", str(out)])
     assert res.exit_code == 0, res.output
     r = json.loads(out.read_text())
-    assert r["model"] == str(path.resolve()) or r["model"].endswith("default.json")
+    assert r["model"] == str(path.resolve()) or r["model"].endswith("default.json.gz")
     for part in ("heldout", "seen"):
         for k in ("mape", "spearman", "within_10pct", "top1_backend_accuracy", "mean_regret"):
             assert k in r[part], (part, k)

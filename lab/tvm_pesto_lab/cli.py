@@ -208,7 +208,7 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
 
 
 @cost_model.command("eval")
-@click.option("--model", "model_path", default=None, help="model file [default: the bundled cost_models/default.json]")
+@click.option("--model", "model_path", default=None, help="model file [default: the bundled cost_models/default.json.gz]")
 @click.option("--logs", multiple=True, help="evaluate on these logs instead of the model's own (repeatable)")
 @click.option("--tuning-db", "tuning_dbs", multiple=True, help="MetaSchedule work directory to evaluate on too")
 @click.option("--cv", is_flag=True, help="also leave-one-model-out (both targets) and leave-one-op-kind-out CV")

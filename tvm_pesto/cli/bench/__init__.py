@@ -187,10 +187,10 @@ def report(docs, check):
     ``<!-- bench report KIND JSON -->`` and ``<!-- end bench report -->`` in DOCS/**/*.md)."""
     stale = doc_tables.update_docs(docs, check=check)
     for t in stale:
-        console.print(f"  {'stale' if check else 'written'}: {t.doc} ({t.kind} from {t.json})")
+        click.echo(f"  {'stale' if check else 'written'}: {t.doc} ({t.kind} from {t.json})")
     if check and stale:
         raise SystemExit(1)
-    console.print(f"{len(stale)} table(s) {'stale' if check else 'written'}")
+    click.echo(f"{len(stale)} table(s) {'stale' if check else 'written'}")
 
 
 from .backends import backends  # noqa: E402  (verbs that live in their own modules)

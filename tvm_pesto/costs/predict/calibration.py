@@ -16,7 +16,7 @@ fitted by robust least squares (``soft_l1``) on the *relative* residuals
 ``tvm-pesto cost-model eval --flow`` measures. Summed over a model, the correction reads
 ``a * sum(predicted) + b * calls``.
 
-A calibration is stored next to its model file (``default.json`` ->
+A calibration is stored next to its model file (``default.json.gz`` ->
 ``default.calibration.json``), and one fitted on this machine
 (:mod:`tvm_pesto.costs.calibrate.machine`) under the measurement cache's folder
 (:func:`machine_calibration_path`), which the ``xgb`` source prefers: format name and version, the model file's SHA-256 (a
@@ -248,15 +248,19 @@ def fit_calibration(pairs, meta: dict | None = None, floor: float = 0.0) -> Cali
 
 
 def calibration_path(model_path) -> Path:
-    """Where the calibration of a model file lives: ``NAME.json`` -> ``NAME.calibration.json``.
+    """Where the calibration of a model file lives: ``NAME.json`` (or ``NAME.json.gz``) ->
+    ``NAME.calibration.json``.
 
     Examples
     --------
-    >>> calibration_path("cost_models/default.json").name
+    >>> calibration_path("cost_models/default.json.gz").name
     'default.calibration.json'
+    >>> calibration_path("mine.json").name
+    'mine.calibration.json'
     """
     p = Path(model_path)
-    return p.with_name(p.stem + SUFFIX)
+    name = p.name.removesuffix(".gz")
+    return p.with_name(name.removesuffix(".json") + SUFFIX)
 
 
 def file_sha256(path) -> str:

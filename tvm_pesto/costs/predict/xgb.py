@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 import math
 import os
@@ -47,7 +48,7 @@ from .roofline import node_seconds
 MODEL_FORMAT = 1
 #: What a model's trees predict: ``log(time)`` or ``log(time / roofline)``.
 TARGETS = ("log_time", "log_ratio")
-DEFAULT_MODEL_NAME = "default.json"
+DEFAULT_MODEL_NAME = "default.json.gz"
 
 
 # -- model -----------------------------------------------------------------------------------
@@ -153,11 +154,15 @@ class CostModel:
         return _from_target(rows, y.astype(np.float64), self.target)
 
     def save(self, path) -> None:
-        """Write the model (XGBoost JSON with a ``pesto_meta`` attribute)."""
+        """Write the model (XGBoost JSON with a ``pesto_meta`` attribute; gzipped when the
+        name ends in ``.gz``, as the bundled model is: 1.5 MiB instead of 6)."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         self.booster.set_attr(pesto_meta=json.dumps(self.meta, sort_keys=True))
-        self.booster.save_model(str(p))
+        if p.suffix == ".gz":
+            p.write_bytes(gzip.compress(bytes(self.booster.save_raw("json")), mtime=0))
+        else:
+            self.booster.save_model(str(p))
         self.path = str(p)
 
     @classmethod
@@ -176,7 +181,7 @@ class CostModel:
             raise CostError(f"cost model {p} does not exist; train one with `tvm-pesto cost-model train LOGS -o {p}`")
         b = xgb.Booster()
         try:
-            b.load_model(str(p))
+            b.load_model(bytearray(gzip.decompress(p.read_bytes())) if p.suffix == ".gz" else str(p))
             meta = json.loads(b.attr("pesto_meta") or "null")
         except Exception as e:  # noqa: BLE001
             raise CostError(f"{p} is not a readable XGBoost model ({type(e).__name__}: {e}); retrain it") from e
@@ -198,7 +203,7 @@ def model_dirs() -> list[Path]:
 
 
 def default_model_path() -> Path:
-    """``$TVM_PESTO_COST_MODEL`` or the bundled ``cost_models/default.json``.
+    """``$TVM_PESTO_COST_MODEL`` or the bundled ``cost_models/default.json.gz``.
 
     Raises
     ------
@@ -211,8 +216,8 @@ def default_model_path() -> Path:
     for d in model_dirs():
         if (d / DEFAULT_MODEL_NAME).is_file():
             return d / DEFAULT_MODEL_NAME
-    raise CostError("no bundled cost model (cost_models/default.json) was found; train one with "
-                    "`tvm-pesto cost-model train LOGS -o cost_models/default.json` or set TVM_PESTO_COST_MODEL")
+    raise CostError("no bundled cost model (cost_models/default.json.gz) was found; train one with "
+                    "`tvm-pesto cost-model train LOGS -o cost_models/default.json.gz` or set TVM_PESTO_COST_MODEL")
 
 
 @functools.lru_cache(maxsize=4)
