@@ -181,7 +181,8 @@ class CostModel:
             raise CostError(f"cost model {p} does not exist; train one with `tvm-pesto cost-model train LOGS -o {p}`")
         b = xgb.Booster()
         try:
-            b.load_model(bytearray(gzip.decompress(p.read_bytes())) if p.suffix == ".gz" else str(p))
+            raw = p.read_bytes()
+            b.load_model(bytearray(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw))  # gzipped or not
             meta = json.loads(b.attr("pesto_meta") or "null")
         except Exception as e:  # noqa: BLE001
             raise CostError(f"{p} is not a readable XGBoost model ({type(e).__name__}: {e}); retrain it") from e
