@@ -83,3 +83,10 @@ def test_a_schema_refers_to_another_by_its_id():
 def test_an_unknown_schema_is_named_with_the_known_ones():
     with pytest.raises(PestoError, match=r"no JSON Schema for 'rnu'; the schemas are \[.*'run'"):
         schema_path("rnu")
+
+
+def test_a_run_that_kept_the_one_device_shape_has_no_contention_and_validates():
+    # the cluster's contention is measured for several devices; a kept one-device shape has none
+    schema = json.loads(schema_path("run").read_text())
+    jsonschema.validate(None, schema["properties"]["contention"])
+    jsonschema.validate({"slowdown": 1.2}, schema["properties"]["contention"])
