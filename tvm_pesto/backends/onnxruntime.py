@@ -28,17 +28,51 @@ Examples
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 
 from tvm import relax
 
 from ..errors import BuildError
 from ..run.libraries.loaders import onnx_runner
-from .base import Backend, device_cores, op_level_patterns, op_short_name
+from .base import Backend, device_cores, instance_key, op_level_patterns, op_short_name
 from .onnx_export.export import EXPORT_STAMP, relax_to_onnx
 from .onnx_export.ops import SUPPORTED_OPS, supports_call
 
 #: Short op names (``"nn.conv2d"``) the exporter converts.
 SUPPORTED = frozenset(name[len("relax."):] for name in SUPPORTED_OPS)
+
+
+#: At most this many bytes of exported models are kept by :func:`onnx_bytes` (the newest one always).
+EXPORTS_KEPT_BYTES = 512 << 20
+_exports: OrderedDict = OrderedDict()
+_exports_lock = threading.Lock()
+
+
+def onnx_bytes(func: relax.Function) -> bytes:
+    """``func`` exported to ONNX and serialized. ONNX Runtime in both modes and OpenVINO
+    read the same export: the last ones (:data:`EXPORTS_KEPT_BYTES`) are kept by the function's
+    :func:`~tvm_pesto.backends.base.instance_key`, so measuring one region in three libraries
+    exports its weights once (AlexNet's first dense layer is 150 MB).
+
+    Examples
+    --------
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> func = tiny_mlp()[0]["main"]
+    >>> onnx_bytes(func) is onnx_bytes(func)
+    True
+    """
+    key = instance_key(func)
+    with _exports_lock:
+        if key in _exports:
+            _exports.move_to_end(key)
+            return _exports[key]
+    data = relax_to_onnx(func).SerializeToString()
+    with _exports_lock:
+        _exports[key] = data
+        while len(_exports) > 1 and sum(map(len, _exports.values())) > EXPORTS_KEPT_BYTES:
+            _exports.popitem(last=False)
+    return data
 
 
 class OnnxGraphBackend(Backend):
@@ -55,7 +89,7 @@ class OnnxGraphBackend(Backend):
     #: the loader kind of the exported ONNX file
     artifact_kind = "onnx"
     direct = True  # the loaders' ONNX Runtime and OpenVINO callables have a call on numpy arrays
-    version = "4"  # the exporter's converters of backends/onnx_export/nn_ops.py, math_ops.py, scatter_ops.py
+    version = "5"  # the exporter's converters (backends/onnx_export/): 5 = adaptive pools of uneven windows
 
     def patterns(self):
         return op_level_patterns(self.name, set(SUPPORTED), max_depth=self.max_ops)
@@ -67,16 +101,19 @@ class OnnxGraphBackend(Backend):
         """Entries the artifact's loader reads besides the file (none by default)."""
         return {}
 
+    def onnx_bytes(self, func: relax.Function) -> bytes:
+        """``func`` exported to ONNX (:func:`onnx_bytes`)."""
+        return onnx_bytes(func)
+
     def measure_stamp(self) -> str | None:
         """The exported graph's form (:data:`~tvm_pesto.backends.onnx_export.export.EXPORT_STAMP`):
         a region timed in an earlier form is measured again."""
         return EXPORT_STAMP
 
     def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
-        model = relax_to_onnx(func)
         fname = f"{stem}.onnx"
         with open(os.path.join(out_dir, fname), "wb") as f:
-            f.write(model.SerializeToString())
+            f.write(self.onnx_bytes(func))
         return {"kind": self.artifact_kind, "files": [fname], **self.artifact_meta()}
 
 
@@ -104,7 +141,7 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
         return True, ""
 
     def make_callable(self, func: relax.Function, device):
-        return onnx_runner(relax_to_onnx(func).SerializeToString(), device_cores(device), parallel=self.parallel)
+        return onnx_runner(self.onnx_bytes(func), device_cores(device), parallel=self.parallel)
 
     def artifact_meta(self) -> dict:
         return {"parallel": True} if self.parallel else {}

@@ -163,13 +163,13 @@ BATCH_BYTES = 512 << 20
 
 
 def _batches(cs, todo: dict):
-    """``todo`` (:func:`_look_up_library`) in parts whose candidates hold at most the model's
-    weights or :data:`BATCH_BYTES` together (at least one entry a part)."""
+    """``todo`` (:func:`_look_up_library`) in parts whose candidates hold at most the model's weights
+    or :data:`BATCH_BYTES` together (at least one entry a part), one region's libraries in a row."""
     rg = cs.rg
     limit = max(sum(n.param_bytes for n in rg.graph.nodes), BATCH_BYTES)
     part: dict = {}
     held = 0
-    for entry, idxs in todo.items():
+    for entry, idxs in sorted(todo.items(), key=lambda e: e[0][0]):
         w = sum(rg.graph.nodes[v].param_bytes for v in cs[idxs[0]].nodes)
         if part and held + w > limit:
             yield part
