@@ -227,3 +227,40 @@ def test_a_users_own_torch_model_and_its_onnx_come_in_through_the_top_level_impo
         out = placed(x)
         placed.close()
         assert np.abs(np.asarray(out) - ref).max() < 1e-4
+
+
+def test_a_tensor_moved_to_its_own_device_with_a_dtype_imports_as_a_cast():
+    # aten.to.device, which TVM 0.27's importer lacks, beside integer positions whose retry
+    # through PyTorch's decomposition fails in the importer too (timm's EdgeNeXt, both at once)
+    import torch
+
+    class Positions(torch.nn.Module):
+        def forward(self, x):
+            pos = (torch.arange(x.shape[-1]) // 2).to(x.device, torch.float32)
+            mask = (torch.arange(x.shape[-1]) % 3).to(x.device, torch.bool)
+            return (x * pos).masked_fill(mask, 0.0)
+
+    x = torch.randn(2, 6)
+    mod = tvm_pesto.from_torch(Positions(), (x,))
+    ex = tvm.compile(mod, target="llvm")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy())).numpy()
+    np.testing.assert_allclose(got, Positions()(x).numpy(), rtol=1e-6)
+
+
+def test_a_division_with_a_rounding_mode_keeps_the_dtype_of_its_tensor():
+    # aten.div.Tensor_mode: TVM 0.27's converter makes the number an int32 constant beside a
+    # float tensor (timm's EdgeNeXt floor-divides float positions by 2), which Relax refuses
+    import torch
+
+    class Divisions(torch.nn.Module):
+        def forward(self, x, i):
+            return (torch.div(x, 2, rounding_mode="floor"), torch.div(x, 3.0, rounding_mode="trunc"),
+                    torch.div(i, 2, rounding_mode="floor"), torch.div(7.0, x, rounding_mode="floor"))
+
+    x, i = torch.randn(2, 5) * 10, torch.arange(-5, 5).reshape(2, 5)
+    mod = tvm_pesto.from_torch(Divisions(), (x, i))
+    ex = tvm.compile(mod, target="llvm")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(i.numpy()))
+    for g, want in zip(got, Divisions()(x, i)):
+        assert g.numpy().dtype == want.numpy().dtype
+        np.testing.assert_array_equal(g.numpy(), want.numpy())

@@ -82,7 +82,39 @@ def _to_torch_args(example_args: Sequence[Any]) -> tuple:
 
 
 #: Converters that replace TVM's for ops the direct (undecomposed) import gets wrong.
-_CUSTOM_CONVERTERS = {"batch_norm.default": _aten_batch_norm}
+def _aten_to_device(node: Any, importer: Any) -> relax.Var:
+    """Convert ``aten.to.device(input, device, dtype, ...)``, which TVM 0.27's importer lacks
+    (timm's EdgeNeXt makes a mask with it): on the one host the device is the input's, so
+    the op is its cast to ``dtype``."""
+    x = importer.env[node.args[0]]
+    dtype = node.args[2] if len(node.args) > 2 else node.kwargs.get("dtype")
+    if dtype is None:
+        return x
+    return importer.block_builder.emit(relax.op.astype(x, str(dtype).removeprefix("torch.")))
+
+
+def _aten_div_mode(node: Any, importer: Any) -> relax.Var:
+    """Convert ``aten.div.Tensor_mode(a, b, rounding_mode=...)``: TVM 0.27's converter makes a
+    Python number operand an ``int32`` constant whatever the tensor's dtype (timm's EdgeNeXt
+    floor-divides float positions by 2, which Relax then refuses); here a number takes the
+    other operand's dtype. Integer truncation is left to TVM's own converter."""
+    a, b = node.args[:2]
+    tensor = importer.env[a] if hasattr(a, "op") else importer.env[b]
+    dtype = tensor.ty.dtype.dtype if hasattr(tensor.ty.dtype, "dtype") else str(tensor.ty.dtype)
+    x, y = (importer.env[v] if hasattr(v, "op") else relax.const(v, dtype) for v in (a, b))
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    bb = importer.block_builder
+    if mode is None:
+        return bb.emit(relax.op.divide(x, y))
+    if mode == "floor":
+        return bb.emit(relax.op.floor_divide(x, y))
+    if dtype.startswith("float"):
+        return bb.emit(relax.op.trunc(bb.emit(relax.op.divide(x, y))))
+    raise NotImplementedError(f"div with rounding_mode {mode!r} of {dtype}")
+
+
+_CUSTOM_CONVERTERS = {"batch_norm.default": _aten_batch_norm, "to.device": _aten_to_device,
+                      "div.Tensor_mode": _aten_div_mode}
 
 #: How TVM's importers name the operators they cannot convert (the list is group 1).
 _UNSUPPORTED_PATTERNS = (
