@@ -146,12 +146,13 @@ def test_nodes_csv_has_a_row_per_node_and_a_cost_column_per_backend(written):
     rep, out, _ = written
     with open(out / "nodes.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == [*CSV_COLUMNS, *(f"cost_{b}_s" for b in rep.backends)]
+    assert list(rows[0]) == [*CSV_COLUMNS, *(f"cost_{b}_s" for b in rep.backends), "pinned"]
     assert [int(r["node"]) for r in rows] == [n.id for n in rep.nodes]
     for r, n in zip(rows, rep.nodes):
         assert (r["backend"], r["device"], int(r["unit"])) == (n.backend, rep.devices[n.device], n.unit)
         assert float(r["cost_tvm_s"]) == pytest.approx(n.costs["tvm"])
         assert float(r["measured_end_s"]) > float(r["measured_start_s"]) >= 0
+        assert r["pinned"] == (n.pinned or "")
 
 
 def test_the_page_holds_its_tables_and_data_and_loads_nothing(written):
@@ -260,3 +261,16 @@ def test_without_chromium_the_browser_tests_say_why(tmp_path, monkeypatch):
     monkeypatch.delenv("TVM_PESTO_CHROMIUM", raising=False)
     with pytest.raises(browser.BrowserUnavailable, match=r"none on the PATH \(chromium-headless-shell.*no apt-get"):
         browser.find_or_install()
+
+
+def test_a_pinned_node_says_which_pin_put_it_there(tmp_path):
+    mod, (x,) = tiny_cnn()
+    placed = tvm_pesto.build(mod, "cpu:2", costs="roofline", measure_final=False,
+                             constraints={"pin": ["conv2d=tvm"]})
+    rep = build_report(placed)
+    convs = [n for n in rep.nodes if n.op == "relax.nn.conv2d"]
+    assert convs and all(n.backend == "tvm" and n.pinned == "relax.nn.conv2d matches --pin conv2d=tvm"
+                         for n in convs)
+    assert all(n.pinned is None for n in rep.nodes if n.op != "relax.nn.conv2d")
+    write_report(rep, str(tmp_path))
+    assert "conv2d=tvm" in (tmp_path / "nodes.csv").read_text()

@@ -53,7 +53,8 @@ class NodeRecord:
     its unit's segment in the traced run (None when not run); ``costs`` maps every backend
     with candidates to the predicted seconds of its smallest candidate holding the node on
     the node's device (None: none holds it, or none runs there), ``cost_ops`` to that
-    candidate's number of ops.
+    candidate's number of ops; ``pinned`` the user's pin that put it there (None: the solver
+    chose). Where it runs comes from :meth:`tvm_pesto.plan.placement.Placement.node_table`.
     """
 
     id: int
@@ -68,6 +69,7 @@ class NodeRecord:
     measured_end_s: float | None
     costs: dict[str, float | None]
     cost_ops: dict[str, int]
+    pinned: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,16 +275,16 @@ def _nodes(pl, units, seg_time) -> tuple[NodeRecord, ...]:
     priced = backend_costs(list(pl.candidates), np.asarray(pl.costs.table), {v: u.device for v, u in unit_of.items()})
     backends = sorted({c.backend for c in pl.candidates})
     out = []
-    for v in range(og.num_nodes):
-        u, node = unit_of[v], og.nodes[v]
+    for row in pl.node_table():
+        u = unit_of[row.node]
         span = seg_time.get(u.segment) if u.segment else None
-        have = priced.get(v, {})
+        have = priced.get(row.node, {})
         out.append(NodeRecord(
-            id=v, name=node.name, op=node.op, unit=u.id, backend=u.backend, device=u.device,
+            id=row.node, name=row.name, op=row.op, unit=row.unit, backend=row.backend, device=u.device,
             start_s=u.predicted_start_s, end_s=u.predicted_end_s,
             measured_start_s=span[0] if span else None, measured_end_s=span[1] if span else None,
             costs={b: have[b][0] if b in have else None for b in backends},
-            cost_ops={b: have[b][1] for b in backends if b in have}))
+            cost_ops={b: have[b][1] for b in backends if b in have}, pinned=row.pinned))
     return tuple(out)
 
 

@@ -16,8 +16,8 @@ CSV_COLUMNS = ("node", "name", "op", "unit", "backend", "device", "start_s", "en
 
 def csv_rows(report: Report) -> list[list]:
     """The rows of ``nodes.csv``, its header first: node -> backend, device, simulated start and end,
-    measured start and end (its unit's segment), and each backend's predicted seconds (empty:
-    no candidate of that backend holds the node on its device).
+    measured start and end (its unit's segment), each backend's predicted seconds (empty:
+    no candidate of that backend holds the node on its device) and the pin that put it there.
 
     Examples
     --------
@@ -26,15 +26,15 @@ def csv_rows(report: Report) -> list[list]:
     >>> n = NodeRecord(0, "lv:conv2d", "relax.nn.conv2d", 0, "tvm", 1, 0.0, 2e-3, None, None,
     ...                {"onnxruntime": None, "tvm": 2e-3}, {"tvm": 1})
     >>> csv_rows(SimpleNamespace(backends=("onnxruntime", "tvm"), devices=("cpu0", "cpu1"), nodes=(n,)))[1]
-    [0, 'lv:conv2d', 'relax.nn.conv2d', 0, 'tvm', 'cpu1', 0.0, 0.002, '', '', '', 0.002]
+    [0, 'lv:conv2d', 'relax.nn.conv2d', 0, 'tvm', 'cpu1', 0.0, 0.002, '', '', '', 0.002, '']
     """
-    head = [*CSV_COLUMNS, *(f"cost_{b}_s" for b in report.backends)]
+    head = [*CSV_COLUMNS, *(f"cost_{b}_s" for b in report.backends), "pinned"]
     rows: list[list] = [head]
     for n in report.nodes:
         rows.append([n.id, n.name, n.op, n.unit, n.backend, report.devices[n.device], n.start_s, n.end_s,
                      "" if n.measured_start_s is None else n.measured_start_s,
                      "" if n.measured_end_s is None else n.measured_end_s,
-                     *("" if n.costs.get(b) is None else n.costs[b] for b in report.backends)])
+                     *("" if n.costs.get(b) is None else n.costs[b] for b in report.backends), n.pinned or ""])
     return rows
 
 
