@@ -20,6 +20,7 @@ from ..cluster.linkbench import measure_links
 from ..costs.predict.calibration import CALIBRATION_ENV
 from ..choose.decision import decision_table
 from ..errors import UnseenOpsWarning, error_line
+from ..graph.dnn_partitioning import is_graph_file
 from ..jsonio import write_json
 from .options import (backends_at, deterministic_option, max_build_s_option, ms_db_option, precision_option, rpc_options,
                       split_margin_option)
@@ -252,7 +253,7 @@ def place(**options):
                       + (f"  ({mix})" if mix else "") if ratio else f"  {name}: {r['objective_value']}")
         for v in r["violations"]:
             console.print(f"    [red]invalid[/] ({v['kind']}): {v['message']}")
-    gap = _gap_line(res) if target.endswith(".json") else None
+    gap = _gap_line(res) if is_graph_file(target) else None
     if gap:
         console.print(gap)
     if o["json_path"]:
