@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tvm_pesto.bench.operator_graphs import (OUTSIDE, SOURCES, operator_graph_paths, operator_graph_row,
+                                             operator_graphs_markdown)
 from tvm_pesto.cli.main import cli
 from tvm_pesto.graph import dnn_partitioning as dp
 from tvm_pesto.plan import Plan, Problem
@@ -170,3 +172,29 @@ def test_place_runs_the_piece_mip_on_bert_l3_with_a_valid_plan(tmp_path):
     r = json.loads(out.read_text())["results"]["auto"]
     assert r["valid"] and r["info"]["mip"] == "pieces" and r["solver_status"] != "heuristic"
     assert r["lower_bound"] <= r["objective_value"]
+
+
+# -- the bench table -------------------------------------------------------------------------
+def test_every_shipped_operator_graph_has_its_outside_figures():
+    stems = [dp.graph_stem(p) for p in operator_graph_paths()]
+    assert sorted(stems) == sorted(OUTSIDE) and all(set(v) == set(SOURCES) for v in OUTSIDE.values())
+
+
+def test_the_operator_graph_table_shows_each_rows_figures():
+    run = {"latency": 400.25, "valid": True, "solve_s": 3.0, "status": "node_limit", "mip": "pieces"}
+    row = {"graph": "g_inference", "nodes": 9, "accelerators": 2, "cpus": 1, "outside": {"greedy": 500.5, "lip": 410.0},
+           "stage-dp": dict(run, latency=401.0), "ilp": run, "bound": 380.0, "gap": 400.25 / 380.0 - 1,
+           "best_outside": 410.0, "ours_over_best_outside": 400.25 / 410.0}
+    text = "\n".join(operator_graphs_markdown([row]))
+    line = next(t for t in text.splitlines() if t.startswith("| g_inference"))
+    for cell in ("500.500", "410.000", "401.000", "400.250", "node_limit", "380.000", "5.3 %", "0.976"):
+        assert cell in line, (cell, line)
+    assert "authors' latency greedy" in text
+
+
+@pytest.mark.slow
+def test_the_bert_l3_row_is_valid_and_within_its_bound():
+    row = operator_graph_row(str(OPS / "bert_l-3_inference.json.gz"), time_limit_s=2.0)
+    assert row["ilp"]["valid"] and row["ilp"]["mip"] == "pieces"
+    assert row["bound"] <= row["ilp"]["latency"] <= row["stage-dp"]["latency"] * (1 + 1e-9)
+    assert row["ilp"]["latency"] < row["outside"]["greedy"]

@@ -6,8 +6,9 @@ Objective: ``B`` (steady state), ``T`` (latency) or ``(T + (K - 1) B) / K``. The
 returns are judged exactly by :func:`tvm_pesto.plan.objective.evaluate`; the MIP is warm
 started from the best of the contiguous-split DP (:mod:`tvm_pesto.solve.stage.dp`) and every
 heuristic's stage plan (:func:`stage_starts`) and never returns anything worse. Where it is
-not built (too large) or finds nothing, the result says so: ``status`` ``heuristic``, with
-``reason`` and ``start`` (whose plan it is).
+not built (too large, and the piece MIP of :mod:`tvm_pesto.solve.stage.piece_mip` does not
+apply) or finds nothing, the result says so: ``status`` ``heuristic``, with ``reason`` and
+``start`` (whose plan it is).
 
 Examples
 --------
@@ -91,10 +92,14 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     ``warm_start``, judged by ``objective``), so never worse than any of them.
 
     No MIP is solved when the start meets the lower bound (``status`` ``optimal``,
-    ``proven_by``), nor when the MIP has more than ``max_rows`` constraints (HiGHS's root LP
-    alone then outlasts any sensible budget); the start is then returned with ``status``
-    ``heuristic`` and ``reason``. The same when the MIP ran but gave nothing usable
-    (``mip_status`` says what it ended with).
+    ``proven_by``). Where the MIP has more than ``max_rows`` constraints (HiGHS's root LP
+    alone then outlasts any sensible budget), one sample's latency of an inference graph on
+    accelerators and CPUs is solved by the piece MIP instead
+    (:mod:`tvm_pesto.solve.stage.piece_mip`: ``mip`` ``pieces``, ``full_mip`` why not the
+    other; ``status`` ``feasible`` where it is optimal in its own model but the gap to the
+    bound remains); otherwise the start is returned with ``status`` ``heuristic`` and
+    ``reason``. The same when the MIP ran but gave nothing usable (``mip_status`` says what
+    it ended with).
 
     ``info``: ``status`` (``optimal``, ``time_limit``, ``node_limit``: the MIP's real outcome,
     :mod:`tvm_pesto.solve.mip`; ``heuristic``: no MIP result), ``reason`` (why not, where
