@@ -4,9 +4,11 @@ bound and plans against brute force, its use by the stage ILP where the full MIP
 and the shipped operator graphs it is made for."""
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -87,6 +89,17 @@ def test_the_four_latency_operator_graphs_ship_compressed_and_load():
         sizes[meta["name"]] = g.num_nodes
     assert min(sizes.values()) > 200 and max(sizes.values()) < 800  # 235..783 ops
     assert (dp.benchmark_dir() / "LICENSE.txt").is_file()
+
+
+def test_the_wheel_carries_every_shipped_benchmark_file():
+    root = dp.benchmark_dir()
+    cmake = (root.parents[1] / "CMakeLists.txt").read_text()
+    block = cmake[cmake.index("DIRECTORY benchmarks/"):]
+    block = block[: block.index(")")]
+    patterns = re.findall(r'PATTERN "([^"]+)"', block)
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert any(p.name.endswith(".json.gz") for p in files)
+    assert [p.name for p in files if not any(fnmatch.fnmatch(p.name, pat) for pat in patterns)] == []
 
 
 def test_a_broken_gzip_file_is_a_clear_error(tmp_path):
