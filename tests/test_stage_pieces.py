@@ -126,7 +126,8 @@ def test_piece_latency_is_the_stage_evaluators_on_the_dp_plan_of_bert_l3():
     ours = evaluate(p, plan, "stage", "latency").objective_value
     assert data.times(machine)["latency"] == pytest.approx(ours, rel=1e-12)
     a = data.assignment(machine)  # back to devices: the same latency
-    assert evaluate(p, Plan(a, device_orders(p, a)), "stage", "latency").objective_value == pytest.approx(ours, rel=1e-12)
+    back = evaluate(p, Plan(a, device_orders(p, a)), "stage", "latency").objective_value
+    assert back == pytest.approx(ours, rel=1e-12)
 
 
 def test_identical_accelerators_are_renumbered_by_first_use(tmp_path):

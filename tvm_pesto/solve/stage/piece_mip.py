@@ -203,12 +203,14 @@ def _timing(prob, data: PieceData, x, V, ts: float, M: float) -> None:
             cout[u, m] = add_var(prob, f"cout_{u}_{m}", 0, 1)
             for j in outs:
                 xi, xj = _x(x, i, m), _x(x, j, m)
-                if xj is not None:
-                    prob += pulp.LpConstraint(lin([(cin[u, m], 1.0), (xj, -1.0)] + ([(xi, 1.0)] if xi is not None else [])),
-                                              pulp.LpConstraintGE, rhs=0.0), f"cin_{u}_{j}_{m}"
-                if xi is not None:
-                    prob += pulp.LpConstraint(lin([(cout[u, m], 1.0), (xi, -1.0)] + ([(xj, 1.0)] if xj is not None else [])),
-                                              pulp.LpConstraintGE, rhs=0.0), f"cout_{u}_{j}_{m}"
+                own = [(xi, 1.0)] if xi is not None else []
+                other = [(xj, 1.0)] if xj is not None else []
+                if xj is not None:  # cin >= x[j,m] - x[i,m]
+                    prob += pulp.LpConstraint(lin([(cin[u, m], 1.0), (xj, -1.0)] + own), pulp.LpConstraintGE,
+                                              rhs=0.0), f"cin_{u}_{j}_{m}"
+                if xi is not None:  # cout >= x[i,m] - x[j,m]
+                    prob += pulp.LpConstraint(lin([(cout[u, m], 1.0), (xi, -1.0)] + other), pulp.LpConstraintGE,
+                                              rhs=0.0), f"cout_{u}_{j}_{m}"
             # the piece starts after every producer it reads: s >= L[i] - M (1 - cin)
             prob += pulp.LpConstraint(lin([(s[m], 1.0), (L[i], -1.0), (cin[u, m], -M)]), pulp.LpConstraintGE, rhs=-M), \
                 f"start_{u}_{m}"
