@@ -235,23 +235,23 @@ def place_any(target: str, cluster_spec: str, solvers: list[str], settings: Plac
     s = settings
     expert, deterministic = s.expert, s.deterministic
     split_margin, max_build_s = s.split_margin, s.max_build_s
-    model, objective, microbatches = check_choice(s.model or ("stage" if target.endswith(".json") else "op"),
+    model, objective, microbatches = check_choice(s.model or ("stage" if dp.is_graph_file(target) else "op"),
                                                   s.objective, s.microbatches)
     goal = {"model": model, "objective": objective, "microbatches": microbatches}
     if solvers == ["all"]:  # on a graph file ``auto`` is the ILP: run it once
-        solvers = [s for s in SOLVERS if s != "auto" or not target.endswith(".json")]
+        solvers = [s for s in SOLVERS if s != "auto" or not dp.is_graph_file(target)]
     if not solvers:
         raise PestoError(f"no solver given; use one of {', '.join(SOLVERS)}, several comma-separated, or all")
     for name in solvers:
         get_solver(name)  # an unknown name fails before the (slow) loading
-    if s.report_dir and target.endswith(".json"):
+    if s.report_dir and dp.is_graph_file(target):
         raise PestoError("--report shows where a model's ops run; a LayerGraph file has no ops: leave it out")
-    if max_build_s is not None and target.endswith(".json"):
+    if max_build_s is not None and dp.is_graph_file(target):
         raise PestoError("--max-build-s budgets the library builds of a model's plan; a LayerGraph file has no "
                          "builds: leave it out")
 
     t_load = time.perf_counter()
-    if target.endswith(".json"):
+    if dp.is_graph_file(target):
         if s.constraints:
             raise PestoError("--pin, --forbid and --device-memory apply to models; a LayerGraph file is placed as the "
                              "file defines it: leave them out")
@@ -381,8 +381,15 @@ def _judged_with_bound(problem, costed, solved: dict, solvers: list[str], goal: 
             lb = {**lb, "relaxed_ilp_s": max(proven), "best": max(proven)}
         return solved, lb
     lat = lower_bound(bound_of, deterministic=deterministic) if goal["model"] == "op" else None
-    return solved, objective_lower_bound(bound_of, goal["model"], goal["objective"], goal["microbatches"],
-                                         deterministic=deterministic, latency_bound=lat)
+    lb = objective_lower_bound(bound_of, goal["model"], goal["objective"], goal["microbatches"],
+                               deterministic=deterministic, latency_bound=lat)
+    # a MIP's dual bound (the stage MIPs report one only where it bounds this model and objective)
+    proven = [float(plan.info["mip_bound_s"]) for _, plan, _ in solved.values() if plan.info.get("mip_bound_s")
+              and (plan.info.get("model"), plan.info.get("objective"), plan.info.get("microbatches"))
+              == (goal["model"], goal["objective"], goal["microbatches"])]
+    if proven and max(proven) > lb["best"]:
+        lb = {**lb, "stage_mip_s": max(proven), "best": max(proven)}
+    return solved, lb
 
 
 def _place_output(problem, cluster, goal: dict, lb: dict, load_s: float, results: dict, solved: dict, costed,

@@ -20,6 +20,7 @@ from ..cluster.linkbench import measure_links
 from ..costs.predict.calibration import CALIBRATION_ENV
 from ..choose.decision import Decision, decision_table
 from ..errors import PestoError, UnseenOpsWarning, error_line
+from ..graph.dnn_partitioning import is_graph_file
 from ..jsonio import write_json
 from .options import (backends_at, constraint_options, constraints_of, deterministic_option, max_build_s_option,
                       ms_db_option, precision_option, rpc_options, split_margin_option)
@@ -259,7 +260,7 @@ def place(**options):
             console.print(f"    [red]invalid[/] ({v['kind']}): {v['message']}")
     if res.get("holds_under"):
         console.print(f"  statuses and bound hold under {' '.join(res['holds_under'])} (not for the unconstrained problem)")
-    gap = _gap_line(res) if target.endswith(".json") else None
+    gap = _gap_line(res) if is_graph_file(target) else None
     if gap:
         console.print(gap)
     if o["json_path"]:

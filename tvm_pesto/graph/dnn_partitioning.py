@@ -42,6 +42,7 @@ Examples
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -92,8 +93,36 @@ def benchmark_dir() -> Path:
                      f"reinstall tvm-pesto (`pip install .` from a checkout) or set ${BENCHMARK_ENV} to the folder")
 
 
+def is_graph_file(path: str) -> bool:
+    """Whether ``path`` names a dnn-partitioning graph file (``.json``, or ``.json.gz`` as the
+    shipped operator graphs are).
+
+    Examples
+    --------
+    >>> is_graph_file("bert_l-3_inference.json.gz"), is_graph_file("resnet50.onnx")
+    (True, False)
+    """
+    return path.endswith((".json", ".json.gz"))
+
+
+def graph_stem(path: str) -> str:
+    """The file's name without ``.json`` / ``.json.gz`` (the graph's name).
+
+    Examples
+    --------
+    >>> graph_stem("latency-inputs/OperatorGraphs/bert_l-3_inference.json.gz")
+    'bert_l-3_inference'
+    """
+    name = os.path.basename(path)
+    for ext in (".json.gz", ".json"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return os.path.splitext(name)[0]
+
+
 def read_json_file(path: str, what: str) -> Any:
-    """The JSON in ``path``; ``what`` names the file in the errors.
+    """The JSON in ``path`` (gzip-compressed when it ends in ``.gz``); ``what`` names the file
+    in the errors.
 
     Raises
     ------
@@ -103,8 +132,11 @@ def read_json_file(path: str, what: str) -> Any:
     if not os.path.isfile(path):
         raise GraphError(f"{what} {path!r} does not exist (working directory {os.getcwd()!r}); check the path")
     try:
-        with open(path, encoding="utf-8") as f:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")) as f:
             return json.load(f)
+    except (OSError, EOFError) as err:  # a .gz that is not gzip, or cut short
+        raise GraphError(f"{what} {path!r} is not a readable gzip file ({err}); give the file as "
+                         "`gzip` writes it, or the plain .json") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         cut = isinstance(err, json.JSONDecodeError) and (err.pos >= len(err.doc.rstrip())
                                                          or err.msg.startswith("Unterminated string"))
@@ -192,7 +224,8 @@ def load_layer_graph(path: str, time_unit_s: float = DEFAULT_TIME_UNIT_S) -> tup
     Parameters
     ----------
     path : str
-        A ``*.json`` graph (``LayerGraphs`` or ``OperatorGraphs``).
+        A ``*.json`` graph (``LayerGraphs`` or ``OperatorGraphs``), or the same gzip-compressed
+        (``*.json.gz``, as the operator graphs ship).
     time_unit_s : float
         Seconds per time unit of the file (milliseconds by default).
 
@@ -258,7 +291,7 @@ def load_layer_graph(path: str, time_unit_s: float = DEFAULT_TIME_UNIT_S) -> tup
         nodes.append(OpNode(name=f"{nid}:{label}", op="backward" if backward else "forward",
                             param_bytes=int(round(float(nd.get("size", 0.0)))), extra=extra))
     graph_edges = [(index[s], index[t], int(round(cost * per_unit))) for s, t, cost in edges]
-    name = os.path.splitext(os.path.basename(path))[0]
+    name = graph_stem(path)
     graph = OpGraph(nodes, graph_edges, name=name)
     meta = {
         "path": os.path.abspath(path),
@@ -377,7 +410,7 @@ def colocation_groups(graph: OpGraph, forward_backward: bool = True) -> list[lis
 
 def find_expert_split(graph_path: str) -> str | None:
     """The human-expert split for a graph file, if the benchmark folder has one."""
-    stem = os.path.splitext(os.path.basename(graph_path))[0]
+    stem = graph_stem(graph_path)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(graph_path))))
     cand = os.path.join(root, "human-experts", f"{stem}_expert.json")
     return cand if os.path.isfile(cand) else None

@@ -32,6 +32,7 @@ import shlex
 import click
 
 from ...bench import doc_tables, placement as bp, scale as bs
+from ...bench.operator_graphs import operator_graph_rows, operator_graphs_markdown
 from ...errors import PestoError
 from ...jsonio import write_json, write_text
 from ...solve import get_solver
@@ -100,6 +101,8 @@ def _split(values) -> list[str]:
               "with --quick]")
 @click.option("--layergraphs/--no-layergraphs", default=True, help="include the dnn-partitioning LayerGraphs")
 @click.option("--zoo/--no-zoo", default=True, help="include the zoo models")
+@click.option("--operator-graphs/--no-operator-graphs", default=False, help="add the table of the latency "
+              "operator graphs (stage ILP, bound and gap beside the authors' and the paper's figures)")
 @deterministic_option(True)
 def placement(json_path, md_path, plots_dir, quick, algorithms, deterministic, **cases):
     """Every solver on every LayerGraph and zoo model: makespan / lower bound, solve time, memory."""
@@ -120,13 +123,18 @@ def placement(json_path, md_path, plots_dir, quick, algorithms, deterministic, *
         found += bp.layergraph_cases(cases["root"], **kw)
     if cases["zoo"]:
         found += bp.zoo_cases(models, size=size, clusters=clusters, progress=say)
-    if not found:
-        raise PestoError("nothing to benchmark: --no-layergraphs and --no-zoo leave no cases")
+    if not found and not cases["operator_graphs"]:
+        raise PestoError("nothing to benchmark: --no-layergraphs and --no-zoo leave no cases; add --operator-graphs "
+                         "or leave one of them on")
     console.print(f"[bold]bench placement[/]: {len(found)} cases x {len(algs)} algorithms, ILP limit {limit:g} s"
                   f" ({'work budgets' if deterministic else 'wall-clock budgets'})")
     with deterministic_mode(deterministic):
         res = bp.run_placement(found, algs, ilp_time_limit_s=limit, ilp_target=ilp_target, progress=say,
                                ilp_options=None if ilp_refine is None else {"refine_s": ilp_refine})
+    if cases["operator_graphs"]:
+        with deterministic_mode(deterministic):
+            res["operator_graphs"] = operator_graph_rows(cases["root"], time_limit_s=limit, deterministic=deterministic,
+                                                         progress=say)
     res["command"] = _command_line(ctx)
     res["deterministic"] = deterministic
     s = res["summary"]
@@ -134,8 +142,9 @@ def placement(json_path, md_path, plots_dir, quick, algorithms, deterministic, *
                   f"within 5% of the bound on {s['ilp_within_5pct_where_applicable']} of the "
                   f"{s['heuristics_within_10pct']} cases where a heuristic is within 10%"
                   + (f"; missed: {', '.join(s['goal_missed'])}" if s["goal_missed"] else ""))
-    _write_outputs(res, json_path, md_path, plots_dir, lambda: bp.placement_markdown(res, res["command"]),
-                   lambda d: bp.placement_plots(res, d), "bench-placement")
+    md = lambda: bp.placement_markdown(res, res["command"]) + (  # noqa: E731
+        "\n".join([""] + operator_graphs_markdown(res["operator_graphs"])) if "operator_graphs" in res else "")
+    _write_outputs(res, json_path, md_path, plots_dir, md, lambda d: bp.placement_plots(res, d), "bench-placement")
 
 
 @bench.command("scale")

@@ -6,8 +6,9 @@ Objective: ``B`` (steady state), ``T`` (latency) or ``(T + (K - 1) B) / K``. The
 returns are judged exactly by :func:`tvm_pesto.plan.objective.evaluate`; the MIP is warm
 started from the best of the contiguous-split DP (:mod:`tvm_pesto.solve.stage.dp`) and every
 heuristic's stage plan (:func:`stage_starts`) and never returns anything worse. Where it is
-not built (too large) or finds nothing, the result says so: ``status`` ``heuristic``, with
-``reason`` and ``start`` (whose plan it is).
+not built (too large, and the piece MIP of :mod:`tvm_pesto.solve.stage.piece_mip` does not
+apply) or finds nothing, the result says so: ``status`` ``heuristic``, with ``reason`` and
+``start`` (whose plan it is).
 
 Examples
 --------
@@ -30,9 +31,11 @@ from ..bounds.objective import objective_lower_bound
 from ..budget import combine, mode_name
 from ..heuristics.portfolio import HEURISTIC_SOLVERS
 from ..mip import solve_mip
+from ..settings import MipSettings
 from .dp import device_orders, heuristic_stage_plan
 from .dp import solve as dp_solve
 from .model import ModelTooLarge, build_stage_ilp, extract_assignment
+from .piece_mip import applies, solve_pieces
 
 MAX_ROWS = 15_000
 #: Relative MIP gap at which the stage MIP stops; a start this close to the lower bound is
@@ -89,10 +92,14 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     ``warm_start``, judged by ``objective``), so never worse than any of them.
 
     No MIP is solved when the start meets the lower bound (``status`` ``optimal``,
-    ``proven_by``), nor when the MIP has more than ``max_rows`` constraints (HiGHS's root LP
-    alone then outlasts any sensible budget); the start is then returned with ``status``
-    ``heuristic`` and ``reason``. The same when the MIP ran but gave nothing usable
-    (``mip_status`` says what it ended with).
+    ``proven_by``). Where the MIP has more than ``max_rows`` constraints (HiGHS's root LP
+    alone then outlasts any sensible budget), one sample's latency of an inference graph on
+    accelerators and CPUs is solved by the piece MIP instead
+    (:mod:`tvm_pesto.solve.stage.piece_mip`: ``mip`` ``pieces``, ``full_mip`` why not the
+    other; ``status`` ``feasible`` where it is optimal in its own model but the gap to the
+    bound remains); otherwise the start is returned with ``status`` ``heuristic`` and
+    ``reason``. The same when the MIP ran but gave nothing usable (``mip_status`` says what
+    it ended with).
 
     ``info``: ``status`` (``optimal``, ``time_limit``, ``node_limit``: the MIP's real outcome,
     :mod:`tvm_pesto.solve.mip`; ``heuristic``: no MIP result), ``reason`` (why not, where
@@ -131,9 +138,14 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
         return done(warm, warm_name, warm_value, status="optimal", proven_by="lower bound", deterministic=True)
     try:
         prob, V = build_stage_ilp(problem, objective, microbatches, warm, max_rows=max_rows)
-    except ModelTooLarge as e:  # its root LP alone outlasts any sensible budget: keep the start
+    except ModelTooLarge as e:  # its root LP alone outlasts any sensible budget
+        why_not = applies(problem, objective, microbatches)
+        if why_not is None:  # the piece MIP: its size grows with the graph times the accelerators
+            mip = MipSettings(time_limit_s=time_limit_s, solver=solver, gap=GAP, msg=msg, deterministic=deterministic)
+            return _pieces(problem, info, (warm_value, warm_name, warm), done, mip, too_large=str(e))
         return done(warm, warm_name, warm_value, status="heuristic", deterministic=True, mip=f"skipped: {e}",
-                    reason=f"the stage MIP was not built: {e}; the plan is {warm_name}'s, the best start")
+                    reason=f"the stage MIP was not built: {e}, and the piece MIP does not apply ({why_not}); the "
+                           f"plan is {warm_name}'s, the best start")
     info.update(num_vars=len(prob.variables()), num_constraints=prob.numConstraints(), time_limit_s=time_limit_s)
     res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=GAP, msg=msg, deterministic=deterministic)
     facts = res.info(V["ts"])
@@ -156,6 +168,32 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     elif res.status != "optimal":
         facts.update(status="heuristic", reason=f"the stage MIP ended without a solution ({res.status}); the plan is "
                                                 f"{warm_name}'s, the best start")
+    facts.update(combine(res.determinism))
+    return done(best, source, value, **facts)
+
+
+def _pieces(problem: Problem, info: dict, start: tuple, done, mip: MipSettings, too_large: str) -> Plan:
+    """The piece MIP (:mod:`tvm_pesto.solve.stage.piece_mip`) where the full stage MIP is too
+    large, from ``start`` (value, solver name, plan): its plan where valid and better than the
+    start, its dual bound as the lower bound."""
+    warm_value, warm_name, warm = start
+    found, res, facts = solve_pieces(problem, warm, warm_value, mip)
+    facts["full_mip"] = f"skipped: {too_large}"
+    if "mip_bound_s" in facts:
+        info["lower_bound_s"] = max(info["lower_bound_s"], facts["mip_bound_s"])
+    best, source, value = warm, warm_name, warm_value
+    for a in found:
+        cand = Plan(a, device_orders(problem, a), solver="ilp")
+        ev = evaluate(problem, cand, "stage", "latency", None)
+        if ev.valid and ev.objective_value < value * (1 - 1e-9):
+            best, source, value = cand, "ilp", ev.objective_value
+        elif not ev.valid:
+            facts["extract_error"] = ev.violations[0]["message"]
+    if not res.has_solution and res.status != "optimal":
+        facts.update(status="heuristic", reason=f"the piece MIP ended without a solution ({res.status}); the plan "
+                                                f"is {warm_name}'s, the best start")
+    elif res.status == "optimal" and value > info["lower_bound_s"] * (1 + GAP) * (1 + 1e-6):
+        facts["status"] = "feasible"  # optimal in the piece model, not proven in the stage model
     facts.update(combine(res.determinism))
     return done(best, source, value, **facts)
 
