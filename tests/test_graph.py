@@ -205,6 +205,31 @@ def test_position_ids_from_an_arange_of_numbers_fold_to_a_constant():
     np.testing.assert_array_equal(out, xs + table[:5][None])
 
 
+@pytest.mark.parametrize("axis,exclusive", [(1, False), (2, True), (None, False)])
+def test_a_running_sum_of_a_mask_folds_to_a_constant(axis, exclusive):
+    """A position embedding of a mask (timm's EdgeNeXt: zeros -> bool -> not -> cumsum in
+    float32): FoldConstant folds the mask but not the scan, which then runs at every inference
+    and keeps every ONNX library from the whole model; the fold makes it a constant, with the
+    values TVM's own kernel computes."""
+    x = relax.Var("x", relax.TensorType((1, 3, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mask = bb.emit(relax.op.logical_not(relax.op.astype(relax.op.zeros((1, 3, 4), "float32"), "bool")))
+            pos = bb.emit(relax.op.cumsum(mask, axis=axis, dtype="float32", exclusive=exclusive))
+            y = bb.emit_output(relax.op.add(x, relax.op.reshape(pos, (1, 3, 4))))
+        bb.emit_func_output(y)
+    before = bb.get()
+    left = relax.transform.FoldConstant()(before)["main"].body.blocks[0].bindings  # FoldConstant alone
+    assert any(isinstance(b.value, relax.Call) and b.value.op.name == "relax.cumsum" for b in left)
+    assert [n.op for n in from_relax(before).graph.nodes] == ["relax.add"]
+    xs = np.random.default_rng(1).standard_normal((1, 3, 4)).astype("float32")
+    want = relax.VirtualMachine(tvm.compile(before, "llvm"), tvm.cpu())["main"](tvm.runtime.tensor(xs)).numpy()
+    got = relax.VirtualMachine(tvm.compile(from_relax(before).mod, "llvm"), tvm.cpu())["main"](
+        tvm.runtime.tensor(xs)).numpy()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_an_arange_of_symbolic_bounds_is_left_as_it_is():
     from tvm_pesto.graph.fold import fold_layout_constants
 

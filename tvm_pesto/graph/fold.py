@@ -13,7 +13,10 @@ leaves the transposes of its parts to run at every inference, and this fold take
 An ``arange`` whose bounds are numbers (the position ids of a transformer exported from
 PyTorch) becomes its values too: ``FoldConstant`` folds only calls on tensor constants, so it
 left the range, and everything computed from it, to run at every inference, in a kernel that
-no ONNX library is given. Anything else on constants is left to ``FoldConstant``.
+no ONNX library is given. A ``cumsum`` of an integer or boolean constant (the position
+embedding of a mask, as timm's EdgeNeXt builds it; ``FoldConstant`` does not fold scans)
+becomes its values too: integer sums are exact in NumPy. Anything else on constants is left to
+``FoldConstant``.
 
 Examples
 --------
@@ -45,9 +48,24 @@ def _keep_order(data: np.ndarray, call, shape) -> np.ndarray:
     return np.ascontiguousarray(data.reshape(shape))
 
 
+def _cumsum(data: np.ndarray, call, shape) -> np.ndarray | None:
+    """A running sum of integers or booleans (exact in any dtype that holds it); None for floats,
+    whose sums NumPy may round otherwise than TVM's kernel."""
+    if data.dtype.kind not in "biu":
+        return None
+    at = call.attrs
+    axis = None if at.axis is None else int(at.axis)
+    values = np.cumsum(data.astype(np.int64), axis=axis)
+    if bool(at.exclusive):
+        values = values - (data.astype(np.int64) if axis is not None else data.astype(np.int64).ravel())
+    return np.ascontiguousarray(values.reshape(shape))
+
+
 #: Relax op -> how NumPy computes it from the constant data and the call's static output
-#: shape. Each one only moves data, so the result is exact.
+#: shape (None: leave it to ``FoldConstant``). Each one moves data or sums integers, so the
+#: result is exact.
 FOLDERS = {
+    "relax.cumsum": _cumsum,
     "relax.permute_dims": _permute,
     "relax.reshape": _keep_order,
     "relax.expand_dims": _keep_order,
@@ -108,7 +126,7 @@ class _LayoutFolder(PyExprMutator):
         if not isinstance(data, tvm.ir.GenericConst) or not hasattr(data.value, "numpy"):
             return None
         value = fold(data.value.numpy(), call, shape)
-        if value.shape != shape:
+        if value is None or value.shape != shape:
             return None  # not what the type says: leave it to FoldConstant
         return relax.const(value, binding.var.ty.dtype)
 

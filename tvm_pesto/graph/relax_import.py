@@ -105,6 +105,12 @@ class RelaxGraph:
     mod: object = None
 
 
+def _bindings(mod: tvm.IRModule) -> int:
+    """How many bindings the module's Relax functions hold (a fold removes the ones it folds)."""
+    return sum(len(b.bindings) for f in mod.functions.values() if isinstance(f, relax.Function)
+               and isinstance(f.body, relax.SeqExpr) for b in f.body.blocks)
+
+
 def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` with every call on constants alone replaced by its value (Relax ``FoldConstant``,
     the pass TVM's default build pipeline runs), layout ops and splits first in NumPy
@@ -118,7 +124,11 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
         When TVM cannot evaluate such a call (the message carries TVM's first line).
     """
     try:
-        return relax.transform.FoldConstant()(fold_layout_constants(mod))
+        folded = relax.transform.FoldConstant()(fold_layout_constants(mod))
+        # FoldConstant makes new constants (a mask from zeros) that NumPy folds further (its running
+        # sum); once more only where that changed something
+        again = fold_layout_constants(folded)
+        return relax.transform.FoldConstant()(again) if _bindings(again) < _bindings(folded) else folded
     except Exception as e:  # TVM raises many types from deep inside; explain at our boundary
         raise GraphError(f"TVM could not fold the module's constant expressions ({error_line(e)}); check that the "
                          "module builds with tvm.compile, or pass the weights as parameters (num_input)") from e
