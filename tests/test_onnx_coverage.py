@@ -38,6 +38,8 @@ op_ = relax.op
 
 #: The converters of issue #53; ``op:variant`` keys test one op more than once.
 NEW_CASES = {
+    # sections that do not divide the axis: ceil(n / k) long, the last one shorter (EdgeNeXt's 88 in 3)
+    "relax.split:uneven sections": ([_v("x", (1, 8, 2))], lambda p: op_.split(p[0], 3, axis=1)),
     # uneven windows (an output size that does not divide the input): averaging matrices
     "relax.nn.adaptive_avg_pool1d:uneven": ([x1d()], lambda p: op_.nn.adaptive_avg_pool1d(p[0], 3)),
     "relax.nn.adaptive_avg_pool2d:uneven": ([_v("x", (1, 2, 7, 5))], lambda p: op_.nn.adaptive_avg_pool2d(p[0], (3, 4))),

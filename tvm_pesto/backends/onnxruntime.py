@@ -89,7 +89,7 @@ class OnnxGraphBackend(Backend):
     #: the loader kind of the exported ONNX file
     artifact_kind = "onnx"
     direct = True  # the loaders' ONNX Runtime and OpenVINO callables have a call on numpy arrays
-    version = "5"  # the exporter's converters (backends/onnx_export/): 5 = adaptive pools of uneven windows
+    version = "6"  # the exporter's converters (backends/onnx_export/): 5 uneven adaptive pools, 6 uneven split sections
 
     def patterns(self):
         return op_level_patterns(self.name, set(SUPPORTED), max_depth=self.max_ops)

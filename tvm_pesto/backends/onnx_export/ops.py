@@ -284,9 +284,8 @@ def _split(e, call, out):
     axis = int(call.attrs.axis) % len(xs)
     ios = call.attrs.indices_or_sections
     n = xs[axis]
-    if isinstance(ios, (int, tvm.tirx.IntImm)):
-        k = int(ios)
-        sizes = [n // k] * k
+    if isinstance(ios, (int, tvm.tirx.IntImm)):  # k sections: as the result's types say (TVM makes
+        sizes = [tensor_shape(f, "split result")[axis] for f in call.ty.fields]  # ceil(n / k), last shorter)
     else:
         idx = [0] + ints(ios) + [n]
         sizes = [max(0, min(b, n) - min(a, n)) for a, b in zip(idx[:-1], idx[1:])]
