@@ -23,6 +23,14 @@ from tvm_pesto.plan import Plan, Problem, simulate
 from tvm_pesto.solve.split import check_margin, split_decision, split_margin
 
 
+@pytest.fixture(autouse=True)
+def _assumed_dispatch(tmp_path, monkeypatch):
+    """Each test plans with the assumed dispatch figures (DEFAULT_DISPATCH) it reasons with, not
+    a fit another test of this process kept (``run --refit``), measured under whatever load."""
+    monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TVM_PESTO_MACHINE_CALIBRATION", "off")
+
+
 @I.ir_module
 class TwoBranches:
     @R.function
