@@ -18,6 +18,7 @@ from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.graph import dnn_partitioning as dp
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.plan import Plan, Problem
+from tvm_pesto.plan.problem import layer_graph_problem
 from tvm_pesto.plan.expert_split import load_expert_split
 from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.plan.stage import evaluate_stages, io_rates, node_passes
@@ -44,15 +45,11 @@ def layer_file(nodes, edges, fpgas=2, size_per_fpga=1 << 30, cpus=1):
 def problem_of(data, tmp_path, name="g") -> Problem:
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(data))
-    g, meta = dp.load_layer_graph(str(path))
-    cl = dp.cluster_from_graph(meta)
-    return Problem(g, cl, dp.costs_from_graph(g, cl), colocate=dp.colocation_groups(g), cost_source="file")
+    return layer_graph_problem(path)[0]
 
 
 def layergraph(setting, name) -> Problem:
-    g, meta = dp.load_layer_graph(os.path.join(ROOT, f"{setting}-inputs", "LayerGraphs", f"{name}.json"))
-    cl = dp.cluster_from_graph(meta)
-    return Problem(g, cl, dp.costs_from_graph(g, cl), colocate=dp.colocation_groups(g), cost_source="file")
+    return layer_graph_problem(os.path.join(ROOT, f"{setting}-inputs", "LayerGraphs", f"{name}.json"))[0]
 
 
 def check_stage_plan(problem: Problem, plan: Plan) -> None:

@@ -20,6 +20,7 @@ from tvm_pesto.bench.operator_graphs import (OUTSIDE, SOURCES, operator_graph_pa
 from tvm_pesto.cli.main import cli
 from tvm_pesto.graph import dnn_partitioning as dp
 from tvm_pesto.plan import Plan, Problem
+from tvm_pesto.plan.problem import layer_graph_problem
 from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.plan.stage import evaluate_stages
 from tvm_pesto.solve.settings import MipSettings
@@ -46,15 +47,11 @@ def layer_file(nodes, edges, fpgas=2, size_per_fpga=1 << 30, cpus=1):
 def problem_of(data, tmp_path, name="g") -> Problem:
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(data))
-    g, meta = dp.load_layer_graph(str(path))
-    cl = dp.cluster_from_graph(meta)
-    return Problem(g, cl, dp.costs_from_graph(g, cl), colocate=dp.colocation_groups(g), cost_source="file")
+    return layer_graph_problem(path)[0]
 
 
 def operator_graph(name: str) -> Problem:
-    g, meta = dp.load_layer_graph(str(OPS / f"{name}_inference.json.gz"))
-    cl = dp.cluster_from_graph(meta)
-    return Problem(g, cl, dp.costs_from_graph(g, cl), colocate=dp.colocation_groups(g), cost_source="file")
+    return layer_graph_problem(OPS / f"{name}_inference.json.gz")[0]
 
 
 def random_graph(tmp_path, seed: int, n: int = 6):

@@ -101,10 +101,6 @@ class OnnxGraphBackend(Backend):
         """Entries the artifact's loader reads besides the file (none by default)."""
         return {}
 
-    def onnx_bytes(self, func: relax.Function) -> bytes:
-        """``func`` exported to ONNX (:func:`onnx_bytes`)."""
-        return onnx_bytes(func)
-
     def measure_stamp(self) -> str | None:
         """The exported graph's form (:data:`~tvm_pesto.backends.onnx_export.export.EXPORT_STAMP`):
         a region timed in an earlier form is measured again."""
@@ -113,7 +109,7 @@ class OnnxGraphBackend(Backend):
     def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
         fname = f"{stem}.onnx"
         with open(os.path.join(out_dir, fname), "wb") as f:
-            f.write(self.onnx_bytes(func))
+            f.write(onnx_bytes(func))
         return {"kind": self.artifact_kind, "files": [fname], **self.artifact_meta()}
 
 
@@ -141,7 +137,7 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
         return True, ""
 
     def make_callable(self, func: relax.Function, device):
-        return onnx_runner(self.onnx_bytes(func), device_cores(device), parallel=self.parallel)
+        return onnx_runner(onnx_bytes(func), device_cores(device), parallel=self.parallel)
 
     def artifact_meta(self) -> dict:
         return {"parallel": True} if self.parallel else {}

@@ -33,7 +33,7 @@ import os
 import time
 
 from ..graph import dnn_partitioning as dp
-from ..plan import Problem
+from ..plan.problem import layer_graph_problem
 from ..plan.objective import evaluate
 from ..solve import solve
 from ..solve.bounds.objective import objective_lower_bound
@@ -61,10 +61,8 @@ def operator_graph_paths(root: str | None = None, names=None) -> list[str]:
 def operator_graph_row(path: str, time_limit_s: float, deterministic: bool = True) -> dict:
     """One graph's row: stage-DP and ILP latencies, the ILP's status, bound and gap (times
     in ms, the files' unit), beside :data:`OUTSIDE`."""
-    graph, meta = dp.load_layer_graph(path)
-    cluster = dp.cluster_from_graph(meta)
-    problem = Problem(graph, cluster, dp.costs_from_graph(graph, cluster), colocate=dp.colocation_groups(graph),
-                      cost_source="file")
+    problem, meta = layer_graph_problem(path)
+    graph = problem.graph
     ms = 1.0 / meta["time_unit_s"]  # seconds -> the files' unit (ms)
     row = {"graph": meta["name"], "nodes": graph.num_nodes, "accelerators": meta["max_accelerators"],
            "cpus": meta["max_cpus"], "outside": OUTSIDE.get(meta["name"], {})}

@@ -50,6 +50,7 @@ from ..costs.predict.roofline import roofline_costs
 from ..errors import GraphError
 from ..graph import dnn_partitioning as dp
 from ..plan import Problem
+from ..plan.problem import layer_graph_problem
 from ..solve import get_solver
 from .placement_case import ALGORITHMS, HEURISTIC_SLACK, ILP_GOAL, Case, run_case
 from .report import fmt, machine_info, markdown_table, pyplot, save_figure
@@ -95,10 +96,7 @@ def layergraph_cases(root: str | None = None, settings: Iterable[str] = SETTINGS
             stem = os.path.splitext(os.path.basename(path))[0]
             if keep is not None and stem not in keep:
                 continue
-            graph, meta = dp.load_layer_graph(path)
-            cluster = dp.cluster_from_graph(meta)
-            problem = Problem(graph, cluster, dp.costs_from_graph(graph, cluster),
-                              colocate=dp.colocation_groups(graph), cost_source="file")
+            problem, meta = layer_graph_problem(path)
             expert = dp.find_expert_split(path) if setting == "throughput" else None
             cases.append(Case(f"{setting}/{stem}", "layergraph", problem, expert,
                               {"setting": setting, "file": os.path.relpath(path, root),

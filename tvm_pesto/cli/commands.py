@@ -25,7 +25,8 @@ from ..graph import dnn_partitioning as dp
 from ..jsonio import jsonable
 from ..costs.calibrate.dispatch import machine_dispatch
 from ..models import load_model
-from ..plan import Problem, simulate
+from ..plan import simulate
+from ..plan.problem import layer_graph_problem
 from ..plan.expert_split import load_expert_split
 from ..plan.objective import check_choice, evaluate
 from ..plan.trace import write_trace_dir
@@ -295,11 +296,8 @@ def _layer_graph_problem(target: str, cluster_spec: str, split_margin: float | N
                          "placed as the file defines it: leave --split-margin out")
     if cluster_spec != "from-graph":
         raise PestoError("LayerGraph files carry their own devices and costs: use --cluster from-graph")
-    graph, meta = dp.load_layer_graph(target)
-    cluster = dp.cluster_from_graph(meta)
-    problem = Problem(graph, cluster, dp.costs_from_graph(graph, cluster),
-                      colocate=dp.colocation_groups(graph), cost_source="file")
-    return problem, cluster
+    problem = layer_graph_problem(target)[0]
+    return problem, problem.cluster
 
 
 def _model_problem(target: str, cluster_spec: str, s: PlaceSettings, expert: str | None):

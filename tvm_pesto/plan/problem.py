@@ -7,6 +7,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..errors import CostError, GraphError, InfeasibleError
+from ..graph import dnn_partitioning as dp
 from ..graph.opgraph import OpGraph
 
 
@@ -192,3 +193,20 @@ class JointProblem:
         coloc = [sorted({unit_of[v] for v in grp}) for grp in self.colocate]
         return Problem(g, self.cluster, self.costs[cover], colocate=[c for c in coloc if len(c) > 1],
                        cost_source=self.cost_source)
+
+
+def layer_graph_problem(path) -> tuple[Problem, dict]:
+    """The placement problem a dnn-partitioning LayerGraph file (``.json`` or ``.json.gz``)
+    defines, with its devices, costs and co-location classes, and the file's facts
+    (:func:`tvm_pesto.graph.dnn_partitioning.load_layer_graph`).
+
+    Examples
+    --------
+    >>> problem, meta = layer_graph_problem(dp.benchmark_dir() / "throughput-inputs/LayerGraphs/bert24_inference.json")
+    >>> problem.num_nodes, problem.cost_source, meta["max_accelerators"] > 0
+    (32, 'file', True)
+    """
+    graph, meta = dp.load_layer_graph(str(path))
+    cluster = dp.cluster_from_graph(meta)
+    return Problem(graph, cluster, dp.costs_from_graph(graph, cluster), colocate=dp.colocation_groups(graph),
+                   cost_source="file"), meta
