@@ -577,6 +577,18 @@ def test_at_most_max_live_options_are_held_at_once_and_the_plan_may_go_too(monke
     assert d["chosen"] == "library:onnxruntime"
 
 
+def test_a_model_of_large_weights_keeps_fewer_options_built(monkeypatch):
+    # each built option holds copies of the weights: at a ViT-B's 350 MB one stays built, the
+    # others are measured by their quick calls and closed
+    monkeypatch.setattr(trial, "_weight_bytes", lambda opts: 350 << 20)
+    times = {"plan": 1.3e-3, "one-device": 1.2e-3, "library:onnxruntime": 1e-3, "library:openvino": 1.1e-3}
+    opts, build = _options(times)
+    _, d = _choose(opts, build, [], budget_s=0.2)
+    by = {o["name"]: o for o in d["options"]}
+    assert [n for n in by if "timed_once" not in by[n]] == ["library:onnxruntime"]
+    assert d["chosen"] == "library:onnxruntime"
+
+
 def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch):
     # a first call over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call is the
     # option's time: an untuned build of a large model is not called twice for a minute each

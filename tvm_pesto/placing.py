@@ -20,6 +20,7 @@ from .candidates.flow import make_candidates, with_precision
 from .cluster import Cluster, as_cluster
 from .constraints import NodeConstraints, as_constraints, resolve
 from .costs import CostTable, candidate_costs
+from .costs.auto import auto_source
 from .costs.measure.build_time import estimate as estimate_build_s
 from .costs.predict.hybrid import Hybrid, plan_units_to_measure
 from .costs.calibrate.machine import calibrate_machine, needs_fit
@@ -44,10 +45,11 @@ def estimate_costs(analysis: Analysis, cluster, source: str = "auto", cache=None
     candidates (one per fusion group).
     """
     cluster = as_cluster(cluster)
+    cs = placement_candidates(analysis.rg, analysis.groups)
+    source = auto_source(cs, cluster).source if source == "auto" else source
     if calibrate:
         _fit_machine_if_needed(cluster, source)
-    ct = candidate_costs(placement_candidates(analysis.rg, analysis.groups), cluster, source,
-                         cache=cache, progress=progress, calibrate=calibrate)
+    ct = candidate_costs(cs, cluster, source, cache=cache, progress=progress, calibrate=calibrate)
     return ct.table, ct.source
 
 
@@ -197,7 +199,7 @@ class CostedCandidates:
     def table(self, ct: CostTable | None = None) -> CostTable:
         """``ct`` (default :attr:`costs`) with the device pins applied (a table the caller
         gives, or a ``hybrid`` round's, is masked again: every solve sees them)."""
-        ct = self.costs if ct is None else ct
+        ct = self.costs if ct is None else dataclasses.replace(ct, auto=self.costs.auto)  # a hybrid round's
         if self.constraints is None or not self.constraints.device:
             return ct
         return dataclasses.replace(ct, table=self.constraints.mask(ct.table, self.candidates))
@@ -242,6 +244,8 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
         keep = [i for i, c in enumerate(made) if nc.allows(c)]  # a table of every candidate made: the kept rows
         costs = dataclasses.replace(costs, table=costs.table[keep]) if isinstance(costs, CostTable) else costs[keep]
     h = None
+    auto = auto_source(cs, cluster) if isinstance(costs, str) and costs == "auto" else None
+    costs = costs if auto is None else auto.source
     if isinstance(costs, str):
         _fit_machine_if_needed(cluster, costs)
     if isinstance(costs, CostTable):
@@ -253,6 +257,7 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
         ct = h.cost_table()
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
+    ct = ct if auto is None else dataclasses.replace(ct, auto=auto)
     if ct.table.shape != (len(cs), cluster.num_devices):
         raise PestoError(f"the cost table has shape {ct.table.shape}, but the module has {len(cs)} candidates on "
                          f"{cluster.num_devices} devices; give one row per candidate this call generates (in its "

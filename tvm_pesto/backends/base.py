@@ -284,7 +284,28 @@ class Backend(abc.ABC):
                 tvm_ffi.remove_global_func(n)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        trim_heap()
         return len(names)
+
+
+_libc_trim = None
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). A released unit's library frees its weights and arenas, but glibc keeps
+    freed pages of its many per-thread arenas mapped, and a real-size build's resident memory
+    then only grows with every unit it measures or option it closes."""
+    global _libc_trim
+    if _libc_trim is None:
+        try:
+            import ctypes  # lazy: only where units are released
+
+            _libc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc: nothing to give back this way
+            _libc_trim = False
+    if _libc_trim:
+        _libc_trim(0)
 
 
 #: Constants whose digests :func:`constant_digest` keeps (the least recently used go first).

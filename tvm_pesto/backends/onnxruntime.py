@@ -43,8 +43,10 @@ from .onnx_export.ops import SUPPORTED_OPS, supports_call
 SUPPORTED = frozenset(name[len("relax."):] for name in SUPPORTED_OPS)
 
 
-#: At most this many bytes of exported models are kept by :func:`onnx_bytes` (the newest one always).
-EXPORTS_KEPT_BYTES = 512 << 20
+#: At most this many bytes of exported models are kept by :func:`onnx_bytes` (the newest one
+#: always): a region's libraries ask for its export one after another (measurement entries and
+#: the final choice's options come in that order), so a few recent exports serve them.
+EXPORTS_KEPT_BYTES = 128 << 20
 _exports: OrderedDict = OrderedDict()
 _exports_lock = threading.Lock()
 

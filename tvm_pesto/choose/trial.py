@@ -37,6 +37,11 @@ RUNAWAY_FIRST_S = 10.0
 #: Each option is called up to QUICK_CALLS times (within QUICK_S) after its first call; one
 #: DROP x the fastest such call, or not among the MAX_LIVE fastest, is closed at once.
 QUICK_CALLS, QUICK_S, DROP, MAX_LIVE = 3, 0.2, 1.5, 3
+#: Options kept built at once hold about LIVE_COPIES x the model's weights each (the library's
+#: own copy, its prepacked copy, a second spinning session of ONNX Runtime), so fewer than
+#: MAX_LIVE are kept where that would pass LIVE_BYTES (at least one: a ResNet-50 at 224x224 keeps
+#: two, a ViT-B/16 one); the others are measured by their quick calls, as a dropped one.
+LIVE_COPIES, LIVE_BYTES = 4, 1 << 30
 #: A slow spell of the machine: the probe's two-thread call over its one-thread call above
 #: SPELL_RATIO (about 0.55 while both cores run); the probe is asked again up to SPELL_PROBES
 #: times, SPELL_PAUSE_S apart, and after the spell the options within SPELL_RANGE x the fastest
@@ -195,14 +200,31 @@ def _predicted_runaway(option: Option, first_s: dict, best_predicted: float) -> 
     return None
 
 
+def live_limit(weight_bytes: int) -> int:
+    """Options kept built at once for a model of ``weight_bytes`` of weights (:data:`LIVE_BYTES`).
+
+    Examples
+    --------
+    >>> live_limit(5 << 20), live_limit(100 << 20), live_limit(350 << 20)
+    (3, 2, 1)
+    """
+    return max(1, min(MAX_LIVE, LIVE_BYTES // max(1, LIVE_COPIES * int(weight_bytes))))
+
+
+def _weight_bytes(opts: list[Option]) -> int:
+    """The model's weights in bytes (0 where the options carry no analysis: tests' stand-ins)."""
+    analysis = getattr(opts[0].placement, "analysis", None) if opts else None
+    return sum(n.param_bytes for n in analysis.op_graph.nodes) if analysis is not None else 0
+
+
 def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None,
            clock=time.perf_counter, probe_spell: bool = True):
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
 
     ``build(option) -> PlacedModule``. Runaways (:data:`RUNAWAY`) are not run (``skipped``)
     or are measured by their first or quick calls (``timed_once``), as are options
-    :data:`DROP` x the fastest quick calls or behind :data:`MAX_LIVE` faster ones (closed as
-    soon as they are); options within :data:`RUNOFF` of the fastest run off
+    :data:`DROP` x the fastest quick calls or behind :data:`MAX_LIVE` faster ones (fewer for a
+    model of large weights, :func:`live_limit`; closed as soon as they are); options within :data:`RUNOFF` of the fastest run off
     (``decision.runoff``, up to :data:`RUNOFF_PASSES` times). An option
     that fails to build or to run, or computes another model (:func:`wrong_numerics`), is
     reported with its error and left out; the flow's plan failing to build or run raises.
@@ -217,6 +239,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     # against the best library option's prediction
     best_library = min([o.predicted_s for o in opts if o.name not in FLOW_OPTIONS and not o.name.endswith("+tvm")]
                        or [o.predicted_s for o in opts])
+    keep = live_limit(_weight_bytes(opts))
     for k, o in enumerate(opts):
         if progress:
             progress(k + 1, len(opts))
@@ -229,7 +252,7 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
             continue
         built[o.name] = pm
         live = sorted((n for n in built if n in call_s), key=call_s.get)
-        for n in [n for n in live[MAX_LIVE:]] + [n for n in live[:MAX_LIVE] if call_s[n] > DROP * call_s[live[0]]]:
+        for n in [n for n in live[keep:]] + [n for n in live[:keep] if call_s[n] > DROP * call_s[live[0]]]:
             dropped.add(n)  # not kept unless all faster ones fail: closed now, as a large model's options
             _close(built.pop(n), built.values())  # hold its weights each
     for name, why in wrong_numerics(opts, outputs).items():  # reported, never kept: not the model
@@ -308,6 +331,6 @@ def wrong_numerics(opts: list[Option], outputs: dict) -> dict:
     return out
 
 
-__all__ = ["BUDGET_S", "DROP", "SPELL_PAUSE_S", "SPELL_PROBES", "SPELL_RANGE", "SPELL_RATIO", "MAX_LIVE", "NUMERICS_TOL", "PREDICTED_SLOW", "PREFER_LIBRARY", "QUICK_CALLS",
+__all__ = ["BUDGET_S", "DROP", "SPELL_PAUSE_S", "SPELL_PROBES", "SPELL_RANGE", "SPELL_RATIO", "LIVE_BYTES", "LIVE_COPIES", "MAX_LIVE", "NUMERICS_TOL", "PREDICTED_SLOW", "PREFER_LIBRARY", "QUICK_CALLS",
            "QUICK_S", "REDUCED_TOL", "RUNAWAY", "RUNAWAY_FIRST_S", "RUNAWAY_MIN_S", "RUNOFF", "RUNOFF_BUDGET_S",
-           "RUNOFF_PASSES", "RUNOFF_ROUNDS", "choose", "wrong_numerics"]
+           "RUNOFF_PASSES", "RUNOFF_ROUNDS", "choose", "live_limit", "wrong_numerics"]

@@ -128,6 +128,8 @@ def _print_run(res):
         saved = f", profiling saved ~{c['saved_s']:.1f} s" if c.get("saved_s") else ""
         console.print(f"  candidates        {c.get('measured', 0)} measured now, {c.get('cached', 0)} from the cache, "
                       f"{c.get('predicted', 0)} predicted{saved}")
+        if c.get("auto"):
+            console.print(f"  costs auto        {c['auto']['source']}: {c['auto']['reason']}")
         unseen = c.get("unseen_ops") or {}
         if unseen:
             ops = ", ".join(op.removeprefix("relax.") for op in unseen)

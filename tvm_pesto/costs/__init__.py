@@ -3,9 +3,9 @@
 Sources: ``measured`` (:mod:`.measure.measured`: run on this machine's devices,
 persistent cache), ``xgb`` (:mod:`.predict.xgb`: the trained cost model), ``roofline``
 (:mod:`.predict.roofline`: FLOPs and bytes over peak), ``hybrid`` (:mod:`.predict.hybrid`: predict all,
-measure only the close calls and the critical path, correct the rest by what was seen). ``auto`` measures when every device is on
-this machine, and otherwise predicts (``xgb``, with roofline where the model does not cover
-a device). A GPU's roofline column takes the device check's timings of that GPU where they
+measure only the close calls and the critical path, correct the rest by what was seen). ``auto`` (:mod:`.auto`) measures when every device is on
+this machine and measuring every candidate is affordable, takes ``hybrid`` when it is not, and
+otherwise predicts (``xgb``, with roofline where the model does not cover a device). A GPU's roofline column takes the device check's timings of that GPU where they
 exist (:mod:`.predict.gpu_check`). :func:`candidate_costs` is the one entry point; a new source is one module plus
 one entry in :data:`SOURCES`.
 
@@ -33,9 +33,11 @@ Examples
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 from ..errors import CostError, UnseenOpsWarning
+from .auto import auto_source
 from .predict.gpu_check import apply_check_logs
 from .predict.hybrid import hybrid_costs
 from .predict.roofline import roofline_candidate_costs, roofline_costs
@@ -117,12 +119,8 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
     if source not in SOURCES:
         raise CostError(f"unknown cost source {source!r}; use one of {', '.join(SOURCES)}")
     if source == "auto":
-        source = "measured" if all(d.present or d.remote for d in cluster.devices) else "xgb"
-        if source == "xgb":
-            try:
-                import xgboost  # noqa: F401
-            except ImportError:
-                source = "roofline"
+        auto = auto_source(cs, cluster)
+        return dataclasses.replace(candidate_costs(cs, cluster, auto.source, cache, progress, calibrate), auto=auto)
     if source == "measured":
         return _measured(cs, cluster, cache, progress, calibrate)
     if source == "xgb":

@@ -48,6 +48,8 @@ class CostTable:
     gpu_check : dict
         Device index -> what the device check's GPU timings changed in its roofline column
         (:func:`tvm_pesto.costs.predict.gpu_check.apply_check_logs`); empty when none applied.
+    auto : AutoChoice or None
+        With ``costs="auto"``: the source it took and why (:class:`tvm_pesto.costs.auto.AutoChoice`).
     """
 
     table: np.ndarray
@@ -63,6 +65,7 @@ class CostTable:
     saved_s: float = 0.0
     unseen: dict = field(default_factory=dict)
     gpu_check: dict = field(default_factory=dict)
+    auto: object = None
 
     @property
     def source(self) -> str:
@@ -77,7 +80,8 @@ class CostTable:
                 "native_scale": {str(k): v for k, v in self.native_scale.items()},
                 "prediction_fit": {str(k): v for k, v in self.prediction_fit.items()}, "hybrid": dict(self.hybrid),
                 "unseen_ops": self.unseen_op_counts(), "unseen_candidates": len(self.unseen),
-                "gpu_check": {str(k): v for k, v in self.gpu_check.items()}}
+                "gpu_check": {str(k): v for k, v in self.gpu_check.items()},
+                "auto": None if self.auto is None else self.auto.to_json()}
 
     def unseen_op_counts(self) -> dict:
         """Op name -> how many candidates hold it that the cost model never trained on."""
