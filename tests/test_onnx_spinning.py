@@ -60,3 +60,55 @@ def test_direct_and_dps_calls_agree(model_bytes):
     out = tvm.runtime.empty(want.shape, "float32", tvm.cpu())
     run(*[tvm.runtime.tensor(a) for a in inputs], out)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def _live_sessions(monkeypatch):
+    import weakref
+
+    live = []
+    real = loaders.onnx_session
+
+    def session(model, cores, parallel=False, spin=False):
+        sess = real(model, cores, parallel=parallel, spin=spin)
+        live.append(weakref.ref(sess))
+        return sess
+
+    monkeypatch.setattr(loaders, "onnx_session", session)
+    return lambda: sum(r() is not None for r in live)
+
+
+def test_a_unit_called_only_directly_keeps_one_session(monkeypatch, model_bytes):
+    # each session holds the weights and their prepacked copies: the whole model called
+    # directly drops the DPS session it was built with; a later DPS call runs the spinning one
+    import gc
+
+    import tvm
+
+    model, inputs = model_bytes
+    live = _live_sessions(monkeypatch)
+    monkeypatch.setattr(loaders, "owns_every_core", lambda cores: True)
+    run = loaders.onnx_runner(model, 2)
+    (want,) = run.direct(*inputs)
+    gc.collect()
+    assert live() == 1
+    out = tvm.runtime.empty(want.shape, "float32", tvm.cpu())
+    run(*[tvm.runtime.tensor(a) for a in inputs], out)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_unit_called_through_dps_first_keeps_both_sessions(monkeypatch, model_bytes):
+    import gc
+
+    import tvm
+
+    model, inputs = model_bytes
+    (want,) = loaders.onnx_runner(model, 1).direct(*inputs)
+    live = _live_sessions(monkeypatch)
+    monkeypatch.setattr(loaders, "owns_every_core", lambda cores: True)
+    run = loaders.onnx_runner(model, 2)
+    out = tvm.runtime.empty(want.shape, "float32", tvm.cpu())
+    run(*[tvm.runtime.tensor(a) for a in inputs], out)  # a DPS call first (the measurement's warm-up)
+    (direct,) = run.direct(*inputs)
+    gc.collect()
+    assert live() == 2
+    np.testing.assert_allclose(out.numpy(), direct, rtol=1e-6, atol=1e-6)

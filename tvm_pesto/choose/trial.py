@@ -38,9 +38,10 @@ RUNAWAY_FIRST_S = 10.0
 #: DROP x the fastest such call, or not among the MAX_LIVE fastest, is closed at once.
 QUICK_CALLS, QUICK_S, DROP, MAX_LIVE = 3, 0.2, 1.5, 3
 #: Options kept built at once hold about LIVE_COPIES x the model's weights each (the library's
-#: own copy, its prepacked copy, a second spinning session of ONNX Runtime), so fewer than
-#: MAX_LIVE are kept where that would pass LIVE_BYTES (at least one: a ResNet-50 at 224x224 keeps
-#: two, a ViT-B/16 one); the others are measured by their quick calls, as a dropped one.
+#: own copy and its prepacked or reordered one, the export it was built from), so fewer than
+#: MAX_LIVE are kept where that would pass LIVE_BYTES: a ResNet-50 at 224x224 keeps two; a
+#: ViT-B/16 or a BERT-base none, each option closed after its quick calls (which measure it,
+#: as a dropped one) and the fastest built again.
 LIVE_COPIES, LIVE_BYTES = 4, 1 << 30
 #: A slow spell of the machine: the probe's two-thread call over its one-thread call above
 #: SPELL_RATIO (about 0.55 while both cores run); the probe is asked again up to SPELL_PROBES
@@ -205,10 +206,10 @@ def live_limit(weight_bytes: int) -> int:
 
     Examples
     --------
-    >>> live_limit(5 << 20), live_limit(100 << 20), live_limit(350 << 20)
-    (3, 2, 1)
+    >>> live_limit(5 << 20), live_limit(100 << 20), live_limit(200 << 20), live_limit(350 << 20)
+    (3, 2, 1, 0)
     """
-    return max(1, min(MAX_LIVE, LIVE_BYTES // max(1, LIVE_COPIES * int(weight_bytes))))
+    return max(0, min(MAX_LIVE, LIVE_BYTES // max(1, LIVE_COPIES * int(weight_bytes))))
 
 
 def _weight_bytes(opts: list[Option]) -> int:

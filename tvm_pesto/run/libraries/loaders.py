@@ -116,17 +116,20 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
 
     ``f.direct(*arrays)`` is the library's own call on numpy arrays (:func:`direct_call`),
     used when this unit is the whole program. On a device of two or more cores that has
-    every core (:func:`owns_every_core`) it runs a second session whose workers spin, made
-    on its first call: nothing else runs beside it then. The DPS call keeps the session
-    without spinning, which shares its device with other units.
+    every core (:func:`owns_every_core`) it runs a session whose workers spin: nothing else
+    runs beside it then. The DPS call runs the session made with the runner, without
+    spinning, which shares its device with other units; when the spinning session is made
+    before any DPS call (a whole-model unit, called directly), the other one is dropped (each
+    holds the weights and their prepacked copies) and a later DPS call runs the spinning one.
     """
-    sess = onnx_session(model, cores, parallel=parallel)
-    in_names = [i.name for i in sess.get_inputs()]
-    out_names = [o.name for o in sess.get_outputs()]
+    sessions = {"dps": onnx_session(model, cores, parallel=parallel)}
+    in_names = [i.name for i in sessions["dps"].get_inputs()]
+    out_names = [o.name for o in sessions["dps"].get_outputs()]
     n_in = len(in_names)
+    dps_used = []  # set by the first DPS call
 
     def bind(args):
-        io = sess.io_binding()
+        io = (sessions.get("dps") or sessions["spin"]).io_binding()
         for nm, a in zip(in_names, args[:n_in]):
             arr = np.from_dlpack(a)
             io.bind_input(nm, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
@@ -138,7 +141,9 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     binding = kept_per_address(bind)
 
     def run(*args):
-        sess.run_with_iobinding(binding(args))
+        if not dps_used:
+            dps_used.append(True)
+        (sessions.get("dps") or sessions["spin"]).run_with_iobinding(binding(args))
 
     # the model is kept only until the spinning session is made, and only where one will be
     pending = [model] if int(cores) > 1 and owns_every_core(cores) else []
@@ -146,8 +151,11 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
 
     def direct(*arrays):
         if not alone:
-            alone.append(OnnxRuntimeCall(onnx_session(pending.pop(), cores, parallel=parallel, spin=True)
-                                         if pending else sess))
+            if pending:
+                sessions["spin"] = onnx_session(pending.pop(), cores, parallel=parallel, spin=True)
+                if not dps_used:  # a whole-model unit called directly: its DPS session's copies go
+                    del sessions["dps"]
+            alone.append(OnnxRuntimeCall(sessions.get("spin") or sessions["dps"]))
         return alone[0](*arrays)
 
     run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
@@ -208,8 +216,8 @@ def openvino_runner(model, cores: int, precision: str = "f32") -> Callable:
     """
     import openvino as ov
 
+    names = onnx_input_names(model)  # first: its parse of the weights is freed before OpenVINO reads them
     compiled = openvino_model(model, cores, precision)
-    names = onnx_input_names(model)
     n_in = len(names)
     port = {n: k for k, p in enumerate(compiled.inputs) for n in p.get_names()}
     # (argument position, OpenVINO input index) of the inputs OpenVINO kept: it drops unused ones
