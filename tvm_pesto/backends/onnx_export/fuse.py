@@ -57,7 +57,8 @@ def fuse_hard_activations(nodes: list, inits: list, keep: set[str]) -> tuple[lis
     """
     from onnx import helper, numpy_helper
 
-    consts = {t.name: numpy_helper.to_array(t) for t in inits}
+    # the scalars only: a copy of every weight would double the export's memory
+    consts = {t.name: numpy_helper.to_array(t) for t in inits if int(np.prod(t.dims)) <= 1}
     producer = {o: n for n in nodes for o in n.output}
     uses = Counter(i for n in nodes for i in n.input)
     uses.update(keep)
