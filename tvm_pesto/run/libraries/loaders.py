@@ -127,9 +127,17 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     out_names = [o.name for o in sessions["dps"].get_outputs()]
     n_in = len(in_names)
     dps_used = []  # set by the first DPS call
+    swap = threading.Lock()  # held while the direct call replaces the DPS session
+
+    def dps_session():
+        sess = sessions.get("dps") or sessions.get("spin")
+        if sess is None:
+            with swap:
+                return sessions.get("dps") or sessions["spin"]
+        return sess
 
     def bind(args):
-        io = (sessions.get("dps") or sessions["spin"]).io_binding()
+        io = dps_session().io_binding()
         for nm, a in zip(in_names, args[:n_in]):
             arr = np.from_dlpack(a)
             io.bind_input(nm, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
@@ -143,7 +151,7 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     def run(*args):
         if not dps_used:
             dps_used.append(True)
-        (sessions.get("dps") or sessions["spin"]).run_with_iobinding(binding(args))
+        dps_session().run_with_iobinding(binding(args))
 
     # the model is kept only until the spinning session is made, and only where one will be
     pending = [model] if int(cores) > 1 and owns_every_core(cores) else []
@@ -152,9 +160,10 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     def direct(*arrays):
         if not alone:
             if pending:
-                sessions["spin"] = onnx_session(pending.pop(), cores, parallel=parallel, spin=True)
-                if not dps_used:  # a whole-model unit called directly: its DPS session's copies go
-                    del sessions["dps"]
+                with swap:
+                    if not dps_used:  # a whole-model unit called directly: its DPS session's copies go first
+                        del sessions["dps"]
+                    sessions["spin"] = onnx_session(pending.pop(), cores, parallel=parallel, spin=True)
             alone.append(OnnxRuntimeCall(sessions.get("spin") or sessions["dps"]))
         return alone[0](*arrays)
 
