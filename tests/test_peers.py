@@ -186,3 +186,26 @@ def test_a_corpus_folder_is_benched_file_by_file_each_in_its_own_process(tmp_pat
     assert r["failed"] == ["broken.onnx"] and r["peak_rss_mb_max"] == good["peak_rss_mb"]
     assert r["build_s_max"] == r["build_s_median"] == good["build_s"]
     assert "broken.onnx: load: " in res.output and "build: median" in res.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cold", [True, False])
+def test_each_model_builds_from_an_empty_measurement_cache_unless_warm_is_asked(monkeypatch, cold):
+    import tvm_pesto
+    from tvm_pesto.costs.store.cache import MeasureCache, default_cache_path
+
+    seen, real = [], tvm_pesto.build
+
+    def build(mod, cluster, **options):
+        seen.append(options.get("cache"))
+        return real(mod, cluster, **options)
+
+    monkeypatch.setattr(tvm_pesto, "build", build)
+    model, x, mod = _mlp()
+    r = bench_peers([("mlp", lambda: (model, x, mod))], PeerSettings(cores=2, torch_compile=False, extra_builds=False,
+                    build_options={"costs": "roofline"}, rounds=1, overhead=False, cold_cache=cold))
+    assert r["models"]["mlp"]["error"] is None and seen
+    if cold:  # its own log, not the shared one: a user's first build of this model
+        assert all(isinstance(c, MeasureCache) and c.path != default_cache_path() for c in seen)
+    else:
+        assert seen == [None]

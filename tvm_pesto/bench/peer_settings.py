@@ -27,6 +27,11 @@ class PeerSettings:
     overhead : bool
         Also time the one-unit overhead of each model
         (:func:`~tvm_pesto.bench.peers.one_unit_overhead`).
+    cold_cache : bool
+        Each model's builds measure into a measurement cache of their own, as a user's first
+        build of a model does (the machine's one-time fits, kept beside the shared cache, still
+        hold); False: the shared cache (``~/.cache/tvm-pesto``), so a model built before is a
+        warm build.
     """
 
     cores: int | None = None
@@ -35,6 +40,7 @@ class PeerSettings:
     rounds: int = ROUNDS
     extra_builds: bool = True
     overhead: bool = True
+    cold_cache: bool = True
 
 
 __all__ = ["PeerSettings", "ROUNDS"]

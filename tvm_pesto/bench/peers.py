@@ -65,6 +65,7 @@ from ..cluster.specs import cpu_cluster
 from ..choose.options import whole_model_placement
 from ..errors import error_line
 from ..costs.measure.blocks import time_blocks
+from ..costs.store.cache import MeasureCache
 from ..run.libraries.loaders import onnx_session
 from ..run.thread.executor import max_abs_err
 from .peer_settings import ROUNDS, PeerSettings
@@ -288,8 +289,11 @@ def bench_model(name: str, model, inputs, mod, settings: PeerSettings, onnx_path
         has no time; ``noise``.
     """
     with tempfile.TemporaryDirectory(prefix="pesto-peers-") as tmp:
+        options = dict(settings.build_options or {})
+        if settings.cold_cache and "cache" not in options:  # a user's first build of this model
+            options["cache"] = MeasureCache(os.path.join(tmp, "measurements.jsonl"))
         variants = peer_variants(model, inputs, mod, settings.cores, tmp, settings.torch_compile,
-                                 settings.build_options, onnx_path, settings.extra_builds)
+                                 options, onnx_path, settings.extra_builds)
         ok = {v.name: v.call for v in variants if v.call is not None}
         timed = time_blocks(ok, rounds=settings.rounds, agree=AGREE)
     by_name = {v.name: v for v in variants}

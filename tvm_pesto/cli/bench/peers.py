@@ -54,6 +54,9 @@ def _sources(zoo_names, out_names, sizes, corpus: str | None, corpus_models) -> 
 @click.option("--torch-compile/--no-torch-compile", default=True, show_default=True,
               help="include torch.compile (Inductor compiles each model for tens of seconds)")
 @click.option("--rounds", default=3, show_default=True, help="timed blocks per variant (order rotated)")
+@click.option("--warm-cache", is_flag=True, help="build with the shared measurement cache (~/.cache/tvm-pesto), "
+              "so a model built before is a warm build [default: each model measures from scratch, as a user's "
+              "first build does; the machine's one-time fits are kept]")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
 @click.option("--md", "md_path", default=None, help="write the table as markdown here")
 def peers(models, sizes, corpus, model_timeout, extra_builds, json_path, md_path, **build):
@@ -78,10 +81,12 @@ def peers(models, sizes, corpus, model_timeout, extra_builds, json_path, md_path
         raise PestoError("--model picks models of the zoo or of --corpus timm; a --corpus folder is benched whole")
     todo = _sources(zoo_names, out_names, sizes or ("small",), corpus, models)
     timeout = model_timeout if model_timeout is not None else (1800.0 if corpus is not None else None)
-    about = {"command": " ".join(["tvm-pesto", *sys.argv[1:]]), "corpus": corpus or "zoo"}
+    about = {"command": " ".join(["tvm-pesto", *sys.argv[1:]]), "corpus": corpus or "zoo",
+             "measurement_cache": "warm" if build["warm_cache"] else "cold"}
     settings = PeerSettings(cores=build["cores"], torch_compile=build["torch_compile"],
                             build_options={"costs": build["costs"]}, rounds=build["rounds"],
-                            extra_builds=corpus is None if extra_builds is None else extra_builds)
+                            extra_builds=corpus is None if extra_builds is None else extra_builds,
+                            cold_cache=not build["warm_cache"])
     res = bench_peers(todo, settings, progress=lambda m: console.print(f"  {m}"), model_timeout_s=timeout,
                       # the checkpoint is not checked against the schema: a long run never stops on it (the final write is)
                       checkpoint=(lambda r: write_json(json_path, {**r, **about, "complete": False})) if json_path
