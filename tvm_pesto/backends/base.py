@@ -293,9 +293,8 @@ _libc_trim = None
 
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; nothing
-    elsewhere). A released unit's library frees its weights and arenas, but glibc keeps
-    freed pages of its many per-thread arenas mapped, and a real-size build's resident memory
-    then only grows with every unit it measures or option it closes."""
+    elsewhere): a released unit's library frees its weights and arenas, and glibc may keep
+    the freed pages of its per-thread arenas mapped, counted in the build's resident memory."""
     global _libc_trim
     if _libc_trim is None:
         try:
