@@ -378,3 +378,30 @@ def test_all_with_a_named_only_backend_offers_every_backend_and_that_one():
     have = {c.backend for c in cs.candidates}
     ok, why = backend_status(["openvino-bf16"])["openvino-bf16"]
     assert ("openvino-bf16" in have) == ok and (ok or warned), (have, why)
+
+
+def test_a_build_lets_go_of_the_weights_whose_digests_it_kept():
+    # the digests of a build's weights hold those constants (so no other takes their address
+    # meanwhile); once the build returns, the model is the caller's to drop
+    import tvm_pesto
+    from tvm_pesto.backends import base
+    from tvm_pesto.candidates.examples import tiny_cnn
+
+    mod, _ = tiny_cnn()
+    placed = tvm_pesto.build(mod, "cpu:1", costs="roofline", measure_final=False)
+    assert placed is not None and len(base._digests) == 0
+    for c in _constants(mod)[:3]:
+        base.constant_digest(c)
+    assert len(base._digests) > 0
+    base.forget_constants()
+    assert len(base._digests) == 0
+
+
+def _constants(mod):
+    from tvm import relax
+
+    from tvm_pesto.backends.onnx_export.graph import is_tensor_const
+
+    found = []
+    relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if is_tensor_const(e) else None)
+    return found

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import tvm
 
+from .backends.base import forget_constants
 from .builder.placed import PlacedModule, build_placement
 from .builder.program import legalize_on_devices
 from .builder.rewrite import apply_plan
@@ -98,17 +99,20 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
     if plan is not None and constraints is not None:
         raise PestoError("constraints= apply to the plan the flow makes; a given plan= is applied as it is: leave "
                          "one of them out")
-    if plan is not None:
-        analysis = analyze(mod)
-        placed = PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, None, progress=progress)
-    else:
-        analysis = analyze(mod)
-        limit = solver_options.pop("time_limit_s", budget.SOLVE_S)
-        solving = budget.Solving(limit, skip_reason(cluster, measure_final) is None, deterministic)
-        request = Request(backends, solver, costs, cache, progress, deterministic, executor, limit, solver_options,
-                          constraints)
-        pl = request.place(analysis, cluster, time_limit_s=solving.flow_s())
-        placed = final_choice(mod, pl, cluster, request, inputs, measure_final, progress, solving)
+    try:
+        if plan is not None:
+            analysis = analyze(mod)
+            placed = PlacedModule(apply_plan(analysis.rg, plan, cluster), cluster, plan, None, progress=progress)
+        else:
+            analysis = analyze(mod)
+            limit = solver_options.pop("time_limit_s", budget.SOLVE_S)
+            solving = budget.Solving(limit, skip_reason(cluster, measure_final) is None, deterministic)
+            request = Request(backends, solver, costs, cache, progress, deterministic, executor, limit,
+                              solver_options, constraints)
+            pl = request.place(analysis, cluster, time_limit_s=solving.flow_s())
+            placed = final_choice(mod, pl, cluster, request, inputs, measure_final, progress, solving)
+    finally:
+        forget_constants()  # the weights' digests kept for this build: the model is the caller's to drop
     if executor == "ray":
         placed.use_ray(address=ray_address)
     return placed

@@ -313,11 +313,17 @@ _digests: "OrderedDict" = OrderedDict()
 _digests_lock = threading.Lock()
 
 
+def forget_constants() -> None:
+    """Drop the constants :func:`constant_digest` holds (the end of a build: their model may go)."""
+    with _digests_lock:
+        _digests.clear()
+
+
 def constant_digest(c) -> bytes:
     """A digest of a Relax constant's value. The candidates of one model share their weights'
     constants, and a weight of 150 MB takes a quarter of a second to read: each constant is
     read once while it stays among the :data:`DIGESTS_KEPT` last asked for (held here, so no
-    other constant can take its address meanwhile)."""
+    other constant can take its address meanwhile, until :func:`forget_constants`)."""
     v = c.value
     if not hasattr(v, "numpy"):  # a scalar (a shape's integers): no tensor to read
         return repr(v).encode()
