@@ -17,7 +17,7 @@ from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.costs.predict.calibration import calibration_path
 from tvm_pesto.costs.measure.remote import remote_cluster
-from tvm_pesto.costs.predict.xgb import load_model
+from tvm_pesto.costs.predict.xgb import TARGETS, load_model
 from tvm_pesto.errors import PestoError
 from tvm_pesto.jsonio import write_json
 
@@ -237,14 +237,35 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
                    "label_noise says how far the runs differ (what a perfect model would score against one run)")
 @click.option("--save-calibration", is_flag=True, help="--flow: fit the calibration on all the models and store it "
               "next to the model file (NAME.calibration.json), where the xgb cost source applies it")
+@click.option("--holdout", type=click.Choice(["family"]), default=None,
+              help="train the model's recipe without each architecture family in turn and score that family")
+@click.option("--train-size", type=click.Choice(["small", "full"]), default=None,
+              help="train the recipe on the rows of this model size (with --eval-size)")
+@click.option("--eval-size", type=click.Choice(["small", "full"]), default=None,
+              help="score the rows of this model size (with --train-size)")
+@click.option("--families", default="", help="--holdout family: comma-separated families to hold out [default: all]")
+@click.option("--target", default=None, type=click.Choice(list(TARGETS)),
+              help="--holdout/--train-size: the target to train [default: the model's own]")
+@click.option("--rounds", default=None, type=click.IntRange(1), help="--holdout/--train-size: boosting rounds of "
+              "each fold [default: the model's own]")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
+              help="--holdout/--train-size: XGBoost threads per training")
 def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, **flow_options):
     """Evaluate a cost model on its held-out models and on the models it saw (or, with
-    --flow, on whole models through the cost sources)."""
+    --flow, on whole models through the cost sources; with --holdout family or --train-size
+    and --eval-size, on architecture families and sizes its recipe never trained on)."""
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .evaluate import evaluate_model
 
     model = load_model(model_path)
     o = flow_options
+    gen = {k: o.pop(k) for k in ("holdout", "train_size", "eval_size", "families", "target", "rounds", "threads")}
+    if gen["holdout"] or gen["train_size"] or gen["eval_size"]:
+        if flow or cv or plot:
+            raise PestoError("--holdout and --train-size/--eval-size retrain on the records; --flow, --cv and --plot "
+                             "are other evaluations: run them apart")
+        _eval_generalization(model, list(logs), list(tuning_dbs), label, gen, json_path)
+        return
     save_calibration, strict, no_calibration = o["save_calibration"], o["strict"], o["no_calibration"]
     cache_path, label_runs, backends = o["cache_path"], o["label_runs"], o["backends"]
     if flow:
@@ -299,6 +320,56 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, **f
         console.print(f"plot: {plot}")
     if json_path:
         write_json(json_path, res)
+
+
+def _print_fold(name: str, f: dict) -> None:
+    r, g = f["rows"], f["groups"]
+    console.print(f"  {name[:16]:16s} {r['n']:6d} {_fmt(r['mape'], '7.1f')} {_fmt(r['median_ape'], '6.1f')} "
+                  f"{_fmt(r['spearman'], '6.3f')} {_fmt(r['sum_ratio'], '5.2f')} | {g['n']:5d} {_fmt(g['mape'], '7.1f')} "
+                  f"{_fmt(g['median_ape'], '6.1f')} {_fmt(g['spearman'], '6.3f')} {_fmt(g['sum_ratio'], '5.2f')} "
+                  f"{_frac(g['within_3x'])} {_fmt(g['ratio_min'], '5.2f')}-{_fmt(g['ratio_max'], '.2f')}")
+
+
+def _eval_generalization(model, logs, tuning_dbs, label, gen: dict, json_path) -> None:
+    """``eval --holdout family`` or ``eval --train-size A --eval-size B``
+    (:mod:`tvm_pesto_lab.generalization`), printed and written as JSON."""
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .dataset import load_dataset
+    from .evaluate import model_logs, relabel
+    from .generalization import Recipe, holdout_families, train_on_size
+
+    if gen["holdout"] and (gen["train_size"] or gen["eval_size"]):
+        raise PestoError("--holdout family and --train-size/--eval-size are two evaluations: run them apart")
+    if not gen["holdout"] and not (gen["train_size"] and gen["eval_size"]):
+        raise PestoError("--train-size and --eval-size go together (e.g. --train-size small --eval-size full)")
+    if gen["families"] and not gen["holdout"]:
+        raise PestoError("--families names the families --holdout family holds out; add --holdout family")
+    logs, tuning_dbs = model_logs(model, logs, tuning_dbs)
+    with step("read logs"):
+        ds = load_dataset(logs, tuning_dbs)
+    _report_skipped(ds.skipped)
+    rows = relabel(ds.rows, label)
+    recipe = Recipe(target=gen["target"] or model.target, rounds=gen["rounds"] or int(model.meta.get("rounds", 300)),
+                    params=model.meta.get("params"), threads=gen["threads"], overheads=ds.overheads)
+    fams = [f.strip() for f in gen["families"].split(",") if f.strip()]
+    what = "each family held out" if gen["holdout"] else f"trained on {gen['train_size']}, scored on {gen['eval_size']}"
+    with step(f"{what} (target {recipe.target}, {recipe.rounds} rounds, {recipe.threads} thread(s))") as cb:
+        if gen["holdout"]:
+            res = holdout_families(rows, recipe, fams or None, progress=cb)
+        else:
+            res = train_on_size(rows, recipe, gen["train_size"], gen["eval_size"], progress=cb)
+    out = {"model": model.path, "logs": list(logs) + list(tuning_dbs), **res.to_json(), "load": list(os.getloadavg()),
+           "skipped_lines": [list(s) for s in ds.skipped]}
+    console.print(f"[bold]{model.path}[/] recipe, {what}: {res.rows} rows, {res.seconds:.0f} s; MAPE and median "
+                  f"in %, sum = predicted / measured; groups = TVM fusion groups")
+    console.print(f"  {'family':16s} {'rows':>6s} {'MAPE':>7s} {'median':>6s} {'Spear':>6s} {'sum':>5s} | "
+                  f"{'groups':>5s} {'MAPE':>7s} {'median':>6s} {'Spear':>6s} {'sum':>5s} {'in 3x':>6s} pred/meas")
+    for name, f in out["folds"].items():
+        _print_fold(name, f)
+    if out["pooled"]:
+        _print_fold("pooled", out["pooled"])
+    if json_path:
+        write_json(json_path, out, schema="cost-model-generalization")
 
 
 def _fmt(x, spec: str) -> str:

@@ -1,0 +1,90 @@
+"""The cost model on what it never met: ``cost-model eval --holdout family`` and ``--train-size
+small --eval-size full`` (``tvm_pesto_lab.generalization``), the family of each row's model
+(``tvm_pesto_lab.families``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tvm_pesto.errors import PestoError
+from tvm_pesto.jsonio import schema_problems
+from tvm_pesto_lab.cli import cost_model
+from tvm_pesto_lab.families import MODEL_FAMILIES, model_family
+from tvm_pesto_lab.generalization import fusion_groups
+
+from test_cost_model import CPU_DEV, sweep_descs, synthetic_rows, write_log  # noqa: F401 - a fixture
+
+#: sweep families renamed to models of two architecture families (a zoo model and a corpus
+#: model of one family), and one at size full
+RENAME = {"sweep-conv2d": "resnet50", "sweep-conv1x1": "corpus:resnet18", "sweep-attention": "vit",
+          "sweep-matmul": "vit:full"}
+
+
+@pytest.fixture(scope="module")
+def renamed_log(tmp_path_factory, sweep_descs):  # noqa: F811 - the fixture imported above
+    rows = synthetic_rows(sweep_descs)
+    for r in rows:
+        r["model"] = RENAME.get(r["model"], r["model"])
+    d = tmp_path_factory.mktemp("gen")
+    log, model = d / "log.jsonl", d / "m.json"
+    write_log(log, rows)
+    res = CliRunner().invoke(cost_model, ["train", str(log), "-o", str(model), "--rounds", "30"])
+    assert res.exit_code == 0, res.output
+    return rows, log, model
+
+
+def _eval(tmp_path, model, *args):
+    out = tmp_path / "e.json"
+    res = CliRunner().invoke(cost_model, ["eval", "--model", str(model), "--rounds", "30", "--json", str(out), *args])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert schema_problems("cost-model-generalization", data) == []
+    return data
+
+
+def test_every_model_has_one_family_spelled_as_the_corpus_spells_it():
+    assert model_family("resnet50") == model_family("corpus:resnet50:full") == "ResNet"
+    assert model_family("mobilenet_v3") == model_family("corpus:mobilenetv3_small_100") == "MobileNetV3"
+    assert model_family("sweep-pool") == "sweep" and model_family("tuning-db:ms-small") == "tuning-db"
+    assert len(set(MODEL_FAMILIES.values())) == len(MODEL_FAMILIES)  # no two zoo models share one
+
+
+def test_holdout_family_trains_without_each_family_and_scores_it(tmp_path, renamed_log):
+    rows, _, model = renamed_log
+    r = _eval(tmp_path, model, "--holdout", "family")
+    assert r["mode"] == "family" and set(r["folds"]) == {"ResNet", "ViT"}  # sweeps are always trained on
+    resnet = [x for x in rows if model_family(x["model"]) == "ResNet"]
+    fold = r["folds"]["ResNet"]
+    assert fold["rows"]["n"] == len(resnet) and fold["models"] == ["corpus:resnet18", "resnet50"]
+    assert fold["train_rows"] <= len(rows) - len(resnet)
+    groups = fusion_groups(resnet)
+    assert fold["groups"]["n"] == len(groups) > 0
+    assert set(fold["group_sums"]) == {"corpus:resnet18", "resnet50"}
+    assert r["pooled"]["rows"]["n"] == len(resnet) + sum(model_family(x["model"]) == "ViT" for x in rows)
+    assert r["folds"]["ViT"]["groups_by_size"].keys() == {"small", "full"}
+    one = _eval(tmp_path, model, "--holdout", "family", "--families", "ViT")
+    assert list(one["folds"]) == ["ViT"] and one["folds"]["ViT"] == r["folds"]["ViT"] | {
+        "seconds": one["folds"]["ViT"]["seconds"]}  # deterministic
+
+
+def test_train_small_eval_full_scores_the_full_rows_only(tmp_path, renamed_log):
+    rows, _, model = renamed_log
+    r = _eval(tmp_path, model, "--train-size", "small", "--eval-size", "full", "--target", "log_ratio")
+    full = [x for x in rows if x["model"] == "vit:full"]
+    assert r["mode"] == "size" and r["target"] == "log_ratio" and list(r["folds"]) == ["ViT"]
+    assert r["pooled"]["rows"]["n"] == len(full)
+    assert r["pooled"]["train_rows"] <= len(rows) - len(full)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--holdout", "family", "--families", "Nope"], "no rows of family Nope"),
+    (["--holdout", "family", "--train-size", "small", "--eval-size", "full"], "two evaluations"),
+    (["--train-size", "small"], "go together"),
+    (["--train-size", "full", "--eval-size", "full"], "give two sizes"),
+    (["--holdout", "family", "--flow"], "run them apart"),
+])
+def test_bad_generalization_options_say_what_to_do(renamed_log, args, says):
+    res = CliRunner().invoke(cost_model, ["eval", "--model", str(renamed_log[2]), *args])
+    assert isinstance(res.exception, PestoError) and says in str(res.exception), res.output
