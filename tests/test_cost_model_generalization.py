@@ -1,15 +1,18 @@
 """The cost model on what it never met: ``cost-model eval --holdout family`` and ``--train-size
 small --eval-size full`` (``tvm_pesto_lab.generalization``), the family of each row's model
-(``tvm_pesto_lab.families``)."""
+(``tvm_pesto_lab.families``), and a target that scales with the work (``log_work``)."""
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tvm_pesto.costs.predict.xgb import target_base
 from tvm_pesto.errors import PestoError
 from tvm_pesto.jsonio import schema_problems
+from tvm_pesto_lab import fit
 from tvm_pesto_lab.cli import cost_model
 from tvm_pesto_lab.families import MODEL_FAMILIES, model_family
 from tvm_pesto_lab.generalization import fusion_groups
@@ -71,9 +74,9 @@ def test_holdout_family_trains_without_each_family_and_scores_it(tmp_path, renam
 
 def test_train_small_eval_full_scores_the_full_rows_only(tmp_path, renamed_log):
     rows, _, model = renamed_log
-    r = _eval(tmp_path, model, "--train-size", "small", "--eval-size", "full", "--target", "log_ratio")
+    r = _eval(tmp_path, model, "--train-size", "small", "--eval-size", "full", "--target", "log_work")
     full = [x for x in rows if x["model"] == "vit:full"]
-    assert r["mode"] == "size" and r["target"] == "log_ratio" and list(r["folds"]) == ["ViT"]
+    assert r["mode"] == "size" and r["target"] == "log_work" and list(r["folds"]) == ["ViT"]
     assert r["pooled"]["rows"]["n"] == len(full)
     assert r["pooled"]["train_rows"] <= len(rows) - len(full)
 
@@ -88,3 +91,30 @@ def test_train_small_eval_full_scores_the_full_rows_only(tmp_path, renamed_log):
 def test_bad_generalization_options_say_what_to_do(renamed_log, args, says):
     res = CliRunner().invoke(cost_model, ["eval", "--model", str(renamed_log[2]), *args])
     assert isinstance(res.exception, PestoError) and says in str(res.exception), res.output
+
+
+def _matmul_row(m, k, n, rng):
+    """A matmul row whose time grows with its FLOPs (a fifth of the peak, a 3 us call)."""
+    flops = 2.0 * m * k * n
+    desc = {"v": 2, "ops": ["relax.matmul"], "dtype": "float32",
+            "dominant": {"op": "relax.matmul", "attrs": {}, "inputs": [[m, k], [k, n]], "outputs": [[m, n]]},
+            "out_shapes": [[m, n]], "flops": flops, "bytes_read": 4 * (m * k + k * n), "bytes_written": 4 * m * n,
+            "param_bytes": 4 * k * n, "member_bytes": 4 * (m * k + k * n + m * n)}
+    t = 3e-6 + flops / (0.2 * CPU_DEV["peak_flops"])
+    return {"desc": desc, "device": CPU_DEV, "backend": "tvm", "tuned": 0.0, "model": "mm", "key": f"{m}x{k}x{n}",
+            "time_s": float(t * np.exp(0.02 * rng.standard_normal()))}
+
+
+def test_a_work_target_predicts_past_the_largest_label_where_log_time_clips():
+    rng = np.random.default_rng(0)
+    small = [_matmul_row(*(int(x) for x in rng.integers(8, 128, size=3)), rng) for _ in range(400)]
+    biggest = max(r["desc"]["flops"] for r in small)
+    large = [_matmul_row(m, k, n, rng) for m, k, n in [(320, 320, 256), (384, 256, 384), (512, 512, 256),
+                                                        (512, 512, 512)]]
+    scale = np.array([r["desc"]["flops"] for r in large]) / biggest
+    assert scale.min() >= 10 and scale.max() <= 100  # 10x to 100x past every training row
+    meas = np.array([r["time_s"] for r in large])
+    ratio = {t: fit.train(small, target=t, rounds=60).predict_rows(large) / meas for t in ("log_time", "log_work")}
+    assert np.all(ratio["log_time"] < 0.2)  # clipped at the largest label
+    assert np.all((ratio["log_work"] > 0.75) & (ratio["log_work"] < 1.33)), ratio["log_work"]
+    assert target_base(large, "log_work") == pytest.approx(target_base(large, "log_ratio"))  # no gather here

@@ -158,8 +158,9 @@ def merge_cmd(logs, output, assume_cpu_kind):
 @click.option("-o", "--output", required=True, help="model file to write (XGBoost JSON), e.g. cost_models/NAME.json")
 @click.option("--tuning-db", "tuning_dbs", multiple=True,
               help="a MetaSchedule work directory (database_workload.json + database_tuning_record.json); repeatable")
-@click.option("--target", default="log_time", show_default=True, type=click.Choice(["log_time", "log_ratio"]),
-              help="predict log(time) or log(time / roofline)")
+@click.option("--target", default="log_time", show_default=True, type=click.Choice(list(TARGETS)),
+              help="predict log(time), log(time / roofline) or log(time / work): the last two scale with the work "
+                   "(tvm_pesto.costs.predict.xgb.target_base)")
 @click.option("--heldout", default="", help="comma-separated model names kept out of training (eval reports them)")
 @click.option("--eval-heldout", default="", help="comma-separated model names trained on, whose held-out figures "
               "eval gets by retraining the same recipe without them (the shipped model uses all the data)")
