@@ -118,3 +118,38 @@ def test_a_work_target_predicts_past_the_largest_label_where_log_time_clips():
     assert np.all(ratio["log_time"] < 0.2)  # clipped at the largest label
     assert np.all((ratio["log_work"] > 0.75) & (ratio["log_work"] < 1.33)), ratio["log_work"]
     assert target_base(large, "log_work") == pytest.approx(target_base(large, "log_ratio"))  # no gather here
+
+
+# -- rows from the corpus ---------------------------------------------------------------------------
+def test_profile_refuses_a_name_of_no_model_and_lists_the_corpus(tmp_path):
+    from tvm_pesto_lab.cli import profile
+
+    res = CliRunner().invoke(profile, ["corpus:resnet19", "--log", str(tmp_path / "p.jsonl")])
+    msg = str(res.exception)
+    assert isinstance(res.exception, PestoError) and "unknown model 'corpus:resnet19'" in msg and "resnet18" in msg
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_profile_takes_corpus_models_and_names_their_rows_by_size(tmp_path):
+    from tvm_pesto.errors import GraphError
+    from tvm_pesto.zoo.corpus import import_torchvision
+    from tvm_pesto_lab.cli import profile
+    from tvm_pesto_lab.dataset import load_dataset
+
+    try:
+        import_torchvision()
+    except GraphError as e:
+        pytest.skip(str(e))  # the corpus extra is not installed
+
+    log = tmp_path / "p.jsonl"
+    for size in ("small", "full"):
+        res = CliRunner().invoke(profile, ["corpus:squeezenet1_1", "--size", size, "--backends", "tvm", "--cluster",
+                                           "cpu:1", "--repeat", "1", "--min-repeat-ms", "1", "--log", str(log)])
+        assert res.exit_code == 0, res.output
+    rows = load_dataset([log]).rows
+    assert {r["model"] for r in rows} == {"corpus:squeezenet1_1", "corpus:squeezenet1_1:full"}
+    assert {model_family(r["model"]) for r in rows} == {"SqueezeNet"}
+    assert all(isinstance(r["load"], list) for r in rows)  # each row says how loaded the machine was
+    small, full = ([r["desc"]["flops"] for r in rows if r["model"].endswith(s)] for s in ("_1", ":full"))
+    assert max(full) > 5 * max(small)  # 224 x 224 against 64 x 64

@@ -87,26 +87,19 @@ def profile(models, cluster_spec, backends, log_path, json_path, rpc_tracker, rp
     """Measure every candidate of MODELS and append the records a cost model trains on.
 
     MODELS are zoo names, ``zoo`` (all of them), names of models outside the zoo
-    (``tvm_pesto.zoo.outside``), ``outside`` (all of those), ``sweep`` (all shape-sweep
-    families) or ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
+    (``tvm_pesto.zoo.outside``), ``outside`` (all of those), corpus models ``corpus:NAME``
+    (timm and torchvision architectures of ``tvm_pesto.zoo.corpus``; rows named
+    ``corpus:NAME``, ``corpus:NAME:full`` at size full), ``corpus`` (all of those), ``sweep``
+    (all shape-sweep families) or ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise,
+    pool, movement).
     """
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .families import model_names
     from .profile import ProfileSettings, default_backends, default_log_path, profile_zoo
     from .sweep import FAMILIES
-    from tvm_pesto.zoo import list_models
-    from tvm_pesto.zoo import outside
 
-    zoo_names, out_names = list_models(), outside.list_models()
     sweeps = ["sweep"] + [f"sweep-{f}" for f in FAMILIES]
-
-    names = []
-    for m in models:
-        names.extend(zoo_names if m == "zoo" else out_names if m == "outside" else [m])
-    for m in names:
-        if m not in zoo_names and m not in out_names and m not in sweeps:
-            raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(zoo_names)}), zoo, a model outside "
-                             f"the zoo ({', '.join(out_names)}), outside, sweep or sweep-FAMILY "
-                             f"({', '.join(FAMILIES)})")
+    names = [n for m in models for n in ([m] if m in sweeps else model_names([m]))]
     log_path = log_path or str(default_log_path())
     bks = [b.strip() for b in backends.split(",") if b.strip()] if backends else default_backends()
     if rpc_tracker or rpc_key:  # the cluster's devices are measured on the remote servers
@@ -219,8 +212,9 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
 @click.option("--json", "json_path", default=None, help="write all metrics as JSON here")
 @click.option("--flow", is_flag=True, help="score on the product's path instead: each model's fused groups, "
               "xgb-predicted against measured now (scaled to the whole model), raw and calibrated")
-@click.option("--models", "flow_names", default="", help="--flow: comma-separated zoo models and models outside "
-              "the zoo (tvm_pesto.zoo.outside) [default: all of both]")
+@click.option("--models", "flow_names", default="", help="--flow: comma-separated zoo models, models outside "
+              "the zoo (tvm_pesto.zoo.outside) and corpus models (corpus:NAME, or corpus for all: "
+              "tvm_pesto.zoo.corpus) [default: the zoo and outside]")
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]), help="--flow")
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True, help="--flow: devices to measure on")
 @click.option("--backends", default="all", show_default=True,

@@ -13,8 +13,8 @@ Examples
 >>> train, test = split_by_model(rows, ["a"])
 >>> [r["key"] for r in train], [r["key"] for r in test]   # k1 is held out with model a
 (['k2'], ['k1'])
->>> model_origin("resnet50"), model_origin("vit"), model_origin("my_model")
-('zoo', 'outside', 'given')
+>>> model_origin("resnet50"), model_origin("vit"), model_origin("corpus:resnet18:full"), model_origin("my_model")
+('zoo', 'outside', 'corpus', 'given')
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from tvm_pesto.errors import CostError
 from tvm_pesto.zoo import MODELS
 from tvm_pesto.zoo.outside import MODELS as OUTSIDE
 from .dataset import base_model, load_dataset
+from .families import corpus_arch
 from .fit import DEFAULT_ROUNDS, train
 from .metrics import UNITS, metrics, noise_floor
 
@@ -40,10 +41,12 @@ def is_zoo_model(name: str) -> bool:
 
 
 def model_origin(name: str) -> str:
-    """``zoo``, ``outside`` (:mod:`tvm_pesto.zoo.outside`) or ``given`` for a model name (of
-    any size)."""
+    """``zoo``, ``outside`` (:mod:`tvm_pesto.zoo.outside`), ``corpus`` (``corpus:NAME``,
+    :mod:`tvm_pesto.zoo.corpus`) or ``given`` for a model name (of any size)."""
     base = base_model(name)
-    return "zoo" if base in MODELS else ("outside" if base in OUTSIDE else "given")
+    if base in MODELS:
+        return "zoo"
+    return "outside" if base in OUTSIDE else "corpus" if corpus_arch(base) is not None else "given"
 
 
 def split_by_model(rows, heldout) -> tuple[list, list]:

@@ -1,4 +1,4 @@
-"""The architecture family of every model a cost-model row comes from, in one place.
+"""The models cost-model rows come from: their names, their architecture families, their modules.
 
 ``tvm-pesto cost-model eval --holdout family`` trains without one family at a time and scores
 it, so the families must say what a user would call an architecture: a zoo model, a model of
@@ -8,6 +8,8 @@ it, so the families must say what a user would call an architecture: a zoo model
 <tvm_pesto.zoo.corpus.Arch>`); the zoo's and the outside models' are :data:`MODEL_FAMILIES`,
 spelled as the corpus spells them. Shape sweeps (``sweep-*``) and MetaSchedule databases
 (``tuning-db:*``) are :data:`TRAINING_ONLY`: no architecture, always trained on.
+:func:`model_module` makes the Relax module of any such model name (``tvm-pesto profile``
+and ``cost-model eval --flow`` take the same names).
 
 Examples
 --------
@@ -20,8 +22,11 @@ Examples
 """
 from __future__ import annotations
 
+from tvm_pesto import zoo
+from tvm_pesto.bench.sources import ModelSource
 from tvm_pesto.errors import CostError
 from tvm_pesto.zoo import MODELS as ZOO
+from tvm_pesto.zoo import outside
 from tvm_pesto.zoo.corpus import CORPUS, Arch
 from tvm_pesto.zoo.outside import MODELS as OUTSIDE
 from .dataset import base_model
@@ -50,6 +55,45 @@ def corpus_arch(row_model: str) -> Arch | None:
     """The corpus architecture a row's model name (:func:`corpus_row_name`) names, or None."""
     base = base_model(row_model)
     return CORPUS.get(base[len(CORPUS_PREFIX):]) if base.startswith(CORPUS_PREFIX) else None
+
+
+def model_names(names) -> list[str]:
+    """``names`` with ``zoo``, ``outside`` and ``corpus`` expanded to every model of each;
+    every name checked (a zoo model, a model outside the zoo, or ``corpus:NAME``).
+
+    Raises
+    ------
+    CostError
+        A name of no such model, listing those there are.
+
+    Examples
+    --------
+    >>> model_names(["gpt2", "corpus:resnet18"])
+    ['gpt2', 'corpus:resnet18']
+    >>> len(model_names(["corpus"])) == len(CORPUS)
+    True
+    """
+    out = []
+    for n in names:
+        out.extend(list(ZOO) if n == "zoo" else list(OUTSIDE) if n == "outside"
+                   else [corpus_row_name(a) for a in CORPUS] if n == "corpus" else [n])
+    bad = [n for n in out if n not in ZOO and n not in OUTSIDE and n.removeprefix(CORPUS_PREFIX) not in CORPUS]
+    if bad:
+        raise CostError(f"unknown model {bad[0]!r}; use a zoo model ({', '.join(ZOO)}), zoo, a model outside the zoo "
+                        f"({', '.join(OUTSIDE)}), outside, corpus:NAME (NAME of tvm_pesto.zoo.corpus: "
+                        f"{', '.join(CORPUS)}) or corpus")
+    return out
+
+
+def model_module(name: str, size: str = "small"):
+    """The Relax module of model ``name`` (a name :func:`model_names` accepts, without size)
+    at ``size``: a zoo model, a model outside the zoo, or a corpus model (``corpus:NAME``,
+    which needs timm and torchvision)."""
+    if name.startswith(CORPUS_PREFIX):
+        return ModelSource("corpus", name[len(CORPUS_PREFIX):], size).load()[2]
+    if name in OUTSIDE:
+        return outside.relax_module(name, size)
+    return zoo.load(name, size).mod
 
 
 def model_family(name: str) -> str:
@@ -82,4 +126,4 @@ def check_families(asked, present) -> list[str]:
 
 
 __all__ = ["CORPUS_PREFIX", "MODEL_FAMILIES", "TRAINING_ONLY", "check_families", "corpus_arch", "corpus_row_name",
-           "model_family"]
+           "model_family", "model_module", "model_names"]
