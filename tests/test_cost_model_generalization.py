@@ -130,17 +130,32 @@ def test_profile_refuses_a_name_of_no_model_and_lists_the_corpus(tmp_path):
     assert not (tmp_path / "p.jsonl").exists()
 
 
-@pytest.mark.slow
-def test_profile_takes_corpus_models_and_names_their_rows_by_size(tmp_path):
+def _needs_torchvision():
     from tvm_pesto.errors import GraphError
     from tvm_pesto.zoo.corpus import import_torchvision
-    from tvm_pesto_lab.cli import profile
-    from tvm_pesto_lab.dataset import load_dataset
 
     try:
         import_torchvision()
     except GraphError as e:
         pytest.skip(str(e))  # the corpus extra is not installed
+
+
+@pytest.mark.slow
+def test_the_flow_evaluation_takes_corpus_models():
+    from tvm_pesto_lab.flow_eval import flow_models
+
+    _needs_torchvision()
+    mods = flow_models(["corpus:squeezenet1_1", "mlp_mixer"])
+    assert list(mods) == ["corpus:squeezenet1_1", "mlp_mixer"]
+    assert "conv2d" in mods["corpus:squeezenet1_1"].script()
+
+
+@pytest.mark.slow
+def test_profile_takes_corpus_models_and_names_their_rows_by_size(tmp_path):
+    from tvm_pesto_lab.cli import profile
+    from tvm_pesto_lab.dataset import load_dataset
+
+    _needs_torchvision()
 
     log = tmp_path / "p.jsonl"
     for size in ("small", "full"):
