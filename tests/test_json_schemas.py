@@ -14,13 +14,15 @@ import jsonschema
 import pytest
 
 import tvm_pesto
+import tvm_pesto_lab
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.errors import PestoError
 from tvm_pesto.jsonio import SCHEMAS, jsonable, schema_path, schema_problems, write_json
 
 CLI = Path(tvm_pesto.__file__).parent / "cli"
-#: Where files the CLI writes are written: the verbs, and the report's writer (``run --report``).
-WRITERS = (CLI, Path(tvm_pesto.__file__).parent / "report")
+#: Where files the CLI writes are written: the verbs, the report's writer (``run --report``) and the
+#: cost-model lab's verbs.
+WRITERS = (CLI, Path(tvm_pesto.__file__).parent / "report", Path(tvm_pesto_lab.__file__).parent)
 
 
 def _named_by_writers() -> set[str]:

@@ -13,6 +13,9 @@ cache. This package holds what produces that model and tells how good it is, off
   (``tvm-pesto cost-model train``);
 * :mod:`.metrics`, :mod:`.evaluate` and :mod:`.flow_eval`: judge it on the profiler's
   records and on the product's own path (``tvm-pesto cost-model eval``);
+* :mod:`.families` and :mod:`.generalization`: the architecture family of every row's model,
+  and the recipe judged on families and sizes it never trained on (``tvm-pesto cost-model
+  eval --holdout family``, ``--train-size small --eval-size full``);
 * :mod:`.timing_noise` and :mod:`.unscheduled_kernels`: the measurements behind the timing
   method and two of the model's features (``python -m tvm_pesto_lab.timing_noise``,
   ``python -m tvm_pesto_lab.unscheduled_kernels``);

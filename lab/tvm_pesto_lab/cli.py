@@ -17,7 +17,7 @@ from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.costs.store.cache import MeasureCache
 from tvm_pesto.costs.predict.calibration import calibration_path
 from tvm_pesto.costs.measure.remote import remote_cluster
-from tvm_pesto.costs.predict.xgb import load_model
+from tvm_pesto.costs.predict.xgb import TARGETS, load_model
 from tvm_pesto.errors import PestoError
 from tvm_pesto.jsonio import write_json
 
@@ -87,26 +87,19 @@ def profile(models, cluster_spec, backends, log_path, json_path, rpc_tracker, rp
     """Measure every candidate of MODELS and append the records a cost model trains on.
 
     MODELS are zoo names, ``zoo`` (all of them), names of models outside the zoo
-    (``tvm_pesto.zoo.outside``), ``outside`` (all of those), ``sweep`` (all shape-sweep
-    families) or ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise, pool, movement).
+    (``tvm_pesto.zoo.outside``), ``outside`` (all of those), corpus models ``corpus:NAME``
+    (timm and torchvision architectures of ``tvm_pesto.zoo.corpus``; rows named
+    ``corpus:NAME``, ``corpus:NAME:full`` at size full), ``corpus`` (all of those), ``sweep``
+    (all shape-sweep families) or ``sweep-FAMILY`` (conv2d, matmul, attention, elementwise,
+    pool, movement).
     """
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .families import model_names
     from .profile import ProfileSettings, default_backends, default_log_path, profile_zoo
     from .sweep import FAMILIES
-    from tvm_pesto.zoo import list_models
-    from tvm_pesto.zoo import outside
 
-    zoo_names, out_names = list_models(), outside.list_models()
     sweeps = ["sweep"] + [f"sweep-{f}" for f in FAMILIES]
-
-    names = []
-    for m in models:
-        names.extend(zoo_names if m == "zoo" else out_names if m == "outside" else [m])
-    for m in names:
-        if m not in zoo_names and m not in out_names and m not in sweeps:
-            raise PestoError(f"unknown model {m!r}; use a zoo name ({', '.join(zoo_names)}), zoo, a model outside "
-                             f"the zoo ({', '.join(out_names)}), outside, sweep or sweep-FAMILY "
-                             f"({', '.join(FAMILIES)})")
+    names = [n for m in models for n in ([m] if m in sweeps else model_names([m]))]
     log_path = log_path or str(default_log_path())
     bks = [b.strip() for b in backends.split(",") if b.strip()] if backends else default_backends()
     if rpc_tracker or rpc_key:  # the cluster's devices are measured on the remote servers
@@ -158,8 +151,9 @@ def merge_cmd(logs, output, assume_cpu_kind):
 @click.option("-o", "--output", required=True, help="model file to write (XGBoost JSON), e.g. cost_models/NAME.json")
 @click.option("--tuning-db", "tuning_dbs", multiple=True,
               help="a MetaSchedule work directory (database_workload.json + database_tuning_record.json); repeatable")
-@click.option("--target", default="log_time", show_default=True, type=click.Choice(["log_time", "log_ratio"]),
-              help="predict log(time) or log(time / roofline)")
+@click.option("--target", default="log_time", show_default=True, type=click.Choice(list(TARGETS)),
+              help="predict log(time), log(time / roofline) or log(time / work): the last two scale with the work "
+                   "(tvm_pesto.costs.predict.xgb.target_base)")
 @click.option("--heldout", default="", help="comma-separated model names kept out of training (eval reports them)")
 @click.option("--eval-heldout", default="", help="comma-separated model names trained on, whose held-out figures "
               "eval gets by retraining the same recipe without them (the shipped model uses all the data)")
@@ -218,8 +212,9 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
 @click.option("--json", "json_path", default=None, help="write all metrics as JSON here")
 @click.option("--flow", is_flag=True, help="score on the product's path instead: each model's fused groups, "
               "xgb-predicted against measured now (scaled to the whole model), raw and calibrated")
-@click.option("--models", "flow_names", default="", help="--flow: comma-separated zoo models and models outside "
-              "the zoo (tvm_pesto.zoo.outside) [default: all of both]")
+@click.option("--models", "flow_names", default="", help="--flow: comma-separated zoo models, models outside "
+              "the zoo (tvm_pesto.zoo.outside) and corpus models (corpus:NAME, or corpus for all: "
+              "tvm_pesto.zoo.corpus) [default: the zoo and outside]")
 @click.option("--size", default="small", show_default=True, type=click.Choice(["small", "full"]), help="--flow")
 @click.option("--cluster", "cluster_spec", default="cpu:2", show_default=True, help="--flow: devices to measure on")
 @click.option("--backends", default="all", show_default=True,
@@ -237,14 +232,35 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
                    "label_noise says how far the runs differ (what a perfect model would score against one run)")
 @click.option("--save-calibration", is_flag=True, help="--flow: fit the calibration on all the models and store it "
               "next to the model file (NAME.calibration.json), where the xgb cost source applies it")
+@click.option("--holdout", type=click.Choice(["family"]), default=None,
+              help="train the model's recipe without each architecture family in turn and score that family")
+@click.option("--train-size", type=click.Choice(["small", "full"]), default=None,
+              help="train the recipe on the rows of this model size (with --eval-size)")
+@click.option("--eval-size", type=click.Choice(["small", "full"]), default=None,
+              help="score the rows of this model size (with --train-size)")
+@click.option("--families", default="", help="--holdout family: comma-separated families to hold out [default: all]")
+@click.option("--target", default=None, type=click.Choice(list(TARGETS)),
+              help="--holdout/--train-size: the target to train [default: the model's own]")
+@click.option("--rounds", default=None, type=click.IntRange(1), help="--holdout/--train-size: boosting rounds of "
+              "each fold [default: the model's own]")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
+              help="--holdout/--train-size: XGBoost threads per training")
 def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, **flow_options):
     """Evaluate a cost model on its held-out models and on the models it saw (or, with
-    --flow, on whole models through the cost sources)."""
+    --flow, on whole models through the cost sources; with --holdout family or --train-size
+    and --eval-size, on architecture families and sizes its recipe never trained on)."""
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .evaluate import evaluate_model
 
     model = load_model(model_path)
     o = flow_options
+    gen = {k: o.pop(k) for k in ("holdout", "train_size", "eval_size", "families", "target", "rounds", "threads")}
+    if gen["holdout"] or gen["train_size"] or gen["eval_size"]:
+        if flow or cv or plot:
+            raise PestoError("--holdout and --train-size/--eval-size retrain on the records; --flow, --cv and --plot "
+                             "are other evaluations: run them apart")
+        _eval_generalization(model, list(logs), list(tuning_dbs), label, gen, json_path)
+        return
     save_calibration, strict, no_calibration = o["save_calibration"], o["strict"], o["no_calibration"]
     cache_path, label_runs, backends = o["cache_path"], o["label_runs"], o["backends"]
     if flow:
@@ -299,6 +315,56 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, **f
         console.print(f"plot: {plot}")
     if json_path:
         write_json(json_path, res)
+
+
+def _print_fold(name: str, f: dict) -> None:
+    r, g = f["rows"], f["groups"]
+    console.print(f"  {name[:16]:16s} {r['n']:6d} {_fmt(r['mape'], '7.1f')} {_fmt(r['median_ape'], '6.1f')} "
+                  f"{_fmt(r['spearman'], '6.3f')} {_fmt(r['sum_ratio'], '5.2f')} | {g['n']:5d} {_fmt(g['mape'], '7.1f')} "
+                  f"{_fmt(g['median_ape'], '6.1f')} {_fmt(g['spearman'], '6.3f')} {_fmt(g['sum_ratio'], '5.2f')} "
+                  f"{_frac(g['within_3x'])} {_fmt(g['ratio_min'], '5.2f')}-{_fmt(g['ratio_max'], '.2f')}")
+
+
+def _eval_generalization(model, logs, tuning_dbs, label, gen: dict, json_path) -> None:
+    """``eval --holdout family`` or ``eval --train-size A --eval-size B``
+    (:mod:`tvm_pesto_lab.generalization`), printed and written as JSON."""
+    # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
+    from .dataset import load_dataset
+    from .evaluate import model_logs, relabel
+    from .generalization import Recipe, holdout_families, train_on_size
+
+    if gen["holdout"] and (gen["train_size"] or gen["eval_size"]):
+        raise PestoError("--holdout family and --train-size/--eval-size are two evaluations: run them apart")
+    if not gen["holdout"] and not (gen["train_size"] and gen["eval_size"]):
+        raise PestoError("--train-size and --eval-size go together (e.g. --train-size small --eval-size full)")
+    if gen["families"] and not gen["holdout"]:
+        raise PestoError("--families names the families --holdout family holds out; add --holdout family")
+    logs, tuning_dbs = model_logs(model, logs, tuning_dbs)
+    with step("read logs"):
+        ds = load_dataset(logs, tuning_dbs)
+    _report_skipped(ds.skipped)
+    rows = relabel(ds.rows, label)
+    recipe = Recipe(target=gen["target"] or model.target, rounds=gen["rounds"] or int(model.meta.get("rounds", 300)),
+                    params=model.meta.get("params"), threads=gen["threads"], overheads=ds.overheads)
+    fams = [f.strip() for f in gen["families"].split(",") if f.strip()]
+    what = "each family held out" if gen["holdout"] else f"trained on {gen['train_size']}, scored on {gen['eval_size']}"
+    with step(f"{what} (target {recipe.target}, {recipe.rounds} rounds, {recipe.threads} thread(s))") as cb:
+        if gen["holdout"]:
+            res = holdout_families(rows, recipe, fams or None, progress=cb)
+        else:
+            res = train_on_size(rows, recipe, gen["train_size"], gen["eval_size"], progress=cb)
+    out = {"model": model.path, "logs": list(logs) + list(tuning_dbs), **res.to_json(), "load": list(os.getloadavg()),
+           "skipped_lines": [list(s) for s in ds.skipped]}
+    console.print(f"[bold]{model.path}[/] recipe, {what}: {res.rows} rows, {res.seconds:.0f} s; MAPE and median "
+                  f"in %, sum = predicted / measured; groups = TVM fusion groups")
+    console.print(f"  {'family':16s} {'rows':>6s} {'MAPE':>7s} {'median':>6s} {'Spear':>6s} {'sum':>5s} | "
+                  f"{'groups':>5s} {'MAPE':>7s} {'median':>6s} {'Spear':>6s} {'sum':>5s} {'in 3x':>6s} pred/meas")
+    for name, f in out["folds"].items():
+        _print_fold(name, f)
+    if out["pooled"]:
+        _print_fold("pooled", out["pooled"])
+    if json_path:
+        write_json(json_path, out, schema="cost-model-generalization")
 
 
 def _fmt(x, spec: str) -> str:

@@ -13,8 +13,8 @@ Examples
 >>> train, test = split_by_model(rows, ["a"])
 >>> [r["key"] for r in train], [r["key"] for r in test]   # k1 is held out with model a
 (['k2'], ['k1'])
->>> model_origin("resnet50"), model_origin("vit"), model_origin("my_model")
-('zoo', 'outside', 'given')
+>>> model_origin("resnet50"), model_origin("vit"), model_origin("corpus:resnet18:full"), model_origin("my_model")
+('zoo', 'outside', 'corpus', 'given')
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from tvm_pesto.errors import CostError
 from tvm_pesto.zoo import MODELS
 from tvm_pesto.zoo.outside import MODELS as OUTSIDE
 from .dataset import base_model, load_dataset
+from .families import corpus_arch
 from .fit import DEFAULT_ROUNDS, train
 from .metrics import UNITS, metrics, noise_floor
 
@@ -40,10 +41,12 @@ def is_zoo_model(name: str) -> bool:
 
 
 def model_origin(name: str) -> str:
-    """``zoo``, ``outside`` (:mod:`tvm_pesto.zoo.outside`) or ``given`` for a model name (of
-    any size)."""
+    """``zoo``, ``outside`` (:mod:`tvm_pesto.zoo.outside`), ``corpus`` (``corpus:NAME``,
+    :mod:`tvm_pesto.zoo.corpus`) or ``given`` for a model name (of any size)."""
     base = base_model(name)
-    return "zoo" if base in MODELS else ("outside" if base in OUTSIDE else "given")
+    if base in MODELS:
+        return "zoo"
+    return "outside" if base in OUTSIDE else "corpus" if corpus_arch(base) is not None else "given"
 
 
 def split_by_model(rows, heldout) -> tuple[list, list]:
@@ -150,6 +153,25 @@ def relabel(rows, label: str) -> list:
     raise CostError(f"unknown label {label!r}; use min or median")
 
 
+def model_logs(model, logs=None, tuning_dbs=()) -> tuple[list, list]:
+    """``(logs, tuning_dbs)``: those given, or (when no log is given) the model's own
+    (``meta["logs"]`` and ``meta["tuning_dbs"]``, relative to the model file).
+
+    Raises
+    ------
+    CostError
+        No log is given and the model lists none.
+    """
+    if logs:
+        return list(logs), list(tuning_dbs or ())
+    base = Path(model.path).parent if model.path else Path(".")
+    logs = [str(base / p) for p in model.meta.get("logs", [])]
+    tuning_dbs = [str(base / p) for p in model.meta.get("tuning_dbs", [])]
+    if not logs and not tuning_dbs:
+        raise CostError(f"cost model {model.path} lists no training logs; pass logs to evaluate on (--logs)")
+    return logs, tuning_dbs
+
+
 def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, tuning_dbs=(),
                    label: str = "min") -> dict:
     """Evaluate a saved model on its own split: ``heldout`` (zoo models it never saw),
@@ -176,12 +198,7 @@ def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, 
     >>> from tvm_pesto.costs.predict.xgb import load_model       # doctest: +SKIP
     >>> evaluate_model(load_model())["heldout"]["mape"]   # doctest: +SKIP
     """
-    base = Path(model.path).parent if model.path else Path(".")
-    if logs is None:
-        logs = [str(base / p) for p in model.meta.get("logs", [])]
-        tuning_dbs = [str(base / p) for p in model.meta.get("tuning_dbs", [])]
-        if not logs and not tuning_dbs:
-            raise CostError(f"cost model {model.path} lists no training logs; pass logs to evaluate on")
+    logs, tuning_dbs = model_logs(model, logs, tuning_dbs)
     ds = load_dataset(logs, tuning_dbs)
     ds.rows = relabel(ds.rows, label)
     held_all = {base_model(m) for m in model.meta.get("heldout_models", [])}
@@ -233,5 +250,5 @@ def _overheads(ds) -> dict:
     return ds.overheads
 
 
-__all__ = ["cross_validate", "evaluate_model", "is_zoo_model", "model_origin", "plot_predictions", "relabel",
+__all__ = ["cross_validate", "evaluate_model", "is_zoo_model", "model_logs", "model_origin", "plot_predictions", "relabel",
            "row_kind", "split_by_model"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_pesto.costs.predict.features import FEATURE_NAMES, device_key, feature_matrix, roofline_s
-from tvm_pesto.costs.predict.xgb import MODEL_FORMAT, TARGETS, CostModel
+from tvm_pesto.costs.predict.features import FEATURE_NAMES, device_key, feature_matrix
+from tvm_pesto.costs.predict.xgb import MODEL_FORMAT, TARGETS, CostModel, target_base
 from tvm_pesto.errors import CostError
 
 #: XGBoost parameters of the bundled model (fixed seed, one thread: deterministic).
@@ -26,10 +26,7 @@ DEFAULT_ROUNDS = 1000
 
 def _target_values(rows, target: str) -> np.ndarray:
     t = np.array([r["time_s"] for r in rows], dtype=np.float64)
-    if target == "log_time":
-        return np.log(t)
-    base = np.array([roofline_s(r["desc"], r["device"]) for r in rows])
-    return np.log(t / base)
+    return np.log(t / target_base(rows, target))
 
 
 def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: dict | None = None,
@@ -40,8 +37,9 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
     ----------
     rows : list of dict
         Training rows (see :class:`tvm_pesto_lab.dataset.Dataset`).
-    target : {"log_time", "log_ratio"}
-        What the trees predict: ``log(time)`` or ``log(time / roofline)``.
+    target : {"log_time", "log_ratio", "log_work"}
+        What the trees predict: ``log(time)``, ``log(time / roofline)`` or ``log(time / work)``
+        (:func:`~tvm_pesto.costs.predict.xgb.target_base`).
     overheads : dict, optional
         Device key -> list of measured VM call overheads (seconds).
 

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from tvm_pesto import zoo
 from tvm_pesto.candidates import placement_candidates
 from tvm_pesto.candidates.flow import backend_names, make_candidates
 from tvm_pesto.cluster import as_cluster
@@ -40,8 +39,8 @@ from tvm_pesto.costs.table import MIN_COST_S
 from tvm_pesto.costs.predict.xgb import CostModel, load_model, predict_candidate_costs
 from tvm_pesto.errors import CostError
 from tvm_pesto.graph.analysis import Analysis, analyze
-from tvm_pesto.zoo import outside
 from .evaluate import model_origin
+from .families import model_module, model_names
 from .metrics import UNITS, error_metrics
 
 #: Labels measured while the 1-minute load average was above this are flagged (``high_load``):
@@ -59,25 +58,16 @@ _CALIBRATION_NOTES = {
 
 def flow_models(names=None, size: str = "small") -> dict:
     """``name -> Relax module``: every zoo model and every model of :mod:`tvm_pesto.zoo.outside`
-    (the default), or those named.
+    (the default), or those named (corpus models too, ``corpus:NAME``:
+    :func:`~tvm_pesto_lab.families.model_names`).
 
     Raises
     ------
     CostError
-        For a name that is neither (the message lists both).
+        For a name of no such model (the message lists them).
     """
-    zoo_names, out_names = zoo.list_models(), outside.list_models()
-    names = list(names) if names else zoo_names + out_names
-    mods = {}
-    for n in names:
-        if n in zoo_names:
-            mods[n] = zoo.load(n, size).mod
-        elif n in out_names:
-            mods[n] = outside.relax_module(n, size)
-        else:
-            raise CostError(f"unknown model {n!r} for the flow evaluation; use a zoo model ({', '.join(zoo_names)}) "
-                            f"or one outside the zoo ({', '.join(out_names)})")
-    return mods
+    names = model_names(list(names) if names else ["zoo", "outside"])
+    return {n: model_module(n, size) for n in names}
 
 
 def _loadavg() -> list[float]:

@@ -55,7 +55,6 @@ from pathlib import Path
 
 import numpy as np
 
-from tvm_pesto import zoo
 from tvm_pesto.backends import available_backends, backend_status, get_backend
 from tvm_pesto.candidates import candidate_function, candidate_key, generate_candidates
 from tvm_pesto.cluster import as_cluster
@@ -67,7 +66,7 @@ from tvm_pesto.costs.measure.timing import measure_groups
 from tvm_pesto.errors import BuildError, CostError, PestoError
 from tvm_pesto.graph.analysis import analyze
 from tvm_pesto.graph.subgraph import structural_key
-from tvm_pesto.zoo import outside
+from .families import model_module
 from .sweep import FAMILIES, sweep_module
 
 #: Backends profiled when none are named.
@@ -305,7 +304,8 @@ class ProfileSettings:
 
 def profile_zoo(names, cluster="cpu:1", log_path="cost_models/profile.jsonl", settings=ProfileSettings(),
                 progress=None, on_model=None, fresh_process: bool = True) -> list[ProfileResult]:
-    """Profile zoo models and models of :mod:`tvm_pesto.zoo.outside` (``"sweep"`` or
+    """Profile zoo models, models of :mod:`tvm_pesto.zoo.outside` and corpus models (``corpus:NAME``,
+    :func:`~tvm_pesto_lab.families.model_module`; ``"sweep"`` or
     ``"sweep-<family>"`` names profile the shape sweeps), as ``settings`` say.
 
     With ``fresh_process`` (default; for a ``cpu:N`` cluster given by name) each model, and
@@ -364,13 +364,12 @@ def _in_fresh_process(args, progress) -> "ProfileResult":
 
 
 def _profile_one(name, size, cluster, log_path, backends, repeat, min_repeat_ms, run, progress=None):
-    """:func:`profile_module` of one zoo model, model outside the zoo or sweep family."""
+    """:func:`profile_module` of one zoo model, model outside the zoo, corpus model or sweep family."""
     try:
         if name.startswith("sweep-"):
             mod, label = sweep_module(name[len("sweep-"):]), name
         else:
-            mod = outside.relax_module(name, size) if name in outside.MODELS else zoo.load(name, size).mod
-            label = name if size == "small" else f"{name}:{size}"
+            mod, label = model_module(name, size), name if size == "small" else f"{name}:{size}"
         r = profile_module(mod, label, cluster, log_path, backends, progress, repeat, min_repeat_ms, run)
     except PestoError as e:
         r = ProfileResult(model=name, errors={"profile": str(e)})

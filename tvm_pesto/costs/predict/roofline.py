@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...graph.flops import op_category
+from .features import TIME_FLOOR_S, _dtype_size, _prod
 
 # A kernel launch / dispatch costs at least this much, even when it does no work.
 LAUNCH_S = {"gpu": 5e-6, "cpu": 2e-6}
@@ -24,6 +25,38 @@ def node_seconds(node, device) -> float:
     nbytes = node.bytes_read + node.bytes_written
     return max(node.flops / (eff * device.peak_flops), nbytes / (eff * device.mem_bandwidth)) \
         + LAUNCH_S.get(device.kind, 2e-6)
+
+
+def work_s(desc: dict, dev: dict) -> float:
+    """The work of a subgraph description (:func:`~tvm_pesto.costs.predict.features.describe_group`)
+    on a device descriptor, in seconds: ``max(FLOPs / peak, bytes / bandwidth)``, floored at
+    :data:`~tvm_pesto.costs.predict.features.TIME_FLOOR_S`, where a gather whose dominant op is
+    ``take`` reads the rows it writes, not its whole table (a token embedding of 30,522 rows
+    reads 128 of them), and a group with a ``take`` elsewhere reads its output's bytes in
+    place of its weights (the table). What the ``log_work`` target of the learned model is relative to:
+    it grows with the subgraph, so a subgraph far larger than any training row is priced
+    from its work, not at the largest label.
+
+    Examples
+    --------
+    >>> dev = {"peak_flops": 1e11, "mem_bandwidth": 1e10}
+    >>> mm = {"flops": 2e9, "bytes_read": 4e6, "bytes_written": 1e6, "dominant": {"op": "relax.matmul"}}
+    >>> work_s(mm, dev)                               # compute-bound: FLOPs / peak
+    0.02
+    >>> emb = {"flops": 0.0, "bytes_read": 30522 * 768 * 4 + 512, "bytes_written": 128 * 768 * 4, "dtype": "float32",
+    ...        "dominant": {"op": "relax.take", "inputs": [[30522, 768], [128]], "outputs": [[128, 768]]}}
+    >>> round(work_s(emb, dev) * 1e6, 1)               # 128 rows read and written, not the table
+    78.7
+    """
+    br, bw = float(desc["bytes_read"]), float(desc["bytes_written"])
+    dom = desc.get("dominant") or {}
+    ins, outs = dom.get("inputs") or [], dom.get("outputs") or []
+    if dom.get("op") == "relax.take" and ins and outs:
+        size = _dtype_size(desc)
+        br = max(br - _prod(ins[0]) * size, 0.0) + _prod(outs[0]) * size
+    elif "relax.take" in desc.get("ops", ()):  # the table is the group's weight; the gather reads what it writes
+        br = max(br - float(desc.get("param_bytes", 0)), 0.0) + bw
+    return max(float(desc["flops"]) / dev["peak_flops"], (br + bw) / dev["mem_bandwidth"], TIME_FLOOR_S)
 
 
 def roofline_costs(graph, cluster) -> np.ndarray:

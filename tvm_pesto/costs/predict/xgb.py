@@ -42,21 +42,42 @@ from .calibration import Calibration, load_calibration
 from .features import (FEATURE_NAMES, describe_group, device_descriptor, device_key, device_size_key, feature_matrix,
                        roofline_s)
 from .gpu_check import apply_check_logs
-from .roofline import node_seconds
+from .roofline import node_seconds, work_s
 
 #: Version of the model file's ``pesto_meta``; a file of another is refused (retrain it).
 MODEL_FORMAT = 1
-#: What a model's trees predict: ``log(time)`` or ``log(time / roofline)``.
-TARGETS = ("log_time", "log_ratio")
+#: What a model's trees predict: ``log(time)``, ``log(time / roofline)``
+#: (:func:`~tvm_pesto.costs.predict.features.roofline_s`) or ``log(time / work)``
+#: (:func:`~tvm_pesto.costs.predict.roofline.work_s`), see :func:`target_base`.
+TARGETS = ("log_time", "log_ratio", "log_work")
 DEFAULT_MODEL_NAME = "default.json.gz"
 
 
 # -- model -----------------------------------------------------------------------------------
-def _from_target(rows, y: np.ndarray, target: str) -> np.ndarray:
+def target_base(rows, target: str) -> np.ndarray:
+    """Seconds per row that a model's ``target`` is the log of time relative to: 1 for
+    ``log_time``, the roofline time for ``log_ratio``, the work for ``log_work`` (both grow
+    with the subgraph, so the trees' prediction scales with it past the largest label).
+
+    Examples
+    --------
+    >>> dev = {"peak_flops": 1e11, "mem_bandwidth": 1e10}
+    >>> rows = [{"desc": {"flops": 2e9, "bytes_read": 4e6, "bytes_written": 1e6, "dominant": {"op": "relax.matmul"}},
+    ...          "device": dev}]
+    >>> [float(target_base(rows, t)[0]) for t in TARGETS]
+    [1.0, 0.02, 0.02]
+    """
     if target == "log_time":
-        return np.exp(y)
-    base = np.array([roofline_s(r["desc"], r["device"]) for r in rows])
-    return np.exp(y) * base
+        return np.ones(len(rows))
+    if target == "log_ratio":
+        return np.array([roofline_s(r["desc"], r["device"]) for r in rows], dtype=np.float64)
+    if target == "log_work":
+        return np.array([work_s(r["desc"], r["device"]) for r in rows], dtype=np.float64)
+    raise CostError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+
+
+def _from_target(rows, y: np.ndarray, target: str) -> np.ndarray:
+    return np.exp(y) * target_base(rows, target)
 
 
 class CostModel:
@@ -435,5 +456,5 @@ def _maybe_load(model, cluster):
         return None
 
 
-__all__ = ["CostModel", "DEFAULT_MODEL_NAME", "MODEL_FORMAT", "TARGETS", "default_model_path", "load_model",
+__all__ = ["CostModel", "DEFAULT_MODEL_NAME", "MODEL_FORMAT", "TARGETS", "default_model_path", "load_model", "target_base",
            "model_dirs", "predict_candidate_costs", "predict_costs", "tuned_share"]
