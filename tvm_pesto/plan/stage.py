@@ -195,7 +195,8 @@ def _contiguity(succ, stage_of, k: int, members: list) -> dict | None:
     return None
 
 
-def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = None, pooled: bool = False) -> StageResult:
+def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = None,
+                    pooled: bool = False) -> StageResult:
     """The stage model (module docstring) applied to ``plan``: stages, violations, block
     times, latency and device loads.
 
@@ -311,7 +312,8 @@ def _violations(problem: Problem, a: np.ndarray, stages: list[Stage], stage_of: 
             names = ", ".join(_name(problem, v) for v in list(grp)[:6])
             violations.append({"kind": "colocation", "nodes": [_name(problem, v) for v in grp],
                                "message": f"co-located nodes [{names}{', ...' if len(grp) > 6 else ''}] are split over "
-                                          f"{', '.join(cluster.devices[k].name for k in devs)}; put them on one device"})
+                                          f"{', '.join(cluster.devices[k].name for k in devs)}; put them on one "
+                                          "device" + (" or all on the CPUs" if pool.any() else "")})
     return violations
 
 

@@ -32,7 +32,8 @@ where CPU nodes run side by side on cores of their own): the bottleneck, the LP 
 serialise a device's nodes) and the chain bound (at most one stage per CPU) no longer hold
 for the latency; the critical path and the path-memory bound do (the nodes of one path still
 run one after another, CPU to CPU moves are free, and an accelerator's memory and in and out
-phases are as before), and they are what is left.
+phases are as before), and so does the hull bound of :mod:`tvm_pesto.solve.stage.hull_bound`
+(a run of a path on an accelerator holds every node between its ends).
 
 Examples
 --------
@@ -53,6 +54,7 @@ from ...plan.objective import check_choice, time_per_sample
 from ...plan.problem import Problem
 from ..budget import mode_name
 from ..stage.bounds import stage_latency_bound
+from ..stage.hull_bound import hull_path_bound
 from ..stage.ideal_dp import dp_bound
 from .comm import path_memory_bound
 from .makespan import lower_bound, lp_bound
@@ -135,6 +137,8 @@ def objective_lower_bound(problem: Problem, model: str = "op", objective: str = 
         lat_parts = {"critical_path_s": critical_path(problem) if problem.num_nodes else 0.0, "lp_s": None,
                      "path_memory_s": path_memory_bound(problem, stage=True)["bound_s"] if problem.num_nodes else 0.0,
                      "stage_chain_s": None if pooled else stage_latency_bound(problem)["bound_s"]}
+        if pooled:
+            lat_parts["hull_path_s"] = hull_path_bound(problem)["bound_s"] if problem.num_nodes else 0.0
         if (problem.num_nodes <= lp_max_nodes if lp is None else lp) and problem.num_nodes and not pooled:
             val, _ = lp_bound(problem)
             if val is not None:

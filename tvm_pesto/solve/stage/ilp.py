@@ -107,7 +107,8 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     it ended with). Where the full MIP is too large for the steady state, its relaxation
     (``mip`` ``relaxed``: :func:`~tvm_pesto.solve.stage.model.build_stage_ilp`) gives the bound
     and, where its solution is a valid plan, the plan: ``status`` ``optimal`` where the plan
-    meets the bound, else ``feasible`` (``mip_status`` the MIP's outcome). Where the problem's host pool holds (the benchmark's latency rule,
+    meets the bound, else ``feasible`` (``mip_status`` the MIP's outcome). Where the
+    problem's host pool holds (the benchmark's latency rule,
     :class:`tvm_pesto.plan.problem.HostPool`, stated in ``rules``), the piece MIP is that
     rule's model and runs at once where it applies.
 

@@ -235,31 +235,39 @@ def is_convex(units: Units, machine: np.ndarray, m: int, succ: dict) -> bool:
 
 def improve(units: Units, machine: np.ndarray, times, allowed: np.ndarray, mem: np.ndarray, cap: np.ndarray,
             max_rounds: int = 4) -> np.ndarray:
-    """Moves of one unit to another machine (another accelerator, an empty one, the CPUs)
-    while the latency drops: each round takes the best move over all units and machines that
-    keeps the memory (``cap`` per accelerator) and the pieces contiguous; at most
-    ``max_rounds`` rounds (a fixed amount of work: no clock). ``times(machine)`` is the
-    latency; ``allowed[i, m]`` whether unit ``i`` may run on machine ``m``."""
+    """Moves to another machine (another accelerator, an empty one, the CPUs) while the
+    latency drops: of one unit, or of a unit with its ancestors or its descendants on its
+    machine (a chain of small ops, such as a mask, moves at once; what stays is contiguous).
+    Each round takes the best move over all units and machines that keeps the memory (``cap``
+    per accelerator) and the pieces contiguous; at most ``max_rounds`` rounds (a fixed amount
+    of work: no clock). ``times(machine)`` is the latency; ``allowed[i, m]`` whether unit
+    ``i`` may run on machine ``m``."""
     succ: dict = {}
     for i, j in units.edges:
         succ.setdefault(i, []).append(j)
+    g = nx.DiGraph(units.edges)
+    g.add_nodes_from(range(units.count))
+    closures = [(sorted(nx.ancestors(g, i)), sorted(nx.descendants(g, i))) for i in range(units.count)]
     best, best_val = machine.copy(), times(machine)
     k = allowed.shape[1] - 1
     for _ in range(max_rounds):
         used = np.bincount(best, weights=mem, minlength=k + 1)
         cand_best, cand_val = None, best_val * (1 - 1e-9)
         for i in range(units.count):
-            for m in np.flatnonzero(allowed[i]).tolist():
-                if m == best[i] or (m > 0 and used[m] + mem[i] > cap[m - 1] * (1 + 1e-9)):
-                    continue
-                trial = best.copy()
-                trial[i] = m
-                if (m > 0 and not is_convex(units, trial, m, succ)) or \
-                        (best[i] > 0 and not is_convex(units, trial, int(best[i]), succ)):
-                    continue
-                val = times(trial)
-                if val < cand_val:
-                    cand_best, cand_val = trial, val
+            sets = {(i,)} | {tuple([i] + [j for j in c if best[j] == best[i]]) for c in closures[i]}
+            for group in sorted(sets):
+                group = list(group)
+                for m in np.flatnonzero(allowed[group].all(axis=0)).tolist():
+                    if m == best[i] or (m > 0 and used[m] + mem[group].sum() > cap[m - 1] * (1 + 1e-9)):
+                        continue
+                    trial = best.copy()
+                    trial[group] = m
+                    if (m > 0 and not is_convex(units, trial, m, succ)) or \
+                            (best[i] > 0 and not is_convex(units, trial, int(best[i]), succ)):
+                        continue
+                    val = times(trial)
+                    if val < cand_val:
+                        cand_best, cand_val = trial, val
         if cand_best is None:
             break
         best, best_val = cand_best, cand_val
