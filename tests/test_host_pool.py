@@ -25,7 +25,8 @@ from tvm_pesto.solve.stage.dp import device_orders
 from tvm_pesto.solve.stage.ilp import solve as ilp_solve
 from tvm_pesto.solve.stage.model import build_stage_ilp
 from tvm_pesto.solve.stage.piece_mip import PieceData, solve_pieces
-from tvm_pesto.solve.stage.pieces import contract_units
+from tvm_pesto.solve.stage.hull_bound import hull_path_bound
+from tvm_pesto.solve.stage.pieces import Units, contract_units, improve
 
 
 def authors_latency(raw: dict, machine_of: dict) -> float:
@@ -111,6 +112,7 @@ def test_the_rule_is_the_files_and_holds_for_one_samples_stage_latency(tmp_path)
     assert p.pooled("stage", "latency") and not p.pooled("stage", "throughput") and not p.pooled("op", "latency")
     assert not p.pooled("stage", "latency", 4)
     assert HostPool().to_json()["rule"] == "host-pool"
+    assert problem_of(training_file(0), tmp_path, "t").host_pool is None  # the latency setting's graphs are inference
 
 
 def test_a_colour_class_over_two_cpus_is_valid_in_the_pool_only(tmp_path):
@@ -189,6 +191,31 @@ def test_cpu_work_side_by_side_is_not_bounded_by_a_devices_load(tmp_path):
     assert evaluate(p, Plan(a, device_orders(p, a)), "stage", "latency").objective_value == pytest.approx(1e-3)
     lb = objective_lower_bound(p, "stage", "latency", lp=False)
     assert lb["best"] <= 1e-3 * (1 + 1e-9) and "bottleneck_s" not in lb["latency"]
+
+
+def test_the_hull_bound_counts_the_work_between_a_runs_ends(tmp_path):
+    # 0 -> {1, 2} -> 3, dear on the CPU: one accelerator runs all four (4 ms), the critical
+    # path says 3, the hull of the path 0 -> 1 -> 3 holds 2 as well
+    nodes = [(i, 50.0, 1.0, MiB) for i in range(4)]
+    p = problem_of(layer_file(nodes, [(0, 1, 0.5), (0, 2, 0.5), (1, 3, 0.5), (2, 3, 0.5)], fpgas=1), tmp_path)
+    assert hull_path_bound(p)["bound_s"] == pytest.approx(4e-3, rel=1e-5)
+    assert objective_lower_bound(p, "stage", "latency", lp=False)["latency"]["critical_path_s"] == pytest.approx(3e-3)
+    assert hull_path_bound(p)["bound_s"] <= pooled_optimum(p) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_hull_bound_holds_on_random_graphs(tmp_path, seed):
+    p = problem_of(random_file(seed, n=8, classes=6, cap=0.4 if seed % 2 else 0.9), tmp_path)
+    assert 0 < hull_path_bound(p)["bound_s"] <= pooled_optimum(p) * (1 + 1e-9)
+
+
+def test_a_unit_moves_with_its_ancestors_where_one_alone_would_not_pay():
+    # units 0 -> 1 on accelerator 1; either alone on the CPUs costs more, both together less
+    units = Units([[0], [1]], np.array([0, 1]), [(0, 1)], {0: [1]})
+    value = {(1, 1): 10.0, (0, 1): 11.0, (1, 0): 11.0, (0, 0): 5.0}
+    out = improve(units, np.array([1, 1]), lambda m: value[tuple(m.tolist())], np.ones((2, 2), dtype=bool),
+                  np.zeros(2), np.array([1.0]))
+    assert out.tolist() == [0, 0]
 
 
 def test_the_ilp_states_the_rule_and_runs_the_piece_mip(tmp_path):

@@ -36,7 +36,8 @@ class HostPool:
     """The dnn-partitioning benchmark's rule for the host CPUs (Tarnawski et al., NeurIPS 2020:
     the authors' latency evaluator, ``latency-greedy/greedy.cpp -computeLatency``), a property
     of a problem (:attr:`Problem.host_pool`) where it holds: the problems of the benchmark's
-    files (:func:`layer_graph_problem`).
+    one-pass (inference) files, the graphs of its latency setting (:func:`layer_graph_problem`;
+    a training file keeps one block per device and pass).
 
     For one sample's latency in the stage model (:meth:`applies`) the CPUs are one pool:
 
@@ -82,7 +83,7 @@ class Problem:
     cost_source : str
         Where the costs came from (``measured``, ``xgb``, ``roofline``, ``file``).
     host_pool : HostPool or None
-        The benchmark's rule for the host CPUs, where it holds (dnn-partitioning files).
+        The benchmark's rule for the host CPUs, where it holds (dnn-partitioning inference files).
     """
 
     graph: OpGraph
@@ -252,5 +253,6 @@ def layer_graph_problem(path) -> tuple[Problem, dict]:
     """
     graph, meta = dp.load_layer_graph(str(path))
     cluster = dp.cluster_from_graph(meta)
+    one_pass = not any(nd.op == "backward" or nd.extra.get("isBackwardNode") for nd in graph.nodes)  # stage.node_passes
     return Problem(graph, cluster, dp.costs_from_graph(graph, cluster), colocate=dp.colocation_groups(graph),
-                   cost_source="file", host_pool=HostPool()), meta
+                   cost_source="file", host_pool=HostPool() if one_pass else None), meta
