@@ -112,8 +112,8 @@ def operator_graphs_markdown(rows: list[dict]) -> list[str]:
                    f"{fmt(r['ours_over_best_outside'])} | {fmt(r['ilp']['solve_s'], '.1f')} |")
     rules = sorted({r.get("rules", "stage") for r in rows})
     out += ["", "Outside figures: " + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()) + ".",
-            f"Judged under the rules: {', '.join(rules)} (host-pool: the benchmark's, CPU nodes side by side and "
-            "a colour class all on the CPUs or on one accelerator; tvm_pesto.plan.problem.HostPool).", ""]
+            f"Rules: {', '.join(rules)} (host-pool: the benchmark's rule for the host CPUs, CPU nodes side by side "
+            "and a colour class all on the CPUs or on one accelerator; tvm_pesto.plan.problem.HostPool).", ""]
     return out
 
 
