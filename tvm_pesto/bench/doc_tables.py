@@ -35,11 +35,13 @@ from pathlib import Path
 
 from ..errors import PestoError
 from .peers import markdown as peers_markdown
+from .operator_graphs import operator_graphs_markdown
 from .placement import placement_markdown
 from .scale import scale_markdown
 
 #: The benchmark kinds a block may name, and the markdown each one's JSON gives.
-KINDS = {"placement": placement_markdown, "scale": scale_markdown, "peers": peers_markdown}
+KINDS = {"placement": placement_markdown, "scale": scale_markdown, "peers": peers_markdown,
+         "operator-graphs": lambda res: "\n".join(operator_graphs_markdown(res["operator_graphs"]))}
 
 _BLOCK = re.compile(r"(<!-- bench report (\S+) (\S+) -->\n)(.*?)(<!-- end bench report -->)", re.S)
 

@@ -6,9 +6,10 @@ Each graph (``latency-inputs/OperatorGraphs/*.json.gz``, shipped with tvm-pesto)
 ``tvm-pesto place <graph> --cluster from-graph --solver auto`` places it: the stage model's
 ``ilp`` solver (:mod:`tvm_pesto.solve.stage.ilp`; on these graphs the piece MIP of
 :mod:`tvm_pesto.solve.stage.piece_mip`), judged by the stage evaluator, whose latency is the
-authors' evaluator's (``latency-greedy/greedy.cpp -computeLatency``) on these splits. The
-lower bound is the larger of :func:`tvm_pesto.solve.bounds.objective.objective_lower_bound`
-and the MIP's dual bound.
+authors' evaluator's (``latency-greedy/greedy.cpp -computeLatency``): the files' problems
+carry the benchmark's rule for the host CPUs (:class:`tvm_pesto.plan.problem.HostPool`,
+``rules`` in each row). The lower bound is the larger of
+:func:`tvm_pesto.solve.bounds.objective.objective_lower_bound` and the MIP's dual bound.
 
 Outside figures (:data:`OUTSIDE`), each scored by the authors' evaluator:
 
@@ -65,14 +66,16 @@ def operator_graph_row(path: str, time_limit_s: float, deterministic: bool = Tru
     graph = problem.graph
     ms = 1.0 / meta["time_unit_s"]  # seconds -> the files' unit (ms)
     row = {"graph": meta["name"], "nodes": graph.num_nodes, "accelerators": meta["max_accelerators"],
-           "cpus": meta["max_cpus"], "outside": OUTSIDE.get(meta["name"], {})}
+           "cpus": meta["max_cpus"], "outside": OUTSIDE.get(meta["name"], {}),
+           "rules": problem.host_pool.to_json()["rule"] if problem.pooled("stage", "latency") else "stage"}
     for name in ("stage-dp", "ilp"):
         t0 = time.perf_counter()
         plan = solve(problem, name, model="stage", objective="latency", time_limit_s=time_limit_s,
                      deterministic=deterministic)
         ev = evaluate(problem, plan, "stage", "latency")
         row[name] = {"latency": ev.objective_value * ms, "valid": ev.valid, "solve_s": time.perf_counter() - t0,
-                     "status": plan.info.get("status", "heuristic"), "mip": plan.info.get("mip")}
+                     "status": plan.info.get("status", "heuristic"), "mip": plan.info.get("mip"),
+                     "mip_status": plan.info.get("mip_status")}
         if name == "ilp":
             row["mip_bound"] = plan.info.get("mip_bound_s", 0.0) * ms
     lb = objective_lower_bound(problem, "stage", "latency", None, deterministic=deterministic)["best"] * ms
@@ -107,7 +110,10 @@ def operator_graphs_markdown(rows: list[dict]) -> list[str]:
                    f"{fmt(r['ilp']['latency'])} | {r['ilp']['status']} | {fmt(r['bound'])} | "
                    f"{fmt(100 * r['gap'], '.1f') + ' %' if r['gap'] is not None else '-'} | "
                    f"{fmt(r['ours_over_best_outside'])} | {fmt(r['ilp']['solve_s'], '.1f')} |")
-    out += ["", "Outside figures: " + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()) + ".", ""]
+    rules = sorted({r.get("rules", "stage") for r in rows})
+    out += ["", "Outside figures: " + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()) + ".",
+            f"Rules: {', '.join(rules)} (host-pool: the benchmark's rule for the host CPUs, CPU nodes side by side "
+            "and a colour class all on the CPUs or on one accelerator; tvm_pesto.plan.problem.HostPool).", ""]
     return out
 
 

@@ -17,6 +17,9 @@
   are inside the blocks). Forward+backward graphs are one sample each way: both passes
   count in every load.
 
+Where a problem's host pool holds (:class:`tvm_pesto.plan.problem.HostPool`: one sample's
+stage latency on a dnn-partitioning file), the stage model judges by its rules.
+
 Memory is checked the model's way (the op model counts received tensors, the stage model
 the graph's own sizes); :func:`evaluate` reports violations instead of raising, so imported
 plans can be judged.
@@ -178,7 +181,7 @@ def evaluate(problem: Problem, plan: Plan, model: str = "op", objective: str = "
                                    "message": "co-located nodes are split over several devices; put them on one"})
         stages = None
     else:
-        stages = evaluate_stages(problem, plan)
+        stages = evaluate_stages(problem, plan, pooled=problem.pooled(model, objective, microbatches))
         sim, busy, links = None, stages.device_load_s, None
         bottleneck, latency, memory = stages.bottleneck_s, stages.latency_s, stages.memory_bytes
         violations = stages.violations

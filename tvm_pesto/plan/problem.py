@@ -31,6 +31,43 @@ def checked_costs(costs, rows: int, devices: int, what: str, label) -> np.ndarra
     return costs
 
 
+@dataclass(frozen=True)
+class HostPool:
+    """The dnn-partitioning benchmark's rule for the host CPUs (Tarnawski et al., NeurIPS 2020:
+    the authors' latency evaluator, ``latency-greedy/greedy.cpp -computeLatency``), a property
+    of a problem (:attr:`Problem.host_pool`) where it holds: the problems of the benchmark's
+    one-pass (inference) files, the graphs of its latency setting (:func:`layer_graph_problem`;
+    a training file keeps one block per device and pass).
+
+    For one sample's latency in the stage model (:meth:`applies`) the CPUs are one pool:
+
+    * a co-location group is valid when all its members sit on CPUs (any of them) or all on
+      one accelerator; nodes on the CPUs need not be contiguous, and the CPUs' memory is one
+      pool (their capacities added up);
+    * every CPU node runs on a core of its own as soon as its inputs are there: it finishes
+      its cost after its last producer (a CPU pays no transfer; an accelerator's stage pays
+      its in and out phases, :mod:`tvm_pesto.plan.stage`).
+
+    Throughput (the device loads) and the op model keep one block per device.
+
+    Examples
+    --------
+    >>> HostPool().applies("stage", "latency", None), HostPool().applies("stage", "throughput", None)
+    (True, False)
+    """
+
+    source: str = "dnn-partitioning benchmark: latency-greedy/greedy.cpp -computeLatency"
+
+    def applies(self, model: str, objective: str, microbatches=None) -> bool:
+        """Whether the rule holds for ``objective`` in ``model`` (one sample's stage latency)."""
+        return model == "stage" and objective == "latency" and microbatches is None
+
+    def to_json(self) -> dict:
+        """The rule as a plan's info states it."""
+        return {"rule": "host-pool", "colocation": "all on the CPUs (any of them) or all on one accelerator",
+                "cpu_nodes": "each on a core of its own as soon as its inputs are there", "source": self.source}
+
+
 @dataclass
 class Problem:
     """What every solver takes.
@@ -45,6 +82,8 @@ class Problem:
         Groups of nodes that must share a device (e.g. a forward op and its backward twin).
     cost_source : str
         Where the costs came from (``measured``, ``xgb``, ``roofline``, ``file``).
+    host_pool : HostPool or None
+        The benchmark's rule for the host CPUs, where it holds (dnn-partitioning inference files).
     """
 
     graph: OpGraph
@@ -52,6 +91,7 @@ class Problem:
     costs: np.ndarray
     colocate: list[list[int]] = field(default_factory=list)
     cost_source: str = "unknown"
+    host_pool: HostPool | None = None
 
     def __post_init__(self):
         n, d = self.graph.num_nodes, self.cluster.num_devices
@@ -100,6 +140,10 @@ class Problem:
         if src == dst:
             return 0.0
         return float(self.latency[src, dst] + nbytes * self.inv_bw[src, dst])
+
+    def pooled(self, model: str, objective: str, microbatches=None) -> bool:
+        """Whether :attr:`host_pool` holds for ``objective`` in ``model``."""
+        return self.host_pool is not None and self.host_pool.applies(model, objective, microbatches)
 
     def min_cost(self) -> np.ndarray:
         return self.costs.min(axis=1)
@@ -197,7 +241,8 @@ class JointProblem:
 
 def layer_graph_problem(path) -> tuple[Problem, dict]:
     """The placement problem a dnn-partitioning LayerGraph file (``.json`` or ``.json.gz``)
-    defines, with its devices, costs and co-location classes, and the file's facts
+    defines, with its devices, costs, co-location classes and the benchmark's rule for the
+    host CPUs (:class:`HostPool`), and the file's facts
     (:func:`tvm_pesto.graph.dnn_partitioning.load_layer_graph`).
 
     Examples
@@ -208,5 +253,6 @@ def layer_graph_problem(path) -> tuple[Problem, dict]:
     """
     graph, meta = dp.load_layer_graph(str(path))
     cluster = dp.cluster_from_graph(meta)
+    one_pass = not any(nd.op == "backward" or nd.extra.get("isBackwardNode") for nd in graph.nodes)  # stage.node_passes
     return Problem(graph, cluster, dp.costs_from_graph(graph, cluster), colocate=dp.colocation_groups(graph),
-                   cost_source="file"), meta
+                   cost_source="file", host_pool=HostPool() if one_pass else None), meta

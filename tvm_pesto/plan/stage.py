@@ -29,6 +29,13 @@ Definition
   finished. The *latency* is the last block's finish; a device's *load* is the sum of its
   blocks, the time it is busy per sample when samples stream through (what the paper's
   throughput objective, its max-load, minimises).
+* **The host pool** (``pooled=True``: a problem's :class:`~tvm_pesto.plan.problem.HostPool`,
+  the dnn-partitioning benchmark's latency rule). The CPUs are one co-location domain and
+  one pool of cores: a group is valid all on the CPUs (any of them) or all on one device,
+  CPU nodes need no contiguity, the CPUs' memory is one pool, and each CPU node finishes its
+  cost after its last producer (the stage graph then has one node per CPU node). The other
+  devices' stages and the loads are as above. This is ``greedy.cpp -computeLatency`` of the
+  benchmark's authors.
 
 Examples
 --------
@@ -188,7 +195,8 @@ def _contiguity(succ, stage_of, k: int, members: list) -> dict | None:
     return None
 
 
-def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = None) -> StageResult:
+def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = None,
+                    pooled: bool = False) -> StageResult:
     """The stage model (module docstring) applied to ``plan``: stages, violations, block
     times, latency and device loads.
 
@@ -199,6 +207,9 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
         Only ``plan.assignment`` matters: the stages and their order follow from it.
     passes : array of int, optional
         The pass of each node (default :func:`node_passes`).
+    pooled : bool
+        Judge by the host pool's rules (module docstring); ``problem.pooled("stage",
+        "latency")`` says where they hold.
 
     Raises
     ------
@@ -233,27 +244,41 @@ def evaluate_stages(problem: Problem, plan: Plan, passes: np.ndarray | None = No
     sg.add_nodes_from(range(len(stages)))
     sg.add_edges_from({(int(stage_of[u]), int(stage_of[v])) for u, v in zip(problem.src.tolist(), problem.dst.tolist())
                        if stage_of[u] != stage_of[v]})
-    cyclic = not nx.is_directed_acyclic_graph(sg)
+    cpu = np.array([dv.kind == "cpu" for dv in problem.cluster.devices]) if pooled else np.zeros(d, dtype=bool)
+    pg = _pool_graph(problem, a, stage_of, stages, cpu) if cpu.any() else None
+    cyclic = not nx.is_directed_acyclic_graph(sg if pg is None else pg)
     # memory (the graph's own sizes, no received tensors)
     memory = np.bincount(a, weights=problem.mem, minlength=d).astype(np.float64) if n else np.zeros(d)
-    violations = _violations(problem, a, cost, stages, stage_of, succ, sg, cyclic, memory)
-    load, latency = _block_times(problem, a, cost, stages, stage_of, succ, sg, cyclic)
+    violations = _violations(problem, a, stages, stage_of, succ, sg if pg is None else pg, cyclic, memory, cpu)
+    load, latency = _block_times(problem, a, cost, stages, stage_of, succ, sg, cyclic, pg)
     return StageResult(stages, stage_of, sorted(sg.edges), latency, load, memory, problem.capacity.copy(), violations)
 
 
-def _violations(problem: Problem, a: np.ndarray, cost: np.ndarray, stages: list[Stage], stage_of: np.ndarray,
-                succ, sg: nx.DiGraph, cyclic: bool, memory: np.ndarray) -> list[dict]:
+def _pool_graph(problem: Problem, a: np.ndarray, stage_of: np.ndarray, stages: list, cpu: np.ndarray) -> nx.DiGraph:
+    """The stage graph of the host pool: ``("s", k)`` per stage off the CPUs, ``("v", v)`` per
+    CPU node, an edge where a graph edge crosses them."""
+    key = [("v", v) if cpu[a[v]] else ("s", int(stage_of[v])) for v in range(problem.num_nodes)]
+    g = nx.DiGraph()
+    g.add_nodes_from(set(key))
+    g.add_edges_from({(key[u], key[w]) for u, w in zip(problem.src.tolist(), problem.dst.tolist()) if key[u] != key[w]})
+    return g
+
+
+def _violations(problem: Problem, a: np.ndarray, stages: list[Stage], stage_of: np.ndarray,
+                succ, sg: nx.DiGraph, cyclic: bool, memory: np.ndarray, pool: np.ndarray) -> list[dict]:
     """What breaks the stage model's rules: placement, contiguity, acyclicity, memory and
-    co-location, in that order (:attr:`StageResult.violations`)."""
+    co-location, in that order (:attr:`StageResult.violations`); ``pool`` marks the CPUs of
+    the host pool (none without it)."""
     cluster = problem.cluster
     violations: list[dict] = []
+    cost = problem.costs[np.arange(problem.num_nodes), a] if problem.num_nodes else np.zeros(0)
     for v in np.flatnonzero(~np.isfinite(cost)).tolist():
         violations.append({"kind": "placement", "node": int(v), "device": int(a[v]),
                            "message": f"node {_name(problem, v)} is on {cluster.devices[a[v]].name}, where it "
                                       "cannot run (infinite cost); move it to a device that runs it"})
     succ_ids = [[v for v, _ in s] for s in succ]
     for k, st in enumerate(stages):
-        bad = _contiguity(succ_ids, stage_of, k, st.nodes)
+        bad = None if pool[st.device] else _contiguity(succ_ids, stage_of, k, st.nodes)
         if bad is not None:
             path = bad["path"]
             hops = " -> ".join(f"{_name(problem, v)} ({stages[stage_of[v]].label(cluster)})" for v in path)
@@ -263,11 +288,18 @@ def _violations(problem: Problem, a: np.ndarray, cost: np.ndarray, stages: list[
             violations.append(bad)
     if cyclic:
         cycle = [u for u, _ in nx.find_cycle(sg)]
-        names = " -> ".join(stages[k].label(cluster) for k in cycle + cycle[:1])
-        violations.append({"kind": "acyclicity", "stages": [stages[k].label(cluster) for k in cycle],
+        label = lambda k: stages[k].label(cluster) if isinstance(k, int) else (  # noqa: E731
+            stages[k[1]].label(cluster) if k[0] == "s" else _name(problem, k[1]))
+        names = " -> ".join(label(k) for k in cycle + cycle[:1])
+        violations.append({"kind": "acyclicity", "stages": [label(k) for k in cycle],
                            "message": f"the stage graph has a cycle ({names}): those blocks would wait on each other "
                                       "forever; split the work so that data flows one way between stages"})
     cap = problem.capacity
+    if pool.any():  # one pool: the CPUs' memory together
+        memory, cap = memory.copy(), cap.copy()
+        cpus = np.flatnonzero(pool)
+        memory[cpus], cap[cpus] = memory[cpus].sum(), cap[cpus].sum()
+        memory[cpus[1:]] = 0.0
     for k in np.flatnonzero(memory > cap * (1 + _TOL)).tolist():
         violations.append({"kind": "memory", "device": int(k), "memory_bytes": float(memory[k]),
                            "capacity_bytes": float(cap[k]),
@@ -276,21 +308,25 @@ def _violations(problem: Problem, a: np.ndarray, cost: np.ndarray, stages: list[
                                       "elsewhere"})
     for grp in problem.colocate:
         devs = sorted({int(a[v]) for v in grp})
-        if len(devs) > 1:
+        if len(devs) > 1 and not pool[devs].all():
             names = ", ".join(_name(problem, v) for v in list(grp)[:6])
             violations.append({"kind": "colocation", "nodes": [_name(problem, v) for v in grp],
                                "message": f"co-located nodes [{names}{', ...' if len(grp) > 6 else ''}] are split over "
-                                          f"{', '.join(cluster.devices[k].name for k in devs)}; put them on one device"})
+                                          f"{', '.join(cluster.devices[k].name for k in devs)}; put them on one "
+                                          "device" + (" or all on the CPUs" if pool.any() else "")})
     return violations
 
 
 def _block_times(problem: Problem, a: np.ndarray, cost: np.ndarray, stages: list[Stage], stage_of: np.ndarray,
-                 succ, sg: nx.DiGraph, cyclic: bool) -> tuple[np.ndarray, float]:
+                 succ, sg: nx.DiGraph, cyclic: bool, pool: nx.DiGraph | None = None) -> tuple[np.ndarray, float]:
     """Fill each stage's work, input and output times and (when the stage graph is acyclic)
-    its start and finish; returns the device loads and the latency (inf when cyclic)."""
+    its start and finish; returns the device loads and the latency (inf when cyclic). With
+    ``pool`` (:func:`_pool_graph`) the CPU nodes' times are the host pool's."""
     n, d = problem.num_nodes, problem.num_devices
     lat, inv = io_rates(problem.cluster)
-    device_order = _device_order(sg, stages, cyclic)
+    order = _pool_order(pool, stages, cyclic) if pool is not None else None
+    device_order = _device_order(sg, stages, cyclic) if order is None else \
+        [k for kind, k in order if kind == "s"] + sorted({int(stage_of[k]) for kind, k in order if kind == "v"})
     first_of: dict[tuple[int, int], int] = {}  # (producer, device) -> the first stage there that needs it
     rank = {k: i for i, k in enumerate(device_order)}
     for k, st in enumerate(stages):
@@ -317,7 +353,9 @@ def _block_times(problem: Problem, a: np.ndarray, cost: np.ndarray, stages: list
     for st in stages:
         load[st.device] += st.block_s
     latency = float("inf")
-    if not cyclic:
+    if not cyclic and pool is not None:
+        latency = _pool_times(problem, cost, stages, pool, order)
+    elif not cyclic:
         free = np.zeros(d)
         for k in device_order:
             st = stages[k]
@@ -327,6 +365,34 @@ def _block_times(problem: Problem, a: np.ndarray, cost: np.ndarray, stages: list
             free[st.device] = st.finish_s
         latency = max((st.finish_s for st in stages), default=0.0)
     return load, latency
+
+
+def _pool_order(pool: nx.DiGraph, stages: list, cyclic: bool) -> list | None:
+    """The host pool's stage graph in a topological order, forward first (then device, then
+    node) among ready ones; None when it is cyclic."""
+    if cyclic:
+        return None
+    key = lambda k: (stages[k[1]].pass_index, 0, stages[k[1]].device) if k[0] == "s" else (-1, 1, k[1])  # noqa: E731
+    return list(nx.lexicographical_topological_sort(pool, key=key))
+
+
+def _pool_times(problem: Problem, cost: np.ndarray, stages: list, pool: nx.DiGraph, order: list) -> float:
+    """Start and finish of every stage in the host pool (module docstring), each CPU stage
+    from its first node's start to its last node's finish; returns the latency."""
+    free, done = np.zeros(problem.num_devices), {}
+    for key in order:
+        ready = max((done[p] for p in pool.predecessors(key)), default=0.0)
+        if key[0] == "v":
+            done[key] = ready + float(cost[key[1]])
+            continue
+        st = stages[key[1]]
+        st.start_s = max(ready, free[st.device])
+        done[key] = st.finish_s = free[st.device] = st.start_s + st.block_s
+    for st in stages:
+        if st.nodes and np.isnan(st.finish_s):  # a CPU stage
+            st.finish_s = max(done[("v", v)] for v in st.nodes)
+            st.start_s = min(done[("v", v)] - float(cost[v]) for v in st.nodes)
+    return max(done.values(), default=0.0)
 
 
 def _device_order(sg: nx.DiGraph, stages: list, cyclic: bool) -> list[int]:

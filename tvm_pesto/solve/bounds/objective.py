@@ -27,6 +27,14 @@ their nodes' memory, a change of device costs an out and an in phase) and the ch
 :mod:`tvm_pesto.solve.stage.bounds` (at most one stage per device and pass limits how much
 runs side by side); the op model's segment bound assumes its transfer rules and is not used.
 
+**The host pool** (:class:`tvm_pesto.plan.problem.HostPool`: the benchmark's latency rule,
+where CPU nodes run side by side on cores of their own): the bottleneck, the LP (device loads
+serialise a device's nodes) and the chain bound (at most one stage per CPU) no longer hold
+for the latency; the critical path and the path-memory bound do (the nodes of one path still
+run one after another, CPU to CPU moves are free, and an accelerator's memory and in and out
+phases are as before), and so does the hull bound of :mod:`tvm_pesto.solve.stage.hull_bound`
+(a run of a path on an accelerator holds every node between its ends).
+
 Examples
 --------
 >>> from tvm_pesto.bench.random_dag import dnn_like_problem
@@ -46,6 +54,7 @@ from ...plan.objective import check_choice, time_per_sample
 from ...plan.problem import Problem
 from ..budget import mode_name
 from ..stage.bounds import stage_latency_bound
+from ..stage.hull_bound import hull_path_bound
 from ..stage.ideal_dp import dp_bound
 from .comm import path_memory_bound
 from .makespan import lower_bound, lp_bound
@@ -124,14 +133,18 @@ def objective_lower_bound(problem: Problem, model: str = "op", objective: str = 
         det = {k: lat[k] for k in ("deterministic", "deterministic_reason") if k in lat}
         lat_parts = {k: lat.get(k) for k in ("critical_path_s", "work_s", "lp_s", "segment_s", "path_memory_s")}
     else:
+        pooled = problem.pooled(model, objective, microbatches)
         lat_parts = {"critical_path_s": critical_path(problem) if problem.num_nodes else 0.0, "lp_s": None,
                      "path_memory_s": path_memory_bound(problem, stage=True)["bound_s"] if problem.num_nodes else 0.0,
-                     "stage_chain_s": stage_latency_bound(problem)["bound_s"]}
-        if (problem.num_nodes <= lp_max_nodes if lp is None else lp) and problem.num_nodes:
+                     "stage_chain_s": None if pooled else stage_latency_bound(problem)["bound_s"]}
+        if pooled:
+            lat_parts["hull_path_s"] = hull_path_bound(problem)["bound_s"] if problem.num_nodes else 0.0
+        if (problem.num_nodes <= lp_max_nodes if lp is None else lp) and problem.num_nodes and not pooled:
             val, _ = lp_bound(problem)
             if val is not None:
                 lat_parts["lp_s"] = val if not np.isfinite(val) else max(0.0, val * (1 - _SAFETY) - 1e-12)
-    lat_parts["bottleneck_s"] = bott["best"]
+    if not problem.pooled(model, objective, microbatches):
+        lat_parts["bottleneck_s"] = bott["best"]
     lat_best = float(max(v for v in lat_parts.values() if v is not None))
     best = lat_best if objective == "latency" else time_per_sample(lat_best, bott["best"], microbatches)
     return {"best": float(best), "latency_s": lat_best, "bottleneck_s": bott["best"], "latency": lat_parts,

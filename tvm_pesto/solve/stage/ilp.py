@@ -38,6 +38,9 @@ from .model import ModelTooLarge, build_stage_ilp, extract_assignment
 from .piece_mip import applies, solve_pieces
 
 MAX_ROWS = 15_000
+#: Rows the relaxed steady-state MIP (no acyclicity rows, compact IO) may have where the full
+#: one has more than ``max_rows`` (:func:`tvm_pesto.solve.stage.model.build_stage_ilp`).
+RELAXED_MAX_ROWS = 40_000
 #: Relative MIP gap at which the stage MIP stops; a start this close to the lower bound is
 #: returned without a MIP.
 GAP = 1e-4
@@ -78,6 +81,8 @@ def mip_bound_is_valid(problem: Problem, objective: str, microbatches) -> bool:
     loads are the model's exactly, and so are its block times when no edge runs between the
     passes (otherwise it charges a received tensor once per pass that needs it, where the
     model charges it once per device)."""
+    if problem.pooled("stage", objective, microbatches):
+        return False  # the host pool runs CPU nodes side by side; the MIP gives each CPU one block
     if objective == "throughput" and microbatches is None:
         return True
     passes = node_passes(problem.graph)
@@ -99,7 +104,13 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     other; ``status`` ``feasible`` where it is optimal in its own model but the gap to the
     bound remains); otherwise the start is returned with ``status`` ``heuristic`` and
     ``reason``. The same when the MIP ran but gave nothing usable (``mip_status`` says what
-    it ended with).
+    it ended with). Where the full MIP is too large for the steady state, its relaxation
+    (``mip`` ``relaxed``: :func:`~tvm_pesto.solve.stage.model.build_stage_ilp`) gives the bound
+    and, where its solution is a valid plan, the plan: ``status`` ``optimal`` where the plan
+    meets the bound, else ``feasible`` (``mip_status`` the MIP's outcome). Where the
+    problem's host pool holds (the benchmark's latency rule,
+    :class:`tvm_pesto.plan.problem.HostPool`, stated in ``rules``), the piece MIP is that
+    rule's model and runs at once where it applies.
 
     ``info``: ``status`` (``optimal``, ``time_limit``, ``node_limit``: the MIP's real outcome,
     :mod:`tvm_pesto.solve.mip`; ``heuristic``: no MIP result), ``reason`` (why not, where
@@ -126,8 +137,13 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     info = {"start": warm_name, "warm_start_value_s": warm_value, "warm_start_solver": warm_name,
             "start_values_s": {name: v for v, name, _ in scored}, "start_errors": errors, "lower_bound_s": lb,
             "model": "stage", "objective": objective, "microbatches": microbatches, "budget": mode_name(deterministic)}
+    pooled = problem.pooled("stage", objective, microbatches)
+    if pooled:
+        info["rules"] = problem.host_pool.to_json()
 
     def done(plan: Plan, source: str, value: float, **facts) -> Plan:
+        if "objective" in facts:  # the MIP's own value; ``objective`` names what is minimised
+            facts["mip_objective"] = facts.pop("objective")
         info.update(facts, source=source, objective_value_s=value)
         info["gap"] = value / info["lower_bound_s"] - 1.0 if info["lower_bound_s"] > 0 else None
         return Plan(plan.assignment, plan.order, solver="ilp", solve_s=time.perf_counter() - t0, info=info)
@@ -136,16 +152,22 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     # the bound does (the bounds sit 1e-6 below their value against solver tolerances).
     if warm_value <= lb * (1 + GAP):
         return done(warm, warm_name, warm_value, status="optimal", proven_by="lower bound", deterministic=True)
+    why_not = applies(problem, objective, microbatches)
+    mip = MipSettings(time_limit_s=time_limit_s, solver=solver, gap=GAP, msg=msg, deterministic=deterministic)
+    if pooled and why_not is None:  # the host pool's latency is the piece MIP's model itself
+        return _pieces(problem, info, (warm_value, warm_name, warm), done, mip,
+                       full_mip="skipped: the host pool's latency is the piece MIP's model")
     try:
         prob, V = build_stage_ilp(problem, objective, microbatches, warm, max_rows=max_rows)
     except ModelTooLarge as e:  # its root LP alone outlasts any sensible budget
-        why_not = applies(problem, objective, microbatches)
         if why_not is None:  # the piece MIP: its size grows with the graph times the accelerators
-            mip = MipSettings(time_limit_s=time_limit_s, solver=solver, gap=GAP, msg=msg, deterministic=deterministic)
-            return _pieces(problem, info, (warm_value, warm_name, warm), done, mip, too_large=str(e))
-        return done(warm, warm_name, warm_value, status="heuristic", deterministic=True, mip=f"skipped: {e}",
-                    reason=f"the stage MIP was not built: {e}, and the piece MIP does not apply ({why_not}); the "
-                           f"plan is {warm_name}'s, the best start")
+            return _pieces(problem, info, (warm_value, warm_name, warm), done, mip, full_mip=f"skipped: {e}")
+        prob, V, too_large = _relaxed(problem, objective, microbatches, warm, str(e))
+        if prob is None:
+            return done(warm, warm_name, warm_value, status="heuristic", deterministic=True, mip=f"skipped: {e}",
+                        reason=f"the stage MIP was not built: {e}, and neither the piece MIP ({why_not}) nor the "
+                               f"relaxed MIP ({too_large}) applies; the plan is {warm_name}'s, the best start")
+        info.update(mip="relaxed", full_mip=f"skipped: {e}")
     info.update(num_vars=len(prob.variables()), num_constraints=prob.numConstraints(), time_limit_s=time_limit_s)
     res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=GAP, msg=msg, deterministic=deterministic)
     facts = res.info(V["ts"])
@@ -154,31 +176,56 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
         mb = max(0.0, facts["bound"] * (1 - _SAFETY) - 1e-12)
         facts["mip_bound_s"] = mb
         info["lower_bound_s"] = max(lb, mb)
-    best, source, value = warm, warm_name, warm_value
+    best, source, value = _judged(problem, objective, microbatches, res, V, (warm_value, warm_name, warm), facts)
+    if V.get("relaxed") and "mip_bound_s" in facts:  # the relaxation's bound holds whatever its solution
+        proven = value <= info["lower_bound_s"] * (1 + GAP) * (1 + 1e-6)
+        facts["status"] = "optimal" if proven else "feasible"
+        facts.pop("reason", None)
+    facts.update(combine(res.determinism))
+    return done(best, source, value, **facts)
+
+
+def _judged(problem: Problem, objective: str, microbatches, res, V: dict, start: tuple, facts: dict) -> tuple:
+    """``(plan, source, value)``: the stage MIP's solution where it is a valid plan better than
+    ``start`` (value, solver name, plan), else the start; ``facts`` say why not."""
+    warm_value, warm_name, warm = start
     if res.has_solution:
         a = extract_assignment(problem, V)
         cand = Plan(a, device_orders(problem, a), solver="ilp")
         ev = evaluate(problem, cand, "stage", objective, microbatches)
         if ev.valid and ev.objective_value < warm_value * (1 - 1e-9):
-            best, source, value = cand, "ilp", ev.objective_value
-        elif not ev.valid:
+            return cand, "ilp", ev.objective_value
+        if not ev.valid:
             facts.update(extract_error=ev.violations[0]["message"], status="heuristic",
                          reason=f"the stage MIP's solution is not a valid stage plan; the plan is {warm_name}'s, "
                                 "the best start")
     elif res.status != "optimal":
         facts.update(status="heuristic", reason=f"the stage MIP ended without a solution ({res.status}); the plan is "
                                                 f"{warm_name}'s, the best start")
-    facts.update(combine(res.determinism))
-    return done(best, source, value, **facts)
+    return warm, warm_name, warm_value
 
 
-def _pieces(problem: Problem, info: dict, start: tuple, done, mip: MipSettings, too_large: str) -> Plan:
+def _relaxed(problem: Problem, objective: str, microbatches, warm: Plan, too_large: str):
+    """``(prob, vars, None)``: the relaxed steady-state MIP
+    (:func:`~tvm_pesto.solve.stage.model.build_stage_ilp` with ``relaxed=True``) where the full
+    one is too large, or ``(None, None, why not)``."""
+    if objective != "throughput" or microbatches is not None:
+        return None, None, "it models the steady state only"
+    try:
+        prob, V = build_stage_ilp(problem, objective, microbatches, warm, max_rows=RELAXED_MAX_ROWS, relaxed=True)
+    except ModelTooLarge as e:
+        return None, None, str(e)
+    return prob, V, None
+
+
+def _pieces(problem: Problem, info: dict, start: tuple, done, mip: MipSettings, full_mip: str) -> Plan:
     """The piece MIP (:mod:`tvm_pesto.solve.stage.piece_mip`) where the full stage MIP is too
-    large, from ``start`` (value, solver name, plan): its plan where valid and better than the
-    start, its dual bound as the lower bound."""
+    large or the host pool holds (``full_mip`` says which), from ``start`` (value, solver
+    name, plan): its plan where valid and better than the start, its dual bound as the lower
+    bound."""
     warm_value, warm_name, warm = start
     found, res, facts = solve_pieces(problem, warm, warm_value, mip)
-    facts["full_mip"] = f"skipped: {too_large}"
+    facts["full_mip"] = full_mip
     if "mip_bound_s" in facts:
         info["lower_bound_s"] = max(info["lower_bound_s"], facts["mip_bound_s"])
     best, source, value = warm, warm_name, warm_value
@@ -198,4 +245,4 @@ def _pieces(problem: Problem, info: dict, start: tuple, done, mip: MipSettings, 
     return done(best, source, value, **facts)
 
 
-__all__ = ["GAP", "MAX_ROWS", "START_SOLVERS", "mip_bound_is_valid", "solve", "stage_starts"]
+__all__ = ["GAP", "MAX_ROWS", "RELAXED_MAX_ROWS", "START_SOLVERS", "mip_bound_is_valid", "solve", "stage_starts"]

@@ -23,6 +23,13 @@ Variables and constraints (all names in the model; times scaled so the upper bou
   that crosses stages (``nodefin``, ``after``); ``T >= f`` (``span``).
 
 Objective: ``B`` (steady state), ``T`` (latency) or ``(T + (K - 1) B) / K``.
+
+``relaxed=True`` (steady state only) builds a relaxation a third the size, for graphs where
+the model is too large: no acyclicity rows (``q``, ``pi``, ``delta``), and each producer's
+send and receive cost its smallest outgoing tensor (``cin``, ``cout`` alone, no ``rin``,
+``rout``; exact where a node's edges carry the same bytes, as in the dnn-partitioning files).
+Every valid stage plan is a solution of no larger ``B``, so its dual bound is a lower bound;
+a solution whose stage graph has a cycle is not a plan (the evaluator says so).
 """
 from __future__ import annotations
 
@@ -56,15 +63,18 @@ def _upper_bound(problem: Problem, lat: np.ndarray, inv: np.ndarray) -> float:
 
 
 def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatches=None, warm: Plan | None = None,
-                    max_rows: int | None = None):
-    """The MIP of the module docstring; returns ``(prob, vars)`` with ``vars`` a dict of the
-    variable groups and the time scale (``ts``: model units per second).
+                    max_rows: int | None = None, relaxed: bool = False):
+    """The MIP of the module docstring (``relaxed``: its relaxation); returns ``(prob, vars)``
+    with ``vars`` a dict of the variable groups and the time scale (``ts``: model units per
+    second).
 
     Raises
     ------
     ModelTooLarge
         As soon as the model has more than ``max_rows`` constraints (None: no limit); the
         message says how many it had when building stopped.
+    PestoError
+        For ``relaxed`` with a latency in the objective (the relaxation has no times).
     """
     n, D = problem.num_nodes, problem.num_devices
     passes = node_passes(problem.graph)
@@ -74,6 +84,9 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
     maxb = float(problem.ebytes.max()) if len(problem.ebytes) else 1.0
     bs = 1.0 / maxb if maxb > 0 else 1.0
     timing = objective == "latency" or microbatches is not None
+    if relaxed and timing:
+        raise PestoError("the relaxed stage MIP models the steady state only: use objective='throughput' without "
+                         "microbatches, or relaxed=False")
     group_of, groups = colocation_index(problem)
     fin = np.isfinite(problem.costs)
     for members in groups:
@@ -96,11 +109,14 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
         if terms and problem.mem.sum() > problem.capacity[d]:
             b.add(terms, pulp.LpConstraintLE, float(problem.capacity[d]) * bs, f"mem_{d}")
     _add_contiguity(b)
-    _add_acyclicity(b)
-    succ = _add_communication(b, timing)
+    if relaxed:
+        b.V["delta"] = {}
+    else:
+        _add_acyclicity(b)
+    succ = _add_communication(b, timing, compact=relaxed)
     k_lat, k_inv = lat * ts, inv * ts / bs
     work = _add_bottleneck(b, succ, k_lat, k_inv)
-    V.update(ts=ts, bs=bs, passes=passes, P=b.P, timing=timing)
+    V.update(ts=ts, bs=bs, passes=passes, P=b.P, timing=timing, relaxed=relaxed)
     if timing:
         _add_timing(b, succ, work, k_lat, k_inv)
         if objective == "latency":
@@ -180,28 +196,33 @@ def _add_acyclicity(b: _Build) -> None:
     b.check_size("acyclicity")
 
 
-def _add_communication(b: _Build, timing: bool) -> dict[int, list[tuple[int, float]]]:
+def _add_communication(b: _Build, timing: bool, compact: bool = False) -> dict[int, list[tuple[int, float]]]:
     """``cin``, ``cout``, ``rin``, ``rout`` per producer and device (``cinp`` per consumer
-    pass too, when ``timing``); returns each producer's consumers and edge bytes."""
+    pass too, when ``timing``; ``compact``: no ``rin``, ``rout``, the bytes of each
+    producer's smallest tensor in ``cbytes``); returns each producer's consumers and edge
+    bytes."""
     D, x, prob, passes, bs = b.problem.num_devices, b.V["x"], b.prob, b.passes, b.bs
     succ: dict[int, list[tuple[int, float]]] = {}
     for u, w, nb in b.edges:
         succ.setdefault(u, []).append((w, nb))
-    cin, cout, rin, rout, cinp = {}, {}, {}, {}, {}
+    cin, cout, rin, rout, cinp, cbytes = {}, {}, {}, {}, {}, {}
     for u, outs in succ.items():
         bmax = max(nb for _w, nb in outs) * bs
+        cbytes[u] = min(nb for _w, nb in outs) * bs
         for d in range(D):
             cin[u, d] = add_var(prob, f"cin_{u}_{d}", 0, 1)
             cout[u, d] = add_var(prob, f"cout_{u}_{d}", 0, 1)
-            rin[u, d] = add_var(prob, f"rin_{u}_{d}", 0, bmax)
-            rout[u, d] = add_var(prob, f"rout_{u}_{d}", 0, bmax)
+            if not compact:
+                rin[u, d] = add_var(prob, f"rin_{u}_{d}", 0, bmax)
+                rout[u, d] = add_var(prob, f"rout_{u}_{d}", 0, bmax)
             for w, nb in outs:
                 for c, r, a_, b_ in ((cin, rin, w, u), (cout, rout, u, w)):
                     tag = "in" if c is cin else "out"
                     b.add([(c[u, d], 1.0), (x[a_, d], -1.0), (x[b_, d], 1.0)], pulp.LpConstraintGE, 0.0,
                           f"c{tag}_{u}_{w}_{d}")
-                    b.add([(r[u, d], 1.0), (x[a_, d], -nb * bs), (x[b_, d], nb * bs)], pulp.LpConstraintGE, 0.0,
-                          f"r{tag}_{u}_{w}_{d}")
+                    if not compact:
+                        b.add([(r[u, d], 1.0), (x[a_, d], -nb * bs), (x[b_, d], nb * bs)], pulp.LpConstraintGE,
+                              0.0, f"r{tag}_{u}_{w}_{d}")
             if timing:
                 for p in sorted({int(passes[w]) for w, _ in outs}):
                     cinp[u, d, p] = add_var(prob, f"cinp_{u}_{d}_{p}", 0, 1)
@@ -209,7 +230,7 @@ def _add_communication(b: _Build, timing: bool) -> dict[int, list[tuple[int, flo
                         if passes[w] == p:
                             b.add([(cinp[u, d, p], 1.0), (x[w, d], -1.0), (x[u, d], 1.0)], pulp.LpConstraintGE, 0.0,
                                   f"cinp_{u}_{w}_{d}")
-    b.V.update(cin=cin, cout=cout, rin=rin, rout=rout, cinp=cinp)
+    b.V.update(cin=cin, cout=cout, rin=rin, rout=rout, cinp=cinp, cbytes=cbytes if compact else None)
     b.check_size("communication")
     return succ
 
@@ -225,8 +246,11 @@ def _add_bottleneck(b: _Build, succ, k_lat, k_inv) -> dict:
         for p in b.P:
             work[d, p] = [(x[v, d], float(problem.costs[v, d]) * b.ts) for v in range(n)
                           if passes[v] == p and b.fin[v, d]]
-        io = [(c[u, d], k_lat[d]) for c in (V["cin"], V["cout"]) for u in succ] + \
-             [(r[u, d], k_inv[d]) for r in (V["rin"], V["rout"]) for u in succ]
+        if V["cbytes"] is not None:  # compact: each send and receive at the smallest tensor
+            io = [(c[u, d], k_lat[d] + k_inv[d] * V["cbytes"][u]) for c in (V["cin"], V["cout"]) for u in succ]
+        else:
+            io = [(c[u, d], k_lat[d]) for c in (V["cin"], V["cout"]) for u in succ] + \
+                 [(r[u, d], k_inv[d]) for r in (V["rin"], V["rout"]) for u in succ]
         terms = [t for p in b.P for t in work[d, p]] + [t for t in io if t[1] > 0]
         b.add([(B, 1.0)] + [(v_, -c_) for v_, c_ in terms], pulp.LpConstraintGE, 0.0, f"bottleneck_{d}")
     return work
@@ -296,9 +320,9 @@ def _warm_values(problem: Problem, plan: Plan, V: dict, succ: dict) -> None:
     sg.add_edges_from(st.stage_edges)
     order = nx.lexicographical_topological_sort(sg, key=lambda k: (st.stages[k].pass_index, st.stages[k].device))
     rank = {(st.stages[k].device, st.stages[k].pass_index): float(i) for i, k in enumerate(order)}
-    for (d, p), var in V["q"].items():
+    for (d, p), var in V.get("q", {}).items():
         var.setInitialValue(rank.get((d, p), 0.0))
-    for v in range(n):
+    for v in range(n if "pi" in V else 0):
         V["pi"][v].setInitialValue(rank[(int(a[v]), int(passes[v]))])
     for (u, w), dl in V["delta"].items():
         if not isinstance(dl, float):
@@ -308,9 +332,10 @@ def _warm_values(problem: Problem, plan: Plan, V: dict, succ: dict) -> None:
             into = [b for w, b in outs if a[w] == d] if a[u] != d else []
             away = [b for w, b in outs if a[w] != d] if a[u] == d else []
             V["cin"][u, d].setInitialValue(1.0 if into else 0.0)
-            V["rin"][u, d].setInitialValue(max(into, default=0.0) * bs)
             V["cout"][u, d].setInitialValue(1.0 if away else 0.0)
-            V["rout"][u, d].setInitialValue(max(away, default=0.0) * bs)
+            if (u, d) in V["rin"]:
+                V["rin"][u, d].setInitialValue(max(into, default=0.0) * bs)
+                V["rout"][u, d].setInitialValue(max(away, default=0.0) * bs)
             for p in V["P"]:
                 if (u, d, p) in V["cinp"]:
                     V["cinp"][u, d, p].setInitialValue(1.0 if a[u] != d and any(a[w] == d and passes[w] == p

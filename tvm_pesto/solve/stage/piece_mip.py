@@ -29,6 +29,13 @@ their nodes' costs where the model takes the longest path), so the MIP's dual bo
 lower bound of the stage model's latency. Its solutions become stage plans through
 :func:`~tvm_pesto.solve.stage.pieces.cpu_devices` and are judged by the stage evaluator.
 
+Under the host pool (:class:`tvm_pesto.plan.problem.HostPool`, the problem's rule) the CPU
+side is the rule's, node by node: ``Ln[v] >= L[i]`` of its unit (``nacc``), ``Ln[w] >=
+Ln[u] + cpu[w] x[j,0]`` on every graph edge (``ncpu``, ``ncpu0`` at the sources), pieces
+start after ``Ln`` of the producers they read, ``T >= Ln`` at the sinks (``nsink``). The
+model is then the rule's latency itself, so its dual bound is a lower bound and its
+solutions are plans as they are (the CPU units on the first CPU: any CPU is the pool).
+
 Examples
 --------
 >>> from tvm_pesto.graph import dnn_partitioning as dp
@@ -52,7 +59,7 @@ from ...plan.stage import io_rates, node_passes
 from ..mip import MIP_TIME_SCALE, add_var, lin, solve_mip
 from ..settings import MipSettings
 from .dp import device_orders
-from .pieces import Units, contract_units, cpu_devices, improve, piece_times
+from .pieces import CpuNodes, Units, contract_units, cpu_devices, improve, piece_times
 
 _SAFETY = 1e-6  # relative margin on the MIP's dual bound, as the other bounds keep
 
@@ -93,10 +100,12 @@ class PieceData:
         sig = [(float(problem.capacity[d]), float(lat[d]), float(inv[d]), problem.costs[:, d].tobytes())
                for d in self.accs]
         self.same_as_prev = [k > 0 and sig[k] == sig[k - 1] for k in range(len(self.accs))]
+        self.pool = CpuNodes.of(problem, U, costs[:, self.cpus].min(axis=1)) \
+            if problem.pooled("stage", "latency") else None
 
     def times(self, machine: np.ndarray) -> dict:
         """:func:`~tvm_pesto.solve.stage.pieces.piece_times` of a unit -> machine array."""
-        return piece_times(self.units, machine, self.cpu_cost, self.acc_cost, self.comm)
+        return piece_times(self.units, machine, self.cpu_cost, self.acc_cost, self.comm, self.pool)
 
     def machines_of(self, plan: Plan) -> np.ndarray:
         """The machine of each unit in ``plan`` (:meth:`canonical`)."""
@@ -131,8 +140,10 @@ class PieceData:
 
     def assignment(self, machine: np.ndarray) -> np.ndarray | None:
         """A device per node for a unit -> machine array (CPU units spread over the CPUs by
-        :func:`~tvm_pesto.solve.stage.pieces.cpu_devices`); None when the CPUs are too few."""
-        cpu_of = cpu_devices(self.units, machine, len(self.cpus))
+        :func:`~tvm_pesto.solve.stage.pieces.cpu_devices`, or on the first CPU in the host
+        pool); None when the CPUs are too few."""
+        cpu_of = np.zeros(self.units.count, dtype=np.int64) if self.pool is not None else \
+            cpu_devices(self.units, machine, len(self.cpus))
         if cpu_of is None:
             return None
         dev = np.where(machine > 0, self.accs[np.maximum(machine - 1, 0)], self.cpus[np.maximum(cpu_of, 0)])
@@ -196,6 +207,8 @@ def _timing(prob, data: PieceData, x, V, ts: float, M: float) -> None:
     f = V["f"] = {m: add_var(prob, f"f_{m}", 0, M) for m in range(1, K + 1)}
     L = V["L"] = [add_var(prob, f"L_{i}", 0, M) for i in range(U.count)]
     T = V["T"] = add_var(prob, "T", 0, M)
+    if data.pool is not None:
+        V["Ln"] = [add_var(prob, f"Ln_{v}", 0, M) for v in range(len(U.unit_of))]
     for u, outs in U.producers.items():
         i = int(U.unit_of[u])
         for m in range(1, K + 1):
@@ -211,9 +224,10 @@ def _timing(prob, data: PieceData, x, V, ts: float, M: float) -> None:
                 if xi is not None:  # cout >= x[i,m] - x[j,m]
                     prob += pulp.LpConstraint(lin([(cout[u, m], 1.0), (xi, -1.0)] + other), pulp.LpConstraintGE,
                                               rhs=0.0), f"cout_{u}_{j}_{m}"
-            # the piece starts after every producer it reads: s >= L[i] - M (1 - cin)
-            prob += pulp.LpConstraint(lin([(s[m], 1.0), (L[i], -1.0), (cin[u, m], -M)]), pulp.LpConstraintGE, rhs=-M), \
-                f"start_{u}_{m}"
+            # the piece starts after every producer it reads: s >= L[i] (Ln[u] in the pool) - M (1 - cin)
+            ready = L[i] if data.pool is None else V["Ln"][u]
+            prob += pulp.LpConstraint(lin([(s[m], 1.0), (ready, -1.0), (cin[u, m], -M)]), pulp.LpConstraintGE,
+                                      rhs=-M), f"start_{u}_{m}"
     for m in range(1, K + 1):
         work = [(x[i, m], float(data.acc_cost[i, m - 1]) * ts) for i in range(U.count)
                 if (i, m) in x and data.acc_cost[i, m - 1] > 0]
@@ -226,6 +240,10 @@ def _timing(prob, data: PieceData, x, V, ts: float, M: float) -> None:
             if (i, m) in x:
                 prob += pulp.LpConstraint(lin([(L[i], 1.0), (f[m], -1.0), (x[i, m], -M)]), pulp.LpConstraintGE,
                                           rhs=-M), f"lat_{i}_{m}"
+    if data.pool is not None:
+        _pool_timing(prob, data, x, V, ts)
+        prob.setObjective(lin([(T, 1.0)]))
+        return
     for i in range(U.count):
         if (i, 0) in x and data.cpu_cost[i] > 0:
             prob += pulp.LpConstraint(lin([(L[i], 1.0), (x[i, 0], -float(data.cpu_cost[i]) * ts)]),
@@ -240,6 +258,29 @@ def _timing(prob, data: PieceData, x, V, ts: float, M: float) -> None:
         if i not in has_succ:
             prob += pulp.LpConstraint(lin([(T, 1.0), (L[i], -1.0)]), pulp.LpConstraintGE, rhs=0.0), f"sink_{i}"
     prob.setObjective(lin([(T, 1.0)]))
+
+
+def _pool_timing(prob, data: PieceData, x, V, ts: float) -> None:
+    """The host pool's CPU side, node by node (``nacc``, ``ncpu``, ``ncpu0``, ``nsink``)."""
+    U, Ln, L, T, pool = data.units, V["Ln"], V["L"], V["T"], data.pool
+
+    def on_cpu(v):  # the term cpu[v] x[unit(v), 0]
+        i, c = int(U.unit_of[v]), float(pool.cost[v]) * ts
+        return [(x[i, 0], -c)] if (i, 0) in x and c > 0 else []
+
+    has_succ = set()
+    for v in range(len(U.unit_of)):
+        prob += pulp.LpConstraint(lin([(Ln[v], 1.0), (L[int(U.unit_of[v])], -1.0)]), pulp.LpConstraintGE, rhs=0.0), \
+            f"nacc_{v}"
+        for u in pool.preds[v]:
+            has_succ.add(u)
+            prob += pulp.LpConstraint(lin([(Ln[v], 1.0), (Ln[u], -1.0)] + on_cpu(v)), pulp.LpConstraintGE, rhs=0.0), \
+                f"ncpu_{u}_{v}"
+        if not pool.preds[v] and on_cpu(v):
+            prob += pulp.LpConstraint(lin([(Ln[v], 1.0)] + on_cpu(v)), pulp.LpConstraintGE, rhs=0.0), f"ncpu0_{v}"
+    for v in range(len(U.unit_of)):
+        if v not in has_succ:
+            prob += pulp.LpConstraint(lin([(T, 1.0), (Ln[v], -1.0)]), pulp.LpConstraintGE, rhs=0.0), f"nsink_{v}"
 
 
 def _symmetry(prob, data: PieceData, x, V) -> None:
@@ -289,7 +330,9 @@ def _warm_values(data: PieceData, machine: np.ndarray, V: dict, ts: float) -> No
         var.setInitialValue(min(t["start"][m - 1] * ts, var.upBound))
         V["f"][m].setInitialValue(min(t["end"][m - 1] * ts, var.upBound))
     for i, var in enumerate(V["L"]):
-        var.setInitialValue(min(t["finish"][i] * ts, var.upBound))
+        var.setInitialValue(min(t["finish"][i] * ts if machine[i] > 0 or data.pool is None else 0.0, var.upBound))
+    for v, var in enumerate(V.get("Ln", [])):
+        var.setInitialValue(min(t["node_finish"][v] * ts, var.upBound))
     V["T"].setInitialValue(min(t["latency"] * ts, V["T"].upBound))
     counts = {}
     for (i, m), var in sorted(V["c"].items()):

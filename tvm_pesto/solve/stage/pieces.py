@@ -7,10 +7,12 @@ device, as the authors' greedy fuses them). The units form a DAG (:class:`Units`
 
 A *piece* is the contiguous set of units on one accelerator; every CPU is the host of the
 stage model (:func:`tvm_pesto.plan.stage.io_rates`: no IO of its own), and the MIP treats the
-CPUs as the paper's latency IP does: one machine whose nodes run as soon as their inputs are
-ready, as if there were as many CPUs as needed. :func:`piece_times` computes that model's
-latency of an assignment of units to machines (the MIP's values, also its warm start);
-:func:`cpu_devices` spreads the CPU units over the real CPUs as contiguous stages.
+CPUs as the paper's latency IP does: one machine whose units run as soon as their inputs are
+ready, as if there were as many CPUs as needed; under the host pool
+(:class:`tvm_pesto.plan.problem.HostPool`) each CPU node does (:class:`CpuNodes`), which is
+the rule itself. :func:`piece_times` computes that model's latency of an assignment of units
+to machines (the MIP's values, also its warm start); :func:`cpu_devices` spreads the CPU
+units over the real CPUs as contiguous stages where there is no pool.
 
 Examples
 --------
@@ -61,6 +63,25 @@ class Units:
         return len(self.members)
 
 
+@dataclass
+class CpuNodes:
+    """The CPU side at node level (the host pool): each node's CPU ``cost`` (seconds), its
+    producers ``preds``, and each unit's nodes in a topological ``order``."""
+
+    cost: np.ndarray
+    preds: list
+    order: list
+
+    @classmethod
+    def of(cls, problem: Problem, units: Units, cost: np.ndarray) -> CpuNodes:
+        """The CPU nodes of ``problem`` on ``units``, each at ``cost``."""
+        preds: list = [[] for _ in range(problem.num_nodes)]
+        for u, w in zip(problem.src.tolist(), problem.dst.tolist()):
+            preds[w].append(u)
+        pos = {v: i for i, v in enumerate(problem.graph.topo_order())}
+        return cls(np.asarray(cost, dtype=np.float64), preds, [sorted(ms, key=pos.__getitem__) for ms in units.members])
+
+
 def contract_units(problem: Problem) -> Units:
     """The units of ``problem`` (module docstring), numbered in a topological order."""
     n = problem.num_nodes
@@ -92,12 +113,13 @@ def contract_units(problem: Problem) -> Units:
 
 
 def piece_times(units: Units, machine: np.ndarray, cpu_cost: np.ndarray, acc_cost: np.ndarray,
-                comm: np.ndarray) -> dict:
+                comm: np.ndarray, nodes: CpuNodes | None = None) -> dict:
     """The latency of ``machine`` (per unit: 0 = the CPUs, ``m >= 1`` accelerator ``m``) in
-    the piece model: a CPU unit finishes its cost after its last input; a piece starts when
-    every outside producer it reads has finished, runs all inputs in (``comm[u, m]`` per
-    producer node), its units' work (``acc_cost[i, m]``) and all outputs out, and all its
-    units finish with it.
+    the piece model: a CPU unit finishes its cost after its last input (with ``nodes``, each
+    CPU node its own cost after its last producer: the host pool); a piece starts when every
+    outside producer it reads has finished, runs all inputs in (``comm[u, m]`` per producer
+    node), its units' work (``acc_cost[i, m]``) and all outputs out, and all its units finish
+    with it.
 
     Returns ``{"finish": per unit, "start": per machine, "end": per machine, "latency": max}``;
     ``latency`` is ``inf`` when the pieces form a cycle.
@@ -129,17 +151,31 @@ def piece_times(units: Units, machine: np.ndarray, cpu_cost: np.ndarray, acc_cos
     by_key: dict = {}
     for i in range(units.count):
         by_key.setdefault(key[i], []).append(i)
+    nfin = np.zeros(len(units.unit_of)) if nodes is not None else None
     for node in nx.lexicographical_topological_sort(g, key=str):
         kind, idx = node
         mine = by_key[node]
-        if kind == "cpu":
+        if kind == "cpu" and nodes is not None:
+            for i in mine:
+                for v in nodes.order[i]:
+                    nfin[v] = max((nfin[p] for p in nodes.preds[v]), default=0.0) + nodes.cost[v]
+                finish[i] = nfin[units.members[i]].max()
+        elif kind == "cpu":
             for i in mine:
                 finish[i] = max((finish[p] for p in preds.get(i, [])), default=0.0) + cpu_cost[i]
         else:
-            ready = max((finish[p] for i in mine for p in preds.get(i, []) if machine[p] != idx), default=0.0)
+            if nodes is not None:
+                ready = max((nfin[p] for i in mine for v in units.members[i] for p in nodes.preds[v]
+                             if machine[units.unit_of[p]] != idx), default=0.0)
+            else:
+                ready = max((finish[p] for i in mine for p in preds.get(i, []) if machine[p] != idx), default=0.0)
             start[idx - 1], end[idx - 1] = ready, ready + load[idx - 1]
             finish[mine] = end[idx - 1]
-    return {"finish": finish, "start": start, "end": end, "latency": float(finish.max(initial=0.0))}
+            if nodes is not None:
+                for i in mine:
+                    nfin[units.members[i]] = end[idx - 1]
+    return {"finish": finish, "start": start, "end": end, "latency": float(finish.max(initial=0.0)),
+            "node_finish": nfin}
 
 
 def cpu_devices(units: Units, machine: np.ndarray, num_cpus: int) -> np.ndarray | None:
@@ -199,35 +235,43 @@ def is_convex(units: Units, machine: np.ndarray, m: int, succ: dict) -> bool:
 
 def improve(units: Units, machine: np.ndarray, times, allowed: np.ndarray, mem: np.ndarray, cap: np.ndarray,
             max_rounds: int = 4) -> np.ndarray:
-    """Moves of one unit to another machine (another accelerator, an empty one, the CPUs)
-    while the latency drops: each round takes the best move over all units and machines that
-    keeps the memory (``cap`` per accelerator) and the pieces contiguous; at most
-    ``max_rounds`` rounds (a fixed amount of work: no clock). ``times(machine)`` is the
-    latency; ``allowed[i, m]`` whether unit ``i`` may run on machine ``m``."""
+    """Moves to another machine (another accelerator, an empty one, the CPUs) while the
+    latency drops: of one unit, or of a unit with its ancestors or its descendants on its
+    machine (a chain of small ops, such as a mask, moves at once; what stays is contiguous).
+    Each round takes the best move over all units and machines that keeps the memory (``cap``
+    per accelerator) and the pieces contiguous; at most ``max_rounds`` rounds (a fixed amount
+    of work: no clock). ``times(machine)`` is the latency; ``allowed[i, m]`` whether unit
+    ``i`` may run on machine ``m``."""
     succ: dict = {}
     for i, j in units.edges:
         succ.setdefault(i, []).append(j)
+    g = nx.DiGraph(units.edges)
+    g.add_nodes_from(range(units.count))
+    closures = [(sorted(nx.ancestors(g, i)), sorted(nx.descendants(g, i))) for i in range(units.count)]
     best, best_val = machine.copy(), times(machine)
     k = allowed.shape[1] - 1
     for _ in range(max_rounds):
         used = np.bincount(best, weights=mem, minlength=k + 1)
         cand_best, cand_val = None, best_val * (1 - 1e-9)
         for i in range(units.count):
-            for m in np.flatnonzero(allowed[i]).tolist():
-                if m == best[i] or (m > 0 and used[m] + mem[i] > cap[m - 1] * (1 + 1e-9)):
-                    continue
-                trial = best.copy()
-                trial[i] = m
-                if (m > 0 and not is_convex(units, trial, m, succ)) or \
-                        (best[i] > 0 and not is_convex(units, trial, int(best[i]), succ)):
-                    continue
-                val = times(trial)
-                if val < cand_val:
-                    cand_best, cand_val = trial, val
+            sets = {(i,)} | {tuple([i] + [j for j in c if best[j] == best[i]]) for c in closures[i]}
+            for group in sorted(sets):
+                group = list(group)
+                for m in np.flatnonzero(allowed[group].all(axis=0)).tolist():
+                    if m == best[i] or (m > 0 and used[m] + mem[group].sum() > cap[m - 1] * (1 + 1e-9)):
+                        continue
+                    trial = best.copy()
+                    trial[group] = m
+                    if (m > 0 and not is_convex(units, trial, m, succ)) or \
+                            (best[i] > 0 and not is_convex(units, trial, int(best[i]), succ)):
+                        continue
+                    val = times(trial)
+                    if val < cand_val:
+                        cand_best, cand_val = trial, val
         if cand_best is None:
             break
         best, best_val = cand_best, cand_val
     return best
 
 
-__all__ = ["Units", "contract_units", "cpu_devices", "improve", "is_convex", "piece_times"]
+__all__ = ["CpuNodes", "Units", "contract_units", "cpu_devices", "improve", "is_convex", "piece_times"]
