@@ -57,6 +57,9 @@ def test_good_graph_places_and_writes_json(tmp_path):
     data = json.loads(out.read_text())
     assert set(data["results"]) == {"heft", "m-etf"}
     assert data["makespan_s"] > 0
+    for r in data["results"].values():  # each plan's gap to the best proven bound
+        assert r["certified_gap"] == pytest.approx(1 - r["lower_bound_s"] / r["objective_value"])
+        assert 0 <= r["certified_gap"] < 1
 
 
 def test_cyclic_graph(tmp_path):
