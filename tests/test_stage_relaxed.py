@@ -6,11 +6,15 @@ large, returning the better of its plan and the start with a status and a gap.""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from test_stage import layer_file, problem_of
 
+from tvm_pesto.bench.stage_ilp import stage_ilp_markdown
+from tvm_pesto.cli.main import cli
 from tvm_pesto.errors import PestoError
 from tvm_pesto.plan import Plan
 from tvm_pesto.plan.objective import evaluate
@@ -109,3 +113,20 @@ def test_it_is_refused_where_it_is_no_relaxation(tmp_path):
     with pytest.raises(PestoError, match="does not apply"):
         build_stage_ilp(p, "latency", relaxed=True)
 
+
+@pytest.mark.slow
+def test_bench_placement_writes_the_stage_ilp_table(tmp_path):
+    folder = tmp_path / "throughput-inputs" / "LayerGraphs"
+    folder.mkdir(parents=True)
+    (folder / "tiny_training.json").write_text(json.dumps(training_file(1)))
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(cli, ["bench", "placement", "--root", str(tmp_path), "--no-layergraphs", "--no-zoo",
+                                   "--stage-ilp", "--ilp-time-limit", "2", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(out.read_text())["stage_ilp"]
+    assert [(r["inputs"], r["graph"], r["objective"]) for r in rows] == [
+        ("throughput", "tiny_training", "latency"), ("throughput", "tiny_training", "throughput")]
+    for r in rows:
+        assert r["valid"] and r["bound"] <= r["ilp"] * (1 + 1e-9) <= min(r["starts"].values()) * (1 + 1e-9)
+        assert r["status"] != "heuristic" and r["rules"] == "stage"
+    assert stage_ilp_markdown(rows)[2].startswith("| throughput | tiny_training | latency | ")
