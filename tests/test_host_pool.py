@@ -254,8 +254,8 @@ def test_the_relaxed_steady_state_mip_bounds_and_plans(tmp_path, seed, monkeypat
     assert 0 < relaxed.info["lower_bound_s"] <= full.info["objective_value_s"] * (1 + 1e-6)
     assert evaluate(p, relaxed, "stage", "throughput").valid
     assert relaxed.info["objective_value_s"] >= full.info["objective_value_s"] * (1 - 1e-9)
-    with pytest.raises(PestoError, match="steady state only"):
-        build_stage_ilp(p, "latency", relaxed=True)
+    with pytest.raises(PestoError, match="not 4 microbatches"):
+        build_stage_ilp(p, "throughput", 4, relaxed=True)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from tvm_pesto.graph import dnn_partitioning as dp
 from tvm_pesto.plan import Problem
 from tvm_pesto.plan.objective import evaluate
 from tvm_pesto.solve import HEURISTICS, solve
+from tvm_pesto.solve.stage import ilp as stage_ilp_module
 from tvm_pesto.solve.stage.ilp import START_SOLVERS
 from tvm_pesto.solve.stage.ilp import solve as stage_ilp
 
@@ -33,13 +34,19 @@ def heuristic_values(p: Problem, objective: str) -> dict[str, float]:
     return out
 
 
+def no_relaxed(monkeypatch) -> None:
+    """No relaxed stage MIP either (its own row limits, apart from ``max_rows``)."""
+    monkeypatch.setattr(stage_ilp_module, "RELAXED_MAX_ROWS", 0)
+    monkeypatch.setattr(stage_ilp_module, "RELAXED_LATENCY_MAX_ROWS", 0)
+
+
 def test_every_heuristic_is_a_start():
     assert set(START_SOLVERS) == {*HEURISTICS, "stage-dp"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("objective", ["latency", "throughput"])
-def test_the_ilp_is_never_worse_than_a_heuristic_on_a_layergraph(objective):
+def test_the_ilp_is_never_worse_than_a_heuristic_on_a_layergraph(objective, monkeypatch):
     g, meta = dp.load_layer_graph(os.path.join(ROOT, "throughput-inputs", "LayerGraphs", "bert24_training.json"))
     cl = dp.cluster_from_graph(meta)
     p = Problem(g, cl, dp.costs_from_graph(g, cl), colocate=dp.colocation_groups(g))
@@ -47,7 +54,8 @@ def test_the_ilp_is_never_worse_than_a_heuristic_on_a_layergraph(objective):
     # with the MIP (a short wall-clock budget: the property holds whatever it finds) ...
     plan = solve(p, "ilp", model="stage", objective=objective, time_limit_s=1.0, deterministic=False)
     assert evaluate(p, plan, "stage", objective).objective_value <= best * (1 + 1e-6)
-    # ... and without it: the best start, said to be one
+    # ... and without it (nor its relaxation): the best start, said to be one
+    no_relaxed(monkeypatch)
     plan = stage_ilp(p, objective=objective, max_rows=0)
     value = evaluate(p, plan, "stage", objective).objective_value
     assert value <= best * (1 + 1e-6)
@@ -59,12 +67,14 @@ def test_the_ilp_is_never_worse_than_a_heuristic_on_a_layergraph(objective):
 
 
 @pytest.mark.slow
-def test_when_m_topo_is_the_best_heuristic_the_ilp_starts_from_it():
+def test_when_m_topo_is_the_best_heuristic_the_ilp_starts_from_it(monkeypatch):
     p = dnn_like_problem(24, seed=5, cluster="4xV100-pcie")  # 24 ops, 4 GPUs
     vals = heuristic_values(p, "latency")
     best = min(vals, key=vals.get)
     assert best == "m-topo" and vals["m-topo"] < 0.9 * min(v for k, v in vals.items() if k != "m-topo"), vals
-    skipped = stage_ilp(p, objective="latency", max_rows=0)
+    with monkeypatch.context() as m:
+        no_relaxed(m)
+        skipped = stage_ilp(p, objective="latency", max_rows=0)
     assert skipped.info["status"] == "heuristic" and skipped.info["start"] == "m-topo"
     assert skipped.info["source"] == "m-topo" and "not built" in skipped.info["reason"]
     assert evaluate(p, skipped, "stage", "latency").objective_value == pytest.approx(vals["m-topo"])

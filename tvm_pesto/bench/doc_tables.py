@@ -38,10 +38,12 @@ from .peers import markdown as peers_markdown
 from .operator_graphs import operator_graphs_markdown
 from .placement import placement_markdown
 from .scale import scale_markdown
+from .stage_ilp import stage_ilp_markdown
 
 #: The benchmark kinds a block may name, and the markdown each one's JSON gives.
 KINDS = {"placement": placement_markdown, "scale": scale_markdown, "peers": peers_markdown,
-         "operator-graphs": lambda res: "\n".join(operator_graphs_markdown(res["operator_graphs"]))}
+         "operator-graphs": lambda res: "\n".join(operator_graphs_markdown(res["operator_graphs"])),
+         "stage-ilp": lambda res: "\n".join(stage_ilp_markdown(res["stage_ilp"]))}
 
 _BLOCK = re.compile(r"(<!-- bench report (\S+) (\S+) -->\n)(.*?)(<!-- end bench report -->)", re.S)
 

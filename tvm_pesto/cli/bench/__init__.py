@@ -33,6 +33,7 @@ import click
 
 from ...bench import doc_tables, placement as bp, scale as bs
 from ...bench.operator_graphs import operator_graph_rows, operator_graphs_markdown
+from ...bench.stage_ilp import stage_ilp_markdown, stage_ilp_rows
 from ...errors import PestoError
 from ...jsonio import write_json, write_text
 from ...solve import get_solver
@@ -103,6 +104,9 @@ def _split(values) -> list[str]:
 @click.option("--zoo/--no-zoo", default=True, help="include the zoo models")
 @click.option("--operator-graphs/--no-operator-graphs", default=False, help="add the table of the latency "
               "operator graphs (stage ILP, bound and gap beside the authors' and the paper's figures)")
+@click.option("--stage-ilp/--no-stage-ilp", default=False, help="add the stage ILP's table: per LayerGraph and "
+              "objective, the best heuristic, the ILP with its status and whose plan it is, the bound and the gap "
+              "(each row what `place FILE --cluster from-graph --solver all --objective OBJ` finds)")
 @deterministic_option(True)
 def placement(json_path, md_path, plots_dir, quick, algorithms, deterministic, **cases):
     """Every solver on every LayerGraph and zoo model: makespan / lower bound, solve time, memory."""
@@ -123,9 +127,9 @@ def placement(json_path, md_path, plots_dir, quick, algorithms, deterministic, *
         found += bp.layergraph_cases(cases["root"], **kw)
     if cases["zoo"]:
         found += bp.zoo_cases(models, size=size, clusters=clusters, progress=say)
-    if not found and not cases["operator_graphs"]:
+    if not found and not cases["operator_graphs"] and not cases["stage_ilp"]:
         raise PestoError("nothing to benchmark: --no-layergraphs and --no-zoo leave no cases; add --operator-graphs "
-                         "or leave one of them on")
+                         "or --stage-ilp, or leave one of them on")
     console.print(f"[bold]bench placement[/]: {len(found)} cases x {len(algs)} algorithms, ILP limit {limit:g} s"
                   f" ({'work budgets' if deterministic else 'wall-clock budgets'})")
     with deterministic_mode(deterministic):
@@ -135,6 +139,10 @@ def placement(json_path, md_path, plots_dir, quick, algorithms, deterministic, *
         with deterministic_mode(deterministic):
             res["operator_graphs"] = operator_graph_rows(cases["root"], time_limit_s=limit, deterministic=deterministic,
                                                          progress=say)
+    if cases["stage_ilp"]:
+        with deterministic_mode(deterministic):
+            res["stage_ilp"] = stage_ilp_rows(cases["root"], time_limit_s=limit, deterministic=deterministic,
+                                              progress=say)
     res["command"] = _command_line(ctx)
     res["deterministic"] = deterministic
     s = res["summary"]
@@ -143,7 +151,8 @@ def placement(json_path, md_path, plots_dir, quick, algorithms, deterministic, *
                   f"{s['heuristics_within_10pct']} cases where a heuristic is within 10%"
                   + (f"; missed: {', '.join(s['goal_missed'])}" if s["goal_missed"] else ""))
     md = lambda: bp.placement_markdown(res, res["command"]) + (  # noqa: E731
-        "\n".join([""] + operator_graphs_markdown(res["operator_graphs"])) if "operator_graphs" in res else "")
+        "\n".join([""] + operator_graphs_markdown(res["operator_graphs"])) if "operator_graphs" in res else "") + (
+        "\n".join(["", ""] + stage_ilp_markdown(res["stage_ilp"]) + [""]) if "stage_ilp" in res else "")
     _write_outputs(res, json_path, md_path, plots_dir, md, lambda d: bp.placement_plots(res, d), "bench-placement")
 
 

@@ -34,13 +34,15 @@ from ..mip import solve_mip
 from ..settings import MipSettings
 from .dp import device_orders, heuristic_stage_plan
 from .dp import solve as dp_solve
-from .model import ModelTooLarge, build_stage_ilp, extract_assignment
+from .model import ModelTooLarge, build_stage_ilp, extract_assignment, relaxed_applies
 from .piece_mip import applies, solve_pieces
 
 MAX_ROWS = 15_000
-#: Rows the relaxed steady-state MIP (no acyclicity rows, compact IO) may have where the full
-#: one has more than ``max_rows`` (:func:`tvm_pesto.solve.stage.model.build_stage_ilp`).
+#: Rows the relaxed stage MIP (no acyclicity rows, compact IO) may have where the full one has
+#: more than ``max_rows`` (:func:`tvm_pesto.solve.stage.model.build_stage_ilp`); its latency
+#: model (timing rows too) may have :data:`RELAXED_LATENCY_MAX_ROWS`.
 RELAXED_MAX_ROWS = 40_000
+RELAXED_LATENCY_MAX_ROWS = 60_000
 #: Relative MIP gap at which the stage MIP stops; a start this close to the lower bound is
 #: returned without a MIP.
 GAP = 1e-4
@@ -76,14 +78,15 @@ def stage_starts(problem: Problem, objective: str = "throughput", microbatches=N
     return [(v, name, plan) for v, _r, name, plan in scored], errors
 
 
-def mip_bound_is_valid(problem: Problem, objective: str, microbatches) -> bool:
+def mip_bound_is_valid(problem: Problem, objective: str, microbatches, relaxed: bool = False) -> bool:
     """Whether the MIP's optimum (so its dual bound) is a lower bound in the stage model: its
     loads are the model's exactly, and so are its block times when no edge runs between the
     passes (otherwise it charges a received tensor once per pass that needs it, where the
-    model charges it once per device)."""
+    model charges it once per device); the relaxed MIP's wherever it is built (``relaxed``:
+    it charges once per device, :func:`~tvm_pesto.solve.stage.model.relaxed_applies`)."""
     if problem.pooled("stage", objective, microbatches):
         return False  # the host pool runs CPU nodes side by side; the MIP gives each CPU one block
-    if objective == "throughput" and microbatches is None:
+    if (objective == "throughput" and microbatches is None) or relaxed:
         return True
     passes = node_passes(problem.graph)
     return bool((passes[problem.src] == passes[problem.dst]).all()) if len(problem.src) else True
@@ -104,8 +107,9 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     other; ``status`` ``feasible`` where it is optimal in its own model but the gap to the
     bound remains); otherwise the start is returned with ``status`` ``heuristic`` and
     ``reason``. The same when the MIP ran but gave nothing usable (``mip_status`` says what
-    it ended with). Where the full MIP is too large for the steady state, its relaxation
-    (``mip`` ``relaxed``: :func:`~tvm_pesto.solve.stage.model.build_stage_ilp`) gives the bound
+    it ended with). Where the full MIP is too large for the steady state or one sample's
+    latency (a training file's two passes), its relaxation (``mip`` ``relaxed``:
+    :func:`~tvm_pesto.solve.stage.model.build_stage_ilp`) gives the bound
     and, where its solution is a valid plan, the plan: ``status`` ``optimal`` where the plan
     meets the bound, else ``feasible`` (``mip_status`` the MIP's outcome). Where the
     problem's host pool holds (the benchmark's latency rule,
@@ -172,7 +176,7 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ti
     res = solve_mip(prob, solver, time_limit_s=time_limit_s, gap=GAP, msg=msg, deterministic=deterministic)
     facts = res.info(V["ts"])
     facts["mip_status"] = facts["status"]
-    if res.bound is not None and mip_bound_is_valid(problem, objective, microbatches):
+    if res.bound is not None and mip_bound_is_valid(problem, objective, microbatches, bool(V.get("relaxed"))):
         mb = max(0.0, facts["bound"] * (1 - _SAFETY) - 1e-12)
         facts["mip_bound_s"] = mb
         info["lower_bound_s"] = max(lb, mb)
@@ -206,13 +210,17 @@ def _judged(problem: Problem, objective: str, microbatches, res, V: dict, start:
 
 
 def _relaxed(problem: Problem, objective: str, microbatches, warm: Plan, too_large: str):
-    """``(prob, vars, None)``: the relaxed steady-state MIP
-    (:func:`~tvm_pesto.solve.stage.model.build_stage_ilp` with ``relaxed=True``) where the full
-    one is too large, or ``(None, None, why not)``."""
-    if objective != "throughput" or microbatches is not None:
-        return None, None, "it models the steady state only"
+    """``(prob, vars, None)``: the relaxed stage MIP of the steady state or one sample's
+    latency (:func:`~tvm_pesto.solve.stage.model.build_stage_ilp` with ``relaxed=True``) where
+    the full one is too large, or ``(None, None, why not)``."""
+    why_not = relaxed_applies(problem, objective, microbatches)
+    if why_not is None and problem.pooled("stage", objective, microbatches):
+        why_not = "the host pool runs CPU nodes side by side, where the relaxed MIP gives each CPU one block"
+    if why_not is not None:
+        return None, None, why_not
+    rows = RELAXED_MAX_ROWS if objective == "throughput" else RELAXED_LATENCY_MAX_ROWS
     try:
-        prob, V = build_stage_ilp(problem, objective, microbatches, warm, max_rows=RELAXED_MAX_ROWS, relaxed=True)
+        prob, V = build_stage_ilp(problem, objective, microbatches, warm, max_rows=rows, relaxed=True)
     except ModelTooLarge as e:
         return None, None, str(e)
     return prob, V, None
@@ -245,4 +253,4 @@ def _pieces(problem: Problem, info: dict, start: tuple, done, mip: MipSettings, 
     return done(best, source, value, **facts)
 
 
-__all__ = ["GAP", "MAX_ROWS", "RELAXED_MAX_ROWS", "START_SOLVERS", "mip_bound_is_valid", "solve", "stage_starts"]
+__all__ = ["GAP", "MAX_ROWS", "RELAXED_LATENCY_MAX_ROWS", "RELAXED_MAX_ROWS", "START_SOLVERS", "mip_bound_is_valid", "solve", "stage_starts"]

@@ -24,12 +24,27 @@ Variables and constraints (all names in the model; times scaled so the upper bou
 
 Objective: ``B`` (steady state), ``T`` (latency) or ``(T + (K - 1) B) / K``.
 
-``relaxed=True`` (steady state only) builds a relaxation a third the size, for graphs where
-the model is too large: no acyclicity rows (``q``, ``pi``, ``delta``), and each producer's
-send and receive cost its smallest outgoing tensor (``cin``, ``cout`` alone, no ``rin``,
-``rout``; exact where a node's edges carry the same bytes, as in the dnn-partitioning files).
-Every valid stage plan is a solution of no larger ``B``, so its dual bound is a lower bound;
-a solution whose stage graph has a cycle is not a plan (the evaluator says so).
+``relaxed=True`` builds a relaxation, for graphs where the model is too large: no
+acyclicity rows (``q``, ``pi``, ``rank``), and each producer's send and receive cost its
+smallest outgoing tensor (``cin``, ``cout`` alone, no ``rin``, ``rout``; exact where a
+node's edges carry the same bytes, as in the dnn-partitioning files). For the steady state
+(a third the size of the full model) every valid stage plan is a solution of no larger
+``B``. For one sample's latency (:func:`relaxed_applies`: no microbatches, no edge from the
+backward pass to the forward one) it keeps the timing rows with ``delta`` from the ``cut``
+rows alone, and charges a received tensor once per device as the stage model does: in the
+forward block where a forward consumer is on the device (``cinp``), else in the backward
+block (``cinpb``: ``cinp[u,d,B] >= x[w,d] - x[u,d] - cinp[u,d,F]``). Take a valid stage plan
+and its schedule (:func:`tvm_pesto.plan.stage.evaluate_stages`): its ``x``, ``z``, ``delta``,
+``cin``, ``cout``, ``cinp`` at their true 0/1 values, each block's ``s`` and ``f`` its start
+and finish, ``fn`` its node's block's finish, ``T`` its latency. Every row holds: a block lasts
+at least its work plus the charged IO (no more than the model's: the smallest tensor, and a
+device's forward stages run before its backward ones when no edge goes backward -> forward,
+so the model's one charge falls in the forward block exactly where ``cinp[u,d,F]`` is 1);
+a stage starts after every stage it takes input from and, backward after forward, after its
+device's other block. So every valid plan is a solution with ``T`` its latency, and the
+relaxation's dual bound is a lower bound on the optimum (``tests/test_stage_relaxed.py``
+checks it against brute force). A solution whose stage graph has a cycle is not a plan (the
+evaluator says so).
 """
 from __future__ import annotations
 
@@ -62,6 +77,24 @@ def _upper_bound(problem: Problem, lat: np.ndarray, inv: np.ndarray) -> float:
     return float(c + io) or 1.0
 
 
+def relaxed_applies(problem: Problem, objective: str, microbatches) -> str | None:
+    """Why ``relaxed=True`` is no relaxation of ``objective`` (module docstring), or None.
+
+    Examples
+    --------
+    >>> from tvm_pesto.bench.random_dag import dnn_like_problem
+    >>> p = dnn_like_problem(6, cluster="2xV100-nvlink")
+    >>> relaxed_applies(p, "latency", None) is None, relaxed_applies(p, "throughput", 4)
+    (True, "it models the steady state and one sample's latency, not 4 microbatches")
+    """
+    if microbatches is not None:
+        return f"it models the steady state and one sample's latency, not {microbatches} microbatches"
+    passes = node_passes(problem.graph)
+    if objective == "latency" and len(problem.src) and (passes[problem.src] > passes[problem.dst]).any():
+        return "an edge runs from the backward pass to the forward one, so a device's blocks may run backward first"
+    return None
+
+
 def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatches=None, warm: Plan | None = None,
                     max_rows: int | None = None, relaxed: bool = False):
     """The MIP of the module docstring (``relaxed``: its relaxation); returns ``(prob, vars)``
@@ -74,7 +107,7 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
         As soon as the model has more than ``max_rows`` constraints (None: no limit); the
         message says how many it had when building stopped.
     PestoError
-        For ``relaxed`` with a latency in the objective (the relaxation has no times).
+        For ``relaxed`` where it is no relaxation (:func:`relaxed_applies`).
     """
     n, D = problem.num_nodes, problem.num_devices
     passes = node_passes(problem.graph)
@@ -84,9 +117,9 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
     maxb = float(problem.ebytes.max()) if len(problem.ebytes) else 1.0
     bs = 1.0 / maxb if maxb > 0 else 1.0
     timing = objective == "latency" or microbatches is not None
-    if relaxed and timing:
-        raise PestoError("the relaxed stage MIP models the steady state only: use objective='throughput' without "
-                         "microbatches, or relaxed=False")
+    why_not = relaxed_applies(problem, objective, microbatches) if relaxed else None
+    if why_not is not None:
+        raise PestoError(f"the relaxed stage MIP does not apply: {why_not}; use relaxed=False")
     group_of, groups = colocation_index(problem)
     fin = np.isfinite(problem.costs)
     for members in groups:
@@ -109,10 +142,12 @@ def build_stage_ilp(problem: Problem, objective: str = "throughput", microbatche
         if terms and problem.mem.sum() > problem.capacity[d]:
             b.add(terms, pulp.LpConstraintLE, float(problem.capacity[d]) * bs, f"mem_{d}")
     _add_contiguity(b)
-    if relaxed:
-        b.V["delta"] = {}
-    else:
+    if not relaxed:
         _add_acyclicity(b)
+    elif timing:
+        _add_cuts(b)
+    else:
+        b.V["delta"] = {}
     succ = _add_communication(b, timing, compact=relaxed)
     k_lat, k_inv = lat * ts, inv * ts / bs
     work = _add_bottleneck(b, succ, k_lat, k_inv)
@@ -168,6 +203,27 @@ def _add_contiguity(b: _Build) -> None:
     b.check_size("contiguity")
 
 
+def _add_cuts(b: _Build, then=None) -> None:
+    """``delta`` and ``cut``: ``delta[u,w]`` is at least 1 where the edge crosses stages (the
+    constant 1.0 between passes); ``then(u, w, delta)`` after each edge's rows (the caller
+    then checks the size)."""
+    D, x, prob, passes = b.problem.num_devices, b.V["x"], b.prob, b.passes
+    delta = b.V["delta"] = {}
+    for u, w, _b in b.edges:
+        if (u, w) in delta:
+            continue
+        if passes[u] != passes[w]:
+            delta[u, w] = 1.0
+        else:
+            dl = delta[u, w] = add_var(prob, f"delta_{u}_{w}", 0, 1)
+            for d in range(D):
+                b.add([(dl, 1.0), (x[u, d], -1.0), (x[w, d], 1.0)], pulp.LpConstraintGE, 0.0, f"cut_{u}_{w}_{d}")
+        if then is not None:
+            then(u, w, delta[u, w])
+    if then is None:  # the caller checks after its own rows
+        b.check_size("cut")
+
+
 def _add_acyclicity(b: _Build) -> None:
     """``q``, ``pi``, ``delta``, ``rankv``, ``cut`` and ``rank``: node ranks equal to their
     stage's rank, increasing across stages."""
@@ -180,27 +236,20 @@ def _add_acyclicity(b: _Build) -> None:
             for sign, name in ((1.0, "lo"), (-1.0, "hi")):
                 b.add([(pi[v], sign), (q[d, passes[v]], -sign), (x[v, d], -(R + 1))], pulp.LpConstraintGE,
                       -(R + 1), f"rankv_{name}_{v}_{d}")
-    delta = b.V["delta"] = {}
-    for u, w, _b in b.edges:
-        if (u, w) in delta:
-            continue
-        if passes[u] != passes[w]:
-            delta[u, w] = 1.0
-        else:
-            dl = delta[u, w] = add_var(prob, f"delta_{u}_{w}", 0, 1)
-            for d in range(D):
-                b.add([(dl, 1.0), (x[u, d], -1.0), (x[w, d], 1.0)], pulp.LpConstraintGE, 0.0, f"cut_{u}_{w}_{d}")
-        dl = delta[u, w]
+
+    def rank(u: int, w: int, dl) -> None:
         terms = [(pi[w], 1.0), (pi[u], -1.0)] + ([] if isinstance(dl, float) else [(dl, -1.0)])
         b.add(terms, pulp.LpConstraintGE, dl if isinstance(dl, float) else 0.0, f"rank_{u}_{w}")
+
+    _add_cuts(b, then=rank)
     b.check_size("acyclicity")
 
 
 def _add_communication(b: _Build, timing: bool, compact: bool = False) -> dict[int, list[tuple[int, float]]]:
     """``cin``, ``cout``, ``rin``, ``rout`` per producer and device (``cinp`` per consumer
     pass too, when ``timing``; ``compact``: no ``rin``, ``rout``, the bytes of each
-    producer's smallest tensor in ``cbytes``); returns each producer's consumers and edge
-    bytes."""
+    producer's smallest tensor in ``cbytes``, and ``cinpb``: a backward block receives what
+    the device's forward block did not); returns each producer's consumers and edge bytes."""
     D, x, prob, passes, bs = b.problem.num_devices, b.V["x"], b.prob, b.passes, b.bs
     succ: dict[int, list[tuple[int, float]]] = {}
     for u, w, nb in b.edges:
@@ -226,10 +275,13 @@ def _add_communication(b: _Build, timing: bool, compact: bool = False) -> dict[i
             if timing:
                 for p in sorted({int(passes[w]) for w, _ in outs}):
                     cinp[u, d, p] = add_var(prob, f"cinp_{u}_{d}_{p}", 0, 1)
+                    # compact: once per device, in the forward block where a forward consumer is there
+                    once = [(cinp[u, d, FORWARD], 1.0)] if compact and p == BACKWARD and (u, d, FORWARD) in cinp \
+                        else []
                     for w, nb in outs:
                         if passes[w] == p:
-                            b.add([(cinp[u, d, p], 1.0), (x[w, d], -1.0), (x[u, d], 1.0)], pulp.LpConstraintGE, 0.0,
-                                  f"cinp_{u}_{w}_{d}")
+                            b.add([(cinp[u, d, p], 1.0), (x[w, d], -1.0), (x[u, d], 1.0)] + once, pulp.LpConstraintGE,
+                                  0.0, f"cinp{'b' if once else ''}_{u}_{w}_{d}")
     b.V.update(cin=cin, cout=cout, rin=rin, rout=rout, cinp=cinp, cbytes=cbytes if compact else None)
     b.check_size("communication")
     return succ
@@ -266,12 +318,16 @@ def _add_timing(b: _Build, succ, work: dict, k_lat, k_inv) -> None:
     s = {(d, p): add_var(prob, f"s_{d}_{p}", 0, UB) for d in range(D) for p in P}
     f = {(d, p): add_var(prob, f"f_{d}_{p}", 0, UB) for d in range(D) for p in P}
     fn = [add_var(prob, f"fn_{v}", 0, UB) for v in range(n)]
+    cb = V["cbytes"]  # compact: each send and receive at the smallest tensor
     for d in range(D):
+        k = {u: k_lat[d] + (k_inv[d] * cb[u] if cb is not None else 0.0) for u in succ}
         for p in P:
-            io = [(cinp[u, d, p], -k_lat[d]) for u in succ if (u, d, p) in cinp and k_lat[d] > 0]
-            io += [(cout[u, d], -k_lat[d]) for u in succ if passes[u] == p and k_lat[d] > 0]
-            io += [(rin[u, d], -k_inv[d]) for u in succ if k_inv[d] > 0 and any(passes[w] == p for w, _ in succ[u])]
-            io += [(rout[u, d], -k_inv[d]) for u in succ if passes[u] == p and k_inv[d] > 0]
+            io = [(cinp[u, d, p], -k[u]) for u in succ if (u, d, p) in cinp and k[u] > 0]
+            io += [(cout[u, d], -k[u]) for u in succ if passes[u] == p and k[u] > 0]
+            if cb is None:
+                io += [(rin[u, d], -k_inv[d]) for u in succ
+                       if k_inv[d] > 0 and any(passes[w] == p for w, _ in succ[u])]
+                io += [(rout[u, d], -k_inv[d]) for u in succ if passes[u] == p and k_inv[d] > 0]
             b.add([(f[d, p], 1.0), (s[d, p], -1.0)] + [(v_, -c_) for v_, c_ in work[d, p]] + io, pulp.LpConstraintGE,
                   0.0, f"block_{d}_{p}")
             b.add([(T, 1.0), (f[d, p], -1.0)], pulp.LpConstraintGE, 0.0, f"span_{d}_{p}")
@@ -394,4 +450,4 @@ def extract_assignment(problem: Problem, V: dict) -> np.ndarray:
     return xv.argmax(axis=1) if n else np.zeros(0, dtype=np.int64)
 
 
-__all__ = ["ModelTooLarge", "build_stage_ilp", "extract_assignment"]
+__all__ = ["ModelTooLarge", "build_stage_ilp", "extract_assignment", "relaxed_applies"]
