@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fnmatch
 import gzip
-import itertools
 import json
 import re
 from pathlib import Path
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from test_stage import brute_force_stages
 from tvm_pesto.bench.operator_graphs import (OUTSIDE, SOURCES, operator_graph_paths, operator_graph_row,
                                              operator_graphs_markdown)
 from tvm_pesto.cli.main import cli
@@ -22,7 +22,6 @@ from tvm_pesto.graph import dnn_partitioning as dp
 from tvm_pesto.plan import Plan, Problem
 from tvm_pesto.plan.problem import layer_graph_problem
 from tvm_pesto.plan.objective import evaluate
-from tvm_pesto.plan.stage import evaluate_stages
 from tvm_pesto.solve.settings import MipSettings
 from tvm_pesto.solve.stage.dp import device_orders
 from tvm_pesto.solve.stage.dp import solve as dp_solve
@@ -66,12 +65,7 @@ def random_graph(tmp_path, seed: int, n: int = 6):
 
 
 def brute_force_latency(p: Problem) -> float:
-    best = np.inf
-    for a in itertools.product(range(p.num_devices), repeat=p.num_nodes):
-        r = evaluate_stages(p, Plan.from_assignment(np.array(a), np.arange(p.num_nodes), p.num_devices))
-        if r.valid:
-            best = min(best, r.latency_s)
-    return best
+    return brute_force_stages(p, "latency_s")
 
 
 # -- the shipped operator graphs -------------------------------------------------------------
