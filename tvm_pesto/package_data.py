@@ -1,4 +1,5 @@
-"""The data folders shipped with tvm-pesto, found in the installed package or the source checkout.
+"""The data folders shipped with tvm-pesto, found in the installed package or the source checkout,
+and the user's cache folder (:func:`cache_root`).
 
 The repository's top-level data folders (``cost_models/``, ``benchmarks/``) travel in the wheel
 as package data: the CMake install rules (``CMakeLists.txt``) put them into ``tvm_pesto/`` (see
@@ -17,6 +18,7 @@ Examples
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import tvm_pesto
@@ -41,4 +43,24 @@ def data_dirs(name: str) -> list[Path]:
     return out
 
 
-__all__ = ["data_dirs"]
+def cache_root() -> Path:
+    """The folder of what tvm-pesto keeps between runs on this machine (measurements, machine
+    figures, TensorRT engines, large exports): ``$TVM_PESTO_CACHE``, else ``tvm-pesto`` in
+    ``$XDG_CACHE_HOME`` (default ``~/.cache``). It need not exist.
+
+    Examples
+    --------
+    >>> import os
+    >>> from tvm_pesto.package_data import cache_root
+    >>> os.environ["TVM_PESTO_CACHE"] = "/var/tmp/pesto-cache"
+    >>> str(cache_root())
+    '/var/tmp/pesto-cache'
+    >>> del os.environ["TVM_PESTO_CACHE"]
+    """
+    root = os.environ.get("TVM_PESTO_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")) / "tvm-pesto"
+
+
+__all__ = ["cache_root", "data_dirs"]

@@ -66,6 +66,7 @@ from tvm_pesto.costs.measure.timing import measure_groups
 from tvm_pesto.errors import BuildError, CostError, PestoError
 from tvm_pesto.graph.analysis import analyze
 from tvm_pesto.graph.subgraph import structural_key
+from tvm_pesto.package_data import cache_root
 from .families import model_module
 from .sweep import FAMILIES, sweep_module
 
@@ -487,12 +488,12 @@ def _compact(x):
 
 
 def default_log_path() -> Path:
-    """``$TVM_PESTO_PROFILE_LOG`` or ``~/.cache/tvm-pesto/profile.jsonl``."""
+    """``$TVM_PESTO_PROFILE_LOG`` or ``profile.jsonl`` in the cache folder
+    (:func:`tvm_pesto.package_data.cache_root`, default ``~/.cache/tvm-pesto``)."""
     env = os.environ.get("TVM_PESTO_PROFILE_LOG")
     if env:
         return Path(env)
-    root = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
-    return Path(root) / "tvm-pesto" / "profile.jsonl"
+    return cache_root() / "profile.jsonl"
 
 
 __all__ = ["DEFAULT_BACKENDS", "MERGED_FIELDS", "ProfileLog", "ProfileResult", "ProfileSettings", "default_backends", "default_log_path",

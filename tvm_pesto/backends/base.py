@@ -365,13 +365,7 @@ def instance_key(func: relax.Function) -> str:
     import tvm_ffi
 
     h = tvm_ffi.structural_hash(func, map_free_vars=True, skip_tensor_content=True) & 0xFFFFFFFFFFFFFFFF
-    consts = []
-
-    def visit(e):
-        if isinstance(e, tvm.ir.Constant):
-            consts.append(e)
-
-    relax.analysis.post_order_visit(func.body, visit)
+    consts = _constants(func)
     if consts:  # the structural hash skipped the tensors' contents: fold them in
         m = hashlib.blake2b(digest_size=8)
         m.update(h.to_bytes(8, "little"))
@@ -379,6 +373,36 @@ def instance_key(func: relax.Function) -> str:
             m.update(constant_digest(c))
         return m.hexdigest()
     return f"{h:016x}"
+
+
+def _constants(func: relax.Function) -> list:
+    """The constants ``func`` uses, in visiting order (a constant used twice, twice)."""
+    consts = []
+
+    def visit(e):
+        if isinstance(e, tvm.ir.Constant):
+            consts.append(e)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return consts
+
+
+def constant_bytes(func: relax.Function) -> int:
+    """Bytes of the tensors among ``func``'s constants (its weights), each counted once.
+
+    Examples
+    --------
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> constant_bytes(tiny_mlp()[0]["main"])  # (16 + 16 + 16x32 + 32 + 32x16 + 1) float32s
+    4356
+    """
+    seen, total = set(), 0
+    for c in _constants(func):
+        v = c.value
+        if hasattr(v, "numpy") and hash(c) not in seen:  # a tensor, not a scalar's FloatImm
+            seen.add(hash(c))
+            total += int(np.prod(v.shape, dtype=np.int64)) * np.dtype(str(v.dtype)).itemsize
+    return total
 
 
 def device_cores(device) -> int:

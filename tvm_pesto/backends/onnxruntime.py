@@ -28,53 +28,94 @@ Examples
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
+import weakref
 from collections import OrderedDict
 
 from tvm import relax
 
 from ..errors import BuildError
+from ..package_data import cache_root
 from ..run.libraries.loaders import onnx_runner
-from .base import Backend, device_cores, instance_key, op_level_patterns, op_short_name
-from .onnx_export.export import EXPORT_STAMP, relax_to_onnx
+from .base import Backend, constant_bytes, device_cores, instance_key, op_level_patterns, op_short_name
+from .onnx_export.export import EXPORT_STAMP, relax_to_onnx, write_onnx
 from .onnx_export.ops import SUPPORTED_OPS, supports_call
 
 #: Short op names (``"nn.conv2d"``) the exporter converts.
 SUPPORTED = frozenset(name[len("relax."):] for name in SUPPORTED_OPS)
 
 
-#: At most this many bytes of exported models are kept by :func:`onnx_bytes` (the newest one
-#: always): a region's libraries ask for its export one after another (measurement entries and
-#: the final choice's options come in that order), so a few recent exports serve them.
+#: At most this many bytes of exported models are kept in memory by :func:`onnx_model` (the
+#: newest one always): a region's libraries ask for its export one after another (measurement
+#: entries and the final choice's options come in that order), so a few recent exports serve them.
 EXPORTS_KEPT_BYTES = 128 << 20
+#: A function with this many bytes of weights or more is exported to files (:class:`OnnxFile`),
+#: not to bytes; the last :data:`FILES_KEPT` such exports are kept.
+FILE_MIN_BYTES, FILES_KEPT = 32 << 20, 2
 _exports: OrderedDict = OrderedDict()
 _exports_lock = threading.Lock()
 
 
-def onnx_bytes(func: relax.Function) -> bytes:
-    """``func`` exported to ONNX and serialized. ONNX Runtime in both modes and OpenVINO
-    read the same export: the last ones (:data:`EXPORTS_KEPT_BYTES`) are kept by the function's
-    :func:`~tvm_pesto.backends.base.instance_key`, so measuring one region in three libraries
-    exports its weights once (AlexNet's first dense layer is 150 MB).
+class OnnxFile(os.PathLike):
+    """An exported model on disk: the graph file, its weights beside it (ONNX external data,
+    :func:`~tvm_pesto.backends.onnx_export.export.write_onnx`), in a folder of its own under
+    the cache folder (:func:`tvm_pesto.package_data.cache_root`, ``exports/``), removed when
+    the last holder drops this object or the process ends. ONNX Runtime and OpenVINO read it
+    by its path (``os.fspath``) and map the weights, where serialized bytes would hold the
+    weights twice more in memory (the protobuf and its bytes) while a session is made.
+    """
+
+    def __init__(self, func: relax.Function):
+        root = cache_root() / "exports"
+        root.mkdir(parents=True, exist_ok=True)
+        self.folder = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
+        self._remove = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
+        self.path = os.path.join(self.folder, "model.onnx")
+        try:
+            self.files = write_onnx(func, self.path)
+        except BaseException:
+            self._remove()
+            raise
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def nbytes(self) -> int:
+        """Bytes of the files on disk."""
+        return sum(os.path.getsize(os.path.join(self.folder, f)) for f in self.files)
+
+
+def onnx_model(func: relax.Function) -> "bytes | OnnxFile":
+    """``func`` exported to ONNX: serialized bytes, or an :class:`OnnxFile` where its weights
+    take :data:`FILE_MIN_BYTES` or more. ONNX Runtime in both modes and OpenVINO read the same
+    export: the last ones are kept (:data:`EXPORTS_KEPT_BYTES` of bytes, :data:`FILES_KEPT`
+    files) by the function's :func:`~tvm_pesto.backends.base.instance_key`, so measuring one
+    region in three libraries exports its weights once.
 
     Examples
     --------
     >>> from tvm_pesto.candidates.examples import tiny_mlp
     >>> func = tiny_mlp()[0]["main"]
-    >>> onnx_bytes(func) is onnx_bytes(func)
-    True
+    >>> onnx_model(func) is onnx_model(func), type(onnx_model(func)).__name__
+    (True, 'bytes')
     """
     key = instance_key(func)
     with _exports_lock:
         if key in _exports:
             _exports.move_to_end(key)
             return _exports[key]
-    data = relax_to_onnx(func).SerializeToString()
+    if constant_bytes(func) >= FILE_MIN_BYTES:
+        model = OnnxFile(func)
+    else:
+        model = relax_to_onnx(func).SerializeToString()
     with _exports_lock:
-        _exports[key] = data
-        while len(_exports) > 1 and sum(map(len, _exports.values())) > EXPORTS_KEPT_BYTES:
+        _exports[key] = model
+        while len(_exports) > 1 and (sum(len(m) for m in _exports.values() if isinstance(m, bytes)) > EXPORTS_KEPT_BYTES
+                                     or sum(isinstance(m, OnnxFile) for m in _exports.values()) > FILES_KEPT):
             _exports.popitem(last=False)
-    return data
+    return model
 
 
 class OnnxGraphBackend(Backend):
@@ -110,9 +151,13 @@ class OnnxGraphBackend(Backend):
 
     def export_artifact(self, func: relax.Function, device, out_dir: str, stem: str) -> dict:
         fname = f"{stem}.onnx"
-        with open(os.path.join(out_dir, fname), "wb") as f:
-            f.write(onnx_bytes(func))
-        return {"kind": self.artifact_kind, "files": [fname], **self.artifact_meta()}
+        if constant_bytes(func) >= FILE_MIN_BYTES:  # its weights beside it, written from the constants
+            files = write_onnx(func, os.path.join(out_dir, fname))
+        else:
+            with open(os.path.join(out_dir, fname), "wb") as f:
+                f.write(onnx_model(func))
+            files = [fname]
+        return {"kind": self.artifact_kind, "files": files, **self.artifact_meta()}
 
 
 class OnnxRuntimeBackend(OnnxGraphBackend):
@@ -139,7 +184,7 @@ class OnnxRuntimeBackend(OnnxGraphBackend):
         return True, ""
 
     def make_callable(self, func: relax.Function, device):
-        return onnx_runner(onnx_bytes(func), device_cores(device), parallel=self.parallel)
+        return onnx_runner(onnx_model(func), device_cores(device), parallel=self.parallel)
 
     def artifact_meta(self) -> dict:
         return {"parallel": True} if self.parallel else {}

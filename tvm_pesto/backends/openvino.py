@@ -27,7 +27,7 @@ from tvm import relax
 from ..run.libraries.loaders import openvino_runner
 from .base import device_cores
 from .onnx_export.ops import openvino_problem
-from .onnxruntime import OnnxGraphBackend, onnx_bytes
+from .onnxruntime import OnnxGraphBackend, onnx_model
 
 
 class OpenVinoBackend(OnnxGraphBackend):
@@ -68,7 +68,7 @@ class OpenVinoBackend(OnnxGraphBackend):
         return super().supports_op(call) and openvino_problem(call) is None
 
     def make_callable(self, func: relax.Function, device):
-        return openvino_runner(onnx_bytes(func), device_cores(device), self.precision)
+        return openvino_runner(onnx_model(func), device_cores(device), self.precision)
 
     def artifact_meta(self) -> dict:
         return {} if self.precision == "f32" else {"precision": self.precision}

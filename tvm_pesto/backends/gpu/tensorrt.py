@@ -25,6 +25,7 @@ import tvm
 from tvm import relax
 
 from ...errors import BuildError
+from ...package_data import cache_root
 from ..base import Backend
 from ..onnx_export.export import flatten_args, relax_to_onnx
 from ..onnx_export.ops import supports_call
@@ -34,9 +35,7 @@ from .patterns import backend_patterns, ops_in_patterns
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("TVM_PESTO_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tvm-pesto")
-    return Path(root) / "tensorrt"
+    return cache_root() / "tensorrt"
 
 
 def engine_cache_key(onnx_bytes: bytes, gpu_name: str, compute: str, trt_version: str, fp16: bool = False) -> str:

@@ -23,6 +23,9 @@ Examples
 """
 from __future__ import annotations
 
+import os
+
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -32,6 +35,9 @@ from .ops import CONVERTERS, SUPPORTED_OPS, call_problem
 
 #: ONNX opset of the exported models.
 OPSET = 17
+#: :func:`write_onnx` writes initializers of this many bytes or more beside the graph, at
+#: offsets that are multiples of :data:`EXTERNAL_ALIGN` (a page: mappable).
+EXTERNAL_MIN_BYTES, EXTERNAL_ALIGN = 1 << 16, 4096
 #: The exported graph's form, which decides a library's time as much as the subgraph does: a
 #: cached timing of an earlier form is measured again (``a * Reciprocal(b)`` written as ``a / b``).
 EXPORT_STAMP = "div-by-reciprocal"
@@ -74,7 +80,8 @@ def _convert_call(e: Exporter, var, call: relax.Call):
 
 
 def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int = OPSET):
-    """Convert a Relax function into an ONNX model.
+    """Convert a Relax function into an ONNX model (its weights inside it: :func:`write_onnx`
+    writes them beside it instead).
 
     Parameters
     ----------
@@ -116,9 +123,14 @@ def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int
     >>> [n.op_type for n in model.graph.node], len(model.graph.initializer)
     (['Add', 'Relu'], 1)
     """
+    return _export(func, name, opset, None)[0]
+
+
+def _export(func: relax.Function, name: str, opset: int, external_min_bytes: int | None):
+    """The ONNX model of ``func`` and its initializers left out (:class:`Exporter`)."""
     if not isinstance(func, relax.Function):
         raise OnnxExportError(f"relax_to_onnx expects a relax.Function, got {type(func).__name__}")
-    e = Exporter(name)
+    e = Exporter(name, external_min_bytes)
     h = e.h
     inputs = []
 
@@ -165,4 +177,56 @@ def relax_to_onnx(func: relax.Function, name: str = "pesto_subgraph", opset: int
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", int(opset))],
                          producer_name="tvm-pesto")
     model.ir_version = min(model.ir_version, 9)  # readable by onnxruntime and TensorRT parsers
-    return model
+    return model, e.external
+
+
+def write_onnx(func: relax.Function, path: str, external_min_bytes: int | None = None,
+               name: str = "pesto_subgraph") -> list[str]:
+    """Export ``func`` to the ONNX file ``path``, each initializer of ``external_min_bytes`` or
+    more (default :data:`EXTERNAL_MIN_BYTES`) in one weights file beside it (``<path>.data``: ONNX's external data, each tensor at a
+    :data:`EXTERNAL_ALIGN` boundary, which ONNX Runtime and OpenVINO map rather than read).
+    The weights are written from the constants' own memory: unlike :func:`relax_to_onnx` and
+    its serialized bytes, no copy of a large model's weights is held in memory on the way.
+
+    Returns
+    -------
+    list of str
+        The names of the files written (the model's, then the weights' where there are any),
+        in the folder of ``path``.
+
+    Examples
+    --------
+    >>> import os, tempfile, numpy as np, onnx
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> func, path = tiny_mlp()[0]["main"], os.path.join(tempfile.mkdtemp(), "m.onnx")
+    >>> write_onnx(func, path, external_min_bytes=1024)
+    ['m.onnx', 'm.onnx.data']
+    >>> lean = onnx.load(path, load_external_data=False)
+    >>> sorted(t.dims[0] for t in lean.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
+    [16, 32]
+    >>> inside = {t.name: onnx.numpy_helper.to_array(t) for t in relax_to_onnx(func).graph.initializer}
+    >>> all(np.array_equal(onnx.numpy_helper.to_array(t), inside[t.name])  # read from m.onnx.data
+    ...     for t in onnx.load(path).graph.initializer)
+    True
+    """
+    limit = EXTERNAL_MIN_BYTES if external_min_bytes is None else int(external_min_bytes)
+    model, external = _export(func, name, OPSET, limit)
+    folder, fname = os.path.split(os.fspath(path))
+    data_name = f"{fname}.data"
+    kept = [t for t in model.graph.initializer if t.name in external]  # the graph's copies of the stubs
+    if kept:
+        offset = 0
+        with open(os.path.join(folder, data_name), "wb") as f:
+            for t in kept:
+                f.write(b"\0" * (-offset % EXTERNAL_ALIGN))
+                offset += -offset % EXTERNAL_ALIGN
+                data = memoryview(np.ascontiguousarray(external[t.name])).cast("B")
+                f.write(data)
+                for key, value in (("location", data_name), ("offset", offset), ("length", data.nbytes)):
+                    entry = t.external_data.add()
+                    entry.key, entry.value = key, str(value)
+                t.data_location = t.EXTERNAL
+                offset += data.nbytes
+    with open(os.fspath(path), "wb") as f:
+        f.write(model.SerializeToString())
+    return [fname, data_name] if kept else [fname]

@@ -75,12 +75,29 @@ def flat_types(ty) -> list:
     return [ty]
 
 
+def constant_array(value) -> np.ndarray:
+    """A TVM tensor's data as a numpy array: a view of its memory where DLPack gives one (no
+    copy of a large weight), else a copy."""
+    try:
+        return np.from_dlpack(value)
+    except (TypeError, ValueError, RuntimeError, BufferError, AttributeError):  # a dtype numpy's DLPack lacks
+        return value.numpy()
+
+
 class Exporter:
-    def __init__(self, name: str):
+    """The ONNX graph under construction. ``external_min_bytes``: initializers of that many
+    bytes or more are made without their data (``external``: each with its array), for
+    :func:`tvm_pesto.backends.onnx_export.export.write_onnx` to write beside the graph (floating
+    point tensors only: shapes, indices and single values stay in it, where the libraries' shape
+    inference and :mod:`~tvm_pesto.backends.onnx_export.fuse` read them)."""
+
+    def __init__(self, name: str, external_min_bytes: int | None = None):
         self.onnx, self.h, self.nh = _onnx()
         self.name = name
         self.nodes: list = []
         self.inits: list = []
+        self.external_min_bytes = external_min_bytes
+        self.external: dict = {}  # initializer name -> array, of those left out of the graph
         self.names: dict = {}  # relax Var -> str or list (tuple values)
         self.used: set[str] = set()
         self.consts: list = []  # (Constant, initializer name)
@@ -98,7 +115,14 @@ class Exporter:
 
     def init(self, arr: np.ndarray, base: str = "const") -> str:
         name = self.fresh(base)
-        self.inits.append(self.nh.from_array(np.asarray(arr), name))
+        arr = np.asarray(arr)
+        limit = self.external_min_bytes
+        if limit is not None and arr.nbytes >= limit and arr.size > 1 and arr.dtype.kind == "f":  # shapes, scalars stay
+            self.external[name] = arr
+            self.inits.append(self.onnx.TensorProto(
+                name=name, dims=arr.shape, data_type=self.h.np_dtype_to_tensor_dtype(arr.dtype)))
+        else:
+            self.inits.append(self.nh.from_array(arr, name))
         return name
 
     def node(self, op: str, inputs: list[str], outputs: list[str] | None = None, base: str | None = None,
@@ -124,7 +148,7 @@ class Exporter:
             for obj, nm in self.consts:
                 if obj.same_as(expr):
                     return nm
-            nm = self.init(expr.value.numpy(), "const")
+            nm = self.init(constant_array(expr.value), "const")
             self.consts.append((expr, nm))
             return nm
         if isinstance(expr, relax.Tuple):
@@ -165,5 +189,5 @@ def registrar(table: dict):
     return reg
 
 
-__all__ = ["registrar", "DTYPES", "Exporter", "OnnxExportError", "dtype_of", "elem_type", "flat_types", "ints", "is_tensor_const",
+__all__ = ["registrar", "DTYPES", "Exporter", "OnnxExportError", "constant_array", "dtype_of", "elem_type", "flat_types", "ints", "is_tensor_const",
            "tensor_shape"]

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import PestoError
+from ...package_data import cache_root
 from .jsonl import INCOMPLETE, append_record, read_records, skipped_note
 
 
@@ -88,9 +89,7 @@ def record_problem(rec) -> str | None:
 
 
 def default_cache_path() -> Path:
-    root = os.environ.get("TVM_PESTO_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "tvm-pesto")
-    return Path(root) / "measurements.jsonl"
+    return cache_root() / "measurements.jsonl"
 
 
 def target_key(target: dict) -> str:

@@ -81,7 +81,8 @@ def kept_per_address(make: Callable) -> Callable:
 
 
 def onnx_session(model, cores: int, parallel: bool = False, spin: bool = False):
-    """An ONNX Runtime session of ``model`` (bytes or a path) as tvm-pesto runs its units:
+    """An ONNX Runtime session of ``model`` (bytes or a path: a model whose weights are beside
+    it, ONNX's external data, is read from its path) as tvm-pesto runs its units:
     ``cores`` intra-op threads (``parallel``: ONNX Runtime's parallel mode, ``cores``
     inter-op threads of one intra-op thread each), all graph optimizations.
 
@@ -103,7 +104,8 @@ def onnx_session(model, cores: int, parallel: bool = False, spin: bool = False):
     flag = "1" if spin else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", flag)
     so.add_session_config_entry("session.inter_op.allow_spinning", flag)
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    source = model if isinstance(model, (bytes, bytearray)) else os.fspath(model)
+    return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
 
 
 def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
