@@ -593,6 +593,40 @@ def test_a_model_of_large_weights_keeps_fewer_options_built(monkeypatch, weights
     assert builds.count("library:onnxruntime") == (2 if not in_blocks else 1)  # built again when closed
 
 
+def test_a_closed_option_is_gone_before_the_next_one_is_built(monkeypatch):
+    # a ViT-B's options are each closed after their quick calls: nothing may still hold one
+    # (its sessions and weights) while the next is built beside it
+    import gc
+    import weakref
+
+    monkeypatch.setattr(trial, "_weight_bytes", lambda opts: 350 << 20)
+    times = {"plan": 1.3e-3, "one-device": 1.2e-3, "library:onnxruntime": 1e-3}
+    opts, spin = _options(times)
+    made, alive_at_build = [], []
+
+    class Placed:
+        units: dict = {}
+
+        def __init__(self, name):
+            self.call = spin(SimpleNamespace(name=name))
+
+        def __call__(self, *a):
+            return self.call(*a)
+
+        def close(self, timeout=None):
+            pass
+
+    def build(o):
+        gc.collect()
+        alive_at_build.append([r() is not None for r in made])
+        p = Placed(o.name)
+        made.append(weakref.ref(p))
+        return p
+
+    _choose(opts, build, [], budget_s=0.2)
+    assert alive_at_build[:3] == [[], [False], [False, False]]
+
+
 def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch):
     # a first call over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call is the
     # option's time: an untuned build of a large model is not called twice for a minute each

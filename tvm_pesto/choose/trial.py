@@ -251,7 +251,8 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
         pm = _first_calls(o, k == 0, build, inputs, clock, _Seen(first_s, call_s, outputs, errors), built.values())
         if pm is None:
             continue
-        built[o.name] = pm
+        built[o.name], pm = pm, None  # held by ``built`` alone: one closed below frees its weights now,
+        # not after the next option is built beside it
         live = sorted((n for n in built if n in call_s), key=call_s.get)
         for n in [n for n in live[keep:]] + [n for n in live[:keep] if call_s[n] > DROP * call_s[live[0]]]:
             dropped.add(n)  # not kept unless all faster ones fail: closed now, as a large model's options
