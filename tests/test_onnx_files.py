@@ -119,3 +119,16 @@ def test_a_bundle_carries_the_weights_file(files_for_all, tmp_path):
             loaded.close()
     finally:
         pm.close()
+
+
+def test_the_exports_of_an_ended_process_are_removed(files_for_all, tmp_path):
+    import subprocess
+    import sys
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    root = Path(os.environ["TVM_PESTO_CACHE"]) / "exports"
+    orphan = root / f"{int(ended.stdout)}-abc"
+    orphan.mkdir(parents=True)
+    (orphan / "model.onnx").write_bytes(b"")
+    mine = ort_backend.onnx_model(tiny_mlp()[0]["main"])
+    assert not orphan.exists() and os.path.isdir(mine.folder)

@@ -70,6 +70,7 @@ class OnnxFile(os.PathLike):
     def __init__(self, func: relax.Function):
         root = cache_root() / "exports"
         root.mkdir(parents=True, exist_ok=True)
+        _remove_orphans(root)
         self.folder = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
         self._remove = weakref.finalize(self, shutil.rmtree, self.folder, ignore_errors=True)
         self.path = os.path.join(self.folder, "model.onnx")
@@ -85,6 +86,21 @@ class OnnxFile(os.PathLike):
     def nbytes(self) -> int:
         """Bytes of the files on disk."""
         return sum(os.path.getsize(os.path.join(self.folder, f)) for f in self.files)
+
+
+def _remove_orphans(root) -> None:
+    """Remove the export folders of processes that ended without removing them (killed): each
+    folder's name starts with its process id."""
+    for entry in os.scandir(root):
+        pid = entry.name.split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # no such process: its exports are nobody's
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:  # another user's live process: not ours to judge
+            pass
 
 
 def onnx_model(func: relax.Function) -> "bytes | OnnxFile":
