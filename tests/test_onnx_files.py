@@ -132,3 +132,16 @@ def test_the_exports_of_an_ended_process_are_removed(files_for_all, tmp_path):
     (orphan / "model.onnx").write_bytes(b"")
     mine = ort_backend.onnx_model(tiny_mlp()[0]["main"])
     assert not orphan.exists() and os.path.isdir(mine.folder)
+
+
+def test_a_cache_folder_that_cannot_be_written_keeps_the_export_in_memory(files_for_all, monkeypatch, tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("TVM_PESTO_CACHE", str(blocked))
+    mod, inputs = tiny_mlp()
+    with pytest.warns(RuntimeWarning, match="TVM_PESTO_CACHE at a writable folder"):
+        export = ort_backend.onnx_model(mod["main"])
+    assert isinstance(export, bytes)
+    gname = get_backend("onnxruntime").build(mod["main"], CPU)
+    (got,) = direct_call(gname)(*inputs)
+    np.testing.assert_allclose(got, _reference(mod, inputs), atol=1e-5, rtol=1e-5)

@@ -31,12 +31,13 @@ import os
 import shutil
 import tempfile
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 
 from tvm import relax
 
-from ..errors import BuildError
+from ..errors import BuildError, error_line
 from ..package_data import cache_root
 from ..run.libraries.loaders import onnx_runner
 from .base import Backend, constant_bytes, device_cores, instance_key, op_level_patterns, op_short_name
@@ -83,10 +84,6 @@ class OnnxFile(os.PathLike):
     def __fspath__(self) -> str:
         return self.path
 
-    def nbytes(self) -> int:
-        """Bytes of the files on disk."""
-        return sum(os.path.getsize(os.path.join(self.folder, f)) for f in self.files)
-
 
 def _remove_orphans(root) -> None:
     """Remove the export folders of processes that ended without removing them (killed): each
@@ -122,16 +119,34 @@ def onnx_model(func: relax.Function) -> "bytes | OnnxFile":
         if key in _exports:
             _exports.move_to_end(key)
             return _exports[key]
+    model = None
     if constant_bytes(func) >= FILE_MIN_BYTES:
-        model = OnnxFile(func)
-    else:
+        try:
+            model = OnnxFile(func)
+        except OSError as e:  # a cache folder that cannot be written: the weights go through memory
+            warnings.warn(f"tvm-pesto cannot write a large model's ONNX export under {cache_root() / 'exports'} "
+                          f"({error_line(e)}); it is kept in memory instead, which takes more: point "
+                          "TVM_PESTO_CACHE at a writable folder", RuntimeWarning, stacklevel=2)
+    if model is None:
         model = relax_to_onnx(func).SerializeToString()
     with _exports_lock:
         _exports[key] = model
-        while len(_exports) > 1 and (sum(len(m) for m in _exports.values() if isinstance(m, bytes)) > EXPORTS_KEPT_BYTES
-                                     or sum(isinstance(m, OnnxFile) for m in _exports.values()) > FILES_KEPT):
-            _exports.popitem(last=False)
+        _trim_exports()
     return model
+
+
+def _trim_exports() -> None:
+    """Drop the oldest exports of each kind over its limit (bytes: :data:`EXPORTS_KEPT_BYTES`,
+    the newest always kept; files: :data:`FILES_KEPT`); the caller holds the lock."""
+    files = [k for k, m in _exports.items() if isinstance(m, OnnxFile)]
+    for k in files[:max(0, len(files) - FILES_KEPT)]:
+        del _exports[k]
+    data = [k for k, m in _exports.items() if isinstance(m, bytes)]
+    total = sum(len(_exports[k]) for k in data)
+    for k in data[:-1]:
+        if total <= EXPORTS_KEPT_BYTES:
+            break
+        total -= len(_exports.pop(k))
 
 
 class OnnxGraphBackend(Backend):
