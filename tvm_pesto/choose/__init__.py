@@ -30,7 +30,8 @@ the same option is the machine's doing. A shared machine can run slow for second
 a library's threads slower than one thread then, so an option timed only in a slow spell is
 left its best, not its median, and the runoff's later blocks give it the chance of a fast one. A whole-model library call (:func:`~tvm_pesto.choose.options.library_call`)
 within :data:`~tvm_pesto.choose.trial.PREFER_LIBRARY` of a fastest plan of several units is kept (a user's own library
-call, no slower within what a shared machine tells apart). The :class:`~tvm_pesto.choose.decision.Decision`
+call, no slower within what a shared machine tells apart), and among library calls that close, the one on fewer
+threads (a core left to the rest of the machine). The :class:`~tvm_pesto.choose.decision.Decision`
 lists each option's predicted and measured seconds and which one was kept.
 
 The kept option is then certified (:func:`~tvm_pesto.choose.claim.certify`) against every plan of both core shapes:
