@@ -152,14 +152,18 @@ def merge_cmd(logs, output, assume_cpu_kind):
 @click.option("--tuning-db", "tuning_dbs", multiple=True,
               help="a MetaSchedule work directory (database_workload.json + database_tuning_record.json); repeatable")
 @click.option("--target", default="log_time", show_default=True, type=click.Choice(list(TARGETS)),
-              help="predict log(time), log(time / roofline) or log(time / work): the last two scale with the work "
-                   "(tvm_pesto.costs.predict.xgb.target_base)")
+              help="predict log(time), log(time / roofline), log(time / work) or log((time - misses) / work): the "
+                   "last three scale with the work, the last adds untuned TVM reductions' cache misses "
+                   "(tvm_pesto.costs.predict.xgb.target_base, target_offset)")
 @click.option("--heldout", default="", help="comma-separated model names kept out of training (eval reports them)")
 @click.option("--eval-heldout", default="", help="comma-separated model names trained on, whose held-out figures "
               "eval gets by retraining the same recipe without them (the shipped model uses all the data)")
 @click.option("--rounds", default=None, type=int, help="boosting rounds [default: 1000]")
+@click.option("--work-floor", "work_floor_s", default=0.0, show_default=True, type=click.FloatRange(0.0),
+              help="seconds: a target that scales with the work is relative to at least this long (subgraphs of "
+                   "less work are learnt as log_time learns them; 0: no floor)")
 @click.option("--json", "json_path", default=None, help="write the training summary as JSON here")
-def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, json_path):
+def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, work_floor_s, json_path):
     """Train a cost model on profiler LOGS (and MetaSchedule databases) and save it."""
     # lazy: loads TVM's compiler and PyTorch; the CLI imports a verb's code when the verb runs
     from .dataset import base_model, load_dataset
@@ -186,7 +190,8 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
             "tuning_dbs": [os.path.relpath(os.path.abspath(p), out_dir) for p in tuning_dbs],
             "heldout_models": held, "eval_heldout_models": recipe}
     with step(f"train ({len(train_rows)} rows, target {target})"):
-        model = train(train_rows, target=target, rounds=rounds or DEFAULT_ROUNDS, meta=meta, overheads=ds.overheads)
+        model = train(train_rows, target=target, rounds=rounds or DEFAULT_ROUNDS, meta=meta, overheads=ds.overheads,
+                      work_floor_s=work_floor_s)
         model.save(output)
     console.print(f"model: {output}  ({os.path.getsize(output) / 1e6:.2f} MB; {len(train_rows)} training rows, "
                   f"{ds.no_desc} records without description, {ds.infeasible} infeasible)")
@@ -245,6 +250,9 @@ def train_cmd(logs, output, tuning_dbs, target, heldout, eval_heldout, rounds, j
               "each fold [default: the model's own]")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
               help="--holdout/--train-size: XGBoost threads per training")
+@click.option("--work-floor", "work_floor_s", default=None, type=click.FloatRange(0.0),
+              help="--holdout/--train-size: the target's work floor in seconds (cost-model train --work-floor) "
+                   "[default: the model's own]")
 def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, **flow_options):
     """Evaluate a cost model on its held-out models and on the models it saw (or, with
     --flow, on whole models through the cost sources; with --holdout family or --train-size
@@ -254,7 +262,8 @@ def eval_cmd(model_path, logs, tuning_dbs, cv, plot, label, json_path, flow, **f
 
     model = load_model(model_path)
     o = flow_options
-    gen = {k: o.pop(k) for k in ("holdout", "train_size", "eval_size", "families", "target", "rounds", "threads")}
+    gen = {k: o.pop(k) for k in ("holdout", "train_size", "eval_size", "families", "target", "rounds", "threads",
+                                 "work_floor_s")}
     if gen["holdout"] or gen["train_size"] or gen["eval_size"]:
         if flow or cv or plot:
             raise PestoError("--holdout and --train-size/--eval-size retrain on the records; --flow, --cv and --plot "
@@ -345,10 +354,12 @@ def _eval_generalization(model, logs, tuning_dbs, label, gen: dict, json_path) -
     _report_skipped(ds.skipped)
     rows = relabel(ds.rows, label)
     recipe = Recipe(target=gen["target"] or model.target, rounds=gen["rounds"] or int(model.meta.get("rounds", 300)),
-                    params=model.meta.get("params"), threads=gen["threads"], overheads=ds.overheads)
+                    params=model.meta.get("params"), threads=gen["threads"], overheads=ds.overheads,
+                    work_floor_s=model.work_floor_s if gen["work_floor_s"] is None else gen["work_floor_s"])
     fams = [f.strip() for f in gen["families"].split(",") if f.strip()]
     what = "each family held out" if gen["holdout"] else f"trained on {gen['train_size']}, scored on {gen['eval_size']}"
-    with step(f"{what} (target {recipe.target}, {recipe.rounds} rounds, {recipe.threads} thread(s))") as cb:
+    floor = f", work floor {recipe.work_floor_s:g} s" if recipe.work_floor_s else ""
+    with step(f"{what} (target {recipe.target}{floor}, {recipe.rounds} rounds, {recipe.threads} thread(s))") as cb:
         if gen["holdout"]:
             res = holdout_families(rows, recipe, fams or None, progress=cb)
         else:

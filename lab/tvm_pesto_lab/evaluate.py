@@ -218,7 +218,7 @@ def evaluate_model(model, cv: bool = False, plot: str | None = None, logs=None, 
         t0 = time.perf_counter()
         train_rows, _ = split_by_model(ds.rows, sorted(held_all | recipe))
         scorer = train(train_rows, target=model.target, rounds=int(model.meta.get("rounds", 300)),
-                       params=model.meta.get("params"), overheads=ds.overheads)
+                       params=model.meta.get("params"), overheads=ds.overheads, work_floor_s=model.work_floor_s)
         res["heldout_scored_by"] = {
             "recipe": "the model's own target, rounds and parameters, retrained on its logs without "
                       f"{', '.join(sorted(recipe))} (and any row sharing a structural key with them); the "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_pesto.costs.predict.features import FEATURE_NAMES, device_key, feature_matrix
-from tvm_pesto.costs.predict.xgb import MODEL_FORMAT, TARGETS, CostModel, target_base
+from tvm_pesto.costs.predict.xgb import MODEL_FORMAT, TARGETS, CostModel, target_base, target_offset
 from tvm_pesto.errors import CostError
 
 #: XGBoost parameters of the bundled model (fixed seed, one thread: deterministic).
@@ -22,26 +22,38 @@ DEFAULT_PARAMS = {
 #: model file grows from 1.8 to 6.2 MB; prediction time is dominated by the featurizing either
 #: way.
 DEFAULT_ROUNDS = 1000
+#: ``log_work_miss`` learns from the time less the modelled misses, but never from less than
+#: this share of the measured time (a row whose misses the model over-counts still teaches
+#: that its work is not free).
+MISS_LABEL_FLOOR = 0.1
 
 
-def _target_values(rows, target: str) -> np.ndarray:
+def _target_values(rows, target: str, work_floor_s: float = 0.0) -> np.ndarray:
+    """The trees' labels: ``log(max(time - offset, MISS_LABEL_FLOOR * time) / base)``
+    (:func:`~tvm_pesto.costs.predict.xgb.target_base`, :func:`~tvm_pesto.costs.predict.xgb.target_offset`)."""
     t = np.array([r["time_s"] for r in rows], dtype=np.float64)
-    return np.log(t / target_base(rows, target))
+    rest = np.maximum(t - target_offset(rows, target), MISS_LABEL_FLOOR * t)
+    return np.log(rest / target_base(rows, target, work_floor_s))
 
 
 def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: dict | None = None,
-          meta: dict | None = None, overheads: dict | None = None) -> CostModel:
+          meta: dict | None = None, overheads: dict | None = None, work_floor_s: float = 0.0) -> CostModel:
     """Fit a model on ``rows`` (deterministic: fixed seed, one thread).
 
     Parameters
     ----------
     rows : list of dict
         Training rows (see :class:`tvm_pesto_lab.dataset.Dataset`).
-    target : {"log_time", "log_ratio", "log_work"}
-        What the trees predict: ``log(time)``, ``log(time / roofline)`` or ``log(time / work)``
-        (:func:`~tvm_pesto.costs.predict.xgb.target_base`).
+    target : {"log_time", "log_ratio", "log_work", "log_work_miss"}
+        What the trees predict: ``log(time)``, ``log(time / roofline)``, ``log(time / work)``
+        or ``log((time - misses) / work)`` (:func:`~tvm_pesto.costs.predict.xgb.target_base`,
+        :func:`~tvm_pesto.costs.predict.xgb.target_offset`).
     overheads : dict, optional
         Device key -> list of measured VM call overheads (seconds).
+    work_floor_s : float
+        The least base of a target that scales with the work (``floor_s`` of
+        :func:`~tvm_pesto.costs.predict.xgb.target_base`; kept as ``meta["work_floor_s"]`` when
+        above 0): subgraphs of less work learn their time as ``log_time`` does.
 
     Examples
     --------
@@ -63,7 +75,9 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
     if len(rows) < 2:
         raise CostError(f"only {len(rows)} usable training row(s); profile more models with `tvm-pesto profile`")
     X = feature_matrix(rows)
-    y = _target_values(rows, target)
+    if work_floor_s < 0:
+        raise CostError(f"work floor {work_floor_s} s is negative; give 0 (none) or a time in seconds")
+    y = _target_values(rows, target, work_floor_s)
     p = dict(DEFAULT_PARAMS)
     p.update(params or {})
     booster = xgb.train(p, xgb.DMatrix(X, label=y, feature_names=list(FEATURE_NAMES)), num_boost_round=int(rounds))
@@ -77,6 +91,8 @@ def train(rows, target: str = "log_time", rounds: int = DEFAULT_ROUNDS, params: 
         "train_models": sorted({r["model"] for r in rows}),
         "overhead_s": {k: float(np.median(v)) for k, v in sorted((overheads or {}).items()) if v},
     }
+    if work_floor_s > 0:
+        m["work_floor_s"] = float(work_floor_s)
     m.update(meta or {})
     return CostModel(booster, m)
 

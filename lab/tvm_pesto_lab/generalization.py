@@ -133,18 +133,21 @@ def score_fold(name: str, test, pred, train_rows: int = 0, seconds: float = 0.0)
 @dataclass(frozen=True)
 class Recipe:
     """How each fold's model is trained: ``target``, boosting ``rounds``, XGBoost ``params``
-    (``nthread`` set from ``threads``) and the VM call ``overheads`` per device."""
+    (``nthread`` set from ``threads``), the VM call ``overheads`` per device and the target's
+    ``work_floor_s`` (:func:`~tvm_pesto_lab.fit.train`)."""
 
     target: str
     rounds: int
     params: dict | None = None
     threads: int = 1
     overheads: dict | None = None
+    work_floor_s: float = 0.0
 
     def fit(self, rows):
         p = dict(self.params or {})
         p["nthread"] = int(self.threads)
-        return train(rows, target=self.target, rounds=self.rounds, params=p, overheads=self.overheads)
+        return train(rows, target=self.target, rounds=self.rounds, params=p, overheads=self.overheads,
+                     work_floor_s=self.work_floor_s)
 
 
 def _fold(name: str, train_rows, test, recipe: Recipe) -> tuple[FoldScore, np.ndarray]:
@@ -175,6 +178,7 @@ class Generalization:
     target: str
     rounds: int
     threads: int
+    work_floor_s: float = 0.0
     train_size: str | None = None
     eval_size: str | None = None
     rows: int = 0
@@ -207,7 +211,7 @@ def holdout_families(rows, recipe: Recipe, families=None, progress=None) -> Gene
         raise CostError("the rows hold no model of an architecture family (only sweeps and tuning databases); "
                         "profile models first (tvm-pesto profile zoo)")
     out = Generalization(mode="family", target=recipe.target, rounds=recipe.rounds, threads=recipe.threads,
-                         rows=len(rows))
+                         work_floor_s=recipe.work_floor_s, rows=len(rows))
     parts = {}
     for k, name in enumerate(names):
         test = by_family[name]
@@ -236,7 +240,7 @@ def train_on_size(rows, recipe: Recipe, train_size: str = "small", eval_size: st
     pred = model.predict_rows(test)
     fit_s = time.perf_counter() - t0
     out = Generalization(mode="size", target=recipe.target, rounds=recipe.rounds, threads=recipe.threads,
-                         train_size=train_size, eval_size=eval_size, rows=len(rows))
+                         work_floor_s=recipe.work_floor_s, train_size=train_size, eval_size=eval_size, rows=len(rows))
     by_family: dict = defaultdict(list)
     for i, r in enumerate(test):
         by_family[model_family(r["model"])].append(i)

@@ -10,12 +10,20 @@ from __future__ import annotations
 import numpy as np
 
 from ...graph.flops import op_category
-from .features import TIME_FLOOR_S, _dtype_size, _prod
+from .features import LINE_BYTES, TIME_FLOOR_S, _dtype_size, _prod, dominant_kind, strided_reduction
 
 # A kernel launch / dispatch costs at least this much, even when it does no work.
 LAUNCH_S = {"gpu": 5e-6, "cpu": 2e-6}
 # Fraction of peak a well-scheduled kernel reaches, by op category.
 EFFICIENCY = {"anchor": 0.6, "default": 0.5}
+#: Ways of an L2 cache set (8 on the Zen 1-5 and Rocket Lake-class cores the rows come from): an
+#: unscheduled reduction whose strided lines map more than this many to one L2 set
+#: (``l2_conflict`` of :func:`~tvm_pesto.costs.predict.features.strided_reduction`) evicts each
+#: line before it comes round again under LRU.
+L2_WAYS = 8
+#: Backends whose code is TVM's unscheduled loop nest (``tvm-ms`` where its database has no
+#: schedule: the untuned share of its work).
+UNTUNED_TVM = ("tvm", "tvm-ms")
 
 
 def node_seconds(node, device) -> float:
@@ -57,6 +65,51 @@ def work_s(desc: dict, dev: dict) -> float:
     elif "relax.take" in desc.get("ops", ()):  # the table is the group's weight; the gather reads what it writes
         br = max(br - float(desc.get("param_bytes", 0)), 0.0) + bw
     return max(float(desc["flops"]) / dev["peak_flops"], (br + bw) / dev["mem_bandwidth"], TIME_FLOOR_S)
+
+
+def miss_s(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> float:
+    """Seconds an unscheduled TVM reduction spends fetching the cache lines it misses: where
+    the dominant matmul's or NCHW conv2d's strided operand maps more than :data:`L2_WAYS` of
+    its reduction's lines to one L2 set (:func:`~tvm_pesto.costs.predict.features.strided_reduction`),
+    no line survives to the next output, and every strided access (a matmul's
+    ``batch * M * N * K``, a convolution's ``out_elems * C_in / groups * kh``: a kernel row's
+    ``kw`` taps share a line) brings one :data:`~tvm_pesto.costs.predict.features.LINE_BYTES`
+    line from memory, at the device's bandwidth. 0 for other ops, for tuned code
+    (``1 - tuned`` of it for ``tvm-ms``) and for library backends (their kernels block the
+    loops).
+
+    The ``log_work_miss`` target adds it to the work: a subgraph past every training row's
+    size (gpt2's untuned 768x3072 matmul at size full: 2.4 s of misses, 2.5 s measured, where
+    the rows of size small have none) is priced from what it must fetch, not at the largest
+    label's speed.
+
+    Examples
+    --------
+    >>> dev = {"peak_flops": 1e11, "mem_bandwidth": 8e9}
+    >>> mm = {"dtype": "float32", "dominant": {"op": "relax.matmul", "inputs": [[128, 768], [768, 3072]],
+    ...                                          "outputs": [[128, 3072]]}}
+    >>> round(miss_s(mm, dev, "tvm"), 3)                # 128 * 3072 * 768 lines of 64 bytes at 8 GB/s
+    2.416
+    >>> miss_s(mm, dev, "onnxruntime"), miss_s(mm, dev, "tvm-ms", tuned=1.0)
+    (0.0, 0.0)
+    >>> small = dict(mm, dominant=dict(mm["dominant"], inputs=[[128, 240], [240, 320]], outputs=[[128, 320]]))
+    >>> miss_s(small, dev, "tvm")                       # its 240 lines spread over the L2 sets
+    0.0
+    """
+    share = 1.0 - min(max(float(tuned), 0.0), 1.0)
+    dom = desc.get("dominant") or {}
+    if backend not in UNTUNED_TVM or share <= 0.0 or not dom.get("outputs"):
+        return 0.0
+    ins, attrs = [list(s) for s in dom.get("inputs") or []], dom.get("attrs") or {}
+    kind = dominant_kind(dom["op"], attrs, ins)
+    if kind not in ("matmul", "conv2d") or strided_reduction(kind, ins, attrs, _dtype_size(desc))[3] <= L2_WAYS:
+        return 0.0
+    if kind == "matmul":
+        accesses = _prod(dom["outputs"][0]) * float(ins[1][-2])
+    else:
+        groups = max(int(attrs.get("groups", 1) or 1), 1)
+        accesses = _prod(dom["outputs"][0]) * max(int(ins[0][1]) // groups, 1) * float(ins[1][2])
+    return share * accesses * LINE_BYTES / float(dev["mem_bandwidth"])
 
 
 def roofline_costs(graph, cluster) -> np.ndarray:

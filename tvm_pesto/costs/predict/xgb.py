@@ -42,22 +42,26 @@ from .calibration import Calibration, load_calibration
 from .features import (FEATURE_NAMES, describe_group, device_descriptor, device_key, device_size_key, feature_matrix,
                        roofline_s)
 from .gpu_check import apply_check_logs
-from .roofline import node_seconds, work_s
+from .roofline import miss_s, node_seconds, work_s
 
 #: Version of the model file's ``pesto_meta``; a file of another is refused (retrain it).
 MODEL_FORMAT = 1
 #: What a model's trees predict: ``log(time)``, ``log(time / roofline)``
-#: (:func:`~tvm_pesto.costs.predict.features.roofline_s`) or ``log(time / work)``
-#: (:func:`~tvm_pesto.costs.predict.roofline.work_s`), see :func:`target_base`.
-TARGETS = ("log_time", "log_ratio", "log_work")
+#: (:func:`~tvm_pesto.costs.predict.features.roofline_s`), ``log(time / work)``
+#: (:func:`~tvm_pesto.costs.predict.roofline.work_s`) or ``log((time - misses) / work)``
+#: (:func:`~tvm_pesto.costs.predict.roofline.miss_s`), see :func:`target_base` and :func:`target_offset`.
+TARGETS = ("log_time", "log_ratio", "log_work", "log_work_miss")
 DEFAULT_MODEL_NAME = "default.json.gz"
 
 
 # -- model -----------------------------------------------------------------------------------
-def target_base(rows, target: str) -> np.ndarray:
+def target_base(rows, target: str, floor_s: float = 0.0) -> np.ndarray:
     """Seconds per row that a model's ``target`` is the log of time relative to: 1 for
-    ``log_time``, the roofline time for ``log_ratio``, the work for ``log_work`` (both grow
-    with the subgraph, so the trees' prediction scales with it past the largest label).
+    ``log_time``, the roofline time for ``log_ratio``, the work for ``log_work`` and
+    ``log_work_miss`` (they grow with the subgraph, so the trees' prediction scales with it
+    past the largest label). ``floor_s`` (a model's ``work_floor_s``; 0: none) keeps the base
+    of the last three at least that long: a subgraph of less work is priced as ``log_time``
+    prices it (its time is its fixed costs), a larger one as the target does.
 
     Examples
     --------
@@ -65,19 +69,44 @@ def target_base(rows, target: str) -> np.ndarray:
     >>> rows = [{"desc": {"flops": 2e9, "bytes_read": 4e6, "bytes_written": 1e6, "dominant": {"op": "relax.matmul"}},
     ...          "device": dev}]
     >>> [float(target_base(rows, t)[0]) for t in TARGETS]
-    [1.0, 0.02, 0.02]
+    [1.0, 0.02, 0.02, 0.02]
+    >>> float(target_base(rows, "log_work", floor_s=0.1)[0]), float(target_base(rows, "log_time", floor_s=0.1)[0])
+    (0.1, 1.0)
     """
     if target == "log_time":
         return np.ones(len(rows))
     if target == "log_ratio":
-        return np.array([roofline_s(r["desc"], r["device"]) for r in rows], dtype=np.float64)
-    if target == "log_work":
-        return np.array([work_s(r["desc"], r["device"]) for r in rows], dtype=np.float64)
-    raise CostError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+        base = np.array([roofline_s(r["desc"], r["device"]) for r in rows], dtype=np.float64)
+    elif target in ("log_work", "log_work_miss"):
+        base = np.array([work_s(r["desc"], r["device"]) for r in rows], dtype=np.float64)
+    else:
+        raise CostError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    return np.maximum(base, float(floor_s)) if len(base) else base
 
 
-def _from_target(rows, y: np.ndarray, target: str) -> np.ndarray:
-    return np.exp(y) * target_base(rows, target)
+def target_offset(rows, target: str) -> np.ndarray:
+    """Seconds per row a model's prediction adds to ``exp(trees) * target_base``: the cache
+    misses of an unscheduled TVM reduction (:func:`~tvm_pesto.costs.predict.roofline.miss_s`)
+    for ``log_work_miss``, 0 for the other targets. The trees learn the rest of the time
+    (training subtracts the misses from the label), so a regime no training row reached is
+    priced by what it fetches.
+
+    Examples
+    --------
+    >>> dev = {"peak_flops": 1e11, "mem_bandwidth": 8e9}
+    >>> dom = {"op": "relax.matmul", "inputs": [[128, 768], [768, 3072]], "outputs": [[128, 3072]]}
+    >>> rows = [{"desc": {"dtype": "float32", "dominant": dom}, "device": dev, "backend": b} for b in ("tvm", "torch")]
+    >>> target_offset(rows, "log_work_miss").round(3).tolist(), target_offset(rows, "log_work").tolist()
+    ([2.416, 0.0], [0.0, 0.0])
+    """
+    if target != "log_work_miss":
+        return np.zeros(len(rows))
+    return np.array([miss_s(r["desc"], r["device"], r.get("backend", ""), float(r.get("tuned", 0.0)))
+                     for r in rows], dtype=np.float64)
+
+
+def _from_target(rows, y: np.ndarray, target: str, floor_s: float = 0.0) -> np.ndarray:
+    return np.exp(y) * target_base(rows, target, floor_s) + target_offset(rows, target)
 
 
 class CostModel:
@@ -105,6 +134,11 @@ class CostModel:
     @property
     def target(self) -> str:
         return self.meta["target"]
+
+    @property
+    def work_floor_s(self) -> float:
+        """The floor of the target's base (:func:`target_base`; 0 for a model saved without one)."""
+        return float(self.meta.get("work_floor_s", 0.0))
 
     def covers(self, dev: dict) -> bool:
         """Whether the model was trained on this device: its kind, model, number of cores and,
@@ -172,7 +206,7 @@ class CostModel:
             return np.zeros(0)
         X = feature_matrix(rows)
         y = self.booster.predict(xgb.DMatrix(X, feature_names=list(FEATURE_NAMES)))
-        return _from_target(rows, y.astype(np.float64), self.target)
+        return _from_target(rows, y.astype(np.float64), self.target, self.work_floor_s)
 
     def save(self, path) -> None:
         """Write the model (XGBoost JSON with a ``pesto_meta`` attribute; gzipped when the
@@ -457,4 +491,5 @@ def _maybe_load(model, cluster):
 
 
 __all__ = ["CostModel", "DEFAULT_MODEL_NAME", "MODEL_FORMAT", "TARGETS", "default_model_path", "load_model", "target_base",
+           "target_offset",
            "model_dirs", "predict_candidate_costs", "predict_costs", "tuned_share"]
