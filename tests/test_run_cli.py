@@ -3,6 +3,9 @@ one flow with every backend: the JSON says what was chosen, what ran, and how it
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -176,3 +179,11 @@ def test_place_and_run_choose_the_same_plan(tmp_path, cache):
     assert b["dispatch"]["measured"] and a["dispatch"]["source"] != "assumed"
     for k in ("run_s", "multi_device_s", "fitted_at"):
         assert a["dispatch"][k] == b["dispatch"][k], k
+
+
+def test_python_dash_m_runs_the_command(tmp_path):
+    # where the scripts folder is not on PATH, the module is the command
+    out = subprocess.run([sys.executable, "-m", "tvm_pesto", "run", "--help"], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Usage: tvm-pesto run")
