@@ -183,7 +183,7 @@ def test_place_and_run_choose_the_same_plan(tmp_path, cache):
 
 def test_python_dash_m_runs_the_command(tmp_path):
     # where the scripts folder is not on PATH, the module is the command
-    out = subprocess.run([sys.executable, "-m", "tvm_pesto", "run", "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "tvm_pesto.cli", "run", "--help"], capture_output=True, text=True,
                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("Usage: tvm-pesto run")

@@ -1,4 +1,4 @@
-"""``python -m tvm_pesto ...``: the ``tvm-pesto`` command (:func:`tvm_pesto.cli.main.main`), for
+"""``python -m tvm_pesto.cli ...``: the ``tvm-pesto`` command (:func:`tvm_pesto.cli.main.main`), for
 an environment whose scripts folder is not on ``PATH``."""
 from tvm_pesto.cli.main import main
 
