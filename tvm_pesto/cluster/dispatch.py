@@ -218,13 +218,17 @@ def assume_switch(cluster: Cluster, why: str) -> dict:
 
 def switch_figures(cluster: Cluster) -> list[SwitchFigure]:
     """Per device of ``cluster``, the seconds one switch between libraries costs there: the
-    fit for its core count, or :data:`ASSUMED_SWITCH_S` (source ``assumed``)."""
+    fit for its core count, or :data:`ASSUMED_SWITCH_S` (source ``assumed``); 0 on a device
+    that is not a CPU (the figure is of thread pools and CPU caches)."""
     m = cluster.meta.get("switch") or {}
     per = m.get("per_cores_s") or {}
     out = []
     for dev in cluster.devices:
         cores = int(dev.cores)
-        if str(cores) in per and m.get("source", "measured") != "assumed":
+        if dev.kind != "cpu":
+            out.append(SwitchFigure(0.0, cores, "assumed", None, "not a CPU device: its libraries' kernels go to one "
+                                    "stream, with no thread pool to wake"))
+        elif str(cores) in per and m.get("source", "measured") != "assumed":
             out.append(SwitchFigure(float(per[str(cores)]), cores, str(m.get("source", "measured")),
                                     m.get("fitted_at")))
         else:
