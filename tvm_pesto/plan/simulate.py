@@ -160,7 +160,8 @@ def caller_io_s(problem: Problem, seconds_per_byte: float) -> float:
 def switch_charges(problem: Problem, plan: Plan) -> np.ndarray:
     """Per plan node, the seconds a switch between libraries adds to it: on each device, a
     unit whose backend is not the backend of the unit before it in the device's order pays
-    the device's switch figure (:func:`tvm_pesto.cluster.dispatch.switch_figures`) once; the
+    the device's switch figure once, for that pair of libraries where the fit has one
+    (:meth:`tvm_pesto.cluster.dispatch.SwitchFigure.between`); the
     first unit of a device, and every unit of a plan without units (``plan.units`` None: a
     graph that is not a module), pays nothing.
 
@@ -187,7 +188,7 @@ def switch_charges(problem: Problem, plan: Plan) -> np.ndarray:
     for d, seq in enumerate(plan.order):
         for prev, v in zip(seq, seq[1:]):
             if units[v].backend != units[prev].backend:
-                out[v] += figures[d].seconds
+                out[v] += figures[d].between(units[prev].backend, units[v].backend)
     return out
 
 

@@ -4,11 +4,11 @@ beside the executor's dispatch figures (:mod:`tvm_pesto.cluster.dispatch`, ``swi
 A unit of library B right after a unit of library A (A not B) on one device runs slower than
 B's unit right after another of B's: B's thread pool sleeps while A computes (ONNX Runtime's
 and OpenVINO's workers, PyTorch's OpenMP threads) and must wake, and A's data has taken B's
-weights out of the caches. What it costs depends on the libraries, on how long B's pool
-slept and on the device's cores, and varies by microseconds from one minute to the next on
-a shared VM (docs/placement.md, "Switches between libraries", has the measurements): the
-fit keeps one figure per device size, the median over the pairs of libraries, which the
-simulator charges once per change of backend on a device
+weights out of the caches. What it costs depends on the pair of libraries, on how long B's
+pool slept and on the device's cores, and varies by microseconds from one minute to the next
+on a shared VM (docs/placement.md, "Switches between libraries", has the measurements): the
+fit keeps, per device size, a figure per pair of libraries and their median (for a pair it
+did not time), which the simulator charges once per change of backend on a device
 (:func:`tvm_pesto.plan.simulate.switch_charges`).
 
 How it is measured (:func:`measure_switch`, a few seconds): the same small convolution
@@ -17,7 +17,8 @@ PyTorch; :func:`switch_units`, the callables a placed module's units are), on a 
 to a device of the size, timed in rotating blocks (:func:`tvm_pesto.costs.measure.blocks.time_blocks`):
 each library alone, call after call, and each pair of libraries in turn. A round of the pair
 A, B is A after B and B after A: two switches, so one switch of the pair costs
-:func:`switch_from_times`, ``(pair - A - B) / 2``.
+:func:`switch_from_times`, ``(pair - A - B) / 2``, in each round; the pair's figure is its
+median over the rounds (:func:`switch_from_rounds`).
 
 :func:`ensure_switch` gives a kept fit of the dispatch figures (a record of
 :func:`tvm_pesto.costs.calibrate.dispatch.fit_constants`) the figure of each device size of a
@@ -57,14 +58,15 @@ LIBRARIES = ("tvm", "onnxruntime", "openvino", "torch")
 #: The unit each library runs: a 3x3 convolution of 16 channels on a 32x32 image (NCHW).
 UNIT_SHAPE = (1, 16, 32, 32)
 #: Blocks per callable, seconds per block and warm-up per block of the fit's timing.
-ROUNDS, BLOCK_S, WARMUP_S = 3, 0.05, 0.01
+ROUNDS, BLOCK_S, WARMUP_S = 5, 0.05, 0.01
 
 
 @dataclass
 class SwitchFit:
     """One device size's fit: ``switch_s`` (seconds per switch, the median over
     ``pairs_s``), ``pairs_s`` (per pair of libraries ``"a,b"``, seconds per switch, signed as
-    measured), ``alone_s`` (each library's call after its own), the device's ``cores``, the
+    measured: the median over the rounds), ``alone_s`` (each library's call after its own,
+    the median block), the device's ``cores``, the
     ``libraries`` timed, the fit's ``seconds`` and the 1-minute ``load`` before and after."""
 
     cores: int
@@ -112,6 +114,25 @@ def switch_from_times(times: dict) -> tuple[float, dict]:
     if not pairs:
         raise ClusterError("a switch between libraries needs two libraries to measure; install onnxruntime, "
                            "openvino or torch beside TVM")
+    return max(float(np.median(list(pairs.values()))), 0.0), pairs
+
+
+def switch_from_rounds(blocks: dict) -> tuple[float, dict]:
+    """As :func:`switch_from_times`, from each callable's block medians, one per round
+    (``name -> [seconds, ...]``): each pair's figure is the median over the rounds of what
+    the round's blocks give (neighbouring blocks share a moment's speed; a slow spell spoils
+    one round, not the figure), and the figure the median over the pairs (at least 0).
+
+    Examples
+    --------
+    >>> blocks = {"a": [1e-4, 2e-4, 1e-4], "b": [4e-5, 4e-5, 8e-5], "a,b": [1.5e-4, 2.5e-4, 3e-4]}
+    >>> s, pairs = switch_from_rounds(blocks)
+    >>> round(s * 1e6, 3), round(pairs["a,b"] * 1e6, 3)   # the rounds give 5, 5 and 60 us
+    (5.0, 5.0)
+    """
+    rounds = min(len(v) for v in blocks.values())
+    per_round = [switch_from_times({n: v[r] for n, v in blocks.items()})[1] for r in range(rounds)]
+    pairs = {k: float(np.median([p[k] for p in per_round])) for k in per_round[0]}
     return max(float(np.median(list(pairs.values()))), 0.0), pairs
 
 
@@ -199,8 +220,8 @@ def measure_switch(device, libraries=LIBRARIES, rounds: int = ROUNDS, block_s: f
             calls = {n: (lambda f=f, y=ys[n]: f(x, y)) for n, f in units.items()}
             for a, b in combinations(units, 2):
                 calls[f"{a},{b}"] = (lambda fa=calls[a], fb=calls[b]: (fa(), fb()))
-            box["times"] = {n: r["s"] for n, r in time_blocks(calls, rounds=rounds, warmup_s=WARMUP_S,
-                                                              block_s=block_s, min_calls=5).items()}
+            box["blocks"] = {n: r["blocks_s"] for n, r in time_blocks(calls, rounds=rounds, warmup_s=WARMUP_S,
+                                                                      block_s=block_s, min_calls=5).items()}
             box["libraries"] = list(units)
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
@@ -210,8 +231,12 @@ def measure_switch(device, libraries=LIBRARIES, rounds: int = ROUNDS, block_s: f
     th.join()
     if "error" in box:
         raise box["error"]
-    switch_s, pairs = switch_from_times(box["times"])
-    alone = {n: t for n, t in box["times"].items() if "," not in n}
+    if len(box.get("libraries", [])) < 2:
+        raise ClusterError(f"a switch between libraries needs two libraries to measure; of {', '.join(libraries)} "
+                           f"only {', '.join(box.get('libraries', [])) or 'none'} imports here: install onnxruntime, "
+                           "openvino or torch beside TVM")
+    switch_s, pairs = switch_from_rounds(box["blocks"])
+    alone = {n: float(np.median(t)) for n, t in box["blocks"].items() if "," not in n}
     return SwitchFit(int(device.cores), switch_s, pairs, alone, box["libraries"], _now(),
                      round(time.perf_counter() - t0, 2), [load0, os.getloadavg()[0]])
 
@@ -239,7 +264,7 @@ def apply_switch(cluster, record: dict, source: str, path=None) -> dict:
     fits = [SwitchFit.from_json(v, str(path or "the kept fit")) for v in (record.get("switch") or {}).values()]
     fitted = [f.fitted_at for f in fits if f.fitted_at]
     return set_switch(cluster, {f.cores: f.switch_s for f in fits}, source, max(fitted) if fitted else None,
-                      **({"file": str(path)} if path else {}))
+                      pairs={f.cores: f.pairs_s for f in fits}, **({"file": str(path)} if path else {}))
 
 
 def keep_switch(cluster, record: dict, path, source: str) -> dict:
@@ -254,4 +279,4 @@ def keep_switch(cluster, record: dict, path, source: str) -> dict:
 
 
 __all__ = ["BLOCK_S", "LIBRARIES", "ROUNDS", "SwitchFit", "UNIT_SHAPE", "WARMUP_S", "apply_switch", "ensure_switch",
-           "keep_switch", "measure_switch", "switch_from_times", "switch_units"]
+           "keep_switch", "measure_switch", "switch_from_rounds", "switch_from_times", "switch_units"]
