@@ -30,8 +30,7 @@ only the bytes of those hops (``caller_s_per_byte``).
 A switch between libraries on a device: a unit whose backend is not the one of the unit
 before it on its device runs slower than it would right after its own library's call (the
 library's thread pool wakes, its weights come back into the caches). Its figure,
-``switch_s`` (:class:`SwitchFigure`, with a figure per pair of libraries where one was
-fitted), is a property of a device size of this machine,
+``switch_s`` (:class:`SwitchFigure`), is a property of a device size of this machine,
 fitted on first use beside the dispatch figures and kept in the same record per device
 core count (:mod:`tvm_pesto.costs.calibrate.switch`); :func:`set_switch` is the one writer of
 ``cluster.meta["switch"]`` and :func:`switch_figures` its reader (per device; a device size
@@ -55,7 +54,7 @@ True
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import ClusterError
 from .cluster import Cluster
@@ -169,69 +168,29 @@ def local_shape(cluster: Cluster) -> list | None:
 #: of its own on this machine, or a cluster of another machine's devices): the order of
 #: magnitude fitted on a 2-vCPU VM (docs/placement.md, "Switches between libraries").
 ASSUMED_SWITCH_S = 5e-6
-#: Backends whose calls run on another backend's library (its thread pool), for the figure of
-#: a pair of libraries; any other backend is a library of its own name.
-SWITCH_LIBRARY = {"onnxruntime-parallel": "onnxruntime", "openvino-bf16": "openvino", "tvm-ms": "tvm",
-                  "inductor": "torch"}
-
-
-def switch_library(backend: str) -> str:
-    """The library whose pair figure a switch to or from ``backend`` takes (:data:`SWITCH_LIBRARY`)."""
-    return SWITCH_LIBRARY.get(backend, backend)
 
 
 @dataclass(frozen=True)
 class SwitchFigure:
-    """What one switch between libraries costs on a device: ``seconds`` (the median over the
-    pairs fitted), ``pairs`` (``"a,b"`` -> seconds, per pair of libraries fitted), the
-    device's ``cores``, ``source`` (:data:`SOURCES`), ``fitted_at`` (None when assumed) and
-    ``why`` (for an assumed figure: why no fit applies)."""
+    """What one switch between libraries costs on a device: ``seconds``, the device's
+    ``cores``, ``source`` (:data:`SOURCES`), ``fitted_at`` (None when assumed) and ``why``
+    (for an assumed figure: why no fit applies)."""
 
     seconds: float
     cores: int
     source: str
     fitted_at: str | None = None
     why: str | None = None
-    pairs: dict = field(default_factory=dict)
-
-    def between(self, a: str, b: str) -> float:
-        """Seconds of a switch from backend ``a`` to ``b``: their libraries' pair figure
-        (:func:`switch_library`; at least 0), else :attr:`seconds`.
-
-        Examples
-        --------
-        >>> f = SwitchFigure(2e-6, 1, "measured", pairs={"tvm,openvino": 6e-6, "tvm,onnxruntime": -1e-6})
-        >>> f.between("openvino-bf16", "tvm"), f.between("tvm", "onnxruntime"), f.between("tvm", "torch")
-        (6e-06, 0.0, 2e-06)
-        """
-        la, lb = switch_library(a), switch_library(b)
-        for key in (f"{la},{lb}", f"{lb},{la}"):
-            if key in self.pairs:
-                return max(float(self.pairs[key]), 0.0)
-        return self.seconds
 
     def to_json(self) -> dict:
         return {"switch_s": self.seconds, "cores": self.cores, "source": self.source, "fitted_at": self.fitted_at,
-                **({"pairs_s": dict(self.pairs)} if self.pairs else {}), **({"why": self.why} if self.why else {})}
+                **({"why": self.why} if self.why else {})}
 
 
-def _seconds(value, what: str, least: float | None = None) -> float:
-    """``value`` as seconds (a number, at least ``least`` when given), else a ClusterError naming ``what``."""
-    try:
-        sec = float(value)
-    except (TypeError, ValueError):
-        sec = float("nan")
-    if sec != sec or (least is not None and sec < least):
-        raise ClusterError(f"{what} is {value!r}; give seconds" + (f" >= {least:g}" if least is not None else ""))
-    return sec
-
-
-def set_switch(cluster: Cluster, per_cores: dict, source: str, fitted_at: str | None = None,
-               pairs: dict | None = None, **extra) -> dict:
+def set_switch(cluster: Cluster, per_cores: dict, source: str, fitted_at: str | None = None, **extra) -> dict:
     """Write the switch figures into ``cluster.meta["switch"]`` (the one writer): ``per_cores``
-    maps a device core count to seconds per switch on a device of that size, ``pairs`` (if
-    given) a core count to ``{"a,b": seconds}`` per pair of libraries (signed as measured);
-    ``extra`` is kept beside them (``why``, ``file``, ...).
+    maps a device core count to seconds per switch on a device of that size; ``extra`` is
+    kept beside them (``why``, ``file``, ...).
 
     Raises
     ------
@@ -240,11 +199,15 @@ def set_switch(cluster: Cluster, per_cores: dict, source: str, fitted_at: str | 
     """
     if source not in SOURCES:
         raise ClusterError(f"unknown source {source!r} of switch figures; use one of {', '.join(SOURCES)}")
-    figures = {str(int(c)): _seconds(v, f"the switch figure for {c}-core devices", 0.0) for c, v in per_cores.items()}
-    per_pairs = {str(int(c)): {str(k): _seconds(v, f"the {k} switch on {c}-core devices") for k, v in p.items()}
-                 for c, p in (pairs or {}).items()}
-    cluster.meta["switch"] = {"per_cores_s": figures, "pairs_s": per_pairs, "source": source, "fitted_at": fitted_at,
-                              **extra}
+    figures = {}
+    for cores, sec in per_cores.items():
+        try:
+            figures[str(int(cores))] = float(sec)
+        except (TypeError, ValueError):
+            raise ClusterError(f"the switch figure for {cores}-core devices is {sec!r}; give seconds >= 0") from None
+        if not figures[str(int(cores))] >= 0.0:
+            raise ClusterError(f"the switch figure for {cores}-core devices is {sec!r}; give seconds >= 0")
+    cluster.meta["switch"] = {"per_cores_s": figures, "source": source, "fitted_at": fitted_at, **extra}
     return cluster.meta["switch"]
 
 
@@ -254,11 +217,11 @@ def assume_switch(cluster: Cluster, why: str) -> dict:
 
 
 def switch_figures(cluster: Cluster) -> list[SwitchFigure]:
-    """Per device of ``cluster``, what one switch between libraries costs there: the fit for
-    its core count, or :data:`ASSUMED_SWITCH_S` (source ``assumed``); 0 on a device that is
-    not a CPU (the figure is of thread pools and CPU caches)."""
+    """Per device of ``cluster``, the seconds one switch between libraries costs there: the
+    fit for its core count, or :data:`ASSUMED_SWITCH_S` (source ``assumed``); 0 on a device
+    that is not a CPU (the figure is of thread pools and CPU caches)."""
     m = cluster.meta.get("switch") or {}
-    per, pairs = m.get("per_cores_s") or {}, m.get("pairs_s") or {}
+    per = m.get("per_cores_s") or {}
     out = []
     for dev in cluster.devices:
         cores = int(dev.cores)
@@ -267,7 +230,7 @@ def switch_figures(cluster: Cluster) -> list[SwitchFigure]:
                                     "stream, with no thread pool to wake"))
         elif str(cores) in per and m.get("source", "measured") != "assumed":
             out.append(SwitchFigure(float(per[str(cores)]), cores, str(m.get("source", "measured")),
-                                    m.get("fitted_at"), pairs=dict(pairs.get(str(cores)) or {})))
+                                    m.get("fitted_at")))
         else:
             why = m.get("why") or (f"no fit for {cores}-core devices on this machine" if m
                                    else "no fit of these devices on this machine")
@@ -277,5 +240,4 @@ def switch_figures(cluster: Cluster) -> list[SwitchFigure]:
 
 __all__ = ["ASSUMED_DISPATCH", "ASSUMED_SWITCH_S", "DEFAULT_DISPATCH", "EXECUTORS", "FIGURES", "SOURCES",
            "SwitchFigure", "assume_dispatch", "assume_switch", "check_executor", "dispatch_figures", "dispatch_info",
-           "dispatch_s", "local_shape", "set_dispatch", "set_switch", "switch_figures", "switch_library",
-           "SWITCH_LIBRARY"]
+           "dispatch_s", "local_shape", "set_dispatch", "set_switch", "switch_figures"]

@@ -157,11 +157,24 @@ def caller_io_s(problem: Problem, seconds_per_byte: float) -> float:
     return float(seconds_per_byte) * (float(external.sum()) + results)
 
 
+def switch_points(plan: Plan, num_nodes: int) -> np.ndarray:
+    """Per plan node, whether it switches library: its backend is not the backend of the
+    unit before it in its device's order (False for every node of a plan without units, or
+    whose units do not match its nodes)."""
+    out = np.zeros(num_nodes, dtype=bool)
+    units = plan.units
+    if not units or len(units) != num_nodes:
+        return out
+    for seq in plan.order:
+        for prev, v in zip(seq, seq[1:]):
+            out[v] = units[v].backend != units[prev].backend
+    return out
+
+
 def switch_charges(problem: Problem, plan: Plan) -> np.ndarray:
     """Per plan node, the seconds a switch between libraries adds to it: on each device, a
     unit whose backend is not the backend of the unit before it in the device's order pays
-    the device's switch figure once, for that pair of libraries where the fit has one
-    (:meth:`tvm_pesto.cluster.dispatch.SwitchFigure.between`); the
+    the device's switch figure (:func:`tvm_pesto.cluster.dispatch.switch_figures`) once; the
     first unit of a device, and every unit of a plan without units (``plan.units`` None: a
     graph that is not a module), pays nothing.
 
@@ -179,17 +192,11 @@ def switch_charges(problem: Problem, plan: Plan) -> np.ndarray:
     >>> switch_charges(p, plan).tolist()      # tvm -> ort (b pays), ort -> ort (c does not), ort -> tvm (d pays)
     [0.0, 1e-05, 0.0, 1e-05]
     """
-    n = problem.num_nodes
-    out = np.zeros(n)
-    units = plan.units
-    if not units or len(units) != n:
-        return out
-    figures = switch_figures(problem.cluster)
-    for d, seq in enumerate(plan.order):
-        for prev, v in zip(seq, seq[1:]):
-            if units[v].backend != units[prev].backend:
-                out[v] += figures[d].between(units[prev].backend, units[v].backend)
-    return out
+    points = switch_points(plan, problem.num_nodes)
+    if not points.any():
+        return np.zeros(problem.num_nodes)
+    per_device = np.array([f.seconds for f in switch_figures(problem.cluster)])
+    return np.where(points, per_device[plan.assignment], 0.0)
 
 
 #: Fixed-point rounds of the contention model: each re-simulates with the slowdowns the
@@ -279,7 +286,7 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
         raise InfeasibleError(f"the plan puts node {bad} ({problem.graph.nodes[bad].name}) on device "
                               f"{plan.assignment[bad]}, where it cannot run")
     core = _core()
-    switch = switch_charges(problem, plan)
+    switch, switches = switch_charges(problem, plan), int(switch_points(plan, n).sum())
 
     def run(node_cost):
         global _warned
@@ -315,7 +322,7 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
         away = bool(n) and bool((plan.assignment != HOME_DEVICE).any())
         devices = 2 if away else len(used)
     res = SimResult(start, finish, makespan, busy, peak, transfers, slowdown, dispatch_s(problem.cluster, devices),
-                    io, int(np.count_nonzero(switch)), float(switch.sum()))
+                    io, switches, float(switch.sum()))
     if check_memory:
         over = np.flatnonzero(peak > problem.capacity * (1 + 1e-9))
         if len(over):

@@ -5,11 +5,11 @@ A unit of library B right after a unit of library A (A not B) on one device runs
 B's unit right after another of B's: B's thread pool sleeps while A computes (ONNX Runtime's
 and OpenVINO's workers, PyTorch's OpenMP threads) and must wake, and A's data has taken B's
 weights out of the caches. What it costs depends on the pair of libraries, on how long B's
-pool slept and on the device's cores, and varies by microseconds from one minute to the next
-on a shared VM (docs/placement.md, "Switches between libraries", has the measurements): the
-fit keeps, per device size, a figure per pair of libraries and their median (for a pair it
-did not time), which the simulator charges once per change of backend on a device
-(:func:`tvm_pesto.plan.simulate.switch_charges`).
+pool slept, on the units' data and on the device's cores, and varies by as much from one fit
+to the next on a shared VM (docs/placement.md, "Switches between libraries", has the
+measurements): the fit keeps each pair's figure (``pairs_s``, for the record) and one figure
+per device size, their median, which the simulator charges once per change of backend on a
+device (:func:`tvm_pesto.plan.simulate.switch_charges`).
 
 How it is measured (:func:`measure_switch`, a few seconds): the same small convolution
 (:data:`UNIT_SHAPE`) in each library installed here (TVM's VM, ONNX Runtime, OpenVINO,
@@ -264,7 +264,7 @@ def apply_switch(cluster, record: dict, source: str, path=None) -> dict:
     fits = [SwitchFit.from_json(v, str(path or "the kept fit")) for v in (record.get("switch") or {}).values()]
     fitted = [f.fitted_at for f in fits if f.fitted_at]
     return set_switch(cluster, {f.cores: f.switch_s for f in fits}, source, max(fitted) if fitted else None,
-                      pairs={f.cores: f.pairs_s for f in fits}, **({"file": str(path)} if path else {}))
+                      **({"file": str(path)} if path else {}))
 
 
 def keep_switch(cluster, record: dict, path, source: str) -> dict:
