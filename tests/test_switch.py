@@ -171,3 +171,15 @@ def test_the_switch_is_measured_on_the_libraries_here():
     assert fit.libraries == ["tvm", "onnxruntime"] and list(fit.pairs_s) == ["tvm,onnxruntime"]
     assert fit.cores == 1 and fit.switch_s >= 0.0 and min(fit.alone_s.values()) > 0
     assert sw.SwitchFit.from_json(json.loads(json.dumps(fit.to_json()))) == fit
+
+
+def test_a_machine_with_one_library_keeps_the_assumed_figure(own_cache, monkeypatch, capsys):
+    def one_library(dev, *a, **k):
+        raise ClusterError("a switch between libraries needs two libraries to measure")
+
+    monkeypatch.setattr(sw, "measure_switch", one_library)
+    c = parse_cluster("cpu:2")
+    info = rd.machine_dispatch(c, "thread", announce=False)
+    assert info["source"] == "measured" and {f.source for f in switch_figures(c)} == {"assumed"}
+    assert "two libraries" in capsys.readouterr().err
+    assert json.loads(open(info["file"]).read()).get("switch", {}) == {}
