@@ -27,6 +27,7 @@ from tvm_pesto.costs.calibrate.machine import MACHINE_ENV
 from tvm_pesto.errors import ClusterError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.costs.calibrate import dispatch as rd
+from tvm_pesto.costs.calibrate import switch as sw
 from tvm_pesto.plan import Plan, Problem, simulate
 
 
@@ -34,6 +35,8 @@ from tvm_pesto.plan import Plan, Problem, simulate
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path))
     monkeypatch.setenv(MACHINE_ENV, "auto")
+    # the switch between libraries is measured beside the figures: a stand-in here (tests/test_switch.py)
+    monkeypatch.setattr(sw, "measure_switch", lambda dev, *a, **k: sw.SwitchFit(int(dev.cores), 4e-6))
     return tmp_path
 
 
@@ -130,6 +133,9 @@ def test_links_measured_over_ray_are_not_replaced_by_a_plan_for_threads(own_cach
 
 @pytest.mark.slow
 def test_the_thread_fit_measures_here_once(own_cache, monkeypatch):
+    monkeypatch.undo()  # the real switch measurement too
+    monkeypatch.setenv("TVM_PESTO_CACHE", str(own_cache))
+    monkeypatch.setenv(MACHINE_ENV, "auto")
     c = parse_cluster("cpu:2")
     info = rd.machine_dispatch(c, "thread", announce=False)
     assert info["source"] == "measured" and info["links"] and 0 < info["run_s"] < info["multi_device_s"]

@@ -18,7 +18,7 @@ from ..builder.placed import compile_for
 from ..cluster import parse_cluster
 from ..cluster.device_thread import pinning_failures
 from ..constraints import as_constraints, check_names
-from ..cluster.dispatch import dispatch_info, local_shape
+from ..cluster.dispatch import dispatch_info, local_shape, switch_figures
 from ..costs.measure.remote import remote_cluster
 from ..errors import InfeasibleError, PestoError
 from ..graph import dnn_partitioning as dp
@@ -160,7 +160,8 @@ def _run_model(lm, cluster, size: str, request: Request, settings: RunSettings, 
         "measured_s": bench_res["median_s"], "measured_min_s": bench_res["min_s"],
         "measured_runs": bench_res["repeat"],
         "simulated_s": pl.sim.run_s, "simulated_makespan_s": pl.sim.makespan, "dispatch_s": pl.sim.dispatch_s,
-        "dispatch": dispatch,
+        "dispatch": dispatch, "switches": pl.sim.switches, "switch_s": pl.sim.switch_s,
+        "switch": [f.to_json() for f in switch_figures(pl.problem.cluster)],
         "max_abs_err": err, "solve_s": pl.plan.solve_s,
         "measured_over_simulated": bench_res["median_s"] / pl.sim.run_s if pl.sim.run_s else None,
         "search": jsonable({k: pl.plan.info.get(k) for k in ("cover", "cover_exact", "cover_s", "search",

@@ -142,6 +142,11 @@ def _print_run(res):
     console.print(f"  simulated         {res['simulated_s'] * 1e3:9.3f} ms"
                   + (f"  (schedule {res['simulated_makespan_s'] * 1e3:.3f} + dispatch {disp * 1e6:.1f} us)"
                      if disp else ""))
+    if res.get("switches"):
+        fig = (res.get("switch") or [{}])[0]
+        console.print(f"  switches          {res['switches']} between libraries on a device, "
+                      f"{res['switch_s'] * 1e6:.1f} us of the schedule ({fig.get('switch_s', 0) * 1e6:.1f} us each, "
+                      f"{fig.get('source', '?')})")
     d = res.get("dispatch") or {}
     if d.get("source"):
         when = f", fitted {d['fitted_at']}" if d.get("fitted_at") else ""

@@ -27,6 +27,17 @@ split costs per run. Under Ray the caller sends each input straight to the actor
 it and reads each result from the actor that made it, so no home-device copy is charged,
 only the bytes of those hops (``caller_s_per_byte``).
 
+A switch between libraries on a device: a unit whose backend is not the one of the unit
+before it on its device runs slower than it would right after its own library's call (the
+library's thread pool wakes, its weights come back into the caches). Its figure,
+``switch_s`` (:class:`SwitchFigure`), is a property of a device size of this machine,
+fitted on first use beside the dispatch figures and kept in the same record per device
+core count (:mod:`tvm_pesto.costs.calibrate.switch`); :func:`set_switch` is the one writer of
+``cluster.meta["switch"]`` and :func:`switch_figures` its reader (per device; a device size
+without a fit gets :data:`ASSUMED_SWITCH_S`, source ``assumed``). The simulator charges it
+once per change of backend between consecutive units in a device's order
+(:func:`tvm_pesto.plan.simulate.switch_charges`).
+
 Examples
 --------
 >>> from tvm_pesto.cluster import parse_cluster
@@ -35,8 +46,15 @@ Examples
 True
 >>> dispatch_info(c)["source"]
 'assumed'
+>>> [f.source for f in switch_figures(c)]
+['assumed', 'assumed']
+>>> _ = set_switch(c, {1: 3e-6}, "measured", "2026-01-01T00:00:00")
+>>> [(f.seconds, f.source) for f in switch_figures(c)]
+[(3e-06, 'measured'), (3e-06, 'measured')]
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..errors import ClusterError
 from .cluster import Cluster
@@ -146,6 +164,80 @@ def local_shape(cluster: Cluster) -> list | None:
     return [[int(dev.cores), [int(c) for c in dev.cpu_ids]] for dev in cluster.devices]
 
 
-__all__ = ["ASSUMED_DISPATCH", "DEFAULT_DISPATCH", "EXECUTORS", "FIGURES", "SOURCES", "assume_dispatch",
-           "check_executor", "dispatch_figures", "dispatch_info", "dispatch_s", "local_shape",
-           "set_dispatch"]
+#: Assumed seconds one switch between libraries costs on a device (a device size without a fit
+#: of its own on this machine, or a cluster of another machine's devices): the order of
+#: magnitude fitted on a 2-vCPU VM (docs/placement.md, "Switches between libraries").
+ASSUMED_SWITCH_S = 5e-6
+
+
+@dataclass(frozen=True)
+class SwitchFigure:
+    """What one switch between libraries costs on a device: ``seconds``, the device's
+    ``cores``, ``source`` (:data:`SOURCES`), ``fitted_at`` (None when assumed) and ``why``
+    (for an assumed figure: why no fit applies)."""
+
+    seconds: float
+    cores: int
+    source: str
+    fitted_at: str | None = None
+    why: str | None = None
+
+    def to_json(self) -> dict:
+        return {"switch_s": self.seconds, "cores": self.cores, "source": self.source, "fitted_at": self.fitted_at,
+                **({"why": self.why} if self.why else {})}
+
+
+def set_switch(cluster: Cluster, per_cores: dict, source: str, fitted_at: str | None = None, **extra) -> dict:
+    """Write the switch figures into ``cluster.meta["switch"]`` (the one writer): ``per_cores``
+    maps a device core count to seconds per switch on a device of that size; ``extra`` is
+    kept beside them (``why``, ``file``, ...).
+
+    Raises
+    ------
+    ClusterError
+        For an unknown source, or a figure that is not a number of seconds >= 0.
+    """
+    if source not in SOURCES:
+        raise ClusterError(f"unknown source {source!r} of switch figures; use one of {', '.join(SOURCES)}")
+    figures = {}
+    for cores, sec in per_cores.items():
+        try:
+            figures[str(int(cores))] = float(sec)
+        except (TypeError, ValueError):
+            raise ClusterError(f"the switch figure for {cores}-core devices is {sec!r}; give seconds >= 0") from None
+        if not figures[str(int(cores))] >= 0.0:
+            raise ClusterError(f"the switch figure for {cores}-core devices is {sec!r}; give seconds >= 0")
+    cluster.meta["switch"] = {"per_cores_s": figures, "source": source, "fitted_at": fitted_at, **extra}
+    return cluster.meta["switch"]
+
+
+def assume_switch(cluster: Cluster, why: str) -> dict:
+    """Give ``cluster`` no switch fit: every device gets :data:`ASSUMED_SWITCH_S`, saying ``why``."""
+    return set_switch(cluster, {}, "assumed", why=why)
+
+
+def switch_figures(cluster: Cluster) -> list[SwitchFigure]:
+    """Per device of ``cluster``, the seconds one switch between libraries costs there: the
+    fit for its core count, or :data:`ASSUMED_SWITCH_S` (source ``assumed``); 0 on a device
+    that is not a CPU (the figure is of thread pools and CPU caches)."""
+    m = cluster.meta.get("switch") or {}
+    per = m.get("per_cores_s") or {}
+    out = []
+    for dev in cluster.devices:
+        cores = int(dev.cores)
+        if dev.kind != "cpu":
+            out.append(SwitchFigure(0.0, cores, "assumed", None, "not a CPU device: its libraries' kernels go to one "
+                                    "stream, with no thread pool to wake"))
+        elif str(cores) in per and m.get("source", "measured") != "assumed":
+            out.append(SwitchFigure(float(per[str(cores)]), cores, str(m.get("source", "measured")),
+                                    m.get("fitted_at")))
+        else:
+            why = m.get("why") or (f"no fit for {cores}-core devices on this machine" if m
+                                   else "no fit of these devices on this machine")
+            out.append(SwitchFigure(ASSUMED_SWITCH_S, cores, "assumed", None, why))
+    return out
+
+
+__all__ = ["ASSUMED_DISPATCH", "ASSUMED_SWITCH_S", "DEFAULT_DISPATCH", "EXECUTORS", "FIGURES", "SOURCES",
+           "SwitchFigure", "assume_dispatch", "assume_switch", "check_executor", "dispatch_figures", "dispatch_info",
+           "dispatch_s", "local_shape", "set_dispatch", "set_switch", "switch_figures"]

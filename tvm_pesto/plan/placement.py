@@ -116,6 +116,7 @@ class Placement:
         return {"backend_mix": self.backend_mix, "solver": self.plan.solver, **self.claim(),
                 "simulated_makespan_s": float(self.sim.makespan),
                 "dispatch_s": float(self.sim.dispatch_s), "dispatch": dispatch_info(self.problem.cluster),
+                "switches": int(self.sim.switches), "switch_s": float(self.sim.switch_s),
                 "devices_used": self.plan.devices_used(),
                 "num_ops": self.analysis.op_graph.num_nodes, "num_units": self.problem.num_nodes,
                 "num_candidates": len(self.candidates), "candidates_by_backend": self.candidates.by_backend(),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster.contention import contention_factors
-from ..cluster.dispatch import dispatch_info, dispatch_s
+from ..cluster.dispatch import dispatch_info, dispatch_s, switch_figures
 from ..errors import InfeasibleError
 from .plan import Plan
 from .problem import Problem
@@ -28,7 +28,9 @@ class SimResult:
     (what the solvers minimise); ``run_s`` adds what one run of the placed module pays
     around it: ``io_s``, moving the inputs from and the result to the home device
     (:data:`HOME_DEVICE`) when nodes run elsewhere, and ``dispatch_s``, the executor's cost
-    per run (:mod:`tvm_pesto.cluster.dispatch`).
+    per run (:mod:`tvm_pesto.cluster.dispatch`). ``switches`` counts the changes of backend
+    between consecutive units of a device and ``switch_s`` is what they add to the units'
+    durations in the schedule (:func:`switch_charges`; inside ``makespan``, not beside it).
     """
 
     start: np.ndarray
@@ -40,6 +42,8 @@ class SimResult:
     slowdown: np.ndarray | None = None  # per node, from contention between devices of a host
     dispatch_s: float = 0.0  # the executor's cost per run for the devices the plan uses
     io_s: float = 0.0  # inputs from, and the result back to, the home device
+    switches: int = 0  # changes of backend between consecutive units of a device
+    switch_s: float = 0.0  # the seconds those switches add to the units' durations (in the schedule)
 
     @property
     def run_s(self) -> float:
@@ -52,6 +56,8 @@ class SimResult:
             "makespan_s": float(self.makespan),
             "io_s": float(self.io_s),
             "dispatch_s": float(self.dispatch_s),
+            "switches": int(self.switches),
+            "switch_s": float(self.switch_s),
             "run_s": float(self.run_s),
             "busy_s": self.busy.tolist(),
             "peak_memory_bytes": self.peak_memory.tolist(),
@@ -151,6 +157,48 @@ def caller_io_s(problem: Problem, seconds_per_byte: float) -> float:
     return float(seconds_per_byte) * (float(external.sum()) + results)
 
 
+def switch_points(plan: Plan, num_nodes: int) -> np.ndarray:
+    """Per plan node, whether it switches library: its backend is not the backend of the
+    unit before it in its device's order (False for every node of a plan without units, or
+    whose units do not match its nodes)."""
+    out = np.zeros(num_nodes, dtype=bool)
+    units = plan.units
+    if not units or len(units) != num_nodes:
+        return out
+    for seq in plan.order:
+        for prev, v in zip(seq, seq[1:]):
+            out[v] = units[v].backend != units[prev].backend
+    return out
+
+
+def switch_charges(problem: Problem, plan: Plan) -> np.ndarray:
+    """Per plan node, the seconds a switch between libraries adds to it: on each device, a
+    unit whose backend is not the backend of the unit before it in the device's order pays
+    the device's switch figure (:func:`tvm_pesto.cluster.dispatch.switch_figures`) once; the
+    first unit of a device, and every unit of a plan without units (``plan.units`` None: a
+    graph that is not a module), pays nothing.
+
+    Examples
+    --------
+    >>> from tvm_pesto.cluster import parse_cluster
+    >>> from tvm_pesto.cluster.dispatch import set_switch
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> from tvm_pesto.candidates import Candidate
+    >>> g = OpGraph([OpNode(k, "relax.add") for k in "abcd"], [])
+    >>> p = Problem(g, parse_cluster("cpu:2"), np.ones((4, 2)))
+    >>> _ = set_switch(p.cluster, {1: 1e-5}, "measured")
+    >>> units = [Candidate(b, (k,)) for k, b in enumerate(["tvm", "onnxruntime", "onnxruntime", "tvm"])]
+    >>> plan = Plan(np.array([0, 0, 0, 0]), [[0, 1, 2, 3], []], units=units)
+    >>> switch_charges(p, plan).tolist()      # tvm -> ort (b pays), ort -> ort (c does not), ort -> tvm (d pays)
+    [0.0, 1e-05, 0.0, 1e-05]
+    """
+    points = switch_points(plan, problem.num_nodes)
+    if not points.any():
+        return np.zeros(problem.num_nodes)
+    per_device = np.array([f.seconds for f in switch_figures(problem.cluster)])
+    return np.where(points, per_device[plan.assignment], 0.0)
+
+
 #: Fixed-point rounds of the contention model: each re-simulates with the slowdowns the
 #: previous round's schedule implies.
 CONTENTION_ROUNDS = 3
@@ -218,7 +266,10 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
     input and result transfers (:func:`home_io_s`; under the Ray executor, whose caller talks
     to every device's actor directly, the bytes of those hops at the fitted rate,
     :func:`caller_io_s`);
-    ``run_s`` = makespan + io + dispatch.
+    ``run_s`` = makespan + io + dispatch. A unit that follows another backend's unit on its
+    device takes the device's switch figure longer (:func:`switch_charges`): the schedule,
+    and so the makespan, holds every switch; ``SimResult.switches`` and ``switch_s`` say
+    how many and how much.
 
     Raises
     ------
@@ -235,6 +286,7 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
         raise InfeasibleError(f"the plan puts node {bad} ({problem.graph.nodes[bad].name}) on device "
                               f"{plan.assignment[bad]}, where it cannot run")
     core = _core()
+    switch, switches = switch_charges(problem, plan), int(switch_points(plan, n).sum())
 
     def run(node_cost):
         global _warned
@@ -249,14 +301,14 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
             _warned = True
         return simulate_reference(*args)
 
-    start, finish, busy, peak, transfers = run(cost)
+    start, finish, busy, peak, transfers = run(cost + switch)
     slowdown = None
     factors = contention_factors(problem.cluster)
     used = np.unique(plan.assignment) if n else np.zeros(0, dtype=int)
     if max(factors.values()) > 1.0 and len(used) > 1 and len(np.unique(problem.hosts[used])) < len(used):
         for _ in range(CONTENTION_ROUNDS):
             slowdown = contention_slowdown(problem, plan.assignment, start, finish, factors)
-            start, finish, busy, peak, transfers = run(cost * slowdown)
+            start, finish, busy, peak, transfers = run(cost * slowdown + switch)
     makespan = float(finish.max()) if n else 0.0
     disp = dispatch_info(problem.cluster)
     if disp["executor"] == "ray":
@@ -270,7 +322,7 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
         away = bool(n) and bool((plan.assignment != HOME_DEVICE).any())
         devices = 2 if away else len(used)
     res = SimResult(start, finish, makespan, busy, peak, transfers, slowdown, dispatch_s(problem.cluster, devices),
-                    io)
+                    io, switches, float(switch.sum()))
     if check_memory:
         over = np.flatnonzero(peak > problem.capacity * (1 + 1e-9))
         if len(over):

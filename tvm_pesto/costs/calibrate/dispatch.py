@@ -30,6 +30,8 @@ executor's links, its dispatch and the devices' contention now (seconds; over Ra
 actors' start too; :func:`fit_constants`) and keeps them, then writes them into the cluster,
 saying where they came from (``measured`` here and now, ``cached`` with the time of the fit,
 or ``assumed``). The simulator charges all three (:func:`tvm_pesto.plan.simulate.simulate`).
+The same record keeps what a switch between libraries costs on each device size it met
+(:mod:`.switch`: measured the first time a size needs it; a one-device cluster adds its own).
 A VM call per segment is not charged apart: the dispatch figures hold one call per device,
 and a segment's VM call from Python costs a few microseconds. With
 ``$TVM_PESTO_MACHINE_CALIBRATION=off`` (:data:`tvm_pesto.costs.calibrate.machine.MACHINE_ENV`) nothing is
@@ -50,10 +52,12 @@ from pathlib import Path
 import numpy as np
 
 from ...cluster.contention import measure_contention
-from ...cluster.dispatch import FIGURES, assume_dispatch, check_executor, dispatch_info, local_shape, set_dispatch
+from ...cluster.dispatch import (FIGURES, assume_dispatch, assume_switch, check_executor, dispatch_info, local_shape,
+                                 set_dispatch)
 from ...cluster.kernels import compile_for
 from ...cluster.linkbench import fit_links, measure_links
 from .machine import MACHINE_ENV, auto_enabled
+from .switch import keep_switch
 from ..predict.calibration import machine_info, machine_key
 from ..store.cache import default_cache_path
 from ...errors import ClusterError
@@ -388,9 +392,12 @@ def _one_device(cluster, executor: str) -> dict:
         rec = load_constants(path)
         set_dispatch(cluster, rec["dispatch"], executor, "cached", rec.get("fitted_at"), load=rec.get("load"),
                      file=str(path), from_shape=rec.get("cluster"))
+        keep_switch(cluster, rec, path, "cached")
         return {**dispatch_info(cluster), "links": None, "file": str(path)}
-    assume_dispatch(cluster, executor, "one device, and no fit of this executor on this machine kept yet (it is "
-                    "fitted on the first cluster of two or more of its devices)")
+    why = "one device, and no fit of this executor on this machine kept yet (it is fitted on the first cluster of two " \
+          "or more of its devices)"
+    assume_dispatch(cluster, executor, why)
+    assume_switch(cluster, why)
     return {**dispatch_info(cluster), "links": None, "file": None}
 
 
@@ -450,14 +457,17 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
                            f"bench --executor {executor})")
     if shape is None:
         assume_dispatch(cluster, executor, "devices not on this machine")
+        assume_switch(cluster, "devices not on this machine")
         return {**dispatch_info(cluster), "links": None, "file": None}
     path = constants_path(cluster, executor)
     rec = None if refit else load_constants(path)
     if rec is not None:
         links = apply_constants(cluster, rec, "cached", path)
+        keep_switch(cluster, rec, path, "cached")
         return {**dispatch_info(cluster), "links": links, "file": str(path)}
     if not refit and not auto_enabled():
         assume_dispatch(cluster, executor, f"${MACHINE_ENV}=off and no fit kept for this machine")
+        assume_switch(cluster, f"${MACHINE_ENV}=off and no fit kept for this machine")
         return {**dispatch_info(cluster), "links": None, "file": None}
     if announce and not refit:
         print(f"tvm-pesto: fitting the {executor} executor's links, dispatch and contention to this machine "
@@ -475,6 +485,7 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(str(path), rec)
     links = apply_constants(cluster, rec, "measured", path)
+    keep_switch(cluster, rec, path, "measured")
     return {**dispatch_info(cluster), "links": links, "file": str(path)}
 
 
