@@ -92,19 +92,27 @@ def brute_force(problem: JointProblem) -> float:
     return float(best)
 
 
+def _solved_span(placed, plan) -> float:
+    """The makespan the solvers minimise: no switch between libraries charged (no solver
+    models it; ``solve_joint`` restates its claim against the charged makespan)."""
+    return simulate(placed, Plan(plan.assignment, plan.order)).makespan
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
 def test_auto_finds_the_brute_force_optimum_and_its_bound_holds(seed):
     problem = random_joint(seed, n=5, num_devices=2, extra=4)
     opt = brute_force(problem)
     plan, placed = solve_joint(problem, "auto", deterministic=True, search_s=1.0, time_limit_s=10)
-    span = simulate(placed, plan).makespan
+    span, charged = _solved_span(placed, plan), simulate(placed, plan).makespan
     bound = relaxed_joint_ilp(problem, time_limit_s=10, deterministic=True).bound_s
     assert bound is not None and bound <= opt * (1 + 1e-6), (bound, opt)
     assert span >= opt * (1 - 1e-9)
     assert span == pytest.approx(opt, rel=1e-6), (plan.info["decided_by"], plan.info["status"], span, opt)
+    # the claim is the charged plan's: its bound holds, its gap is against the charged makespan
+    assert plan.info["makespan_s"] == pytest.approx(charged) and plan.info["bound_s"] <= charged * (1 + 1e-9)
     if plan.info["status"] == "optimal":
-        assert plan.info["mip_gap"] <= 1e-4 and plan.info["bound_s"] <= span * (1 + 1e-9)
+        assert plan.info["mip_gap"] <= 1e-4
 
 
 def _never_worse(seeds, search_s: float) -> list:
@@ -115,15 +123,15 @@ def _never_worse(seeds, search_s: float) -> list:
         rng = np.random.default_rng(seed)
         problem = random_joint(seed, n=int(rng.integers(4, 9)), num_devices=int(rng.integers(1, 4)))
         plan, placed = solve_joint(problem, "auto", deterministic=True, search_s=search_s, time_limit_s=5)
-        span = simulate(placed, plan).makespan
+        span, charged = _solved_span(placed, plan), simulate(placed, plan).makespan
         info = plan.info
         assert info["decided_by"] and info["status"] in ("optimal", "feasible", "heuristic")
-        if info["bound_s"] is not None:
-            assert info["bound_s"] <= span * (1 + 1e-6)
-            assert info["mip_gap"] == pytest.approx(max(0.0, (span - info["bound_s"]) / span), abs=1e-9)
+        if info["bound_s"] is not None:  # the claim: of the plan with its switches charged
+            assert info["bound_s"] <= charged * (1 + 1e-6)
+            assert info["mip_gap"] == pytest.approx(max(0.0, (charged - info["bound_s"]) / charged), abs=1e-9)
         for name in AUTO_PLACERS:
             p, pl = solve_joint(problem, name, deterministic=True, search_s=search_s)
-            other = simulate(pl, p).makespan
+            other = _solved_span(pl, p)
             if span > other * (1 + 1e-9):
                 worse.append((seed, name, span, other))
     return worse
