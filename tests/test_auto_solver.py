@@ -95,7 +95,7 @@ def brute_force(problem: JointProblem) -> float:
 def _solved_span(placed, plan) -> float:
     """The makespan the solvers minimise: no switch between libraries charged (no solver
     models it; ``solve_joint`` restates its claim against the charged makespan)."""
-    return simulate(placed, Plan(plan.assignment, plan.order)).makespan
+    return simulate(placed, plan, switches=False).makespan
 
 
 @pytest.mark.slow

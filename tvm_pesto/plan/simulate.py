@@ -252,7 +252,7 @@ def contention_slowdown(problem: Problem, assignment: np.ndarray, start: np.ndar
     return 1.0 + (s - 1.0) * np.clip(frac, 0.0, 1.0)
 
 
-def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResult:
+def simulate(problem: Problem, plan: Plan, check_memory: bool = True, switches: bool = True) -> SimResult:
     """Simulate ``plan`` for ``problem``.
 
     When the cluster carries measured contention (``tvm-pesto cluster bench``,
@@ -269,7 +269,8 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
     ``run_s`` = makespan + io + dispatch. A unit that follows another backend's unit on its
     device takes the device's switch figure longer (:func:`switch_charges`): the schedule,
     and so the makespan, holds every switch; ``SimResult.switches`` and ``switch_s`` say
-    how many and how much.
+    how many and how much. ``switches=False`` leaves them uncharged: the objective the
+    solvers minimise, none of which models them.
 
     Raises
     ------
@@ -286,7 +287,8 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
         raise InfeasibleError(f"the plan puts node {bad} ({problem.graph.nodes[bad].name}) on device "
                               f"{plan.assignment[bad]}, where it cannot run")
     core = _core()
-    switch, switches = switch_charges(problem, plan), int(switch_points(plan, n).sum())
+    switch = switch_charges(problem, plan) if switches else np.zeros(n)
+    n_switches = int(switch_points(plan, n).sum()) if switches else 0
 
     def run(node_cost):
         global _warned
@@ -322,7 +324,7 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True) -> SimResu
         away = bool(n) and bool((plan.assignment != HOME_DEVICE).any())
         devices = 2 if away else len(used)
     res = SimResult(start, finish, makespan, busy, peak, transfers, slowdown, dispatch_s(problem.cluster, devices),
-                    io, switches, float(switch.sum()))
+                    io, n_switches, float(switch.sum()))
     if check_memory:
         over = np.flatnonzero(peak > problem.capacity * (1 + 1e-9))
         if len(over):
