@@ -3,7 +3,6 @@ them with the same numerics, bundles carry the weights file, and the files go wi
 holder. The size rule is lowered here so a tiny model takes the file path."""
 import gc
 import importlib.util
-import json
 import os
 from pathlib import Path
 
@@ -12,14 +11,12 @@ import pytest
 import tvm
 from tvm import relax
 
-import tvm_pesto
 from tvm_pesto.backends import get_backend, onnxruntime as ort_backend, release_all
 from tvm_pesto.backends.base import constant_bytes
 from tvm_pesto.backends.onnx_export import export as onnx_export
 from tvm_pesto.candidates.examples import tiny_cnn, tiny_mlp
-from tvm_pesto.candidates.generate import Candidate
 from tvm_pesto.cluster import parse_cluster
-from tvm_pesto.plan import Plan
+from test_openvino_backend import _bundle_round_trip
 from tvm_pesto.run.libraries import loaders
 from tvm_pesto.run.libraries.loaders import direct_call
 
@@ -98,27 +95,10 @@ def test_only_the_last_files_are_kept(files_for_all):
 
 
 def test_a_bundle_carries_the_weights_file(files_for_all, tmp_path):
-    mod, (x,) = tiny_mlp()
-    order = tvm_pesto.analyze(mod).rg.graph.topo_order()
-    half = len(order) // 2
-    units = [Candidate("onnxruntime", tuple(sorted(order[:half]))), Candidate("tvm", tuple(sorted(order[half:])))]
-    pm = tvm_pesto.build(mod, "cpu:1", plan=Plan([0, 0], [[0, 1]], units=units))
-    try:
-        want = pm(x)
-        np.testing.assert_allclose(want, _reference(mod, [x]), atol=1e-5, rtol=1e-5)
-        path = pm.export(str(tmp_path / "bundle"))
-        man = json.loads(Path(path, "manifest.json").read_text())
-        (art,) = [a for a in man["artifacts"] if a["backend"] == "onnxruntime"]
-        assert art["files"][1] == art["files"][0] + ".data"
-        assert all(Path(path, f).is_file() for f in art["files"])
-        release_all()
-        loaded = tvm_pesto.load(path)
-        try:
-            np.testing.assert_allclose(loaded(x), want, atol=1e-6, rtol=1e-6)
-        finally:
-            loaded.close()
-    finally:
-        pm.close()
+    # the bundle round trip of the library backends (export, release, load, compare), its
+    # ONNX Runtime unit exported to files: the weights file travels with the bundle
+    art, _ = _bundle_round_trip(tmp_path, "onnxruntime", "onnx")
+    assert art["files"] == [art["files"][0], art["files"][0] + ".data"]
 
 
 def test_the_exports_of_an_ended_process_are_removed(files_for_all, tmp_path):
