@@ -43,6 +43,30 @@ def test_a_best_block_stands_only_when_another_block_reproduces_it():
                                           clock=clock)["a"]
 
 
+def test_every_variant_gets_the_rounds_one_unsteady_variant_asks_for():
+    """A steady variant timed only in a slow spell of the machine would be judged slower than one
+    whose further blocks met the quick spell after it: with ``even``, both get those rounds."""
+    clock, n = FakeClock(), {"calls": 0}
+
+    def spell(seconds):  # the machine runs at half speed for its first 0.2 s
+        def f():
+            clock.now += seconds * (2.0 if clock.now < 0.2 else 1.0)
+        return f
+
+    def wobbly():  # unsteady: each block 30 % faster than the one before, so it keeps asking
+        spell(0.004 * 0.7 ** (n["calls"] // 4))()
+        n["calls"] += 1
+
+    timed = {}
+    for even in (False, True):
+        clock.now, n["calls"] = 0.0, 0
+        timed[even] = time_blocks({"steady": spell(0.01), "wobbly": wobbly}, rounds=2, warmup_s=0.0, block_s=0.0,
+                                  min_calls=3, agree=0.03, max_rounds=6, even=even, clock=clock)
+    assert len(timed[False]["steady"]["blocks_s"]) == 2 and timed[False]["steady"]["s"] == pytest.approx(0.02)
+    assert len(timed[True]["steady"]["blocks_s"]) == len(timed[True]["wobbly"]["blocks_s"]) == 6
+    assert timed[True]["steady"]["s"] == pytest.approx(0.01)  # the quick spell's time
+
+
 def test_a_slow_model_ends_its_block_early():
     clock = FakeClock()
     r = time_blocks({"a": clock.call(0.02)}, rounds=1, warmup_s=0.0, block_s=10.0, min_calls=100,

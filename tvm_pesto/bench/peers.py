@@ -22,8 +22,10 @@ Per model, in one process, each variant is built once and then timed in blocks:
 Every peer gets the machine's cores in the setting its library is usually run with. Each
 variant runs in its own block (:func:`tvm_pesto.costs.measure.blocks.time_blocks`: a warm-up, then
 calls for a fixed time, the median kept) and the order rotates over :data:`ROUNDS`
-rounds; a variant's time is its best block median. Interleaving single calls of two
-libraries would time one library's idle threads inside the other's call.
+rounds; a variant's time is its best block median. A variant whose two best blocks differ by
+more than :data:`~tvm_pesto.bench.report.AGREE` asks for another round, and every variant is
+timed in it, so that each has had as many chances at a quick spell of the machine. Interleaving
+single calls of two libraries would time one library's idle threads inside the other's call.
 
 The ratio of a model is the best peer's seconds over ``pesto``'s (above 1: tvm-pesto is
 faster). ``best_peer`` is the fastest peer that computes in float32, as the default build
@@ -295,7 +297,7 @@ def bench_model(name: str, model, inputs, mod, settings: PeerSettings, onnx_path
         variants = peer_variants(model, inputs, mod, settings.cores, tmp, settings.torch_compile,
                                  options, onnx_path, settings.extra_builds)
         ok = {v.name: v.call for v in variants if v.call is not None}
-        timed = time_blocks(ok, rounds=settings.rounds, agree=AGREE)
+        timed = time_blocks(ok, rounds=settings.rounds, agree=AGREE, even=True)
     by_name = {v.name: v for v in variants}
     refs = [n for n in ("torch", "ort") if by_name[n].error is None]
     ref = by_name[refs[0]].output if refs else None
