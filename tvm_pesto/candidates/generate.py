@@ -335,9 +335,11 @@ def generate_candidates(rg: RelaxGraph, backends, max_region: int = 40) -> "Cand
 
 # -- outputs of a candidate --------------------------------------------------------------------
 class GraphIndex:
-    """Per-graph lookups that candidate outputs need (built once per RelaxGraph)."""
+    """Per-graph lookups that candidate outputs need (built once per RelaxGraph), and the
+    measurement keys made so far (:func:`candidate_key`)."""
 
     def __init__(self, rg: RelaxGraph):
+        self.keys: dict[frozenset, str] = {}
         self.var_binding = {b.var: k for k, b in enumerate(rg.bindings)}
         self.uses = {k: list(relax.analysis.free_vars(rg.bindings[k].value)) for k in rg.node_binding}
         self.final = [rg.output] if isinstance(rg.output, relax.Var) else list(relax.analysis.free_vars(rg.output))
@@ -474,8 +476,23 @@ def candidate_function(rg: RelaxGraph, nodes, lift_constants: bool = False, name
 
 def candidate_key(rg: RelaxGraph, nodes) -> str:
     """What a measurement of the candidate is stored under: the structural key of its function
-    with the weights lifted to parameters, so repeated layers share one measurement."""
-    return structural_key(candidate_function(rg, nodes, lift_constants=True).func)
+    with the weights lifted to parameters, so repeated layers share one measurement. Made once
+    per node set of a graph (a few ms each: the function is built), however many cost tables
+    of the model look it up (one per device size, the final choice's solves).
+
+    Examples
+    --------
+    >>> import tvm_pesto
+    >>> from tvm_pesto.candidates.examples import tiny_mlp
+    >>> rg = tvm_pesto.analyze(tiny_mlp()[0]).rg
+    >>> candidate_key(rg, [0, 1]) == candidate_key(rg, (1, 0)) != candidate_key(rg, [0])
+    True
+    """
+    keys = graph_index(rg).keys
+    nodes = frozenset(int(v) for v in nodes)
+    if nodes not in keys:
+        keys[nodes] = structural_key(candidate_function(rg, nodes, lift_constants=True).func)
+    return keys[nodes]
 
 
 __all__ = ["Candidate", "CandidateSet", "candidate_function", "candidate_key", "candidate_outputs",

@@ -178,14 +178,17 @@ class OpGraph:
     def total_flops(self) -> float:
         return float(sum(nd.flops for nd in self.nodes))
 
-    def contract(self, groups: Sequence[Sequence[int]], name: str | None = None) -> "OpGraph":
+    def contract(self, groups: Sequence[Sequence[int]], name: str | None = None,
+                 merged: Sequence[OpNode] | None = None) -> "OpGraph":
         """Merge each group of nodes into one node.
 
         Every node must be in exactly one group, and contracting must leave a DAG.
         The merged node sums FLOPs, bytes and weights, and lists its ``members``
         (ids in this graph, in topological order). Edges inside a group disappear;
         parallel edges between two groups keep the largest tensor size per source node
-        and add up across distinct source nodes.
+        and add up across distinct source nodes. A group's merged node depends on that group
+        alone (:meth:`merged`), so a caller contracting many partitions of the same groups
+        (a local search over covers) can pass each group's node, made once, as ``merged``.
 
         Raises
         ------
@@ -200,6 +203,8 @@ class OpGraph:
         >>> c = g.contract([[0, 1], [2]])
         >>> c.num_nodes, c.nodes[0].members, c.edges()
         (2, (0, 1), [(0, 1, 4)])
+        >>> g.contract([[0, 1], [2]], merged=[g.merged([0, 1]), g.merged([2])]).nodes == c.nodes
+        True
         """
         n = self.num_nodes
         k = len(groups)
@@ -247,9 +252,14 @@ class OpGraph:
         internal = internal.tolist()
 
         nodes = self.nodes
-        new_nodes = [_merged_node([nodes[v] for v in members_flat[bounds[gi]:bounds[gi + 1]]],
-                                  members_flat[bounds[gi]:bounds[gi + 1]], internal[gi], exported)
-                     for gi in range(k)]
+        if merged is not None:
+            if len(merged) != k:
+                raise GraphError(f"contract got {len(merged)} merged nodes for {k} groups")
+            new_nodes = list(merged)
+        else:
+            new_nodes = [_merged_node([nodes[v] for v in members_flat[bounds[gi]:bounds[gi + 1]]],
+                                      members_flat[bounds[gi]:bounds[gi + 1]], internal[gi], exported)
+                         for gi in range(k)]
 
         # between groups: the largest tensor per (source node, destination group), summed over
         # source nodes per (source group, destination group); edges in order of first appearance

@@ -8,7 +8,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import CostError, GraphError, InfeasibleError
 from ..graph import dnn_partitioning as dp
-from ..graph.opgraph import OpGraph
+from ..graph.opgraph import OpGraph, OpNode
 
 
 def checked_costs(costs, rows: int, devices: int, what: str, label) -> np.ndarray:
@@ -197,6 +197,7 @@ class JointProblem:
 
     def __post_init__(self):
         k, d = len(self.candidates), self.cluster.num_devices
+        self._merged_nodes: dict[int, OpNode] = {}  # candidate -> its node in a contracted graph (contract)
         self.costs = checked_costs(self.costs, k, d, "candidate", lambda i: self.candidates[i].backend)
         usable = np.isfinite(self.costs).any(axis=1)
         covered = np.zeros(self.graph.num_nodes, dtype=bool)
@@ -229,7 +230,12 @@ class JointProblem:
         """The placement problem of a cover: one node per chosen candidate (in ``cover``'s
         order), its costs, and the co-location groups mapped to those nodes."""
         cover = [int(c) for c in cover]
-        g = self.graph.contract([list(self.candidates[c].nodes) for c in cover], name=self.graph.name)
+        merged = self._merged_nodes
+        for c in cover:
+            if c not in merged:  # a candidate's node is the same in every cover: made once
+                merged[c] = self.graph.merged(self.candidates[c].nodes)
+        g = self.graph.contract([list(self.candidates[c].nodes) for c in cover], name=self.graph.name,
+                                merged=[merged[c] for c in cover])
         unit_of = {}
         for k, c in enumerate(cover):
             for v in self.candidates[c].nodes:
