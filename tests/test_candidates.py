@@ -90,6 +90,20 @@ def test_generated_candidates_are_valid_and_cover():
     assert conv_bn_relu and all(len(c.nodes) == 3 for c in conv_bn_relu)
 
 
+def test_a_candidates_measurement_key_is_made_once_per_node_set(monkeypatch):
+    import tvm_pesto.candidates.generate as generate
+
+    rg = from_relax(tiny_cnn()[0])
+    made = []
+    real = generate.structural_key
+    monkeypatch.setattr(generate, "structural_key", lambda f: made.append(f) or real(f))
+    cs = generate_candidates(rg, available_backends()[0])
+    first = [generate.candidate_key(rg, c.nodes) for c in cs]
+    again = [generate.candidate_key(rg, tuple(reversed(c.nodes))) for c in cs]
+    node_sets = {frozenset(c.nodes) for c in cs}
+    assert first == again and len(made) == len(node_sets) < len(cs)  # backends share node sets
+
+
 def test_candidate_parameters_are_tensors():
     mod, _ = tiny_cnn()
     rg = from_relax(mod)

@@ -76,6 +76,17 @@ def test_the_joint_search_merges_when_one_device_is_all_there_is():
     assert plan.backend_mix() == {"tvm": 10}
 
 
+def test_a_cover_contracts_to_the_same_graph_with_each_candidates_node_made_once():
+    g, cands, costs = _two_branches()
+    cands = cands + [Candidate("tvm", (1, 2), "pair"), Candidate("tvm", (5, 6, 7, 8), "branch")]
+    p = JointProblem(g, _devices(2), cands, np.concatenate([costs, [1.5, 3.0]])[:, None].repeat(2, axis=1))
+    for cover in ([10], list(range(10)), [0, 11, 3, 4, 12, 9], [0, 1, 2, 3, 4, 12, 9]):
+        got = p.contract(cover).graph
+        want = g.contract([cands[c].nodes for c in cover])  # every merged node made afresh
+        assert [n.__dict__ for n in got.nodes] == [n.__dict__ for n in want.nodes] and got.edges() == want.edges()
+    assert set(p._merged_nodes) == {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}  # one per candidate, reused
+
+
 def test_pieces_split_where_no_candidate_spans():
     assert pieces(6, [[0], [1, 2], [3], [3, 4], [5]], range(5)) == [[0], [1, 2], [3, 4], [5]]
 
