@@ -656,6 +656,20 @@ def test_an_option_whose_first_call_runs_away_is_timed_by_that_call(monkeypatch)
     assert d["chosen"] == "plan" and "timed_once" not in d["options"][0]
 
 
+def test_a_library_option_whose_first_call_is_far_over_its_prediction_gets_no_quick_calls():
+    # library:torch+tvm on a ResNet-50 at 224x224: predicted 80 ms, 2.6 s a call (here 4 ms, 0.3 s); its first call
+    # (over RUNAWAY x its prediction, x the fastest first call, and RUNAWAY_MIN_S) is its time.
+    # A flow's plan as slow still gets its quick calls (its first call sets up every unit)
+    opts, build = _options({"plan": 1e-3, "library:onnxruntime": 1e-3, "library:torch+tvm": 0.3,
+                            "one-device": 0.3}, predicted={"library:torch+tvm": 4e-3, "one-device": 4e-3})
+    calls = {"library:torch+tvm": 0, "one-device": 0}
+    _, d = _choose(opts, _counting(build, calls), [], budget_s=0.2)
+    by = {o["name"]: o for o in d["options"]}
+    assert calls["library:torch+tvm"] == 1 and by["library:torch+tvm"]["timed_once"] == "first call"
+    assert calls["one-device"] > 1 and by["one-device"]["timed_once"] == "quick calls"
+    assert d["chosen"] in ("plan", "library:onnxruntime")
+
+
 def test_a_library_option_predicted_to_run_away_is_not_run(monkeypatch):
     # predicted over RUNAWAY_FIRST_S (here 50 ms) and 10x the fastest first call: neither built
     # nor called (untuned TVM at size full: a minute a call), and the decision says why; a flow's

@@ -32,7 +32,8 @@ PREFER_LIBRARY = 0.03
 RUNAWAY = 10.0
 RUNAWAY_MIN_S = 0.1
 #: An option whose first call takes this many seconds and :data:`RUNAWAY` x the fastest first
-#: call is measured by that call (set-up included; an untuned large model: a minute a call).
+#: call is measured by that call (set-up included; an untuned large model: a minute a call), as
+#: is a library option's first call over :data:`RUNAWAY` x its prediction (:func:`_runaway_first`).
 RUNAWAY_FIRST_S = 10.0
 #: Each option is called up to QUICK_CALLS times (within QUICK_S) after its first call; one
 #: DROP x the fastest such call, or not among the MAX_LIVE fastest, is closed at once.
@@ -105,7 +106,7 @@ class _Seen:
 
 def _first_calls(o: Option, flow: bool, build, inputs, clock, seen: _Seen, live):
     """Build option ``o``, make its first call and its quick calls (:func:`_quick`; none for a
-    runaway first call, over :data:`RUNAWAY_FIRST_S` and :data:`RUNAWAY` x the fastest); the
+    runaway first call, :func:`_runaway_first`); the
     built option, or None with its error noted in ``seen`` (``flow``: the flow's plan, whose
     failure raises; ``live``: the options built so far, :func:`_close`)."""
     first_s, call_s, outputs, errors = seen.first_s, seen.call_s, seen.outputs, seen.errors
@@ -117,7 +118,7 @@ def _first_calls(o: Option, flow: bool, build, inputs, clock, seen: _Seen, live)
         first_s[o.name] = clock() - t0
         if out is not None:
             outputs[o.name] = out
-        if first_s[o.name] <= max(RUNAWAY * min(first_s.values()), RUNAWAY_FIRST_S):
+        if not _runaway_first(o, first_s):
             call_s[o.name] = _quick(pm, inputs, clock)
         return pm
     except Exception as e:  # noqa: BLE001 - an alternative that does not build or run is reported
@@ -128,6 +129,20 @@ def _first_calls(o: Option, flow: bool, build, inputs, clock, seen: _Seen, live)
         if pm is not None:
             _close(pm, live)
         return None
+
+
+def _runaway_first(o: Option, first_s: dict) -> bool:
+    """Whether ``o``'s first call is its time (no quick calls): over :data:`RUNAWAY` x the fastest
+    first call and :data:`RUNAWAY_FIRST_S`, or, for a library option, over :data:`RUNAWAY` x the
+    fastest first call, :data:`RUNAWAY` x its own prediction and :data:`RUNAWAY_MIN_S` (a
+    mispredicted option: ``library:torch+tvm`` on a ResNet-50 at 224x224, predicted 80 ms, took
+    2.6 s a call; a quick call would have cost that again). The flow's plans always get quick
+    calls: a plan of many units sets each up in its first call."""
+    first, fastest = first_s[o.name], min(first_s.values())
+    if first > max(RUNAWAY * fastest, RUNAWAY_FIRST_S):
+        return True
+    return (o.name not in FLOW_OPTIONS and first > max(RUNAWAY * fastest, RUNAWAY_MIN_S)
+            and first > RUNAWAY * o.predicted_s)
 
 
 def _add_blocks(timed: dict, again: dict) -> None:
