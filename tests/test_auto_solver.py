@@ -93,14 +93,16 @@ def brute_force(problem: JointProblem) -> float:
 
 
 def _solved_span(placed, plan) -> float:
-    """The makespan the solvers minimise: no switch between libraries charged (no solver
-    models it; ``solve_joint`` restates its claim against the charged makespan)."""
-    return simulate(placed, plan, switches=False).makespan
+    """The makespan the search and the comparisons between plans minimise: with each switch
+    between libraries charged (the ILPs do not model them; their bounds hold below it)."""
+    return simulate(placed, plan).makespan
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
-def test_auto_finds_the_brute_force_optimum_and_its_bound_holds(seed):
+def test_auto_finds_the_brute_force_optimum_and_its_bound_holds(seed, monkeypatch):
+    # switches free, so that the optimum the ILPs prove is the one the plans are weighed by
+    monkeypatch.setattr("tvm_pesto.cluster.dispatch.ASSUMED_SWITCH_S", 0.0)
     problem = random_joint(seed, n=5, num_devices=2, extra=4)
     opt = brute_force(problem)
     plan, placed = solve_joint(problem, "auto", deterministic=True, search_s=1.0, time_limit_s=10)

@@ -55,6 +55,26 @@ def test_the_simulator_charges_one_switch_per_change_of_library_on_a_device(back
     assert with_units.summary()["switches"] == switches
 
 
+def test_the_joint_solve_weighs_the_switches_a_mixed_cover_pays():
+    # a chain a-b-c-d; library y runs b and d 0.1 s faster than x. Without switches the best
+    # cover alternates x, y, x, y (3.8 s); each of its three switches costs 0.2 s here, so one
+    # library for all four (4.0 s) is faster: the joint solve must see that
+    from tvm_pesto.plan import JointProblem
+    from tvm_pesto.solve.joint.solver import solve_joint
+
+    g = OpGraph([OpNode(k, "relax.add") for k in "abcd"], [(0, 1, 8), (1, 2, 8), (2, 3, 8)])
+    cands = [Candidate("x", (v,)) for v in range(4)] + [Candidate("y", (1,)), Candidate("y", (3,))]
+    problem = JointProblem(g, parse_cluster("cpu:1"), cands, np.array([[1.0]] * 4 + [[0.9]] * 2))
+    set_switch(problem.cluster, {problem.cluster.devices[0].cores: 0.2}, "measured")
+    for solver in ("auto", "heft"):
+        plan, placed = solve_joint(problem, solver, deterministic=True, time_limit_s=5)
+        assert plan.backend_mix() == {"x": 4}, (solver, plan.backend_mix())
+        assert simulate(placed, plan).makespan == pytest.approx(4.0, rel=1e-6)
+    set_switch(problem.cluster, {problem.cluster.devices[0].cores: 0.0}, "measured")  # free: they alternate
+    plan, placed = solve_joint(problem, "auto", deterministic=True, time_limit_s=5)
+    assert plan.backend_mix() == {"x": 2, "y": 2} and simulate(placed, plan).makespan == pytest.approx(3.8)
+
+
 def test_a_device_size_without_a_fit_pays_the_assumed_figure():
     p = _chain(3)
     plan = _plan(["tvm", "torch", "tvm"], [0, 0, 0])

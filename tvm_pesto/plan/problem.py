@@ -84,6 +84,11 @@ class Problem:
         Where the costs came from (``measured``, ``xgb``, ``roofline``, ``file``).
     host_pool : HostPool or None
         The benchmark's rule for the host CPUs, where it holds (dnn-partitioning inference files).
+    backends : list of str, optional
+        The backend each node runs, where the problem is a cover of candidates
+        (:meth:`JointProblem.contract`): :func:`~tvm_pesto.plan.simulate.simulate` charges a
+        switch between libraries where two consecutive nodes of a device differ, for every
+        plan of the problem, whichever solver made it.
     """
 
     graph: OpGraph
@@ -92,6 +97,7 @@ class Problem:
     colocate: list[list[int]] = field(default_factory=list)
     cost_source: str = "unknown"
     host_pool: HostPool | None = None
+    backends: list[str] | None = None
 
     def __post_init__(self):
         n, d = self.graph.num_nodes, self.cluster.num_devices
@@ -242,7 +248,7 @@ class JointProblem:
                 unit_of[v] = k
         coloc = [sorted({unit_of[v] for v in grp}) for grp in self.colocate]
         return Problem(g, self.cluster, self.costs[cover], colocate=[c for c in coloc if len(c) > 1],
-                       cost_source=self.cost_source)
+                       cost_source=self.cost_source, backends=[self.candidates[c].backend for c in cover])
 
 
 def layer_graph_problem(path) -> tuple[Problem, dict]:

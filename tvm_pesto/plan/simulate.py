@@ -157,17 +157,20 @@ def caller_io_s(problem: Problem, seconds_per_byte: float) -> float:
     return float(seconds_per_byte) * (float(external.sum()) + results)
 
 
-def switch_points(plan: Plan, num_nodes: int) -> np.ndarray:
-    """Per plan node, whether it switches library: its backend is not the backend of the
-    unit before it in its device's order (False for every node of a plan without units, or
-    whose units do not match its nodes)."""
+def switch_points(plan: Plan, num_nodes: int, backends=None) -> np.ndarray:
+    """Per plan node, whether it switches library: its backend (its unit's, else
+    ``backends[node]``: a contracted problem's, :attr:`Problem.backends`) is not the backend
+    of the node before it in its device's order (False for every node where neither says,
+    or where they do not match the nodes)."""
     out = np.zeros(num_nodes, dtype=bool)
     units = plan.units
-    if not units or len(units) != num_nodes:
+    if units and len(units) == num_nodes:
+        backends = [u.backend for u in units]
+    if not backends or len(backends) != num_nodes:
         return out
     for seq in plan.order:
         for prev, v in zip(seq, seq[1:]):
-            out[v] = units[v].backend != units[prev].backend
+            out[v] = backends[v] != backends[prev]
     return out
 
 
@@ -175,8 +178,8 @@ def switch_charges(problem: Problem, plan: Plan) -> np.ndarray:
     """Per plan node, the seconds a switch between libraries adds to it: on each device, a
     unit whose backend is not the backend of the unit before it in the device's order pays
     the device's switch figure (:func:`tvm_pesto.cluster.dispatch.switch_figures`) once; the
-    first unit of a device, and every unit of a plan without units (``plan.units`` None: a
-    graph that is not a module), pays nothing.
+    first unit of a device pays nothing, nor does every node of a plan whose backends are
+    unknown (no ``plan.units`` and no :attr:`Problem.backends`: a graph that is not a module).
 
     Examples
     --------
@@ -192,7 +195,7 @@ def switch_charges(problem: Problem, plan: Plan) -> np.ndarray:
     >>> switch_charges(p, plan).tolist()      # tvm -> ort (b pays), ort -> ort (c does not), ort -> tvm (d pays)
     [0.0, 1e-05, 0.0, 1e-05]
     """
-    points = switch_points(plan, problem.num_nodes)
+    points = switch_points(plan, problem.num_nodes, problem.backends)
     if not points.any():
         return np.zeros(problem.num_nodes)
     per_device = np.array([f.seconds for f in switch_figures(problem.cluster)])
@@ -269,8 +272,10 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True, switches: 
     ``run_s`` = makespan + io + dispatch. A unit that follows another backend's unit on its
     device takes the device's switch figure longer (:func:`switch_charges`): the schedule,
     and so the makespan, holds every switch; ``SimResult.switches`` and ``switch_s`` say
-    how many and how much. ``switches=False`` leaves them uncharged: the objective the
-    solvers minimise, none of which models them.
+    how many and how much. Every plan of a cover's problem (:attr:`Problem.backends`) is
+    charged, so the joint search and the comparisons between the solvers' plans weigh the
+    switches; the ILPs do not model them, and their bounds are of the makespan without them
+    (``switches=False``), which the charged makespan never undercuts.
 
     Raises
     ------
@@ -288,7 +293,7 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True, switches: 
                               f"{plan.assignment[bad]}, where it cannot run")
     core = _core()
     switch = switch_charges(problem, plan) if switches else np.zeros(n)
-    n_switches = int(switch_points(plan, n).sum()) if switches else 0
+    n_switches = int(switch_points(plan, n, problem.backends).sum()) if switches else 0
 
     def run(node_cost):
         global _warned

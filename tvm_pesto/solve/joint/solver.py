@@ -52,7 +52,7 @@ from ...plan.simulate import simulate
 from ..budget import combine, is_deterministic, mode_name
 from ..registry import get_solver, solve as place_units
 from .cover import CoverResult, best_cover
-from .decide import decide, exact_joint, restate
+from .decide import decide, exact_joint
 from .search import improve
 
 #: The placement heuristics ``solver="auto"`` places every cover with (the best plan is kept).
@@ -256,22 +256,8 @@ def solve_joint(problem: JointProblem, solver: str = "auto", time_limit_s: float
     info["makespan_s"] = float(span)
     info.update(budget=mode_name(deterministic), **combine(*reports))
     plan = _with_units(plan, problem, cover, info, solver, placed)
-    if auto:
-        _restate_with_switches(plan.info, simulate(placed, plan).makespan)
     plan.solve_s = time.perf_counter() - t0
     return plan, placed
-
-
-def _restate_with_switches(info: dict, charged: float) -> None:
-    """The claim of ``auto``'s plan against its makespan with the switches between libraries
-    charged (:func:`tvm_pesto.plan.simulate.switch_charges`), which no solver models: the
-    bound holds (a switch only adds time), the gap is the charged plan's and the status
-    follows it. ``info["switch_charged_s"]`` says what the charge added."""
-    added = float(charged) - float(info["makespan_s"])
-    if added <= float(info["makespan_s"]) * 1e-12:
-        return
-    info["switch_charged_s"], info["makespan_s"] = added, float(charged)
-    restate(info, info.get("bound_s"), float(charged), info.get("decided_by"))
 
 
 def _ilps(problem: JointProblem, solver: str, incumbent: tuple, placer: str, time_limit_s: float, search_s: float,
