@@ -383,7 +383,7 @@ def _time_and_release(fns: dict, placed: dict, rounds: int) -> dict:
     # lazy: loads TVM's compiler and the backends, which importing this module does not
     from ..backends import release_all
 
-    timed = time_blocks(fns, rounds=rounds, agree=AGREE, even=True)
+    timed = time_blocks(fns, rounds=rounds, agree=AGREE)
     for pm in placed.values():
         pm.close()
     placed.clear()

@@ -297,7 +297,7 @@ def bench_model(name: str, model, inputs, mod, settings: PeerSettings, onnx_path
         variants = peer_variants(model, inputs, mod, settings.cores, tmp, settings.torch_compile,
                                  options, onnx_path, settings.extra_builds)
         ok = {v.name: v.call for v in variants if v.call is not None}
-        timed = time_blocks(ok, rounds=settings.rounds, agree=AGREE, even=True)
+        timed = time_blocks(ok, rounds=settings.rounds, agree=AGREE)
     by_name = {v.name: v for v in variants}
     refs = [n for n in ("torch", "ort") if by_name[n].error is None]
     ref = by_name[refs[0]].output if refs else None

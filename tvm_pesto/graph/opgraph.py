@@ -186,9 +186,8 @@ class OpGraph:
         The merged node sums FLOPs, bytes and weights, and lists its ``members``
         (ids in this graph, in topological order). Edges inside a group disappear;
         parallel edges between two groups keep the largest tensor size per source node
-        and add up across distinct source nodes. A group's merged node depends on that group
-        alone (:meth:`merged`), so a caller contracting many partitions of the same groups
-        (a local search over covers) can pass each group's node, made once, as ``merged``.
+        and add up across distinct source nodes. ``merged``: each group's node, made by
+        :meth:`merged` (it depends on the group alone) once for many contractions.
 
         Raises
         ------
@@ -252,14 +251,9 @@ class OpGraph:
         internal = internal.tolist()
 
         nodes = self.nodes
-        if merged is not None:
-            if len(merged) != k:
-                raise GraphError(f"contract got {len(merged)} merged nodes for {k} groups")
-            new_nodes = list(merged)
-        else:
-            new_nodes = [_merged_node([nodes[v] for v in members_flat[bounds[gi]:bounds[gi + 1]]],
-                                      members_flat[bounds[gi]:bounds[gi + 1]], internal[gi], exported)
-                         for gi in range(k)]
+        new_nodes = list(merged) if merged is not None else [
+            _merged_node([nodes[v] for v in members_flat[bounds[gi]:bounds[gi + 1]]],
+                         members_flat[bounds[gi]:bounds[gi + 1]], internal[gi], exported) for gi in range(k)]
 
         # between groups: the largest tensor per (source node, destination group), summed over
         # source nodes per (source group, destination group); edges in order of first appearance

@@ -8,9 +8,9 @@ OpenMP's, OpenVINO's) inside the other's call; a block lets them settle first.
 
 On a machine whose speed comes and goes (a neighbour on a shared core: two-thread library
 calls on a 2-vCPU VM can take twice as long for seconds at a time), one best block is a
-matter of luck. With ``agree``, a time stands only when a second block reproduces it: a
-callable whose two best blocks differ by more than ``agree`` gets more blocks, up to
-``max_rounds``, and says whether it was ``confirmed``.
+matter of luck. With ``agree``, a time stands only when a second block reproduces it: while
+a callable's two best blocks differ by more than ``agree``, every callable gets another
+block, up to ``max_rounds``, and each says whether it was ``confirmed``.
 
 Examples
 --------
@@ -62,7 +62,7 @@ def best_two_spread(blocks_s) -> float | None:
 
 def time_blocks(calls: dict, rounds: int = 3, warmup_s: float = 0.2, block_s: float = 0.3, min_calls: int = 20,
                 max_block_s: float | None = None, agree: float | None = None, max_rounds: int | None = None,
-                even: bool = False, clock=time.perf_counter) -> dict:
+                clock=time.perf_counter) -> dict:
     """Seconds per call of each zero-argument callable, timed in rotating blocks.
 
     Parameters
@@ -78,15 +78,12 @@ def time_blocks(calls: dict, rounds: int = 3, warmup_s: float = 0.2, block_s: fl
     max_block_s : float, optional
         ... unless it has lasted ``max_block_s`` seconds and made three calls (a slow model).
     agree : float, optional
-        After ``rounds``, a callable whose two best blocks differ by more than this fraction
-        gets another block, round after round (the unconfirmed ones only, rotated), until they
-        agree or it has had ``max_rounds`` blocks (default ``3 * rounds``).
-    even : bool
-        With ``agree``: each further round times every callable, not the unconfirmed ones only,
-        so that all have the same number of blocks. A best block is the least of a callable's
-        blocks: one timed in more blocks has more chances to meet a quick spell of a machine
-        whose speed comes and goes, and would be judged faster than one timed in fewer for
-        that alone. Comparisons between the callables (``bench peers``) ask for it.
+        After ``rounds``, while some callable's two best blocks differ by more than this
+        fraction, another round times every callable (rotated), up to ``max_rounds`` blocks
+        each (default ``3 * rounds``). Every callable, not the unsteady ones only: a best block
+        is the least of a callable's blocks, and one timed in more blocks has more chances at
+        a quick spell of a machine whose speed comes and goes, so it would be judged faster
+        than the rest for that alone.
 
     Returns
     -------
@@ -97,24 +94,18 @@ def time_blocks(calls: dict, rounds: int = 3, warmup_s: float = 0.2, block_s: fl
 
     Examples
     --------
-    A callable that is slow in its first block only is timed again until its best is reproduced:
+    A callable that is slow in its first block only is timed again until its best is
+    reproduced, and the steady one beside it in as many blocks:
 
     >>> import time
     >>> n = {"calls": 0}
     >>> def f():
     ...     n["calls"] += 1
     ...     time.sleep(0.004 if n["calls"] <= 4 else 0.001)
-    >>> r = time_blocks({"f": f}, rounds=1, warmup_s=0.0, block_s=0.0, min_calls=3, agree=0.5, max_rounds=4)
-    >>> r["f"]["confirmed"], 2 <= len(r["f"]["blocks_s"]) <= 4
-    (True, True)
-
-    With ``even``, a steady callable is timed in as many blocks as the unsteady one beside it:
-
-    >>> n["calls"] = 0
     >>> r = time_blocks({"f": f, "g": lambda: None}, rounds=1, warmup_s=0.0, block_s=0.0, min_calls=3,
-    ...                 agree=0.5, max_rounds=4, even=True)
-    >>> len(r["f"]["blocks_s"]) == len(r["g"]["blocks_s"]) >= 2
-    True
+    ...                 agree=0.5, max_rounds=4)
+    >>> r["f"]["confirmed"], 2 <= len(r["f"]["blocks_s"]) == len(r["g"]["blocks_s"]) <= 4
+    (True, True)
     """
     names = list(calls)
     out = {n: {"blocks_s": [], "calls": 0} for n in names}
@@ -131,12 +122,10 @@ def time_blocks(calls: dict, rounds: int = 3, warmup_s: float = 0.2, block_s: fl
     if agree is not None:
         limit = max_rounds if max_rounds is not None else 3 * rounds
         for r in range(rounds, limit):
-            todo = [n for n in names if not _agrees(out[n]["blocks_s"], agree)]
-            if not todo:
+            if all(_agrees(out[n]["blocks_s"], agree) for n in names):
                 break
-            todo = names if even else todo
-            k = r % len(todo)
-            run(todo[k:] + todo[:k])
+            k = r % len(names)
+            run(names[k:] + names[:k])
     for rec in out.values():
         rec["s"] = min(rec["blocks_s"]) if rec["blocks_s"] else float("nan")
         rec["spread"] = best_two_spread(rec["blocks_s"])
