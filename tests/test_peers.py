@@ -64,6 +64,15 @@ def test_every_variant_gets_the_rounds_one_unsteady_variant_asks_for():
     assert r["steady"]["s"] == pytest.approx(0.01)  # the quick spell's time
 
 
+def test_the_error_is_also_read_against_the_outputs_magnitude():
+    from tvm_pesto.bench.peers import summarize
+
+    rows = {"large": {"max_abs_err": 8e-4, "output_scale": 43.0, "variants": {}},  # float32 rounding at 43
+            "small": {"max_abs_err": 5e-5, "output_scale": 0.5, "variants": {}}}   # read against 1, not 0.5
+    out = summarize(rows)
+    assert out["max_abs_err"] == 8e-4 and out["max_rel_err"] == pytest.approx(5e-5)
+
+
 def test_a_slow_model_ends_its_block_early():
     clock = FakeClock()
     r = time_blocks({"a": clock.call(0.02)}, rounds=1, warmup_s=0.0, block_s=10.0, min_calls=100,
@@ -136,6 +145,7 @@ def test_the_ratio_is_the_best_float32_peer_over_pesto(one_model):
     assert one_model["geomean_vs_best_peer"] == pytest.approx(m["ratio_vs_best_peer"])
     assert one_model["worst_vs_best_peer"] == pytest.approx(m["ratio_vs_best_peer"])
     assert one_model["max_abs_err"] == m["max_abs_err"]
+    assert one_model["max_rel_err"] == pytest.approx(m["max_abs_err"] / max(1.0, m["output_scale"]))
     json.dumps(one_model)  # the JSON the CLI writes
     table = markdown(one_model)
     assert "| mlp |" in table and f"{m['ratio_vs_best_peer']:.2f}" in table

@@ -386,7 +386,9 @@ def bench_peers(models, settings: PeerSettings = PeerSettings(), progress=None, 
     dict
         ``models.<name>`` (:func:`bench_model`), ``geomean_vs_best_peer``,
         ``worst_vs_best_peer``, ``geomean_vs_best_peer_all``, ``worst_vs_best_peer_all``,
-        ``max_abs_err``, ``build_s_median``, ``build_s_max``, ``peak_rss_mb_max``,
+        ``max_abs_err``, ``max_rel_err`` (each model's ``max_abs_err`` over its
+        ``output_scale``, at least 1: float32 rounding grows with the outputs, and a random
+        network's reach 40 or more), ``build_s_median``, ``build_s_max``, ``peak_rss_mb_max``,
         ``held_median`` and ``held_worst`` (the rows' ``held``, the farthest from 1),
         ``failed`` (names of the models without a time), ``overhead_median_s``
         (:func:`one_unit_overhead`, median over the models; with ``overhead``), ``noise``
@@ -431,6 +433,8 @@ def summarize(rows: dict) -> dict:
     out["overhead_median_s"] = float(np.median(over)) if over else None
     errs = [m["max_abs_err"] for m in ms if m.get("max_abs_err") is not None]
     out["max_abs_err"] = max(errs) if errs else None
+    rel = [m["max_abs_err"] / max(1.0, m.get("output_scale") or 0.0) for m in ms if m.get("max_abs_err") is not None]
+    out["max_rel_err"] = max(rel) if rel else None
     builds = [m["build_s"] for m in ms if m.get("build_s") is not None and not m.get("error")]
     out["build_s_median"] = float(np.median(builds)) if builds else None
     out["build_s_max"] = max(builds) if builds else None
@@ -476,6 +480,9 @@ def markdown(res: dict) -> str:
     if res.get("build_s_median") is not None:
         lines.append(f"build: median {res['build_s_median']:.1f} s, max {res['build_s_max']:.1f} s; "
                      f"peak resident memory of a build: {res['peak_rss_mb_max']:.0f} MB")
+    if res.get("max_rel_err") is not None:
+        lines.append(f"largest error against the reference: {res['max_abs_err']:.1e}; over the output's largest "
+                     f"magnitude (at least 1): {res['max_rel_err']:.1e}")
     if res.get("held_median") is not None:
         lines.append(f"the kept option in the blocks over its build-time measurement: median {res['held_median']:.3f}, "
                      f"farthest {res['held_worst']:.3f}")
