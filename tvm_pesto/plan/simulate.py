@@ -195,7 +195,11 @@ def switch_charges(problem: Problem, plan: Plan) -> np.ndarray:
     >>> switch_charges(p, plan).tolist()      # tvm -> ort (b pays), ort -> ort (c does not), ort -> tvm (d pays)
     [0.0, 1e-05, 0.0, 1e-05]
     """
-    points = switch_points(plan, problem.num_nodes, problem.backends)
+    return _charged(problem, plan, switch_points(plan, problem.num_nodes, problem.backends))
+
+
+def _charged(problem: Problem, plan: Plan, points: np.ndarray) -> np.ndarray:
+    """:func:`switch_charges` of the switches at ``points`` (:func:`switch_points`)."""
     if not points.any():
         return np.zeros(problem.num_nodes)
     per_device = np.array([f.seconds for f in switch_figures(problem.cluster)])
@@ -292,8 +296,8 @@ def simulate(problem: Problem, plan: Plan, check_memory: bool = True, switches: 
         raise InfeasibleError(f"the plan puts node {bad} ({problem.graph.nodes[bad].name}) on device "
                               f"{plan.assignment[bad]}, where it cannot run")
     core = _core()
-    switch = switch_charges(problem, plan) if switches else np.zeros(n)
-    n_switches = int(switch_points(plan, n, problem.backends).sum()) if switches else 0
+    points = switch_points(plan, n, problem.backends) if switches else np.zeros(n, dtype=bool)
+    switch, n_switches = _charged(problem, plan, points), int(points.sum())
 
     def run(node_cost):
         global _warned
