@@ -138,13 +138,13 @@ def test_onnxruntime_keeps_its_binding_only_while_the_buffers_stay():
     np.testing.assert_allclose(out3.numpy(), ref(second), atol=1e-5, rtol=1e-5)
 
 
-def _resize_func(method, coord, rounding, layout="NCHW"):
-    shape = (1, 3, 5, 7) if layout == "NCHW" else (1, 5, 7, 3)
+def _resize_func(method, coord, rounding, layout="NCHW", hw=(5, 7), size=(9, 4)):
+    shape = (1, 3, *hw) if layout == "NCHW" else (1, *hw, 3)
     x = relax.Var("x", relax.TensorType(shape, "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.image.resize2d(x, (9, 4), layout=layout, method=method,
+            out = bb.emit_output(relax.op.image.resize2d(x, size, layout=layout, method=method,
                                                          coordinate_transformation_mode=coord,
                                                          rounding_method=rounding))
         bb.emit_func_output(out)
@@ -178,6 +178,27 @@ def test_a_resize2d_without_an_exact_onnx_resize_is_left_to_tvm(method, coord, r
     assert not supports_call(func.body.blocks[0].bindings[0].value)
     with pytest.raises(OnnxExportError, match=why):
         relax_to_onnx(func)
+
+
+@pytest.mark.parametrize("coord, hw, size, exported", [
+    ("half_pixel", (14, 7), (28, 21), True),     # F.interpolate(scale_factor=2 or 3): no coordinate ties
+    ("asymmetric", (8, 6), (4, 3), True),
+    ("half_pixel", (2, 2), (3, 3), False),        # source 0.5 for x = 1: a tie, where ONNX's roundings differ
+    ("asymmetric", (5, 7), (10, 14), False)])     # source 0.5, 1.5, ...
+def test_a_nearest_resize_rounding_with_round_is_exported_where_no_coordinate_ties(coord, hw, size, exported):
+    # PyTorch's importer writes rounding_method="round" for F.interpolate(mode="nearest")
+    # (HRNet's 10 upsamplings): without ties it is any of ONNX's roundings
+    from tvm_pesto.backends.onnx_export.ops import supports_call
+
+    func = _resize_func("nearest_neighbor", coord, "round", hw=hw, size=size)
+    assert supports_call(func.body.blocks[0].bindings[0].value) == exported
+    if not exported:
+        with pytest.raises(OnnxExportError, match="halfway"):
+            relax_to_onnx(func)
+        return
+    _library("onnxruntime")
+    x = np.random.default_rng(0).standard_normal((1, 3, *hw)).astype("float32")
+    np.testing.assert_array_equal(_run_backend("onnxruntime", func, [x]), _run_tvm(func, [x]))
 
 
 def _pad_func(mode, widths=(0, 0, 0, 0, 1, 2, 2, 0), value=0.5):

@@ -179,13 +179,42 @@ def _resize_problem(call) -> str | None:
     if str(at.coordinate_transformation_mode) not in _RESIZE_COORD:
         return (f"{op} coordinate_transformation_mode {at.coordinate_transformation_mode!r} cannot be exported; "
                 f"one of {', '.join(_RESIZE_COORD)}")
-    if str(at.method) == "nearest_neighbor" and str(at.rounding_method) not in _RESIZE_ROUND:
-        return f"{op} rounding_method {at.rounding_method!r} cannot be exported; one of {', '.join(_RESIZE_ROUND)}"
+    if str(at.method) == "nearest_neighbor" and str(at.rounding_method) not in _RESIZE_ROUND \
+            and not _round_without_ties(call):
+        return (f"{op} rounding_method {at.rounding_method!r} cannot be exported where a source coordinate falls "
+                f"halfway; one of {', '.join(_RESIZE_ROUND)}")
     if at.out_dtype is not None and str(at.out_dtype) not in ("", dtype_of(call.args[0].ty)):
         return f"{op} with an out_dtype other than its input's cannot be exported"
     if not isinstance(call.args[1], relax.ShapeExpr):
         return f"{op} with a size that is not a constant shape cannot be exported"
     return None
+
+
+def _round_without_ties(call) -> bool:
+    """Whether a nearest ``resize`` with ``rounding_method="round"`` (PyTorch's importer writes it
+    for ``F.interpolate``) never meets a source coordinate halfway between two pixels, so that
+    ONNX's ``round_prefer_floor`` computes the same (any whole upscale factor, e.g. 14 -> 28)."""
+    from fractions import Fraction
+
+    at = call.attrs
+    if str(at.rounding_method) != "round" or not isinstance(call.args[1], relax.ShapeExpr):
+        return False
+    mode = str(at.coordinate_transformation_mode)
+    ins = tensor_shape(call.args[0].ty, "resize input")[2:]
+    outs = [int(v) for v in call.args[1].values]
+    for n_in, n_out in zip(ins, outs):
+        for x in range(n_out):
+            if mode in ("half_pixel", "pytorch_half_pixel") and not (mode == "pytorch_half_pixel" and n_out == 1):
+                v = Fraction(2 * x + 1, 2) * Fraction(n_in, n_out) - Fraction(1, 2)
+            elif mode == "align_corners":
+                v = Fraction(x * (n_in - 1), n_out - 1) if n_out > 1 else Fraction(0)
+            elif mode == "asymmetric":
+                v = Fraction(x * n_in, n_out)
+            else:
+                return False
+            if v - math.floor(v) == Fraction(1, 2):
+                return False
+    return True
 
 
 @_reg("relax.image.resize2d", "relax.image.resize3d")
@@ -198,8 +227,8 @@ def _resize(e, call, out):
     kw = dict(mode=mode, coordinate_transformation_mode=str(at.coordinate_transformation_mode),
               cubic_coeff_a=float(at.cubic_alpha), exclude_outside=int(at.cubic_exclude),
               extrapolation_value=float(at.extrapolation_value))
-    if mode == "nearest":
-        kw["nearest_mode"] = str(at.rounding_method)
+    if mode == "nearest":  # "round" only where no coordinate ties (_round_without_ties): either way is exact
+        kw["nearest_mode"] = "round_prefer_floor" if str(at.rounding_method) == "round" else str(at.rounding_method)
     sizes = e.int64s(tensor_shape(call.ty, "resize result"), "sizes")
     return e.one("Resize", [e.tensor(call.args[0]), "", "", sizes], out, **kw)
 
