@@ -7,6 +7,7 @@ build of the same function computes.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -194,8 +195,6 @@ def _round_without_ties(call) -> bool:
     """Whether a nearest ``resize`` with ``rounding_method="round"`` (PyTorch's importer writes it
     for ``F.interpolate``) never meets a source coordinate halfway between two pixels, so that
     ONNX's ``round_prefer_floor`` computes the same (any whole upscale factor, e.g. 14 -> 28)."""
-    from fractions import Fraction
-
     at = call.attrs
     if str(at.rounding_method) != "round" or not isinstance(call.args[1], relax.ShapeExpr):
         return False
