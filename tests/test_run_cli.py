@@ -66,7 +66,8 @@ def _run_with_every_backend(tmp_path, path, kind, costs):
         by = f"measured-ilp (= {chosen})" if res["decision"]["claim"] else f"measured ({chosen})"
         assert res["decided_by"] == by
     # cpu:2 is on this machine: the executor's dispatch was measured here, not taken from the preset
-    assert res["dispatch"]["measured"] and res["dispatch"]["multi_device_s"] > 0
+    # (its multi-device figure is a difference of timings, clipped at 0: a busy machine can give 0)
+    assert res["dispatch"]["measured"] and res["dispatch"]["run_s"] > 0 and res["dispatch"]["multi_device_s"] >= 0
     libraries = {b for b in res["backend_mix"] if b != "tvm"}
     assert set(res["build_s_by_backend"]) == libraries  # every library unit's build, timed
     assert all(s > 0 for s in res["build_s_by_backend"].values())
