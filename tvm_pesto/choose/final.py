@@ -41,6 +41,15 @@ class Resolver:
                       costs=dataclasses.replace(option.placement.costs, table=table))
 
 
+def one_device_costs(pl: Placement, request: Request):
+    """The cost source of the one-device shape's solve: ``screened`` where the flow measured
+    every candidate as ``costs="auto"`` chose (its one-core regions are sampled on the wider
+    device and the rest scaled, :mod:`~tvm_pesto.costs.measure.screen`: the whole-model
+    options, what the choice times, are measured either way), else what ``request`` asked."""
+    auto = pl.costs.auto
+    return "screened" if request.costs == "auto" and auto is not None and auto.source == "measured" else None
+
+
 def _solve(analysis, request: Request, solving: budget.Solving, cluster, parts: int, costs=None) -> Placement:
     """``request`` placed on ``cluster`` within ``1 / parts`` of what ``solving`` has left, spent there."""
     pl = request.place(analysis, cluster, costs=costs, time_limit_s=solving.next_s(parts))
@@ -79,7 +88,7 @@ def final_choice(mod, pl: Placement, cluster, request: Request, inputs=None, mea
     solving = solving or budget.Solving(budget.SOLVE_S, measured=True)
     solving.spend(pl.plan.solve_s)
     # the one-device flow, then at most two priced solves: the first gets a third of what is left
-    one = (_solve(pl.analysis, request, solving, one_device_cluster(), parts=3)
+    one = (_solve(pl.analysis, request, solving, one_device_cluster(), parts=3, costs=one_device_costs(pl, request))
            if cluster.num_devices > 1 and wide else None)
     opts = make_options(pl, cluster, one, wide=wide)
     placed, decision = choose(opts, build_option, list(inputs), progress=progress)
@@ -89,4 +98,4 @@ def final_choice(mod, pl: Placement, cluster, request: Request, inputs=None, mea
     return placed
 
 
-__all__ = ["Resolver", "build_option", "final_choice"]
+__all__ = ["Resolver", "build_option", "final_choice", "one_device_costs"]

@@ -1,7 +1,8 @@
 """Stage 3: costs. Seconds per (candidate, device), from one of several sources.
 
 Sources: ``measured`` (:mod:`.measure.measured`: run on this machine's devices,
-persistent cache), ``xgb`` (:mod:`.predict.xgb`: the trained cost model), ``roofline``
+persistent cache), ``screened`` (the same, with a library's regions measured before on another
+core count of this CPU sampled and the rest scaled, :mod:`.measure.screen`), ``xgb`` (:mod:`.predict.xgb`: the trained cost model), ``roofline``
 (:mod:`.predict.roofline`: FLOPs and bytes over peak), ``hybrid`` (:mod:`.predict.hybrid`: predict all,
 measure only the close calls and the critical path, correct the rest by what was seen). ``auto`` (:mod:`.auto`) measures when every device is on
 this machine and measuring every candidate is affordable, takes ``hybrid`` when it is not, and
@@ -45,10 +46,10 @@ from .predict.xgb import predict_candidate_costs
 from .store.cache import MeasureCache
 from .table import CostTable
 
-SOURCES = ("auto", "measured", "roofline", "xgb", "hybrid")
+SOURCES = ("auto", "measured", "screened", "roofline", "xgb", "hybrid")
 
 
-def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
+def _measured(cs, cluster, cache, progress, calibrate: bool, screened: bool = False) -> CostTable:
     # lazy: measuring compiles with TVM's Relax compiler; predicting and the runtime side
     # (run.dispatch imports costs.store.cache, which runs this package first) load without it
     from .measure.measured import MeasureReport, calibrate_native, measure_cost_table
@@ -59,10 +60,11 @@ def _measured(cs, cluster, cache, progress, calibrate: bool) -> CostTable:
                             "use --costs xgb or roofline, or measure it over TVM RPC (--rpc-tracker, --rpc-key)")
     cache = cache if cache is not None else MeasureCache()
     report = MeasureReport()
-    table = measure_cost_table(cs, cluster, cache, report=report, progress=progress)
+    table = measure_cost_table(cs, cluster, cache, report=report, progress=progress, screened=screened)
     factors = calibrate_native(cs, cluster, table, cache) if calibrate else {}
     return CostTable(table, ["measured"] * cluster.num_devices, measured=report.measured, cached=report.cached,
-                     infeasible=dict(report.infeasible), native_scale=factors, seconds=report.seconds)
+                     infeasible=dict(report.infeasible), native_scale=factors, seconds=report.seconds,
+                     screened=dict(report.screened))
 
 
 def _xgb(cs, cluster, calibrate: bool) -> CostTable:
@@ -100,7 +102,11 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
     ----------
     cs : CandidateSet
     cluster : Cluster
-    source : {"auto", "measured", "xgb", "roofline", "hybrid"}
+    source : {"auto", "measured", "screened", "xgb", "roofline", "hybrid"}
+        ``screened`` measures as ``measured`` does, but where the cache holds a library's
+        regions on another core count of this CPU, it measures a sample of them and scales
+        the rest (:mod:`.measure.screen`; the final choice's one-device shape, after the
+        flow's measured one-core devices).
     cache : MeasureCache, optional
         Where measurements are looked up and appended (default: ``~/.cache/tvm-pesto``).
     progress : callable(done, total), optional
@@ -121,8 +127,8 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
     if source == "auto":
         auto = auto_source(cs, cluster)
         return dataclasses.replace(candidate_costs(cs, cluster, auto.source, cache, progress, calibrate), auto=auto)
-    if source == "measured":
-        return _measured(cs, cluster, cache, progress, calibrate)
+    if source in ("measured", "screened"):
+        return _measured(cs, cluster, cache, progress, calibrate, screened=source == "screened")
     if source == "xgb":
         return _xgb(cs, cluster, calibrate)
     if source == "hybrid":

@@ -50,6 +50,10 @@ class CostTable:
         (:func:`tvm_pesto.costs.predict.gpu_check.apply_check_logs`); empty when none applied.
     auto : AutoChoice or None
         With ``costs="auto"``: the source it took and why (:class:`tvm_pesto.costs.auto.AutoChoice`).
+    screened : dict
+        ``screened``: the core count its scaled regions came from (``from``), how many
+        (``scaled``) and each backend's fit (:meth:`~tvm_pesto.costs.measure.screen.Screen.summary`);
+        empty when nothing was scaled.
     """
 
     table: np.ndarray
@@ -66,6 +70,7 @@ class CostTable:
     unseen: dict = field(default_factory=dict)
     gpu_check: dict = field(default_factory=dict)
     auto: object = None
+    screened: dict = field(default_factory=dict)
 
     @property
     def source(self) -> str:
@@ -81,7 +86,7 @@ class CostTable:
                 "prediction_fit": {str(k): v for k, v in self.prediction_fit.items()}, "hybrid": dict(self.hybrid),
                 "unseen_ops": self.unseen_op_counts(), "unseen_candidates": len(self.unseen),
                 "gpu_check": {str(k): v for k, v in self.gpu_check.items()},
-                "auto": None if self.auto is None else self.auto.to_json()}
+                "auto": None if self.auto is None else self.auto.to_json(), "screened": dict(self.screened)}
 
     def unseen_op_counts(self) -> dict:
         """Op name -> how many candidates hold it that the cost model never trained on."""

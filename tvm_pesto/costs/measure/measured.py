@@ -39,7 +39,9 @@ from ..store.cache import MeasureCache, measure_target, measurement_record
 from ..table import MIN_COST_S
 from .build_time import record as record_build
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
-from .timing import OVERHEAD_KEY, calibrate, call_overhead_s, measurable, measure_groups, measure_whole, random_args
+from .screen import screen
+from .timing import (OVERHEAD_KEY, calibrate, call_overhead_s, measurable, measure_groups, measure_whole, random_args,
+                     time_direct)
 
 INFEASIBLE = -1.0
 
@@ -52,6 +54,8 @@ class MeasureReport:
     cached: int = 0
     infeasible: dict = field(default_factory=dict)  # candidate index -> reason
     seconds: float = 0.0
+    scaled: int = 0  # regions scaled from another core count (screened)
+    screened: dict = field(default_factory=dict)  # Screen.summary()
 
 
 def _device_group(device) -> tuple:
@@ -70,8 +74,11 @@ def _wrapper(gname: str, params, out_ty, name: str) -> relax.Function:
 
 
 def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = None, repeat: int = 5,
-                       min_repeat_ms: int = 5, report: MeasureReport | None = None, progress=None) -> np.ndarray:
+                       min_repeat_ms: int = 5, report: MeasureReport | None = None, progress=None,
+                       screened: bool = False) -> np.ndarray:
     """Seconds of every candidate on ``device``; ``inf`` where its backend cannot build it.
+    ``screened``: a library's regions measured on another core count of this CPU are sampled
+    and the rest scaled from there (:mod:`~tvm_pesto.costs.measure.screen`).
 
     Parameters
     ----------
@@ -110,9 +117,14 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
     # the libraries first, a batch of at most the model's weights at a time, each batch's
     # units released once timed: a large model's regions would otherwise hold its weights
     # many times over
+    todo, scr = screen(cs, device, cache, todo) if screened else (todo, None)
     run = _Run(device, cache, tkey, costs, report, repeat, min_repeat_ms, progress)
     for batch in _batches(cs, todo):
         whole |= _measure_batch(cs, batch, run)
+    for batch in _batches(cs, scr.fill(costs, cache, tkey, report.infeasible) if scr else {}):
+        whole |= _measure_batch(cs, batch, run)  # a backend none of whose sample ran here
+    if scr is not None:
+        report.screened, report.scaled = scr.summary(), scr.scaled
     _measure_native(cs, sorted(native_set), device, cache, tkey, costs, report, repeat, min_repeat_ms)
     _subtract_overhead(cs.rg, costs, native_set | whole, device, cache, tkey, repeat, min_repeat_ms)
     report.seconds += time.perf_counter() - t0
@@ -358,33 +370,6 @@ def _mark_infeasible(run: _Run, key, backend, cand, reason: str, idxs) -> None:
         run.report.infeasible[i] = reason
 
 
-#: Least seconds and calls of warm-up before a direct call is timed (a library's first calls
-#: after its session is made are slower: allocations, thread pools, caches).
-DIRECT_WARMUP_S, DIRECT_WARMUP_CALLS = 0.1, 20
-
-
-def _time_direct(fn, arrays, rounds: int, burst_s: float) -> tuple[list, dict]:
-    """Seconds per call of ``fn(*arrays)`` in each of ``rounds`` bursts of at least
-    ``burst_s`` and 3 calls, after a warm-up (:data:`DIRECT_WARMUP_S`); and how it was timed."""
-    n, t0 = 0, time.perf_counter()
-    while n < DIRECT_WARMUP_CALLS or time.perf_counter() - t0 < DIRECT_WARMUP_S:
-        fn(*arrays)
-        n += 1
-        if time.perf_counter() - t0 > 10 * DIRECT_WARMUP_S and n >= 2:  # a slow model: a few calls warm it
-            break
-    per_round = []
-    for _ in range(rounds):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn(*arrays)
-            n += 1
-            spent = time.perf_counter() - t0
-            if spent >= burst_s and n >= 3:
-                break
-        per_round.append(spent / n)
-    return per_round, {"method": "direct", "rounds": len(per_round)}
-
-
 def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_ms: int) -> tuple[dict, dict]:
     """Compile all wrappers in one module and time each in a thread pinned to ``device``,
     against the reference kernels (:class:`~tvm_pesto.costs.measure.interleave.ReferenceTimer`).
@@ -412,7 +397,7 @@ def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_m
                     vm[fname](*args)  # warm-up (also creates ORT sessions for this thread's cores)
                     vm[fname](*args)
                     if direct is not None:
-                        result[fname], timings[fname] = _time_direct(direct, [a.numpy() for a in args], repeat,
+                        result[fname], timings[fname] = time_direct(direct, [a.numpy() for a in args], repeat,
                                                                      burst_seconds(min_repeat_ms))
                     else:
                         timed[fname] = timer.time(fname, args)
@@ -436,16 +421,19 @@ def _time_wrappers(wrappers: dict, jobs: list, device, repeat: int, min_repeat_m
 
 
 def measure_cost_table(cs: CandidateSet, cluster, cache: MeasureCache | None = None,
-                       report: MeasureReport | None = None, progress=None, repeat: int = 5) -> np.ndarray:
+                       report: MeasureReport | None = None, progress=None, repeat: int = 5,
+                       screened: bool = False) -> np.ndarray:
     """``[candidates, devices]`` seconds; devices with the same target/cores share one measurement.
-    ``repeat``: timed repeats (of at least 5 ms each) per candidate, the median kept."""
+    ``repeat``: timed repeats (of at least 5 ms each) per candidate, the median kept;
+    ``screened``: :func:`measure_candidates`'s."""
     cache = cache if cache is not None else MeasureCache()
     out = np.zeros((len(cs), cluster.num_devices))
     done: dict[tuple, np.ndarray] = {}
     for j, dev in enumerate(cluster.devices):
         k = _device_group(dev)
         if k not in done:
-            done[k] = measure_candidates(cs, dev, cache, repeat=repeat, report=report, progress=progress)
+            done[k] = measure_candidates(cs, dev, cache, repeat=repeat, report=report, progress=progress,
+                                         screened=screened)
         out[:, j] = done[k]
     return out
 

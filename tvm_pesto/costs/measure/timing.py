@@ -313,3 +313,30 @@ def calibrate(group_costs: np.ndarray, whole_s: float) -> tuple[np.ndarray, floa
         return group_costs, 1.0
     factor = whole_s / total
     return group_costs * factor, factor
+
+
+#: Least seconds and calls of warm-up before a direct call is timed (a library's first calls
+#: after its session is made are slower: allocations, thread pools, caches).
+DIRECT_WARMUP_S, DIRECT_WARMUP_CALLS = 0.1, 20
+
+
+def time_direct(fn, arrays, rounds: int, burst_s: float) -> tuple[list, dict]:
+    """Seconds per call of ``fn(*arrays)`` in each of ``rounds`` bursts of at least
+    ``burst_s`` and 3 calls, after a warm-up (:data:`DIRECT_WARMUP_S`); and how it was timed."""
+    n, t0 = 0, time.perf_counter()
+    while n < DIRECT_WARMUP_CALLS or time.perf_counter() - t0 < DIRECT_WARMUP_S:
+        fn(*arrays)
+        n += 1
+        if time.perf_counter() - t0 > 10 * DIRECT_WARMUP_S and n >= 2:  # a slow model: a few calls warm it
+            break
+    per_round = []
+    for _ in range(rounds):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn(*arrays)
+            n += 1
+            spent = time.perf_counter() - t0
+            if spent >= burst_s and n >= 3:
+                break
+        per_round.append(spent / n)
+    return per_round, {"method": "direct", "rounds": len(per_round)}
