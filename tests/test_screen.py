@@ -133,9 +133,10 @@ def test_screened_costs_on_a_real_model_scale_what_one_core_measured(tmp_path):
     first = len(cache)
     ct = candidate_costs(cs, wide, "screened", cache=cache)
     assert ct.screened["from"]["num-cores"] == 1 and ct.screened["scaled"] > 0
-    assert ct.summary()["screened"]["fits"]["onnxruntime"]["pairs"] >= scr.SAMPLE_MIN
-    lib = [i for i, c in enumerate(cs) if c.backend == "onnxruntime"]
-    assert np.isfinite(ct.table[lib, 0]).sum() == np.isfinite(ct.table[lib, 0]).size - sum(
-        1 for i in lib if i in ct.infeasible)
+    fits = ct.summary()["screened"]["fits"]
+    assert fits["onnxruntime"]["pairs"] >= scr.SAMPLE_MIN and fits["tvm"]["pairs"] >= scr.SAMPLE_MIN
+    # every candidate has seconds: finite, or infinite with the reason
+    assert all(np.isfinite(ct.table[i, 0]) != (i in ct.infeasible) for i in range(len(cs)))
+    assert (ct.table[np.isfinite(ct.table[:, 0]), 0] > 0).all()
     # far fewer library regions timed on the second core count than on the first
     assert ct.measured < first / 2

@@ -39,7 +39,7 @@ from ..store.cache import MeasureCache, measure_target, measurement_record
 from ..table import MIN_COST_S
 from .build_time import record as record_build
 from .interleave import ReferenceTimer, burst_seconds, reference_functions
-from .screen import screen
+from .screen import screen_measurement
 from .timing import (OVERHEAD_KEY, calibrate, call_overhead_s, measurable, measure_groups, measure_whole, random_args,
                      time_direct)
 
@@ -117,16 +117,21 @@ def measure_candidates(cs: CandidateSet, device, cache: MeasureCache | None = No
     # the libraries first, a batch of at most the model's weights at a time, each batch's
     # units released once timed: a large model's regions would otherwise hold its weights
     # many times over
-    todo, scr = screen(cs, device, cache, todo) if screened else (todo, None)
+    native = sorted(native_set)
+    todo, native, scr = screen_measurement(cs, device, cache, todo, native) if screened else (todo, native, None)
     run = _Run(device, cache, tkey, costs, report, repeat, min_repeat_ms, progress)
     for batch in _batches(cs, todo):
         whole |= _measure_batch(cs, batch, run)
-    for batch in _batches(cs, scr.fill(costs, cache, tkey, report.infeasible) if scr else {}):
-        whole |= _measure_batch(cs, batch, run)  # a backend none of whose sample ran here
-    if scr is not None:
+    _measure_native(cs, native, device, cache, tkey, costs, report, repeat, min_repeat_ms)
+    if scr is not None:  # the rest scaled; a backend none of whose sample ran here measured
+        left = scr.fill(costs, cache, tkey, report.infeasible)
+        for batch in _batches(cs, {e: v for e, v in left.items() if v[0] not in native_set}):
+            whole |= _measure_batch(cs, batch, run)
+        native += (more := sorted(i for v in left.values() for i in v if i in native_set))
+        _measure_native(cs, more, device, cache, tkey, costs, report, repeat, min_repeat_ms)
         report.screened, report.scaled = scr.summary(), scr.scaled
-    _measure_native(cs, sorted(native_set), device, cache, tkey, costs, report, repeat, min_repeat_ms)
-    _subtract_overhead(cs.rg, costs, native_set | whole, device, cache, tkey, repeat, min_repeat_ms)
+    # scaled TVM groups are a sibling's calls: their VM overhead comes off with the libraries'
+    _subtract_overhead(cs.rg, costs, set(native) | whole, device, cache, tkey, repeat, min_repeat_ms)
     report.seconds += time.perf_counter() - t0
     return costs
 

@@ -9,8 +9,8 @@ final choice's one two-core device). Of those, per backend, the whole model and 
 times) are measured; each other region's seconds are its sibling's scaled by a fit of
 ``log(here / sibling)`` on ``log(sibling)`` over the backend's measured pairs (larger regions
 gain more from more threads; one backend's small regions run slower on two threads than on
-one). A region infeasible on the sibling is infeasible here. TVM's groups are measured as
-``measured`` does (one module, cheap).
+one). A region infeasible on the sibling is infeasible here. TVM's fusion groups are
+screened the same way (their sample compiled into one module).
 
 Measured on a 2-vCPU Xeon (ResNet-18 at 160x160, every region timed on both core counts):
 fitted on one region in four, the other regions' scaled seconds were within 0.76-1.32x
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ...candidates.generate import candidate_key
 from ..store.cache import measure_target
 
 #: One region in this many (per backend, by sibling seconds) is measured to fit the scaling.
@@ -184,5 +185,22 @@ def screen(cs, device, cache, todo: dict) -> tuple[dict, Screen | None]:
     return now, out
 
 
+def screen_measurement(cs, device, cache, todo: dict, native: list) -> tuple[dict, list, Screen | None]:
+    """:func:`screen` of the library entries ``todo`` and of the TVM-native candidates
+    ``native`` (indices) not cached on ``device``: ``(todo, native, screen)`` to measure now
+    (``screen`` None, and both whole, when nothing is to be scaled)."""
+    tkey = measure_target(device)
+    entries = dict(todo)
+    for i in native:
+        k = candidate_key(cs.rg, cs[i].nodes)
+        if cache.get(k, cs[i].backend, tkey) is None:
+            entries.setdefault((k, cs[i].backend), []).append(i)
+    now, out = screen(cs, device, cache, entries)
+    if out is None:
+        return todo, native, None
+    later = {i for idxs, _ in out.later.values() for i in idxs}
+    return {e: v for e, v in now.items() if e in todo}, [i for i in native if i not in later], out
+
+
 __all__ = ["RATIO_CLIP", "RatioFit", "SAMPLE_EVERY", "SAMPLE_MIN", "SLOPE_MIN_PAIRS", "Screen", "screen",
-           "sibling_targets"]
+           "screen_measurement", "sibling_targets"]
