@@ -46,7 +46,7 @@ from .predict.xgb import predict_candidate_costs
 from .store.cache import MeasureCache
 from .table import CostTable
 
-SOURCES = ("auto", "measured", "screened", "roofline", "xgb", "hybrid")
+SOURCES = ("auto", "measured", "roofline", "xgb", "hybrid", "screened")
 
 
 def _measured(cs, cluster, cache, progress, calibrate: bool, screened: bool = False) -> CostTable:
