@@ -12,7 +12,7 @@ gain more from more threads; one backend's small regions run slower on two threa
 one). A region infeasible on the sibling is infeasible here. TVM's fusion groups are
 screened the same way (their sample compiled into one module).
 
-Measured on a 2-vCPU Xeon (ResNet-18 at 160x160, every region timed on both core counts):
+Measured on a 2-vCPU Xeon (the corpus's ResNet-18 at size small, every region timed on both core counts):
 fitted on one region in four, the other regions' scaled seconds were within 0.76-1.32x
 of their measurements (10th to 90th percentile) for ONNX Runtime and OpenVINO, their sum
 0.92-0.96x; the whole model's ratio alone would have put them 0.33-0.83x.
