@@ -120,12 +120,12 @@ def test_the_one_device_shape_is_screened_only_after_the_flow_measured_as_auto_c
 
 @pytest.mark.slow
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="a second core count needs a machine of two or more cores")
-def test_screened_costs_on_a_real_model_scale_what_one_core_measured(tmp_path):
+def test_screened_costs_of_a_model_scale_what_one_core_measured(tmp_path):
     import tvm_pesto
+    from tvm_pesto.candidates.examples import tiny_cnn
     from tvm_pesto.candidates.flow import make_candidates
-    from tvm_pesto.zoo import load
 
-    an = tvm_pesto.analyze(load("mobilenet_v2", "small").mod)
+    an = tvm_pesto.analyze(tiny_cnn()[0])
     wide = parse_cluster("cpu:1")
     cs = make_candidates(an, wide, backends="onnxruntime,tvm")
     cache = MeasureCache(tmp_path / "m.jsonl")
