@@ -91,3 +91,20 @@ def test_an_isolated_model_that_crashes_or_hangs_is_a_row_and_the_run_goes_on():
     assert hung["error"] == "timed out after 20 s (--model-timeout)"
     loaded = run_isolated(ModelSource("corpus", "no_such_model"), _crash, timeout_s=300)
     assert loaded["error"].startswith("load: ") and "not in the corpus" in loaded["error"]
+
+
+def test_a_pt2_file_gives_the_peers_an_onnx_export_of_its_program(tmp_path):
+    import onnxruntime as ort
+
+    from tvm_pesto.zoo.export import to_onnx
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).eval()
+    x = torch.rand(1, 3, 8, 8)
+    torch.export.save(torch.export.export(net, (x,)), tmp_path / "net.pt2")
+    model, inputs, mod, onnx_path = ModelSource("file", str(tmp_path / "net.pt2")).load()
+    assert onnx_path is None and mod is not None  # the peers export the program themselves
+    path = to_onnx(model, [np.asarray(a) for a in inputs], tmp_path / "net.onnx")
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got, = sess.run(None, {"x": np.asarray(inputs[0])})
+    want = net(torch.from_numpy(np.asarray(inputs[0]))).detach().numpy()
+    assert np.abs(got - want).max() < 1e-5

@@ -77,6 +77,10 @@ def _load_file(path: str):
     model = None
     if path.endswith(".pt2"):
         model = torch.export.load(path).module()
+        # its graph is fixed as exported (in eval mode); torch's module of it refuses train() and
+        # eval(), which the peers' ONNX export calls: the plain module's flag setters serve
+        for name in ("train", "eval"):
+            model.__dict__.pop(name, None)
     return model, tuple(m.example_inputs), m.mod, path if path.endswith(".onnx") else None
 
 
