@@ -7,7 +7,6 @@ build of the same function computes.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -199,20 +198,22 @@ def _round_without_ties(call) -> bool:
     if str(at.rounding_method) != "round" or not isinstance(call.args[1], relax.ShapeExpr):
         return False
     mode = str(at.coordinate_transformation_mode)
+    if mode not in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        return False
     ins = tensor_shape(call.args[0].ty, "resize input")[2:]
     outs = [int(v) for v in call.args[1].values]
     for n_in, n_out in zip(ins, outs):
-        for x in range(n_out):
-            if mode in ("half_pixel", "pytorch_half_pixel") and not (mode == "pytorch_half_pixel" and n_out == 1):
-                v = Fraction(2 * x + 1, 2) * Fraction(n_in, n_out) - Fraction(1, 2)
-            elif mode == "align_corners":
-                v = Fraction(x * (n_in - 1), n_out - 1) if n_out > 1 else Fraction(0)
-            elif mode == "asymmetric":
-                v = Fraction(x * n_in, n_out)
-            else:
-                return False
-            if v - math.floor(v) == Fraction(1, 2):
-                return False
+        # source coordinate of output x as p / q in integers; it is halfway when 2p = q (mod 2q)
+        if mode == "pytorch_half_pixel" and n_out == 1:
+            return False  # its single coordinate is a special case of each library's own
+        if mode == "align_corners":
+            coords = ((x * (n_in - 1), max(n_out - 1, 1)) for x in range(n_out))
+        elif mode == "asymmetric":
+            coords = ((x * n_in, n_out) for x in range(n_out))
+        else:
+            coords = (((2 * x + 1) * n_in - n_out, 2 * n_out) for x in range(n_out))
+        if any((2 * p - q) % (2 * q) == 0 for p, q in coords):
+            return False
     return True
 
 
