@@ -87,8 +87,8 @@ def test_an_isolated_model_that_crashes_or_hangs_is_a_row_and_the_run_goes_on():
     source = ModelSource("outside", "vit", "small")
     crashed = run_isolated(source, _crash, timeout_s=300)
     assert crashed["error"].startswith("the process benching the model died (exit code -6)")
-    hung = run_isolated(source, _hang, timeout_s=20)
-    assert hung["error"] == "timed out after 20 s (--model-timeout)"
+    hung = run_isolated(source, _hang, timeout_s=5)  # killed asleep, or still loading: a row either way
+    assert hung["error"] == "timed out after 5 s (--model-timeout)"
     loaded = run_isolated(ModelSource("corpus", "no_such_model"), _crash, timeout_s=300)
     assert loaded["error"].startswith("load: ") and "not in the corpus" in loaded["error"]
 

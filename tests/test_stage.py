@@ -186,6 +186,52 @@ def test_dp_equals_brute_force(tmp_path, shape, n, seed, fpgas, cpus):
     check_stage_plan(p, plan)
 
 
+def block_loads_by_definition(p: Problem, units, masks, classes, P, Q) -> np.ndarray:
+    """Each block's load per device class straight from the stage model's definition: its
+    work, plus per producer whose output crosses into or out of the block one transfer of
+    the most bytes among its crossing edges."""
+    lat, inv = io_rates(p.cluster)
+    load = np.zeros((len(P), len(classes)))
+    for row, (i, j) in enumerate(zip(P, Q)):
+        block = {v for k in range(len(units.units)) if (masks[i] & ~masks[j]) >> k & 1 for v in units.units[k]}
+        crossing = {}  # (producer, direction) -> most bytes
+        for u, v, b in zip(p.src.tolist(), p.dst.tolist(), p.ebytes.tolist()):
+            if units.unit_of[u] < 0 or units.unit_of[v] < 0 or (u in block) == (v in block):
+                continue
+            key = (u, u in block)
+            crossing[key] = max(crossing.get(key, 0.0), b)
+        for c, members in enumerate(classes):
+            d = members[0]
+            work = sum(p.costs[v, d] for v in block)
+            load[row, c] = work + len(crossing) * lat[d] + sum(crossing.values()) * inv[d]
+    return load
+
+
+@pytest.mark.parametrize("name", ["gnmt_training", "random"])
+def test_block_loads_are_the_stage_models_block_costs(name):
+    # a training graph (backward edges run against the ideals) and a random DAG whose
+    # producers send different byte counts to different consumers
+    from tvm_pesto.bench.random_dag import dnn_like_problem
+    from tvm_pesto.solve.stage.ideal_dp import _block_loads, _ideal_family, device_classes, dp_units
+
+    if name == "random":
+        p = dnn_like_problem(14, seed=3, cluster="2xV100-nvlink")
+        p.ebytes = p.ebytes * np.random.default_rng(0).integers(1, 5, len(p.ebytes))
+    else:
+        p = layergraph("throughput", name)
+    units = dp_units(p)
+    masks = _ideal_family(p, units, "all", None, 4000)
+    classes = device_classes(p)
+    P, Q, load = _block_loads(p, units, masks, classes, 3_000_000)
+    pick = np.random.default_rng(1).choice(len(P), size=min(len(P), 300), replace=False)
+    want = block_loads_by_definition(p, units, masks, classes, P[pick], Q[pick])
+    got = load[pick]
+    fits = np.isfinite(got)
+    assert fits.any() and np.allclose(got[fits], want[fits], rtol=1e-9, atol=0)
+    assert len(set(zip(P.tolist(), Q.tolist()))) == len(P) and all(masks[q] & ~masks[i] == 0 and q < i
+                                                                   for i, q in zip(P.tolist(), Q.tolist()))
+
+
 def test_dp_follows_backward_twins_and_is_a_bound_for_training(tmp_path):
     # forward chain 0-1-2, backward 5-4-3 (twin of 2 is 3, ...), co-located by colour class
     nodes = [(0, 9.0, 1.0, MiB, 0), (1, 9.0, 2.0, MiB, 1), (2, 9.0, 1.5, MiB, 2),

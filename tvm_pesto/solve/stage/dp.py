@@ -32,7 +32,7 @@ from ...plan.plan import Plan
 from ...plan.problem import Problem
 from ...plan.simulate import simulate
 from ..heuristics.common import colocation_index
-from .ideal_dp import MAX_IDEALS, DpResult, Units, dp_split, dp_units
+from .ideal_dp import MAX_IDEALS, DpResult, Units, dp_splits, dp_units
 
 
 def _with_dropped(problem: Problem, assignment: np.ndarray, dropped: list[int], objective: str,
@@ -122,8 +122,7 @@ def linearized_split(problem: Problem, orders: list[list[int]] | None = None, un
                 seen.add(k)
                 seq.append(k)
         seq = _topological_units(units.dag, seq)
-        for combine in _combines(objective, microbatches):
-            r = dp_split(problem, "prefix", order=seq, units=units, combine=combine)
+        for r in dp_splits(problem, _combines(objective, microbatches), "prefix", order=seq, units=units):
             facts.append(r.value_s)
             if not np.isfinite(r.value_s):
                 continue
@@ -209,8 +208,8 @@ def solve(problem: Problem, objective: str = "throughput", microbatches=None, ma
     try:
         units = dp_units(problem)
         plan, best_key = None, None
-        for combine in _combines(objective, microbatches):
-            r = dp_split(problem, "all", max_ideals=max_ideals, units=units, combine=combine)
+        combines = _combines(objective, microbatches)
+        for combine, r in zip(combines, dp_splits(problem, combines, "all", max_ideals=max_ideals, units=units)):
             cand = stage_plan(problem, r, units, "stage-dp", objective, microbatches)
             ev = evaluate(problem, cand, "stage", objective, microbatches)
             if combine == "max" and objective == "throughput" and microbatches is None and ev.valid \

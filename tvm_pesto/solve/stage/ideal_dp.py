@@ -188,21 +188,25 @@ def device_classes(problem: Problem) -> list[list[int]]:
     return list(out.values())
 
 
-def _pairs(masks: list[int], mem_of_ideal: np.ndarray, max_mem: float, max_pairs: int):
-    """Index arrays ``(P, Q)`` of the pairs ``masks[Q] < masks[P]`` whose difference could fit
-    some device; raises SolverError past ``max_pairs``."""
-    P, Q = [], []
-    for i, m in enumerate(masks):
-        lim = mem_of_ideal[i] - max_mem * (1 + _TOL)
-        for j in range(i):
-            q = masks[j]
-            if q & ~m == 0 and mem_of_ideal[j] >= lim:
-                P.append(i)
-                Q.append(j)
-        if len(P) > max_pairs:
+def _pairs(member: np.ndarray, mem_of_ideal: np.ndarray, max_mem: float, max_pairs: int):
+    """Index arrays ``(P, Q)`` of the pairs ``masks[Q] < masks[P]`` (``member``: an ideal's
+    units as a 0/1 row, the masks smallest first) whose difference could fit some device, in
+    the order of ``P`` then ``Q``; raises SolverError past ``max_pairs``."""
+    outside = 1.0 - member
+    P, Q, total = [], [], 0
+    for lo in range(0, len(member), _CHUNK // 8):
+        rows = np.arange(lo, min(lo + _CHUNK // 8, len(member)))
+        subset = (outside[rows] @ member.T) == 0  # (rows, ideals): masks[j] within masks[i]
+        subset &= np.arange(len(member))[None, :] < rows[:, None]
+        subset &= mem_of_ideal[None, :] >= (mem_of_ideal[rows] - max_mem * (1 + _TOL))[:, None]
+        i, j = np.nonzero(subset)
+        total += len(i)
+        if total > max_pairs:
             raise SolverError(f"the contiguous-split DP would need more than {max_pairs} pairs of ideals; the graph is "
                               "too wide for it (use the linearised DP, the ILP or a heuristic)")
-    return np.asarray(P, dtype=np.int64), np.asarray(Q, dtype=np.int64)
+        P.append(rows[i])
+        Q.append(j)
+    return np.concatenate(P).astype(np.int64), np.concatenate(Q).astype(np.int64)
 
 
 def dp_split(problem: Problem, family: str = "all", order: list[int] | None = None, passes=None,
@@ -231,22 +235,36 @@ def dp_split(problem: Problem, family: str = "all", order: list[int] | None = No
     >>> r.value_s > 0, r.exact
     (True, True)
     """
+    return dp_splits(problem, (combine,), family, order, passes, drop_free, max_ideals, max_pairs, units)[0]
+
+
+def dp_splits(problem: Problem, combines=("max",), family: str = "all", order: list[int] | None = None, passes=None,
+              drop_free: bool = True, max_ideals: int = MAX_IDEALS, max_pairs: int = MAX_PAIRS,
+              units: Units | None = None) -> list[DpResult]:
+    """:func:`dp_split` once per name in ``combines``, over one set of ideals and block
+    loads (their cost is the DP's; the combines differ only in the recursion)."""
     t0 = time.perf_counter()
+    for combine in combines:
+        if combine not in ("max", "sum"):
+            raise PestoError(f"unknown DP combine {combine!r}; use 'max' (time per sample) or 'sum' (latency)")
     units = units if units is not None else dp_units(problem, passes, drop_free)
     masks = _ideal_family(problem, units, family, order, max_ideals)
     classes = device_classes(problem)
     P, Q, load = _block_loads(problem, units, masks, classes, max_pairs)
-    if combine not in ("max", "sum"):
-        raise PestoError(f"unknown DP combine {combine!r}; use 'max' (time per sample) or 'sum' (latency)")
-    join = np.maximum if combine == "max" else np.add
-    dp = _smallest_loads(len(masks), classes, P, Q, load, join)
-    top = tuple(len(c) for c in classes)
-    value = float(dp[top][len(masks) - 1])
-    assignment = -np.ones(problem.num_nodes, dtype=np.int64)
-    if np.isfinite(value):
-        _trace_back(dp, top, masks, classes, (P, Q, load), join, units, assignment)
-    return DpResult(value, assignment, units.exact, len(masks), len(P), time.perf_counter() - t0,
-                    family if combine == "max" else f"{family}, sum")
+    shared = time.perf_counter() - t0
+    out = []
+    for combine in combines:
+        t1 = time.perf_counter()
+        join = np.maximum if combine == "max" else np.add
+        dp = _smallest_loads(len(masks), classes, P, Q, load, join)
+        top = tuple(len(c) for c in classes)
+        value = float(dp[top][len(masks) - 1])
+        assignment = -np.ones(problem.num_nodes, dtype=np.int64)
+        if np.isfinite(value):
+            _trace_back(dp, top, masks, classes, (P, Q, load), join, units, assignment)
+        out.append(DpResult(value, assignment, units.exact, len(masks), len(P), shared + time.perf_counter() - t1,
+                            family if combine == "max" else f"{family}, sum"))
+    return out
 
 
 def _ideal_family(problem: Problem, units: Units, family: str, order, max_ideals: int) -> list[int]:
@@ -267,8 +285,7 @@ def _block_loads(problem: Problem, units: Units, masks: list[int], classes: list
     """The pairs ``masks[Q] < masks[P]`` and the load of each difference ``masks[P] - masks[Q]``
     on one device of each class (work plus transfers in and out; inf where it does not fit):
     ``(P, Q, load)`` with ``load`` of shape (pairs, classes)."""
-    n, nu = problem.num_nodes, len(units.units)
-    kept = np.flatnonzero(units.unit_of >= 0)
+    nu = len(units.units)
     cap = np.array([problem.capacity[c[0]] for c in classes])
     lat_d, inv_d = io_rates(problem.cluster)
     lat = np.array([lat_d[c[0]] for c in classes])
@@ -283,35 +300,71 @@ def _block_loads(problem: Problem, units: Units, masks: list[int], classes: list
         unit_bad[k] = (~np.isfinite(c)).sum(axis=0)
         unit_work[k] = np.where(np.isfinite(c), c, 0.0).sum(axis=0)
         unit_mem[k] = problem.mem[mem].sum()
-    member = np.array([[(m >> k) & 1 for k in range(nu)] for m in masks], dtype=np.float64).reshape(len(masks), nu)
+    width = max(1, (nu + 7) // 8)
+    packed = np.frombuffer(b"".join(m.to_bytes(width, "little") for m in masks), dtype=np.uint8)
+    member = np.unpackbits(packed.reshape(len(masks), width), axis=1, bitorder="little")[:, :nu].astype(np.float64)
     w_ideal, bad_ideal, m_ideal = member @ unit_work, member @ unit_bad, member @ unit_mem
-    P, Q = _pairs(masks, m_ideal, float(cap.max()), max_pairs)
-    # node membership of each ideal, over the kept nodes (for the transfers)
-    pos = -np.ones(n, dtype=np.int64)
-    pos[kept] = np.arange(len(kept))
-    node_in = member[:, units.unit_of[kept]].astype(bool)  # (ideals, kept)
-    src, dst, eb = problem.src, problem.dst, problem.ebytes
-    keep_e = (units.unit_of[src] >= 0) & (units.unit_of[dst] >= 0)
-    es, ed, eb = pos[src[keep_e]], pos[dst[keep_e]], eb[keep_e]
-    by_src = np.argsort(es, kind="stable")
-    es, ed, eb = es[by_src], ed[by_src], eb[by_src]
-    starts = np.flatnonzero(np.r_[True, es[1:] != es[:-1]]) if len(es) else np.zeros(0, dtype=np.int64)
-    npairs = len(P)
-    io_count = np.zeros(npairs)
-    io_bytes = np.zeros(npairs)
-    for lo in range(0, npairs, _CHUNK):
-        hi = min(lo + _CHUNK, npairs)
-        S = node_in[P[lo:hi]] & ~node_in[Q[lo:hi]]
-        if not len(es):
-            continue
-        s_src, s_dst = S[:, es], S[:, ed]
-        for cut in (s_src & ~s_dst, ~s_src & s_dst):  # out of the set, into the set: per producer
-            best = np.maximum.reduceat(np.where(cut, eb, -1.0), starts, axis=1)
-            io_count[lo:hi] += (best >= 0).sum(axis=1)
-            io_bytes[lo:hi] += np.clip(best, 0.0, None).sum(axis=1)
+    P, Q = _pairs(member, m_ideal, float(cap.max()), max_pairs)
+    io_count, io_bytes = _block_io(problem, units, member, P, Q)
     load = (w_ideal[P] - w_ideal[Q]) + io_count[:, None] * lat + io_bytes[:, None] * inv
     fits = ((bad_ideal[P] - bad_ideal[Q]) == 0) & ((m_ideal[P] - m_ideal[Q])[:, None] <= cap * (1 + _TOL))
     return P, Q, np.where(fits, load, np.inf)
+
+
+def _producer_levels(problem: Problem, units: Units):
+    """The kept edges as *levels* per producer, for :func:`_block_io`: a producer whose edges
+    carry ``v_1 > ... > v_m`` bytes has level ``l`` over its edges of at least ``v_l`` bytes,
+    weighted ``v_l - v_(l+1)`` (``v_(m+1) = 0``), so that the most bytes over any subset of
+    its edges is the sum of the weights of the levels that subset meets; level ``m`` holds
+    every edge and is the one counted. Returns ``(producer, weight, counted, incidence)``:
+    the producer's unit per level, and ``incidence`` (units x levels) the number of the
+    level's edges into each unit."""
+    src, dst, eb = problem.src, problem.dst, problem.ebytes
+    uo = units.unit_of
+    keep = (uo[src] >= 0) & (uo[dst] >= 0)
+    src, dst, eb = src[keep], dst[keep], eb[keep]
+    producer, weight, counted, cols, rows = [], [], [], [], []
+    for s in np.unique(src):
+        mine = src == s
+        values = np.unique(eb[mine])[::-1]
+        for lvl, v in enumerate(values):
+            nxt = values[lvl + 1] if lvl + 1 < len(values) else 0.0
+            g = len(producer)
+            producer.append(uo[s])
+            weight.append(float(v - nxt))
+            counted.append(lvl == len(values) - 1)
+            heads = uo[dst[mine & (eb >= v)]]
+            rows.extend(heads.tolist())
+            cols.extend([g] * len(heads))
+    incidence = np.zeros((len(units.units), len(producer)), dtype=np.float64)
+    np.add.at(incidence, (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)), 1.0)
+    return (np.asarray(producer, dtype=np.int64), np.asarray(weight), np.asarray(counted, dtype=bool), incidence)
+
+
+def _block_io(problem: Problem, units: Units, member: np.ndarray, P: np.ndarray, Q: np.ndarray):
+    """Transfers of each block ``masks[P] - masks[Q]``: ``(count, bytes)``, a producer's
+    output counted once per direction with the most bytes of its edges that cross (out of
+    the block from a producer in it, into it from a producer outside).
+
+    With ``masks[Q] < masks[P]``, a level's edges into the block number its edges into
+    ``masks[P]`` less those into ``masks[Q]``, so per pair only counts are compared; no
+    edge is visited per pair."""
+    producer, weight, counted, incidence = _producer_levels(problem, units)
+    npairs = len(P)
+    io_count, io_bytes = np.zeros(npairs), np.zeros(npairs)
+    if not len(producer):
+        return io_count, io_bytes
+    heads_in = (member @ incidence).astype(np.int32)  # (ideals, levels): edges into each ideal
+    degree = incidence.sum(axis=0).astype(np.int32)
+    holds = member[:, producer].astype(bool)  # (ideals, levels): the producer is in the ideal
+    for lo in range(0, npairs, _CHUNK):
+        p, q = P[lo:lo + _CHUNK], Q[lo:lo + _CHUNK]
+        into = heads_in[p] - heads_in[q]  # the level's edges whose consumer is in the block
+        inside = holds[p] & ~holds[q]
+        crossing = (inside & (into < degree)) | (~inside & (into > 0))
+        io_count[lo:lo + _CHUNK] = crossing[:, counted].sum(axis=1)
+        io_bytes[lo:lo + _CHUNK] = crossing @ weight
+    return io_count, io_bytes
 
 
 def _smallest_loads(num_ideals: int, classes, P, Q, load, join) -> dict:
@@ -398,5 +451,5 @@ def dp_bound(problem: Problem, max_ideals: int = MAX_IDEALS) -> dict:
 
 
 
-__all__ = ["DpResult", "MAX_IDEALS", "MAX_PAIRS", "Units", "all_ideals", "device_classes", "dp_bound", "dp_split",
+__all__ = ["DpResult", "MAX_IDEALS", "MAX_PAIRS", "Units", "all_ideals", "device_classes", "dp_bound", "dp_split", "dp_splits",
            "dp_units", "prefix_ideals"]
