@@ -47,6 +47,39 @@ def test_misses_count_a_line_per_strided_access_only_past_the_l2_ways():
     assert target_base(rows, "log_work_miss") == pytest.approx(target_base(rows, "log_work"))
 
 
+def test_the_devices_l2_geometry_decides_the_conflicts_and_the_misses(tmp_path):
+    from tvm_pesto.cluster import Cluster, parse_cluster
+    from tvm_pesto.cluster.host import l2_geometry
+    from tvm_pesto.costs.predict.features import FEATURE_NAMES, device_descriptor, feature_vector
+
+    qkv = _mm(128, 768, 2304)                    # B's rows 144 lines apart
+    wide = dict(DEV, l2_sets=2048, l2_ways=16)   # 2 MiB of 16 ways: 128 sets hold its 768 lines, 6 a set
+    assert strided_reduction("matmul", qkv["dominant"]["inputs"], {}, 4)[3] == 12.0    # 1,024 sets: 64 used
+    assert strided_reduction("matmul", qkv["dominant"]["inputs"], {}, 4, 2048)[3] == 6.0
+    assert miss_s(qkv, DEV, "tvm") > 0 and miss_s(qkv, wide, "tvm") == 0.0
+    assert miss_s(qkv, dict(DEV, l2_sets=2048, l2_ways=4), "tvm") == miss_s(qkv, DEV, "tvm")  # 6 lines > 4 ways
+    col = FEATURE_NAMES.index("log2_red_l2_conflict")
+    assert feature_vector(qkv, wide, "tvm")[col] < feature_vector(qkv, DEV, "tvm")[col]
+    # read from sysfs: the level-2 entry, whichever index it has
+    for idx, (level, sets, ways) in enumerate([(1, 64, 12), (2, 2048, 16), (3, 4096, 16)]):
+        d = tmp_path / "cpu3" / "cache" / f"index{idx}"
+        d.mkdir(parents=True)
+        for name, v in (("level", level), ("number_of_sets", sets), ("ways_of_associativity", ways)):
+            (d / name).write_text(f"{v}\n")
+    assert l2_geometry(3, str(tmp_path)) == (2048, 16) and l2_geometry(0, str(tmp_path)) == (0, 0)
+    # carried by the device, its descriptor and the cluster's JSON
+    dev = parse_cluster("cpu:1").devices[0]
+    assert (dev.l2_sets, dev.l2_ways) == l2_geometry(dev.cpu_ids[0])
+    desc = device_descriptor(dev)
+    assert ("l2_sets" in desc) == bool(dev.l2_sets) and desc.get("l2_ways", 0) == dev.l2_ways
+    c = parse_cluster("cpu:1")
+    c.devices[0].l2_sets, c.devices[0].l2_ways = 2048, 16
+    path = tmp_path / "c.json"
+    c.to_json(str(path))
+    back = Cluster.from_dict(__import__("json").loads(path.read_text()))
+    assert (back.devices[0].l2_sets, back.devices[0].l2_ways) == (2048, 16)
+
+
 def _row(m, k, n, rng):
     """An untuned TVM matmul: a fifth of the peak, plus its cache misses, plus a 3 us call."""
     desc = _mm(m, k, n)

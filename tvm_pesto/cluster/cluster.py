@@ -33,7 +33,9 @@ class Device:
     device are timed on that server (:mod:`tvm_pesto.costs.measure.remote`). ``cpu_kind`` is a CPU
     device's microarchitecture as ``vendor/family/model`` (``AuthenticAMD/23/1``; ``""`` where
     unknown, as for a remote device): two VMs of one brand string can differ 3x in kernel speed,
-    and the cost model tells them apart by it.
+    and the cost model tells them apart by it. ``l2_sets`` and ``l2_ways`` are its level-2
+    cache's geometry (0 where unknown), which decides when an unscheduled reduction's strided
+    lines evict each other (:func:`tvm_pesto.costs.predict.roofline.miss_s`).
     """
 
     name: str
@@ -51,6 +53,8 @@ class Device:
     rpc_tracker: str = ""
     rpc_key: str = ""
     cpu_kind: str = ""
+    l2_sets: int = 0
+    l2_ways: int = 0
 
     @property
     def remote(self) -> bool:
@@ -220,6 +224,7 @@ class Cluster:
                     cpu_ids=tuple(dd.get("cpu_ids", ())), model=str(dd.get("model", "")),
                     host=int(dd.get("host", 0)), rpc_tracker=str(dd.get("rpc_tracker", "")),
                     rpc_key=str(dd.get("rpc_key", "")), cpu_kind=str(dd.get("cpu_kind", "")),
+                    l2_sets=int(dd.get("l2_sets", 0)), l2_ways=int(dd.get("l2_ways", 0)),
                 ))
             except KeyError as e:
                 raise ClusterError(f"cluster JSON device {k} lacks field {e.args[0]!r} "

@@ -131,6 +131,39 @@ def cpu_identity() -> dict:
     return ident
 
 
+def l2_geometry(cpu: int = 0, root: str = "/sys/devices/system/cpu") -> tuple[int, int]:
+    """``(sets, ways)`` of the level-2 cache of logical CPU ``cpu``, read from ``root``'s
+    ``cpuN/cache/index*/`` (Linux sysfs); ``(0, 0)`` where it does not say (another OS, a
+    container hiding it): the cost model's features and miss term then take their defaults.
+
+    Examples
+    --------
+    >>> sets, ways = l2_geometry(root="/no/such/dir")
+    >>> sets, ways
+    (0, 0)
+    """
+    base = os.path.join(root, f"cpu{int(cpu)}", "cache")
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return 0, 0
+    for name in entries:
+        d = os.path.join(base, name)
+        try:
+            with open(os.path.join(d, "level")) as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(os.path.join(d, "number_of_sets")) as f:
+                sets = int(f.read().strip())
+            with open(os.path.join(d, "ways_of_associativity")) as f:
+                ways = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if sets > 0 and ways > 0:
+            return sets, ways
+    return 0, 0
+
+
 @functools.lru_cache(maxsize=1)
 def _cpuinfo() -> dict:
     """:func:`parse_cpuinfo` of ``/proc/cpuinfo``, read once per process (do not change the result)."""
@@ -144,4 +177,5 @@ def _cpuinfo() -> dict:
     return ident
 
 
-__all__ = ["CPU_KIND_ENV", "FLOPS_PER_CYCLE", "ISA_FLAGS", "check_cpu_kind", "cpu_identity", "parse_cpuinfo"]
+__all__ = ["CPU_KIND_ENV", "FLOPS_PER_CYCLE", "ISA_FLAGS", "check_cpu_kind", "cpu_identity", "l2_geometry",
+           "parse_cpuinfo"]

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ClusterError
 from .cluster import Cluster, Device, Host
-from .host import cpu_identity
+from .host import cpu_identity, l2_geometry
 
 GiB = float(1 << 30)
 
@@ -97,6 +97,7 @@ def cpu_cluster(n: int) -> Cluster:
         raise ClusterError(f"cpu:{n} asks for {n} devices but this machine has {len(cores)} usable cores; "
                            f"use cpu:1 .. cpu:{len(cores)}")
     _, per_core, mem = cpu_info()
+    l2_sets, l2_ways = l2_geometry(cores[0])
     per = len(cores) // n
     devs = []
     for i in range(n):
@@ -105,6 +106,7 @@ def cpu_cluster(n: int) -> Cluster:
             name=f"cpu{i}", kind="cpu", target={"kind": "llvm", "num-cores": len(ids)},
             memory_bytes=mem / n, peak_flops=per_core * len(ids), mem_bandwidth=8e9 * len(ids),
             cores=len(ids), index=i, present=True, cpu_ids=ids, model="host-cpu", cpu_kind=cpu_identity()["kind"],
+            l2_sets=l2_sets, l2_ways=l2_ways,
         ))
     # Shared memory: a copy is a memcpy plus a hand-off between worker threads. These are
     # defaults; `tvm-pesto cluster bench` measures them on this machine.

@@ -49,7 +49,8 @@ DOMINANT_KINDS = (
 )
 
 #: Cache geometry the strided-reduction features count sets with: a 64-byte line, 64 L1
-#: sets and 1,024 L2 sets (the 4 KiB and 64 KiB set spans of current x86 and Arm cores).
+#: sets and, where a device does not say (``l2_sets`` of its descriptor), 1,024 L2 sets (a
+#: 512 KiB 8-way L2; the Xeon of family 6 model 167 has 2,048 sets of 16 ways).
 LINE_BYTES, L1_SETS, L2_SETS = 64, 64, 1024
 
 #: Most strided accesses :func:`strided_reduction` enumerates (a longer reduction repeats them).
@@ -196,7 +197,14 @@ def device_descriptor(device) -> dict:
     }
     if getattr(device, "cpu_kind", ""):
         out["cpu_kind"] = str(device.cpu_kind)
+    if getattr(device, "l2_sets", 0) and getattr(device, "l2_ways", 0):
+        out["l2_sets"], out["l2_ways"] = int(device.l2_sets), int(device.l2_ways)
     return out
+
+
+def l2_sets_of(dev: dict) -> int:
+    """The L2 sets of a device descriptor (``l2_sets``), :data:`L2_SETS` where it has none."""
+    return int(dev.get("l2_sets") or L2_SETS)
 
 
 def device_size_key(dev: dict) -> str:
@@ -279,13 +287,14 @@ def dominant_kind(op: str, attrs: dict | None = None, inputs=None) -> str:
     return "other"
 
 
-def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float) -> tuple[float, float, float, float]:
+def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float,
+                      l2_sets: int = L2_SETS) -> tuple[float, float, float, float]:
     """``(stride, lines, l1_conflict, l2_conflict)`` of the strided operand of a conv2d's or
     matmul's reduction loop as TVM's unscheduled code walks it (the order of the compute
     definition: the reduction innermost): a conv2d in NCHW reads its (padded) input at a
     channel stride of H*W elements, a matmul reads B[k, j] at a stride of N. ``lines`` is the
     number of cache lines one reduction touches, a conflict the lines per cache set they
-    map to (L1 and L2, :data:`L1_SETS`, :data:`L2_SETS`): above the associativity, each
+    map to (L1 and L2, :data:`L1_SETS` and ``l2_sets``): above the associativity, each
     reduction misses (a 1x1 conv over 32 channels of 32x32 runs many times slower per FLOP
     than one over 8 channels: ``python -m tvm_pesto_lab.unscheduled_kernels`` measures both). All zeros for other ops.
 
@@ -296,6 +305,9 @@ def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float) -> tupl
     (4096.0, 32.0, 32.0)
     >>> strided_reduction("matmul", [[64, 256], [256, 64]], {}, 4)[:2]
     (256.0, 256.0)
+    >>> mm = [[128, 768], [768, 768]]                          # a 3 KiB stride: 48 lines apart
+    >>> strided_reduction("matmul", mm, {}, 4)[3], strided_reduction("matmul", mm, {}, 4, l2_sets=2048)[3]
+    (12.0, 6.0)
     """
     if kind == "conv2d" and len(inputs) >= 2 and len(inputs[0]) == 4 and len(inputs[1]) == 4:
         if str(attrs.get("data_layout", "NCHW")) != "NCHW":
@@ -317,7 +329,7 @@ def strided_reduction(kind: str, inputs, attrs: dict, dtype_size: float) -> tupl
     lines = {int(o) // LINE_BYTES for o in offsets[:MAX_REDUCTION_ACCESSES]}
     n_lines = float(len(lines))
     return (float(stride), n_lines, n_lines / len({ln % L1_SETS for ln in lines}),
-            n_lines / len({ln % L2_SETS for ln in lines}))
+            n_lines / len({ln % max(int(l2_sets), 1) for ln in lines}))
 
 
 def _l2(x: float) -> float:
@@ -384,12 +396,12 @@ def _output_features(ins: list, outs: list, cats: list) -> list[float]:
 
 
 def _access_features(kind: str, ins: list, attrs: dict, dtb: float, dom: dict, ops: list,
-                     out_elems: float) -> list[float]:
+                     out_elems: float, dev: dict) -> list[float]:
     """``log2_red_stride`` .. ``log2_transcendental_elems`` of :data:`FEATURE_NAMES`: how the
     unscheduled code walks the dominant op's operands (:func:`strided_reduction`, a
     convolution's GEMM reduction length, broadcast inputs) and how many elements pass
     through :data:`TRANSCENDENTAL` ops."""
-    f = [_l2(x) for x in strided_reduction(kind, ins, attrs, dtb)]
+    f = [_l2(x) for x in strided_reduction(kind, ins, attrs, dtb, l2_sets_of(dev))]
     gemm_k = _prod(ins[1][1:]) if kind in _CONV_KINDS and len(ins) >= 2 else 0.0
     dom_out = _prod(dom["outputs"][0]) if dom.get("outputs") else out_elems
     f += [_l2(gemm_k), float(len(ins)), 1.0 if any(_prod(s) < dom_out for s in ins[1:]) else 0.0]
@@ -468,7 +480,7 @@ def feature_vector(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> n
     f += _conv_features(kind, ins, attrs, dom)
     f += _matmul_features(kind, ins, desc)
     f += _output_features(ins, outs, cats)
-    f += _access_features(kind, ins, attrs, dtb, dom, ops, out_elems)
+    f += _access_features(kind, ins, attrs, dtb, dom, ops, out_elems, dev)
     f += _category_totals(desc, dom, flops, member)
     f += _device_features(desc, dev, flops, br, bw)
     f += [1.0 if backend == b else 0.0 for b in KNOWN_BACKENDS]
@@ -487,5 +499,5 @@ def feature_matrix(rows: Sequence[dict]) -> np.ndarray:
 
 
 __all__ = ["DESC_VERSION", "FEATURE_NAMES", "KNOWN_BACKENDS", "TRANSCENDENTAL", "describe_group", "device_descriptor",
-           "device_key", "device_size_key", "dominant_kind", "feature_matrix", "feature_vector", "roofline_s",
+           "device_key", "device_size_key", "dominant_kind", "feature_matrix", "feature_vector", "l2_sets_of", "roofline_s",
            "strided_reduction"]

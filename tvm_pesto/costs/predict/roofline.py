@@ -10,16 +10,17 @@ from __future__ import annotations
 import numpy as np
 
 from ...graph.flops import op_category
-from .features import LINE_BYTES, TIME_FLOOR_S, _dtype_size, _prod, dominant_kind, strided_reduction
+from .features import LINE_BYTES, TIME_FLOOR_S, _dtype_size, _prod, dominant_kind, l2_sets_of, strided_reduction
 
 # A kernel launch / dispatch costs at least this much, even when it does no work.
 LAUNCH_S = {"gpu": 5e-6, "cpu": 2e-6}
 # Fraction of peak a well-scheduled kernel reaches, by op category.
 EFFICIENCY = {"anchor": 0.6, "default": 0.5}
-#: Ways of an L2 cache set (8 on the Zen 1-5 and Rocket Lake-class cores the rows come from): an
-#: unscheduled reduction whose strided lines map more than this many to one L2 set
-#: (``l2_conflict`` of :func:`~tvm_pesto.costs.predict.features.strided_reduction`) evicts each
-#: line before it comes round again under LRU.
+#: Ways of an L2 cache set where a device does not say (``l2_ways`` of its descriptor: 8 on
+#: the Zen 1 and Zen 4, 16 on the Xeon of family 6 model 167): an unscheduled reduction whose
+#: strided lines map more than this many to one L2 set (``l2_conflict`` of
+#: :func:`~tvm_pesto.costs.predict.features.strided_reduction`) evicts each line before it
+#: comes round again under LRU.
 L2_WAYS = 8
 #: Backends whose code is TVM's unscheduled loop nest (``tvm-ms`` where its database has no
 #: schedule: the untuned share of its work).
@@ -69,8 +70,9 @@ def work_s(desc: dict, dev: dict) -> float:
 
 def miss_s(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> float:
     """Seconds an unscheduled TVM reduction spends fetching the cache lines it misses: where
-    the dominant matmul's or NCHW conv2d's strided operand maps more than :data:`L2_WAYS` of
-    its reduction's lines to one L2 set (:func:`~tvm_pesto.costs.predict.features.strided_reduction`),
+    the dominant matmul's or NCHW conv2d's strided operand maps more of its reduction's lines
+    to one L2 set than the set has ways (the descriptor's ``l2_sets`` and ``l2_ways``, where it
+    has them; else 1,024 sets of :data:`L2_WAYS`: :func:`~tvm_pesto.costs.predict.features.strided_reduction`),
     no line survives to the next output, and every strided access (a matmul's
     ``batch * M * N * K``, a convolution's ``out_elems * C_in / groups * kh``: a kernel row's
     ``kw`` taps share a line) brings one :data:`~tvm_pesto.costs.predict.features.LINE_BYTES`
@@ -95,6 +97,9 @@ def miss_s(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> float:
     >>> small = dict(mm, dominant=dict(mm["dominant"], inputs=[[128, 240], [240, 320]], outputs=[[128, 320]]))
     >>> miss_s(small, dev, "tvm")                       # its 240 lines spread over the L2 sets
     0.0
+    >>> qkv = dict(mm, dominant=dict(mm["dominant"], inputs=[[128, 768], [768, 2304]], outputs=[[128, 2304]]))
+    >>> round(miss_s(qkv, dev, "tvm"), 3), miss_s(qkv, dict(dev, l2_sets=2048, l2_ways=16), "tvm")
+    (1.812, 0.0)
     """
     share = 1.0 - min(max(float(tuned), 0.0), 1.0)
     dom = desc.get("dominant") or {}
@@ -102,7 +107,9 @@ def miss_s(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> float:
         return 0.0
     ins, attrs = [list(s) for s in dom.get("inputs") or []], dom.get("attrs") or {}
     kind = dominant_kind(dom["op"], attrs, ins)
-    if kind not in ("matmul", "conv2d") or strided_reduction(kind, ins, attrs, _dtype_size(desc))[3] <= L2_WAYS:
+    ways = int(dev.get("l2_ways") or L2_WAYS)
+    if kind not in ("matmul", "conv2d") or \
+            strided_reduction(kind, ins, attrs, _dtype_size(desc), l2_sets_of(dev))[3] <= ways:
         return 0.0
     if kind == "matmul":
         accesses = _prod(dom["outputs"][0]) * float(ins[1][-2])
