@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_pesto.costs.predict.features import LINE_BYTES, strided_reduction
-from tvm_pesto.costs.predict.roofline import L2_WAYS, miss_s
+from tvm_pesto.costs.predict.caches import L2_WAYS, LINE_BYTES, strided_reduction
+from tvm_pesto.costs.predict.roofline import miss_s
 from tvm_pesto.costs.predict.xgb import target_base, target_offset
 from tvm_pesto_lab import fit
 

@@ -7,9 +7,12 @@ bias+ReLU or batch norm), ``matmul`` (2-d and batched, with bias and activation)
 ``attention`` (QK^T, scale, softmax, ·V), ``elementwise`` (chains of 1-4 ops, layer norm,
 softmax, reductions), ``pool``, ``movement`` (reshape, transpose, concat, split), ``small``
 (ops of a few microseconds: bias and residual adds, activations, norms, splits, odd
-sizes) and ``conv1x1`` (pointwise and strided 1x1 convolutions).
+sizes), ``conv1x1`` (pointwise and strided 1x1 convolutions) and ``large`` (shapes of the
+other families whose operands are past the L2, 1-6 MiB: what a model at its full size does
+to the caches, in shapes no model has).
 
-Shapes are kept small enough that profiling a family's unscheduled TVM kernels stays quick.
+Shapes are kept small enough that profiling a family's unscheduled TVM kernels stays quick
+(``large``: a few seconds each).
 ``tvm-pesto profile sweep`` (:func:`tvm_pesto_lab.profile.profile_zoo`) measures them.
 Weights are seeded constants, so the modules (and their structural keys) are the same on
 every run.
@@ -314,6 +317,34 @@ def _movement(b: _Builder, shape, kind):
     b.branches.append(fn)
 
 
+# Past the L2: each operand an unscheduled kernel walks with a stride, or the tensor it
+# streams, is 1-6 MiB (the rows above stay under 0.3 MiB), in shapes no zoo model has; as
+# (family, configuration) of the families above. What a model at its full size does to the
+# caches, taught by shapes of its own.
+LARGE_CONFIGS = [
+    ("matmul", ((), 96, 640, 1280, "bias")), ("matmul", ((), 64, 512, 1536, "bias_gelu")),
+    ("matmul", ((), 160, 896, 896, "bias")), ("matmul", ((), 32, 1024, 1024, "bias_relu")),
+    ("matmul", ((), 48, 384, 2048, "bias")), ("matmul", ((), 1, 1536, 1000, "bias")),
+    ("matmul", ((1,), 100, 640, 640, "bias_add")), ("matmul", ((), 16, 1280, 640, "bias")),
+    ("matmul", ((), 128, 512, 512, "bias")), ("matmul", ((), 200, 576, 1152, "bias_gelu")),
+    ("conv2d", (96, 96, 80, 3, 1, 1, "bias_relu")), ("conv2d", (48, 48, 120, 3, 1, 48, "bn_relu")),
+    ("conv2d", (160, 160, 36, 3, 1, 160, "bn")), ("conv2d", (64, 128, 72, 3, 2, 1, "bn_relu")),
+    ("conv1x1", (256, 64, 48, 1, "bn")), ("conv1x1", (96, 384, 40, 1, "bn_relu")),
+    ("conv1x1", (512, 128, 24, 1, "bias")), ("conv1x1", (128, 256, 64, 2, "bn")),
+    ("elementwise", ((1, 96, 112, 112), ("add", "relu"))), ("elementwise", ((1, 384, 1000), ("layer_norm",))),
+    ("elementwise", ((1, 6, 320, 320), ("softmax",))), ("elementwise", ((1, 48, 160, 160), ("batch_norm", "relu"))),
+    ("elementwise", ((1, 300, 1536), ("gelu",))), ("elementwise", ((1, 640, 48, 48), ("sum",))),
+    ("movement", ((1, 320, 1024), "permute")), ("movement", ((1, 200, 10, 64), "permute4")),
+    ("movement", ((1, 96, 56, 56), "concat")), ("movement", ((1, 192, 48, 48), "split")),
+    ("movement", ((1, 1000, 7, 7), "reshape")), ("pool", (96, 112, "max", 3, 2)),
+    ("attention", (1, 6, 320, 48)), ("attention", (1, 16, 144, 40)),
+]
+
+
+def _large(b: _Builder, family: str, config: tuple):
+    FAMILIES[family][1](b, *config)
+
+
 FAMILIES: dict[str, tuple[list, Callable]] = {
     "conv2d": (CONV_CONFIGS, _conv),
     "matmul": (MATMUL_CONFIGS, _matmul),
@@ -323,6 +354,7 @@ FAMILIES: dict[str, tuple[list, Callable]] = {
     "small": (SMALL_CONFIGS, _small),
     "conv1x1": (CONV1X1_CONFIGS, _conv1x1),
     "movement": (MOVEMENT_CONFIGS, _movement),
+    "large": (LARGE_CONFIGS, _large),
 }
 
 

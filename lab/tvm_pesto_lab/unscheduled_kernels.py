@@ -27,7 +27,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_pesto.costs.predict.features import strided_reduction
+from tvm_pesto.costs.predict.caches import strided_reduction
 from tvm_pesto.jsonio import write_json
 
 CONVS = [  # (C_in, H, W, C_out)

@@ -10,18 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...graph.flops import op_category
-from .features import LINE_BYTES, TIME_FLOOR_S, _dtype_size, _prod, dominant_kind, l2_sets_of, strided_reduction
+from .caches import LINE_BYTES, l2_sets_of, l2_ways_of, strided_reduction
+from .features import TIME_FLOOR_S, _dtype_size, _prod, dominant_kind
 
 # A kernel launch / dispatch costs at least this much, even when it does no work.
 LAUNCH_S = {"gpu": 5e-6, "cpu": 2e-6}
 # Fraction of peak a well-scheduled kernel reaches, by op category.
 EFFICIENCY = {"anchor": 0.6, "default": 0.5}
-#: Ways of an L2 cache set where a device does not say (``l2_ways`` of its descriptor: 8 on
-#: the Zen 1 and Zen 4, 16 on the Xeon of family 6 model 167): an unscheduled reduction whose
-#: strided lines map more than this many to one L2 set (``l2_conflict`` of
-#: :func:`~tvm_pesto.costs.predict.features.strided_reduction`) evicts each line before it
-#: comes round again under LRU.
-L2_WAYS = 8
 #: Backends whose code is TVM's unscheduled loop nest (``tvm-ms`` where its database has no
 #: schedule: the untuned share of its work).
 UNTUNED_TVM = ("tvm", "tvm-ms")
@@ -72,10 +67,10 @@ def miss_s(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> float:
     """Seconds an unscheduled TVM reduction spends fetching the cache lines it misses: where
     the dominant matmul's or NCHW conv2d's strided operand maps more of its reduction's lines
     to one L2 set than the set has ways (the descriptor's ``l2_sets`` and ``l2_ways``, where it
-    has them; else 1,024 sets of :data:`L2_WAYS`: :func:`~tvm_pesto.costs.predict.features.strided_reduction`),
+    has them; else 1,024 sets of 8 ways: :func:`~tvm_pesto.costs.predict.caches.strided_reduction`),
     no line survives to the next output, and every strided access (a matmul's
     ``batch * M * N * K``, a convolution's ``out_elems * C_in / groups * kh``: a kernel row's
-    ``kw`` taps share a line) brings one :data:`~tvm_pesto.costs.predict.features.LINE_BYTES`
+    ``kw`` taps share a line) brings one :data:`~tvm_pesto.costs.predict.caches.LINE_BYTES`
     line from memory, at the device's bandwidth. 0 for other ops, for tuned code
     (``1 - tuned`` of it for ``tvm-ms``) and for library backends (their kernels block the
     loops).
@@ -107,9 +102,8 @@ def miss_s(desc: dict, dev: dict, backend: str, tuned: float = 0.0) -> float:
         return 0.0
     ins, attrs = [list(s) for s in dom.get("inputs") or []], dom.get("attrs") or {}
     kind = dominant_kind(dom["op"], attrs, ins)
-    ways = int(dev.get("l2_ways") or L2_WAYS)
     if kind not in ("matmul", "conv2d") or \
-            strided_reduction(kind, ins, attrs, _dtype_size(desc), l2_sets_of(dev))[3] <= ways:
+            strided_reduction(kind, ins, attrs, _dtype_size(desc), l2_sets_of(dev))[3] <= l2_ways_of(dev):
         return 0.0
     if kind == "matmul":
         accesses = _prod(dom["outputs"][0]) * float(ins[1][-2])
