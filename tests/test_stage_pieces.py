@@ -203,7 +203,9 @@ def test_the_operator_graph_table_shows_each_rows_figures():
 
 @pytest.mark.slow
 def test_the_bert_l3_row_is_valid_and_within_its_bound():
-    row = operator_graph_row(str(OPS / "bert_l-3_inference.json.gz"), time_limit_s=2.0)
+    # wall-clock: HiGHS stops at 2 s (deterministic, its root node alone takes 13-18 s here; the
+    # deterministic piece MIP runs in the CLI test above); the start alone beats the greedy split
+    row = operator_graph_row(str(OPS / "bert_l-3_inference.json.gz"), time_limit_s=2.0, deterministic=False)
     assert row["ilp"]["valid"] and row["ilp"]["mip"] == "pieces"
     assert row["bound"] <= row["ilp"]["latency"] <= row["stage-dp"]["latency"] * (1 + 1e-9)
     assert row["ilp"]["latency"] < row["outside"]["greedy"]
