@@ -32,6 +32,7 @@ import functools
 import os
 import platform
 import re
+from pathlib import Path
 
 from ..errors import ClusterError
 
@@ -142,24 +143,17 @@ def l2_geometry(cpu: int = 0, root: str = "/sys/devices/system/cpu") -> tuple[in
     >>> sets, ways
     (0, 0)
     """
-    base = os.path.join(root, f"cpu{int(cpu)}", "cache")
+    base = Path(root) / f"cpu{int(cpu)}" / "cache"
     try:
-        entries = sorted(os.listdir(base))
+        entries = sorted(base.glob("index*"))
     except OSError:
         return 0, 0
-    for name in entries:
-        d = os.path.join(base, name)
+    for d in entries:
         try:
-            with open(os.path.join(d, "level")) as f:
-                if f.read().strip() != "2":
-                    continue
-            with open(os.path.join(d, "number_of_sets")) as f:
-                sets = int(f.read().strip())
-            with open(os.path.join(d, "ways_of_associativity")) as f:
-                ways = int(f.read().strip())
+            level, sets, ways = (int((d / f).read_text()) for f in ("level", "number_of_sets", "ways_of_associativity"))
         except (OSError, ValueError):
             continue
-        if sets > 0 and ways > 0:
+        if level == 2 and sets > 0 and ways > 0:
             return sets, ways
     return 0, 0
 
