@@ -140,6 +140,9 @@ MATMUL_CONFIGS = [
 ATTENTION_CONFIGS = [(1, 2, 16, 16), (1, 4, 32, 16), (1, 2, 64, 32), (1, 4, 24, 8), (1, 8, 16, 32),
                      (1, 1, 128, 16), (1, 2, 48, 24), (1, 4, 50, 16), (1, 12, 8, 64)]
 
+# (batch, sequence, heads, head size) of the fused attention op
+SDPA_CONFIGS = [(1, 24, 2, 16), (1, 32, 4, 16), (1, 48, 2, 32), (1, 64, 4, 32), (1, 40, 8, 8), (1, 20, 6, 24)]
+
 # (shape, ops) elementwise and friends
 ELEMENTWISE_CONFIGS = [
     ((1, 64, 32, 32), ("add",)), ((1, 256), ("relu",)), ((1, 16, 56, 56), ("add", "relu")),
@@ -241,6 +244,13 @@ def _attention(b: _Builder, batch, heads, seq, dim):
     b.branches.append(fn)
 
 
+def _sdpa(b: _Builder, batch, seq, heads, dim):
+    """Relax's fused attention op (``R.nn.attention``, sequence-major ``(B, S, H, D)``), as
+    the importers emit it for ``scaled_dot_product_attention``."""
+    q, k, v = (b.input((batch, seq, heads, dim)) for _ in range(3))
+    b.branches.append(lambda bb: bb.emit(R.nn.attention(q, k, v)))
+
+
 def _elementwise(b: _Builder, shape, ops):
     x = b.input(shape)
     c = b.const(shape[-1:], 1.0)
@@ -309,6 +319,10 @@ def _movement(b: _Builder, shape, kind):
             return bb.emit(R.permute_dims(x, [0, 2, 1]))
         if kind == "permute4":
             return bb.emit(R.permute_dims(x, [0, 2, 1, 3]))
+        if kind == "permute4_last":
+            return bb.emit(R.permute_dims(x, [0, 1, 3, 2]))
+        if kind == "channels_last":
+            return bb.emit(R.permute_dims(x, [0, 2, 3, 1]))
         if kind == "concat":
             return bb.emit(R.concat([x, y2], axis=1))
         t = bb.emit(R.split(x, 2, axis=1))
@@ -338,6 +352,30 @@ LARGE_CONFIGS = [
     ("movement", ((1, 96, 56, 56), "concat")), ("movement", ((1, 192, 48, 48), "split")),
     ("movement", ((1, 1000, 7, 7), "reshape")), ("pool", (96, 112, "max", 3, 2)),
     ("attention", (1, 6, 320, 48)), ("attention", (1, 16, 144, 40)),
+    # the convolution regimes of a full-size CNN: few input channels over a large image, many
+    # over a small one, depthwise kernels of 3 and 5 on wide layers, and a strided stem
+    ("conv1x1", (20, 120, 64, 1, "bn_relu")), ("conv1x1", (12, 80, 104, 1, "bn")),
+    ("conv1x1", (40, 240, 40, 1, "bn_relu")), ("conv1x1", (28, 20, 104, 1, "bn")),
+    ("conv1x1", (800, 144, 8, 1, "bn")), ("conv1x1", (320, 640, 16, 1, "bn_relu")),
+    ("conv1x1", (1536, 384, 9, 1, "bn")), ("conv1x1", (192, 448, 40, 1, "bn")),
+    ("conv2d", (120, 120, 48, 3, 1, 120, "bn_relu")), ("conv2d", (480, 480, 12, 3, 1, 480, "bn")),
+    ("conv2d", (800, 800, 8, 5, 1, 800, "bn_relu")), ("conv2d", (56, 56, 64, 5, 1, 56, "bn_relu")),
+    ("conv2d", (24, 24, 104, 3, 1, 24, "bn_relu")), ("conv2d", (80, 80, 96, 3, 2, 80, "bn")),
+    ("conv2d", (320, 320, 20, 5, 1, 320, "bn")), ("conv2d", (256, 256, 12, 3, 1, 1, "bn_relu")),
+    ("conv2d", (160, 160, 24, 3, 1, 1, "bn_relu")), ("conv2d", (40, 48, 96, 3, 1, 1, "bn_relu")),
+    ("conv2d", (3, 24, 208, 3, 2, 1, "bn_relu")),
+    ("elementwise", ((1, 200, 48, 48), ("batch_norm",))), ("elementwise", ((1, 20, 120, 120), ("batch_norm", "relu"))),
+    ("elementwise", ((1, 64, 96, 96), ("batch_norm",))),
+    # movement of each axis order a model's attention and layout changes make, and a long GEMV
+    ("movement", ((1, 160, 8, 96), "permute4")), ("movement", ((1, 10, 150, 80), "permute4")),
+    ("movement", ((1, 240, 640), "permute")), ("movement", ((1, 640, 240), "permute")),
+    ("movement", ((1, 10, 150, 80), "permute4_last")), ("movement", ((1, 96, 48, 48), "channels_last")),
+    ("matmul", ((), 1, 1792, 1200, "bias")), ("matmul", ((), 1, 2560, 640, "bias")),
+    ("attention", (1, 10, 160, 64)),
+    ("conv1x1", (16, 128, 80, 1, "bn")), ("conv1x1", (24, 160, 48, 1, "bn_relu")),
+    ("conv1x1", (32, 128, 60, 1, "bn")), ("conv1x1", (24, 96, 72, 1, "bn")),
+    ("conv1x1", (48, 192, 36, 1, "bn_relu")), ("conv1x1", (16, 48, 88, 1, "bn")),
+    ("sdpa", (1, 160, 10, 64)), ("sdpa", (1, 96, 16, 48)), ("sdpa", (1, 200, 6, 64)), ("sdpa", (1, 64, 8, 96)),
 ]
 
 
@@ -354,6 +392,7 @@ FAMILIES: dict[str, tuple[list, Callable]] = {
     "small": (SMALL_CONFIGS, _small),
     "conv1x1": (CONV1X1_CONFIGS, _conv1x1),
     "movement": (MOVEMENT_CONFIGS, _movement),
+    "sdpa": (SDPA_CONFIGS, _sdpa),
     "large": (LARGE_CONFIGS, _large),
 }
 
