@@ -273,3 +273,32 @@ def test_ray_cli_run_json(ray_session, tmp_path):
     assert fit["caller_s_per_byte"] < 1e-6  # at least a megabyte a second
     assert r["dispatch"]["executor"] == "ray" and r["dispatch"]["source"] == "measured"
     assert r["dispatch"]["run_s"] == pytest.approx(fit["run_s"])
+
+
+def test_rebind_runs_another_program_on_the_actors_it_started(ray_session, tmp_path):
+    """``RayExecutor.rebind``: a program over devices already started runs on the same actors
+    (what the dispatch fit times its three programs on); one that needs a device not started
+    gets new actors on its next run; every program computes what it should."""
+    from tvm_pesto.costs.calibrate.dispatch import _kernels, dispatch_programs
+    from tvm_pesto.run.ray.timing import write_bundle
+
+    cluster = parse_cluster("cpu:2")
+    progs = dispatch_programs(cluster, 0, 1)
+    bundle = write_bundle(str(tmp_path), {d: _kernels(cluster.devices[d])[2] for d in (0, 1)})
+    x = np.zeros(4, np.float32)
+    ex = RayExecutor(progs["back"], cluster, bundle, ray_session)
+    try:
+        assert ex.run([x]).numpy().tolist() == [3.0] * 4  # three adds of one
+        pids = {d: i["pid"] for d, i in ex.actor_info.items()}
+        for name, adds in (("one", 1), ("there", 2), ("back", 3)):
+            ex.rebind(progs[name])
+            assert ex.run([x]).numpy().tolist() == [float(adds)] * 4, name
+            assert {d: i["pid"] for d, i in ex.actor_info.items()} == pids, name  # no actor started
+        ex.close()
+        ex = RayExecutor(progs["one"], cluster, bundle, ray_session)
+        ex.run([x])
+        assert set(ex.actor_info) == {0}
+        ex.rebind(progs["there"])  # device 1 has no actor: the next run starts them
+        assert ex.run([x]).numpy().tolist() == [2.0] * 4 and set(ex.actor_info) == {0, 1}
+    finally:
+        ex.close()

@@ -113,11 +113,8 @@ class RayExecutor:
         self.graph = None
         self._leaves: list = []
         self._ready: list = []  # seconds from the start of each recent run until its last result was sent
-        self._files = {d: {f: open(os.path.join(bundle, f), "rb").read() for f in device_files(self.manifest, d)}
-                       for d in self.plan.tasks}
-        for d in self.plan.tasks:
-            if str(d) not in self.manifest.get("libraries", {}):
-                raise ExecutionError(f"the bundle in {bundle!r} has no library for device {d}; export the model again")
+        self._check_libraries(self.plan)
+        self._files = {d: self._read_files(d) for d in self.plan.tasks}
 
     @property
     def closed(self) -> bool:
@@ -138,15 +135,61 @@ class RayExecutor:
         if self.graph is not None:
             return
         ray = import_ray()
-        from ray.dag import InputNode, MultiOutputNode
-
-        prog = self.program.to_dict()
-        specs = {d: [{"ops": t.ops, "sources": t.sources, "sends": t.sends} for t in ts]
-                 for d, ts in self.plan.tasks.items()}
+        prog, specs = self.program.to_dict(), self._specs()
         self.actors, self.actor_info = start_actors(
             self.cluster, self.devices,
             lambda d: (self.cluster.to_dict(), d, self.manifest, self._files[d], prog, specs[d]),
             self.start_timeout_s)
+        self._compile()
+        self._ray = ray
+
+    def _check_libraries(self, plan: Schedule) -> None:
+        for d in plan.tasks:
+            if str(d) not in self.manifest.get("libraries", {}):
+                raise ExecutionError(f"the bundle in {self.bundle!r} has no library for device {d}; "
+                                     "export the model again")
+
+    def _read_files(self, d: int) -> dict:
+        """Device ``d``'s bundle files, by name, as bytes (what its actor loads)."""
+        out = {}
+        for f in device_files(self.manifest, d):
+            with open(os.path.join(self.bundle, f), "rb") as fh:
+                out[f] = fh.read()
+        return out
+
+    def _specs(self) -> dict:
+        return {d: [{"ops": t.ops, "sources": t.sources, "sends": t.sends} for t in ts]
+                for d, ts in self.plan.tasks.items()}
+
+    def rebind(self, program: Program) -> None:
+        """Run ``program`` from now on, on the actors already started where it uses no other
+        device (its libraries are this bundle's): the graph is torn down and compiled again
+        for it, and no actor starts (seconds each). Before the first run, or with a device
+        not started, the next run starts actors as usual."""
+        if self.broken is not None:
+            raise ExecutionError(f"this Ray executor cannot run: {self.broken}; make a new one")
+        plan = schedule(program)
+        self._check_libraries(plan)
+        kept = self.graph is not None and set(plan.tasks) <= set(self.actors)
+        if not kept and (self.actors or self.graph is not None):
+            self._stop()
+        elif kept:
+            graph, self.graph = self.graph, None
+            graph.teardown()
+        self.program, self.plan = program, plan
+        self._files = {d: self._files.get(d) or self._read_files(d) for d in plan.tasks}
+        self._ready = []
+        if kept:
+            ray, prog, specs = import_ray(), program.to_dict(), self._specs()
+            ray.get([self.actors[d].load_program.remote(prog, specs[d]) for d in plan.tasks],
+                    timeout=self.start_timeout_s)
+            self._compile()
+
+    def _compile(self) -> None:
+        """Bind the plan's tasks to the started actors and compile the graph (the actors are
+        killed when it fails)."""
+        from ray.dag import InputNode, MultiOutputNode
+
         try:
             nodes = {}
             with InputNode() as inp:
@@ -168,7 +211,6 @@ class RayExecutor:
         except BaseException:
             self._stop()
             raise
-        self._ray = ray
 
     def _stop(self) -> None:
         """Kill the actors, then tear the graph down (fast: nothing waits on a live loop)."""

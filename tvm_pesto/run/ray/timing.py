@@ -19,6 +19,7 @@ import numpy as np
 
 from ..bundle.format import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
 from .executor import RayExecutor
+from .tasks import schedule
 from .session import RaySession
 
 
@@ -41,10 +42,12 @@ def time_ray_programs(programs: dict, runs: dict, cluster, executables: dict, se
                       min_s: float = 0.2, min_runs: int = 50, rounds: int = 5) -> dict:
     """Median seconds per run over the Ray executor, per label of ``runs`` (label ->
     ``(program name, inputs)``; ``programs`` maps names to
-    :class:`~tvm_pesto.run.program.Program`): one program at a time, each over its own
-    actors (stopped before the next starts, so no idle actor polls beside the ones timed);
-    a program's labels run in ``rounds`` interleaved rounds, after ``warmup`` runs each, of
-    at least ``min_runs / rounds`` runs and ``min_s / rounds`` seconds per label and round.
+    :class:`~tvm_pesto.run.program.Program`): one program at a time, each compiled in turn
+    over the same actors, started once for every device the programs use
+    (:meth:`~tvm_pesto.run.ray.executor.RayExecutor.rebind`: one graph at a time, so no
+    other graph's loop polls beside the one timed); a program's
+    labels run in ``rounds`` interleaved rounds, after ``warmup`` runs each, of at least
+    ``min_runs / rounds`` runs and ``min_s / rounds`` seconds per label and round.
     Without ``session``, a local Ray is started for them (or the one this process is
     connected to used) and stopped after.
 
@@ -59,13 +62,16 @@ def time_ray_programs(programs: dict, runs: dict, cluster, executables: dict, se
     times: dict = {}
     try:
         bundle = write_bundle(tmp, executables)
-        for name, prog in programs.items():
-            mine = {label: inputs for label, (pname, inputs) in runs.items() if pname == name}
-            if not mine:
-                continue
-            ex = RayExecutor(prog, cluster, bundle, session)
-            try:
-                ex.start()
+        todo = [name for name in programs if any(p == name for p, _ in runs.values())]
+        ex = None
+        try:
+            for name in todo:
+                if ex is None:  # the actors of every device the programs use, started once
+                    ex = RayExecutor(programs[max(todo, key=lambda n: len(schedule(programs[n]).tasks))],
+                                     cluster, bundle, session)
+                    ex.start()
+                ex.rebind(programs[name])
+                mine = {label: inputs for label, (pname, inputs) in runs.items() if pname == name}
                 per: dict = {label: [] for label in mine}
                 for label, inputs in mine.items():
                     for _ in range(warmup):
@@ -79,7 +85,8 @@ def time_ray_programs(programs: dict, runs: dict, cluster, executables: dict, se
                             ts.append(time.perf_counter() - t)
                         per[label] += ts
                 times.update({label: float(np.median(v)) for label, v in per.items()})
-            finally:
+        finally:
+            if ex is not None:
                 ex.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -103,6 +103,11 @@ class DeviceWorker:
                 shutil.rmtree(self.dir, ignore_errors=True)
             self.steps = Program.from_dict(program).steps
 
+    def load_program(self, program: dict, tasks: list) -> None:
+        """Run another program over the library already loaded: its steps and this
+        device's tasks replace the ones given at the start (between compiled graphs)."""
+        self.steps, self.tasks, self.env, self.trace = Program.from_dict(program).steps, tasks, {}, []
+
     def _pin(self):
         """Pin the calling thread to the device's cores (when this machine has them) and
         size TVM's pool: Ray runs the compiled graph in a thread of its own."""
