@@ -277,8 +277,9 @@ def test_ray_cli_run_json(ray_session, tmp_path):
 
 def test_rebind_runs_another_program_on_the_actors_it_started(ray_session, tmp_path):
     """``RayExecutor.rebind``: a program over devices already started runs on the same actors
-    (what the dispatch fit times its three programs on); one that needs a device not started
-    gets new actors on its next run; every program computes what it should."""
+    (what the dispatch fit times its three programs on); an actor that died is reported and
+    replaced on the next run; one that needs a device not started gets new actors on its next
+    run; every program computes what it should."""
     from tvm_pesto.costs.calibrate.dispatch import _kernels, dispatch_programs
     from tvm_pesto.run.ray.timing import write_bundle
 
@@ -294,6 +295,12 @@ def test_rebind_runs_another_program_on_the_actors_it_started(ray_session, tmp_p
             ex.rebind(progs[name])
             assert ex.run([x]).numpy().tolist() == [float(adds)] * 4, name
             assert {d: i["pid"] for d, i in ex.actor_info.items()} == pids, name  # no actor started
+        import ray
+
+        ray.kill(ex.actors[1])  # an actor that cannot take the next program: a clear error, then new actors
+        with pytest.raises(ExecutionError, match=r"device 1 \(cpu1\) did not take the new program.*next run starts"):
+            ex.rebind(progs["there"])
+        assert ex.run([x]).numpy().tolist() == [2.0] * 4 and ex.actor_info[1]["pid"] != pids[1]
         ex.close()
         ex = RayExecutor(progs["one"], cluster, bundle, ray_session)
         ex.run([x])

@@ -331,10 +331,11 @@ def _movement(b: _Builder, shape, kind):
     b.branches.append(fn)
 
 
-# Past the L2: each operand an unscheduled kernel walks with a stride, or the tensor it
-# streams, is 1-6 MiB (the rows above stay under 0.3 MiB), in shapes no zoo model has; as
-# (family, configuration) of the families above. What a model at its full size does to the
-# caches, taught by shapes of its own.
+# Past the L2 or at a full-size model's scale: operands an unscheduled kernel walks with a
+# stride, or tensors it streams, of 1-6 MiB (the rows above stay under 0.3 MiB), and the
+# convolutions, movements and attention of a model at its full input, in shapes no zoo model
+# has; as (family, configuration) of the families above. What a model at its full size does
+# to the caches and the kernels, taught by shapes of its own.
 LARGE_CONFIGS = [
     ("matmul", ((), 96, 640, 1280, "bias")), ("matmul", ((), 64, 512, 1536, "bias_gelu")),
     ("matmul", ((), 160, 896, 896, "bias")), ("matmul", ((), 32, 1024, 1024, "bias_relu")),

@@ -55,7 +55,7 @@ import time
 import numpy as np
 
 from ...cluster.linkbench import fit_links
-from ...errors import ExecutionError
+from ...errors import ExecutionError, error_line
 from ..bundle.format import device_files, read_manifest
 from ..program import Program
 from ..thread.executor import TraceEvent
@@ -175,14 +175,24 @@ class RayExecutor:
             self._stop()
         elif kept:
             graph, self.graph = self.graph, None
-            graph.teardown()
+            try:
+                graph.teardown()
+            except Exception:  # noqa: BLE001 - a dead actor's channels: start over on the next run
+                kept = False
+                self._stop()
         self.program, self.plan = program, plan
         self._files = {d: self._files.get(d) or self._read_files(d) for d in plan.tasks}
         self._ready = []
         if kept:
             ray, prog, specs = import_ray(), program.to_dict(), self._specs()
-            ray.get([self.actors[d].load_program.remote(prog, specs[d]) for d in plan.tasks],
-                    timeout=self.start_timeout_s)
+            try:
+                ray.get([self.actors[d].load_program.remote(prog, specs[d]) for d in plan.tasks],
+                        timeout=self.start_timeout_s)
+            except Exception as e:  # noqa: BLE001 - a dead or stuck actor: explained, the next run starts new ones
+                self._stop()
+                raise ExecutionError(f"the actors of {self._where(self.devices)} did not take the new program "
+                                     f"({error_line(e)}); they were killed and the next run "
+                                     "starts new ones") from None
             self._compile()
 
     def _compile(self) -> None:

@@ -19,8 +19,8 @@ import numpy as np
 
 from ..bundle.format import BUNDLE_FORMAT, BUNDLE_VERSION, MANIFEST, sha256
 from .executor import RayExecutor
-from .tasks import schedule
 from .session import RaySession
+from .tasks import schedule
 
 
 def write_bundle(path: str, executables: dict) -> str:
