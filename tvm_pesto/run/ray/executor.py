@@ -158,6 +158,7 @@ class RayExecutor:
         return out
 
     def _specs(self) -> dict:
+        """Each device's tasks as its actor takes them."""
         return {d: [{"ops": t.ops, "sources": t.sources, "sends": t.sends} for t in ts]
                 for d, ts in self.plan.tasks.items()}
 
@@ -171,15 +172,14 @@ class RayExecutor:
         plan = schedule(program)
         self._check_libraries(plan)
         kept = self.graph is not None and set(plan.tasks) <= set(self.actors)
-        if not kept and (self.actors or self.graph is not None):
-            self._stop()
-        elif kept:
-            graph, self.graph = self.graph, None
+        if kept:
             try:
-                graph.teardown()
+                self.graph.teardown()
+                self.graph = None
             except Exception:  # noqa: BLE001 - a dead actor's channels: start over on the next run
                 kept = False
-                self._stop()
+        if not kept and (self.actors or self.graph is not None):
+            self._stop()
         self.program, self.plan = program, plan
         self._files = {d: self._files.get(d) or self._read_files(d) for d in plan.tasks}
         self._ready = []

@@ -63,13 +63,14 @@ def time_ray_programs(programs: dict, runs: dict, cluster, executables: dict, se
     try:
         bundle = write_bundle(tmp, executables)
         todo = [name for name in programs if any(p == name for p, _ in runs.values())]
-        ex = None
+        if not todo:
+            return times
+        # the actors of every device the programs use, started once; each program rebinds them
+        ex = RayExecutor(programs[max(todo, key=lambda n: len(schedule(programs[n]).tasks))], cluster, bundle,
+                         session)
         try:
+            ex.start()
             for name in todo:
-                if ex is None:  # the actors of every device the programs use, started once
-                    ex = RayExecutor(programs[max(todo, key=lambda n: len(schedule(programs[n]).tasks))],
-                                     cluster, bundle, session)
-                    ex.start()
                 ex.rebind(programs[name])
                 mine = {label: inputs for label, (pname, inputs) in runs.items() if pname == name}
                 per: dict = {label: [] for label in mine}
@@ -86,8 +87,7 @@ def time_ray_programs(programs: dict, runs: dict, cluster, executables: dict, se
                         per[label] += ts
                 times.update({label: float(np.median(v)) for label, v in per.items()})
         finally:
-            if ex is not None:
-                ex.close()
+            ex.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if own is not None:
