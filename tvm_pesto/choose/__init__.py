@@ -16,11 +16,15 @@ blocks (:func:`tvm_pesto.costs.measure.blocks.time_blocks`, about :data:`~tvm_pe
 * ``library:<backend> on <device>``: on ``cpu:N`` with N > 1, the same on the first device
   of the cluster asked for (for ``cpu:2``, one core: the library with one thread).
 
-A library option predicted :data:`~tvm_pesto.choose.trial.PREDICTED_SLOW` times the best library option's
-prediction (each a measured whole-model call; a flow's plan is a simulation), or far slower
-than the first calls so far (:data:`~tvm_pesto.choose.trial.RUNAWAY` x the fastest, over :data:`~tvm_pesto.choose.trial.RUNAWAY_FIRST_S`),
+The options are built and called in turn: the flow's plan, its one-device plan, then the
+libraries from the fastest predicted. A library option predicted :data:`~tvm_pesto.choose.trial.PREDICTED_SLOW` times the best library option's
+prediction (each a measured whole-model call; a flow's plan is a simulation), or
+:data:`~tvm_pesto.choose.trial.PREDICTED_SLOW_MEASURED` times the least quick call of an option built before it,
 is not built or run, and its entry says why. An option whose first output is not TVM's (:func:`~tvm_pesto.choose.trial.wrong_numerics`)
-is left out with the error: it computes another model, however fast.
+is left out with the error: it computes another model, however fast. Where TVM's build was not
+built for its prediction, it is built for its output alone when the options' outputs differ or
+only one option ran (:func:`~tvm_pesto.choose.trial.outputs_agree`); an option left unbuilt for
+what a wrong one measured is weighed again without it.
 
 Which core shape the flow predicts faster is the plan's ``shape``; the measurement decides.
 Options within :data:`~tvm_pesto.choose.trial.RUNOFF` of the fastest are timed again (:data:`~tvm_pesto.choose.trial.RUNOFF_BUDGET_S`).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,12 +50,17 @@ LIVE_COPIES, LIVE_BYTES = 4, 1 << 30
 #: are timed again (:func:`_after_spell`).
 SPELL_RATIO, SPELL_PROBES, SPELL_PAUSE_S, SPELL_RANGE = 0.7, 12, 0.5, 2.0
 _sleep = time.sleep  # the pause between probes (tests make it instant)
-#: A library option predicted this many times the best library option's prediction is not built.
-PREDICTED_SLOW = 5.0
-#: An option whose first output differs from TVM's build of the model (``library:tvm``) by over
+#: A library option predicted this many times the best library option's prediction is not
+#: built, nor one predicted PREDICTED_SLOW_MEASURED x the least quick call of an option built
+#: before it (a measured time: the cost model's group predictions on a model it never saw are
+#: within 1/3-3x, docs/cost_model.md; building an option of TVM's kernels takes 4-10 s).
+PREDICTED_SLOW, PREDICTED_SLOW_MEASURED = 5.0, 3.0
+#: An option whose first output differs from TVM's build of the model (REFERENCE) by over
 #: this times the output's largest magnitude (at least 1) computes another model: it is left
 #: out (a library's fused kernel can be wrong); :data:`REDUCED_TOL` for bfloat16 backends.
-NUMERICS_TOL, REDUCED_TOL = 1e-3, 5e-2
+#: Where the reference was not built (predicted slow) and the options' outputs differ, it is
+#: built for its output alone (:func:`_reference_once`).
+NUMERICS_TOL, REDUCED_TOL, REFERENCE = 1e-3, 5e-2, "library:tvm"
 
 
 def _close(placed, live=()) -> None:
@@ -96,12 +101,15 @@ class _Seen:
         The first call's output.
     errors : dict
         Why the option did not build or run.
+    against : dict
+        For an option not built for another's quick calls (:data:`PREDICTED_SLOW_MEASURED`), that one.
     """
 
     first_s: dict
     call_s: dict
     outputs: dict
     errors: dict
+    against: dict = field(default_factory=dict)
 
 
 def _first_calls(o: Option, flow: bool, build, inputs, clock, seen: _Seen, live):
@@ -200,19 +208,18 @@ def _quick(placed, inputs, clock) -> float:
     return best
 
 
-def _predicted_runaway(option: Option, first_s: dict, best_predicted: float) -> str | None:
+def _predicted_runaway(option: Option, seen: _Seen, best_predicted: float) -> str | None:
     """Why ``option`` is not built or run at all (None: it is): see the module docstring."""
     if option.name in FLOW_OPTIONS:
         return None
     if option.predicted_s >= PREDICTED_SLOW * best_predicted > 0:
         return (f"not run: predicted {option.predicted_s:.3g} s a call, {option.predicted_s / best_predicted:.0f}x "
                 f"the best library option's prediction ({best_predicted:.3g} s)")
-    if not first_s:
-        return None
-    fastest = min(first_s.values())
-    if option.predicted_s > max(RUNAWAY * fastest, RUNAWAY_FIRST_S):
-        return (f"not run: predicted {option.predicted_s:.3g} s a call, over {RUNAWAY:g}x the fastest first call "
-                f"({fastest:.3g} s, set-up included) and over {RUNAWAY_FIRST_S:g} s")
+    call_s = seen.call_s  # the flow's plan always has quick calls: every library option is weighed by them
+    if call_s and option.predicted_s >= PREDICTED_SLOW_MEASURED * (least := min(call_s.values())) > 0:
+        name = seen.against[option.name] = min(call_s, key=call_s.get)
+        return (f"not run: predicted {option.predicted_s:.3g} s a call, {option.predicted_s / least:.1f}x what {name} "
+                f"measured ({least:.3g} s)")
     return None
 
 
@@ -254,6 +261,61 @@ def _weight_bytes(opts: list[Option]) -> int:
     return sum(n.param_bytes for n in analysis.op_graph.nodes) if analysis is not None else 0
 
 
+@dataclass
+class _Turn:
+    """The options built and called in turn (:func:`choose`'s first half): each built, its
+    first and quick calls made, and closed at once where it cannot win (:data:`DROP`,
+    :func:`live_limit`); what it finds goes into ``seen``, ``built``, ``skipped`` and ``dropped``."""
+
+    opts: list
+    build: object
+    inputs: list
+    clock: object
+    seen: _Seen
+    built: dict
+    skipped: dict
+    dropped: set
+    best_library: float
+    keep: int
+    progress: object = None
+
+    def run(self, order: list[Option], flow_first: bool) -> None:
+        """Build and call the options of ``order`` (the first the flow's plan where
+        ``flow_first``: its failure raises); ``built`` is left in the options' order."""
+        built, call_s = self.built, self.seen.call_s
+        for k, o in enumerate(order):
+            if self.progress:
+                self.progress(k + 1, len(order))
+            why = _predicted_runaway(o, self.seen, self.best_library)
+            if why:
+                self.skipped[o.name] = why
+                continue
+            pm = _first_calls(o, flow_first and k == 0, self.build, self.inputs, self.clock, self.seen, built.values())
+            if pm is None:
+                continue
+            built[o.name], pm = pm, None  # held by ``built`` alone: one closed below frees its weights now,
+            # not after the next option is built beside it
+            live = sorted((n for n in built if n in call_s), key=call_s.get)
+            for n in [n for n in live[self.keep:]] + [n for n in live[:self.keep] if call_s[n] > DROP * call_s[live[0]]]:
+                self.dropped.add(n)  # not kept unless all faster ones fail: closed now, as a large model's options
+                _close(built.pop(n), built.values())  # hold its weights each
+        ordered = {o.name: built[o.name] for o in self.opts if o.name in built}  # reported in the options' order
+        built.clear()
+        built.update(ordered)
+
+    def leave_out_wrong(self) -> set:
+        """Leave out the options that compute another model (:func:`wrong_numerics`, their
+        errors noted, closed); their names."""
+        seen, built = self.seen, self.built
+        wrong = wrong_numerics(self.opts, seen.outputs)
+        for name, why in wrong.items():  # reported, never kept: not the model
+            seen.errors[name] = why
+            seen.first_s.pop(name, None), seen.call_s.pop(name, None), self.dropped.discard(name)
+            seen.outputs.pop(name, None)
+            _close(built.pop(name), built.values()) if name in built else None
+        return set(wrong)
+
+
 def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progress=None,
            clock=time.perf_counter, probe_spell: bool = True):
     """Build every option, time them in blocks, return ``(placed, decision)`` for the fastest.
@@ -276,27 +338,20 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     # against the best library option's prediction
     best_library = min([o.predicted_s for o in opts if o.name not in FLOW_OPTIONS and not o.name.endswith("+tvm")]
                        or [o.predicted_s for o in opts])
-    keep = live_limit(_weight_bytes(opts))
-    for k, o in enumerate(opts):
-        if progress:
-            progress(k + 1, len(opts))
-        why = _predicted_runaway(o, first_s, best_library)
-        if why:
-            skipped[o.name] = why
-            continue
-        pm = _first_calls(o, k == 0, build, inputs, clock, _Seen(first_s, call_s, outputs, errors), built.values())
-        if pm is None:
-            continue
-        built[o.name], pm = pm, None  # held by ``built`` alone: one closed below frees its weights now,
-        # not after the next option is built beside it
-        live = sorted((n for n in built if n in call_s), key=call_s.get)
-        for n in [n for n in live[keep:]] + [n for n in live[:keep] if call_s[n] > DROP * call_s[live[0]]]:
-            dropped.add(n)  # not kept unless all faster ones fail: closed now, as a large model's options
-            _close(built.pop(n), built.values())  # hold its weights each
-    for name, why in wrong_numerics(opts, outputs).items():  # reported, never kept: not the model
-        errors[name] = why
-        first_s.pop(name), call_s.pop(name, None), dropped.discard(name)
-        _close(built.pop(name), built.values()) if name in built else None
+    seen = _Seen(first_s, call_s, outputs, errors)
+    turn = _Turn(opts, build, inputs, clock, seen, built, skipped, dropped, best_library, live_limit(_weight_bytes(opts)),
+                 progress)
+    # the flow's plan, its one-device plan, then the libraries by prediction (the fastest measured early)
+    turn.run(opts[:1] + sorted(opts[1:], key=lambda o: (o.name not in FLOW_OPTIONS, o.predicted_s)), flow_first=True)
+    _reference_once(opts, build, inputs, seen, skipped, built.values())
+    wrong = turn.leave_out_wrong()
+    # an option left unbuilt for what a wrong one measured is weighed again without it
+    again = [o for o in opts if o.name in skipped and seen.against.get(o.name) in wrong]
+    if again:
+        for o in again:
+            del skipped[o.name]
+        turn.run(again, flow_first=False)
+        turn.leave_out_wrong()
     once = set(first_s) - set(call_s)
     slow = dropped | {n for n, t in call_s.items() if t > max(RUNAWAY * min(call_s.values()), RUNAWAY_MIN_S)}
     timed = _time({n: p for n, p in built.items() if n not in slow | once}, inputs, budget_s, rounds=2, clock=clock)
@@ -341,27 +396,78 @@ def choose(opts: list[Option], build, inputs, budget_s: float = BUDGET_S, progre
     return built[best], decision
 
 
-def wrong_numerics(opts: list[Option], outputs: dict) -> dict:
+def _tolerance(o: Option, scale: float) -> float:
+    """The largest difference ``o``'s output may have from the reference's."""
+    return (REDUCED_TOL if any(b.endswith("-bf16") for b in o.placement.backend_mix) else NUMERICS_TOL) * scale
+
+
+def _scale(out) -> float:
+    """The output's largest magnitude, at least 1."""
+    return max([1.0] + [float(np.abs(np.asarray(a, np.float64)).max()) for a in (out if isinstance(out, tuple) else (out,))
+                        if np.size(a)])
+
+
+def wrong_numerics(opts: list[Option], outputs: dict, reference: str = REFERENCE) -> dict:
     """Option name -> why it is left out, for each option whose first output is not within
-    :data:`NUMERICS_TOL` (:data:`REDUCED_TOL` with a ``-bf16`` backend) of ``library:tvm``'s."""
+    :data:`NUMERICS_TOL` (:data:`REDUCED_TOL` with a ``-bf16`` backend) of ``reference``'s
+    (``library:tvm``: TVM's build of the model); nothing without that output."""
     # lazy: loads TVM, which importing this module does not
     from ..run.thread.executor import max_abs_err, to_numpy
 
-    if "library:tvm" not in outputs:
+    if reference not in outputs:
         return {}
-    ref = to_numpy(outputs["library:tvm"])
-    scale = max([1.0] + [float(np.abs(np.asarray(a, np.float64)).max())
-                         for a in (ref if isinstance(ref, tuple) else (ref,)) if np.size(a)])
-    out = {}
+    ref = to_numpy(outputs[reference])
+    scale, out = _scale(ref), {}
     for o in opts:
-        if o.name in outputs and o.name != "library:tvm":
-            reduced = any(b.endswith("-bf16") for b in o.placement.backend_mix)
-            tol, err = (REDUCED_TOL if reduced else NUMERICS_TOL) * scale, max_abs_err(to_numpy(outputs[o.name]), ref)
+        if o.name in outputs and o.name != reference:
+            tol, err = _tolerance(o, scale), max_abs_err(to_numpy(outputs[o.name]), ref)
             if not err <= tol:  # NaN too
                 out[o.name] = f"wrong numerics: max abs err {err:.3g} against TVM's build of the model (over {tol:.3g})"
     return out
 
 
-__all__ = ["BUDGET_S", "DROP", "SPELL_PAUSE_S", "SPELL_PROBES", "SPELL_RANGE", "SPELL_RATIO", "LIVE_BYTES", "LIVE_COPIES", "MAX_LIVE", "NUMERICS_TOL", "PREDICTED_SLOW", "PREFER_LIBRARY", "QUICK_CALLS",
+def outputs_agree(opts: list[Option], outputs: dict) -> bool:
+    """Whether two options or more have a first output and each is within tolerance
+    (:func:`wrong_numerics`'s, the looser of the two options') of the first one's: then no
+    option computes another model unless all do, and TVM's build need not be made to tell
+    which. One output alone is not confirmed."""
+    # lazy: loads TVM, which importing this module does not
+    from ..run.thread.executor import max_abs_err, to_numpy
+
+    have = [o for o in opts if o.name in outputs]
+    if len(have) < 2:
+        return False
+    first = to_numpy(outputs[have[0].name])
+    scale = _scale(first)
+    return all(max_abs_err(to_numpy(outputs[o.name]), first) <= max(_tolerance(o, scale), _tolerance(have[0], scale))
+               for o in have[1:])
+
+
+def _reference_once(opts: list[Option], build, inputs, seen: _Seen, skipped: dict, live) -> None:
+    """Where TVM's build of the model (:data:`REFERENCE`) was not built for its prediction and
+    the options' outputs differ (:func:`outputs_agree`), build it and call it once for its
+    output alone, then close it; its entry says so."""
+    ref = next((o for o in opts if o.name == REFERENCE), None)
+    if (ref is None or not seen.outputs or REFERENCE in seen.outputs or REFERENCE in seen.errors
+            or outputs_agree(opts, seen.outputs)):
+        return
+    why = "the options' outputs differ" if len(seen.outputs) > 1 else "one option's output alone is not confirmed"
+    if ref.predicted_s > RUNAWAY_FIRST_S / RUNAWAY:
+        skipped[REFERENCE] = skipped.get(REFERENCE, "not run") + (
+            f"; {why}, but a call of it, predicted {ref.predicted_s:.3g} s, is not made to check them")
+        return
+    pm = None
+    try:
+        pm = build(ref)
+        seen.outputs[REFERENCE] = pm(*inputs)
+        skipped[REFERENCE] = skipped.get(REFERENCE, "not run") + f"; {why}: built and called once as the numerics reference"
+    except Exception as e:  # noqa: BLE001 - no reference: the options are not checked, and the entry says why
+        skipped[REFERENCE] = skipped.get(REFERENCE, "not run") + f"; the numerics reference failed: {error_line(e)}"
+    finally:
+        if pm is not None:
+            _close(pm, live)
+
+
+__all__ = ["BUDGET_S", "DROP", "SPELL_PAUSE_S", "SPELL_PROBES", "SPELL_RANGE", "SPELL_RATIO", "LIVE_BYTES", "LIVE_COPIES", "MAX_LIVE", "NUMERICS_TOL", "PREDICTED_SLOW", "PREDICTED_SLOW_MEASURED", "PREFER_LIBRARY", "QUICK_CALLS", "REFERENCE",
            "QUICK_S", "REDUCED_TOL", "RUNAWAY", "RUNAWAY_FIRST_S", "RUNAWAY_MIN_S", "RUNOFF", "RUNOFF_BUDGET_S",
-           "RUNOFF_PASSES", "RUNOFF_ROUNDS", "choose", "live_limit", "wrong_numerics"]
+           "RUNOFF_PASSES", "RUNOFF_ROUNDS", "choose", "live_limit", "outputs_agree", "wrong_numerics"]

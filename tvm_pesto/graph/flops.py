@@ -7,6 +7,8 @@ take, ...) 0.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .opgraph import TensorSpec
@@ -77,6 +79,7 @@ def op_flops(op: str, attrs: dict, inputs: list[TensorSpec], outputs: list[Tenso
     return 0.0
 
 
+@functools.lru_cache(maxsize=1024)
 def op_category(op: str) -> str:
     """One of ``anchor`` (conv/matmul/attention), ``elementwise``, ``movement``,
     ``reduction``, ``softmax``, ``norm``, ``pool`` or ``other``."""

@@ -159,6 +159,13 @@ class OpGraph:
             self._topo = list(nx.lexicographical_topological_sort(self.dag))
         return list(self._topo)
 
+    def topo_position(self) -> dict[int, int]:
+        """Node id -> its place in :meth:`topo_order`, worked out once per graph (every
+        candidate's merged node and description sorts its members by it); not to be changed."""
+        if self._topo_pos is None:
+            self._topo_pos = {v: i for i, v in enumerate(self.topo_order())}
+        return self._topo_pos
+
     def depth_first_order(self) -> list[int]:
         """A depth-first topological order (:func:`depth_first_order`, smallest id first)."""
         return depth_first_order(self.dag)
@@ -287,9 +294,7 @@ class OpGraph:
         >>> m.bytes_read, m.bytes_written, m.members
         (8, 4, (0, 1))
         """
-        if self._topo_pos is None:  # once per graph: merged() is called for every candidate
-            self._topo_pos = {v: i for i, v in enumerate(self.topo_order())}
-        members = sorted({int(v) for v in nodes}, key=self._topo_pos.__getitem__)
+        members = sorted({int(v) for v in nodes}, key=self.topo_position().__getitem__)
         inside = set(members)
         internal = 0
         exported = {}

@@ -24,7 +24,9 @@ True
 """
 from __future__ import annotations
 
+import json
 import math
+import weakref
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -112,8 +114,14 @@ def _dominant(nodes: Sequence) -> int:
     return max(range(len(nodes)), key=rank)
 
 
+#: Per op graph: node set -> its description (and its JSON), worked out once per graph.
+_DESCRIBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def describe_group(graph: OpGraph, node_ids: Iterable[int]) -> dict:
-    """The description of the subgraph made of ``node_ids`` of ``graph`` (an op graph).
+    """The description of the subgraph made of ``node_ids`` of ``graph`` (an op graph),
+    worked out once per graph and node set (the flow describes each candidate for its
+    prediction, its measurement keys and each core shape it places on): not to be changed.
 
     Bytes are counted as :meth:`OpGraph.contract` counts them: reads minus the tensors
     produced inside the group, writes of the tensors that leave it (or the last output).
@@ -134,11 +142,37 @@ def describe_group(graph: OpGraph, node_ids: Iterable[int]) -> dict:
     >>> d["bytes_read"], d["bytes_written"], d["member_bytes"]
     (8, 4, 20)
     """
-    members = sorted(set(int(v) for v in node_ids))
+    members = frozenset(int(v) for v in node_ids)
     if not members:
         raise ValueError("describe_group needs at least one node")
-    order = {v: k for k, v in enumerate(graph.topo_order())}
-    members.sort(key=order.__getitem__)
+    memo = _DESCRIBED.setdefault(graph, {})
+    if members not in memo:
+        memo[members] = (_describe(graph, sorted(members, key=graph.topo_position().__getitem__)), None)
+    return memo[members][0]
+
+
+def description_json(graph: OpGraph, node_ids: Iterable[int]) -> str:
+    """:func:`describe_group` as sorted JSON, worked out once per graph and node set: equal
+    descriptions (repeated layers, repeated shapes) give equal strings.
+
+    Examples
+    --------
+    >>> from tvm_pesto.graph import OpGraph, OpNode
+    >>> g = OpGraph([OpNode("a", "relax.add", bytes_read=8, bytes_written=4),
+    ...              OpNode("b", "relax.add", bytes_read=8, bytes_written=4)], [])
+    >>> description_json(g, [0]) == description_json(g, [1])
+    True
+    """
+    members = frozenset(int(v) for v in node_ids)
+    desc = describe_group(graph, members)
+    memo = _DESCRIBED[graph]
+    if memo[members][1] is None:
+        memo[members] = (desc, json.dumps(desc, sort_keys=True, default=str))
+    return memo[members][1]
+
+
+def _describe(graph: OpGraph, members: list[int]) -> dict:
+    """:func:`describe_group` of ``members``, in topological order."""
     mset = set(members)
     nodes = [graph.nodes[v] for v in members]
     internal = sum(graph.dag.edges[u, v]["bytes"] for u in members for v in graph.dag.successors(u) if v in mset)
@@ -152,6 +186,7 @@ def describe_group(graph: OpGraph, node_ids: Iterable[int]) -> dict:
     read = max(sum(nd.bytes_read for nd in nodes) - internal, 0)
     written = sum(t.nbytes for t in outs) if outs else nodes[-1].bytes_written
     dom = nodes[_dominant(nodes)]
+    cats = [op_category(nd.op) for nd in nodes]
     dts = [t.dtype for t in dom.outputs] or [t.dtype for t in dom.inputs] or ["float32"]
     return {
         "v": DESC_VERSION,
@@ -168,8 +203,8 @@ def describe_group(graph: OpGraph, node_ids: Iterable[int]) -> dict:
         "bytes_written": int(written),
         "param_bytes": int(sum(nd.param_bytes for nd in nodes)),
         "member_bytes": int(sum(nd.bytes_read + nd.bytes_written for nd in nodes)),
-        "cat_flops": [float(sum(nd.flops for nd in nodes if op_category(nd.op) == c)) for c in CATEGORIES],
-        "cat_bytes": [int(sum(nd.bytes_read + nd.bytes_written for nd in nodes if op_category(nd.op) == c))
+        "cat_flops": [float(sum(nd.flops for nd, k in zip(nodes, cats) if k == c)) for c in CATEGORIES],
+        "cat_bytes": [int(sum(nd.bytes_read + nd.bytes_written for nd, k in zip(nodes, cats) if k == c))
                       for c in CATEGORIES],
     }
 

@@ -52,7 +52,7 @@ import numpy as np
 
 from ...errors import CostError
 from ..table import CostTable
-from .features import describe_group
+from .features import description_json
 from .xgb import predict_candidate_costs
 
 #: Relative error of the model's predictions used to call two candidates "too close".
@@ -252,7 +252,7 @@ def candidate_keys(cs) -> list[str]:
     """One key per candidate: its backend and the description the cost model reads, so
     repeated layers (and repeated shapes) share a key, as they share a measurement."""
     graph = cs.rg.graph
-    return [json.dumps([c.backend, describe_group(graph, c.nodes)], sort_keys=True, default=str) for c in cs]
+    return [f"{json.dumps(c.backend)}|{description_json(graph, c.nodes)}" for c in cs]
 
 
 class Hybrid:
