@@ -152,10 +152,11 @@ def test_ops_the_model_never_trained_on_are_said_and_measured_first(tiny, tmp_pa
     assert set(first) <= holders and 0 < len(first) <= 2 * len(dec.op_graph.nodes)
     h = Hybrid(dcs, cl, cache=MeasureCache(tmp_path / "c.jsonl"), fraction=1.0).measure_stakes(1.0, top_k=2)
     assert h.rounds[0]["why"] == "unseen-ops" and set(first) <= h.done
-    for key, f in h.corrections.items():  # each backend's bias is from the candidates of ops it knew
+    for key, f in h.corrections.items():  # each backend's bias is from the descriptions of ops it knew
         j, b = key.split(":")
-        sel = [i for i in h.done if dcs[i].backend == b and i not in h.unseen and np.isfinite(h.table[i, int(j)])]
-        assert f == pytest.approx(float(np.median([h.table[i, int(j)] / h.raw[i, int(j)] for i in sel])))
+        sel = {h.keys[i]: i for i in h.done if dcs[i].backend == b and i not in h.unseen
+               and np.isfinite(h.table[i, int(j)])}
+        assert f == pytest.approx(float(np.median([h.table[i, int(j)] / h.raw[i, int(j)] for i in sel.values()])))
     ct = h.cost_table()
     assert set(ct.prediction_fit) <= set(range(len(h.columns)))  # what its predictions carry
     assert not set(ct.unseen) & h.done  # what is still a guess is said; the measured are not guesses
@@ -198,3 +199,22 @@ def test_a_run_far_from_its_prediction_points_at_the_calibration_and_its_age():
     # hybrid's table keeps its rounds beside the calibration its predictions carry
     hybrid = {"source": "hybrid", "prediction_fit": cal, "hybrid": {"bias": {"0:tvm": 0.9}, "budget": 4, "rounds": []}}
     assert "/c/m.json (fitted 2026-12-02T18:02:51+0000)" in _stale_calibration_hint({**res, "costs": hybrid})
+
+
+@pytest.mark.parametrize("keys, bias", [(["a"] * 4 + ["b", "c"], 1.0), (["a"] * 4 + ["b", "b"], None)])
+def test_a_repeated_layer_is_one_sample_of_a_backends_bias(keys, bias):
+    # mixnet_s at 224x224: eight copies of one split measured 4x under its prediction and one
+    # other description made TVM's bias 0.23, and every TVM candidate was priced 4x low. One
+    # ratio per description: three descriptions give the median of three; two give no correction
+    from types import SimpleNamespace
+
+    from tvm_pesto.costs.predict.hybrid import Hybrid
+
+    h = Hybrid.__new__(Hybrid)
+    h.cs, h.present, h.unseen, h.corrections = [SimpleNamespace(backend="tvm")] * 7, [0], {}, {}
+    h.keys, h.done = keys + ["d"], set(range(6))
+    h.raw = np.ones((7, 1))
+    h.table = np.array([[0.25]] * 4 + [[1.0], [1.2] if keys[5] == "c" else [1.0], [1.0]])
+    h.correct_bias(min_samples=3)
+    assert h.corrections == ({} if bias is None else {"0:tvm": bias})
+    assert h.table[6, 0] == (1.0 if bias is None else bias)  # the unmeasured candidate
