@@ -108,11 +108,12 @@ def default_check(ctx: MatchContext) -> bool:
 DATA_MOVEMENT = frozenset({"astype", "reshape", "permute_dims", "expand_dims", "squeeze", "flatten",
                            "strided_slice", "concat", "broadcast_to", "take", "split"})
 #: index arithmetic whose integer result is the same in every library (wrap-around add, compare,
-#: select): what an importer writes around a gather (``where(idx < 0, idx + n, idx)``); division
-#: is left out (ONNX truncates, TVM floors)
+#: select, and the selecting reductions max and min): what an importer writes around a gather
+#: (``where(idx < 0, idx + n, idx)``), and torch's safe softmax in every timm attention at
+#: full size (``any`` of a mask as ``max`` over int8); division is left out (ONNX truncates, TVM floors)
 INDEX_ARITHMETIC = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "equal", "not_equal", "less",
                               "less_equal", "greater", "greater_equal", "where", "logical_and", "logical_or",
-                              "logical_not"})
+                              "logical_not", "max", "min"})
 
 
 def region_check(ctx: MatchContext) -> bool:

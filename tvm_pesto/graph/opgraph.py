@@ -130,6 +130,7 @@ class OpGraph:
         self.dag = dag
         self._topo: list[int] | None = None
         self._topo_pos: dict[int, int] | None = None
+        self._contract_cache: tuple[np.ndarray, np.ndarray] | None = None
 
     # -- basic queries -------------------------------------------------------------------
     @property
@@ -234,16 +235,12 @@ class OpGraph:
         if (owner < 0).any():
             missing = np.flatnonzero(owner < 0)[:5].tolist()
             raise GraphError(f"nodes {missing} are in no group; every node needs one")
-        topo_pos = np.empty(n, dtype=np.int64)
-        topo_pos[self.topo_order()] = np.arange(n)
+        topo_pos, earr = self._contract_arrays()
         srt = np.lexsort((topo_pos, owner))  # by group, then topological position
         bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
         members_flat = srt.tolist()
 
-        # edges in networkx's iteration order, as arrays
-        m = self.dag.number_of_edges()
-        earr = np.fromiter((x for e in self.dag.edges(data="bytes") for x in e), dtype=np.int64,
-                           count=3 * m).reshape(m, 3)
+        m = len(earr)
         esrc, edst, ebytes = earr[:, 0], earr[:, 1], earr[:, 2]
         osrc, odst = owner[esrc], owner[edst]
         inside = osrc == odst
@@ -282,6 +279,19 @@ class OpGraph:
             order = np.argsort(pfirst, kind="stable")
             edges = list(zip((upair[order] // k).tolist(), (upair[order] % k).tolist(), total[order].tolist()))
         return OpGraph(new_nodes, edges, name=name or self.name)
+
+    def _contract_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each node's topological position, and the edges ``(src, dst, bytes)`` in networkx's
+        iteration order: what every :meth:`contract` of this graph reads (a local search
+        contracts one graph thousands of times), worked out once."""
+        if getattr(self, "_contract_cache", None) is None:  # (a graph unpickled from before it had one)
+            n, m = self.num_nodes, self.dag.number_of_edges()
+            topo_pos = np.empty(n, dtype=np.int64)
+            topo_pos[self.topo_order()] = np.arange(n)
+            earr = np.fromiter((x for e in self.dag.edges(data="bytes") for x in e), dtype=np.int64,
+                               count=3 * m).reshape(m, 3)
+            self._contract_cache = (topo_pos, earr)
+        return self._contract_cache
 
     def merged(self, nodes: Sequence[int]) -> OpNode:
         """The node that :meth:`contract` would make of ``nodes`` (FLOPs, bytes, weights).
