@@ -808,6 +808,24 @@ def test_tvms_build_is_made_for_the_numerics_alone_only_where_the_outputs_differ
     assert trial.outputs_agree(opts, {"plan": right}) is False  # one output confirms nothing
 
 
+def test_options_of_one_library_do_not_confirm_each_other():
+    # the flow's plan and the one-device plan both OpenVINO's whole model (its float32 fusion
+    # was 0.39 off on a T5 encoder): their outputs agree, and TVM's build is made to check them
+    right = np.linspace(-3, 3, 8).astype("float32")
+    outs = {"plan": right + 0.4, "one-device": right + 0.4, "library:tvm": right}
+    opts, build = _options({"plan": 1e-3, "one-device": 1e-3, "library:tvm": 3e-3}, predicted={"library:tvm": 4e-3})
+    for o in opts[:2]:
+        o.placement.backend_mix = {"openvino": 3}
+    opts[2].placement.backend_mix = {"tvm": 3}
+    assert not trial.outputs_agree(opts[:2], outs)
+    _, d = _choose(opts, _returning(build, outs), [], budget_s=0.2)
+    by = {o["name"]: o for o in d["options"]}
+    assert by["plan"]["error"].startswith("wrong numerics") and by["one-device"]["error"].startswith("wrong numerics")
+    assert d["chosen"] == "library:tvm"  # left unbuilt for the wrong plan's time, weighed again without it
+    opts[1].placement.backend_mix = {"onnxruntime-parallel": 3}  # another library agreeing confirms
+    assert trial.outputs_agree(opts[:2], outs)
+
+
 def test_reduced_precision_is_held_to_its_own_tolerance_and_nothing_is_checked_without_tvms_build():
     right = np.linspace(-3, 3, 8).astype("float32")
     outs = {"plan": right, "library:tvm": right, "library:openvino-bf16": right + 0.02 * 3}  # bf16 rounding

@@ -22,8 +22,8 @@ prediction (each a measured whole-model call; a flow's plan is a simulation), or
 :data:`~tvm_pesto.choose.trial.PREDICTED_SLOW_MEASURED` times the least quick call of an option built before it,
 is not built or run, and its entry says why. An option whose first output is not TVM's (:func:`~tvm_pesto.choose.trial.wrong_numerics`)
 is left out with the error: it computes another model, however fast. Where TVM's build was not
-built for its prediction, it is built for its output alone when the options' outputs differ or
-only one option ran (:func:`~tvm_pesto.choose.trial.outputs_agree`); an option left unbuilt for
+built for its prediction, it is built for its output alone unless the options' outputs agree and two
+of them share no library (:func:`~tvm_pesto.choose.trial.outputs_agree`); an option left unbuilt for
 what a wrong one measured is weighed again without it.
 
 Which core shape the flow predicts faster is the plan's ``shape``; the measurement decides.

@@ -426,16 +426,23 @@ def wrong_numerics(opts: list[Option], outputs: dict, reference: str = REFERENCE
     return out
 
 
+def _libraries(o: Option) -> set:
+    """The libraries ``o`` calls (``onnxruntime-parallel`` and ``openvino-bf16`` are their libraries')."""
+    return {b.split("-")[0] for b in o.placement.backend_mix}
+
+
 def outputs_agree(opts: list[Option], outputs: dict) -> bool:
-    """Whether two options or more have a first output and each is within tolerance
-    (:func:`wrong_numerics`'s, the looser of the two options') of the first one's: then no
-    option computes another model unless all do, and TVM's build need not be made to tell
-    which. One output alone is not confirmed."""
+    """Whether every option's first output is within tolerance (:func:`wrong_numerics`'s, the
+    looser of the two options') of the first one's, and two of them share no library: then
+    no option computes another model unless two libraries compute the same wrong one, and
+    TVM's build need not be made to tell which. One output alone, or options that all call
+    one library (the flow's plan and the one-device plan both OpenVINO's whole model), are
+    not confirmed."""
     # lazy: loads TVM, which importing this module does not
     from ..run.thread.executor import max_abs_err, to_numpy
 
     have = [o for o in opts if o.name in outputs]
-    if len(have) < 2:
+    if not any(_libraries(a).isdisjoint(_libraries(b)) for k, a in enumerate(have) for b in have[k + 1:]):
         return False
     first = to_numpy(outputs[have[0].name])
     scale = _scale(first)
@@ -445,13 +452,13 @@ def outputs_agree(opts: list[Option], outputs: dict) -> bool:
 
 def _reference_once(opts: list[Option], build, inputs, seen: _Seen, skipped: dict, live) -> None:
     """Where TVM's build of the model (:data:`REFERENCE`) was not built for its prediction and
-    the options' outputs differ (:func:`outputs_agree`), build it and call it once for its
-    output alone, then close it; its entry says so."""
+    the options' outputs are not confirmed (:func:`outputs_agree`), build it and call it once
+    for its output alone, then close it; its entry says so."""
     ref = next((o for o in opts if o.name == REFERENCE), None)
     if (ref is None or not seen.outputs or REFERENCE in seen.outputs or REFERENCE in seen.errors
             or outputs_agree(opts, seen.outputs)):
         return
-    why = "the options' outputs differ" if len(seen.outputs) > 1 else "one option's output alone is not confirmed"
+    why = "the options' outputs are not confirmed by two libraries"
     if ref.predicted_s > RUNAWAY_FIRST_S / RUNAWAY:
         skipped[REFERENCE] = skipped.get(REFERENCE, "not run") + (
             f"; {why}, but a call of it, predicted {ref.predicted_s:.3g} s, is not made to check them")
