@@ -63,6 +63,24 @@ SEARCH_EVALS = 4000
 #: With wall-clock budgets the ILPs get at least this many seconds, whatever the steps before
 #: them spent of ``time_limit_s``.
 MIN_ILP_S = 1.0
+#: Seconds (nominal seconds of work with work budgets) of the joint local search by default.
+SEARCH_S = 5.0
+
+
+def default_search_s(time_limit_s: float, deterministic: bool | None = None) -> float:
+    """The joint local search's budget when a solve names none: :data:`SEARCH_S`, and with
+    wall-clock budgets no more than ``time_limit_s`` leaves the ILPs' :data:`MIN_ILP_S` (a
+    final choice's later solves get a second each: the search's 5 s made each take 4-6 s on a
+    ConvNeXt-T at 224x224, and the build's 30 s of solving 44).
+
+    Examples
+    --------
+    >>> default_search_s(30.0), default_search_s(3.0), default_search_s(1.0), default_search_s(1.0, deterministic=True)
+    (5.0, 2.0, 0.0, 5.0)
+    """
+    if is_deterministic(deterministic):
+        return SEARCH_S
+    return max(0.0, min(SEARCH_S, float(time_limit_s) - MIN_ILP_S))
 
 
 def device_kinds(problem: JointProblem) -> list[int]:
@@ -189,7 +207,9 @@ def solve_joint(problem: JointProblem, solver: str = "auto", time_limit_s: float
         the ILPs get what the steps before them left of it, so a solve ends within about
         ``time_limit_s`` (at least :data:`MIN_ILP_S` go to the ILPs).
     search_s : float, optional
-        Budget of the joint local search (default: 5 s; 0 turns it off).
+        Budget of the joint local search (default: :data:`SEARCH_S`, and with wall-clock
+        budgets at most what ``time_limit_s`` leaves the ILPs' :data:`MIN_ILP_S`, so the
+        solve ends within about ``time_limit_s``; 0 turns it off).
     deterministic : bool, optional
         Work budgets instead of wall-clock ones in every step (MIP node limits, the joint
         search's evaluation count, weighted simulations in the local searches), fixed
@@ -235,7 +255,7 @@ def solve_joint(problem: JointProblem, solver: str = "auto", time_limit_s: float
 
     # 2. joint local search: devices and backends together ("single" is the one-device baseline),
     #    from each placer's best (``auto``: so it is never worse than any heuristic's own flow)
-    budget = 5.0 if search_s is None else float(search_s)
+    budget = default_search_s(time_limit_s, deterministic) if search_s is None else float(search_s)
     plan, placed, cover, span, cr, placer, tried = _searched(problem, per_placer, budget, solver, deterministic,
                                                              info, reports)
     if cr is None:
@@ -358,4 +378,4 @@ def _searched(problem: JointProblem, per_placer: dict, budget: float, solver: st
     return (*best, tried)
 
 
-__all__ = ["AUTO_PLACERS", "cover_caps", "device_kinds", "joint_lower_bound", "solve_joint"]
+__all__ = ["AUTO_PLACERS", "SEARCH_S", "cover_caps", "default_search_s", "device_kinds", "joint_lower_bound", "solve_joint"]
