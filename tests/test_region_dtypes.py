@@ -100,8 +100,8 @@ def safe_softmax_model(rows: int = 4, cols: int = 6):
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
 def test_a_safe_softmax_is_one_library_region_and_runs_within_tolerance(backend):
-    # the 12 `max` calls over int8 of a ViT-B/16 at 224x224 were the only ops left to TVM, so
-    # neither library had a whole-model option
+    # the 12 `max` calls over int8 of a ViT-B/16 at 224x224 from TVM's importer were the only
+    # ops left to TVM, so neither library had a whole-model option
     import tvm_pesto
 
     mod, inputs = safe_softmax_model()

@@ -109,8 +109,9 @@ DATA_MOVEMENT = frozenset({"astype", "reshape", "permute_dims", "expand_dims", "
                            "strided_slice", "concat", "broadcast_to", "take", "split"})
 #: index arithmetic whose integer result is the same in every library (wrap-around add, compare,
 #: select, and the selecting reductions max and min): what an importer writes around a gather
-#: (``where(idx < 0, idx + n, idx)``), and torch's safe softmax in every timm attention at
-#: full size (``any`` of a mask as ``max`` over int8); division is left out (ONNX truncates, TVM floors)
+#: (``where(idx < 0, idx + n, idx)``), and torch's safe softmax in every timm attention as TVM's
+#: importer decomposes it (``any`` of a mask as ``max`` over int8); division is left out (ONNX
+#: truncates, TVM floors)
 INDEX_ARITHMETIC = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "equal", "not_equal", "less",
                               "less_equal", "greater", "greater_equal", "where", "logical_and", "logical_or",
                               "logical_not", "max", "min"})
