@@ -161,7 +161,7 @@ class OpGraph:
             names = " -> ".join(self.nodes[u].name for u, _ in cycle) + f" -> {self.nodes[cycle[0][0]].name}"
             raise CycleError(f"graph {name!r} has a cycle ({names}); a placement needs a DAG")
         self.dag = dag
-        self._topo: list[int] | None = order
+        self._topo: list[int] = order
         self._topo_pos: dict[int, int] | None = None
         self._contract_cache: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -190,8 +190,6 @@ class OpGraph:
     def topo_order(self) -> list[int]:
         """A deterministic topological order (smallest id first among ready nodes,
         networkx's ``lexicographical_topological_sort``), worked out when the graph is made."""
-        if self._topo is None:  # (a graph unpickled from before it was made with one)
-            self._topo = _smallest_first_order(self.dag, self.num_nodes)
         return list(self._topo)
 
     def topo_position(self) -> dict[int, int]:
@@ -318,7 +316,7 @@ class OpGraph:
         """Each node's topological position, and the edges ``(src, dst, bytes)`` in networkx's
         iteration order: what every :meth:`contract` of this graph reads (a local search
         contracts one graph thousands of times), worked out once."""
-        if getattr(self, "_contract_cache", None) is None:  # (a graph unpickled from before it had one)
+        if self._contract_cache is None:
             n, m = self.num_nodes, self.dag.number_of_edges()
             topo_pos = np.empty(n, dtype=np.int64)
             topo_pos[self.topo_order()] = np.arange(n)
