@@ -131,7 +131,7 @@ def lower_units(rg: RelaxGraph, units, devices, build: bool = True) -> Lowered:
         for gv in rg.mod.get_global_vars():
             if gv.name_hint != "main":
                 mod[gv.name_hint] = rg.mod[gv]
-    low = from_relax(mod)
+    low = from_relax(mod, canonical=False)  # the units' calls as they were outlined
     unit_nodes: list[list[int]] = [[] for _ in units]
     for v, nd in enumerate(low.graph.nodes):
         unit_nodes[unit_of_var[nd.extra["var"]]].append(v)

@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 
 from ..errors import GraphError, UnsupportedModuleError, error_line
+from .canonical import canonicalize
 from .flops import op_flops
 from .fold import fold_layout_constants
 from .opgraph import OpGraph, OpNode, TensorSpec
@@ -134,8 +135,11 @@ def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
                          "module builds with tvm.compile, or pass the weights as parameters (num_input)") from e
 
 
-def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
-    """Extract the operator graph of ``mod[func_name]``.
+def from_relax(mod: tvm.IRModule, func_name: str = "main", canonical: bool = True) -> RelaxGraph:
+    """Extract the operator graph of ``mod[func_name]``, its constants folded
+    (:func:`fold_constants`) and, with ``canonical``, in canonical form
+    (:func:`~tvm_pesto.graph.canonical.canonicalize`: what an importer spelled out in many
+    calls, said in one).
 
     Raises
     ------
@@ -151,6 +155,8 @@ def from_relax(mod: tvm.IRModule, func_name: str = "main") -> RelaxGraph:
     """
     _check_module(mod, func_name)
     mod = fold_constants(mod)
+    if canonical:
+        mod = canonicalize(mod, func_name)
     func = mod[func_name]
     num_input = func.attrs["num_input"] if func.attrs is not None and "num_input" in func.attrs else None
     params = list(func.params)
