@@ -109,6 +109,13 @@ def test_reshapes_around_a_matmul_stay_unless_they_split_the_batch_they_merged()
     assert _ops(canonicalize(other)) == _ops(other)
     np.testing.assert_allclose(_run(canonicalize(other), a, b), (a @ b).reshape(4, 2, 8, 8), rtol=1e-5, atol=1e-5)
 
+    def read_twice(bb, a, b):  # the 3-D product is read by another call too: rewriting would compute it twice
+        mm = bb.emit(op.matmul(bb.emit(op.reshape(a, (8, 8, 16))), bb.emit(op.reshape(b, (8, 16, 8)))))
+        return op.add(bb.emit(op.reshape(mm, (2, 4, 8, 8))), bb.emit(op.reshape(op.exp(mm), (2, 4, 8, 8))))
+
+    shared = _module(read_twice, a.shape, b.shape)
+    assert _ops(canonicalize(shared)).count("relax.matmul") == 1
+
 
 def test_a_broadcast_that_grows_stays_and_transposes_compose():
     op = relax.op

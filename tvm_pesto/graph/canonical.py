@@ -13,8 +13,8 @@ candidates, the cost model and the solver have to carry: timm's ``pit_ti_224`` c
 :func:`canonicalize` rewrites, to a fixed point, each call whose value does not change:
 
 - a ``broadcast_to`` or ``reshape`` to the shape its input has: that input;
-- a ``reshape`` of a ``reshape``: one ``reshape``;
-- a ``permute_dims`` of a ``permute_dims``: one, or none where the two cancel;
+- a ``reshape`` of a ``reshape``: one ``reshape`` (none where the two cancel);
+- a ``permute_dims`` of a ``permute_dims``: one (none where the two cancel);
 - ``reshape(matmul(reshape(a), reshape(b)))`` where the inner reshapes merge the batch dims
   ``a`` and ``b`` share and the outer one splits them again: ``matmul(a, b)``;
 - ``reshape([add(c,] matmul(reshape(x), w)[)])`` where the inner reshape merges ``x``'s leading
@@ -25,7 +25,9 @@ candidates, the cost model and the solver have to carry: timm's ``pit_ti_224`` c
   ``where(row all -inf, 0, softmax(s))`` is ``softmax(s)``. Scores with anything added (a mask)
   keep the safe form.
 
-Every other call is left as it is, and calls no longer read are dropped.
+A rule that would compute a call's value again beside it (a link of a chain, a matmul, that
+other calls read too) is not applied; every other call is left as it is, and calls no longer
+read are dropped.
 
 Examples
 --------
@@ -99,8 +101,15 @@ def _zeros(expr) -> bool:
 class _Canonical(PyExprMutator):
     """One round of the rewrites in the module docstring, over one function."""
 
-    def __init__(self, mod: tvm.IRModule):
+    def __init__(self, mod: tvm.IRModule, func: relax.Function):
         super().__init__(mod)
+        self._uses = _uses(func)
+
+    def _alone(self, var) -> bool:
+        """Whether ``var`` is read once (by the call being rewritten): a rewrite that computes
+        its value again elsewhere would otherwise compute it twice. A variable this round made
+        has its one reader."""
+        return self._uses.get(var, 1) == 1
 
     def _bound(self, expr):
         """The call ``expr`` is bound to (through aliases), or None."""
@@ -126,14 +135,17 @@ class _Canonical(PyExprMutator):
             return x
         inner = self._bound(x)
         if _op(inner) == "relax.reshape":
-            return relax.op.reshape(inner.args[0], shape)
-        if _op(inner) == "relax.matmul":
+            if _shape(inner.args[0]) == shape:
+                return inner.args[0]
+            return relax.op.reshape(inner.args[0], shape) if self._alone(x) else None
+        if _op(inner) == "relax.matmul" and self._alone(x):
             new = self._batched_matmul(inner, shape)
             return new if new is not None else self._linear(inner, None, shape)
-        if _op(inner) == "relax.add":
+        if _op(inner) == "relax.add" and self._alone(x):
             for c, mm in (inner.args, reversed(inner.args)):
                 bound = self._bound(mm)
-                if _op(bound) == "relax.matmul" and isinstance(c, tvm.ir.Constant) and len(_shape(c) or (0, 0)) <= 1:
+                if (_op(bound) == "relax.matmul" and self._alone(mm) and isinstance(c, tvm.ir.Constant)
+                        and len(_shape(c) or (0, 0)) <= 1):
                     return self._linear(bound, c, shape)
         return None
 
@@ -171,7 +183,9 @@ class _Canonical(PyExprMutator):
             return None
         first = [int(a) for a in inner.attrs.axes]
         both = [first[a] for a in axes]
-        return inner.args[0] if both == list(range(len(both))) else relax.op.permute_dims(inner.args[0], both)
+        if both == list(range(len(both))):
+            return inner.args[0]
+        return relax.op.permute_dims(inner.args[0], both) if self._alone(call.args[0]) else None
 
     def _safe_softmax(self, call):
         cond, zero, probs = call.args
@@ -209,6 +223,21 @@ _RULES = {"relax.broadcast_to": "_same_shape", "relax.reshape": "_reshape", "rel
           "relax.where": "_safe_softmax"}
 
 
+def _uses(func: relax.Function) -> dict:
+    """How many times each variable is read in ``func`` (its bindings and its result)."""
+    count: dict = {}
+
+    def seen(e):
+        if isinstance(e, relax.Var):
+            count[e] = count.get(e, 0) + 1
+
+    for blk in func.body.blocks:
+        for b in blk.bindings:
+            relax.analysis.post_order_visit(b.value, seen)
+    relax.analysis.post_order_visit(func.body.body, seen)
+    return count
+
+
 def _calls(func: relax.Function) -> int:
     return sum(isinstance(b.value, relax.Call) for blk in func.body.blocks for b in blk.bindings)
 
@@ -224,11 +253,9 @@ def canonicalize(mod: tvm.IRModule, func_name: str = "main") -> tvm.IRModule:
     gv = mod.get_global_var(func_name)
     for _ in range(MAX_ROUNDS):
         before = _calls(func)
-        mod.update_func(gv, _Canonical(mod).visit_expr(func))
-        # aliases the rewrites left (``y = x``) read through; one call where a chain composed
-        # with a link that has other readers now computes what another does; then the calls no
-        # longer read dropped
-        mod = relax.transform.EliminateCommonSubexpr()(relax.transform.CanonicalizeBindings()(mod))
+        mod.update_func(gv, _Canonical(mod, func).visit_expr(func))
+        # aliases the rewrites left (``y = x``) read through, then the calls no longer read dropped
+        mod = relax.transform.CanonicalizeBindings()(mod)
         func = relax.analysis.remove_all_unused(mod[func_name])
         mod.update_func(gv, func)
         if _calls(func) == before:
