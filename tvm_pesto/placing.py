@@ -79,6 +79,13 @@ def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
 #: rounds that measure the plan's own predicted units and plan again (at most this many).
 HYBRID_STAKE_SHARE = 1 / 3
 HYBRID_MAX_ROUNDS = 8
+#: With ``solver="auto"`` and ``hybrid`` costs, the solver of the rounds that only choose what
+#: to measure next: HEFT's plan and the joint local search from it, no ILP and no other
+#: heuristic (a third of a full solve or less: on timm's ``regnety_004`` at size small on
+#: ``cpu:2`` a full solve took 5.5-7.9 s, of which the three local searches' last thousand
+#: evaluations found nothing). The table the rounds end with is solved in full, and a plan
+#: of that solve whose units are still predictions is measured and solved in full again.
+HYBRID_ROUND_SOLVER = "heft"
 
 
 def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs="auto", cache=None, progress=None,
@@ -299,19 +306,20 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     """
     # seconds in solve_joint so far (a hybrid round's measurements are not solving)
     solving = budget.Solving(time_limit_s, measured=False, deterministic=deterministic, min_s=MIN_ILP_S)
-    h = costed.hybrid
-    ct = costed.table(None if h is None else h.cost_table())
+    ct = costed.table(None if costed.hybrid is None else costed.hybrid.cost_table())
     build_s = None if max_build_s is None else estimate_build_s(costed.candidates, costed.cluster)
     may_split = costed.cluster.num_devices > 1 and not colocate and split_margin != 0
 
     def limit(share: float) -> float:  # wall-clock: ``share`` of what is left; work budgets: the whole limit
         return solving.left_s() * share if solving.wall else solving.left_s()
 
-    def solve(table: CostTable, search=search_s, share=1.0 - split.SINGLE_SHARE if may_split else 1.0):
+    def solve(table: CostTable, search=search_s, share=1.0 - split.SINGLE_SHARE if may_split else 1.0,
+              how: str = solver):
+        search = 0.0 if how == HYBRID_ROUND_SOLVER and how != solver else search  # a screen: HEFT's plan
         def once(t: np.ndarray):
             t0 = time.perf_counter()
             jp = costed.joint(CostTable(t, list(table.columns)), colocate)
-            out = (jp, *solve_joint(jp, solver=solver, time_limit_s=limit(share), search_s=search,
+            out = (jp, *solve_joint(jp, solver=how, time_limit_s=limit(share), search_s=search,
                                     deterministic=deterministic, **solver_options))
             solving.spend(time.perf_counter() - t0)
             return out
@@ -320,20 +328,17 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
             return once(table.table)
         return solve_within(costed.joint(table, colocate), build_s, max_build_s, once)
 
+    h = costed.hybrid
+    screen = HYBRID_ROUND_SOLVER if h is not None and solver == "auto" else solver
     try:
-        jp, plan, problem = solve(ct)
+        jp, plan, problem = solve(ct, how=screen)
+        if h is not None:
+            jp, plan, problem, ct = _hybrid_rounds(costed, jp, plan, problem, solve, screen, solver)
     except InfeasibleError as e:
         if costed.constraints is None or isinstance(e, ConstraintError):
             raise
         raise ConstraintError(f"{', '.join(costed.constraints.constraints.spellings())}: no plan honours these on "
                               f"{costed.cluster.name}: {error_line(e)}") from None
-    if h is not None:  # measure the plan's units that are predictions, costliest first, and plan again
-        for _ in range(HYBRID_MAX_ROUNDS):
-            if not h.measure(plan_units_to_measure(h.table, jp.cover_of(plan), h.done)):
-                break
-            ct = costed.table(h.cost_table())
-            jp, plan, problem = solve(ct)
-        ct = costed.table(h.cost_table())
     sim = simulate(problem, plan)
     margin = split.split_margin(ct.source) if split_margin is None else split.check_margin(split_margin)
     away = bool((plan.assignment != HOME_DEVICE).any())  # a plan elsewhere than home pays copies too
@@ -341,6 +346,25 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
         jp, plan, problem, sim = split.keep_split_if_worth(ct, jp, plan, problem, sim, margin, solve)
     plan.solve_s = solving.spent_s  # every solve above: rounds, the split check
     return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s, costed.constraints)
+
+
+def _hybrid_rounds(costed: CostedCandidates, jp, plan, problem, solve, screen: str, solver: str) -> tuple:
+    """The rounds of ``hybrid`` costs from the plan ``solve`` gave with ``screen``: measure the
+    plan's units that are still predictions, costliest first, and solve again with ``screen``
+    while any were measured; then solve the last table with ``solver`` (the asked one), and
+    again while that plan has units the budget can still measure. ``(jp, plan, problem,
+    table)``."""
+    h, full = costed.hybrid, screen == solver
+    for _ in range(HYBRID_MAX_ROUNDS):
+        measured = h.measure(plan_units_to_measure(h.table, jp.cover_of(plan), h.done))
+        if not measured and full:
+            break
+        full = full or not measured  # nothing left to measure in the screened plan: the full solve
+        jp, plan, problem = solve(costed.table(h.cost_table()), how=solver if full else screen)
+    else:
+        if not full:
+            jp, plan, problem = solve(costed.table(h.cost_table()), how=solver)
+    return jp, plan, problem, costed.table(h.cost_table())
 
 
 @dataclass(frozen=True)
