@@ -76,6 +76,8 @@ def test_place_with_hybrid_costs_measures_the_plan_and_plans_again(tiny, tmp_pat
     ct = pl.costs
     rounds = ct.hybrid["rounds"]
     assert rounds[0]["why"] == "stakes" and all(r["why"] == "plan" for r in rounds[1:])
+    # the rounds chose what to measure with HEFT's plans; the plan is auto's, of the last table
+    assert pl.plan.info["decided_by"] and pl.plan.info["bound_s"] is not None
     spent = sum(r["keys"] for r in rounds)
     assert spent <= ct.hybrid["budget"] and ct.measured <= ct.hybrid["budget"] + 1
     # the rounds stopped because the plan is measured, or because the budget is spent

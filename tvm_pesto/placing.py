@@ -80,11 +80,11 @@ def _fit_machine_if_needed(cluster: Cluster, source: str) -> None:
 HYBRID_STAKE_SHARE = 1 / 3
 HYBRID_MAX_ROUNDS = 8
 #: With ``solver="auto"`` and ``hybrid`` costs, the solver of the rounds that only choose what
-#: to measure next: HEFT's plan and the joint local search from it, no ILP and no other
-#: heuristic (a third of a full solve or less: on timm's ``regnety_004`` at size small on
-#: ``cpu:2`` a full solve took 5.5-7.9 s, of which the three local searches' last thousand
-#: evaluations found nothing). The table the rounds end with is solved in full, and a plan
-#: of that solve whose units are still predictions is measured and solved in full again.
+#: to measure next: HEFT's plan of the cheapest cover, no local search, no ILP (0.2 s where a
+#: full solve took 5.5-7.9 s: timm's ``regnety_004`` at size small on ``cpu:2``, whose three
+#: local searches a solve spent their last thousand evaluations finding nothing). The table
+#: the rounds end with is solved in full, and a plan of that solve whose units are still
+#: predictions is measured and solved in full again.
 HYBRID_ROUND_SOLVER = "heft"
 
 
@@ -315,7 +315,6 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
 
     def solve(table: CostTable, search=search_s, share=1.0 - split.SINGLE_SHARE if may_split else 1.0,
               how: str = solver):
-        search = 0.0 if how == HYBRID_ROUND_SOLVER and how != solver else search  # a screen: HEFT's plan
         def once(t: np.ndarray):
             t0 = time.perf_counter()
             jp = costed.joint(CostTable(t, list(table.columns)), colocate)
@@ -328,12 +327,16 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
             return once(table.table)
         return solve_within(costed.joint(table, colocate), build_s, max_build_s, once)
 
-    h = costed.hybrid
-    screen = HYBRID_ROUND_SOLVER if h is not None and solver == "auto" else solver
+    def screen(table: CostTable):  # a hybrid round's solve: it only chooses what to measure next
+        return solve(table, search=0.0, how=HYBRID_ROUND_SOLVER)
+
     try:
-        jp, plan, problem = solve(ct, how=screen)
-        if h is not None:
-            jp, plan, problem, ct = _hybrid_rounds(costed, jp, plan, problem, solve, screen, solver)
+        if costed.hybrid is None:
+            jp, plan, problem = solve(ct)
+        else:
+            rounds_solve = screen if solver == "auto" else None
+            jp, plan, problem = (rounds_solve or solve)(ct)
+            jp, plan, problem, ct = _hybrid_rounds(costed, jp, plan, problem, solve, rounds_solve)
     except InfeasibleError as e:
         if costed.constraints is None or isinstance(e, ConstraintError):
             raise
@@ -348,22 +351,23 @@ def place_from_costs(costed: CostedCandidates, solver: str = "auto", time_limit_
     return Placement(costed.analysis, costed.candidates, ct, jp, problem, plan, sim, build_s, costed.constraints)
 
 
-def _hybrid_rounds(costed: CostedCandidates, jp, plan, problem, solve, screen: str, solver: str) -> tuple:
-    """The rounds of ``hybrid`` costs from the plan ``solve`` gave with ``screen``: measure the
-    plan's units that are still predictions, costliest first, and solve again with ``screen``
-    while any were measured; then solve the last table with ``solver`` (the asked one), and
-    again while that plan has units the budget can still measure. ``(jp, plan, problem,
-    table)``."""
-    h, full = costed.hybrid, screen == solver
+def _hybrid_rounds(costed: CostedCandidates, jp, plan, problem, solve, screen=None) -> tuple:
+    """The rounds of ``hybrid`` costs from ``plan``: measure the plan's units that are still
+    predictions, costliest first, and solve again while any were measured, with ``screen``
+    (when given: ``plan`` came from it too) until its plan has nothing left to measure, then
+    with ``solve``, the asked solver, on the last table and while its plan has units the
+    budget can still measure. ``(jp, plan, problem, table)``."""
+    h = costed.hybrid
     for _ in range(HYBRID_MAX_ROUNDS):
         measured = h.measure(plan_units_to_measure(h.table, jp.cover_of(plan), h.done))
-        if not measured and full:
+        if not measured and screen is None:
             break
-        full = full or not measured  # nothing left to measure in the screened plan: the full solve
-        jp, plan, problem = solve(costed.table(h.cost_table()), how=solver if full else screen)
+        if not measured:  # the screened plan is measured: the full solve of this table
+            screen = None
+        jp, plan, problem = (screen or solve)(costed.table(h.cost_table()))
     else:
-        if not full:
-            jp, plan, problem = solve(costed.table(h.cost_table()), how=solver)
+        if screen is not None:
+            jp, plan, problem = solve(costed.table(h.cost_table()))
     return jp, plan, problem, costed.table(h.cost_table())
 
 
