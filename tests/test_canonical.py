@@ -152,3 +152,22 @@ def test_a_tvm_imported_attention_builds_across_libraries_as_torch_computes_it()
         expected = model(torch.from_numpy(x)).numpy()
     got = placed(x)
     np.testing.assert_allclose(got[0] if isinstance(got, (list, tuple)) else got, expected, rtol=1e-5, atol=1e-5)
+
+
+def _safe_softmax_of(divisor: float):
+    """``where(row all -inf, 0, softmax(a @ b / divisor))`` as TVM's importer spells torch's safe softmax."""
+    op = relax.op
+
+    def build(bb, a, b):
+        s = bb.emit(op.divide(bb.emit(op.matmul(a, b)), relax.const(np.float32(divisor))))
+        p = bb.emit(op.nn.softmax(s, axis=-1))
+        finite = bb.emit(op.logical_not(bb.emit(op.equal(s, relax.const(np.float32(-np.inf))))))
+        anyf = bb.emit(op.astype(bb.emit(op.max(bb.emit(op.astype(finite, "int8")), axis=[-1], keepdims=True)),
+                                 "bool"))
+        return op.where(bb.emit(op.logical_not(anyf)), relax.const(np.float32(0)), p)
+    return _module(build, (2, 3, 4), (2, 4, 3))
+
+
+def test_the_safe_softmax_goes_only_where_no_row_can_be_all_minus_infinity():
+    assert "relax.where" not in _ops(canonicalize(_safe_softmax_of(2.0)))
+    assert "relax.where" in _ops(canonicalize(_safe_softmax_of(0.0)))  # x / 0 is -inf where x < 0

@@ -86,11 +86,11 @@ def _op(expr) -> str:
     return ""
 
 
-def _finite_scalar(expr) -> bool:
+def _finite_scalar(expr, nonzero: bool = False) -> bool:
     if not isinstance(expr, tvm.ir.Constant):
         return False
     data = expr.value.numpy()
-    return data.size == 1 and bool(np.isfinite(data).all())
+    return data.size == 1 and bool(np.isfinite(data).all()) and not (nonzero and not data.all())
 
 
 def _zeros(expr) -> bool:
@@ -212,8 +212,9 @@ class _Canonical(PyExprMutator):
             return False
         step = self._bound(scores)
         while _op(step) in _SCORE_KEEPERS:
-            if _op(step) in ("relax.multiply", "relax.divide") and not _finite_scalar(step.args[1]):
-                return False
+            if _op(step) in ("relax.multiply", "relax.divide") and \
+                    not _finite_scalar(step.args[1], nonzero=_op(step) == "relax.divide"):
+                return False  # a scale that is not a finite number (a divisor of 0 makes -inf)
             step = self._bound(step.args[0])
         return _op(step) == "relax.matmul"
 
@@ -254,9 +255,10 @@ def canonicalize(mod: tvm.IRModule, func_name: str = "main") -> tvm.IRModule:
     for _ in range(MAX_ROUNDS):
         before = _calls(func)
         mod.update_func(gv, _Canonical(mod, func).visit_expr(func))
-        # aliases the rewrites left (``y = x``) read through, then the calls no longer read dropped
-        mod = relax.transform.CanonicalizeBindings()(mod)
-        func = relax.analysis.remove_all_unused(mod[func_name])
+        # aliases the rewrites left (``y = x``) read through, then the calls no longer read
+        # dropped: on this function alone, the module's others stay as they are
+        alone = relax.transform.CanonicalizeBindings()(tvm.IRModule({func_name: mod[func_name]}))
+        func = relax.analysis.remove_all_unused(alone[func_name])
         mod.update_func(gv, func)
         if _calls(func) == before:
             break
