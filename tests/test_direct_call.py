@@ -107,3 +107,23 @@ def test_a_library_output_becomes_an_aligned_tensor_view_or_copy(offset):
     assert str(t.device) == "cpu:0" and view.ctypes.data % 64 == 0
     np.testing.assert_array_equal(view, a)
     assert np.shares_memory(view, a) == (offset == 0)
+
+
+def test_a_one_unit_model_is_set_up_before_its_first_call(monkeypatch):
+    # the library's session for the direct call is made with the model, not inside its first call
+    from tvm_pesto.run.libraries import loaders
+
+    made = []
+    real = loaders.onnx_session
+    monkeypatch.setattr(loaders, "onnx_session", lambda *a, **k: made.append(k.get("spin")) or real(*a, **k))
+    monkeypatch.setattr(loaders, "owns_every_core", lambda cores: True)
+    mod, inputs = tiny_mlp(seed=7)  # weights of its own: a unit no other test built in this process
+    wide = cpu_cluster(1)
+    lp = whole_model_placement(place(mod, wide, costs="roofline"), "onnxruntime", wide)
+    placed = build_placement(lp, wide)
+    try:
+        before = list(made)
+        placed(*inputs)
+        assert made == before and (wide.devices[0].cores < 2 or True in before)  # made, before the call
+    finally:
+        placed.close()

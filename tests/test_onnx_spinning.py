@@ -43,6 +43,21 @@ def test_only_the_direct_call_on_every_core_spins(monkeypatch, model_bytes, owns
     np.testing.assert_array_equal(out, again)
 
 
+def test_the_spinning_session_is_made_when_asked_not_in_the_first_call(monkeypatch, model_bytes):
+    # a program of this one unit prepares it when made: its first call is a call (a session made
+    # inside it ran 20x a call and read as a runaway to the final choice)
+    model, inputs = model_bytes
+    made = _record(monkeypatch)
+    monkeypatch.setattr(loaders, "owns_every_core", lambda cores: True)
+    run = loaders.onnx_runner(model, 2)
+    run.direct.prepare()
+    assert made == ["0", "1"]
+    run.direct.prepare()
+    (out,) = run.direct(*inputs)
+    assert made == ["0", "1"]
+    np.testing.assert_array_equal(out, loaders.onnx_runner(model, 1).direct(*inputs)[0])
+
+
 def test_one_core_never_spins(monkeypatch, model_bytes):
     model, inputs = model_bytes
     made = _record(monkeypatch)

@@ -352,6 +352,8 @@ def _direct(program):
     fn = direct_call(calls[0].extern)
     if fn is None:
         return None
+    if callable(prepare := getattr(fn, "prepare", None)):
+        prepare()  # the library's set-up for this call now, not in the model's first call
     step = calls[0]
     env = {name: (lambda args, outs, k=k: args[k]) for k, name in enumerate(program.inputs)}
     env[step.out] = lambda args, outs: outs[0] if len(outs) == 1 else tuple(outs)

@@ -123,6 +123,8 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     spinning, which shares its device with other units; when the spinning session is made
     before any DPS call (a whole-model unit, called directly), the other one is dropped (each
     holds the weights and their prepacked copies) and a later DPS call runs the spinning one.
+    ``f.direct.prepare()`` makes that session ahead of the first direct call (a program of this
+    one unit does when it is made, so its first call is a call, not a session's set-up).
     """
     sessions = {"dps": onnx_session(model, cores, parallel=parallel)}
     in_names = [i.name for i in sessions["dps"].get_inputs()]
@@ -159,7 +161,7 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
     pending = [model] if int(cores) > 1 and owns_every_core(cores) else []
     alone: list = []  # the direct call (calls.OnnxRuntimeCall), made on first use
 
-    def direct(*arrays):
+    def prepare():
         if not alone:
             if pending:
                 with swap:
@@ -167,8 +169,12 @@ def onnx_runner(model, cores: int, parallel: bool = False) -> Callable:
                         del sessions["dps"]
                     sessions["spin"] = onnx_session(pending.pop(), cores, parallel=parallel, spin=True)
             alone.append(OnnxRuntimeCall(sessions.get("spin") or sessions["dps"]))
-        return alone[0](*arrays)
+        return alone[0]
 
+    def direct(*arrays):
+        return (alone[0] if alone else prepare())(*arrays)
+
+    direct.prepare = prepare  # the session made now, not in the first call (runtime._direct)
     run.direct = direct  # numpy in, numpy out: the library's own call (see direct_call)
     return run
 
