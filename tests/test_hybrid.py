@@ -220,3 +220,31 @@ def test_a_repeated_layer_is_one_sample_of_a_backends_bias(keys, bias):
     h.correct_bias(min_samples=3)
     assert h.corrections == ({} if bias is None else {"0:tvm": bias})
     assert h.table[6, 0] == (1.0 if bias is None else bias)  # the unmeasured candidate
+
+
+@pytest.mark.slow
+def test_whole_model_candidates_left_to_the_caller_are_never_measured(tiny, tmp_path):
+    # build's final choice times each library's whole model as an option: with leave_whole the
+    # hybrid source predicts those candidates (at 224x224 one such measurement is seconds)
+    an, cl, cs = tiny
+    whole = cs.whole_model()
+    assert whole and all(len(cs[i].nodes) == an.op_graph.num_nodes for i in whole)
+    left = tvm_pesto.costs.predict.hybrid.Hybrid(cs, cl, cache=MeasureCache(tmp_path / "a.jsonl"), fraction=None,
+                                                 leave_whole=True)
+    left.measure_stakes(1.0)
+    assert left.measure(whole, why="plan") == [] and not set(whole) & left.done
+    assert left.cost_table().hybrid["left_whole"] == len(whole)
+    asked = tvm_pesto.costs.predict.hybrid.Hybrid(cs, cl, cache=MeasureCache(tmp_path / "b.jsonl"), fraction=None)
+    assert sorted(asked.measure(whole, why="plan")) == sorted(whole)  # without it they are measured
+
+
+@pytest.mark.parametrize("measure_final, left", [(True, True), (False, False)])
+def test_build_leaves_the_whole_models_to_its_final_choice_only_when_it_times_them(monkeypatch, measure_final, left):
+    from tvm_pesto import placing
+
+    seen = []
+    real = placing.place
+    monkeypatch.setattr(placing, "place", lambda *a, **k: seen.append(k.get("leave_whole")) or real(*a, **k))
+    mod, _ = tiny_cnn()
+    tvm_pesto.build(mod, "cpu:2", costs="roofline", solver="heft", measure_final=measure_final).close()
+    assert seen and all(s is left for s in seen)

@@ -120,7 +120,7 @@ def test_every_peer_is_reported_with_its_time_or_why_not(one_model):
 def test_held_is_the_blocks_time_over_the_build_time_measurement_of_the_kept_option(monkeypatch):
     monkeypatch.setenv("TVM_PESTO_MEASURE_FINAL", "1")
     model, x, mod = _mlp()
-    r = bench_peers([("mlp", lambda: (model, x, mod))], PeerSettings(cores=2, torch_compile=False,
+    r = bench_peers([("mlp", lambda: (model, x, mod))], PeerSettings(cores=2, torch_compile=False, extra_builds=False,
                     build_options={"costs": "roofline"}, rounds=1, overhead=False))
     m = r["models"]["mlp"]
     p = m["variants"]["pesto"]

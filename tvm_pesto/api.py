@@ -109,7 +109,7 @@ def build(mod, cluster, backends="all", solver: str = "auto", costs="auto", plan
             solving = budget.Solving(limit, skip_reason(cluster, measure_final) is None, deterministic)
             request = Request(backends, solver, costs, cache, progress, deterministic, executor, limit,
                               solver_options, constraints)
-            pl = request.place(analysis, cluster, time_limit_s=solving.flow_s())
+            pl = request.place(analysis, cluster, time_limit_s=solving.flow_s(), leave_whole=solving.measured)
             placed = final_choice(mod, pl, cluster, request, inputs, measure_final, progress, solving)
     finally:
         forget_constants()  # the weights' digests kept for this build: the model is the caller's to drop

@@ -91,7 +91,8 @@ HYBRID_ROUND_SOLVER = "heft"
 def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs="auto", cache=None, progress=None,
           time_limit_s: float = 30.0, search_s: float | None = None, deterministic: bool | None = None,
           colocate: list[list[int]] | None = None, split_margin: float | None = None, executor: str = "thread",
-          max_build_s: float | None = None, precision: str = "fp32", constraints=None, **solver_options) -> Placement:
+          max_build_s: float | None = None, precision: str = "fp32", constraints=None, leave_whole: bool = False,
+          **solver_options) -> Placement:
     """Decide backend, device and order for every subgraph of a module.
 
     Parameters
@@ -159,6 +160,10 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
         made (:func:`cost_candidates`). One that no plan can honour raises a
         :class:`~tvm_pesto.errors.ConstraintError` naming it, before anything is built;
         ``Placement.claim()["holds_under"]`` names the constraints the plan's claim holds under.
+    leave_whole : bool
+        The caller times each library's whole model itself (``build``'s final choice does, on
+        ``cpu:N``): the ``hybrid`` source predicts those candidates instead of measuring them
+        (:class:`~tvm_pesto.costs.predict.hybrid.Hybrid`); other sources are unchanged.
 
     Examples
     --------
@@ -169,7 +174,7 @@ def place(mod_or_analysis, cluster, backends="all", solver: str = "auto", costs=
     ('work', True)
     """
     costed = cost_candidates(mod_or_analysis, cluster, with_precision(backends, precision), costs, cache=cache,
-                             progress=progress, executor=executor, constraints=constraints)
+                             progress=progress, executor=executor, constraints=constraints, leave_whole=leave_whole)
     return place_from_costs(costed, solver, time_limit_s=time_limit_s, search_s=search_s,
                             deterministic=deterministic, colocate=colocate, split_margin=split_margin,
                             max_build_s=max_build_s, **solver_options)
@@ -220,7 +225,7 @@ class CostedCandidates:
 
 
 def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cache=None, progress=None,
-                    executor: str = "thread", constraints=None) -> CostedCandidates:
+                    executor: str = "thread", constraints=None, leave_whole: bool = False) -> CostedCandidates:
     """The first half of :func:`place`: give ``cluster`` this machine's figures for
     ``executor`` (fitted on first use), make the candidates of ``backends`` and cost them
     (``xgb``/``hybrid`` fit this machine's calibration on first use); the arguments are
@@ -228,7 +233,7 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
     cluster takes the memory caps, the candidates that break a pin or forbid are dropped
     (a given cost table may hold a row per candidate before or after that), and a node that
     is left no candidate, or a model left no acyclic cover, is refused
-    (:class:`~tvm_pesto.errors.ConstraintError`).
+    (:class:`~tvm_pesto.errors.ConstraintError`). ``leave_whole``: as in :func:`place`.
 
     Examples
     --------
@@ -260,7 +265,7 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
     elif isinstance(costs, np.ndarray):
         ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
     elif costs == "hybrid":  # a third of the budget on the close calls, the rest on the plan's own units
-        h = Hybrid(cs, cluster, cache=cache, progress=progress).measure_stakes(HYBRID_STAKE_SHARE)
+        h = Hybrid(cs, cluster, cache=cache, progress=progress, leave_whole=leave_whole).measure_stakes(HYBRID_STAKE_SHARE)
         ct = h.cost_table()
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)
@@ -397,14 +402,16 @@ class Request:
     options: dict = field(default_factory=dict)  # the rest of place's keywords (split_margin=, max_build_s=, ...)
     constraints: object = None  # pins, forbids, memory caps (tvm_pesto.constraints)
 
-    def place(self, analysis, cluster, costs=None, time_limit_s: float | None = None) -> Placement:
+    def place(self, analysis, cluster, costs=None, time_limit_s: float | None = None,
+              leave_whole: bool = False) -> Placement:
         """:func:`place` of ``analysis`` on ``cluster`` as asked; ``costs`` and
-        ``time_limit_s`` replace the asked ones where given."""
+        ``time_limit_s`` replace the asked ones where given; ``leave_whole``: the caller
+        times the whole-model candidates (:func:`place`)."""
         return place(analysis, cluster, backends=self.backends, solver=self.solver,
                      costs=self.costs if costs is None else costs, cache=self.cache, progress=self.progress,
                      deterministic=self.deterministic, executor=self.executor,
                      time_limit_s=self.time_limit_s if time_limit_s is None else time_limit_s,
-                     constraints=self.constraints, **self.options)
+                     constraints=self.constraints, leave_whole=leave_whole, **self.options)
 
 
 __all__ = ["CostedCandidates", "HYBRID_MAX_ROUNDS", "HYBRID_STAKE_SHARE", "Request", "cost_candidates",

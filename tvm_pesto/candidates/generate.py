@@ -100,6 +100,11 @@ class CandidateSet:
             out[c.backend] = out.get(c.backend, 0) + 1
         return out
 
+    def whole_model(self) -> list[int]:
+        """The candidates that cover every op of the graph (a library's whole model as one call)."""
+        n = len(self.rg.graph.nodes)
+        return [i for i, c in enumerate(self.candidates) if len(c.nodes) == n]
+
     def subset(self, keep) -> "CandidateSet":
         """A new set with the candidates for which ``keep(candidate)`` is true."""
         return CandidateSet(self.rg, [c for c in self.candidates if keep(c)], dict(self.rejected),

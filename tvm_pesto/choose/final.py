@@ -52,7 +52,7 @@ def one_device_costs(pl: Placement, request: Request):
 
 def _solve(analysis, request: Request, solving: budget.Solving, cluster, parts: int, costs=None) -> Placement:
     """``request`` placed on ``cluster`` within ``1 / parts`` of what ``solving`` has left, spent there."""
-    pl = request.place(analysis, cluster, costs=costs, time_limit_s=solving.next_s(parts))
+    pl = request.place(analysis, cluster, costs=costs, time_limit_s=solving.next_s(parts), leave_whole=True)
     solving.spend(pl.plan.solve_s)
     return pl
 

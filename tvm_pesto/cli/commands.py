@@ -113,7 +113,8 @@ def _run_model(lm, cluster, size: str, request: Request, settings: RunSettings, 
 
     solving = budget.Solving(budget.SOLVE_S, skip_reason(cluster) is None, deterministic)
     with step("candidates, costs and plan") as cb:
-        pl = dataclasses.replace(request, progress=cb).place(analysis, cluster, time_limit_s=solving.flow_s())
+        pl = dataclasses.replace(request, progress=cb).place(analysis, cluster, time_limit_s=solving.flow_s(),
+                                                             leave_whole=solving.measured)
     flow = pl.claim()  # the flow's plan on the cluster asked for, before the measured final choice
     with step("build the plan (and time it against the one-device and whole-model library plans)") as cb:
         pm = final_choice(lm.mod, pl, cluster, request, inputs=lm.example_inputs, progress=cb, solving=solving)

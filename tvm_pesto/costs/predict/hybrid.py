@@ -22,6 +22,12 @@
    measured / predicted over that backend's measured candidates there (at least
    ``min_samples`` of them): the model's bias on this machine, corrected by what was seen
    (:meth:`Hybrid.correct_bias`).
+With ``leave_whole`` the candidates that are the whole model (:meth:`CandidateSet.whole_model
+<tvm_pesto.candidates.generate.CandidateSet.whole_model>`) stay predictions: the caller times
+them itself (the final choice of ``build`` times each library's whole model as an option). At
+a user's size one such measurement is seconds (a ViT-B/16 at 224x224 in one library on one
+core: 5-11 s, session or compile and :data:`HYBRID_REPEAT` calls), timed again by the final choice.
+
 5. :func:`tvm_pesto.place` spends the rest on the plan (:meth:`Hybrid.measure`): it measures
    the plan's units that are still predictions, costliest first (not the cheapest ones that
    add up to :data:`PLAN_TAIL_SHARE` of the plan, :func:`plan_units_to_measure`), and plans
@@ -264,8 +270,10 @@ class Hybrid:
     :meth:`cost_table` is the table so far.
     """
 
-    def __init__(self, cs, cluster, cache=None, progress=None, fraction: float | None = DEFAULT_FRACTION):
+    def __init__(self, cs, cluster, cache=None, progress=None, fraction: float | None = DEFAULT_FRACTION,
+                 leave_whole: bool = False):
         _check_fraction(fraction)
+        self.left_whole = set(cs.whole_model()) if leave_whole else set()  # predicted: the caller times them
         self.unseen: dict = {}  # candidate -> ops the model never trained on
         self.applied: dict = {}  # device -> the xgb calibration its predictions carry
         self.gpu_check: dict = {}  # device -> what the device check's GPU timings changed
@@ -302,7 +310,7 @@ class Hybrid:
         keys: list = []
         for c in candidates:
             k = self.keys[c]
-            if c not in self.done and k not in self.done_keys and k not in keys:
+            if c not in self.done and c not in self.left_whole and k not in self.done_keys and k not in keys:
                 keys.append(k)
         keys = keys[:self.left if limit is None else min(self.left, limit)]
         if not keys or not self.present:
@@ -378,7 +386,8 @@ class Hybrid:
                          cached=self.report.cached, predicted=len(self.cs) - n_measured,
                          infeasible=dict(self.report.infeasible),
                          prediction_fit=dict(self.applied),
-                         hybrid={"bias": dict(self.corrections), "budget": self.budget, "rounds": list(self.rounds)},
+                         hybrid={"bias": dict(self.corrections), "budget": self.budget, "rounds": list(self.rounds),
+                                 "left_whole": len(self.left_whole)},
                          seconds=self.report.seconds,
                          saved_s=float(per * skipped) if self.report.measured else 0.0,
                          unseen={i: ops for i, ops in self.unseen.items() if i not in self.done},
