@@ -11,12 +11,12 @@ A candidate is valid when outlining it cannot create a cycle (it is convex: no p
 it and comes back), it is weakly connected, and (for non-native backends) every operator in it is
 supported and passes the pattern's check.
 
-A check that cannot read a call (:data:`~tvm_pesto.backends.patterns.CHECK_READ_ERRORS`: an attribute or annotation the
-call lacks, a symbolic or dynamic shape) says no for that call and is counted. Any other
+A check that cannot read a call (:data:`~tvm_pesto.backends.patterns.CHECK_READ_ERRORS`: an attribute or
+annotation the call lacks, a symbolic or dynamic shape) says no for that call and is counted. Any other
 exception is a failure of the backend: it is left out of the graph's candidates, named in
-``CandidateSet.unavailable`` with the exception and its count, and a ``RuntimeWarning``
-says so (once per backend per process). So is a backend whose checks could read no call at
-all (a TVM API it reads has changed). :attr:`CandidateSet.check_errors` keeps the counts.
+``CandidateSet.unavailable`` with the exception and its count, and a ``RuntimeWarning`` says so (once per
+backend per process). So is a backend whose checks could read no call at all (a TVM API it reads has changed).
+:attr:`CandidateSet.check_errors` keeps the counts.
 
 Examples
 --------
@@ -31,6 +31,7 @@ Examples
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import tvm
@@ -75,8 +76,7 @@ class CandidateSet:
         Backend name -> why it has no candidates here (it cannot run on this machine, or
         its checks failed on this graph).
     check_errors : dict
-        Backend name -> :meth:`~tvm_pesto.candidates.checks.BackendChecks.record` for each backend whose
-        checks raised.
+        Backend name -> :meth:`~tvm_pesto.candidates.checks.BackendChecks.record` per backend whose checks raised.
     """
 
     rg: RelaxGraph
@@ -95,15 +95,11 @@ class CandidateSet:
         return self.candidates[i]
 
     def by_backend(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for c in self.candidates:
-            out[c.backend] = out.get(c.backend, 0) + 1
-        return out
+        return dict(Counter(c.backend for c in self.candidates))
 
     def whole_model(self) -> list[int]:
         """The candidates that cover every op of the graph (a library's whole model as one call)."""
-        n = len(self.rg.graph.nodes)
-        return [i for i, c in enumerate(self.candidates) if len(c.nodes) == n]
+        return [i for i, c in enumerate(self.candidates) if len(c.nodes) == len(self.rg.graph.nodes)]
 
     def subset(self, keep) -> "CandidateSet":
         """A new set with the candidates for which ``keep(candidate)`` is true."""
