@@ -22,16 +22,16 @@
    measured / predicted over that backend's measured candidates there (at least
    ``min_samples`` of them): the model's bias on this machine, corrected by what was seen
    (:meth:`Hybrid.correct_bias`).
-With ``leave_whole`` the candidates that are the whole model (:meth:`CandidateSet.whole_model
-<tvm_pesto.candidates.generate.CandidateSet.whole_model>`) stay predictions: the caller times
-them itself (the final choice of ``build`` times each library's whole model as an option). At
-a user's size one such measurement is seconds (a ViT-B/16 at 224x224 in one library on one
-core: 5-11 s, session or compile and :data:`HYBRID_REPEAT` calls), timed again by the final choice.
-
 5. :func:`tvm_pesto.place` spends the rest on the plan (:meth:`Hybrid.measure`): it measures
    the plan's units that are still predictions, costliest first (not the cheapest ones that
    add up to :data:`PLAN_TAIL_SHARE` of the plan, :func:`plan_units_to_measure`), and plans
    again, until the plan is measured or the budget is spent (the table's ``hybrid["rounds"]``).
+
+With ``leave_whole`` the candidates that are the whole model (:meth:`CandidateSet.whole_model
+<tvm_pesto.candidates.generate.CandidateSet.whole_model>`) stay predictions: the caller times
+them itself (the final choice of ``build`` times each library's whole model as an option). At
+a user's size each such measurement takes seconds (a session or a compile, then
+:data:`HYBRID_REPEAT` calls of the whole model), and the final choice would time it again.
 
 The :class:`~tvm_pesto.costs.CostTable` says how many candidates were measured, how many
 predicted, and an estimate of the profiling time saved (the mean time of a measurement made,
