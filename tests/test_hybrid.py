@@ -223,12 +223,17 @@ def test_a_repeated_layer_is_one_sample_of_a_backends_bias(keys, bias):
 
 
 @pytest.mark.slow
-def test_whole_model_candidates_left_to_the_caller_are_never_measured(tiny, tmp_path):
+def test_whole_model_candidates_left_to_the_caller_are_never_measured(tiny, tmp_path, monkeypatch):
     # build's final choice times each library's whole model as an option: with leave_whole the
-    # hybrid source predicts those candidates (at 224x224 one such measurement is seconds)
+    # hybrid source predicts those predicted slow enough to cost seconds to measure (at 224x224)
+    from tvm_pesto.costs.predict import hybrid
+
     an, cl, cs = tiny
     whole = cs.whole_model()
     assert whole and all(len(cs[i].nodes) == an.op_graph.num_nodes for i in whole)
+    quick = hybrid.Hybrid(cs, cl, cache=MeasureCache(tmp_path / "q.jsonl"), fraction=None, leave_whole=True)
+    assert not quick.left_whole  # a tiny model's whole model is measured all the same: a fraction of a second
+    monkeypatch.setattr(hybrid, "LEAVE_WHOLE_FROM_S", 0.0)  # as if each took seconds a call
     left = tvm_pesto.costs.predict.hybrid.Hybrid(cs, cl, cache=MeasureCache(tmp_path / "a.jsonl"), fraction=None,
                                                  leave_whole=True)
     left.measure_stakes(1.0)

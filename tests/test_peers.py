@@ -39,8 +39,24 @@ def test_a_best_block_stands_only_when_another_block_reproduces_it():
     assert r["steady"]["confirmed"] and len(r["steady"]["blocks_s"]) == 5  # timed in every round
     assert len(r["wobbly"]["blocks_s"]) == 5 and not r["wobbly"]["confirmed"]
     assert r["wobbly"]["spread"] == pytest.approx(1 / 0.7 - 1)
+    assert r["wobbly"]["s"] == pytest.approx(np.median(r["wobbly"]["blocks_s"]))  # no two blocks agree
     assert "confirmed" not in time_blocks({"a": steady}, rounds=2, warmup_s=0.0, block_s=0.0, min_calls=1,
                                           clock=clock)["a"]
+
+
+def test_one_lucky_block_is_not_a_variants_time():
+    # one block 25 % under every other (a quick spell of the machine), never reproduced: the
+    # variant's time is its least block that another reproduces, as for every variant
+    clock, n = FakeClock(), {"calls": 0}
+
+    def lucky():  # the third block (a warm-up call and 3 timed ones each) runs at 0.75 ms a call
+        clock.now += 0.00075 if n["calls"] // 4 == 2 else 0.001 + 0.00001 * (n["calls"] // 4)
+        n["calls"] += 1
+
+    r = time_blocks({"lucky": lucky}, rounds=3, warmup_s=0.0, block_s=0.0, min_calls=3, agree=0.03, max_rounds=5,
+                    clock=clock)
+    assert min(r["lucky"]["blocks_s"]) == pytest.approx(0.00075) and not r["lucky"]["confirmed"]
+    assert r["lucky"]["s"] == pytest.approx(0.001)
 
 
 def test_every_variant_gets_the_rounds_one_unsteady_variant_asks_for():

@@ -28,7 +28,8 @@
    again, until the plan is measured or the budget is spent (the table's ``hybrid["rounds"]``).
 
 With ``leave_whole`` the candidates that are the whole model (:meth:`CandidateSet.whole_model
-<tvm_pesto.candidates.generate.CandidateSet.whole_model>`) stay predictions: the caller times
+<tvm_pesto.candidates.generate.CandidateSet.whole_model>`) and predicted at
+:data:`LEAVE_WHOLE_FROM_S` or more a call stay predictions: the caller times
 them itself (the final choice of ``build`` times each library's whole model as an option). At
 a user's size each such measurement takes seconds (a session or a compile, then
 :data:`HYBRID_REPEAT` calls of the whole model), and the final choice would time it again.
@@ -74,6 +75,12 @@ PLAN_TAIL_SHARE = 0.02
 #: inflated by a burst of another job decides the plan; a median over three times the window
 #: outlasts such bursts, for a fraction of a second.
 HYBRID_REPEAT = 15
+
+#: With ``leave_whole``, a whole-model candidate predicted under this many seconds a call on
+#: every device here is measured all the same: its calls take a fraction of a second, and the
+#: flow's plans are then made with what it measures (a small model's one-device plan is the
+#: library's whole model, one option to build, not a mix beside it).
+LEAVE_WHOLE_FROM_S = 0.01
 
 #: Share of the distinct candidates that are measured (1 in 25: at least 20x fewer than the
 #: ``measured`` source, whose count of distinct structures is a little lower than of descriptions).
@@ -273,7 +280,6 @@ class Hybrid:
     def __init__(self, cs, cluster, cache=None, progress=None, fraction: float | None = DEFAULT_FRACTION,
                  leave_whole: bool = False):
         _check_fraction(fraction)
-        self.left_whole = set(cs.whole_model()) if leave_whole else set()  # predicted: the caller times them
         self.unseen: dict = {}  # candidate -> ops the model never trained on
         self.applied: dict = {}  # device -> the xgb calibration its predictions carry
         self.gpu_check: dict = {}  # device -> what the device check's GPU timings changed
@@ -287,6 +293,8 @@ class Hybrid:
         self.done: set[int] = set()  # candidates whose entries are measurements
         self.done_keys: set = set()
         self.present = [j for j, d in enumerate(cluster.devices) if d.present]
+        slow = [i for i in cs.whole_model() if self.present and table[i, self.present].min() >= LEAVE_WHOLE_FROM_S]
+        self.left_whole = set(slow) if leave_whole else set()  # predictions: the caller times them
         # lazy: loads TVM's compiler, which importing this module does not
         from ..measure.measured import MeasureReport
 
@@ -403,5 +411,5 @@ def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_
     return h.measure_stakes(1.0, error=error, top_k=top_k, min_samples=min_samples).cost_table()
 
 
-__all__ = ["DEFAULT_ERROR", "DEFAULT_FRACTION", "PLAN_TAIL_SHARE", "Hybrid", "candidate_keys", "critical_ops",
+__all__ = ["DEFAULT_ERROR", "DEFAULT_FRACTION", "LEAVE_WHOLE_FROM_S", "PLAN_TAIL_SHARE", "Hybrid", "candidate_keys", "critical_ops",
            "hybrid_costs", "plan_units_to_measure", "stakes", "uncertain_candidates", "unseen_contenders"]
