@@ -265,7 +265,8 @@ def cost_candidates(mod_or_analysis, cluster, backends="all", costs="auto", cach
     elif isinstance(costs, np.ndarray):
         ct = CostTable(np.asarray(costs, dtype=np.float64), ["given"] * cluster.num_devices)
     elif costs == "hybrid":  # a third of the budget on the close calls, the rest on the plan's own units
-        h = Hybrid(cs, cluster, cache=cache, progress=progress, leave_whole=leave_whole).measure_stakes(HYBRID_STAKE_SHARE)
+        h = Hybrid(cs, cluster, cache=cache, progress=progress, leave_whole=leave_whole)
+        h.measure_stakes(HYBRID_STAKE_SHARE)
         ct = h.cost_table()
     else:
         ct = candidate_costs(cs, cluster, costs, cache=cache, progress=progress)

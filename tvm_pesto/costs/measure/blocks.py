@@ -216,4 +216,5 @@ def slow_spell_ratio(seconds: float = 0.1) -> float | None:
     return best[0] / best[1]
 
 
-__all__ = ["PROBE_OPS", "PROBE_ROWS", "PROBE_WIDTH", "best_two_spread", "reproduced_best", "slow_spell_ratio", "time_blocks"]
+__all__ = ["PROBE_OPS", "PROBE_ROWS", "PROBE_WIDTH", "best_two_spread", "reproduced_best", "slow_spell_ratio",
+           "time_blocks"]

@@ -472,7 +472,7 @@ def calibrate_native(cs: CandidateSet, cluster, table: np.ndarray, cache: Measur
     groups = [index.get(tuple(sorted(g))) for g in fusion_groups(cs.rg.graph)]
     if not native.any() or any(i is None for i in groups):
         return {}
-    whole = [i for i, c in enumerate(cs) if not native[i] and len(c.nodes) == len(cs.rg.graph.nodes)]
+    whole = [i for i in cs.whole_model() if not native[i]]
     factors: dict[int, float] = {}
     done: dict[tuple, float | None] = {}
     for j, dev in enumerate(cluster.devices):

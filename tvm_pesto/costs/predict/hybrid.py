@@ -293,8 +293,8 @@ class Hybrid:
         self.done: set[int] = set()  # candidates whose entries are measurements
         self.done_keys: set = set()
         self.present = [j for j, d in enumerate(cluster.devices) if d.present]
-        slow = [i for i in cs.whole_model() if self.present and table[i, self.present].min() >= LEAVE_WHOLE_FROM_S]
-        self.left_whole = set(slow) if leave_whole else set()  # predictions: the caller times them
+        self.left_whole = {i for i in (cs.whole_model() if leave_whole and self.present else [])
+                           if table[i, self.present].min() >= LEAVE_WHOLE_FROM_S}  # predictions: the caller times them
         # lazy: loads TVM's compiler, which importing this module does not
         from ..measure.measured import MeasureReport
 
@@ -411,5 +411,5 @@ def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_
     return h.measure_stakes(1.0, error=error, top_k=top_k, min_samples=min_samples).cost_table()
 
 
-__all__ = ["DEFAULT_ERROR", "DEFAULT_FRACTION", "LEAVE_WHOLE_FROM_S", "PLAN_TAIL_SHARE", "Hybrid", "candidate_keys", "critical_ops",
-           "hybrid_costs", "plan_units_to_measure", "stakes", "uncertain_candidates", "unseen_contenders"]
+__all__ = ["DEFAULT_ERROR", "DEFAULT_FRACTION", "LEAVE_WHOLE_FROM_S", "PLAN_TAIL_SHARE", "Hybrid", "candidate_keys",
+           "critical_ops", "hybrid_costs", "plan_units_to_measure", "stakes", "uncertain_candidates", "unseen_contenders"]
