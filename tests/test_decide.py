@@ -272,6 +272,22 @@ def test_of_two_library_calls_within_the_tie_band_the_one_on_fewer_threads_is_ke
                                                "the call on fewer threads is kept (1 against 2)")
 
 
+@pytest.mark.parametrize("ahead, kept", [(0.02, "library:onnxruntime"), (0.05, "library:onnxruntime-parallel")])
+def test_of_two_calls_on_the_same_threads_within_the_tie_band_the_sequential_mode_is_kept(monkeypatch, ahead, kept):
+    # ONNX Runtime's parallel execution mode 2 % ahead of its sequential call, both on two cores:
+    # the library's default call is kept; 5 % ahead is a difference, and the faster mode is kept
+    times = {"plan": 2e-3, "library:onnxruntime-parallel": 1e-3, "library:onnxruntime": 1e-3 * (1 + ahead)}
+    opts, build = _options({n: 1e-5 for n in times})
+    two = SimpleNamespace(name="cpu:2", num_devices=1, devices=[SimpleNamespace(cores=2)])
+    opts = [dataclasses.replace(o, cluster=two) for o in opts]
+    _fixed_times(monkeypatch, times)
+    _, d = _choose(opts, build, [], budget_s=0.2)
+    assert d["chosen"] == kept
+    if kept == "library:onnxruntime":
+        assert d["runoff"]["library_kept"] == ("library:onnxruntime is within 3% of library:onnxruntime-parallel "
+                                               "(+2.0%): the sequential call is kept over the parallel execution mode")
+
+
 def test_a_two_speed_option_is_judged_by_its_best_block_over_every_pass(monkeypatch):
     # a two-thread library on a shared machine: slow (1.3 ms) in the first timing, fast (0.8 ms)
     # from the runoff on; the one-thread option is steady at 1.15 ms. The runoff takes both (within

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends import get_backend
+from ..backends import get_backend, list_backends
 from ..errors import error_line
 from .claim import FLOW_OPTIONS
 from .decision import Decision, OptionResult, Runoff, Spell
@@ -239,20 +239,36 @@ def _threads(option: Option) -> int:
     return sum(int(getattr(d, "cores", 0) or 0) for d in option.cluster.devices)
 
 
+def _parallel_mode(option: Option) -> bool:
+    """Whether a unit of ``option`` runs its library in a parallel execution mode (ONNX
+    Runtime's ``onnxruntime-parallel``: an inter-op thread pool beside the library's default,
+    sequential call)."""
+    names = {u.backend for u in getattr(option.placement.plan, "units", None) or []}
+    if option.name.startswith("library:"):
+        names.add(option.name.split(":", 1)[1].split(" ", 1)[0].removesuffix("+tvm"))
+    known = set(list_backends())  # tests' stand-ins name none
+    return any(getattr(get_backend(n), "parallel", False) for n in names & known)
+
+
 def _tie_break(opts: list[Option], timed: dict, ran: list[str], best: str) -> tuple[str, str | None]:
     """The option kept among the runoff's within :data:`PREFER_LIBRARY` of the fastest
     (``best``), a difference a shared machine does not tell apart: a whole-model library call
     before a plan of several units (the user's own call), then the fewest threads (a core left
-    to the rest of the machine), then the fastest. Returns it and why, where it is not ``best``."""
+    to the rest of the machine), then the library's sequential call before its parallel
+    execution mode (its default call, with no inter-op pool to schedule), then the fastest.
+    Returns it and why, where it is not ``best``."""
     by = {o.name: o for o in opts}
     near = [n for n in ran if timed[n]["s"] <= timed[best]["s"] * (1 + PREFER_LIBRARY)]
-    kept = min(dict.fromkeys([best, *near]), key=lambda n: (not library_call(by[n]), _threads(by[n]), timed[n]["s"]))
+    rank = {n: (not library_call(by[n]), _threads(by[n]), _parallel_mode(by[n])) for n in dict.fromkeys([best, *near])}
+    kept = min(rank, key=lambda n: (*rank[n], timed[n]["s"]))
     if kept == best:
         return best, None
     why = f"{kept} is within {PREFER_LIBRARY:.0%} of {best} ({timed[kept]['s'] / timed[best]['s'] - 1:+.1%}): "
-    if library_call(by[best]):
+    if not library_call(by[best]):
+        return kept, why + "the library call is kept"
+    if _threads(by[kept]) < _threads(by[best]):
         return kept, why + f"the call on fewer threads is kept ({_threads(by[kept])} against {_threads(by[best])})"
-    return kept, why + "the library call is kept"
+    return kept, why + "the sequential call is kept over the parallel execution mode"
 
 
 def _weight_bytes(opts: list[Option]) -> int:
