@@ -277,8 +277,8 @@ def test_ray_cli_run_json(ray_session, tmp_path):
 
 def test_rebind_runs_another_program_on_the_actors_it_started(ray_session, tmp_path):
     """``RayExecutor.rebind``: a program over devices already started runs on the same actors
-    (what the dispatch fit times its three programs on); an actor that died is reported and
-    replaced on the next run; one that needs a device not started gets new actors on its next
+    (what the dispatch fit times its three programs on); one that needs a device not started
+    gets new actors on its next run; an actor that died is reported and replaced on the next
     run; every program computes what it should."""
     from tvm_pesto.costs.calibrate.dispatch import _kernels, dispatch_programs
     from tvm_pesto.run.ray.timing import write_bundle
@@ -287,9 +287,11 @@ def test_rebind_runs_another_program_on_the_actors_it_started(ray_session, tmp_p
     progs = dispatch_programs(cluster, 0, 1)
     bundle = write_bundle(str(tmp_path), {d: _kernels(cluster.devices[d])[2] for d in (0, 1)})
     x = np.zeros(4, np.float32)
-    ex = RayExecutor(progs["back"], cluster, bundle, ray_session)
+    ex = RayExecutor(progs["one"], cluster, bundle, ray_session)
     try:
-        assert ex.run([x]).numpy().tolist() == [3.0] * 4  # three adds of one
+        assert ex.run([x]).numpy().tolist() == [1.0] * 4 and set(ex.actor_info) == {0}
+        ex.rebind(progs["back"])  # device 1 has no actor: the next run starts them
+        assert ex.run([x]).numpy().tolist() == [3.0] * 4 and set(ex.actor_info) == {0, 1}  # three adds of one
         pids = {d: i["pid"] for d, i in ex.actor_info.items()}
         for name, adds in (("one", 1), ("there", 2), ("back", 3)):
             ex.rebind(progs[name])
@@ -301,11 +303,5 @@ def test_rebind_runs_another_program_on_the_actors_it_started(ray_session, tmp_p
         with pytest.raises(ExecutionError, match=r"device 1 \(cpu1\) did not take the new program.*next run starts"):
             ex.rebind(progs["there"])
         assert ex.run([x]).numpy().tolist() == [2.0] * 4 and ex.actor_info[1]["pid"] != pids[1]
-        ex.close()
-        ex = RayExecutor(progs["one"], cluster, bundle, ray_session)
-        ex.run([x])
-        assert set(ex.actor_info) == {0}
-        ex.rebind(progs["there"])  # device 1 has no actor: the next run starts them
-        assert ex.run([x]).numpy().tolist() == [2.0] * 4 and set(ex.actor_info) == {0, 1}
     finally:
         ex.close()
