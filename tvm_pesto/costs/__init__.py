@@ -8,7 +8,9 @@ measure only the close calls and the critical path, correct the rest by what was
 this machine and measuring every candidate is affordable, takes ``hybrid`` when it is not, and
 otherwise predicts (``xgb``, with roofline where the model does not cover a device). A GPU's roofline column takes the device check's timings of that GPU where they
 exist (:mod:`.predict.gpu_check`). :func:`candidate_costs` is the one entry point; a new source is one module plus
-one entry in :data:`SOURCES`.
+one entry in :data:`SOURCES`. Every source but roofline times (or learned from) a candidate
+called in a loop, its weights in the caches: its library candidates are priced as in the
+model's run, their weights from memory (:mod:`.in_run`).
 
 The sub-packages, each importing only those before it (and :mod:`.table`, the
 :class:`CostTable` every source returns):
@@ -39,6 +41,7 @@ import warnings
 
 from ..errors import CostError, UnseenOpsWarning
 from .auto import auto_source
+from .in_run import weights_from_memory
 from .predict.gpu_check import apply_check_logs
 from .predict.hybrid import hybrid_costs
 from .predict.roofline import roofline_candidate_costs, roofline_costs
@@ -128,9 +131,10 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
         auto = auto_source(cs, cluster)
         return dataclasses.replace(candidate_costs(cs, cluster, auto.source, cache, progress, calibrate), auto=auto)
     if source in ("measured", "screened"):
-        return _measured(cs, cluster, cache, progress, calibrate, screened=source == "screened")
+        return weights_from_memory(_measured(cs, cluster, cache, progress, calibrate, screened=source == "screened"),
+                                   cs, cluster)
     if source == "xgb":
-        return _xgb(cs, cluster, calibrate)
+        return weights_from_memory(_xgb(cs, cluster, calibrate), cs, cluster)
     if source == "hybrid":
         return hybrid_costs(cs, cluster, cache=cache, progress=progress)
     return _roofline(cs, cluster)

@@ -54,6 +54,9 @@ class CostTable:
         ``screened``: the core count its scaled regions came from (``from``), how many
         (``scaled``) and each backend's fit (:meth:`~tvm_pesto.costs.measure.screen.Screen.summary`);
         empty when nothing was scaled.
+    from_memory : dict
+        Device index -> what :func:`~tvm_pesto.costs.in_run.weights_from_memory` added to its
+        library candidates (their weights from memory in the model's run); empty when nothing.
     """
 
     table: np.ndarray
@@ -71,6 +74,7 @@ class CostTable:
     gpu_check: dict = field(default_factory=dict)
     auto: object = None
     screened: dict = field(default_factory=dict)
+    from_memory: dict = field(default_factory=dict)
 
     @property
     def source(self) -> str:
@@ -86,7 +90,8 @@ class CostTable:
                 "prediction_fit": {str(k): v for k, v in self.prediction_fit.items()}, "hybrid": dict(self.hybrid),
                 "unseen_ops": self.unseen_op_counts(), "unseen_candidates": len(self.unseen),
                 "gpu_check": {str(k): v for k, v in self.gpu_check.items()},
-                "auto": None if self.auto is None else self.auto.to_json(), "screened": dict(self.screened)}
+                "auto": None if self.auto is None else self.auto.to_json(), "screened": dict(self.screened),
+                "from_memory": {str(k): v for k, v in self.from_memory.items()}}
 
     def unseen_op_counts(self) -> dict:
         """Op name -> how many candidates hold it that the cost model never trained on."""

@@ -58,6 +58,7 @@ import math
 import numpy as np
 
 from ...errors import CostError
+from ..in_run import weights_from_memory
 from ..table import CostTable
 from .features import description_json
 from .xgb import predict_candidate_costs
@@ -385,12 +386,14 @@ class Hybrid:
                 self.corrections[f"{j}:{b}"] = f
 
     def cost_table(self):
+        """What was measured and predicted so far, as the plan's units cost in the model's run
+        (:func:`~tvm_pesto.costs.in_run.weights_from_memory`)."""
         n_measured = len(self.done) if self.present else 0
         per = self.report.seconds / max(self.report.measured, 1)
         # what full measurement would have added: every other description, once per distinct device
         targets = {(str(self.cluster.devices[j].target), self.cluster.devices[j].cores) for j in self.present}
         skipped = max(self.n_keys - len(self.done_keys), 0) * len(targets)
-        return CostTable(self.table.copy(), list(self.columns), measured=self.report.measured,
+        return weights_from_memory(CostTable(self.table.copy(), list(self.columns), measured=self.report.measured,
                          cached=self.report.cached, predicted=len(self.cs) - n_measured,
                          infeasible=dict(self.report.infeasible),
                          prediction_fit=dict(self.applied),
@@ -399,7 +402,7 @@ class Hybrid:
                          seconds=self.report.seconds,
                          saved_s=float(per * skipped) if self.report.measured else 0.0,
                          unseen={i: ops for i, ops in self.unseen.items() if i not in self.done},
-                         gpu_check=dict(self.gpu_check))
+                         gpu_check=dict(self.gpu_check)), self.cs, self.cluster)
 
 
 def hybrid_costs(cs, cluster, cache=None, progress=None, error: float = DEFAULT_ERROR, top_k: int = 3,
