@@ -13,7 +13,8 @@ called in a loop, its weights in the caches: its library candidates are priced a
 model's run, their weights from memory (:mod:`.in_run`).
 
 The sub-packages, each importing only those before it (and :mod:`.table`, the
-:class:`CostTable` every source returns):
+:class:`CostTable` every source returns, and :mod:`.in_run`, which prices its library units
+as in the model's run):
 
 * :mod:`.store`: the measurement cache and the JSON-lines files it and the logs are kept in;
 * :mod:`.measure`: timing candidates on this machine's devices or over TVM RPC, and their build seconds;
