@@ -21,12 +21,14 @@ from tvm_pesto.candidates.examples import tiny_mlp
 from tvm_pesto.cli.main import cli
 from tvm_pesto.cluster import parse_cluster
 from tvm_pesto.cluster.contention import contention_factors
+from tvm_pesto.cluster.cold import ASSUMED_COLD
 from tvm_pesto.cluster.dispatch import ASSUMED_DISPATCH, dispatch_info, set_dispatch
 from tvm_pesto.cluster.linkbench import fit_links
 from tvm_pesto.costs.calibrate.machine import MACHINE_ENV
 from tvm_pesto.errors import ClusterError
 from tvm_pesto.graph.opgraph import OpGraph, OpNode
 from tvm_pesto.costs.calibrate import dispatch as rd
+from tvm_pesto.costs.calibrate import cold as cf
 from tvm_pesto.costs.calibrate import switch as sw
 from tvm_pesto.plan import Plan, Problem, simulate
 
@@ -37,6 +39,7 @@ def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv(MACHINE_ENV, "auto")
     # the switch between libraries is measured beside the figures: a stand-in here (tests/test_switch.py)
     monkeypatch.setattr(sw, "measure_switch", lambda dev, *a, **k: sw.SwitchFit(int(dev.cores), 4e-6))
+    monkeypatch.setattr(cf, "measure_cold", lambda dev, *a, **k: {**ASSUMED_COLD, "cores": int(dev.cores)})
     return tmp_path
 
 

@@ -12,8 +12,10 @@ import pytest
 
 from tvm_pesto.candidates import Candidate
 from tvm_pesto.cluster import parse_cluster
+from tvm_pesto.cluster.cold import ASSUMED_COLD
 from tvm_pesto.cluster.dispatch import ASSUMED_SWITCH_S, set_switch, switch_figures
 from tvm_pesto.costs.calibrate import dispatch as rd
+from tvm_pesto.costs.calibrate import cold as cf
 from tvm_pesto.costs.calibrate import switch as sw
 from tvm_pesto.costs.calibrate.machine import MACHINE_ENV
 from tvm_pesto.errors import ClusterError
@@ -128,6 +130,7 @@ def own_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rd, "fit_constants", fake_fit)
     monkeypatch.setattr(sw, "measure_switch", fake_switch)
+    monkeypatch.setattr(cf, "measure_cold", lambda dev, *a, **k: {**ASSUMED_COLD, "cores": int(dev.cores)})
     return measured
 
 

@@ -5,11 +5,12 @@ prints: the plan's simulated and measured seconds per call; per library, the sec
 units take inside the model's runs (each call timed) against the seconds the simulator gave
 them; and, for the ONNX Runtime units, the sum of their calls timed alone in a loop (what a
 candidate's measurement does) and after streaming a 64 MiB buffer before each call (their
-weights and inputs out of the caches); with the weights each library's units hold.
+weights and inputs out of the caches), and what the device's cold-call grid adds to their loop
+(:func:`tvm_pesto.costs.in_run.cold_extra_s`); with the weights each library's units hold.
 
 Usage (a corpus model needs timm and torchvision)::
 
-    python lab/scripts/cold_units.py inception_v3 --size small --cluster cpu:1 --costs measured
+    python lab/scripts/cold_units.py inception_v3 --size small --cluster cpu:1 --costs measured --loop-costs
 """
 from __future__ import annotations
 
@@ -83,6 +84,8 @@ def main() -> None:
     ap.add_argument("--cluster", default="cpu:1")
     ap.add_argument("--costs", default="measured")
     ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--loop-costs", action="store_true",
+                    help="place on the candidates' loop seconds, without the cold-call grid (a mixed plan to compare)")
     args = ap.parse_args()
     from tvm_pesto.zoo import corpus
 
@@ -90,8 +93,14 @@ def main() -> None:
     import torch
 
     import tvm_pesto
+    from tvm_pesto.cluster.cold import cold_figures
+    from tvm_pesto.costs.in_run import cold_extra_s
     from tvm_pesto.frontend import from_torch
 
+    if args.loop_costs:
+        import tvm_pesto.costs as costs
+
+        costs.weights_from_memory = lambda ct, cs, cluster: ct
     acc, on = collections.defaultdict(float), [False]
     _timed_runners(acc, on)
     model, inputs = corpus.load(args.model, args.size)
@@ -118,9 +127,16 @@ def main() -> None:
     for b in sorted(sim):
         print(f"  {b:14s} {count[b]:4d} units, {weights[b] / 1e6:6.1f} MB of weights, simulated {sim[b] * 1e3:6.2f} ms"
               + (f", in the run {acc[b] / args.runs * 1e3:6.2f} ms" if b in acc else ""))
+    ort = [k for k, u in enumerate(pl.plan.units) if u.backend == "onnxruntime"]
+    mem = np.array([n.memory_bytes for n in nodes], dtype=float)
+    passed = [mem.sum() - sum(mem[v] for v in pl.plan.units[k].nodes) for k in ort]
+    w = [sum(nodes[v].param_bytes for v in pl.plan.units[k].nodes) for k in ort]
+    figs = cold_figures(pl.joint.cluster)
+    extra = sum(float(cold_extra_s(figs[pl.plan.assignment[k]], [p], [x])[0]) for k, p, x in zip(ort, passed, w))
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core, as a unit's measurement
     loop, cold = _loop_and_cold([u for u in placed.units.values() if u.backend == "onnxruntime"])
-    print(f"  onnxruntime units alone: {loop * 1e3:.2f} ms in a loop, {cold * 1e3:.2f} ms after streaming 64 MiB")
+    print(f"  onnxruntime units alone: {loop * 1e3:.2f} ms in a loop, {cold * 1e3:.2f} ms after streaming 64 MiB; "
+          f"the cold-call grid ({figs[0].source}) adds {extra * 1e3:.2f} ms to the loop in the model's run")
 
 
 if __name__ == "__main__":

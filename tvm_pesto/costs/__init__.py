@@ -10,7 +10,8 @@ otherwise predicts (``xgb``, with roofline where the model does not cover a devi
 exist (:mod:`.predict.gpu_check`). :func:`candidate_costs` is the one entry point; a new source is one module plus
 one entry in :data:`SOURCES`. Every source but roofline times (or learned from) a candidate
 called in a loop, its weights in the caches: its library candidates are priced as in the
-model's run, their weights from memory (:mod:`.in_run`).
+model's run, after the rest of the model ran (:mod:`.in_run`, with the device's cold-call grid
+fitted on first use, :mod:`.calibrate.cold`).
 
 The sub-packages, each importing only those before it (and :mod:`.table`, the
 :class:`CostTable` every source returns, and :mod:`.in_run`, which prices its library units

@@ -51,13 +51,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ...cluster.cold import assume_cold
 from ...cluster.contention import measure_contention
 from ...cluster.dispatch import (FIGURES, assume_dispatch, assume_switch, check_executor, dispatch_info, local_shape,
                                  set_dispatch)
 from ...cluster.kernels import compile_for
 from ...cluster.linkbench import fit_links, measure_links
 from .machine import MACHINE_ENV, auto_enabled
-from .switch import keep_switch
+from .device_size import keep_device_fits
 from ..predict.calibration import machine_info, machine_key
 from ..store.cache import default_cache_path
 from ...errors import ClusterError
@@ -392,12 +393,13 @@ def _one_device(cluster, executor: str) -> dict:
         rec = load_constants(path)
         set_dispatch(cluster, rec["dispatch"], executor, "cached", rec.get("fitted_at"), load=rec.get("load"),
                      file=str(path), from_shape=rec.get("cluster"))
-        keep_switch(cluster, rec, path, "cached")
+        keep_device_fits(cluster, rec, path, "cached")
         return {**dispatch_info(cluster), "links": None, "file": str(path)}
     why = "one device, and no fit of this executor on this machine kept yet (it is fitted on the first cluster of two " \
           "or more of its devices)"
     assume_dispatch(cluster, executor, why)
     assume_switch(cluster, why)
+    assume_cold(cluster, why)
     return {**dispatch_info(cluster), "links": None, "file": None}
 
 
@@ -458,16 +460,18 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
     if shape is None:
         assume_dispatch(cluster, executor, "devices not on this machine")
         assume_switch(cluster, "devices not on this machine")
+        assume_cold(cluster, "devices not on this machine")
         return {**dispatch_info(cluster), "links": None, "file": None}
     path = constants_path(cluster, executor)
     rec = None if refit else load_constants(path)
     if rec is not None:
         links = apply_constants(cluster, rec, "cached", path)
-        keep_switch(cluster, rec, path, "cached")
+        keep_device_fits(cluster, rec, path, "cached")
         return {**dispatch_info(cluster), "links": links, "file": str(path)}
     if not refit and not auto_enabled():
         assume_dispatch(cluster, executor, f"${MACHINE_ENV}=off and no fit kept for this machine")
         assume_switch(cluster, f"${MACHINE_ENV}=off and no fit kept for this machine")
+        assume_cold(cluster, f"${MACHINE_ENV}=off and no fit kept for this machine")
         return {**dispatch_info(cluster), "links": None, "file": None}
     if announce and not refit:
         print(f"tvm-pesto: fitting the {executor} executor's links, dispatch and contention to this machine "
@@ -485,7 +489,7 @@ def machine_dispatch(cluster, executor: str = "thread", refit: bool = False, ses
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(str(path), rec)
     links = apply_constants(cluster, rec, "measured", path)
-    keep_switch(cluster, rec, path, "measured")
+    keep_device_fits(cluster, rec, path, "measured")
     return {**dispatch_info(cluster), "links": links, "file": str(path)}
 
 

@@ -48,7 +48,6 @@ from ...cluster.device_thread import enter_device_thread
 from ...cluster.dispatch import set_switch
 from ...cluster.kernels import compile_for
 from ...errors import ClusterError
-from ...jsonio import write_json
 from ...run.libraries.loaders import onnx_runner, openvino_runner, torch_runner, vm_runner
 from ..measure.blocks import time_blocks
 from .machine import auto_enabled
@@ -273,16 +272,5 @@ def apply_switch(cluster, record: dict, source: str, path=None) -> dict:
                       **({"file": str(path)} if path else {}))
 
 
-def keep_switch(cluster, record: dict, path, source: str) -> dict:
-    """Give ``cluster`` the switch figures of ``record``, the fit kept at ``path`` (``source``
-    as the dispatch figures': ``measured`` or ``cached``): the sizes of its devices that the
-    record lacks are measured now (:func:`ensure_switch`) and the record is kept again with
-    them, their source then ``measured``."""
-    if ensure_switch(record, cluster):
-        write_json(str(path), record)
-        source = "measured"
-    return apply_switch(cluster, record, source, path)
-
-
 __all__ = ["BLOCK_S", "LIBRARIES", "ROUNDS", "SwitchFit", "UNIT_SHAPE", "WARMUP_S", "apply_switch", "ensure_switch",
-           "keep_switch", "measure_switch", "switch_from_rounds", "switch_from_times", "switch_units"]
+           "measure_switch", "switch_from_rounds", "switch_from_times", "switch_units"]
