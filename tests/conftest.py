@@ -52,6 +52,43 @@ def _measurements_of_this_run(tmp_path_factory):
         os.environ.pop("TVM_PESTO_CACHE", None)
 
 
+@pytest.fixture
+def machine_fits(tmp_path, monkeypatch):
+    """A measurement cache of the test's own with first-use fitting on, and the executor's fit
+    (``fit_constants``) and the per-device-size measurements (the switch between libraries, the
+    cold-call grid) replaced by stand-ins that count their calls. Returns ``{"switch": [...],
+    "cold": [...]}``: the core counts each stand-in measured, in order, and ``"grid"``, the
+    grid the cold-call stand-in gives."""
+    from tvm_pesto.costs.calibrate import cold as cf
+    from tvm_pesto.costs.calibrate import dispatch as rd
+    from tvm_pesto.costs.calibrate import switch as sw
+    from tvm_pesto.costs.calibrate.machine import MACHINE_ENV
+
+    monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path))
+    monkeypatch.setenv(MACHINE_ENV, "auto")
+    got = {"switch": [], "cold": [], "grid": {"flush_bytes": [1e6, 100e6], "unit_bytes": [1e3, 10e6],
+                                            "extra_s": [[1e-5, 1e-5], [1e-4, 1.1e-3]]}}
+
+    def fit(cluster, executor, session=None):
+        return {"format": rd.FORMAT, "version": rd.VERSION, "executor": executor, "cluster": cluster.name,
+                "fitted_at": "fit-1", "load": [0.0, 0.0], "links": {},
+                "dispatch": {"run_s": 3e-6, "multi_device_s": 40e-6}}
+
+    def switch(dev, *a, **k):
+        got["switch"].append(int(dev.cores))
+        return sw.SwitchFit(int(dev.cores), 1e-6 * (10 + int(dev.cores)), {"tvm,onnxruntime": 1e-5 * int(dev.cores)},
+                            {}, ["tvm", "onnxruntime"], f"switch-{len(got['switch'])}")
+
+    def cold(dev, *a, **k):
+        got["cold"].append(int(dev.cores))
+        return {**got["grid"], "cores": int(dev.cores), "fitted_at": f"cold-{len(got['cold'])}"}
+
+    monkeypatch.setattr(rd, "fit_constants", fit)
+    monkeypatch.setattr(sw, "measure_switch", switch)
+    monkeypatch.setattr(cf, "measure_cold", cold)
+    return got
+
+
 #: A CPU kind no shipped data were made on (the matrix's unseen column).
 UNSEEN_CPU_KIND = "UnseenVendor/0/0"
 

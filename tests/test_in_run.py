@@ -13,7 +13,6 @@ from tvm_pesto.cluster.cold import ASSUMED_COLD, check_grid, cold_figures, set_c
 from tvm_pesto.costs import CostTable, candidate_costs
 from tvm_pesto.costs.calibrate import cold as cf
 from tvm_pesto.costs.calibrate import dispatch as rd
-from tvm_pesto.costs.calibrate import switch as sw
 from tvm_pesto.costs.calibrate.machine import MACHINE_ENV
 from tvm_pesto.costs.in_run import cold_extra_s, weights_from_memory
 from tvm_pesto.costs.predict.hybrid import Hybrid
@@ -130,36 +129,13 @@ def test_the_fit_times_library_units_in_a_loop_and_after_other_bytes():
     assert fit["loop_s"][1] > fit["loop_s"][0] > 0 and fit["cores"] == dev.cores and fit["fitted_at"]
 
 
-@pytest.fixture
-def own_cache(tmp_path, monkeypatch):
-    """A cache of this test's own, fitting on, the executor's fit, the switch and cold-call
-    measurements replaced by stand-ins (the latter counting its calls)."""
-    monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path))
-    monkeypatch.setenv(MACHINE_ENV, "auto")
-    measured = []
-
-    def fake_fit(cluster, executor, session=None):
-        return {"format": rd.FORMAT, "version": rd.VERSION, "executor": executor, "cluster": cluster.name,
-                "fitted_at": "fit-1", "load": [0.0, 0.0], "links": {},
-                "dispatch": {"run_s": 3e-6, "multi_device_s": 40e-6}}
-
-    def fake_cold(dev, *a, **k):
-        measured.append(int(dev.cores))
-        return {**GRID, "cores": int(dev.cores), "fitted_at": f"cold-{len(measured)}"}
-
-    monkeypatch.setattr(rd, "fit_constants", fake_fit)
-    monkeypatch.setattr(sw, "measure_switch", lambda dev, *a, **k: sw.SwitchFit(int(dev.cores), 4e-6))
-    monkeypatch.setattr(cf, "measure_cold", fake_cold)
-    return measured
-
-
-def test_the_grid_is_fitted_on_first_use_kept_beside_the_dispatch_figures_and_read_back(own_cache, monkeypatch):
-    measured = own_cache
+def test_the_grid_is_fitted_on_first_use_kept_beside_the_dispatch_figures_and_read_back(machine_fits, monkeypatch):
+    measured, grid = machine_fits["cold"], machine_fits["grid"]
     c = parse_cluster("cpu:2")
     info = rd.machine_dispatch(c, "thread", announce=False)
     assert measured == [1]  # the fit's device size, once for its two devices
     kept = json.loads(open(info["file"]).read())
-    assert kept["cold"]["1"]["extra_s"] == GRID["extra_s"]
+    assert kept["cold"]["1"]["extra_s"] == grid["extra_s"]
     assert [f.source for f in cold_figures(c)] == ["measured"] * 2
     again = parse_cluster("cpu:2")
     rd.machine_dispatch(again, "thread", announce=False)

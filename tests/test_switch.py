@@ -12,10 +12,8 @@ import pytest
 
 from tvm_pesto.candidates import Candidate
 from tvm_pesto.cluster import parse_cluster
-from tvm_pesto.cluster.cold import ASSUMED_COLD
 from tvm_pesto.cluster.dispatch import ASSUMED_SWITCH_S, set_switch, switch_figures
 from tvm_pesto.costs.calibrate import dispatch as rd
-from tvm_pesto.costs.calibrate import cold as cf
 from tvm_pesto.costs.calibrate import switch as sw
 from tvm_pesto.costs.calibrate.machine import MACHINE_ENV
 from tvm_pesto.errors import ClusterError
@@ -111,27 +109,9 @@ def test_the_figure_from_the_blocks_times():
 
 
 @pytest.fixture
-def own_cache(tmp_path, monkeypatch):
-    """A cache of this test's own, fitting on, the executor's fit and the switch measurement
-    replaced by stand-ins that count their calls."""
-    monkeypatch.setenv("TVM_PESTO_CACHE", str(tmp_path))
-    monkeypatch.setenv(MACHINE_ENV, "auto")
-    measured = []
-
-    def fake_fit(cluster, executor, session=None):
-        return {"format": rd.FORMAT, "version": rd.VERSION, "executor": executor, "cluster": cluster.name,
-                "fitted_at": "fit-1", "load": [0.0, 0.0], "links": {},
-                "dispatch": {"run_s": 3e-6, "multi_device_s": 40e-6}}
-
-    def fake_switch(dev, *a, **k):
-        measured.append(int(dev.cores))
-        return sw.SwitchFit(int(dev.cores), 1e-6 * (10 + int(dev.cores)), {"tvm,onnxruntime": 1e-5 * int(dev.cores)},
-                            {}, ["tvm", "onnxruntime"], f"switch-{len(measured)}")
-
-    monkeypatch.setattr(rd, "fit_constants", fake_fit)
-    monkeypatch.setattr(sw, "measure_switch", fake_switch)
-    monkeypatch.setattr(cf, "measure_cold", lambda dev, *a, **k: {**ASSUMED_COLD, "cores": int(dev.cores)})
-    return measured
+def own_cache(machine_fits):
+    """The core counts the switch stand-in measured (``machine_fits`` in conftest.py)."""
+    return machine_fits["switch"]
 
 
 def test_the_fit_is_kept_beside_the_dispatch_figures_and_read_back(own_cache, monkeypatch):

@@ -26,15 +26,13 @@ ms in mobilenetv3_large_100 (21) and 0.09-0.11 ms in resnet18 (7): ``extra_s`` g
 1.35-1.47 and 0.40, ``warm_code_s`` 3.3, 0.29 and 0.11. The costs take ``extra_s``: it errs towards
 fewer, larger library calls, which on this machine is what measures faster.
 
-:func:`ensure_cold` gives a kept fit (a record of
-:func:`tvm_pesto.costs.calibrate.dispatch.fit_constants`) the grid of each device size of a
-cluster that it lacks (measured now, unless ``$TVM_PESTO_MACHINE_CALIBRATION=off``), and
-:func:`apply_cold` writes the record's grids into the cluster (:func:`tvm_pesto.cluster.cold.set_cold`).
+:func:`tvm_pesto.costs.calibrate.device_size.keep_device_fits` gives a kept fit the grid of each
+device size of a cluster that it lacks (measured now, unless ``$TVM_PESTO_MACHINE_CALIBRATION=off``),
+and :func:`apply_cold` writes the record's grids into the cluster (:func:`tvm_pesto.cluster.cold.set_cold`).
 """
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
@@ -44,7 +42,6 @@ from ...cluster.cold import check_grid, set_cold
 from ...cluster.device_thread import enter_device_thread
 from ...errors import ClusterError
 from ...run.libraries.loaders import onnx_runner
-from .machine import auto_enabled
 
 #: The bytes written between two calls of a unit, and the units' bytes of weights.
 FLUSH_BYTES = (1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20)
@@ -154,28 +151,6 @@ def measure_cold(device, flush_bytes=FLUSH_BYTES, unit_bytes=UNIT_BYTES, calls: 
             "seconds": round(time.perf_counter() - t0, 2), "load": [load0, os.getloadavg()[0]]}
 
 
-def ensure_cold(record: dict, cluster) -> bool:
-    """Add to ``record`` (a kept fit) the grid of each CPU device size of ``cluster`` it lacks,
-    measured now on a device of that size, unless ``$TVM_PESTO_MACHINE_CALIBRATION`` is
-    ``off``; returns whether it added any (the caller keeps the record again). A size that
-    cannot be measured here is said on stderr and left out: it gets the assumed grid."""
-    have = record.setdefault("cold", {})
-    added = False
-    for dev in cluster.devices:
-        if dev.kind != "cpu" or str(int(dev.cores)) in have or not auto_enabled():
-            continue
-        print(f"tvm-pesto: measuring what a library call costs after the rest of a model ran, on a {dev.cores}-core "
-              "device of this machine (once, seconds); kept with the executor's figures", file=sys.stderr, flush=True)
-        try:
-            have[str(int(dev.cores))] = measure_cold(dev)
-        except ClusterError as e:
-            print(f"tvm-pesto: no cold-call grid for {dev.cores}-core devices ({e}); the assumed one applies",
-                  file=sys.stderr, flush=True)
-            continue
-        added = True
-    return added
-
-
 def apply_cold(cluster, record: dict, source: str, path=None) -> dict:
     """Write ``record``'s grids into ``cluster`` (:func:`tvm_pesto.cluster.cold.set_cold`; a
     device size without one gets the assumed grid)."""
@@ -184,4 +159,4 @@ def apply_cold(cluster, record: dict, source: str, path=None) -> dict:
     return set_cold(cluster, grids, source, max(fitted) if fitted else None, **({"file": str(path)} if path else {}))
 
 
-__all__ = ["CALLS", "FLUSH_BYTES", "UNIT_BYTES", "apply_cold", "ensure_cold", "measure_cold"]
+__all__ = ["CALLS", "FLUSH_BYTES", "UNIT_BYTES", "apply_cold", "measure_cold"]

@@ -20,10 +20,10 @@ A, B is A after B and B after A: two switches, so one switch of the pair costs
 :func:`switch_from_times`, ``(pair - A - B) / 2``, in each round; the pair's figure is its
 median over the rounds (:func:`switch_from_rounds`).
 
-:func:`ensure_switch` gives a kept fit of the dispatch figures (a record of
-:func:`tvm_pesto.costs.calibrate.dispatch.fit_constants`) the figure of each device size of a
-cluster that it lacks (measured now, unless ``$TVM_PESTO_MACHINE_CALIBRATION=off``) and
-:func:`apply_switch` writes the record's figures into the cluster (source ``measured`` or
+:func:`tvm_pesto.costs.calibrate.device_size.keep_device_fits` gives a kept fit of the dispatch
+figures the figure of each device size of a cluster that it lacks (measured now, unless
+``$TVM_PESTO_MACHINE_CALIBRATION=off``) and :func:`apply_switch` writes the record's figures
+into the cluster (source ``measured`` or
 ``cached``; a device size without one is ``assumed``).
 
 Examples
@@ -36,7 +36,6 @@ Examples
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,7 +49,6 @@ from ...cluster.kernels import compile_for
 from ...errors import ClusterError
 from ...run.libraries.loaders import onnx_runner, openvino_runner, torch_runner, vm_runner
 from ..measure.blocks import time_blocks
-from .machine import auto_enabled
 
 #: The libraries whose switches are measured, where installed (TVM always is).
 LIBRARIES = ("tvm", "onnxruntime", "openvino", "torch")
@@ -240,29 +238,6 @@ def measure_switch(device, libraries=LIBRARIES, rounds: int = ROUNDS, block_s: f
                      round(time.perf_counter() - t0, 2), [load0, os.getloadavg()[0]])
 
 
-def ensure_switch(record: dict, cluster) -> bool:
-    """Add to ``record`` (a kept fit, :func:`tvm_pesto.costs.calibrate.dispatch.fit_constants`)
-    the switch fit of each device size of ``cluster`` it lacks, measured now on a device of
-    that size, unless ``$TVM_PESTO_MACHINE_CALIBRATION`` is ``off``; returns whether it added
-    any (the caller keeps the record again). A size that cannot be measured here (fewer than
-    two libraries installed) is said on stderr and left out: it pays the assumed figure."""
-    have = record.setdefault("switch", {})
-    added = False
-    for dev in cluster.devices:
-        if str(int(dev.cores)) in have or not auto_enabled():
-            continue
-        print(f"tvm-pesto: measuring what a switch between libraries costs on a {dev.cores}-core device of this "
-              "machine (once, seconds); kept with the executor's figures", file=sys.stderr, flush=True)
-        try:
-            have[str(int(dev.cores))] = measure_switch(dev).to_json()
-        except ClusterError as e:  # one library here, or TVM's unit does not build: the size stays assumed
-            print(f"tvm-pesto: no switch figure for {dev.cores}-core devices ({e}); the assumed one applies",
-                  file=sys.stderr, flush=True)
-            continue
-        added = True
-    return added
-
-
 def apply_switch(cluster, record: dict, source: str, path=None) -> dict:
     """Write ``record``'s switch fits into ``cluster`` (:func:`tvm_pesto.cluster.dispatch.set_switch`;
     a device size without one gets the assumed figure)."""
@@ -272,5 +247,5 @@ def apply_switch(cluster, record: dict, source: str, path=None) -> dict:
                       **({"file": str(path)} if path else {}))
 
 
-__all__ = ["BLOCK_S", "LIBRARIES", "ROUNDS", "SwitchFit", "UNIT_SHAPE", "WARMUP_S", "apply_switch", "ensure_switch",
+__all__ = ["BLOCK_S", "LIBRARIES", "ROUNDS", "SwitchFit", "UNIT_SHAPE", "WARMUP_S", "apply_switch",
            "measure_switch", "switch_from_rounds", "switch_from_times", "switch_units"]
