@@ -256,3 +256,50 @@ def test_each_model_builds_from_an_empty_measurement_cache_unless_warm_is_asked(
         assert all(isinstance(c, MeasureCache) and c.path != default_cache_path() for c in seen)
     else:
         assert seen == [None]
+
+
+@pytest.mark.slow
+def test_a_stopped_run_is_resumed_and_its_rows_count(tmp_path):
+    """``--resume JSON``: the earlier run's models are kept, not run again; the result holds
+    both, its figures over all of them, and names the run it continued."""
+    from tvm_pesto.cli.main import cli
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.onnx").write_bytes(b"not onnx")
+    first = tmp_path / "first.json"
+    args = ["bench", "peers", "--corpus", str(folder), "--no-torch-compile", "--rounds", "1", "--costs", "roofline"]
+    res = CliRunner().invoke(cli, [*args, "--json", str(first)])
+    assert res.exit_code == 0, res.output
+    (folder / "b.onnx").write_bytes(b"not onnx either")
+    kept = json.loads(first.read_text())
+    kept["models"]["a.onnx"]["error"] = "load: as the earlier run left it"  # to tell a kept row from a new one
+    first.write_text(json.dumps(kept))
+    out = tmp_path / "both.json"
+    res = CliRunner().invoke(cli, [*args, "--resume", str(first), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.read_text())
+    assert r["models"]["a.onnx"]["error"] == "load: as the earlier run left it"  # kept, not run again
+    assert r["models"]["b.onnx"]["error"].startswith("load: ") and "b.onnx" in r["models"]["b.onnx"]["error"]
+    assert r["failed"] == ["a.onnx", "b.onnx"] and r["complete"] is True
+    assert [x["command"] for x in r["resumed"]] == [kept["command"]]
+    from tvm_pesto.bench.doc_tables import header
+
+    assert f"resuming `{kept['command']}`" in header(r, "both.json")
+
+
+def test_a_run_of_another_machine_or_settings_is_not_resumed(tmp_path):
+    from tvm_pesto.bench.report import machine_info
+    from tvm_pesto.cli.main import cli
+
+    here = machine_info()
+    run = {"command": "tvm-pesto bench peers --corpus timm", "corpus": "timm", "measurement_cache": "cold",
+           "cores": int(here["nproc"]), "machine": {"cpu_id": "OtherVendor/1/2/3"}, "models": {}}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    res = CliRunner().invoke(cli, ["bench", "peers", "--corpus", "timm", "--resume", str(path)])
+    said = " ".join(res.output.split())  # the message as words, however the console wrapped it
+    assert res.exit_code != 0 and "cannot be continued" in said and "CPU OtherVendor/1/2/3 there" in said
+    path.write_text("{}")
+    res = CliRunner().invoke(cli, ["bench", "peers", "--corpus", "timm", "--resume", str(path)])
+    assert res.exit_code != 0 and "not the JSON of a bench peers run" in " ".join(res.output.split())

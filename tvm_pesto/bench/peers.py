@@ -371,7 +371,7 @@ def _bench_one(model, inputs, mod, onnx_path, *, settings: PeerSettings) -> dict
 
 
 def bench_peers(models, settings: PeerSettings = PeerSettings(), progress=None, model_timeout_s: float | None = None,
-                checkpoint=None) -> dict:
+                checkpoint=None, earlier: dict | None = None) -> dict:
     """Run :func:`bench_model` for ``models``; add the geomeans and the worst ratio.
 
     ``models`` holds :class:`~tvm_pesto.bench.sources.ModelSource` records, or ``(name,
@@ -379,7 +379,8 @@ def bench_peers(models, settings: PeerSettings = PeerSettings(), progress=None, 
     each source is benched in a process of its own (:func:`~tvm_pesto.bench.sources.run_isolated`)
     that may run that long. A model that fails to load or build is a row with its ``error``.
     ``checkpoint(result)`` is called after each model with the result so far (a long run
-    that is stopped keeps what it measured). ``settings``: how each model is built and timed.
+    that is stopped keeps what it measured; ``earlier``, the ``models`` of such a run, are kept
+    as they are and count in the figures). ``settings``: how each model is built and timed.
 
     Returns
     -------
@@ -397,7 +398,7 @@ def bench_peers(models, settings: PeerSettings = PeerSettings(), progress=None, 
     """
     machine = machine_info()
     cores = int(settings.cores or machine["nproc"])
-    res: dict = {"cores": cores, "machine": machine, "models": {}}
+    res: dict = {"cores": cores, "machine": machine, "models": dict(earlier or {})}
     bench = functools.partial(_bench_one, settings=replace(settings, cores=cores))
     for item in models:
         source = item if isinstance(item, ModelSource) else None

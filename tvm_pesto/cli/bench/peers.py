@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -36,6 +37,41 @@ def _sources(zoo_names, out_names, sizes, corpus: str | None, corpus_models) -> 
             for kind, names in (("zoo", zoo_names), ("outside", out_names)) for name in names]
 
 
+def _resumable(path: str, about: dict, cores: int | None) -> dict:
+    """The earlier run at ``path`` (a ``--json`` of ``bench peers``, stopped or complete), when
+    it can be continued by this one: the same CPU, cores, corpus and measurement cache.
+
+    Raises
+    ------
+    PestoError
+        When the file cannot be read as such a run, or it was made on another machine or with
+        other settings (the message names which; the fix is a run of its own, without ``--resume``).
+    """
+    # lazy: the benchmark's machine facts, read when a run is resumed
+    from ...bench.report import machine_info
+
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+        models, command = earlier["models"], earlier["command"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PestoError(f"--resume {path}: not the JSON of a bench peers run ({type(e).__name__}: {e}); give the "
+                         "file an earlier run wrote with --json") from e
+    if not isinstance(models, dict) or not isinstance(command, str):
+        raise PestoError(f"--resume {path}: its models or command are not those of a bench peers run; give the file "
+                         "an earlier run wrote with --json")
+    here = machine_info()
+    want = {"CPU": (earlier.get("machine") or {}).get("cpu_id"), "cores": earlier.get("cores"),
+            "corpus": earlier.get("corpus"), "measurement cache": earlier.get("measurement_cache")}
+    have = {"CPU": here.get("cpu_id"), "cores": int(cores or here["nproc"]), "corpus": about["corpus"],
+            "measurement cache": about["measurement_cache"]}
+    differ = [f"{k} {want[k]} there, {have[k]} here" for k in want if want[k] != have[k]]
+    if differ:
+        raise PestoError(f"--resume {path}: that run cannot be continued by this one ({'; '.join(differ)}); run "
+                         "without --resume, or with the settings and on the machine of that run")
+    return earlier
+
+
 @click.command("peers")
 @click.option("--model", "models", multiple=True,
               help="zoo or zoo.outside model name, or with --corpus timm a corpus model (repeatable; default: all)")
@@ -58,8 +94,11 @@ def _sources(zoo_names, out_names, sizes, corpus: str | None, corpus_models) -> 
               "so a model built before is a warm build [default: each model measures from scratch, as a user's "
               "first build does; the machine's one-time fits are kept]")
 @click.option("--json", "json_path", default=None, help="write the result as JSON here")
+@click.option("--resume", "resume_path", default=None, metavar="JSON",
+              help="an earlier run's --json (stopped or complete) on this machine: its models are kept, not run "
+                   "again, and the result holds both")
 @click.option("--md", "md_path", default=None, help="write the table as markdown here")
-def peers(models, sizes, corpus, model_timeout, extra_builds, json_path, md_path, **build):
+def peers(models, sizes, corpus, model_timeout, extra_builds, json_path, md_path, resume_path, **build):
     """Each model in ONNX Runtime (sequential, parallel, one thread), PyTorch, OpenVINO
     (default precision and float32), torch.compile and tvm-pesto (cpu:N and cpu:1), in one
     process, timed in blocks."""
@@ -83,11 +122,18 @@ def peers(models, sizes, corpus, model_timeout, extra_builds, json_path, md_path
     timeout = model_timeout if model_timeout is not None else (1800.0 if corpus is not None else None)
     about = {"command": " ".join(["tvm-pesto", *sys.argv[1:]]), "corpus": corpus or "zoo",
              "measurement_cache": "warm" if build["warm_cache"] else "cold"}
+    earlier = None
+    if resume_path:
+        earlier = _resumable(resume_path, about, build["cores"])
+        about["resumed"] = [*earlier.get("resumed", []), {"command": earlier["command"],
+                                                          "date": (earlier.get("machine") or {}).get("date")}]
+        todo = [src for src in todo if src.label not in earlier["models"]]
     settings = PeerSettings(cores=build["cores"], torch_compile=build["torch_compile"],
                             build_options={"costs": build["costs"]}, rounds=build["rounds"],
                             extra_builds=corpus is None if extra_builds is None else extra_builds,
                             cold_cache=not build["warm_cache"])
     res = bench_peers(todo, settings, progress=lambda m: console.print(f"  {m}"), model_timeout_s=timeout,
+                      earlier=None if earlier is None else earlier["models"],
                       # the checkpoint is not checked against the schema: a long run never stops on it (the final write is)
                       checkpoint=(lambda r: write_json(json_path, {**r, **about, "complete": False})) if json_path
                       else None)
