@@ -122,8 +122,8 @@ def test_flow_scores_the_library_units_per_backend(measured):
     for name, mod in mods.items():
         a = tvm_pesto.analyze(mod)
         units = calibration_units(make_candidates(a, cl, "all"), a.groups).subset(lambda c: c.backend != "tvm")
-        meas = candidate_costs(units, cl, "measured", cache=cache).table[:, 0]
-        pred = candidate_costs(units, cl, "xgb").table[:, 0]  # the xgb source, its calibration applied
+        meas = candidate_costs(units, cl, "measured", cache=cache, in_run=False).table[:, 0]  # in a loop, as
+        pred = candidate_costs(units, cl, "xgb", in_run=False).table[:, 0]  # the xgb source predicts it, calibrated
         for b in {c.backend for c in units}:
             rows = [i for i, c in enumerate(units) if c.backend == b and np.isfinite(meas[i]) and meas[i] > 0]
             if not rows:  # e.g. ONNX Runtime's parallel mode on one-core devices: nothing to score

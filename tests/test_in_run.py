@@ -117,6 +117,8 @@ def test_every_source_but_roofline_prices_the_run(large, tmp_path):
     raw = xgb.table - weights_from_memory(CostTable(np.zeros_like(xgb.table), xgb.columns), cs, cluster).table
     lib = np.array([c.backend != "tvm" for c in cs])
     assert np.all(raw[lib & np.isfinite(raw[:, 0]), 0] > 0)  # what remains is the model's prediction
+    loop = candidate_costs(cs, cluster, "xgb", in_run=False)  # what labels and calibrations compare: a loop's
+    assert not loop.from_memory and np.allclose(loop.table, raw, rtol=1e-12, equal_nan=True)
 
 
 def test_the_fit_times_library_units_in_a_loop_and_after_other_bytes():

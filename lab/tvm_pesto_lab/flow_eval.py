@@ -294,10 +294,11 @@ def _applied_calibration(cl, cm):
 def _measure_labels(name, cs, run: dict, before: list):
     """The measured cost table of ``cs`` (median over ``label_runs`` fresh runs), every run's
     table, and the load average after (``before``: the load average before the model)."""
-    mct = candidate_costs(cs, run["cluster"], "measured", cache=run["cache"], progress=run["progress"])
+    mct = candidate_costs(cs, run["cluster"], "measured", cache=run["cache"], progress=run["progress"], in_run=False)
     runs = [mct.table.copy()]
     for _ in range(1, run["label_runs"]):
-        again = candidate_costs(cs, run["cluster"], "measured", cache=run["fresh_log"](), progress=run["progress"])
+        again = candidate_costs(cs, run["cluster"], "measured", cache=run["fresh_log"](), progress=run["progress"],
+                                in_run=False)
         runs.append(again.table)
     if run["label_runs"] > 1:
         mct.table = np.median(np.stack(runs), axis=0)
@@ -361,7 +362,7 @@ def _library_pairs(a: Analysis, run: dict) -> dict:
     units = units.subset(lambda c: c.backend != "tvm")
     if not len(units):
         return {}
-    meas = candidate_costs(units, cl, "measured", cache=run["cache"], progress=run["progress"]).table
+    meas = candidate_costs(units, cl, "measured", cache=run["cache"], progress=run["progress"], in_run=False).table
     raw, _ = predict_candidate_costs(units, cl, cm, calibration=False)
     applied = raw if run["applied"] is None else predict_candidate_costs(units, cl, cm, calibration=run["applied"])[0]
     out: dict = {}

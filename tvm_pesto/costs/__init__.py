@@ -100,7 +100,7 @@ def _roofline(cs, cluster) -> CostTable:
 
 
 def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | None = None, progress=None,
-                    calibrate: bool = True) -> CostTable:
+                    calibrate: bool = True, in_run: bool = True) -> CostTable:
     """Seconds of every candidate of ``cs`` on every device of ``cluster``.
 
     Parameters
@@ -121,6 +121,10 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
         ``xgb`` predictions get the whole-model calibration stored next to the model file,
         if there is one (:mod:`tvm_pesto.costs.predict.calibration`). The table's ``native_scale``
         and ``prediction_fit`` hold what was applied.
+    in_run : bool
+        Price each library candidate as it runs in the model, after the rest of the model ran
+        (:func:`.in_run.weights_from_memory`). ``False`` gives the seconds of a call in a loop,
+        as measured or predicted: what labels, calibrations and evaluations compare.
 
     Raises
     ------
@@ -131,12 +135,13 @@ def candidate_costs(cs, cluster, source: str = "auto", cache: MeasureCache | Non
         raise CostError(f"unknown cost source {source!r}; use one of {', '.join(SOURCES)}")
     if source == "auto":
         auto = auto_source(cs, cluster)
-        return dataclasses.replace(candidate_costs(cs, cluster, auto.source, cache, progress, calibrate), auto=auto)
+        return dataclasses.replace(candidate_costs(cs, cluster, auto.source, cache, progress, calibrate, in_run),
+                                   auto=auto)
+    priced = weights_from_memory if in_run else (lambda ct, *_: ct)
     if source in ("measured", "screened"):
-        return weights_from_memory(_measured(cs, cluster, cache, progress, calibrate, screened=source == "screened"),
-                                   cs, cluster)
+        return priced(_measured(cs, cluster, cache, progress, calibrate, screened=source == "screened"), cs, cluster)
     if source == "xgb":
-        return weights_from_memory(_xgb(cs, cluster, calibrate), cs, cluster)
+        return priced(_xgb(cs, cluster, calibrate), cs, cluster)
     if source == "hybrid":
         return hybrid_costs(cs, cluster, cache=cache, progress=progress)
     return _roofline(cs, cluster)

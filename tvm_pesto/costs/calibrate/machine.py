@@ -108,7 +108,7 @@ def unit_pairs(cs, groups, cluster, model, keys, cache) -> list:
     candidates of ``cs`` whose nodes are one of ``groups`` (the fusion groups) and each
     library backend's largest candidate, on the first device of each key in ``keys``."""
     sub = calibration_units(cs, groups)
-    measured = candidate_costs(sub, cluster, "measured", cache=cache).table
+    measured = candidate_costs(sub, cluster, "measured", cache=cache, in_run=False).table  # a loop's, as predicted
     raw, _ = predict_candidate_costs(sub, cluster, model, calibration=False)
     out, seen = [], set()
     for j, dev in enumerate(cluster.devices):
