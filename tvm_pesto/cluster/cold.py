@@ -35,8 +35,9 @@ from .cluster import Cluster
 from .dispatch import SOURCES
 
 #: The grid a device size without a fit of its own gets (a cluster of another machine's
-#: devices, or ``$TVM_PESTO_MACHINE_CALIBRATION=off`` before any fit): the fit of a one-core
-#: device of a 2-vCPU Intel Xeon VM (family 6 model 167, 2 MiB of L2 per core), rounded.
+#: devices, or ``$TVM_PESTO_MACHINE_CALIBRATION=off`` before any fit): a fit of a one-core
+#: device of a 2-vCPU Intel Xeon VM (family 6 model 167, 2 MiB of L2 per core), rounded (the
+#: first of 2026-12-07; the one kept there later reads 1-7 us after 1 MiB, 46-51 after 4 MiB).
 ASSUMED_COLD = {"flush_bytes": [1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
                 "unit_bytes": [16 << 10, 2 << 20, 16 << 20],
                 "extra_s": [[2e-6, 4e-5, 4e-5], [5e-5, 5e-5, 5e-5], [5e-5, 7e-5, 1.1e-4], [6e-5, 1.1e-4, 1.1e-4],

@@ -15,11 +15,11 @@ timed with another unit of the library called between the writes and the call
 shared state rather than the unit's own weights, which a unit right after another of its
 library's does not pay.
 
-Measured on a 2-vCPU Xeon VM (family 6 model 167, 2 MiB of L2 per core), one core: a unit of
-16 KiB of weights ran 5 us in its loop and 55-248 us more after 4-256 MiB were written, 3-29
-us more with another unit of the library called in between; a unit of 2 MiB 0.08 ms in its
-loop, 0.24 ms more after 256 MiB (0.23 with the other call); one of 16 MiB 0.74 ms, 0.93-1.14
-ms more after 256 MiB. In mixed plans of corpus models (``lab/scripts/cold_units.py``, two
+Measured on a 2-vCPU Xeon VM (family 6 model 167, 2 MiB of L2 per core), one core (the fit
+kept there, 2026-12-07 21:38, 2.9 s): a unit of 16 KiB of weights ran 4.8 us in its loop and
+46-187 us more after 4-256 MiB were written, 11-32 us more with another unit of the library
+called in between; a unit of 2 MiB 75 us in its loop, 291 us more after 256 MiB (159 with the
+other call); one of 16 MiB 690 us, 985 us more after 256 MiB (831). In mixed plans of corpus models (``lab/scripts/cold_units.py``, two
 one-core devices, plans made on the loops' seconds, two runs each) the ONNX Runtime units'
 calls took 8.2-8.6 ms more in the run than in their loops in inception_v3 (91 units), 0.53-0.64
 ms in mobilenetv3_large_100 (21) and 0.09-0.11 ms in resnet18 (7): ``extra_s`` gives 11.8-12.4,
@@ -141,6 +141,7 @@ def measure_cold(device, flush_bytes=FLUSH_BYTES, unit_bytes=UNIT_BYTES, calls: 
                            "and onnx (pip install tvm-pesto installs both)") from box["error"]
     if "error" in box:
         raise box["error"]
+
     def over_loop(times):
         extra = np.maximum(np.array(times) - np.array(box["loop"])[None, :], 0.0)
         return np.maximum.accumulate(np.maximum.accumulate(extra, axis=0), axis=1).tolist()  # what is left is noise
